@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Sets corral up on a Debian 12 machine, as root: the system packages it drives, then a
+# virtual environment built from Debian's /usr/bin/python3 with the locked, hashed
+# dependency set, and corral itself installed in it (.venv/bin/corral).
+# Safe to run again: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_packages=(bubblewrap runsc dnsmasq-base python3-seccomp python3-venv socat curl git iproute2)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing Debian packages: ${missing[*]}; run this script as root (or apt-get install them)" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+lock=requirements/dev.lock
+stamp=.venv/.corral-lock.sha256
+want=$(sha256sum "$lock" pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: building .venv from /usr/bin/python3 and $lock" >&2
+  rm -rf .venv
+  /usr/bin/python3 -m venv .venv
+  .venv/bin/pip install -q --require-hashes --no-deps -r "$lock" 2> >(grep -v "is ignored: it is neither" >&2)
+  .venv/bin/pip install -q --no-deps --no-build-isolation -e .
+  # libseccomp's own Python binding comes from Debian (python3-seccomp), built for this
+  # very interpreter; link just that module into the venv rather than every system package.
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  for so in /usr/lib/python3/dist-packages/seccomp.cpython-*.so; do ln -sf "$so" "$site/"; done
+  echo "$want" > "$stamp"
+fi
+.venv/bin/python -c 'import corral, seccomp' || { echo "setup: the venv is broken; delete .venv and run again" >&2; exit 1; }

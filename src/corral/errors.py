@@ -1,0 +1,70 @@
+"""One tree of errors, each carrying the exit status `corral` uses for it.
+
+    CorralError
+    ├── PolicyError          exit 2   a field of the policy (or a flag) is wrong; names it and the fix
+    ├── UsageError           exit 2   the command line itself is wrong
+    ├── UnsupportedRule      exit 3   this tier cannot enforce a rule the user set explicitly
+    ├── BackendUnavailable   exit 3   the tier's mechanism is missing on this host
+    └── SandboxSetupError    exit 125 corral failed while building the sandbox (step, errno)
+
+No command has run when any of these is raised. Messages are one line and never contain a
+secret value.
+"""
+
+from __future__ import annotations
+
+
+class CorralError(Exception):
+    kind = "error"
+    exit_code = 125
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "field": self.field, "message": self.message}
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+class PolicyError(CorralError, ValueError):
+    kind = "policy"
+    exit_code = 2
+
+
+class UsageError(CorralError):
+    kind = "usage"
+    exit_code = 2
+
+
+class UnsupportedRule(CorralError):
+    kind = "unsupported"
+    exit_code = 3
+
+
+class BackendUnavailable(CorralError):
+    kind = "unavailable"
+    exit_code = 3
+
+
+class SandboxSetupError(CorralError):
+    kind = "setup"
+    exit_code = 125
+
+    def __init__(self, message: str, *, step: str, errno: int | None = None,
+                 field: str | None = None) -> None:
+        super().__init__(message, field=field)
+        self.step = step
+        self.errno = errno
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        d["step"] = self.step
+        d["errno"] = self.errno
+        return d
+
+    def __str__(self) -> str:
+        return f"setup step {self.step}: {self.message}"

@@ -1,0 +1,56 @@
+"""Printing a Policy back as TOML that `--policy` reads again, every default included."""
+
+from __future__ import annotations
+
+import json
+
+from .schema import FIELDS, SECTIONS, Policy, Spec
+from .units import format_duration, format_size
+
+
+def _s(text: str) -> str:
+    # JSON's string escapes are a subset of TOML's basic-string escapes
+    return json.dumps(text, ensure_ascii=False)
+
+
+def format_value(spec: Spec, value) -> str:
+    if spec.kind == "duration":
+        return _s(format_duration(value))
+    if spec.kind == "size":
+        return _s(format_size(int(value)))
+    if spec.kind == "int":
+        return str(int(value))
+    if spec.kind == "float":
+        return repr(float(value))
+    if spec.kind in ("tier", "netmode"):
+        return _s(value)
+    if spec.kind in ("paths", "names"):
+        return "[" + ", ".join(_s(v) for v in value) + "]"
+    if spec.kind == "envset":
+        return "{ " + ", ".join(f"{k} = {_s(v)}" for k, v in value) + " }" if value else "{}"
+    if spec.kind == "workspace":
+        return f"{{ path = {_s(value.path)}, mode = {_s(value.mode)} }}"
+    raise AssertionError(spec.kind)
+
+
+def get_value(policy: Policy, path: str):
+    obj = policy
+    for part in path.split("."):
+        obj = getattr(obj, "pass_" if part == "pass" else part)
+    return obj
+
+
+def dump_toml(policy: Policy) -> str:
+    lines = [f"isolation = {format_value(FIELDS[0], policy.isolation)}"]
+    for section in SECTIONS:
+        lines += ["", f"[{section}]"]
+        for spec in FIELDS:
+            if not spec.path.startswith(section + "."):
+                continue
+            key = spec.path.split(".", 1)[1]
+            value = get_value(policy, spec.path)
+            if value is None:
+                lines.append(f"# {key}: none (the default)")
+            else:
+                lines.append(f"{key} = {format_value(spec, value)}")
+    return "\n".join(lines) + "\n"

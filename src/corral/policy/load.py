@@ -1,0 +1,261 @@
+"""Building a Policy from TOML, a dict, or command-line overrides, with one-line errors.
+
+Every source becomes a nested dict first; they are merged (later wins, key by key), then
+validated once. Unknown keys are errors, so a typo can never silently mean a default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from ..errors import PolicyError
+from .schema import (FIELDS, SECTIONS, SPEC_BY_PATH, TIERS, Env, Filesystem, Limits, Network,
+                     Policy, Spec, Workspace)
+from .units import parse_duration, parse_size
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: paths inside the sandbox that corral builds itself; a bind may not cover them
+_RESERVED = ("/proc", "/dev", "/scratch", "/workspace", "/tmp", "/etc", "/sys")
+_SECTION_KEYS = {s: {f.path.split(".", 1)[1] for f in FIELDS if f.path.startswith(s + ".")}
+                 for s in SECTIONS}
+
+
+def merge(base: dict, over: dict) -> dict:
+    """A new dict: `over` laid on `base`, tables merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "set":
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def read_toml(path: str) -> dict:
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise PolicyError(f"policy file {path!r} does not exist; check the --policy path",
+                          field="--policy") from None
+    except (IsADirectoryError, PermissionError) as e:
+        raise PolicyError(f"cannot read policy file {path!r}: {e.strerror}",
+                          field="--policy") from None
+    except tomllib.TOMLDecodeError as e:
+        raise PolicyError(f"{path}: not valid TOML ({e}); fix the syntax",
+                          field="--policy") from None
+    except UnicodeDecodeError:
+        raise PolicyError(f"{path}: not UTF-8 text", field="--policy") from None
+
+
+def load_policy(file: str | None = None, overrides: dict | None = None,
+                base: dict | None = None) -> Policy:
+    """The effective policy: defaults <- base dict <- TOML file <- overrides (flags)."""
+    data: dict = dict(base or {})
+    if file is not None:
+        data = merge(data, read_toml(file))
+    if overrides:
+        data = merge(data, overrides)
+    return policy_from_dict(data)
+
+
+def policy_from_dict(data: dict) -> Policy:
+    if not isinstance(data, dict):
+        raise PolicyError("a policy is a table (dict) of sections", field="policy")
+    explicit: set[str] = set()
+    for key in data:
+        if key not in ("isolation", *SECTIONS):
+            raise PolicyError(_unknown(key, ("isolation", *SECTIONS)), field=key)
+    values: dict[str, Any] = {}
+    if "isolation" in data:
+        values["isolation"] = _convert(SPEC_BY_PATH["isolation"], data["isolation"], "isolation")
+        explicit.add("isolation")
+    for section in SECTIONS:
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise PolicyError(f"[{section}] must be a table", field=section)
+        for key, raw in table.items():
+            path = f"{section}.{key}"
+            spec = SPEC_BY_PATH.get(path)
+            if spec is None:
+                raise PolicyError(_unknown(key, sorted(_SECTION_KEYS[section])), field=path)
+            values[path] = _convert(spec, raw, path)
+            explicit.add(path)
+
+    def pick(section: str, cls: type, rename: dict | None = None) -> Any:
+        kw = {}
+        for path, v in values.items():
+            if path.startswith(section + "."):
+                name = path.split(".", 1)[1]
+                kw[(rename or {}).get(name, name)] = v
+        return cls(**kw)
+
+    policy = Policy(
+        isolation=values.get("isolation", "namespace"),
+        limits=pick("limits", Limits),
+        filesystem=pick("filesystem", Filesystem),
+        env=pick("env", Env, {"pass": "pass_"}),
+        network=pick("network", Network),
+        explicit=frozenset(explicit),
+    )
+    return policy
+
+
+def _unknown(key: str, known) -> str:
+    import difflib
+
+    near = difflib.get_close_matches(str(key), list(known), n=1)
+    hint = f"did you mean {near[0]!r}?" if near else f"known keys: {', '.join(known)}"
+    return f"unknown key {key!r}; {hint}"
+
+
+def _convert(spec: Spec, raw: Any, path: str) -> Any:
+    try:
+        value = _CONVERTERS[spec.kind](raw, path)
+    except PolicyError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise PolicyError(str(e), field=path) from None
+    if spec.minimum is not None and isinstance(value, (int, float)):
+        if value < spec.minimum or (spec.maximum is not None and value > spec.maximum):
+            from .dump import format_value
+
+            lo = format_value(spec, spec.minimum)
+            hi = format_value(spec, spec.maximum) if spec.maximum is not None else "no limit"
+            raise PolicyError(f"{format_value(spec, value)} is out of range; "
+                              f"use a value from {lo} to {hi}", field=path)
+    return value
+
+
+def _int(raw: Any, path: str) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+        raise ValueError("expected a whole number")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{raw!r} is not a whole number") from None
+
+
+def _float(raw: Any, path: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise ValueError("expected a number")
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"{raw!r} is not a number") from None
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError("expected a finite number")
+    return v
+
+
+def _tier(raw: Any, path: str) -> str:
+    if raw not in TIERS:
+        raise ValueError(f"unknown tier {raw!r}; use one of {', '.join(TIERS)}")
+    return raw
+
+
+def _netmode(raw: Any, path: str) -> str:
+    if raw != "none":
+        raise ValueError(f"unknown network mode {raw!r}; this release supports \"none\"")
+    return raw
+
+
+def check_host_path(raw: Any, field: str) -> str:
+    """An absolute, existing host path without traps, returned fully resolved."""
+    if not isinstance(raw, str) or not raw:
+        raise PolicyError("expected an absolute path as a string", field=field)
+    if "\0" in raw or "\n" in raw:
+        raise PolicyError("a path may not contain NUL or newline characters", field=field)
+    if not raw.startswith("/"):
+        raise PolicyError(f"{raw!r} is relative; write an absolute path", field=field)
+    if ".." in raw.split("/"):
+        raise PolicyError(f"{raw!r} contains '..'; write the path without it", field=field)
+    real = os.path.realpath(raw)
+    if not os.path.exists(real):
+        raise PolicyError(f"{raw!r} does not exist on this host", field=field)
+    return real
+
+
+def _paths(raw: Any, path: str) -> tuple[str, ...]:
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError("expected a list of absolute paths")
+    out = []
+    for i, p in enumerate(raw):
+        f = f"{path}[{i}]"
+        real = check_host_path(p, f)
+        dest = os.path.normpath(p)
+        if dest == "/" or any(dest == r or dest.startswith(r + "/") for r in _RESERVED):
+            raise PolicyError(f"{p!r} would cover a path corral builds itself "
+                              f"({', '.join(_RESERVED)}); bind something else", field=f)
+        if real != dest:
+            raise PolicyError(f"{p!r} is a symbolic link to {real!r}; name the real path",
+                              field=f)
+        out.append(real)
+    return tuple(out)
+
+
+def _names(raw: Any, path: str) -> tuple[str, ...]:
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError("expected a list of variable names")
+    for i, n in enumerate(raw):
+        if not isinstance(n, str) or not _ENV_NAME.match(n):
+            raise PolicyError(f"{n!r} is not a variable name (letters, digits, _)",
+                              field=f"{path}[{i}]")
+    return tuple(raw)
+
+
+def _envset(raw: Any, path: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, dict):
+        raise ValueError("expected a table of NAME = \"value\"")
+    out = []
+    for k, v in raw.items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise PolicyError(f"{k!r} is not a variable name (letters, digits, _)", field=path)
+        if not isinstance(v, str) or "\0" in v:
+            raise PolicyError("the value must be a string without NUL characters",
+                              field=f"{path}.{k}")
+        out.append((k, v))
+    return tuple(out)
+
+
+def _workspace(raw: Any, path: str) -> Workspace | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        raw = {"path": raw}
+    if not isinstance(raw, dict):
+        raise ValueError("expected { path = \"/abs/dir\", mode = \"ro\" | \"rw\" }")
+    for k in raw:
+        if k not in ("path", "mode"):
+            raise PolicyError(_unknown(k, ("path", "mode")), field=f"{path}.{k}")
+    if "path" not in raw:
+        raise PolicyError("missing path; write { path = \"/abs/dir\" }", field=f"{path}.path")
+    real = check_host_path(raw["path"], f"{path}.path")
+    if not os.path.isdir(real):
+        raise PolicyError(f"{raw['path']!r} is not a directory", field=f"{path}.path")
+    if real == "/":
+        raise PolicyError("the host root cannot be a workspace; name a project directory",
+                          field=f"{path}.path")
+    mode = raw.get("mode", "ro")
+    if mode not in ("ro", "rw"):
+        raise PolicyError(f"{mode!r} is not a mode; use \"ro\" or \"rw\"", field=f"{path}.mode")
+    return Workspace(path=real, mode=mode)
+
+
+_CONVERTERS = {
+    "duration": lambda raw, path: parse_duration(raw),
+    "size": lambda raw, path: parse_size(raw),
+    "int": _int,
+    "float": _float,
+    "tier": _tier,
+    "netmode": _netmode,
+    "paths": _paths,
+    "names": _names,
+    "envset": _envset,
+    "workspace": _workspace,
+}
+

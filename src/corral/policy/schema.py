@@ -1,0 +1,138 @@
+"""The one policy schema. Every setting of corral is a field here, with its default.
+
+Defaults are the safe ones: no network, read-only root, a small scratch area, nothing
+inherited from the host's environment. A missing field never means "allow".
+
+The FIELDS table drives everything else: loading from TOML, dicts and flags (load.py),
+printing back as TOML (dump.py) and the reference in docs/policy.md (docs.py). Pure
+data, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+TIERS = ("namespace", "gvisor", "process", "microvm", "wasm", "auto")
+#: corral defaults that are set in every sandbox; [env].set may override them
+BASE_ENV = (
+    ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+    ("HOME", "/scratch"),
+    ("LANG", "C.UTF-8"),
+    ("TERM", "dumb"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    timeout: float = 60.0          # wall clock, seconds
+    cpu_time: float = 30.0         # CPU seconds, summed over every process of the run
+    memory: int = 512 * MiB        # bytes, swap included, whole run (cgroup)
+    cpus: float = 1.0              # CPU quota in cores (cgroup)
+    pids: int = 256                # processes and threads alive at once (cgroup)
+    scratch: int = 256 * MiB       # bytes in /scratch, /tmp and /dev/shm together
+    scratch_inodes: int = 65536    # files and directories in those
+    output: int = 1 * MiB          # bytes kept per stream (stdout, stderr)
+    open_files: int = 256          # RLIMIT_NOFILE per process
+    file_size: int = 128 * MiB     # RLIMIT_FSIZE: largest file a process may write
+
+
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    path: str                      # absolute host path, resolved, a directory
+    mode: Literal["ro", "rw"] = "ro"
+
+
+@dataclass(frozen=True, slots=True)
+class Filesystem:
+    workspace: Workspace | None = None   # mounted at /workspace; none by default
+    ro_binds: tuple[str, ...] = ()       # host paths shown read-only at the same path
+
+
+@dataclass(frozen=True, slots=True)
+class Env:
+    pass_: tuple[str, ...] = ()                  # host variables passed through by name
+    set: tuple[tuple[str, str], ...] = ()        # NAME=VALUE pairs, in order
+
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    mode: Literal["none"] = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    isolation: str = "namespace"
+    limits: Limits = field(default_factory=Limits)
+    filesystem: Filesystem = field(default_factory=Filesystem)
+    env: Env = field(default_factory=Env)
+    network: Network = field(default_factory=Network)
+    #: dotted key paths the user set explicitly (file or flags); the rest are defaults.
+    #: A tier that cannot enforce an explicit rule refuses; a default it cannot enforce
+    #: is reported as an "unenforced" event instead.
+    explicit: frozenset[str] = frozenset()
+
+    def sandbox_env(self, host_env: dict[str, str]) -> dict[str, str]:
+        """The environment the sandboxed command starts with: corral's base, then the
+        host variables named in env.pass (those that exist), then env.set."""
+        env = dict(BASE_ENV)
+        for name in self.env.pass_:
+            if name in host_env:
+                env[name] = host_env[name]
+        env.update(self.env.set)
+        return env
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """One key of the schema: where it lives, how it is read, and what it means."""
+
+    path: str            # dotted key, e.g. "limits.memory"
+    kind: str            # duration | size | int | float | tier | netmode | paths | names | envset | workspace
+    doc: str
+    minimum: float | None = None
+    maximum: float | None = None
+
+
+FIELDS: tuple[Spec, ...] = (
+    Spec("isolation", "tier", "Isolation tier: namespace (bubblewrap + seccomp + cgroups). "
+         "Other tiers arrive with later releases."),
+    Spec("limits.timeout", "duration", "Wall-clock limit for one command; then every process "
+         "of the run is killed and the verdict is `timeout`.", 0.001, 7 * 86400),
+    Spec("limits.cpu_time", "duration", "CPU time summed over all processes of the run "
+         "(cgroup accounting, RLIMIT_CPU as a second layer); verdict `timeout`.", 0.001, 7 * 86400),
+    Spec("limits.memory", "size", "Memory of the whole run, swap and scratch (tmpfs) pages "
+         "included, enforced by the memory cgroup; verdict `oom`.", 4 * MiB, 1 << 50),
+    Spec("limits.cpus", "float", "CPU quota in cores (cgroup CFS quota); 0.5 is half a core.",
+         0.01, 1024),
+    Spec("limits.pids", "int", "Processes and threads alive at once (pids cgroup); "
+         "contains fork bombs.", 1, 4_194_304),
+    Spec("limits.scratch", "size", "Size cap of /scratch; /tmp and /dev/shm live on the same "
+         "tmpfs and count against it. Writes past it fail with ENOSPC.", 64 * KiB, 1 << 50),
+    Spec("limits.scratch_inodes", "int", "Files and directories allowed on the scratch tmpfs; "
+         "past it, ENOSPC.", 16, 1 << 31),
+    Spec("limits.output", "size", "Bytes kept per stream (stdout, stderr); the rest is read "
+         "and dropped, the result is flagged truncated, the command keeps running.", 0, 1 << 40),
+    Spec("limits.open_files", "int", "RLIMIT_NOFILE for each process.", 16, 1 << 20),
+    Spec("limits.file_size", "size", "RLIMIT_FSIZE: the largest file a process may write "
+         "(SIGXFSZ/EFBIG past it).", 1, 1 << 50),
+    Spec("filesystem.workspace", "workspace", "A host directory mounted at /workspace, "
+         "`{ path = \"/abs/dir\", mode = \"ro\" }` or mode \"rw\". Default: none. A workspace "
+         "is mounted nosuid and nodev; files written there can never be setuid, setgid or "
+         "device nodes."),
+    Spec("filesystem.ro_binds", "paths", "Extra host paths made visible read-only at the "
+         "same path."),
+    Spec("env.pass", "names", "Host environment variables passed through by name. Nothing "
+         "else is inherited."),
+    Spec("env.set", "envset", "Variables set in the sandbox, NAME = \"value\". corral sets "
+         "PATH, HOME=/scratch, LANG=C.UTF-8 and TERM=dumb; these override them."),
+    Spec("network.mode", "netmode", "\"none\": a network namespace with only loopback; "
+         "nothing leaves the sandbox."),
+)
+
+SPEC_BY_PATH = {s.path: s for s in FIELDS}
+SECTIONS = ("limits", "filesystem", "env", "network")

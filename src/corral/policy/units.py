@@ -1,0 +1,70 @@
+"""Durations and sizes as the policy spells them. Pure functions, no I/O.
+
+Durations: "500ms", "60s", "2m", "1h", or a bare number of seconds (int, float or a string
+of digits). Sizes: a whole number of bytes, or a number with K, M, G or T (binary: 1M is
+1 MiB); "KiB"/"MiB" spellings and a trailing "B" are accepted too.
+"""
+
+from __future__ import annotations
+
+import re
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*$")
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_DUR_SCALE = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_SIZE_SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_duration(value: object) -> float:
+    """Seconds as a float. Raises ValueError with the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as \"500ms\", \"60s\" or \"2m\"")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        m = _DURATION.match(value)
+        if not m:
+            raise ValueError(f"{value!r} is not a duration; write \"500ms\", \"60s\" or \"2m\"")
+        seconds = float(m.group(1)) * _DUR_SCALE[m.group(2)]
+    else:
+        raise ValueError("expected a duration such as \"500ms\", \"60s\" or \"2m\"")
+    if not (seconds == seconds) or seconds in (float("inf"), float("-inf")):
+        raise ValueError("a duration must be a finite number of seconds")
+    return seconds
+
+
+def parse_size(value: object) -> int:
+    """Bytes as an int. Raises ValueError with the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 4096, \"64K\", \"512M\" or \"1G\"")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m:
+            n = float(m.group(1)) * _SIZE_SCALE[m.group(2).upper()]
+            if n.is_integer():
+                return int(n)
+            raise ValueError(f"{value!r} is not a whole number of bytes")
+        raise ValueError(f"{value!r} is not a size; write bytes or \"64K\", \"512M\", \"1G\"")
+    raise ValueError("expected a size such as 4096, \"64K\", \"512M\" or \"1G\"")
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest spelling that parse_duration reads back exactly."""
+    ms = seconds * 1000
+    if ms != int(ms):
+        return f"{seconds!r}s"
+    ms = int(ms)
+    if ms % 1000 == 0:
+        return f"{ms // 1000}s"
+    return f"{ms}ms"
+
+
+def format_size(n: int) -> str:
+    for suffix, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n and n % scale == 0:
+            return f"{n // scale}{suffix}"
+    return str(n)

@@ -1,3 +1,17 @@
-"""corral: a self-hosted sandbox for the code that AI assistants write."""
+"""corral: a self-hosted sandbox for the code that AI assistants write.
+
+    import corral
+    r = corral.run(["python3", "-c", "print(1)"], policy={"limits": {"timeout": "5s"}})
+    r.verdict, r.exit_code, r.stdout
+"""
+
+from .errors import (BackendUnavailable, CorralError, PolicyError, SandboxSetupError,
+                     UnsupportedRule, UsageError)
+from .policy import Policy, load_policy
+from .result import Result, Usage
+from .sandbox import Sandbox, run
 
 __version__ = "0.1.0"
+__all__ = ["BackendUnavailable", "CorralError", "Policy", "PolicyError", "Result",
+           "SandboxSetupError", "Sandbox", "UnsupportedRule", "UsageError", "Usage",
+           "load_policy", "run", "__version__"]

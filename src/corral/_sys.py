@@ -1,0 +1,40 @@
+"""The few libc calls the standard library lacks: mount, umount2, prctl. Via ctypes."""
+
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+import os
+
+EINVAL = _errno.EINVAL
+ENOENT = _errno.ENOENT
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MNT_DETACH = 0x2
+PR_SET_PDEATHSIG = 1
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p)
+_libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
+_libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                        ctypes.c_ulong)
+
+
+def mount(source: str, target: str, fstype: str, flags: int, data: str) -> None:
+    if _libc.mount(source.encode(), target.encode(), fstype.encode(), flags,
+                   data.encode()) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), target)
+
+
+def umount(target: str) -> int:
+    """umount2(MNT_DETACH); returns 0 or the errno."""
+    if _libc.umount2(target.encode(), MNT_DETACH) != 0:
+        return ctypes.get_errno()
+    return 0
+
+
+def set_pdeathsig(sig: int) -> None:
+    _libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)

@@ -1,0 +1,399 @@
+"""The namespace tier: bubblewrap + seccomp + cgroups. The default and the workhorse.
+
+Steps of one sandbox, in order (each names what enforces it):
+ 1. a run directory on the host, locked for the supervisor's life (rundir.py)
+ 2. /scratch: a tmpfs mounted by corral on the host with size= and nr_inodes=, owned by the
+    run's own unprivileged uid; /tmp and /dev/shm are directories of the same tmpfs
+ 3. the workspace, if any: an idmapped mount (owner -> the run's uid), nosuid, nodev
+ 4. per exec: a cgroup (memory+swap, pids, cpu quota, cpu accounting)
+ 5. fork; in the child: join the cgroup, rlimits, drop to the run's uid (when corral is
+    root), parent-death signal; exec bwrap, which makes user/mount/pid/net/uts/ipc/cgroup
+    namespaces, binds the read-only root, drops every capability, sets no_new_privs,
+    loads the seccomp filter and execs the command
+ 6. the supervisor watches output, wall clock and the cgroup's CPU counter; at the end it
+    kills everything left in the cgroup and removes it
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import time
+
+from .. import limits, rundir, seccomp
+from .._sys import MS_NODEV, MS_NOSUID, mount, set_pdeathsig
+from ..errors import BackendUnavailable, SandboxSetupError
+from ..plan import (ETC_BINDS, SCRATCH, SYSTEM_PATHS, WORKSPACE, CpuQuota, CpuTime,
+                    Environment, MemoryLimit, Namespaces, NoNetwork, Op, OutputCap, PidsLimit,
+                    Plan, ReadOnlyBind, Rlimit, Scratch, Seccomp, SystemRoot, WallClock,
+                    WorkspaceMount)
+from ..result import Result, Usage, decide_verdict
+from ..supervise import decode_status, kill_pid, spawn, supervise
+
+HOSTNAME = "corral"
+#: sandbox uids, when corral runs as root, are drawn from [UID_BASE, UID_BASE + UID_SPAN):
+#: far above any real account and any subuid range, one per sandbox
+UID_BASE = 1_500_000_000
+UID_SPAN = 1 << 20
+ETC_VERSION = "1"
+ETC_FILES = {
+    "passwd": "root:x:0:0:sandbox:/scratch:/bin/sh\n"
+              "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "group": "root:x:0:\nnogroup:x:65534:\n",
+    "hosts": f"127.0.0.1\tlocalhost {HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    "hostname": f"{HOSTNAME}\n",
+    "nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n"
+                     "networks: files\nprotocols: files\nservices: files\n",
+    "resolv.conf": "# no resolver inside a corral sandbox\n",
+}
+
+
+def find_bwrap() -> str | None:
+    for d in ("/usr/bin", "/usr/local/bin", "/bin"):
+        p = os.path.join(d, "bwrap")
+        if os.access(p, os.X_OK):
+            return p
+    return shutil.which("bwrap")
+
+
+def userns_available() -> bool | str:
+    try:
+        with open("/proc/sys/user/max_user_namespaces") as f:
+            if int(f.read()) == 0:
+                return "user namespaces are disabled (user.max_user_namespaces = 0)"
+    except OSError:
+        pass
+    try:
+        with open("/proc/sys/kernel/unprivileged_userns_clone") as f:
+            if f.read().strip() == "0":
+                return "unprivileged user namespaces are off (kernel.unprivileged_userns_clone=0)"
+    except OSError:
+        pass
+    return True
+
+
+def ensure_etc(base: str) -> str:
+    """The sandbox's /etc: a few generated files plus mount points for ETC_BINDS.
+    Built once per host (per base dir) and shared read-only by every sandbox."""
+    path = os.path.join(base, f"etc-v{ETC_VERSION}")
+    if os.path.isdir(path):
+        return path
+    tmp = f"{path}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.mkdir(tmp, 0o755)
+    for name, text in ETC_FILES.items():
+        with open(os.path.join(tmp, name), "w") as f:
+            f.write(text)
+        os.chmod(os.path.join(tmp, name), 0o644)
+    for host in ETC_BINDS:
+        rel = host[len("/etc/"):]
+        dst = os.path.join(tmp, rel)
+        os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
+        if os.path.isdir(host):
+            os.makedirs(dst, 0o755, exist_ok=True)
+        elif os.path.exists(host):
+            open(dst, "w").close()
+    os.chmod(tmp, 0o755)
+    try:
+        os.rename(tmp, path)
+    except OSError:  # another supervisor won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+class NamespaceBackend:
+    name = "namespace"
+
+    def __init__(self) -> None:
+        self.bwrap = find_bwrap()
+        self.root = os.geteuid() == 0
+
+    def check(self, plan: Plan) -> list[tuple[Op, str]]:
+        if self.bwrap is None:
+            raise BackendUnavailable("bubblewrap (bwrap) is not installed; "
+                                     "apt-get install bubblewrap", field="isolation")
+        userns = userns_available()
+        if userns is not True:
+            raise BackendUnavailable(f"{userns}; enable them or use another tier",
+                                     field="isolation")
+        cg = limits.detect()
+        missing: list[tuple[Op, str]] = []
+        for op in plan.ops:
+            match op:
+                case Scratch():
+                    if not self.root:
+                        missing.append((op, "a size-capped tmpfs needs root; run corral as "
+                                            "root (scratch is a plain directory otherwise)"))
+                case MemoryLimit():
+                    if "memory" not in cg.usable:
+                        missing.append((op, f"no usable memory cgroup: {cg.reason}"))
+                case PidsLimit():
+                    if "pids" not in cg.usable:
+                        missing.append((op, f"no usable pids cgroup: {cg.reason}"))
+                case CpuQuota():
+                    if "cpu" not in cg.usable:
+                        missing.append((op, f"no usable cpu cgroup: {cg.reason}"))
+                case CpuTime():
+                    if "cpu" not in cg.usable:
+                        missing.append((op, "only per-process RLIMIT_CPU, not the run's "
+                                            f"total: {cg.reason}"))
+                case WorkspaceMount():
+                    if self.root:
+                        from .. import idmap
+
+                        ok = idmap.supported(op.path)
+                        if ok is not True:
+                            missing.append((op, f"the workspace cannot be idmapped: {ok}"))
+                case (Namespaces() | SystemRoot() | Seccomp() | WallClock() | OutputCap()
+                      | Rlimit() | Environment() | NoNetwork() | ReadOnlyBind()):
+                    pass
+                case _:
+                    missing.append((op, f"the namespace tier does not know {type(op).__name__}"))
+        return missing
+
+    def open(self, plan: Plan, events: list[dict]) -> NamespaceSandbox:
+        return NamespaceSandbox(self, plan, events)
+
+
+class NamespaceSandbox:
+    def __init__(self, backend: NamespaceBackend, plan: Plan, events: list[dict]) -> None:
+        self.backend = backend
+        self.plan = plan
+        self.events = events  # standing events (e.g. unenforced defaults), copied per exec
+        self.root = backend.root
+        self.execs = 0
+        self._seccomp_fd = -1
+        rundir.sweep_stale()
+        self.dir = rundir.RunDir()
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup ---------------------------------------------------------------------------
+    def _setup(self) -> None:
+        plan = self.plan
+        if self.root:
+            self.uid = self.gid = UID_BASE + int.from_bytes(os.urandom(4), "little") % UID_SPAN
+        else:
+            self.uid, self.gid = os.getuid(), os.getgid()
+        self.etc = ensure_etc(self.dir.base)
+        scratch = plan.find(Scratch)[0]
+        self.scratch = self.dir.sub("scratch")
+        enforce_scratch = self.root and not self._unenforced(scratch)
+        if enforce_scratch:
+            try:
+                mount("tmpfs", self.scratch, "tmpfs", MS_NOSUID | MS_NODEV,
+                      f"size={scratch.size},nr_inodes={scratch.inodes},mode=0700,"
+                      f"uid={self.uid},gid={self.gid}")
+            except OSError as e:
+                raise SandboxSetupError(f"mounting the scratch tmpfs on {self.scratch}: "
+                                        f"{e.strerror}", step="scratch", errno=e.errno) from None
+            self.dir.mounts.append(self.scratch)
+        for name, mode in (("home", 0o755), ("tmp", 0o1777), ("shm", 0o1777)):
+            p = os.path.join(self.scratch, name)
+            os.mkdir(p)
+            os.chmod(p, mode)
+            if self.root:
+                os.chown(p, self.uid, self.gid)
+        if self.root and not enforce_scratch:
+            os.chown(self.scratch, self.uid, self.gid)
+        self.workspace_src = None
+        for ws in plan.find(WorkspaceMount):
+            self.workspace_src = ws.path
+            if self.root:
+                from .. import idmap
+
+                st = os.stat(ws.path)
+                mp = self.dir.sub("workspace", 0o755)
+                idmap.idmapped_bind(ws.path, mp, uid_map=(st.st_uid, self.uid),
+                                    gid_map=(st.st_gid, self.gid), readonly=not ws.writable)
+                self.dir.mounts.append(mp)
+                self.workspace_src = mp
+        bpf = seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"))
+        self._seccomp_fd = seccomp.bpf_fd(bpf)
+        self.argv_prefix = self._bwrap_args()
+
+    def _unenforced(self, op: Op) -> bool:
+        return any(e.get("kind") == "unenforced" and e.get("rule") == op.rule
+                   for e in self.events)
+
+    def _bwrap_args(self) -> list[str]:
+        a = [self.backend.bwrap or "bwrap"]
+        for op in self.plan.ops:
+            match op:
+                case Namespaces():
+                    a += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                          "--unshare-cgroup-try", "--uid", "0", "--gid", "0",
+                          "--hostname", HOSTNAME, "--new-session", "--die-with-parent",
+                          "--cap-drop", "ALL"]
+                case NoNetwork():
+                    a += ["--unshare-net"]
+                case SystemRoot():
+                    for p in SYSTEM_PATHS:
+                        if os.path.islink(p):
+                            a += ["--symlink", os.readlink(p), p]
+                        elif os.path.isdir(p):
+                            a += ["--ro-bind", p, p]
+                    a += ["--ro-bind", self.etc, "/etc"]
+                    for p in ETC_BINDS:
+                        if os.path.exists(p):
+                            a += ["--ro-bind", p, p]
+                    a += ["--proc", "/proc", "--dev", "/dev"]
+                case Scratch():
+                    a += ["--bind", os.path.join(self.scratch, "home"), SCRATCH,
+                          "--bind", os.path.join(self.scratch, "tmp"), "/tmp",
+                          "--bind", os.path.join(self.scratch, "shm"), "/dev/shm"]
+                case WorkspaceMount():
+                    a += ["--bind" if op.writable else "--ro-bind", self.workspace_src,
+                          WORKSPACE]
+                case ReadOnlyBind():
+                    a += ["--ro-bind", op.path, op.path]
+                case Seccomp():
+                    a += ["--seccomp", str(self._seccomp_fd)]
+                case (Environment() | MemoryLimit() | PidsLimit() | CpuQuota() | CpuTime()
+                      | WallClock() | OutputCap() | Rlimit()):
+                    pass  # enforced by the supervisor, the cgroup or rlimits, not by bwrap
+                case _:
+                    raise AssertionError(f"unhandled op {op!r}")
+        a += ["--remount-ro", "/", "--chdir", self.plan.cwd]
+        return a
+
+    # -- exec ----------------------------------------------------------------------------
+    def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
+             on_stderr=None, timeout: float | None = None) -> Result:
+        if not argv:
+            raise SandboxSetupError("no command given", step="exec")
+        plan = self.plan
+        self.execs += 1
+        events = [dict(e) for e in self.events]
+        wall = plan.find(WallClock)[0].seconds if timeout is None else timeout
+        cpu = plan.find(CpuTime)[0].seconds
+        cap = plan.find(OutputCap)[0].bytes
+        rl = {op.name: op.value for op in plan.find(Rlimit)}
+        cg = None
+        if limits.detect().usable and not all(
+                self._unenforced(op) for op in (plan.find(MemoryLimit) + plan.find(PidsLimit)
+                                                + plan.find(CpuQuota))):
+            cg = limits.RunCgroup.create(
+                f"{self.dir.id}-{self.execs}", memory=plan.find(MemoryLimit)[0].bytes,
+                pids=plan.find(PidsLimit)[0].count, cpus=plan.find(CpuQuota)[0].cpus)
+        try:
+            attach = cg.attach_fds() if cg else []
+            uid, gid, root = self.uid, self.gid, self.root
+            parent = os.getpid()
+            cpu_rlimit = math.ceil(cpu) + 1
+
+            def child_setup() -> None:
+                if attach:
+                    limits.RunCgroup.attach_self(attach)
+                limits.apply_rlimits(nofile=rl["nofile"], fsize=rl["fsize"],
+                                     cpu_seconds=cpu_rlimit, nproc=None)
+                if root:
+                    os.setgroups([])
+                    os.setresgid(gid, gid, gid)
+                    os.setresuid(uid, uid, uid)
+                set_pdeathsig(signal.SIGKILL)
+                if os.getppid() != parent:
+                    os._exit(125)
+
+            os.lseek(self._seccomp_fd, 0, os.SEEK_SET)
+            env = dict(plan.find(Environment)[0].env)
+            stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
+            started = time.monotonic()
+            try:
+                pid, out_r, err_r = spawn(self.argv_prefix[0], self.argv_prefix + ["--", *argv],
+                                          env, stdin_fd=stdin_fd,
+                                          pass_fds=(self._seccomp_fd,), child_setup=child_setup)
+            finally:
+                if stdin is None:
+                    os.close(stdin_fd)
+                for fd in attach:
+                    os.close(fd)
+
+            def kill() -> None:
+                kill_pid(pid)
+                if cg is not None:
+                    cg.kill_all()
+
+            outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
+                                cpu_seconds=cg.cpu_seconds if cg else None, output_cap=cap,
+                                on_stdout=on_stdout, on_stderr=on_stderr, kill=kill,
+                                started=started)
+            usage = Usage(wall_s=round(outcome.wall_s, 6))
+            oom_kills = 0
+            if cg is not None:
+                cg.kill_all()  # nothing of the run outlives it
+                u = cg.usage()
+                usage.cpu_s = round(u.cpu_s, 6)
+                usage.memory_peak_bytes = u.memory_peak_bytes
+                oom_kills = u.oom_kills
+        finally:
+            if cg is not None:
+                problems = _destroy(cg)
+                events += [{"kind": "teardown", "message": p} for p in problems]
+        exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
+        timed_out = outcome.timed_out
+        if sig == signal.SIGXCPU and not timed_out:
+            timed_out = "cpu_time"
+        if timed_out == "timeout":
+            events.append({"kind": "limit", "limit": "timeout",
+                           "message": f"wall clock limit of {wall:g}s reached; every process "
+                                      f"of the run was killed"})
+        elif timed_out == "cpu_time":
+            events.append({"kind": "limit", "limit": "cpu_time",
+                           "message": f"CPU time limit of {cpu:g}s reached; every process of "
+                                      f"the run was killed"})
+        if oom_kills:
+            events.append({"kind": "limit", "limit": "memory",
+                           "message": f"the memory cgroup killed {oom_kills} process(es) at "
+                                      f"the {plan.find(MemoryLimit)[0].bytes} byte limit"})
+        for name, stream in (("stdout", outcome.stdout), ("stderr", outcome.stderr)):
+            if stream.truncated:
+                events.append({"kind": "limit", "limit": "output", "stream": name,
+                               "message": f"{name} past {cap} bytes was dropped"})
+        events += self._scratch_events()
+        verdict = decide_verdict(exit_code=exit_code, signal=sig, oom_kills=oom_kills,
+                                 timed_out=timed_out)
+        return Result(verdict=verdict, exit_code=exit_code, signal=sig,
+                      stdout=outcome.stdout.text(), stderr=outcome.stderr.text(),
+                      stdout_truncated=outcome.stdout.truncated,
+                      stderr_truncated=outcome.stderr.truncated, usage=usage, events=events,
+                      isolation="namespace")
+
+    def _scratch_events(self) -> list[dict]:
+        try:
+            st = os.statvfs(self.scratch)
+        except OSError:
+            return []
+        out = []
+        if st.f_blocks and st.f_bavail == 0:
+            out.append({"kind": "limit", "limit": "scratch",
+                        "message": "/scratch (with /tmp and /dev/shm) is full"})
+        if st.f_files and st.f_favail == 0:
+            out.append({"kind": "limit", "limit": "scratch_inodes",
+                        "message": "/scratch ran out of inodes"})
+        return out
+
+    # -- teardown ------------------------------------------------------------------------
+    def close(self) -> list[str]:
+        problems: list[str] = []
+        if self._seccomp_fd >= 0:
+            os.close(self._seccomp_fd)
+            self._seccomp_fd = -1
+        if getattr(self, "dir", None) is not None:
+            problems += self.dir.remove()
+            self.dir = None
+        return problems
+
+
+def _destroy(cg) -> list[str]:
+    try:
+        cg.destroy()
+    except SandboxSetupError as e:
+        return [str(e)]
+    return []
+

@@ -1,0 +1,302 @@
+"""The `corral` command.
+
+    corral run [options] -- CMD...     run CMD in a sandbox
+    corral policy show [options]       print the effective policy as TOML
+    corral doctor                      what this host supports
+    corral --version
+
+Exit status of `run`: the command's own; 128+N when signal N ended it; 124 on timeout; 137
+on oom; 2 for a usage or policy error; 3 when the tier cannot enforce the policy; 125 when
+corral failed to set the sandbox up. For 2, 3 and 125 no command ran.
+
+This module is on the start-up path of every `corral run`: it imports only the standard
+library pieces it needs and the sandbox code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import __version__
+from .errors import CorralError, UsageError
+
+RUN_USAGE = """\
+usage: corral run [--policy FILE] [--isolation T] [--timeout D] [--cpu-time D]
+                  [--memory SIZE] [--cpus N] [--pids N] [--scratch-size SIZE]
+                  [--output-limit SIZE] [--env NAME | --env NAME=VALUE]...
+                  [--workspace PATH[:ro|rw]] [--ro-bind PATH]... [--stdin] [--raw]
+                  [--json] -- CMD...
+
+Run CMD in a sandbox: read-only root, no network, /scratch as HOME, nothing of the host's
+environment, limits on memory, processes, CPU, time and output.
+
+options (each overrides the policy file):
+  --policy FILE          a policy in TOML (see docs/policy.md); never read from the workspace
+  --isolation T          the tier: namespace (default)
+  --timeout D            wall clock, e.g. 500ms, 60s, 2m          [limits.timeout]
+  --cpu-time D           CPU time of the whole run                [limits.cpu_time]
+  --memory SIZE          memory incl. swap, e.g. 512M, 1G         [limits.memory]
+  --cpus N               CPU quota in cores, e.g. 0.5             [limits.cpus]
+  --pids N               processes and threads at once            [limits.pids]
+  --scratch-size SIZE    size of /scratch + /tmp + /dev/shm       [limits.scratch]
+  --output-limit SIZE    bytes kept per stream                    [limits.output]
+  --env NAME             pass the host variable NAME through      [env.pass]
+  --env NAME=VALUE       set NAME in the sandbox                  [env.set]
+  --workspace PATH[:M]   mount PATH at /workspace, M = ro (default) or rw
+  --ro-bind PATH         show host PATH read-only at the same path [filesystem.ro_binds]
+  --stdin                pass this process's stdin through (a pipe or file, never a tty)
+  --raw                  show output as is (by default control characters are neutralised
+                         on a terminal)
+  --json                 print the Result as one JSON object instead of the output
+  -h, --help             this help
+"""
+
+POLICY_USAGE = """\
+usage: corral policy show [--policy FILE] [run options]
+
+Print the effective policy, every default included, as TOML that --policy reads back.
+Takes the same policy options as `corral run` (no command).
+"""
+
+MAIN_USAGE = f"""\
+usage: corral [--version] [--help] COMMAND ...
+
+commands:
+  run      run a command in a sandbox            (corral run --help)
+  policy   show the effective policy             (corral policy show --help)
+  doctor   what this host supports and how to fix what is missing
+
+corral {__version__}
+"""
+
+_VALUE_FLAGS = {
+    "--timeout": ("limits", "timeout"), "--cpu-time": ("limits", "cpu_time"),
+    "--memory": ("limits", "memory"), "--cpus": ("limits", "cpus"),
+    "--pids": ("limits", "pids"), "--scratch-size": ("limits", "scratch"),
+    "--output-limit": ("limits", "output"),
+}
+
+
+class RunArgs:
+    def __init__(self) -> None:
+        self.policy_file: str | None = None
+        self.overrides: dict = {}
+        self.env_pass: list[str] = []
+        self.env_set: dict[str, str] = {}
+        self.ro_binds: list[str] = []
+        self.stdin = False
+        self.raw = False
+        self.json = False
+        self.help = False
+        self.command: list[str] = []
+
+
+def parse_run_args(args: list[str], *, want_command: bool) -> RunArgs:
+    """Hand-rolled (argparse costs start-up time): `--flag value` and `--flag=value`."""
+    r = RunArgs()
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            r.command = args[i + 1:]
+            break
+        if not a.startswith("-") or a == "-":
+            if want_command:
+                r.command = args[i:]
+                break
+            raise UsageError(f"unexpected argument {a!r}", field=a)
+        name, eq, inline = a.partition("=")
+
+        def value() -> str:
+            nonlocal i
+            if eq:
+                return inline
+            i += 1
+            if i >= len(args):
+                raise UsageError(f"{name} needs a value", field=name)
+            return args[i]
+
+        if name in ("-h", "--help"):
+            r.help = True
+        elif name in ("--stdin", "--raw", "--json") and not eq:
+            setattr(r, name[2:], True)
+        elif name == "--policy":
+            r.policy_file = value()
+        elif name == "--isolation":
+            r.overrides["isolation"] = value()
+        elif name in _VALUE_FLAGS:
+            section, key = _VALUE_FLAGS[name]
+            r.overrides.setdefault(section, {})[key] = value()
+        elif name == "--env":
+            v = value()
+            if "=" in v:
+                k, _, val = v.partition("=")
+                r.env_set[k] = val
+            else:
+                r.env_pass.append(v)
+        elif name == "--workspace":
+            v = value()
+            path, mode = v, "ro"
+            if v.endswith((":ro", ":rw")):
+                path, mode = v[:-3], v[-2:]
+            r.overrides.setdefault("filesystem", {})["workspace"] = {
+                "path": os.path.abspath(path), "mode": mode}
+        elif name == "--ro-bind":
+            r.ro_binds.append(os.path.abspath(value()))
+        else:
+            raise UsageError(f"unknown option {name}; see corral run --help", field=name)
+        i += 1
+    return r
+
+
+def effective_policy(r: RunArgs):
+    from .policy import merge, policy_from_dict
+    from .policy.load import read_toml
+
+    data = read_toml(r.policy_file) if r.policy_file else {}
+    data = merge(data, r.overrides)
+    if r.env_pass or r.env_set:
+        env = dict(data.get("env", {}))
+        if r.env_pass:
+            env["pass"] = [*env.get("pass", []), *r.env_pass]
+        if r.env_set:
+            env["set"] = {**env.get("set", {}), **r.env_set}
+        data["env"] = env
+    if r.ro_binds:
+        fs = dict(data.get("filesystem", {}))
+        fs["ro_binds"] = [*fs.get("ro_binds", []), *r.ro_binds]
+        data["filesystem"] = fs
+    return policy_from_dict(data)
+
+
+def _fail(err: CorralError, as_json: bool) -> int:
+    sys.stderr.write(f"corral: {err}\n")
+    if as_json:
+        import json
+
+        sys.stdout.write(json.dumps({"error": err.to_dict()}) + "\n")
+    return err.exit_code
+
+
+def cmd_run(args: list[str]) -> int:
+    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
+    try:
+        r = parse_run_args(args, want_command=True)
+        if r.help:
+            sys.stdout.write(RUN_USAGE)
+            return 0
+        if not r.command:
+            raise UsageError("no command given; write corral run [options] -- CMD...",
+                             field="CMD")
+        policy = effective_policy(r)
+        from .sandbox import Sandbox
+
+        stdin = 0 if r.stdin else None
+        on_out = on_err = None
+        writers = []
+        if not r.json:
+            on_out, on_err = _writer(sys.stdout, r.raw), _writer(sys.stderr, r.raw)
+            writers = [on_out, on_err]
+        with _terminate_cleanly():
+            with Sandbox(policy) as sb:
+                result = sb.exec(r.command, stdin=stdin, on_stdout=on_out, on_stderr=on_err)
+        for w in writers:
+            if hasattr(w, "finish"):
+                w.finish()
+    except CorralError as e:
+        return _fail(e, as_json)
+    if r.json:
+        sys.stdout.write(result.to_json() + "\n")
+    else:
+        for e in result.events:
+            if e["kind"] in ("limit", "teardown", "unenforced"):
+                what = e.get("limit") or e.get("rule") or e["kind"]
+                sys.stderr.write(f"corral: {e['kind']} {what}: "
+                                 f"{e.get('message') or e.get('reason')}\n")
+    return result.cli_exit_status()
+
+
+def _writer(stream, raw: bool):
+    if raw or not stream.isatty():
+        buf = stream.buffer
+
+        def write(data: bytes) -> None:
+            buf.write(data)
+            buf.flush()
+        return write
+    from .termsafe import SafeWriter
+
+    return SafeWriter(stream)
+
+
+class _terminate_cleanly:
+    """SIGTERM and SIGHUP become KeyboardInterrupt, so teardown runs on the way out."""
+
+    def __enter__(self):
+        import signal
+
+        self._old = {s: signal.signal(s, self._raise) for s in (signal.SIGTERM, signal.SIGHUP)}
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        import signal
+
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def cmd_policy(args: list[str]) -> int:
+    if not args or args[0] in ("-h", "--help"):
+        sys.stdout.write(POLICY_USAGE)
+        return 0 if args else 2
+    if args[0] != "show":
+        return _fail(UsageError(f"unknown policy command {args[0]!r}; use: corral policy show",
+                                field="policy"), False)
+    try:
+        r = parse_run_args(args[1:], want_command=False)
+        if r.help:
+            sys.stdout.write(POLICY_USAGE)
+            return 0
+        from .policy import dump_toml
+
+        sys.stdout.write(dump_toml(effective_policy(r)))
+    except CorralError as e:
+        return _fail(e, False)
+    return 0
+
+
+def cmd_doctor(args: list[str]) -> int:
+    if args and args[0] in ("-h", "--help"):
+        sys.stdout.write("usage: corral doctor [--json]\n\nWhat this host supports for "
+                         "each tier, and how to fix what is missing.\n")
+        return 0
+    from .doctor import report
+
+    return report(as_json="--json" in args)
+
+
+COMMANDS = {"run": cmd_run, "policy": cmd_policy, "doctor": cmd_doctor}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        sys.stdout.write(MAIN_USAGE)
+        return 0 if args else 2
+    if args[0] == "--version":
+        sys.stdout.write(f"corral {__version__}\n")
+        return 0
+    cmd = COMMANDS.get(args[0])
+    if cmd is None:
+        sys.stderr.write(f"corral: unknown command {args[0]!r}; see corral --help\n")
+        return 2
+    try:
+        return cmd(args[1:])
+    except KeyboardInterrupt:
+        sys.stderr.write("corral: interrupted; the sandbox was torn down\n")
+        return 130

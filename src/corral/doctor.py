@@ -1,0 +1,111 @@
+"""`corral doctor`: what this host supports, tier by tier, and how to fix what is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+
+def _landlock_abi() -> int | str:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    nr = 444  # landlock_create_ruleset, same number on x86_64 and aarch64
+    abi = libc.syscall(nr, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    if abi < 0:
+        e = ctypes.get_errno()
+        return f"unavailable ({os.strerror(e)}); boot with lsm=landlock,... to enable it"
+    return abi
+
+
+def _seccomp() -> bool | str:
+    try:
+        import seccomp  # noqa: F401
+    except ImportError:
+        return "libseccomp's Python binding is missing; apt-get install python3-seccomp"
+    with open("/proc/self/status") as f:
+        if "Seccomp:" not in f.read():
+            return "the kernel has no seccomp support"
+    return True
+
+
+def _kvm() -> str:
+    if not os.path.exists("/dev/kvm"):
+        return "no /dev/kvm"
+    try:
+        import fcntl
+
+        fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            version = fcntl.ioctl(fd, 0xAE00)  # KVM_GET_API_VERSION
+        finally:
+            os.close(fd)
+        return f"/dev/kvm answers (API {version}); whether it boots a stock guest is " \
+               f"checked by the microvm tier"
+    except OSError as e:
+        return f"/dev/kvm present but unusable: {e.strerror}"
+
+
+def facts() -> dict:
+    from . import limits
+    from .backends.namespace import find_bwrap, userns_available
+
+    cg = limits.detect()
+    bwrap = find_bwrap()
+    userns = userns_available()
+    sc = _seccomp()
+    root = os.geteuid() == 0
+    idmap: bool | str = "not needed (not root)"
+    if root:
+        from . import idmap as _idmap
+
+        idmap = _idmap.supported("/tmp")
+    runsc = shutil.which("runsc")
+    namespace_ok = bool(bwrap) and userns is True and sc is True
+    return {
+        "root": root,
+        "bwrap": bwrap or "missing; apt-get install bubblewrap",
+        "user_namespaces": userns,
+        "seccomp": sc,
+        "cgroups": {"version": cg.version, "usable": sorted(cg.usable), "reason": cg.reason},
+        "idmapped_mounts": idmap,
+        "landlock_abi": _landlock_abi(),
+        "runsc": runsc or "missing; apt-get install runsc",
+        "kvm": _kvm(),
+        "tiers": {
+            "namespace": True if namespace_ok else "needs bwrap, user namespaces and seccomp",
+            "process": "not in this release",
+            "gvisor": "not in this release",
+            "microvm": "not in this release",
+            "wasm": "not in this release",
+        },
+    }
+
+
+def report(as_json: bool = False) -> int:
+    f = facts()
+    if as_json:
+        sys.stdout.write(json.dumps(f, indent=2) + "\n")
+        return 0
+    def mark(v) -> str:
+        return "ok " if v is True or (isinstance(v, (int, str)) and str(v).startswith("/")) \
+            else "-- "
+    lines = [f"corral doctor ({'root' if f['root'] else 'uid ' + str(os.geteuid())})"]
+    for key in ("bwrap", "user_namespaces", "seccomp", "idmapped_mounts", "runsc", "kvm"):
+        v = f[key]
+        lines.append(f"  {mark(v)}{key}: {v}")
+    cg = f["cgroups"]
+    lines.append(f"  {'ok ' if cg['usable'] else '-- '}cgroups: {cg['version'] or 'none'}, "
+                 f"usable: {', '.join(cg['usable']) or 'none'}"
+                 + (f" ({cg['reason']})" if cg["reason"] else ""))
+    abi = f["landlock_abi"]
+    lines.append(f"  {'ok ' if isinstance(abi, int) else '-- '}landlock: "
+                 f"{'ABI ' + str(abi) if isinstance(abi, int) else abi}")
+    lines.append("tiers:")
+    for tier, v in f["tiers"].items():
+        lines.append(f"  {'ok ' if v is True else '-- '}{tier}: "
+                     f"{'usable' if v is True else v}")
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0

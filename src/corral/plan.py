@@ -1,0 +1,148 @@
+"""Policy -> Plan: a neutral list of setup operations, one per rule. Pure, no I/O.
+
+Like bubblewrap's SetupOp list: each op names the policy rule it enforces (`rule`, a dotted
+key path, or "" for corral's fixed hardening), so a tier that cannot perform an op can say,
+before anything runs, which rule it cannot enforce. `corral explain` and `corral run` read
+the same plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .policy import Policy
+
+#: host paths that make up the read-only root (each bound if it is a directory, recreated
+#: as the same symlink if it is one, skipped if absent)
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: the parts of the host's /etc a normal program needs; everything else of /etc (users,
+#: shadow, ssh keys, sudoers, machine-id, ...) stays hidden
+ETC_BINDS = ("/etc/alternatives", "/etc/ssl", "/etc/ca-certificates", "/etc/ld.so.cache",
+             "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/mime.types",
+             "/etc/protocols", "/etc/services", "/etc/os-release", "/etc/debian_version",
+             "/etc/python3", "/etc/python3.11", "/etc/gitconfig", "/etc/inputrc")
+SCRATCH = "/scratch"
+WORKSPACE = "/workspace"
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    rule: str
+
+
+@dataclass(frozen=True, slots=True)
+class Namespaces(Op):
+    """user, mount, pid, net, uts, ipc and cgroup namespaces; new session; no new
+    privileges; every capability dropped; sandbox root mapped to an unprivileged uid."""
+
+
+@dataclass(frozen=True, slots=True)
+class SystemRoot(Op):
+    """The host's system directories, read-only, and a minimal /etc."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scratch(Op):
+    size: int
+    inodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceMount(Op):
+    path: str
+    writable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOnlyBind(Op):
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Environment(Op):
+    env: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLimit(Op):
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class PidsLimit(Op):
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class CpuQuota(Op):
+    cpus: float
+
+
+@dataclass(frozen=True, slots=True)
+class CpuTime(Op):
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class WallClock(Op):
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class OutputCap(Op):
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rlimit(Op):
+    name: str            # "nofile" | "fsize" | "core"
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class Seccomp(Op):
+    """The kernel-surface deny list (seccomp.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NoNetwork(Op):
+    """An empty network namespace: loopback only."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    tier: str
+    ops: tuple[Op, ...]
+    cwd: str
+    explicit: frozenset[str]
+
+    def find(self, cls: type) -> list:
+        return [op for op in self.ops if isinstance(op, cls)]
+
+
+def build_plan(policy: Policy, host_env: dict[str, str]) -> Plan:
+    lim = policy.limits
+    ops: list[Op] = [
+        Namespaces(rule=""),
+        SystemRoot(rule=""),
+        Seccomp(rule=""),
+        Scratch(rule="limits.scratch", size=lim.scratch, inodes=lim.scratch_inodes),
+        MemoryLimit(rule="limits.memory", bytes=lim.memory),
+        PidsLimit(rule="limits.pids", count=lim.pids),
+        CpuQuota(rule="limits.cpus", cpus=lim.cpus),
+        CpuTime(rule="limits.cpu_time", seconds=lim.cpu_time),
+        WallClock(rule="limits.timeout", seconds=lim.timeout),
+        OutputCap(rule="limits.output", bytes=lim.output),
+        Rlimit(rule="limits.open_files", name="nofile", value=lim.open_files),
+        Rlimit(rule="limits.file_size", name="fsize", value=lim.file_size),
+        Rlimit(rule="", name="core", value=0),
+        Environment(rule="env", env=tuple(policy.sandbox_env(host_env).items())),
+        NoNetwork(rule="network.mode"),
+    ]
+    ws = policy.filesystem.workspace
+    if ws is not None:
+        ops.append(WorkspaceMount(rule="filesystem.workspace", path=ws.path,
+                                  writable=ws.mode == "rw"))
+    ops += [ReadOnlyBind(rule="filesystem.ro_binds", path=p) for p in policy.filesystem.ro_binds]
+    return Plan(tier=policy.isolation, ops=tuple(ops), cwd=WORKSPACE if ws else SCRATCH,
+                explicit=policy.explicit)

@@ -1,0 +1,128 @@
+"""Per-sandbox directories on the host, and sweeping what a dead supervisor left behind.
+
+Each live sandbox owns `<base>/<id>/`, holding an flock on `<base>/<id>/lock` for as long as
+its supervisor lives. A directory whose lock can be taken belongs to a supervisor that died:
+the next corral start unmounts what it mounted there, removes its cgroups and deletes it.
+`<base>` is /run/corral for root, else $XDG_RUNTIME_DIR/corral or /tmp/corral-<uid>.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+
+from .errors import SandboxSetupError
+
+
+def base_dir() -> str:
+    if os.geteuid() == 0:
+        return "/run/corral"
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg):
+        return os.path.join(xdg, "corral")
+    return f"/tmp/corral-{os.geteuid()}"
+
+
+def _ensure_base(base: str) -> None:
+    try:
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        st = os.lstat(base)
+    except OSError as e:
+        raise SandboxSetupError(f"cannot create {base}: {e.strerror}", step="rundir",
+                                errno=e.errno) from None
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not os.path.isdir(base):
+        raise SandboxSetupError(f"{base} is not a directory owned by uid {os.geteuid()} "
+                                f"and closed to others; remove it", step="rundir")
+
+
+class RunDir:
+    """A sandbox's host directory, locked for the life of its supervisor."""
+
+    def __init__(self, base: str | None = None) -> None:
+        self.base = base or base_dir()
+        _ensure_base(self.base)
+        self.id = os.urandom(6).hex()
+        self.path = os.path.join(self.base, self.id)
+        os.mkdir(self.path, 0o711)
+        self._lock_fd = os.open(os.path.join(self.path, "lock"),
+                                os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        #: mount points below path that must be unmounted before removal
+        self.mounts: list[str] = []
+
+    def sub(self, name: str, mode: int = 0o700) -> str:
+        p = os.path.join(self.path, name)
+        os.mkdir(p, mode)
+        return p
+
+    def remove(self) -> list[str]:
+        """Unmount, delete, release. Returns problems (for teardown events)."""
+        problems = _remove_tree(self.path, self.mounts)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+        return problems
+
+
+def _umount(path: str) -> str | None:
+    from . import _sys
+
+    err = _sys.umount(path)
+    return None if err in (0, _sys.EINVAL, _sys.ENOENT) else f"umount {path}: {os.strerror(err)}"
+
+
+def _remove_tree(path: str, mounts) -> list[str]:
+    problems = [p for p in (_umount(m) for m in reversed(list(mounts))) if p]
+    if problems:
+        return problems
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        problems.append(f"remove {path}: {e.strerror}")
+    return problems
+
+
+def _mounts_below(path: str) -> list[str]:
+    prefix = path.rstrip("/") + "/"
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split(" ", 5)[4].replace("\\040", " ")
+            if mp.startswith(prefix):
+                found.append(mp)
+    return sorted(found, key=len)
+
+
+def sweep_stale(base: str | None = None) -> list[str]:
+    """Remove the run directories of dead supervisors. Returns the ids removed."""
+    base = base or base_dir()
+    try:
+        names = os.listdir(base)
+    except FileNotFoundError:
+        return []
+    dead = []
+    for name in names:
+        path = os.path.join(base, name)
+        lock = os.path.join(path, "lock")
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # alive
+        try:
+            dead.append(name)
+            _remove_tree(path, _mounts_below(path))
+        finally:
+            os.close(fd)
+    if dead:
+        from . import limits
+
+        limits.sweep_stale(lambda run_id: run_id.split(".")[0] in dead)
+    return dead

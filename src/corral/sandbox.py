@@ -1,0 +1,121 @@
+"""The public lifecycle: Sandbox (create, exec, close) and run().
+
+    with corral.Sandbox({"limits": {"memory": "1G"}}) as sb:
+        sb.exec(["python3", "-c", "open('/scratch/x', 'w').write('kept')"])
+        print(sb.exec(["cat", "/scratch/x"]).stdout)      # /scratch persists between execs
+
+Each exec is a fresh set of namespaces and a fresh cgroup; its processes end with it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import UnsupportedRule
+from .plan import Plan, build_plan
+from .policy import Policy, load_policy, policy_from_dict
+from .result import Result
+
+
+def coerce_policy(policy: Policy | dict | str | os.PathLike | None) -> Policy:
+    """A Policy from a Policy, a dict in the TOML layout, or a TOML file path."""
+    if policy is None:
+        return Policy()
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, dict):
+        return policy_from_dict(policy)
+    return load_policy(os.fspath(policy))
+
+
+def prepare(policy: Policy, host_env: dict[str, str] | None = None):
+    """Plan the policy and check it against the tier: (backend, plan, standing events).
+
+    A rule the user set explicitly that the tier cannot enforce raises UnsupportedRule
+    (nothing runs); a default it cannot enforce becomes an "unenforced" event."""
+    from .backends import get_backend
+
+    plan = build_plan(policy, dict(os.environ) if host_env is None else host_env)
+    backend = get_backend(plan.tier)
+    events: list[dict] = []
+    for op, reason in backend.check(plan):
+        if op.rule and (op.rule in plan.explicit or any(
+                e.startswith(op.rule + ".") for e in plan.explicit)):
+            raise UnsupportedRule(f"the {backend.name} tier cannot enforce it on this host: "
+                                  f"{reason}", field=op.rule)
+        events.append({"kind": "unenforced", "rule": op.rule or type(op).__name__,
+                       "tier": backend.name, "reason": reason})
+    return backend, plan, events
+
+
+class Sandbox:
+    """A live sandbox: one policy, a scratch area kept across execs, closed on exit."""
+
+    def __init__(self, policy: Policy | dict | str | None = None, *,
+                 env: dict[str, str] | None = None) -> None:
+        self.policy = coerce_policy(policy)
+        self._backend, self.plan, self._events = prepare(self.policy, env)
+        self._live = None
+
+    @property
+    def isolation(self) -> str:
+        return self._backend.name
+
+    def open(self) -> Sandbox:
+        if self._live is None:
+            self._live = self._backend.open(self.plan, self._events)
+        return self
+
+    def exec(self, argv: list[str], *, stdin: int | bytes | None = None, timeout: float | None = None,
+             on_stdout=None, on_stderr=None) -> Result:
+        """Run argv inside. stdin: None (/dev/null), bytes, or a readable fd (not a tty)."""
+        self.open()
+        fd, close_fd = _stdin_fd(stdin)
+        try:
+            return self._live.exec(list(argv), stdin=fd, on_stdout=on_stdout,
+                                   on_stderr=on_stderr, timeout=timeout)
+        finally:
+            if close_fd:
+                os.close(fd)
+
+    def close(self) -> list[str]:
+        """Kill what is left, unmount, delete scratch. Returns teardown problems."""
+        live, self._live = self._live, None
+        return live.close() if live is not None else []
+
+    def __enter__(self) -> Sandbox:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_live", None) is not None:
+            self.close()
+
+
+def _stdin_fd(stdin) -> tuple[int | None, bool]:
+    if stdin is None:
+        return None, False
+    if isinstance(stdin, (bytes, bytearray, memoryview)):
+        fd = os.memfd_create("corral-stdin", os.MFD_CLOEXEC)
+        os.write(fd, bytes(stdin))
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd, True
+    if isinstance(stdin, int):
+        if os.isatty(stdin):
+            from .errors import UsageError
+
+            raise UsageError("stdin is a terminal; a sandbox never gets the caller's "
+                             "terminal: pipe the input in instead", field="--stdin")
+        return stdin, False
+    raise TypeError("stdin must be None, bytes or a file descriptor")
+
+
+def run(argv: list[str], policy: Policy | dict | str | None = None, **kw) -> Result:
+    """Run one command in a fresh sandbox and return its Result."""
+    with Sandbox(policy) as sb:
+        return sb.exec(argv, **kw)
+
+
+__all__ = ["Sandbox", "run", "coerce_policy", "prepare", "Plan"]

@@ -1,0 +1,193 @@
+"""Starting one sandbox process and watching it: output caps, wall clock, CPU time.
+
+Tier-neutral: a backend hands over the argv to exec (bwrap, runsc, ...), the environment,
+the fds to pass, a `child_setup` run between fork and exec (cgroup attach, rlimits, dropping
+to the sandbox uid, parent-death signal), and a `kill` for everything of the run. No
+`subprocess`: a plain fork/exec keeps the start-up path short and lets the child setup run
+in the right order.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import time
+from collections.abc import Callable
+
+from .errors import SandboxSetupError
+
+READ_CHUNK = 65536
+#: after the sandbox's main process is gone, how long to wait for its pipes to close
+DRAIN_GRACE_S = 2.0
+
+
+class Stream:
+    """One captured output stream with a byte cap: what is past the cap is read and dropped."""
+
+    __slots__ = ("cap", "chunks", "kept", "truncated", "on_data")
+
+    def __init__(self, cap: int, on_data: Callable[[bytes], None] | None) -> None:
+        self.cap = cap
+        self.chunks: list[bytes] = []
+        self.kept = 0
+        self.truncated = False
+        self.on_data = on_data
+
+    def feed(self, data: bytes) -> None:
+        room = self.cap - self.kept
+        if len(data) > room:
+            data = data[:max(room, 0)]
+            self.truncated = True
+        if data:
+            self.kept += len(data)
+            self.chunks.append(data)
+            if self.on_data is not None:
+                self.on_data(data)
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode("utf-8", errors="replace")
+
+
+class Outcome:
+    __slots__ = ("status", "timed_out", "wall_s", "stdout", "stderr")
+
+    def __init__(self) -> None:
+        self.status: int | None = None      # raw wait status of the process we started
+        self.timed_out: str | None = None   # "timeout" | "cpu_time"
+        self.wall_s = 0.0
+        self.stdout: Stream | None = None
+        self.stderr: Stream | None = None
+
+
+def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
+          pass_fds: tuple[int, ...], child_setup: Callable[[], None]) -> tuple[int, int, int]:
+    """fork + exec. Returns (pid, stdout read fd, stderr read fd)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    fail_r, fail_w = os.pipe()  # CLOEXEC: closes on a successful exec
+    envb = [f"{k}={v}".encode() for k, v in env.items()]
+    argvb = [a.encode() for a in argv]
+    pid = os.fork()
+    if pid == 0:  # child: no Python-level cleanup may run here, only exec or _exit
+        try:
+            os.dup2(stdin_fd, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            keep = sorted(set(pass_fds) | {fail_w})
+            lo = 3
+            for fd in keep:
+                if fd > lo:
+                    os.closerange(lo, fd)
+                lo = fd + 1
+            os.closerange(lo, 1 << 16)
+            for fd in pass_fds:
+                os.set_inheritable(fd, True)
+            child_setup()
+            os.execve(path, argvb, envb)
+        except BaseException as e:  # noqa: BLE001 - report anything to the parent, then die
+            try:
+                code = getattr(e, "errno", 0) or 0
+                os.write(fail_w, f"{code}:{type(e).__name__}: {e}".encode()[:1000])
+            finally:
+                os._exit(127)
+    for fd in (out_w, err_w, fail_w):
+        os.close(fd)
+    report = os.read(fail_r, 1000)
+    os.close(fail_r)
+    if report:
+        os.waitpid(pid, 0)
+        os.close(out_r)
+        os.close(err_r)
+        code, _, msg = report.decode(errors="replace").partition(":")
+        raise SandboxSetupError(f"starting {path} failed: {msg}", step="exec",
+                                errno=int(code) or None)
+    return pid, out_r, err_r
+
+
+def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: float,
+              cpu_seconds: Callable[[], float] | None, output_cap: int,
+              on_stdout: Callable[[bytes], None] | None = None,
+              on_stderr: Callable[[bytes], None] | None = None,
+              kill: Callable[[], None], started: float) -> Outcome:
+    """Watch the process until it and its output are done, enforcing the limits."""
+    out = Outcome()
+    out.stdout = Stream(output_cap, on_stdout)
+    out.stderr = Stream(output_cap, on_stderr)
+    streams = {out_r: out.stdout, err_r: out.stderr}
+    sel = selectors.DefaultSelector()
+    pidfd = os.pidfd_open(pid)
+    try:
+        for fd in streams:
+            sel.register(fd, selectors.EVENT_READ)
+        sel.register(pidfd, selectors.EVENT_READ)
+        deadline = started + timeout
+        poll_every = 0.05 if cpu_seconds is not None else None
+        next_poll = time.monotonic() + (poll_every or 0)
+        drain_until: float | None = None
+        while streams or out.status is None:
+            now = time.monotonic()
+            wait = deadline - now
+            if poll_every is not None:
+                wait = min(wait, next_poll - now)
+            if drain_until is not None:
+                wait = min(wait, drain_until - now)
+            for key, _ in sel.select(max(wait, 0)):
+                fd = key.fd
+                if fd == pidfd:
+                    _, status = os.waitpid(pid, 0)
+                    out.status = status
+                    sel.unregister(pidfd)
+                    drain_until = time.monotonic() + DRAIN_GRACE_S
+                    continue
+                data = os.read(fd, READ_CHUNK)
+                if data:
+                    streams[fd].feed(data)
+                else:
+                    sel.unregister(fd)
+                    os.close(fd)
+                    del streams[fd]
+            now = time.monotonic()
+            if out.status is None and out.timed_out is None:
+                if now >= deadline:
+                    out.timed_out = "timeout"
+                    kill()
+                elif poll_every is not None and now >= next_poll:
+                    next_poll = now + poll_every
+                    if cpu_seconds() >= cpu_time:  # type: ignore[misc]
+                        out.timed_out = "cpu_time"
+                        kill()
+                if out.timed_out:
+                    deadline = now + 3600  # the kill is done; wait for the exit
+            if drain_until is not None and now >= drain_until and streams:
+                kill()  # something still holds the pipes: the run is over, end it
+                for fd in list(streams):
+                    sel.unregister(fd)
+                    os.close(fd)
+                    del streams[fd]
+    finally:
+        sel.close()
+        os.close(pidfd)
+        for fd in streams:
+            os.close(fd)
+    out.wall_s = time.monotonic() - started
+    return out
+
+
+def decode_status(status: int, *, signal_exit_codes: bool) -> tuple[int | None, int | None]:
+    """(exit_code, signal) from a wait status. With `signal_exit_codes`, an exit code of
+    129..192 is how the launcher reports that its child died of signal code-128 (bwrap
+    does this), so it is decoded as that signal."""
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    code = os.WEXITSTATUS(status)
+    if signal_exit_codes and 128 < code <= 128 + 64:
+        return None, code - 128
+    return code, None
+
+
+def kill_pid(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -219,21 +219,33 @@ def test_unmount_leaves_dst_empty_and_is_idempotent(root_ro):
     assert os.listdir(root_ro.src) == ["secret"]
 
 
+def test_owner_must_match_the_tree_opened(trees):
+    """The caller stats src, then binds it: a path swapped in between is refused."""
+    t = trees((O, G))
+    with pytest.raises(SandboxSetupError) as ei:
+        idmap.idmapped_bind(t.src, t.dst, uid_map=(O + 1, X), gid_map=(G, X), readonly=True)
+    assert ei.value.errno == errno.ESTALE and f"owned by {O}:{G}" in ei.value.message
+    assert not mountinfo(t.dst)
+    idmap.idmapped_bind(t.src, t.dst, uid_map=(O + 1, X), gid_map=(G, X), readonly=True,
+                        check_owner=False)
+    assert os.stat(t.dst).st_uid == 65534  # O is not mapped: only O+1 is
+
+
 @pytest.mark.parametrize("case", ["missing-src", "proc-src", "missing-dst", "bad-map"])
 def test_errors_are_one_line_and_leave_nothing_mounted(trees, case):
     t = trees((O, G))
-    src, dst, umap = t.src, t.dst, (O, X)
+    src, dst, umap, gmap = t.src, t.dst, (O, X), (G, X)
     if case == "missing-src":
         src = os.path.join(t.base, "nope")
     elif case == "proc-src":
-        src = "/proc"
+        src, umap, gmap = "/proc", (0, X), (0, X)
     elif case == "missing-dst":
         dst = os.path.join(t.base, "nope")
     else:
         umap = (O, -1)
     before = mount_count()
     with pytest.raises(SandboxSetupError) as ei:
-        idmap.idmapped_bind(src, dst, uid_map=umap, gid_map=(G, X), readonly=False)
+        idmap.idmapped_bind(src, dst, uid_map=umap, gid_map=gmap, readonly=True)
     e = ei.value
     assert (e.step, e.field) == ("workspace-idmap", "filesystem.workspace")
     assert "\n" not in str(e)

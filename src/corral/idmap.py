@@ -256,12 +256,13 @@ def _error(e: OSError, call: str, src: str, x: int | None, readonly: bool | None
 
 def idmapped_bind(src: str, dst: str, *, uid_map: tuple[int, int],
                   gid_map: tuple[int, int], readonly: bool,
-                  setid_blocked: bool = False) -> None:
+                  setid_blocked: bool = False, check_owner: bool = True) -> None:
     """Mount src on dst (an existing empty directory) with uid_map[0] shown as uid_map[1]
     and gid_map[0] as gid_map[1]; nosuid, nodev, and read-only if readonly.
 
     Typically uid_map = (st.st_uid, X) and gid_map = (st.st_gid, X) for st = os.stat(src).
-    Raises SandboxSetupError(step="workspace-idmap") with a one-line fix on failure; on
+    With check_owner (the default) the tree actually opened must be owned by uid_map[0]:
+    gid_map[0], so a path swapped between the caller's stat and this call is refused. Raises SandboxSetupError(step="workspace-idmap") with a one-line fix on failure; on
     failure nothing is left mounted.
 
     A read-write mapping of uid 0 or gid 0 is refused unless setid_blocked: through it the
@@ -289,6 +290,13 @@ def idmapped_bind(src: str, dst: str, *, uid_map: tuple[int, int],
     except OSError as e:
         raise _error(e, call, src, x, readonly) from None
     try:
+        call = "fstat"
+        st = os.fstat(tree)
+        if check_owner and (st.st_uid, st.st_gid) != (uid_map[0], gid_map[0]):
+            raise SandboxSetupError(
+                f"workspace {src} is owned by {st.st_uid}:{st.st_gid}, not "
+                f"{uid_map[0]}:{gid_map[0]} as when it was checked; retry, and keep the path "
+                "stable while corral starts", step=STEP, errno=_errno.ESTALE, field=FIELD)
         call = "clone(CLONE_NEWUSER)"
         ns = _userns(uid_map, gid_map)
         try:

@@ -1,0 +1,138 @@
+"""One egress proxy process per sandbox.
+
+    python -m corral.egress --config-fd N --listen-fd M --events-fd K
+    python -m corral.egress --config FILE --listen 127.0.0.1:0 [--events FILE]   (tests, debugging)
+
+--config-fd / --config   one JSON object (NetConfig.to_json()), read to EOF
+--listen-fd              a listening TCP socket (the supervisor made it inside the sandbox's
+                         network namespace); --listen HOST:PORT binds one here instead
+--events-fd / --events   JSON lines, one per decision (default: stdout)
+--die-with-parent        PR_SET_PDEATHSIG(SIGTERM): exit when the parent thread exits
+
+When listening it prints ``corral-egress: listening on HOST:PORT`` on stderr. It exits on
+SIGTERM or SIGINT (cutting open connections, whose events are still written), or when the
+reader of a pipe --events-fd closes it (the supervisor is gone). A listening socket keeps its
+network namespace alive, so the supervisor must end the proxy when it tears the sandbox down:
+SIGTERM it, or close the events pipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import stat
+import sys
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks = []
+    while True:
+        b = os.read(fd, 65536)
+        if not b:
+            break
+        chunks.append(b)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def _listen(text: str) -> socket.socket:
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, int(port)))
+    s.listen(4096)
+    return s
+
+
+class _EventWriter:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.broken = False
+
+    def __call__(self, event: dict) -> None:
+        if self.broken:
+            return
+        data = (json.dumps(event, separators=(",", ":")) + "\n").encode()
+        try:
+            while data:
+                n = os.write(self.fd, data)
+                data = data[n:]
+        except BrokenPipeError:
+            self.broken = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m corral.egress", description=__doc__.split("\n")[0])
+    cfg_g = p.add_mutually_exclusive_group(required=True)
+    cfg_g.add_argument("--config-fd", type=int)
+    cfg_g.add_argument("--config")
+    lis_g = p.add_mutually_exclusive_group(required=True)
+    lis_g.add_argument("--listen-fd", type=int)
+    lis_g.add_argument("--listen")
+    ev_g = p.add_mutually_exclusive_group()
+    ev_g.add_argument("--events-fd", type=int)
+    ev_g.add_argument("--events")
+    p.add_argument("--die-with-parent", action="store_true")
+    args = p.parse_args(argv)
+
+    from .config import NetConfig
+    from ..errors import CorralError
+
+    if args.die_with_parent:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+    try:
+        raw = _read_fd(args.config_fd) if args.config_fd is not None else open(
+            args.config, "rb").read()
+        cfg = NetConfig.from_json(raw)
+    except (CorralError, OSError) as e:
+        print(f"corral-egress: {e}", file=sys.stderr)
+        return 2
+
+    if args.events_fd is not None:
+        events_fd = args.events_fd
+    elif args.events is not None:
+        events_fd = os.open(args.events, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    else:
+        events_fd = sys.stdout.fileno()
+    emit = _EventWriter(events_fd)
+
+    if args.listen_fd is not None:
+        listener = socket.socket(fileno=args.listen_fd)
+    else:
+        listener = _listen(args.listen)
+    name = listener.getsockname()
+    print(f"corral-egress: listening on {name[0]}:{name[1]}", file=sys.stderr, flush=True)
+
+    import asyncio
+
+    from .server import EgressProxy, raise_nofile
+
+    raise_nofile(2 * cfg.max_connections + 256)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        proxy = EgressProxy(cfg, emit)
+        task = asyncio.create_task(proxy.serve(listener))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        if args.events_fd is not None and stat.S_ISFIFO(os.fstat(events_fd).st_mode):
+            # the write end of a pipe polls as ready when its reader is gone
+            loop.add_reader(events_fd, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

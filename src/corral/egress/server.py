@@ -1,0 +1,782 @@
+"""The asyncio egress proxy: moves bytes, resolves each allowed name once, decides nothing.
+
+Every decision comes from the sans-IO core (decide.py, conn.py, tls.py); this layer only
+
+1. accepts on a listening socket it is given (one proxy process per sandbox),
+2. parses the request with `ProxyConnection`,
+3. asks `decide_target` **before** any DNS query (a denied name is never looked up),
+4. resolves an allowed name once (A and AAAA, dnspython, against cfg.nameservers), asks
+   `check_address` for every candidate, and connects to a checked address: the address it
+   connects to is the address it checked (no second lookup anywhere),
+5. CONNECT: answers 200, then on port 443, or whenever the client's first bytes look like
+   TLS, reads the whole ClientHello and requires its SNI to equal the CONNECT host before a
+   single byte goes upstream; then relays both ways,
+6. plain HTTP: sends the request in origin-form to the pinned address with
+   ``Connection: close`` (one upstream connection per request; the client may keep its
+   connection alive) and streams the response back through h11,
+7. counts bytes and requests per canonical host against cfg.budget, and cuts a connection
+   that would exceed them,
+8. emits one event per decision: at once for a denial, when the connection (or, for plain
+   HTTP, the request) ends for an allowed one.
+
+Resource limits, so that a hostile client exhausts only its own proxy: at most
+cfg.max_connections client connections (more get 503 and are closed), request heads capped
+at cfg.max_header_bytes, cfg.header_timeout for a whole request head or ClientHello
+(slowloris), cfg.idle_timeout without a byte either way, cfg.connect_timeout and
+cfg.dns_timeout upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, ip_address
+
+import h11
+
+from .config import NetConfig
+from .conn import (CONNECT_OK, NEED_DATA, Closed, ConnectRequest, HttpRequest, ProxyConnection,
+                   ProxyProtocolError, RequestData, RequestEnd, deny_response, error_response,
+                   forward_request, response_headers)
+from .decide import Decision, check_address, decide_target
+from .hosts import HostError, IPAddress, parse_host
+from .tls import NEED_MORE, MAX_HELLO, TLSError, looks_like_tls, parse_client_hello
+
+RELAY_BUF = 256 * 1024
+Emit = Callable[[dict], None]
+
+
+class _Refused(Exception):
+    """A request ends here with `status` and `reason` sent to the client."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class _Cut(Exception):
+    """An allowed connection is cut for `reason` (budget, SNI); the event becomes a deny."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class _Usage:
+    bytes_out: int = 0
+    bytes_in: int = 0
+    requests: int = 0
+
+
+@dataclass
+class _Client:
+    task: asyncio.Task | None = None
+    last_active: float = field(default_factory=time.monotonic)
+    idle_cut: bool = False
+
+
+@dataclass
+class _Flow:
+    """One decision being carried out: counts for its event."""
+
+    host: str
+    port: int
+    reason: str
+    bytes_in: int = 0
+    bytes_out: int = 0
+    cut: str | None = None
+
+
+def make_resolver(cfg: NetConfig):
+    """A dnspython async resolver for cfg.nameservers (or /etc/resolv.conf), with a cache
+    that honours TTLs."""
+    import dns.asyncresolver
+    import dns.nameserver
+    import dns.resolver
+
+    if cfg.nameservers:
+        r = dns.asyncresolver.Resolver(configure=False)
+        r.nameservers = [dns.nameserver.Do53Nameserver(ip, port) for ip, port in cfg.nameservers]
+    else:
+        r = dns.asyncresolver.Resolver()
+    r.lifetime = cfg.dns_timeout
+    r.timeout = min(2.0, cfg.dns_timeout)
+    r.cache = dns.resolver.Cache()
+    return r
+
+
+class EgressProxy:
+    def __init__(self, cfg: NetConfig, emit: Emit, *, resolver=None) -> None:
+        self.cfg = cfg
+        self._emit_cb = emit
+        self._resolver = resolver if resolver is not None else make_resolver(cfg)
+        self._usage: dict[str, _Usage] = {}
+        self._clients: dict[socket.socket, _Client] = {}
+        self._last_overflow_event = 0.0
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def serve(self, listener: socket.socket) -> None:
+        """Accept until cancelled; on cancel, cut every connection (their events are
+        emitted) and return."""
+        loop = asyncio.get_running_loop()
+        listener.setblocking(False)
+        sweeper = asyncio.create_task(self._sweep())
+        try:
+            while True:
+                try:
+                    client, _ = await loop.sock_accept(listener)
+                except OSError as e:
+                    if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        await asyncio.sleep(0.05)
+                        continue
+                    if e.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR):
+                        continue
+                    raise
+                client.setblocking(False)
+                if len(self._clients) >= self.cfg.max_connections:
+                    self._overflow(client)
+                    continue
+                _nodelay(client)
+                st = _Client()
+                self._clients[client] = st
+                st.task = asyncio.create_task(self._run_client(client, st))
+        finally:
+            sweeper.cancel()
+            tasks = [c.task for c in self._clients.values() if c.task is not None]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, sweeper, return_exceptions=True)
+
+    def _overflow(self, client: socket.socket) -> None:
+        try:
+            client.send(error_response(503, "too many connections",
+                                       "corral: the sandbox has too many proxy connections open"))
+        except OSError:
+            pass
+        client.close()
+        now = time.monotonic()
+        if now - self._last_overflow_event >= 1.0:
+            self._last_overflow_event = now
+            self._emit("", 0, False, "too many connections")
+
+    async def _sweep(self) -> None:
+        """Cut connections that moved no byte for idle_timeout."""
+        idle = self.cfg.idle_timeout
+        while True:
+            await asyncio.sleep(min(1.0, idle / 4))
+            now = time.monotonic()
+            for st in list(self._clients.values()):
+                if now - st.last_active > idle and st.task is not None and not st.idle_cut:
+                    st.idle_cut = True
+                    st.task.cancel()
+
+    def _emit(self, host: str, port: int, allow: bool, reason: str, bytes_in: int = 0,
+              bytes_out: int = 0) -> None:
+        self._emit_cb({"kind": "net", "host": host, "port": port,
+                       "decision": "allow" if allow else "deny", "reason": reason,
+                       "bytes_in": bytes_in, "bytes_out": bytes_out})
+
+    # --- one client connection -----------------------------------------------------------
+
+    async def _run_client(self, client: socket.socket, st: _Client) -> None:
+        try:
+            await self._client(client, st)
+        except asyncio.CancelledError:
+            if not st.idle_cut:
+                raise
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            self._clients.pop(client, None)
+            client.close()
+
+    async def _client(self, client: socket.socket, st: _Client) -> None:
+        loop = asyncio.get_running_loop()
+        conn = ProxyConnection(max_header_bytes=self.cfg.max_header_bytes)
+        first = True
+        while True:
+            try:
+                ev = await self._read_head(client, conn, st, first)
+            except ProxyProtocolError as e:
+                if e.host is not None:
+                    self._emit(_canon(e.host), e.port or 0, False, e.message)
+                await _send_quiet(loop, client, error_response(e.status, e.message))
+                return
+            except TimeoutError:
+                await _send_quiet(loop, client, error_response(
+                    408 if first else 400, "request head timeout",
+                    "corral: the request head took too long"))
+                return
+            first = False
+            if isinstance(ev, Closed):
+                return
+            if isinstance(ev, ConnectRequest):
+                await self._tunnel(client, conn, ev, st)
+                return
+            assert isinstance(ev, HttpRequest)
+            if not await self._http(client, conn, ev, st):
+                return
+
+    async def _read_head(self, client, conn: ProxyConnection, st: _Client, first: bool):
+        loop = asyncio.get_running_loop()
+        limit = self.cfg.header_timeout
+        async with asyncio.timeout(limit if first else None) as tm:
+            while True:
+                ev = conn.next_event()
+                if ev is not NEED_DATA:
+                    return ev
+                data = await loop.sock_recv(client, 65536)
+                st.last_active = time.monotonic()
+                if tm.when() is None:
+                    tm.reschedule(loop.time() + limit)
+                conn.receive_data(data)
+
+    # --- the shared steps: decide, budget, resolve, check, connect ------------------------
+
+    async def _open(self, host: str, port: int) -> tuple[Decision, socket.socket]:
+        """Decide, take a request from the budget, resolve once, check, connect. Raises
+        _Refused (with the status and reason to send)."""
+        d = decide_target(self.cfg, host, port)
+        if not d.allow:
+            raise _Refused(403, d.reason)
+        exceeded = self._take_request(d.host)
+        if exceeded:
+            raise _Refused(403, exceeded)
+        if d.ip is not None:
+            candidates: list[IPAddress] = [d.ip]
+        else:
+            candidates = await self._resolve(d.host)
+        allowed, refusals = [], []
+        for addr in candidates:
+            c = check_address(self.cfg, addr, port)
+            (allowed if c.allow else refusals).append(c)
+        if not allowed:
+            raise _Refused(403, refusals[0].reason if refusals else "dns: no address")
+        sock = await self._connect([c.ip for c in allowed], port)
+        return d, sock
+
+    def _take_request(self, host: str) -> str | None:
+        b = self.cfg.budget
+        u = self._usage.setdefault(host, _Usage())
+        if b.requests is not None and u.requests >= b.requests:
+            return "budget: requests"
+        if b.bytes_out is not None and u.bytes_out >= b.bytes_out:
+            return "budget: bytes_out"
+        if b.bytes_in is not None and u.bytes_in >= b.bytes_in:
+            return "budget: bytes_in"
+        u.requests += 1
+        return None
+
+    async def _resolve(self, name: str) -> list[IPAddress]:
+        import dns.exception
+        import dns.name
+        import dns.resolver
+
+        qname = dns.name.from_text(name)
+
+        async def query(rdtype: str) -> list[IPAddress]:
+            ans = await self._resolver.resolve(qname, rdtype, search=False,
+                                               raise_on_no_answer=False)
+            if ans.rrset is None:
+                return []
+            return [ip_address(r.address) for r in ans.rrset]
+
+        try:
+            async with asyncio.timeout(self.cfg.dns_timeout + 0.5):
+                a, aaaa = await asyncio.gather(query("A"), query("AAAA"),
+                                               return_exceptions=True)
+        except TimeoutError:
+            raise _Refused(504, "dns: timeout") from None
+        addrs: list[IPAddress] = []
+        errors: list[BaseException] = []
+        for r in (a, aaaa):
+            if isinstance(r, BaseException):
+                if not isinstance(r, Exception):
+                    raise r
+                errors.append(r)
+            else:
+                addrs.extend(r)
+        if addrs:
+            return addrs
+        for e in errors:
+            if isinstance(e, dns.resolver.NXDOMAIN):
+                raise _Refused(502, "dns: no such name")
+        for e in errors:
+            if isinstance(e, dns.exception.Timeout):
+                raise _Refused(504, "dns: timeout")
+        if errors:
+            raise _Refused(502, f"dns: {type(errors[0]).__name__}")
+        raise _Refused(502, "dns: no address")
+
+    async def _connect(self, addrs: list[IPAddress], port: int) -> socket.socket:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.connect_timeout
+        last: str = "connect: failed"
+        for addr in addrs:
+            fam = socket.AF_INET if isinstance(addr, IPv4Address) else socket.AF_INET6
+            s = socket.socket(fam, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await loop.sock_connect(s, (str(addr), port))
+            except TimeoutError:
+                s.close()
+                raise _Refused(504, "connect: timeout") from None
+            except OSError as e:
+                s.close()
+                last = f"connect: {os.strerror(e.errno) if e.errno else 'failed'}".lower()
+                continue
+            except BaseException:
+                s.close()
+                raise
+            _nodelay(s)
+            return s
+        raise _Refused(502, last)
+
+    # --- CONNECT ----------------------------------------------------------------------
+
+    async def _tunnel(self, client, conn: ProxyConnection, req: ConnectRequest,
+                      st: _Client) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            d, up = await self._open(req.host, req.port)
+        except _Refused as r:
+            self._emit(_canon(req.host), req.port, False, r.reason)
+            await _send_quiet(loop, client, error_response(r.status, r.reason) if r.status != 403
+                              else deny_response(r.reason))
+            return
+        flow = _Flow(d.host, req.port, d.reason)
+        try:
+            await loop.sock_sendall(client, CONNECT_OK)
+            first = conn.tunnel_data()
+            c2u = asyncio.create_task(self._client_to_upstream(client, up, first, d, flow, st))
+            u2c = asyncio.create_task(self._pump(up, client, flow, "bytes_in", st))
+            await self._join(c2u, u2c, flow)
+        finally:
+            up.close()
+            self._end(flow)
+
+    async def _join(self, a: asyncio.Task, b: asyncio.Task, flow: _Flow) -> None:
+        """Run both directions; a cut or an error in one ends both."""
+        pending = {a, b}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    exc = t.exception()
+                    if isinstance(exc, _Cut):
+                        flow.cut = exc.reason
+                        return
+                    if exc is not None:
+                        return
+        finally:
+            for t in (a, b):
+                t.cancel()
+            await asyncio.gather(a, b, return_exceptions=True)
+
+    async def _client_to_upstream(self, client, up, first: bytes, d: Decision, flow: _Flow,
+                                  st: _Client) -> None:
+        loop = asyncio.get_running_loop()
+        buf = bytearray(first)
+        if flow.port == 443 or not buf:
+            if not buf and flow.port != 443:
+                data = await loop.sock_recv(client, RELAY_BUF)
+                st.last_active = time.monotonic()
+                if not data:
+                    _shutdown(up)
+                    return
+                buf += data
+        if flow.port == 443 or looks_like_tls(bytes(buf[:2])):
+            await self._check_client_hello(client, buf, d, st)
+        await self._send(up, bytes(buf), flow, "bytes_out", st)
+        await self._pump(client, up, flow, "bytes_out", st)
+
+    async def _check_client_hello(self, client, buf: bytearray, d: Decision,
+                                  st: _Client) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.cfg.header_timeout):
+                while True:
+                    hello = parse_client_hello(bytes(buf))
+                    if hello is not NEED_MORE:
+                        break
+                    if len(buf) > MAX_HELLO + 1024:
+                        raise TLSError("ClientHello too large")
+                    data = await loop.sock_recv(client, 65536)
+                    st.last_active = time.monotonic()
+                    if not data:
+                        raise _Cut("eof before the TLS ClientHello")
+                    buf += data
+        except TimeoutError:
+            raise _Cut("tls: ClientHello timeout") from None
+        except TLSError as e:
+            raise _Cut(f"tls: {e}") from None
+        if hello.sni is None:
+            if d.ip is None:
+                raise _Cut("no sni")
+            return
+        try:
+            sni = parse_host(hello.sni)
+        except HostError:
+            raise _Cut("sni mismatch") from None
+        if str(sni) != d.host:
+            raise _Cut("sni mismatch")
+
+    async def _pump(self, src, dst, flow: _Flow, direction: str, st: _Client,
+                    length: int | None = None) -> None:
+        """Relay src -> dst until EOF (then half-close dst), or exactly `length` bytes."""
+        if _HAVE_SPLICE:
+            await self._splice_pump(src, dst, flow, direction, st, length)
+        else:
+            await self._copy_pump(src, dst, flow, direction, st, length)
+
+    async def _splice_pump(self, src, dst, flow: _Flow, direction: str, st: _Client,
+                           length: int | None) -> None:
+        """Zero-copy relay: socket -> pipe -> socket with non-blocking splice(2), waiting on
+        the event loop only when both ends would block."""
+        loop = asyncio.get_running_loop()
+        pr, pw = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            try:
+                fcntl.fcntl(pw, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+            except OSError:
+                pass
+            cap = fcntl.fcntl(pw, fcntl.F_GETPIPE_SZ)
+            sfd, dfd = src.fileno(), dst.fileno()
+            in_pipe = 0
+            eof = False
+            left = length
+            flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+            while True:
+                progress = False
+                want_read = False
+                if not eof and in_pipe < cap and left != 0:
+                    n_max = cap - in_pipe if left is None else min(cap - in_pipe, left)
+                    room = self._room(flow.host, direction)
+                    if room is not None:
+                        if room == 0:
+                            if await _has_more(loop, src):
+                                raise _Cut(f"budget: {direction}")
+                            eof = True
+                            n_max = 0
+                        n_max = min(n_max, room)
+                    if n_max:
+                        try:
+                            n = os.splice(sfd, pw, n_max, flags=flags)
+                        except BlockingIOError:
+                            want_read = True
+                        else:
+                            if n == 0:
+                                eof = True
+                            else:
+                                in_pipe += n
+                                if left is not None:
+                                    left -= n
+                                self._count(flow, direction, n)
+                                progress = True
+                want_write = False
+                if in_pipe:
+                    try:
+                        m = os.splice(pr, dfd, in_pipe, flags=flags)
+                    except BlockingIOError:
+                        want_write = True
+                    else:
+                        in_pipe -= m
+                        progress = progress or m > 0
+                if in_pipe == 0 and (eof or left == 0):
+                    if eof and length is None:
+                        _shutdown(dst)
+                    if eof and left:
+                        raise ConnectionError("upstream closed early")
+                    return
+                if progress:
+                    st.last_active = time.monotonic()
+                    continue
+                if not (want_read or want_write):
+                    await asyncio.sleep(0)
+                    continue
+                await _wait_fds(loop, sfd if want_read else None, dfd if want_write else None)
+        finally:
+            os.close(pr)
+            os.close(pw)
+
+    async def _copy_pump(self, src, dst, flow: _Flow, direction: str, st: _Client,
+                         length: int | None) -> None:
+        loop = asyncio.get_running_loop()
+        buf = bytearray(RELAY_BUF)
+        view = memoryview(buf)
+        left = length
+        while left is None or left > 0:
+            n = await loop.sock_recv_into(src, view if left is None else view[:left])
+            st.last_active = time.monotonic()
+            if n == 0:
+                if left:
+                    raise ConnectionError("upstream closed early")
+                _shutdown(dst)
+                return
+            if left is not None:
+                left -= n
+            await self._send(dst, view[:n], flow, direction, st)
+
+    async def _send(self, dst, data, flow: _Flow, direction: str, st: _Client) -> None:
+        """Send and count; never lets more than the budget through."""
+        if not data:
+            return
+        room = self._room(flow.host, direction)
+        n = len(data)
+        if room is not None and n > room:
+            if room > 0:
+                await asyncio.get_running_loop().sock_sendall(dst, data[:room])
+                self._count(flow, direction, room)
+            raise _Cut(f"budget: {direction}")
+        await asyncio.get_running_loop().sock_sendall(dst, data)
+        st.last_active = time.monotonic()
+        self._count(flow, direction, n)
+
+    def _room(self, host: str, direction: str) -> int | None:
+        limit = getattr(self.cfg.budget, direction)
+        if limit is None:
+            return None
+        return max(0, limit - getattr(self._usage.setdefault(host, _Usage()), direction))
+
+    def _count(self, flow: _Flow, direction: str, n: int) -> None:
+        u = self._usage.setdefault(flow.host, _Usage())
+        setattr(u, direction, getattr(u, direction) + n)
+        setattr(flow, direction, getattr(flow, direction) + n)
+
+    def _end(self, flow: _Flow) -> None:
+        if flow.cut is not None:
+            self._emit(flow.host, flow.port, False, flow.cut, flow.bytes_in, flow.bytes_out)
+        else:
+            self._emit(flow.host, flow.port, True, flow.reason, flow.bytes_in, flow.bytes_out)
+
+    # --- plain HTTP -------------------------------------------------------------------
+
+    async def _http(self, client, conn: ProxyConnection, req: HttpRequest, st: _Client) -> bool:
+        """Forward one request; True when the client connection may carry another."""
+        loop = asyncio.get_running_loop()
+        try:
+            d, up = await self._open(req.host, req.port)
+        except _Refused as r:
+            self._emit(_canon(req.host), req.port, False, r.reason)
+            await _send_quiet(loop, client, error_response(r.status, r.reason) if r.status != 403
+                              else deny_response(r.reason))
+            return False
+        flow = _Flow(d.host, req.port, d.reason)
+        started = False
+        try:
+            if conn.client_waits_for_100:
+                await loop.sock_sendall(client, conn.send(
+                    h11.InformationalResponse(status_code=100, headers=[])))
+            upc = h11.Connection(h11.CLIENT)
+            await self._send(up, upc.send(forward_request(req)), flow, "bytes_out", st)
+            while True:                                   # request body
+                ev = conn.next_event()
+                if ev is NEED_DATA:
+                    data = await loop.sock_recv(client, RELAY_BUF)
+                    st.last_active = time.monotonic()
+                    conn.receive_data(data)
+                elif isinstance(ev, RequestData):
+                    await self._send(up, upc.send(h11.Data(data=ev.data)), flow, "bytes_out", st)
+                elif isinstance(ev, RequestEnd):
+                    await self._send(up, upc.send(h11.EndOfMessage()), flow, "bytes_out", st)
+                    break
+                else:
+                    return False
+            while True:                                   # response
+                ev = upc.next_event()
+                if ev is h11.NEED_DATA:
+                    data = await loop.sock_recv(up, RELAY_BUF)
+                    st.last_active = time.monotonic()
+                    room = self._room(flow.host, "bytes_in")
+                    if room is not None and len(data) > room:
+                        upc.receive_data(data[:room])
+                        self._count(flow, "bytes_in", room)
+                        flow.cut = "budget: bytes_in"
+                        await self._relay_response_events(upc, conn, client, started)
+                        return False
+                    self._count(flow, "bytes_in", len(data))
+                    upc.receive_data(data)
+                    continue
+                if isinstance(ev, h11.InformationalResponse):
+                    if ev.status_code != 101:
+                        await loop.sock_sendall(client, conn.send(ev))
+                    continue
+                if isinstance(ev, h11.Response):
+                    started = True
+                    length = _passthrough_length(req, ev)
+                    if length is not None:
+                        await self._passthrough(upc, conn, client, up, ev, length, flow, st)
+                        return False
+                    await loop.sock_sendall(client, conn.send(h11.Response(
+                        status_code=ev.status_code, reason=ev.reason,
+                        headers=response_headers(ev.headers))))
+                elif isinstance(ev, h11.Data):
+                    await loop.sock_sendall(client, conn.send(h11.Data(data=ev.data)))
+                elif isinstance(ev, h11.EndOfMessage):
+                    await loop.sock_sendall(client, conn.send(h11.EndOfMessage()))
+                    break
+                else:
+                    return False
+                st.last_active = time.monotonic()
+        except _Cut as c:
+            flow.cut = c.reason
+            if not started:
+                await _send_quiet(loop, client, deny_response(c.reason))
+            return False
+        except ProxyProtocolError:
+            return False
+        except h11.ProtocolError:
+            if not started:
+                flow.cut = "bad response from upstream"
+                await _send_quiet(loop, client, error_response(
+                    502, "bad response from upstream"))
+            return False
+        except (ConnectionError, OSError):
+            if not started:
+                await _send_quiet(loop, client, error_response(502, "upstream connection failed"))
+            return False
+        finally:
+            up.close()
+            self._end(flow)
+        return conn.keep_alive
+
+    async def _passthrough(self, upc, conn: ProxyConnection, client, up, resp, length: int,
+                           flow: _Flow, st: _Client) -> None:
+        """A large Content-Length body: head through h11 (with Connection: close), what h11
+        already buffered, then the rest spliced socket to socket."""
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(client, conn.send_passthrough(h11.Response(
+            status_code=resp.status_code, reason=resp.reason,
+            headers=response_headers(resp.headers))))
+        sent = 0
+        while True:
+            ev = upc.next_event()
+            if isinstance(ev, h11.Data):
+                await loop.sock_sendall(client, ev.data)
+                sent += len(ev.data)
+            else:
+                break
+        if length > sent:
+            await self._pump(up, client, flow, "bytes_in", st, length=length - sent)
+
+    async def _relay_response_events(self, upc, conn, client, started: bool) -> None:
+        """Forward whatever complete events h11 can still give (the budgeted remainder)."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                ev = upc.next_event()
+                if isinstance(ev, h11.Response):
+                    await loop.sock_sendall(client, conn.send(h11.Response(
+                        status_code=ev.status_code, reason=ev.reason,
+                        headers=response_headers(ev.headers))))
+                elif isinstance(ev, h11.Data):
+                    await loop.sock_sendall(client, conn.send(h11.Data(data=ev.data)))
+                else:
+                    return
+        except (h11.ProtocolError, OSError):
+            return
+
+
+#: response bodies at least this large (Content-Length) are spliced, not parsed
+PASSTHROUGH_MIN = 1 << 20
+
+
+def _passthrough_length(req: HttpRequest, resp) -> int | None:
+    if req.method == b"HEAD" or resp.status_code in (204, 304) or resp.status_code < 200:
+        return None
+    lengths = [v for k, v in resp.headers if k == b"content-length"]
+    if len(lengths) != 1 or any(k == b"transfer-encoding" for k, _ in resp.headers):
+        return None
+    try:
+        n = int(lengths[0])
+    except ValueError:
+        return None
+    return n if n >= PASSTHROUGH_MIN else None
+
+
+_HAVE_SPLICE = hasattr(os, "splice")
+_PIPE_SIZE = 1 << 20
+
+
+async def _wait_fds(loop, read_fd: int | None, write_fd: int | None) -> None:
+    """Until read_fd is readable or write_fd writable (at least one is given)."""
+    fut = loop.create_future()
+
+    def wake() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    if read_fd is not None:
+        loop.add_reader(read_fd, wake)
+    if write_fd is not None:
+        loop.add_writer(write_fd, wake)
+    try:
+        await fut
+    finally:
+        if read_fd is not None:
+            loop.remove_reader(read_fd)
+        if write_fd is not None:
+            loop.remove_writer(write_fd)
+
+
+async def _has_more(loop, sock: socket.socket) -> bool:
+    """Wait until sock is readable; True if it has data (False at EOF or on error)."""
+    while True:
+        try:
+            return bool(sock.recv(1, socket.MSG_PEEK))
+        except BlockingIOError:
+            await _wait_fds(loop, sock.fileno(), None)
+        except OSError:
+            return False
+
+
+def _canon(host: str) -> str:
+    try:
+        return str(parse_host(host))
+    except HostError:
+        return "".join(c if 0x20 < ord(c) < 0x7F else "?" for c in host)[:255]
+
+
+def _nodelay(s: socket.socket) -> None:
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
+
+
+def _shutdown(s: socket.socket) -> None:
+    try:
+        s.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+async def _send_quiet(loop, sock, data: bytes) -> None:
+    try:
+        async with asyncio.timeout(5):
+            await loop.sock_sendall(sock, data)
+    except (OSError, TimeoutError):
+        pass
+
+
+def raise_nofile(want: int) -> None:
+    """Lift the soft RLIMIT_NOFILE towards `want` (two fds per connection plus slack)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+__all__ = ["EgressProxy", "RELAY_BUF", "make_resolver", "raise_nofile"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import errno as _errno
 import os
@@ -11,6 +12,7 @@ ENOENT = _errno.ENOENT
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_NOEXEC = 0x8
+MS_PRIVATE = 1 << 18
 MNT_DETACH = 0x2
 PR_SET_PDEATHSIG = 1
 
@@ -38,3 +40,29 @@ def umount(target: str) -> int:
 
 def set_pdeathsig(sig: int) -> None:
     _libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
+PR_SET_CHILD_SUBREAPER = 36
+_subreaper_users = 0
+_subreaper_lock = _thread.allocate_lock()
+
+
+def subreaper_acquire() -> None:
+    """Make this process the reaper of its orphaned descendants while sandboxes run.
+
+    bubblewrap's init process (pid 1 of the sandbox) outlives bubblewrap's monitor by a
+    moment; without this it would be reparented to the host's init, which inside some
+    containers never reaps it. Counted, so concurrent runs share it."""
+    global _subreaper_users
+    with _subreaper_lock:
+        if _subreaper_users == 0:
+            _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        _subreaper_users += 1
+
+
+def subreaper_release() -> None:
+    global _subreaper_users
+    with _subreaper_lock:
+        _subreaper_users -= 1
+        if _subreaper_users == 0:
+            _libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)

@@ -24,16 +24,33 @@ def base_dir() -> str:
     return f"/tmp/corral-{os.geteuid()}"
 
 
+def _private_mount(base: str) -> None:
+    """Root's base dir is a small tmpfs of its own, mount-private, so the scratch and
+    workspace mounts made below it never propagate into other mount namespaces (on
+    systemd hosts / is a shared mount)."""
+    if os.path.ismount(base):
+        return
+    from . import _sys
+
+    _sys.mount("tmpfs", base, "tmpfs", _sys.MS_NOSUID | _sys.MS_NODEV, "mode=0711,size=64m")
+    _sys.mount("none", base, "", _sys.MS_PRIVATE, "")
+
+
 def _ensure_base(base: str) -> None:
     try:
-        os.makedirs(base, mode=0o700, exist_ok=True)
+        os.makedirs(base, mode=0o711, exist_ok=True)
         st = os.lstat(base)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o777 != 0o711:
+            os.chmod(base, 0o711)  # sandbox uids must traverse it (not list it)
+        if os.geteuid() == 0 and base == "/run/corral":
+            _private_mount(base)
+            st = os.lstat(base)
     except OSError as e:
         raise SandboxSetupError(f"cannot create {base}: {e.strerror}", step="rundir",
                                 errno=e.errno) from None
     if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not os.path.isdir(base):
         raise SandboxSetupError(f"{base} is not a directory owned by uid {os.geteuid()} "
-                                f"and closed to others; remove it", step="rundir")
+                                f"and closed to others (mode 0711); remove it", step="rundir")
 
 
 class RunDir:
@@ -124,5 +141,5 @@ def sweep_stale(base: str | None = None) -> list[str]:
     if dead:
         from . import limits
 
-        limits.sweep_stale(lambda run_id: run_id.split(".")[0] in dead)
+        limits.RunCgroup.sweep_stale(lambda run_id: run_id.split("-")[0] in dead)
     return dead

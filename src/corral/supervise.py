@@ -66,7 +66,7 @@ def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     fail_r, fail_w = os.pipe()  # CLOEXEC: closes on a successful exec
-    envb = [f"{k}={v}".encode() for k, v in env.items()]
+    envb = {k.encode(): v.encode() for k, v in env.items()}
     argvb = [a.encode() for a in argv]
     pid = os.fork()
     if pid == 0:  # child: no Python-level cleanup may run here, only exec or _exit
@@ -74,6 +74,7 @@ def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
             os.dup2(stdin_fd, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
+            child_setup()  # may use fds of the parent's (cgroup.procs), so before closing
             keep = sorted(set(pass_fds) | {fail_w})
             lo = 3
             for fd in keep:
@@ -83,7 +84,6 @@ def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
             os.closerange(lo, 1 << 16)
             for fd in pass_fds:
                 os.set_inheritable(fd, True)
-            child_setup()
             os.execve(path, argvb, envb)
         except BaseException as e:  # noqa: BLE001 - report anything to the parent, then die
             try:

@@ -23,7 +23,8 @@ import signal
 import time
 
 from .. import limits, rundir, seccomp
-from .._sys import MS_NODEV, MS_NOSUID, mount, set_pdeathsig
+from .._sys import (MS_NODEV, MS_NOSUID, mount, set_pdeathsig, subreaper_acquire,
+                    subreaper_release)
 from ..errors import BackendUnavailable, SandboxSetupError
 from ..plan import (ETC_BINDS, SCRATCH, SYSTEM_PATHS, WORKSPACE, CpuQuota, CpuTime,
                     Environment, MemoryLimit, Namespaces, NoNetwork, Op, OutputCap, PidsLimit,
@@ -127,16 +128,16 @@ class NamespaceBackend:
                         missing.append((op, "a size-capped tmpfs needs root; run corral as "
                                             "root (scratch is a plain directory otherwise)"))
                 case MemoryLimit():
-                    if "memory" not in cg.usable:
+                    if not cg.memory:
                         missing.append((op, f"no usable memory cgroup: {cg.reason}"))
                 case PidsLimit():
-                    if "pids" not in cg.usable:
+                    if not cg.pids:
                         missing.append((op, f"no usable pids cgroup: {cg.reason}"))
                 case CpuQuota():
-                    if "cpu" not in cg.usable:
+                    if not cg.cpu:
                         missing.append((op, f"no usable cpu cgroup: {cg.reason}"))
                 case CpuTime():
-                    if "cpu" not in cg.usable:
+                    if not cg.cpu:
                         missing.append((op, "only per-process RLIMIT_CPU, not the run's "
                                             f"total: {cg.reason}"))
                 case WorkspaceMount():
@@ -210,7 +211,8 @@ class NamespaceSandbox:
                 st = os.stat(ws.path)
                 mp = self.dir.sub("workspace", 0o755)
                 idmap.idmapped_bind(ws.path, mp, uid_map=(st.st_uid, self.uid),
-                                    gid_map=(st.st_gid, self.gid), readonly=not ws.writable)
+                                    gid_map=(st.st_gid, self.gid), readonly=not ws.writable,
+                                    setid_blocked=True)  # seccomp.py: SETID rules
                 self.dir.mounts.append(mp)
                 self.workspace_src = mp
         bpf = seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"))
@@ -275,12 +277,14 @@ class NamespaceSandbox:
         cap = plan.find(OutputCap)[0].bytes
         rl = {op.name: op.value for op in plan.find(Rlimit)}
         cg = None
-        if limits.detect().usable and not all(
-                self._unenforced(op) for op in (plan.find(MemoryLimit) + plan.find(PidsLimit)
-                                                + plan.find(CpuQuota))):
+        wanted = {type(op): op for op in plan.find(MemoryLimit) + plan.find(PidsLimit)
+                  + plan.find(CpuQuota) if not self._unenforced(op)}
+        if wanted:
             cg = limits.RunCgroup.create(
-                f"{self.dir.id}-{self.execs}", memory=plan.find(MemoryLimit)[0].bytes,
-                pids=plan.find(PidsLimit)[0].count, cpus=plan.find(CpuQuota)[0].cpus)
+                f"{self.dir.id}-{self.execs}",
+                memory=wanted[MemoryLimit].bytes if MemoryLimit in wanted else None,
+                pids=wanted[PidsLimit].count if PidsLimit in wanted else None,
+                cpus=wanted[CpuQuota].cpus if CpuQuota in wanted else None)
         try:
             attach = cg.attach_fds() if cg else []
             uid, gid, root = self.uid, self.gid, self.root
@@ -303,12 +307,21 @@ class NamespaceSandbox:
             os.lseek(self._seccomp_fd, 0, os.SEEK_SET)
             env = dict(plan.find(Environment)[0].env)
             stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
+            status_r, status_w = os.pipe()
             started = time.monotonic()
+            subreaper_acquire()
             try:
-                pid, out_r, err_r = spawn(self.argv_prefix[0], self.argv_prefix + ["--", *argv],
-                                          env, stdin_fd=stdin_fd,
-                                          pass_fds=(self._seccomp_fd,), child_setup=child_setup)
+                pid, out_r, err_r = spawn(
+                    self.argv_prefix[0],
+                    self.argv_prefix + ["--json-status-fd", str(status_w), "--", *argv],
+                    env, stdin_fd=stdin_fd, pass_fds=(self._seccomp_fd, status_w),
+                    child_setup=child_setup)
+            except BaseException:
+                subreaper_release()
+                os.close(status_r)
+                raise
             finally:
+                os.close(status_w)
                 if stdin is None:
                     os.close(stdin_fd)
                 for fd in attach:
@@ -319,10 +332,14 @@ class NamespaceSandbox:
                 if cg is not None:
                     cg.kill_all()
 
-            outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
-                                cpu_seconds=cg.cpu_seconds if cg else None, output_cap=cap,
-                                on_stdout=on_stdout, on_stderr=on_stderr, kill=kill,
-                                started=started)
+            try:
+                outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
+                                    cpu_seconds=cg.cpu_seconds if cg else None, output_cap=cap,
+                                    on_stdout=on_stdout, on_stderr=on_stderr, kill=kill,
+                                    started=started)
+            finally:
+                _reap_init(status_r, cg)
+                subreaper_release()
             usage = Usage(wall_s=round(outcome.wall_s, 6))
             oom_kills = 0
             if cg is not None:
@@ -388,6 +405,41 @@ class NamespaceSandbox:
             problems += self.dir.remove()
             self.dir = None
         return problems
+
+
+def _reap_init(status_r: int, cg) -> None:
+    """Kill and reap bwrap's init (the sandbox's pid 1), which bwrap's monitor leaves
+    behind as our orphan when it exits; its pid is in bwrap's --json-status-fd output."""
+    import json
+
+    os.set_blocking(status_r, False)
+    try:
+        data = os.read(status_r, 65536)  # the child-pid line is written at start
+    except BlockingIOError:
+        data = b""
+    finally:
+        os.close(status_r)
+    for line in data.splitlines():
+        try:
+            init = json.loads(line).get("child-pid")
+        except ValueError:
+            continue
+        if not init:
+            continue
+        if cg is not None:
+            cg.kill_all()
+        else:
+            kill_pid(init)
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(init, os.WNOHANG)
+            except ChildProcessError:
+                return  # not ours (reaped already, or reparented elsewhere)
+            if done:
+                return
+            time.sleep(0.002)
+        return
 
 
 def _destroy(cg) -> list[str]:

@@ -389,3 +389,18 @@ def test_missing_binding_names_the_fix(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 2 and all("python3-seccomp" in line for line in lines), lines
+
+
+def test_the_same_errnos_through_corral_run(runs):
+    """The profile as corral itself loads it, in a real corral sandbox: every denied call
+    gives its errno (the control run above shows each succeeds unfiltered)."""
+    import corral
+
+    tests_dir = str(PROBE.parent)
+    r = corral.run(["/bin/sh", "-c", f"mkdir -p /scratch/w && exec {PYTHON} {PROBE} /scratch/w"],
+                   policy={"filesystem": {"ro_binds": [tests_dir]}})
+    assert r.exit_code == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)
+    wrong = {c: (got.get(c), want) for c, want in DENIED.items() if got.get(c) != want}
+    assert not wrong, wrong
+    assert [c for c in ALLOWED if got.get(c) != 0] == []

@@ -12,9 +12,20 @@ import h11
 import pytest
 
 from corral.egress.config import Budget, NetConfig, parse_rule
-from corral.egress.conn import (NEED_DATA, PAUSED, Closed, ConnectRequest, HttpRequest,
-                                ProxyConnection, ProxyProtocolError, RequestData, RequestEnd,
-                                deny_response, error_response, forward_request)
+from corral.egress.conn import (
+    NEED_DATA,
+    PAUSED,
+    Closed,
+    ConnectRequest,
+    HttpRequest,
+    ProxyConnection,
+    ProxyProtocolError,
+    RequestData,
+    RequestEnd,
+    deny_response,
+    error_response,
+    forward_request,
+)
 from corral.egress.decide import check_address, decide_target
 from corral.egress.hosts import HostError, classify_ip, parse_host
 from corral.egress.tls import NEED_MORE, ClientHello, TLSError, parse_client_hello
@@ -193,8 +204,8 @@ def test_check_address_reason_names_the_fix():
     ("example.com:0", '"example.com:0" is not host[:port]; write "example.com:443"'),
     ("example.com:65536", '"example.com:65536" is not host[:port]; write "example.com:443"'),
     ("https://pypi.org/simple", '"https://pypi.org/simple" is a URL, not host[:port]; write "pypi.org"'),
-    ("*example.com", '"*example.com": only a leading "*." is allowed; write "*.example.com" '
-                     '(subdomains) and "example.com" (the domain itself)'),
+    ("*example.com", ('"*example.com": only a leading "*." is allowed; write "*.example.com" '
+                      '(subdomains) and "example.com" (the domain itself)')),
     ("a.*.com", None), ("*", None), ("10.0.0.1/8", '"10.0.0.1/8" has host bits set; write "10.0.0.0/8"'),
     ("x@evil.com", None), ("exa mple.com", None), ("", None), ("*.1.2.3.4", None),
 ])
@@ -445,8 +456,8 @@ def test_fuzz_invariant():
     rnd = random.Random(1234)
     seeds = [b"GET http://allowed.test/x HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
              b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\n\r\n",
-             b"POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n"
-             b"5\r\nhello\r\n0\r\n\r\n"]
+             (b"POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n"
+              b"\r\n5\r\nhello\r\n0\r\n\r\n")]
     for i in range(3000):
         if i % 3 == 0:
             data = bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 200)))

@@ -80,16 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--die-with-parent", action="store_true")
     args = p.parse_args(argv)
 
-    from .config import NetConfig
     from ..errors import CorralError
+    from .config import NetConfig
 
     if args.die_with_parent:
         import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
     try:
-        raw = _read_fd(args.config_fd) if args.config_fd is not None else open(
-            args.config, "rb").read()
+        if args.config_fd is not None:
+            raw = _read_fd(args.config_fd)
+        else:
+            with open(args.config, "rb") as f:
+                raw = f.read()
         cfg = NetConfig.from_json(raw)
     except (CorralError, OSError) as e:
         print(f"corral-egress: {e}", file=sys.stderr)

@@ -28,8 +28,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from ipaddress import (IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address,
-                       ip_network)
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 from typing import Literal
 
 from ..errors import PolicyError
@@ -130,7 +129,7 @@ class NetConfig:
             raise PolicyError("expected a table (JSON object)", field=prefix)
         unknown = set(obj) - _KEYS
         if unknown:
-            name = sorted(unknown)[0]
+            name = min(unknown)
             raise PolicyError(f"unknown key {name!r}; known keys: {', '.join(sorted(_KEYS))}",
                               field=f"{prefix}.{name}")
         kw: dict = {}
@@ -297,7 +296,7 @@ def _budget(value: object, field: str) -> Budget:
         raise PolicyError("expected a table with bytes_out, bytes_in, requests", field=field)
     unknown = set(value) - {"bytes_out", "bytes_in", "requests"}
     if unknown:
-        name = sorted(unknown)[0]
+        name = min(unknown)
         raise PolicyError(f"unknown key {name!r}; known keys: bytes_in, bytes_out, requests",
                           field=f"{field}.{name}")
     kw = {k: (None if value[k] is None else _int(value[k], f"{field}.{k}", 0))
@@ -322,5 +321,12 @@ def _number(value: object, field: str, minimum: float) -> float:
     return v
 
 
-__all__ = ["Budget", "DEFAULT_PORTS", "NetConfig", "Rule", "parse_cidr", "parse_nameserver",
-           "parse_rule"]
+__all__ = [
+    "DEFAULT_PORTS",
+    "Budget",
+    "NetConfig",
+    "Rule",
+    "parse_cidr",
+    "parse_nameserver",
+    "parse_rule",
+]

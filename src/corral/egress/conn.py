@@ -381,7 +381,21 @@ def deny_response(reason: str) -> bytes:
 
 CONNECT_OK = b"HTTP/1.1 200 Connection Established\r\n\r\n"
 
-__all__ = ["CONNECT_OK", "Closed", "ConnectRequest", "HOP_BY_HOP", "HttpRequest", "NEED_DATA",
-           "PAUSED", "ProxyConnection", "ProxyProtocolError", "RequestData", "RequestEnd",
-           "deny_response", "error_response", "forward_request", "response_headers",
-           "split_authority"]
+__all__ = [
+    "CONNECT_OK",
+    "HOP_BY_HOP",
+    "NEED_DATA",
+    "PAUSED",
+    "Closed",
+    "ConnectRequest",
+    "HttpRequest",
+    "ProxyConnection",
+    "ProxyProtocolError",
+    "RequestData",
+    "RequestEnd",
+    "deny_response",
+    "error_response",
+    "forward_request",
+    "response_headers",
+    "split_authority",
+]

@@ -19,8 +19,16 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
 
 from .config import NetConfig
-from .hosts import (HostError, IPAddress, canonical_ip, classify_ip, embedded_ipv4,
-                    host_header_text, is_metadata_name, parse_host)
+from .hosts import (
+    HostError,
+    IPAddress,
+    canonical_ip,
+    classify_ip,
+    embedded_ipv4,
+    host_header_text,
+    is_metadata_name,
+    parse_host,
+)
 
 
 @dataclass(frozen=True, slots=True)

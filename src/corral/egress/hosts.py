@@ -295,6 +295,17 @@ def is_metadata_name(name: str) -> bool:
     return name in METADATA_NAMES
 
 
-__all__ = ["Host", "HostError", "IPAddress", "METADATA_NAMES", "canonical_ip", "classify_ip",
-           "embedded_ipv4", "host_header_text", "host_text", "is_metadata_name",
-           "parse_host", "parse_ipv4"]
+__all__ = [
+    "METADATA_NAMES",
+    "Host",
+    "HostError",
+    "IPAddress",
+    "canonical_ip",
+    "classify_ip",
+    "embedded_ipv4",
+    "host_header_text",
+    "host_text",
+    "is_metadata_name",
+    "parse_host",
+    "parse_ipv4",
+]

@@ -41,12 +41,24 @@ from ipaddress import IPv4Address, ip_address
 import h11
 
 from .config import NetConfig
-from .conn import (CONNECT_OK, NEED_DATA, Closed, ConnectRequest, HttpRequest, ProxyConnection,
-                   ProxyProtocolError, RequestData, RequestEnd, deny_response, error_response,
-                   forward_request, response_headers)
+from .conn import (
+    CONNECT_OK,
+    NEED_DATA,
+    Closed,
+    ConnectRequest,
+    HttpRequest,
+    ProxyConnection,
+    ProxyProtocolError,
+    RequestData,
+    RequestEnd,
+    deny_response,
+    error_response,
+    forward_request,
+    response_headers,
+)
 from .decide import Decision, check_address, decide_target
 from .hosts import HostError, IPAddress, parse_host
-from .tls import NEED_MORE, MAX_HELLO, TLSError, looks_like_tls, parse_client_hello
+from .tls import MAX_HELLO, NEED_MORE, TLSError, looks_like_tls, parse_client_hello
 
 RELAY_BUF = 256 * 1024
 Emit = Callable[[dict], None]
@@ -387,14 +399,13 @@ class EgressProxy:
                                   st: _Client) -> None:
         loop = asyncio.get_running_loop()
         buf = bytearray(first)
-        if flow.port == 443 or not buf:
-            if not buf and flow.port != 443:
-                data = await loop.sock_recv(client, RELAY_BUF)
-                st.last_active = time.monotonic()
-                if not data:
-                    _shutdown(up)
-                    return
-                buf += data
+        if not buf and flow.port != 443:
+            data = await loop.sock_recv(client, RELAY_BUF)
+            st.last_active = time.monotonic()
+            if not data:
+                _shutdown(up)
+                return
+            buf += data
         if flow.port == 443 or looks_like_tls(bytes(buf[:2])):
             await self._check_client_hello(client, buf, d, st)
         await self._send(up, bytes(buf), flow, "bytes_out", st)
@@ -779,4 +790,4 @@ def raise_nofile(want: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
-__all__ = ["EgressProxy", "RELAY_BUF", "make_resolver", "raise_nofile"]
+__all__ = ["RELAY_BUF", "EgressProxy", "make_resolver", "raise_nofile"]

@@ -84,7 +84,7 @@ def parse_client_hello(data: bytes) -> ClientHello | _NeedMore:
 
 
 class _Reader:
-    __slots__ = ("buf", "pos", "end")
+    __slots__ = ("buf", "end", "pos")
 
     def __init__(self, buf: bytes, pos: int = 0, end: int | None = None) -> None:
         self.buf, self.pos = buf, pos
@@ -170,5 +170,11 @@ def _parse_server_name(r: _Reader) -> str:
     return host
 
 
-__all__ = ["ClientHello", "MAX_HELLO", "NEED_MORE", "TLSError", "looks_like_tls",
-           "parse_client_hello"]
+__all__ = [
+    "MAX_HELLO",
+    "NEED_MORE",
+    "ClientHello",
+    "TLSError",
+    "looks_like_tls",
+    "parse_client_hello",
+]

@@ -1,0 +1,701 @@
+"""The egress proxy with real parts: a real dnsmasq on loopback, real HTTP and HTTPS servers
+on 127.31.0.0/16, the proxy as its own process, curl and urllib as clients.
+
+Traffic goes only to 127.0.0.0/8, or to a network namespace a test creates (the metadata
+test). Denials of non-loopback addresses are only tested where the refused address is
+local (inside that namespace), so a broken proxy still sends nothing off the machine.
+"""
+
+from __future__ import annotations
+
+import datetime
+import http.server
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("dnsmasq")
+                                or not shutil.which("curl"),
+                                reason="needs root (ports 80/443 on loopback), dnsmasq, curl")
+
+SRV = "127.31.0.2"          # allowed.test and friends
+OTHER = "127.31.0.3"        # the "wrong" server in the pinning test
+EVENT_KEYS = {"kind", "host", "port", "decision", "reason", "bytes_in", "bytes_out"}
+
+
+# --- servers -----------------------------------------------------------------------------
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, body: bytes, status: int = 200, chunked: bool = False) -> None:
+        self.send_response(status)
+        self.send_header("X-Served-By", self.server.server_address[0])
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(body), 8192):
+                part = body[i:i + 8192]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self):
+        p = self.path
+        if p.startswith("/bytes/"):
+            self._reply(b"x" * int(p.split("/")[2]))
+        elif p.startswith("/chunked/"):
+            self._reply(b"y" * int(p.split("/")[2]), chunked=True)
+        elif p == "/host":
+            self._reply(self.headers.get("Host", "").encode())
+        elif p == "/slow":
+            time.sleep(0.5)
+            self._reply(b"slow")
+        else:
+            self._reply(f"hello from {self.server.server_address[0]}\n".encode())
+
+    do_HEAD = do_GET
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", "0"))
+        got = 0
+        while got < n:
+            chunk = self.rfile.read(min(65536, n - got))
+            if not chunk:
+                break
+            got += len(chunk)
+        self.server.received.append(got)
+        self._reply(f"got {got}\n".encode())
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024
+
+    def __init__(self, addr, tls: ssl.SSLContext | None = None):
+        self.received: list[int] = []
+        self.tls = tls
+        super().__init__(addr, Handler)
+
+    def get_request(self):
+        sock, addr = super().get_request()
+        if self.tls is not None:
+            sock.settimeout(5)
+            sock = self.tls.wrap_socket(sock, server_side=True)
+            sock.settimeout(None)
+        return sock, addr
+
+
+def serve(addr, tls=None) -> Server:
+    s = Server(addr, tls)
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+    return s
+
+
+def make_cert(tmp: Path, name: str) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as t, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+        t.bind((host, 0))
+        port = t.getsockname()[1]
+        u.bind((host, port))
+        return port
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("egress-srv")
+    cert, key = make_cert(tmp, "allowed.test")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    s = [serve((SRV, 80)), serve((SRV, 443), ctx), serve((SRV, 8443), ctx), serve((OTHER, 80))]
+    yield {"http": s[0], "https": s[1], "https8443": s[2], "other": s[3], "cert": cert}
+    for x in s:
+        x.shutdown()
+        x.server_close()
+
+
+@pytest.fixture(scope="module")
+def dnsmasq(tmp_path_factory):
+    import dns.message
+    import dns.query
+
+    tmp = tmp_path_factory.mktemp("egress-dns")
+    port = free_port()
+    log = tmp / "dnsmasq.log"
+    proc = subprocess.Popen([
+        "dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--conf-file=/dev/null",
+        f"--port={port}", "--listen-address=127.0.0.1", "--bind-interfaces",
+        "--log-queries", f"--log-facility={log}", "--pid-file=", "--user=root",
+        f"--address=/allowed.test/{SRV}", f"--address=/private.test/{SRV}",
+        f"--address=/denied.test/{SRV}", f"--address=/bad.allowed.test/{SRV}",
+    ], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            q = dns.message.make_query("ready.allowed.test", "A")
+            dns.query.udp(q, "127.0.0.1", port=port, timeout=0.2)
+            break
+        except Exception:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("dnsmasq did not start")
+    yield {"port": port, "log": log}
+    proc.terminate()
+    proc.wait(5)
+
+
+class Proxy:
+    def __init__(self, cfg: dict, tmp: Path):
+        self.cfg_path = tmp / f"cfg-{id(self)}.json"
+        self.events_path = tmp / f"events-{id(self)}.jsonl"
+        self.cfg_path.write_text(json.dumps(cfg))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "corral.egress", "--config", str(self.cfg_path),
+             "--listen", "127.0.0.1:0", "--events", str(self.events_path)],
+            stderr=subprocess.PIPE, text=True)
+        line = self.proc.stderr.readline()
+        assert "listening on" in line, line + self.proc.stderr.read()
+        self.port = int(line.rsplit(":", 1)[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def events(self, wait_for: int = 0, timeout: float = 5.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                lines = self.events_path.read_text().splitlines()
+            except FileNotFoundError:
+                lines = []
+            evs = [json.loads(x) for x in lines]
+            if len(evs) >= wait_for or time.monotonic() > deadline:
+                for e in evs:
+                    assert set(e) == EVENT_KEYS, e
+                    assert e["kind"] == "net" and e["decision"] in ("allow", "deny")
+                    assert isinstance(e["port"], int) and isinstance(e["bytes_in"], int)
+                    assert isinstance(e["bytes_out"], int) and isinstance(e["reason"], str)
+                return evs
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stderr.close()
+
+
+@pytest.fixture
+def proxy(tmp_path, dnsmasq, servers):
+    made: list[Proxy] = []
+
+    def start(**cfg) -> Proxy:
+        cfg.setdefault("nameservers", [f"127.0.0.1:{dnsmasq['port']}"])
+        p = Proxy(cfg, tmp_path)
+        made.append(p)
+        return p
+
+    yield start
+    for p in made:
+        p.stop()
+
+
+def curl(proxy: Proxy, url: str, *args: str) -> tuple[int, dict, bytes]:
+    r = subprocess.run(["curl", "-s", "-S", "-i", "--max-time", "10", "-x", proxy.url, *args, url],
+                       capture_output=True, timeout=20)
+    return parse_response(r.stdout)
+
+
+def parse_response(raw: bytes) -> tuple[int, dict, bytes]:
+    # skip "HTTP/1.1 200 Connection established" from curl's CONNECT and any 1xx
+    while True:
+        if not raw:
+            return 0, {}, b""
+        head, _, body = raw.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        if status == 200 and b"established" in lines[0].lower() or 100 <= status < 200:
+            raw = body
+            continue
+        headers = {k.strip().lower().decode(): v.strip().decode()
+                   for k, _, v in (x.partition(b":") for x in lines[1:])}
+        return status, headers, body
+
+
+def raw(proxy: Proxy, data: bytes, timeout: float = 5.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def queried(dnsmasq, name: str) -> bool:
+    return f" {name} from" in dnsmasq["log"].read_text()
+
+
+# --- tests ---------------------------------------------------------------------------------
+
+def test_allowed_name_curl_and_urllib(proxy):
+    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"])
+    status, headers, body = curl(p, "http://allowed.test/hello")
+    assert (status, body) == (200, f"hello from {SRV}\n".encode())
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": p.url}))
+    with opener.open("http://Allowed.Test./host", timeout=10) as r:
+        assert r.status == 200
+        assert r.read().lower().rstrip(b".") == b"allowed.test"
+    status, _, body = curl(p, "http://allowed.test/chunked/100000")
+    assert (status, body) == (200, b"y" * 100000)
+    evs = p.events(3)
+    assert [e["decision"] for e in evs] == ["allow"] * 3
+    assert evs[0]["host"] == "allowed.test" and evs[0]["port"] == 80
+    assert evs[0]["reason"] == 'network.allow[0] "allowed.test"'
+    assert evs[2]["bytes_in"] > 100000 and evs[2]["bytes_out"] > 0
+
+
+def test_https_through_connect(proxy, servers):
+    p = proxy(allow=["allowed.test", "allowed.test:8443"], allow_private=["127.31.0.0/16"])
+    for url in ("https://allowed.test/hello", "https://allowed.test:8443/hello"):
+        status, _, body = curl(p, url, "--cacert", str(servers["cert"]))
+        assert (status, body) == (200, f"hello from {SRV}\n".encode())
+    ctx = ssl.create_default_context(cafile=str(servers["cert"]))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"https": p.url}),
+                                         urllib.request.HTTPSHandler(context=ctx))
+    with opener.open("https://allowed.test/hello", timeout=10) as r:
+        assert r.read() == f"hello from {SRV}\n".encode()
+    evs = p.events(3)
+    assert [(e["decision"], e["port"]) for e in evs] == [("allow", 443), ("allow", 8443),
+                                                         ("allow", 443)]
+    assert all(e["bytes_in"] > 1000 for e in evs)
+
+
+def test_denied_name_gets_403_and_no_dns_query(proxy, dnsmasq):
+    p = proxy(allow=["allowed.test", "*.allowed.test"], deny=["bad.allowed.test"],
+              allow_private=["127.31.0.0/16"])
+    status, headers, body = curl(p, "http://denied.test/hello")
+    assert status == 403
+    assert headers["x-corral-reason"] == 'not in network.allow; ask for "denied.test"'
+    assert body.count(b"\n") == 1 and b"denied.test" in body
+    status, headers, _ = curl(p, "https://denied.test/", "-k")
+    assert status == 403
+    status, headers, _ = curl(p, "http://bad.allowed.test/")
+    assert (status, headers["x-corral-reason"]) == (403, 'network.deny[0] "bad.allowed.test"')
+    status, headers, _ = curl(p, "http://metadata.google.internal/computeMetadata/v1/")
+    assert (status, headers["x-corral-reason"]) == (403, "metadata name")
+    assert curl(p, "http://ok.allowed.test/hello")[0] == 200
+    assert queried(dnsmasq, "ok.allowed.test")            # the log works ...
+    for name in ("denied.test", "bad.allowed.test", "metadata.google.internal"):
+        assert not queried(dnsmasq, name), name           # ... and holds no denied name
+    evs = p.events(5)
+    assert [(e["host"], e["decision"]) for e in evs] == [
+        ("denied.test", "deny"), ("denied.test", "deny"), ("bad.allowed.test", "deny"),
+        ("metadata.google.internal", "deny"), ("ok.allowed.test", "allow")]
+    assert evs[1]["port"] == 443
+
+
+def test_allowed_name_with_private_address_is_refused(proxy, servers):
+    p = proxy(allow=["private.test"])
+    status, headers, _ = curl(p, "http://private.test/hello")
+    assert status == 403
+    assert headers["x-corral-reason"] == (
+        f'address {SRV} is loopback; ask for network.allow_private "{SRV}/32"')
+    assert p.events(1)[0]["decision"] == "deny"
+
+
+@pytest.mark.parametrize("spelling", [
+    "127.31.0.2", "0177.037.0.02", "0x7f.0x1f.0.2", "2132738050", "0x7f1f0002", "127.31.2",
+    "[::ffff:127.31.0.2]", "[::ffff:7f1f:2]", "127.31.0.2.", "[::1]", "0", "localhost",
+])
+def test_ip_literals_refused_in_every_spelling(proxy, spelling):
+    p = proxy(allow=["allowed.test"], allow_private=["127.0.0.0/8", "::1"])
+    resp = raw(p, f"GET http://{spelling}/hello HTTP/1.1\r\nHost: {spelling}\r\n\r\n".encode())
+    status, headers, _ = parse_response(resp)
+    assert status == 403, resp
+    resp = raw(p, f"CONNECT {spelling}:443 HTTP/1.1\r\nHost: {spelling}:443\r\n\r\n".encode())
+    assert parse_response(resp)[0] == 403
+    evs = p.events(2)
+    canonical = {"[::1]": "::1", "0": "0.0.0.0", "localhost": "localhost"}.get(spelling, SRV)
+    assert [e["host"] for e in evs] == [canonical, canonical]
+
+
+def test_ip_literal_named_by_a_rule(proxy):
+    p = proxy(allow=[f"{SRV}:80"], allow_private=["127.31.0.0/16"])
+    for spelling in (SRV, "0177.037.0.02", "2132738050"):
+        resp = raw(p, f"GET http://{spelling}/hello HTTP/1.1\r\nHost: {spelling}\r\n"
+                      f"Connection: close\r\n\r\n".encode())
+        assert parse_response(resp)[:1] == (200,), resp
+    assert [e["host"] for e in p.events(3)] == [SRV] * 3
+
+
+def test_connect_sni_must_match(proxy, servers):
+    p = proxy(allow=["allowed.test", "allowed.test:8443"], allow_private=["127.31.0.0/16"])
+    for port, sni in ((443, "evil.test"), (8443, "evil.test"), (443, None)):
+        with socket.create_connection(("127.0.0.1", p.port), timeout=5) as s:
+            s.sendall(f"CONNECT allowed.test:{port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            with pytest.raises((ssl.SSLError, OSError)):
+                ctx.wrap_socket(s, server_hostname=sni).close()
+    # plain bytes on 443 are not a tunnel
+    resp = raw(p, b"CONNECT allowed.test:443 HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\n\r\n")
+    assert resp == b"HTTP/1.1 200 Connection Established\r\n\r\n"
+    evs = p.events(4)
+    assert [e["reason"] for e in evs[:3]] == ["sni mismatch", "sni mismatch", "no sni"]
+    assert evs[3]["reason"].startswith("tls:")
+    assert all(e["decision"] == "deny" and e["bytes_out"] == 0 for e in evs)
+
+
+def test_plain_tunnel_on_other_port(proxy, servers):
+    p = proxy(allow=["allowed.test:8443", "allowed.test:80"], allow_private=["127.31.0.0/16"])
+    resp = raw(p, b"CONNECT allowed.test:80 HTTP/1.1\r\nHost: x\r\n\r\n"
+                  b"GET /hello HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n")
+    assert resp.endswith(f"hello from {SRV}\n".encode())
+    assert p.events(1)[0]["decision"] == "allow"
+
+
+def test_host_header_mismatch(proxy):
+    p = proxy(allow=["allowed.test", "denied.test"], allow_private=["127.31.0.0/16"])
+    resp = raw(p, b"GET http://allowed.test/hello HTTP/1.1\r\nHost: denied.test\r\n\r\n")
+    status, headers, _ = parse_response(resp)
+    assert (status, headers["x-corral-reason"]) == (403, "host header mismatch")
+    assert p.events(1) == [{"kind": "net", "host": "allowed.test", "port": 80, "decision": "deny",
+                            "reason": "host header mismatch", "bytes_in": 0, "bytes_out": 0}]
+    resp = raw(p, b"GET /hello HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+    status, headers, body = parse_response(resp)
+    assert status == 400 and b"absolute URLs" in body
+
+
+def test_budget_requests(proxy):
+    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"], budget={"requests": 2})
+    assert [curl(p, "http://allowed.test/hello")[0] for _ in range(3)] == [200, 200, 403]
+    status, headers, _ = curl(p, "http://allowed.test/hello")
+    assert headers["x-corral-reason"] == "budget: requests"
+    evs = p.events(4)
+    assert [e["reason"] for e in evs[2:]] == ["budget: requests"] * 2
+
+
+@pytest.mark.parametrize("path,limit", [("/bytes/300000", 100_000),          # through h11
+                                        ("/chunked/300000", 100_000),
+                                        ("/bytes/3000000", 1_500_000)])      # spliced
+def test_budget_bytes_in(proxy, path, limit):
+    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"],
+              budget={"bytes_in": limit})
+    r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{size_download}", "-x", p.url,
+                        f"http://allowed.test{path}"], capture_output=True, timeout=20)
+    assert r.returncode != 0                     # the transfer was cut
+    assert int(r.stdout) < limit
+    [e] = p.events(1)
+    assert (e["decision"], e["reason"]) == ("deny", "budget: bytes_in")
+    assert e["bytes_in"] == limit
+    assert curl(p, "http://allowed.test/hello")[1]["x-corral-reason"] == "budget: bytes_in"
+
+
+def test_budget_bytes_in_tunnel(proxy, servers):
+    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"],
+              budget={"bytes_in": 200_000})
+    r = subprocess.run(["curl", "-s", "-o", "/dev/null", "--cacert", str(servers["cert"]),
+                        "-x", p.url, "https://allowed.test/bytes/1000000"],
+                       capture_output=True, timeout=20)
+    assert r.returncode != 0
+    [e] = p.events(1)
+    assert (e["decision"], e["reason"], e["bytes_in"]) == ("deny", "budget: bytes_in", 200_000)
+
+
+def test_budget_bytes_out(proxy, servers):
+    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"],
+              budget={"bytes_out": 20_000})
+    before = list(servers["http"].received)
+    r = subprocess.run(["curl", "-s", "-x", p.url, "--data-binary", "@-",
+                        "http://allowed.test/echo"], input=b"z" * 200_000,
+                       capture_output=True, timeout=20)
+    assert b"got 200000" not in r.stdout
+    [e] = p.events(1)
+    assert (e["decision"], e["reason"], e["bytes_out"]) == ("deny", "budget: bytes_out", 20_000)
+    time.sleep(0.2)
+    assert all(n < 20_000 for n in servers["http"].received[len(before):])
+
+
+def test_resolves_once_and_connects_to_the_checked_address(proxy, servers):
+    """A resolver that answers SRV first and OTHER afterwards: the proxy must ask once and
+    connect to SRV (DNS rebinding between check and connect is impossible)."""
+    import dns.message
+    import dns.rrset
+
+    counts: dict[tuple[str, str], int] = {}
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def run():
+        sock.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                data, addr = sock.recvfrom(4096)
+            except TimeoutError:
+                continue
+            q = dns.message.from_wire(data)
+            qname, qtype = q.question[0].name.to_text(), dns.rdatatype.to_text(q.question[0].rdtype)
+            n = counts[(qname, qtype)] = counts.get((qname, qtype), 0) + 1
+            r = dns.message.make_response(q)
+            if qtype == "A":
+                r.answer.append(dns.rrset.from_text(qname, 0, "IN", "A",
+                                                    SRV if n == 1 else OTHER))
+            sock.sendto(r.to_wire(), addr)
+
+    import dns.rdatatype
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        p = proxy(allow=["pin.test"], allow_private=["127.31.0.0/16"],
+                  nameservers=[f"127.0.0.1:{sock.getsockname()[1]}"])
+        status, _, body = curl(p, "http://pin.test/hello")
+        assert (status, body) == (200, f"hello from {SRV}\n".encode())
+        assert counts[("pin.test.", "A")] == 1
+        assert counts.get(("pin.test.", "AAAA"), 0) <= 1
+    finally:
+        stop.set()
+        t.join()
+        sock.close()
+
+
+def test_slowloris_is_cut(proxy):
+    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"], header_timeout=1.0)
+    with socket.create_connection(("127.0.0.1", p.port), timeout=5) as s:
+        start = time.monotonic()
+        s.sendall(b"GET http://allowed.test/hello HTTP/1.1\r\n")
+        got = b""
+        try:
+            for _ in range(40):
+                s.sendall(b"X")
+                time.sleep(0.1)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        got = s.recv(4096)
+        elapsed = time.monotonic() - start
+    assert got.startswith(b"HTTP/1.1 408") or got == b""
+    assert elapsed < 3.5
+    with socket.create_connection(("127.0.0.1", p.port), timeout=5) as s:   # silent client
+        start = time.monotonic()
+        assert s.recv(4096).startswith(b"HTTP/1.1 408")
+        assert time.monotonic() - start < 3
+
+
+def test_idle_tunnel_is_cut(proxy):
+    p = proxy(allow=["allowed.test:80"], allow_private=["127.31.0.0/16"], idle_timeout=1.0)
+    with socket.create_connection(("127.0.0.1", p.port), timeout=5) as s:
+        s.sendall(b"CONNECT allowed.test:80 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        start = time.monotonic()
+        assert s.recv(4096) == b""
+        assert 0.5 < time.monotonic() - start < 4
+    assert p.events(1)[0]["decision"] == "allow"
+
+
+def test_300_concurrent_connections(proxy):
+    import asyncio
+
+    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"])
+
+    async def one(i: int) -> bytes:
+        r, w = await asyncio.open_connection("127.0.0.1", p.port)
+        w.write(b"GET http://allowed.test/slow HTTP/1.1\r\nHost: allowed.test\r\n"
+                b"Connection: close\r\n\r\n")
+        data = await r.read()
+        w.close()
+        return data
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(320)))
+
+    results = asyncio.run(main())
+    assert all(r.startswith(b"HTTP/1.1 200") and r.endswith(b"slow") for r in results)
+    evs = p.events(320, timeout=10)
+    assert len(evs) == 320 and all(e["decision"] == "allow" for e in evs)
+
+
+def test_connection_cap(proxy):
+    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"], max_connections=20)
+    held = [socket.create_connection(("127.0.0.1", p.port), timeout=5) for _ in range(20)]
+    try:
+        time.sleep(0.2)
+        resp = raw(p, b"GET http://allowed.test/hello HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+        assert resp.startswith(b"HTTP/1.1 503")
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.3)
+    assert curl(p, "http://allowed.test/hello")[0] == 200
+
+
+def test_listen_fd_events_fd_and_exit(tmp_path, dnsmasq, servers):
+    """The supervisor's way: inherited listening socket, config on a pipe, events on a pipe;
+    the proxy exits when the events pipe's reader goes away, and on SIGTERM."""
+    for how in ("close-events", "sigterm"):
+        lsock = socket.socket()
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(64)
+        cfg_r, cfg_w = os.pipe()
+        ev_r, ev_w = os.pipe()
+        cfg = {"allow": ["allowed.test"], "allow_private": ["127.31.0.0/16"],
+               "nameservers": [f"127.0.0.1:{dnsmasq['port']}"]}
+        os.write(cfg_w, json.dumps(cfg).encode())
+        os.close(cfg_w)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "corral.egress", "--config-fd", str(cfg_r),
+             "--listen-fd", str(lsock.fileno()), "--events-fd", str(ev_w)],
+            pass_fds=(cfg_r, ev_w, lsock.fileno()), stderr=subprocess.DEVNULL)
+        os.close(cfg_r)
+        os.close(ev_w)
+        port = lsock.getsockname()[1]
+        lsock.close()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(b"GET http://allowed.test/hello HTTP/1.1\r\nHost: allowed.test\r\n"
+                          b"Connection: close\r\n\r\n")
+                assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            with os.fdopen(ev_r, "rb") as events:
+                line = events.readline()
+                assert json.loads(line)["decision"] == "allow"
+                if how == "sigterm":
+                    proc.send_signal(signal.SIGTERM)
+            assert proc.wait(5) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+METADATA_HELPER = textwrap.dedent('''
+    import json, socket, subprocess, sys, threading, time, http.server, urllib.request
+    import dns.message, dns.rrset
+
+    def sh(*a):
+        subprocess.run(a, check=True)
+
+    sh("ip", "link", "set", "lo", "up")
+    sh("ip", "addr", "add", "169.254.169.254/32", "dev", "lo")
+    sh("ip", "addr", "add", "93.184.216.34/32", "dev", "lo")     # a "public" address, local here
+    hits = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a): pass
+        def do_GET(self):
+            hits.append((self.server.server_address[0], self.path))
+            body = b"secret-token" if self.server.server_address[0].startswith("169") else b"pub"
+            self.send_response(200); self.send_header("Content-Length", str(len(body)))
+            self.end_headers(); self.wfile.write(body)
+
+    for addr in ("169.254.169.254", "93.184.216.34"):
+        s = http.server.ThreadingHTTPServer((addr, 80), H)
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+
+    dns_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dns_sock.bind(("127.0.0.1", 53))
+    answers = {"meta.test.": "169.254.169.254", "pub.test.": "93.184.216.34"}
+    def dns_loop():
+        while True:
+            data, addr = dns_sock.recvfrom(4096)
+            q = dns.message.from_wire(data); r = dns.message.make_response(q)
+            name = q.question[0].name.to_text()
+            if q.question[0].rdtype == 1 and name in answers:
+                r.answer.append(dns.rrset.from_text(name, 0, "IN", "A", answers[name]))
+            dns_sock.sendto(r.to_wire(), addr)
+    threading.Thread(target=dns_loop, daemon=True).start()
+
+    cfg = {"allow": ["meta.test", "pub.test", "metadata.google.internal"],
+           "nameservers": ["127.0.0.1:53"]}
+    open(sys.argv[1], "w").write(json.dumps(cfg))
+    proc = subprocess.Popen([sys.executable, "-m", "corral.egress", "--config", sys.argv[1],
+                             "--listen", "127.0.0.1:3128", "--events", sys.argv[2]],
+                            stderr=subprocess.PIPE, text=True)
+    proc.stderr.readline()
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler(
+        {"http": "http://127.0.0.1:3128"}))
+    out = {}
+    for url in ("http://169.254.169.254/latest/meta-data/", "http://2852039166/latest/",
+                "http://[::ffff:169.254.169.254]/", "http://meta.test/latest/meta-data/",
+                "http://metadata.google.internal/computeMetadata/v1/", "http://pub.test/"):
+        try:
+            with opener.open(url, timeout=5) as r:
+                out[url] = [r.status, r.read().decode()]
+        except urllib.error.HTTPError as e:
+            out[url] = [e.code, e.headers.get("X-Corral-Reason")]
+    proc.terminate(); proc.wait(5)
+    out["hits"] = hits
+    print(json.dumps(out))
+''')
+
+
+@pytest.mark.skipif(not shutil.which("unshare") or not shutil.which("ip"),
+                    reason="needs unshare and ip")
+def test_metadata_refused_in_a_private_netns(tmp_path):
+    """169.254.169.254 is a local address inside a network namespace made for this test, so
+    a broken proxy would reach the fake metadata server there, never a real one."""
+    helper = tmp_path / "helper.py"
+    helper.write_text(METADATA_HELPER)
+    r = subprocess.run(["unshare", "--net", "--", sys.executable, str(helper),
+                        str(tmp_path / "cfg.json"), str(tmp_path / "ev.jsonl")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["http://169.254.169.254/latest/meta-data/"][0] == 403
+    assert out["http://2852039166/latest/"][0] == 403
+    assert out["http://[::ffff:169.254.169.254]/"][0] == 403
+    assert out["http://meta.test/latest/meta-data/"] == [
+        403, 'address 169.254.169.254 is metadata; ask for network.allow_private '
+             '"169.254.169.254/32"']
+    assert out["http://metadata.google.internal/computeMetadata/v1/"] == [403, "metadata name"]
+    assert out["http://pub.test/"] == [200, "pub"]           # public: no allow_private needed
+    assert out["hits"] == [["93.184.216.34", "/"]]

@@ -1,5 +1,5 @@
 """The egress proxy with real parts: a real dnsmasq on loopback, real HTTP and HTTPS servers
-on 127.31.0.0/16, the proxy as its own process, curl and urllib as clients.
+on a random 127.x.y.0/24, the proxy as its own process, curl and urllib as clients.
 
 Traffic goes only to 127.0.0.0/8, or to a network namespace a test creates (the metadata
 test). Denials of non-loopback addresses are only tested where the refused address is
@@ -30,8 +30,11 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("dnsmasq")
                                 or not shutil.which("curl"),
                                 reason="needs root (ports 80/443 on loopback), dnsmasq, curl")
 
-SRV = "127.31.0.2"          # allowed.test and friends
-OTHER = "127.31.0.3"        # the "wrong" server in the pinning test
+# a loopback /24 of its own per run, so parallel runs of this file never share ports 80/443
+_NET = "127.{}.{}".format(*os.urandom(2))
+SRV = f"{_NET}.2"           # allowed.test and friends
+OTHER = f"{_NET}.3"         # the "wrong" server in the pinning test
+PRIV = f"{_NET}.0/24"       # allow_private for the test servers
 EVENT_KEYS = {"kind", "host", "port", "decision", "reason", "bytes_in", "bytes_out"}
 
 
@@ -119,7 +122,7 @@ def make_cert(tmp: Path, name: str) -> tuple[Path, Path]:
 
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(days=1))
@@ -158,6 +161,7 @@ def servers(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dnsmasq(tmp_path_factory):
+    import dns.exception
     import dns.message
     import dns.query
 
@@ -177,7 +181,7 @@ def dnsmasq(tmp_path_factory):
             q = dns.message.make_query("ready.allowed.test", "A")
             dns.query.udp(q, "127.0.0.1", port=port, timeout=0.2)
             break
-        except Exception:
+        except (OSError, dns.exception.Timeout):
             if time.monotonic() > deadline or proc.poll() is not None:
                 proc.kill()
                 raise RuntimeError("dnsmasq did not start")
@@ -245,7 +249,7 @@ def proxy(tmp_path, dnsmasq, servers):
 
 def curl(proxy: Proxy, url: str, *args: str) -> tuple[int, dict, bytes]:
     r = subprocess.run(["curl", "-s", "-S", "-i", "--max-time", "10", "-x", proxy.url, *args, url],
-                       capture_output=True, timeout=20)
+                       capture_output=True, timeout=20, check=False)
     return parse_response(r.stdout)
 
 
@@ -287,8 +291,8 @@ def queried(dnsmasq, name: str) -> bool:
 # --- tests ---------------------------------------------------------------------------------
 
 def test_allowed_name_curl_and_urllib(proxy):
-    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"])
-    status, headers, body = curl(p, "http://allowed.test/hello")
+    p = proxy(allow=["allowed.test"], allow_private=[PRIV])
+    status, _, body = curl(p, "http://allowed.test/hello")
     assert (status, body) == (200, f"hello from {SRV}\n".encode())
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": p.url}))
     with opener.open("http://Allowed.Test./host", timeout=10) as r:
@@ -304,7 +308,7 @@ def test_allowed_name_curl_and_urllib(proxy):
 
 
 def test_https_through_connect(proxy, servers):
-    p = proxy(allow=["allowed.test", "allowed.test:8443"], allow_private=["127.31.0.0/16"])
+    p = proxy(allow=["allowed.test", "allowed.test:8443"], allow_private=[PRIV])
     for url in ("https://allowed.test/hello", "https://allowed.test:8443/hello"):
         status, _, body = curl(p, url, "--cacert", str(servers["cert"]))
         assert (status, body) == (200, f"hello from {SRV}\n".encode())
@@ -321,7 +325,7 @@ def test_https_through_connect(proxy, servers):
 
 def test_denied_name_gets_403_and_no_dns_query(proxy, dnsmasq):
     p = proxy(allow=["allowed.test", "*.allowed.test"], deny=["bad.allowed.test"],
-              allow_private=["127.31.0.0/16"])
+              allow_private=[PRIV])
     status, headers, body = curl(p, "http://denied.test/hello")
     assert status == 403
     assert headers["x-corral-reason"] == 'not in network.allow; ask for "denied.test"'
@@ -352,15 +356,22 @@ def test_allowed_name_with_private_address_is_refused(proxy, servers):
     assert p.events(1)[0]["decision"] == "deny"
 
 
-@pytest.mark.parametrize("spelling", [
-    "127.31.0.2", "0177.037.0.02", "0x7f.0x1f.0.2", "2132738050", "0x7f1f0002", "127.31.2",
-    "[::ffff:127.31.0.2]", "[::ffff:7f1f:2]", "127.31.0.2.", "[::1]", "0", "localhost",
-])
+def spellings(ip: str) -> list[str]:
+    """Every way to write an IPv4 address that some parser accepts."""
+    a, b, c, d = (int(x) for x in ip.split("."))
+    n = int.from_bytes(bytes((a, b, c, d)), "big")
+    return [ip, f"0{a:o}.0{b:o}.0{c:o}.0{d:o}", f"{a:#x}.{b:#x}.{c:#x}.{d:#x}", str(n), f"{n:#x}",
+            f"{a}.{b}.{c * 256 + d}", f"{a}.{b * 65536 + c * 256 + d}", f"[::ffff:{ip}]",
+            f"[::ffff:{n >> 16:x}:{n & 0xffff:x}]", ip + "."]
+
+
+@pytest.mark.parametrize("spelling", [*spellings(SRV), "[::1]", "0", "localhost"])
 def test_ip_literals_refused_in_every_spelling(proxy, spelling):
     p = proxy(allow=["allowed.test"], allow_private=["127.0.0.0/8", "::1"])
     resp = raw(p, f"GET http://{spelling}/hello HTTP/1.1\r\nHost: {spelling}\r\n\r\n".encode())
     status, headers, _ = parse_response(resp)
     assert status == 403, resp
+    assert headers["x-corral-reason"]
     resp = raw(p, f"CONNECT {spelling}:443 HTTP/1.1\r\nHost: {spelling}:443\r\n\r\n".encode())
     assert parse_response(resp)[0] == 403
     evs = p.events(2)
@@ -369,16 +380,16 @@ def test_ip_literals_refused_in_every_spelling(proxy, spelling):
 
 
 def test_ip_literal_named_by_a_rule(proxy):
-    p = proxy(allow=[f"{SRV}:80"], allow_private=["127.31.0.0/16"])
-    for spelling in (SRV, "0177.037.0.02", "2132738050"):
+    p = proxy(allow=[f"{SRV}:80"], allow_private=[PRIV])
+    for spelling in spellings(SRV):
         resp = raw(p, f"GET http://{spelling}/hello HTTP/1.1\r\nHost: {spelling}\r\n"
                       f"Connection: close\r\n\r\n".encode())
         assert parse_response(resp)[:1] == (200,), resp
-    assert [e["host"] for e in p.events(3)] == [SRV] * 3
+    assert [e["host"] for e in p.events(10)] == [SRV] * 10
 
 
 def test_connect_sni_must_match(proxy, servers):
-    p = proxy(allow=["allowed.test", "allowed.test:8443"], allow_private=["127.31.0.0/16"])
+    p = proxy(allow=["allowed.test", "allowed.test:8443"], allow_private=[PRIV])
     for port, sni in ((443, "evil.test"), (8443, "evil.test"), (443, None)):
         with socket.create_connection(("127.0.0.1", p.port), timeout=5) as s:
             s.sendall(f"CONNECT allowed.test:{port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
@@ -398,7 +409,7 @@ def test_connect_sni_must_match(proxy, servers):
 
 
 def test_plain_tunnel_on_other_port(proxy, servers):
-    p = proxy(allow=["allowed.test:8443", "allowed.test:80"], allow_private=["127.31.0.0/16"])
+    p = proxy(allow=["allowed.test:8443", "allowed.test:80"], allow_private=[PRIV])
     resp = raw(p, b"CONNECT allowed.test:80 HTTP/1.1\r\nHost: x\r\n\r\n"
                   b"GET /hello HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n")
     assert resp.endswith(f"hello from {SRV}\n".encode())
@@ -406,7 +417,7 @@ def test_plain_tunnel_on_other_port(proxy, servers):
 
 
 def test_host_header_mismatch(proxy):
-    p = proxy(allow=["allowed.test", "denied.test"], allow_private=["127.31.0.0/16"])
+    p = proxy(allow=["allowed.test", "denied.test"], allow_private=[PRIV])
     resp = raw(p, b"GET http://allowed.test/hello HTTP/1.1\r\nHost: denied.test\r\n\r\n")
     status, headers, _ = parse_response(resp)
     assert (status, headers["x-corral-reason"]) == (403, "host header mismatch")
@@ -418,10 +429,10 @@ def test_host_header_mismatch(proxy):
 
 
 def test_budget_requests(proxy):
-    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"], budget={"requests": 2})
+    p = proxy(allow=["allowed.test"], allow_private=[PRIV], budget={"requests": 2})
     assert [curl(p, "http://allowed.test/hello")[0] for _ in range(3)] == [200, 200, 403]
     status, headers, _ = curl(p, "http://allowed.test/hello")
-    assert headers["x-corral-reason"] == "budget: requests"
+    assert (status, headers["x-corral-reason"]) == (403, "budget: requests")
     evs = p.events(4)
     assert [e["reason"] for e in evs[2:]] == ["budget: requests"] * 2
 
@@ -430,10 +441,10 @@ def test_budget_requests(proxy):
                                         ("/chunked/300000", 100_000),
                                         ("/bytes/3000000", 1_500_000)])      # spliced
 def test_budget_bytes_in(proxy, path, limit):
-    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"],
+    p = proxy(allow=["allowed.test"], allow_private=[PRIV],
               budget={"bytes_in": limit})
     r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{size_download}", "-x", p.url,
-                        f"http://allowed.test{path}"], capture_output=True, timeout=20)
+                        f"http://allowed.test{path}"], capture_output=True, timeout=20, check=False)
     assert r.returncode != 0                     # the transfer was cut
     assert int(r.stdout) < limit
     [e] = p.events(1)
@@ -443,23 +454,23 @@ def test_budget_bytes_in(proxy, path, limit):
 
 
 def test_budget_bytes_in_tunnel(proxy, servers):
-    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"],
+    p = proxy(allow=["allowed.test"], allow_private=[PRIV],
               budget={"bytes_in": 200_000})
     r = subprocess.run(["curl", "-s", "-o", "/dev/null", "--cacert", str(servers["cert"]),
                         "-x", p.url, "https://allowed.test/bytes/1000000"],
-                       capture_output=True, timeout=20)
+                       capture_output=True, timeout=20, check=False)
     assert r.returncode != 0
     [e] = p.events(1)
     assert (e["decision"], e["reason"], e["bytes_in"]) == ("deny", "budget: bytes_in", 200_000)
 
 
 def test_budget_bytes_out(proxy, servers):
-    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"],
+    p = proxy(allow=["allowed.test"], allow_private=[PRIV],
               budget={"bytes_out": 20_000})
     before = list(servers["http"].received)
     r = subprocess.run(["curl", "-s", "-x", p.url, "--data-binary", "@-",
                         "http://allowed.test/echo"], input=b"z" * 200_000,
-                       capture_output=True, timeout=20)
+                       capture_output=True, timeout=20, check=False)
     assert b"got 200000" not in r.stdout
     [e] = p.events(1)
     assert (e["decision"], e["reason"], e["bytes_out"]) == ("deny", "budget: bytes_out", 20_000)
@@ -498,7 +509,7 @@ def test_resolves_once_and_connects_to_the_checked_address(proxy, servers):
     t = threading.Thread(target=run, daemon=True)
     t.start()
     try:
-        p = proxy(allow=["pin.test"], allow_private=["127.31.0.0/16"],
+        p = proxy(allow=["pin.test"], allow_private=[PRIV],
                   nameservers=[f"127.0.0.1:{sock.getsockname()[1]}"])
         status, _, body = curl(p, "http://pin.test/hello")
         assert (status, body) == (200, f"hello from {SRV}\n".encode())
@@ -511,7 +522,7 @@ def test_resolves_once_and_connects_to_the_checked_address(proxy, servers):
 
 
 def test_slowloris_is_cut(proxy):
-    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"], header_timeout=1.0)
+    p = proxy(allow=["allowed.test"], allow_private=[PRIV], header_timeout=1.0)
     with socket.create_connection(("127.0.0.1", p.port), timeout=5) as s:
         start = time.monotonic()
         s.sendall(b"GET http://allowed.test/hello HTTP/1.1\r\n")
@@ -533,7 +544,7 @@ def test_slowloris_is_cut(proxy):
 
 
 def test_idle_tunnel_is_cut(proxy):
-    p = proxy(allow=["allowed.test:80"], allow_private=["127.31.0.0/16"], idle_timeout=1.0)
+    p = proxy(allow=["allowed.test:80"], allow_private=[PRIV], idle_timeout=1.0)
     with socket.create_connection(("127.0.0.1", p.port), timeout=5) as s:
         s.sendall(b"CONNECT allowed.test:80 HTTP/1.1\r\nHost: x\r\n\r\n")
         assert s.recv(4096).startswith(b"HTTP/1.1 200")
@@ -546,7 +557,7 @@ def test_idle_tunnel_is_cut(proxy):
 def test_300_concurrent_connections(proxy):
     import asyncio
 
-    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"])
+    p = proxy(allow=["allowed.test"], allow_private=[PRIV])
 
     async def one(i: int) -> bytes:
         r, w = await asyncio.open_connection("127.0.0.1", p.port)
@@ -566,7 +577,7 @@ def test_300_concurrent_connections(proxy):
 
 
 def test_connection_cap(proxy):
-    p = proxy(allow=["allowed.test"], allow_private=["127.31.0.0/16"], max_connections=20)
+    p = proxy(allow=["allowed.test"], allow_private=[PRIV], max_connections=20)
     held = [socket.create_connection(("127.0.0.1", p.port), timeout=5) for _ in range(20)]
     try:
         time.sleep(0.2)
@@ -588,7 +599,7 @@ def test_listen_fd_events_fd_and_exit(tmp_path, dnsmasq, servers):
         lsock.listen(64)
         cfg_r, cfg_w = os.pipe()
         ev_r, ev_w = os.pipe()
-        cfg = {"allow": ["allowed.test"], "allow_private": ["127.31.0.0/16"],
+        cfg = {"allow": ["allowed.test"], "allow_private": [PRIV],
                "nameservers": [f"127.0.0.1:{dnsmasq['port']}"]}
         os.write(cfg_w, json.dumps(cfg).encode())
         os.close(cfg_w)
@@ -687,15 +698,44 @@ def test_metadata_refused_in_a_private_netns(tmp_path):
     helper.write_text(METADATA_HELPER)
     r = subprocess.run(["unshare", "--net", "--", sys.executable, str(helper),
                         str(tmp_path / "cfg.json"), str(tmp_path / "ev.jsonl")],
-                       capture_output=True, text=True, timeout=30)
+                       capture_output=True, text=True, timeout=30, check=False)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["http://169.254.169.254/latest/meta-data/"][0] == 403
     assert out["http://2852039166/latest/"][0] == 403
     assert out["http://[::ffff:169.254.169.254]/"][0] == 403
     assert out["http://meta.test/latest/meta-data/"] == [
-        403, 'address 169.254.169.254 is metadata; ask for network.allow_private '
-             '"169.254.169.254/32"']
+        403, ('address 169.254.169.254 is metadata; ask for network.allow_private '
+              '"169.254.169.254/32"')]
     assert out["http://metadata.google.internal/computeMetadata/v1/"] == [403, "metadata name"]
     assert out["http://pub.test/"] == [200, "pub"]           # public: no allow_private needed
     assert out["hits"] == [["93.184.216.34", "/"]]
+
+
+def test_wildcard_subdomains_share_one_budget(proxy):
+    p = proxy(allow=["*.allowed.test"], allow_private=[PRIV], budget={"requests": 2})
+    codes = [curl(p, f"http://s{i}.allowed.test/hello")[0] for i in range(3)]
+    assert codes == [200, 200, 403]
+    assert [e["host"] for e in p.events(3)] == [f"s{i}.allowed.test" for i in range(3)]
+
+
+def test_large_post_head_and_keep_alive(proxy, servers):
+    p = proxy(allow=["allowed.test"], allow_private=[PRIV])
+    r = subprocess.run(["curl", "-s", "-x", p.url, "--data-binary", "@-",
+                        "http://allowed.test/echo"], input=b"z" * 3_000_000,
+                       capture_output=True, timeout=20, check=False)
+    assert r.stdout == b"got 3000000\n"                    # curl sends Expect: 100-continue
+    status, headers, body = curl(p, "http://allowed.test/bytes/5000", "-I")
+    assert (status, headers["content-length"], body) == (200, "5000", b"")
+    with socket.create_connection(("127.0.0.1", p.port), timeout=5) as s:  # two on one
+        req = b"GET http://allowed.test/hello HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+        replies = []
+        for _ in range(2):
+            s.sendall(req)
+            got = b""
+            while not got.endswith(b"\n"):
+                got += s.recv(65536)
+            replies.append(got)
+        first, second = replies
+    assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200")
+    assert [e["decision"] for e in p.events(4)] == ["allow"] * 4

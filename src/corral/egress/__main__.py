@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .server import EgressProxy, raise_nofile
 
-    raise_nofile(2 * cfg.max_connections + 256)
+    raise_nofile(6 * cfg.max_connections + 256)   # client, upstream, 2 splice pipes
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

@@ -37,6 +37,13 @@ class Decision:
     reason: str
     host: str                        # canonical: lower case name, or an IP in standard notation
     ip: IPAddress | None = None      # set when the target was an IP literal (no DNS then)
+    #: what budgets count against: the host, or "*.suffix" for every name a wildcard rule
+    #: let through (so a thousand subdomains share one budget instead of having a thousand)
+    budget_key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.budget_key:
+            object.__setattr__(self, "budget_key", self.host)
 
 
 def decide_target(cfg: NetConfig, host: str, port: int) -> Decision:
@@ -56,7 +63,9 @@ def decide_target(cfg: NetConfig, host: str, port: int) -> Decision:
                 return Decision(False, f"network.deny[{i}] \"{rule.text}\"", canon)
         for i, rule in enumerate(cfg.allow):
             if rule.matches_name(h) and rule.covers_port(port, deny=False):
-                return Decision(True, f"network.allow[{i}] \"{rule.text}\"", canon)
+                key = f"*.{rule.name}" if rule.kind == "suffix" else canon
+                return Decision(True, f"network.allow[{i}] \"{rule.text}\"", canon,
+                                budget_key=key)
         return Decision(False, f"not in network.allow; ask for \"{_rule_for(canon, port)}\"",
                         canon)
     for i, rule in enumerate(cfg.deny):

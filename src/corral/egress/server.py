@@ -102,6 +102,7 @@ class _Flow:
     host: str
     port: int
     reason: str
+    key: str                 # budget key (decide.Decision.budget_key)
     bytes_in: int = 0
     bytes_out: int = 0
     cut: str | None = None
@@ -260,7 +261,7 @@ class EgressProxy:
         d = decide_target(self.cfg, host, port)
         if not d.allow:
             raise _Refused(403, d.reason)
-        exceeded = self._take_request(d.host)
+        exceeded = self._take_request(d.budget_key)
         if exceeded:
             raise _Refused(403, exceeded)
         if d.ip is not None:
@@ -366,7 +367,7 @@ class EgressProxy:
             await _send_quiet(loop, client, error_response(r.status, r.reason) if r.status != 403
                               else deny_response(r.reason))
             return
-        flow = _Flow(d.host, req.port, d.reason)
+        flow = _Flow(d.host, req.port, d.reason, d.budget_key)
         try:
             await loop.sock_sendall(client, CONNECT_OK)
             first = conn.tunnel_data()
@@ -455,7 +456,11 @@ class EgressProxy:
         """Zero-copy relay: socket -> pipe -> socket with non-blocking splice(2), waiting on
         the event loop only when both ends would block."""
         loop = asyncio.get_running_loop()
-        pr, pw = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            pr, pw = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:                                # out of fds: copy instead
+            await self._copy_pump(src, dst, flow, direction, st, length)
+            return
         try:
             try:
                 fcntl.fcntl(pw, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
@@ -472,7 +477,7 @@ class EgressProxy:
                 want_read = False
                 if not eof and in_pipe < cap and left != 0:
                     n_max = cap - in_pipe if left is None else min(cap - in_pipe, left)
-                    room = self._room(flow.host, direction)
+                    room = self._room(flow.key, direction)
                     if room is not None:
                         if room == 0:
                             if await _has_more(loop, src):
@@ -542,7 +547,7 @@ class EgressProxy:
         """Send and count; never lets more than the budget through."""
         if not data:
             return
-        room = self._room(flow.host, direction)
+        room = self._room(flow.key, direction)
         n = len(data)
         if room is not None and n > room:
             if room > 0:
@@ -553,14 +558,14 @@ class EgressProxy:
         st.last_active = time.monotonic()
         self._count(flow, direction, n)
 
-    def _room(self, host: str, direction: str) -> int | None:
+    def _room(self, key: str, direction: str) -> int | None:
         limit = getattr(self.cfg.budget, direction)
         if limit is None:
             return None
-        return max(0, limit - getattr(self._usage.setdefault(host, _Usage()), direction))
+        return max(0, limit - getattr(self._usage.setdefault(key, _Usage()), direction))
 
     def _count(self, flow: _Flow, direction: str, n: int) -> None:
-        u = self._usage.setdefault(flow.host, _Usage())
+        u = self._usage.setdefault(flow.key, _Usage())
         setattr(u, direction, getattr(u, direction) + n)
         setattr(flow, direction, getattr(flow, direction) + n)
 
@@ -582,7 +587,7 @@ class EgressProxy:
             await _send_quiet(loop, client, error_response(r.status, r.reason) if r.status != 403
                               else deny_response(r.reason))
             return False
-        flow = _Flow(d.host, req.port, d.reason)
+        flow = _Flow(d.host, req.port, d.reason, d.budget_key)
         started = False
         try:
             if conn.client_waits_for_100:
@@ -603,16 +608,22 @@ class EgressProxy:
                     break
                 else:
                     return False
+            pending = bytearray()                         # coalesced writes to the client
             while True:                                   # response
                 ev = upc.next_event()
                 if ev is h11.NEED_DATA:
+                    if pending:
+                        await loop.sock_sendall(client, pending)
+                        pending.clear()
                     data = await loop.sock_recv(up, RELAY_BUF)
                     st.last_active = time.monotonic()
-                    room = self._room(flow.host, "bytes_in")
+                    room = self._room(flow.key, "bytes_in")
                     if room is not None and len(data) > room:
                         upc.receive_data(data[:room])
                         self._count(flow, "bytes_in", room)
                         flow.cut = "budget: bytes_in"
+                        if pending:
+                            await loop.sock_sendall(client, pending)
                         await self._relay_response_events(upc, conn, client, started)
                         return False
                     self._count(flow, "bytes_in", len(data))
@@ -620,24 +631,30 @@ class EgressProxy:
                     continue
                 if isinstance(ev, h11.InformationalResponse):
                     if ev.status_code != 101:
-                        await loop.sock_sendall(client, conn.send(ev))
+                        pending += conn.send(ev)
                     continue
                 if isinstance(ev, h11.Response):
                     started = True
                     length = _passthrough_length(req, ev)
                     if length is not None:
+                        if pending:
+                            await loop.sock_sendall(client, pending)
                         await self._passthrough(upc, conn, client, up, ev, length, flow, st)
                         return False
-                    await loop.sock_sendall(client, conn.send(h11.Response(
+                    pending += conn.send(h11.Response(
                         status_code=ev.status_code, reason=ev.reason,
-                        headers=response_headers(ev.headers))))
+                        headers=response_headers(ev.headers)))
                 elif isinstance(ev, h11.Data):
-                    await loop.sock_sendall(client, conn.send(h11.Data(data=ev.data)))
+                    pending += conn.send(h11.Data(data=ev.data))
                 elif isinstance(ev, h11.EndOfMessage):
-                    await loop.sock_sendall(client, conn.send(h11.EndOfMessage()))
+                    pending += conn.send(h11.EndOfMessage())
+                    await loop.sock_sendall(client, pending)
                     break
                 else:
                     return False
+                if len(pending) >= RELAY_BUF:
+                    await loop.sock_sendall(client, pending)
+                    pending.clear()
                 st.last_active = time.monotonic()
         except _Cut as c:
             flow.cut = c.reason

@@ -482,3 +482,25 @@ def test_fuzz_invariant():
             assert isinstance(ev, (ConnectRequest, HttpRequest, RequestData, RequestEnd, Closed))
             if isinstance(ev, (ConnectRequest, HttpRequest)):
                 decide_target(CFG, ev.host, ev.port)      # never raises either
+
+
+def test_parse_host_and_parse_rule_fuzz_invariant():
+    """Any text gives a canonical host or HostError; any rule text a Rule or PolicyError."""
+    rnd = random.Random(99)
+    alphabet = "aZ09.-_*:/@%[]\\ \t\u00df\u3002\uff0e\u00fc\u0301\u200dxn--0x" + "\U0001f600\ud7ff"
+    for _ in range(4000):
+        s = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 30)))
+        try:
+            h = parse_host(s)
+        except HostError:
+            pass
+        else:
+            assert isinstance(h, (str, IPv4Address, IPv6Address))
+            if isinstance(h, str):
+                assert h.isascii() and h == h.lower() and not h.endswith(".")
+                assert parse_host(h) == h                   # canonical is a fixed point
+        try:
+            parse_rule(s, "network.allow[0]")
+        except PolicyError as e:
+            assert "\n" not in str(e)
+        decide_target(CFG, s, rnd.choice([0, 80, 443, 70000]))

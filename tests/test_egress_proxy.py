@@ -590,39 +590,26 @@ def test_connection_cap(proxy):
     assert curl(p, "http://allowed.test/hello")[0] == 200
 
 
-def test_listen_fd_events_fd_and_exit(tmp_path, dnsmasq, servers):
+def test_listen_fd_events_fd_and_exit(dnsmasq, servers):
     """The supervisor's way: inherited listening socket, config on a pipe, events on a pipe;
     the proxy exits when the events pipe's reader goes away, and on SIGTERM."""
     for how in ("close-events", "sigterm"):
-        lsock = socket.socket()
-        lsock.bind(("127.0.0.1", 0))
-        lsock.listen(64)
-        cfg_r, cfg_w = os.pipe()
-        ev_r, ev_w = os.pipe()
-        cfg = {"allow": ["allowed.test"], "allow_private": [PRIV],
-               "nameservers": [f"127.0.0.1:{dnsmasq['port']}"]}
-        os.write(cfg_w, json.dumps(cfg).encode())
-        os.close(cfg_w)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "corral.egress", "--config-fd", str(cfg_r),
-             "--listen-fd", str(lsock.fileno()), "--events-fd", str(ev_w)],
-            pass_fds=(cfg_r, ev_w, lsock.fileno()), stderr=subprocess.DEVNULL)
-        os.close(cfg_r)
-        os.close(ev_w)
-        port = lsock.getsockname()[1]
-        lsock.close()
+        proc, port, events = start_with_fds({
+            "allow": ["allowed.test"], "allow_private": [PRIV],
+            "nameservers": [f"127.0.0.1:{dnsmasq['port']}"]})
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
                 s.sendall(b"GET http://allowed.test/hello HTTP/1.1\r\nHost: allowed.test\r\n"
                           b"Connection: close\r\n\r\n")
                 assert s.recv(65536).startswith(b"HTTP/1.1 200")
-            with os.fdopen(ev_r, "rb") as events:
-                line = events.readline()
-                assert json.loads(line)["decision"] == "allow"
-                if how == "sigterm":
-                    proc.send_signal(signal.SIGTERM)
+            assert json.loads(events.readline())["decision"] == "allow"
+            if how == "sigterm":
+                proc.send_signal(signal.SIGTERM)
+            else:
+                events.close()
             assert proc.wait(5) == 0
         finally:
+            events.close()
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
@@ -733,9 +720,73 @@ def test_large_post_head_and_keep_alive(proxy, servers):
         for _ in range(2):
             s.sendall(req)
             got = b""
-            while not got.endswith(b"\n"):
+            while not got.endswith(f"hello from {SRV}\n".encode()):
                 got += s.recv(65536)
             replies.append(got)
         first, second = replies
     assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200")
     assert [e["decision"] for e in p.events(4)] == ["allow"] * 4
+
+
+def start_with_fds(cfg: dict, preexec: list[str] | None = None):
+    """The supervisor's launch: config on a pipe, inherited listening socket, events pipe."""
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(64)
+    cfg_r, cfg_w = os.pipe()
+    ev_r, ev_w = os.pipe()
+    os.write(cfg_w, json.dumps(cfg).encode())
+    os.close(cfg_w)
+    proc = subprocess.Popen(
+        [*(preexec or []), sys.executable, "-m", "corral.egress", "--config-fd", str(cfg_r),
+         "--listen-fd", str(lsock.fileno()), "--events-fd", str(ev_w)],
+        pass_fds=(cfg_r, ev_w, lsock.fileno()), stderr=subprocess.DEVNULL)
+    os.close(cfg_r)
+    os.close(ev_w)
+    port = lsock.getsockname()[1]
+    lsock.close()
+    return proc, port, os.fdopen(ev_r, "rb")
+
+
+def test_sigterm_ends_open_tunnels_with_their_events(dnsmasq, servers):
+    proc, port, events = start_with_fds({
+        "allow": ["allowed.test"], "allow_private": [PRIV],
+        "nameservers": [f"127.0.0.1:{dnsmasq['port']}"]})
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"CONNECT allowed.test:80 HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            s.sendall(b"GET /hello HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+            got = b""
+            while not got.endswith(f"hello from {SRV}\n".encode()):
+                got += s.recv(4096)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(5) == 0
+            assert s.recv(4096) == b""
+        e = json.loads(events.readline())
+        assert (e["decision"], e["port"]) == ("allow", 80)
+        assert e["bytes_in"] == len(got) and e["bytes_out"] > 0
+    finally:
+        events.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv")
+def test_runs_unprivileged(dnsmasq, servers):
+    """The proxy needs no privilege: as nobody, with only the fds it is given."""
+    proc, port, events = start_with_fds(
+        {"allow": ["allowed.test"], "allow_private": [PRIV],
+         "nameservers": [f"127.0.0.1:{dnsmasq['port']}"]},
+        preexec=["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"GET http://allowed.test/hello HTTP/1.1\r\nHost: allowed.test\r\n"
+                      b"Connection: close\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        assert json.loads(events.readline())["decision"] == "allow"
+    finally:
+        events.close()
+        proc.terminate()
+        proc.wait(5)

@@ -5,7 +5,7 @@ Every decision comes from the sans-IO core (decide.py, conn.py, tls.py); this la
 1. accepts on a listening socket it is given (one proxy process per sandbox),
 2. parses the request with `ProxyConnection`,
 3. asks `decide_target` **before** any DNS query (a denied name is never looked up),
-4. resolves an allowed name once (A and AAAA, dnspython, against cfg.nameservers), asks
+4. resolves an allowed name once (A, then AAAA if A has none; dnspython, cfg.nameservers), asks
    `check_address` for every candidate, and connects to a checked address: the address it
    connects to is the address it checked (no second lookup anywhere),
 5. CONNECT: answers 200, then on port 443, or whenever the client's first bytes look like
@@ -303,23 +303,22 @@ class EgressProxy:
                 return []
             return [ip_address(r.address) for r in ans.rrset]
 
+        addrs: list[IPAddress] = []
+        errors: list[Exception] = []
         try:
             async with asyncio.timeout(self.cfg.dns_timeout + 0.5):
-                a, aaaa = await asyncio.gather(query("A"), query("AAAA"),
-                                               return_exceptions=True)
+                for rdtype in ("A", "AAAA"):          # AAAA only when A gave nothing
+                    try:
+                        addrs = await query(rdtype)
+                    except dns.resolver.NXDOMAIN as e:
+                        errors.append(e)
+                        break
+                    except (dns.exception.DNSException, OSError) as e:
+                        errors.append(e)
+                    if addrs:
+                        return addrs
         except TimeoutError:
             raise _Refused(504, "dns: timeout") from None
-        addrs: list[IPAddress] = []
-        errors: list[BaseException] = []
-        for r in (a, aaaa):
-            if isinstance(r, BaseException):
-                if not isinstance(r, Exception):
-                    raise r
-                errors.append(r)
-            else:
-                addrs.extend(r)
-        if addrs:
-            return addrs
         for e in errors:
             if isinstance(e, dns.resolver.NXDOMAIN):
                 raise _Refused(502, "dns: no such name")

@@ -17,7 +17,12 @@ Every decision comes from the sans-IO core (decide.py, conn.py, tls.py); this la
 7. counts bytes and requests per canonical host against cfg.budget, and cuts a connection
    that would exceed them,
 8. emits one event per decision: at once for a denial, when the connection (or, for plain
-   HTTP, the request) ends for an allowed one.
+   HTTP, the request) ends for an allowed one. A connection cut by a budget or an SNI
+   check ends with a "deny" event carrying the bytes that did pass. Connections refused
+   for the connection cap give at most one event a second (host "", port 0).
+
+Budgets are counted per `Decision.budget_key`: the canonical host, or "*.suffix" for all
+the names one wildcard rule lets through.
 
 Resource limits, so that a hostile client exhausts only its own proxy: at most
 cfg.max_connections client connections (more get 503 and are closed), request heads capped
@@ -33,6 +38,7 @@ import errno
 import fcntl
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -162,6 +168,7 @@ class EgressProxy:
                 st = _Client()
                 self._clients[client] = st
                 st.task = asyncio.create_task(self._run_client(client, st))
+                st.task.add_done_callback(_report_crash)
         finally:
             sweeper.cancel()
             tasks = [c.task for c in self._clients.values() if c.task is not None]
@@ -222,12 +229,12 @@ class EgressProxy:
             except ProxyProtocolError as e:
                 if e.host is not None:
                     self._emit(_canon(e.host), e.port or 0, False, e.message)
-                await _send_quiet(loop, client, error_response(e.status, e.message))
+                await _send_quiet(loop, client, deny_response(e.message) if e.status == 403
+                                  else error_response(e.status, e.message))
                 return
             except TimeoutError:
                 await _send_quiet(loop, client, error_response(
-                    408 if first else 400, "request head timeout",
-                    "corral: the request head took too long"))
+                    408, "request head timeout", "corral: the request head took too long"))
                 return
             first = False
             if isinstance(ev, Closed):
@@ -765,6 +772,18 @@ async def _has_more(loop, sock: socket.socket) -> bool:
             await _wait_fds(loop, sock.fileno(), None)
         except OSError:
             return False
+
+
+def _report_crash(task: asyncio.Task) -> None:
+    """A bug in one connection's handler must not pass silently (nor stop the others)."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        import traceback
+
+        print("corral-egress: connection handler failed:", file=sys.stderr)
+        traceback.print_exception(exc, file=sys.stderr)
 
 
 def _canon(host: str) -> str:

@@ -37,4 +37,13 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   for so in /usr/lib/python3/dist-packages/seccomp.cpython-*.so; do ln -sf "$so" "$site/"; done
   echo "$want" > "$stamp"
 fi
+# a launcher without the `re` import of pip's template, in isolated mode (-I: no PYTHON*
+# variables, no user site, no current directory on sys.path)
+printf '#!%s -I\nimport sys\nfrom corral.cli import main\nsys.exit(main())\n' \
+  "$PWD/.venv/bin/python3" > .venv/bin/corral
+chmod 755 .venv/bin/corral
+# setuptools' distutils shim costs every start a little and corral does not need it
+rm -f .venv/lib/python3*/site-packages/distutils-precedence.pth
+# byte-compile corral (PYTHONDONTWRITEBYTECODE may be set): `corral run` starts faster
+.venv/bin/python -m compileall -q src/corral >/dev/null
 .venv/bin/python -c 'import corral, seccomp' || { echo "setup: the venv is broken; delete .venv and run again" >&2; exit 1; }

@@ -11,7 +11,6 @@ otherwise; the parser and rlimit tests run anywhere.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 import select
@@ -373,7 +372,7 @@ time.sleep(60)
 @needs_cgroups
 @pytest.mark.parametrize("freezer", [True, False], ids=["freezer", "kill-loop"])
 def test_kill_all_kills_a_double_forked_daemon(make_cg, freezer):
-    info = dataclasses.replace(INFO, freezer=freezer and INFO.freezer)
+    info = INFO.replace(freezer=freezer and INFO.freezer)
     cg = make_cg(info=info)
     with spawn_reaped(cg, DAEMON) as p:
         daemon = int(p.stdout.readline())
@@ -403,7 +402,7 @@ while True:                              # each forks and exits: its pid keeps c
 @needs_cgroups
 @pytest.mark.parametrize("freezer", [True, False], ids=["freezer", "kill-loop"])
 def test_kill_all_wins_against_a_fork_runner(make_cg, freezer):
-    info = dataclasses.replace(INFO, freezer=freezer and INFO.freezer)
+    info = INFO.replace(freezer=freezer and INFO.freezer)
     cg = make_cg(info=info, pids=20, cpus=0.5)
     assert cg_file(cg, "pids", "pids.max") == "20"
     with spawn_reaped(cg, RUNNERS) as p:
@@ -435,7 +434,7 @@ def test_create_refuses_a_used_id_and_an_unusable_controller(make_cg):
     with pytest.raises(SandboxSetupError, match="sweep_stale") as e:
         RunCgroup.create(cg.run_id, memory=None, pids=None, cpus=None)
     assert e.value.errno == errno.EEXIST and e.value.step == "cgroup"
-    no_memory = dataclasses.replace(INFO, memory=False, reason="no memory here; fix it")
+    no_memory = INFO.replace(memory=False, reason="no memory here; fix it")
     with pytest.raises(SandboxSetupError, match="cannot limit memory.*no memory here"):
         RunCgroup.create(new_id(), memory=64 * MiB, pids=None, cpus=None, info=no_memory)
     with pytest.raises(ValueError, match="memory must be positive"):
@@ -447,7 +446,7 @@ def test_create_refuses_a_used_id_and_an_unusable_controller(make_cg):
 def test_v1_hierarchies_mounted_together_share_one_directory():
     # as /sys/fs/cgroup/cpu,cpuacct on systemd's v1 hosts: one directory serves both
     parent = INFO.parent("cpu")
-    comounted = dataclasses.replace(INFO, parents=(("cpu", parent), ("cpuacct", parent)))
+    comounted = INFO.replace(parents=(("cpu", parent), ("cpuacct", parent)))
     with RunCgroup.create(new_id(), memory=None, pids=None, cpus=0.5, info=comounted) as cg:
         assert cg.paths == [os.path.join(parent, cg.run_id)]
         assert cg.procs_files == [os.path.join(parent, cg.run_id, "cgroup.procs")]

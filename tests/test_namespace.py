@@ -91,6 +91,7 @@ def test_scratch_inode_cap_gives_enospc():
 
 def test_scratch_persists_across_execs_and_processes_end_with_each_exec():
     with corral.Sandbox() as sb:
+        run_dir = sb._live.dir.path
         assert sb.exec(["/bin/sh", "-c", "echo kept > /scratch/note"]).ok
         r = sb.exec(["/bin/sh", "-c", "(setsid sleep 300 &) ; echo started"])
         assert r.ok and "started" in r.stdout
@@ -99,7 +100,8 @@ def test_scratch_persists_across_execs_and_processes_end_with_each_exec():
         # only this exec's own processes exist: sh, grep, ls (and bwrap's init)
         assert int(r2.stdout.split()[1]) <= 5
     # after close, the scratch tmpfs and the run directory are gone
-    assert not [m for m in mountinfo() if "/run/corral/" in m and "scratch" in m]
+    assert not [m for m in mountinfo() if run_dir in m]
+    assert not os.path.exists(run_dir)
 
 
 # -- the environment -----------------------------------------------------------------------
@@ -374,12 +376,29 @@ def test_ro_binds_are_read_only(var_tmp):
 
 # -- teardown when the supervisor dies --------------------------------------------------------
 
+def _lock_is_free(path):
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        return False  # another (live) user's run that has just ended
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def test_supervisor_death_leaves_nothing_running_and_next_start_cleans_up(corral_bin):
+    before = set(os.listdir("/run/corral"))
     p = subprocess.Popen([corral_bin, "run", "--", "/bin/sh", "-c",
                           "cat /proc/self/uid_map; (setsid sleep 300 &); sleep 300"],
                          stdout=subprocess.PIPE, text=True)
     host_uid = int(p.stdout.readline().split()[1])
-    run_dirs = [d for d in os.listdir("/run/corral") if len(d) == 12]
+    new = set(os.listdir("/run/corral")) - before
     assert _procs_of_uid(host_uid), "the sandbox should be running"
     p.kill()
     p.wait()
@@ -388,7 +407,8 @@ def test_supervisor_death_leaves_nothing_running_and_next_start_cleans_up(corral
     while _procs_of_uid(host_uid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _procs_of_uid(host_uid) == []
-    assert set(run_dirs) & set(os.listdir("/run/corral")), "the dead run left its directory"
+    run_dirs = {d for d in new if _lock_is_free(f"/run/corral/{d}/lock")}
+    assert run_dirs, "the dead run left its directory"
     corral.run(["true"])  # the next start sweeps what the dead supervisor left
     assert not set(run_dirs) & set(os.listdir("/run/corral"))
     mounts = "\n".join(mountinfo())

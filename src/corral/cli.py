@@ -234,9 +234,9 @@ class _terminate_cleanly:
     """SIGTERM and SIGHUP become KeyboardInterrupt, so teardown runs on the way out."""
 
     def __enter__(self):
-        import signal
+        import _signal  # the C module: `signal` would import enum on the start-up path
 
-        self._old = {s: signal.signal(s, self._raise) for s in (signal.SIGTERM, signal.SIGHUP)}
+        self._old = {s: _signal.signal(s, self._raise) for s in (_signal.SIGTERM, _signal.SIGHUP)}
         return self
 
     @staticmethod
@@ -244,10 +244,10 @@ class _terminate_cleanly:
         raise KeyboardInterrupt
 
     def __exit__(self, *exc):
-        import signal
+        import _signal
 
         for s, h in self._old.items():
-            signal.signal(s, h)
+            _signal.signal(s, h)
 
 
 def cmd_policy(args: list[str]) -> int:
@@ -300,3 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("corral: interrupted; the sandbox was torn down\n")
         return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,16 +41,17 @@ supervisor that lived in another cgroup are not found.
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import resource
-import signal
+import _signal  # the C module: `signal` imports enum, which costs start-up time
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal, NamedTuple, Self
-
+from ._record import Record
 from .errors import SandboxSetupError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Literal, Self
 
 PARENT = "corral"
 SUPERVISOR_LEAF = "corral-supervisor"
@@ -62,8 +63,7 @@ FIX_PERMISSION = "run as root or delegate a cgroup v2 subtree (systemd-run -p De
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
-@dataclass(frozen=True, slots=True)
-class CgroupInfo:
+class CgroupInfo(Record):
     version: Literal["v1", "v2"] | None
     memory: bool        # a memory limit (swap included) can be set
     pids: bool          # pids.max can be set
@@ -77,8 +77,7 @@ class CgroupInfo:
         return next((p for h, p in self.parents if h == hierarchy), None)
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
+class Usage(Record):
     cpu_s: float | None                 # CPU time of every process the run had
     memory_peak_bytes: int | None       # v1 with swap (memsw) when accounted; v2 memory.peak
     oom_kills: int | None               # processes the OOM killer chose in this run
@@ -86,7 +85,7 @@ class Usage:
 
 # ---- reading the host: pure parsers, then the checks that touch the filesystem ----
 
-class _Mount(NamedTuple):   # NamedTuple: a third of a dataclass's import cost
+class _Mount(Record):
     fstype: str                 # "cgroup" (v1) or "cgroup2"
     root: str                   # the path of the hierarchy that is mounted here
     point: str
@@ -144,7 +143,7 @@ def _on_disk(m: _Mount, path: str) -> str | None:
     return (m.point.rstrip("/") + path[len(root):]).rstrip("/") or "/"
 
 
-class _Located(NamedTuple):
+class _Located(Record):
     version: Literal["v1", "v2"] | None
     own: dict[str, str]          # hierarchy ("cgroup2" on v2) -> the supervisor's cgroup dir
     v2_mount: str | None = None  # where the cgroup2 filesystem is mounted
@@ -231,9 +230,19 @@ def _probe_v2(own: str, *, euid: int, mount: str) -> CgroupInfo:
                       (("cgroup2", os.path.join(base, PARENT)),), reason)
 
 
-@functools.cache
+_detected: CgroupInfo | None = None
+
+
 def detect() -> CgroupInfo:
-    """Which cgroup version this host uses and what the current user can limit with it."""
+    """Which cgroup version this host uses and what the current user can limit with it.
+    Looked up once per process."""
+    global _detected
+    if _detected is None:
+        _detected = _detect()
+    return _detected
+
+
+def _detect() -> CgroupInfo:
     try:
         with open("/proc/self/mountinfo") as f:
             mounts = _parse_mountinfo(f.read())
@@ -544,7 +553,7 @@ class RunCgroup:
             for pid, fd in fds.items():
                 if pid in still:
                     try:
-                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                        _signal.pidfd_send_signal(fd, 9)  # SIGKILL
                     except ProcessLookupError:
                         pass
         finally:

@@ -8,8 +8,8 @@ the same plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from ._record import Record
 from .policy import Policy
 
 #: host paths that make up the read-only root (each bound if it is a directory, recreated
@@ -25,92 +25,75 @@ SCRATCH = "/scratch"
 WORKSPACE = "/workspace"
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
+class Op(Record):
     rule: str
 
 
-@dataclass(frozen=True, slots=True)
 class Namespaces(Op):
     """user, mount, pid, net, uts, ipc and cgroup namespaces; new session; no new
     privileges; every capability dropped; sandbox root mapped to an unprivileged uid."""
 
 
-@dataclass(frozen=True, slots=True)
 class SystemRoot(Op):
     """The host's system directories, read-only, and a minimal /etc."""
 
 
-@dataclass(frozen=True, slots=True)
 class Scratch(Op):
     size: int
     inodes: int
 
 
-@dataclass(frozen=True, slots=True)
 class WorkspaceMount(Op):
     path: str
     writable: bool
 
 
-@dataclass(frozen=True, slots=True)
 class ReadOnlyBind(Op):
     path: str
 
 
-@dataclass(frozen=True, slots=True)
 class Environment(Op):
     env: tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True, slots=True)
 class MemoryLimit(Op):
     bytes: int
 
 
-@dataclass(frozen=True, slots=True)
 class PidsLimit(Op):
     count: int
 
 
-@dataclass(frozen=True, slots=True)
 class CpuQuota(Op):
     cpus: float
 
 
-@dataclass(frozen=True, slots=True)
 class CpuTime(Op):
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
 class WallClock(Op):
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
 class OutputCap(Op):
     bytes: int
 
 
-@dataclass(frozen=True, slots=True)
 class Rlimit(Op):
     name: str            # "nofile" | "fsize" | "core"
     value: int
 
 
-@dataclass(frozen=True, slots=True)
 class Seccomp(Op):
     """The kernel-surface deny list (seccomp.py)."""
 
 
-@dataclass(frozen=True, slots=True)
 class NoNetwork(Op):
     """An empty network namespace: loopback only."""
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(Record):
     tier: str
     ops: tuple[Op, ...]
     cwd: str

@@ -7,21 +7,18 @@ clock or cpu_time; an event says which), "killed" (ended by any other signal), "
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from ._record import Default, Record
 
 VERDICTS = ("ok", "error", "killed", "timeout", "oom")
 
 
-@dataclass(slots=True)
-class Usage:
+class Usage(Record, mutable=True):
     wall_s: float = 0.0
     cpu_s: float | None = None
     memory_peak_bytes: int | None = None
 
 
-@dataclass(slots=True)
-class Result:
+class Result(Record, mutable=True):
     verdict: str
     exit_code: int | None
     signal: int | None
@@ -29,8 +26,8 @@ class Result:
     stderr: str = ""
     stdout_truncated: bool = False
     stderr_truncated: bool = False
-    usage: Usage = field(default_factory=Usage)
-    events: list[dict] = field(default_factory=list)
+    usage: Usage = Default(Usage)
+    events: list[dict] = Default(list)
     isolation: str = "namespace"
 
     @property
@@ -47,10 +44,9 @@ class Result:
             return 128 + self.signal
         return self.exit_code if self.exit_code is not None else 125
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
     def to_json(self, **kw) -> str:
+        import json
+
         return json.dumps(self.to_dict(), **kw)
 
 

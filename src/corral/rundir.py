@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 
 from .errors import SandboxSetupError
 
@@ -94,12 +93,29 @@ def _remove_tree(path: str, mounts) -> list[str]:
     if problems:
         return problems
     try:
-        shutil.rmtree(path)
+        _rmtree(path)
     except FileNotFoundError:
         pass
     except OSError as e:
         problems.append(f"remove {path}: {e.strerror}")
     return problems
+
+
+def _rmtree(path: str) -> None:
+    """Remove a run directory. Usually it holds only empty mount points and the lock, so
+    plain rmdir/unlink do; shutil (slow to import) only for a scratch dir with content."""
+    try:
+        for name in os.listdir(path):
+            p = os.path.join(path, name)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.rmdir(p)
+            else:
+                os.unlink(p)
+        os.rmdir(path)
+    except OSError:
+        import shutil
+
+        shutil.rmtree(path)
 
 
 def _mounts_below(path: str) -> list[str]:

@@ -26,11 +26,9 @@ any mode, is refused outright.
 from __future__ import annotations
 
 import errno as _errno
-import hashlib
-import json
 import os
-from dataclasses import dataclass
 
+from ._record import Record
 from .errors import BackendUnavailable, SandboxSetupError
 
 PROFILE_VERSION = "1"
@@ -145,8 +143,7 @@ PERSONALITY_ALLOWED = (0x0, 0xFFFFFFFF)
 # ---------------------------------------------------------------------------------------
 # Tables -> rules.
 # ---------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Cond:
+class Cond(Record):
     """One argument comparison: `(arg & mask) == value` (op "masked_eq") or `arg > value`
     (op "gt", on the full 64 bits)."""
     arg: int
@@ -155,8 +152,7 @@ class Cond:
     mask: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
+class Rule(Record):
     """Refuse `syscall` (a name, or an x86_64 number) with `errno` when every condition
     holds; with no conditions, always."""
     syscall: str | int
@@ -269,6 +265,22 @@ def _refuses_x32(bpf: bytes) -> bool:
                for i in range(0, len(bpf), 8))
 
 
+def _binding_file() -> str | None:
+    """Where `import seccomp` would load the binding from, found without importlib.util
+    (which costs start-up time): the first sys.path entry holding a seccomp extension."""
+    import sys
+
+    for d in sys.path:
+        try:
+            names = os.listdir(d or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("seccomp.") and name.endswith(".so"):
+                return os.path.join(d, name)
+    return None
+
+
 def cache_key() -> str:
     """Hash of the profile version, the rules, the arch and libseccomp's identity.
 
@@ -276,14 +288,12 @@ def cache_key() -> str:
     libseccomp.a; Debian's python3-seccomp does the same), so the binding file's path, size
     and mtime stand for the libseccomp version without importing it.
     """
-    import importlib.util
-
-    spec = importlib.util.find_spec("seccomp")
-    if spec is None or not spec.origin:
+    origin = _binding_file()
+    if origin is None:
         _libseccomp()  # raises BackendUnavailable with the fix
         raise BackendUnavailable("libseccomp's Python binding has no file; reinstall "
                                  "python3-seccomp", field="isolation")
-    origin = os.path.realpath(spec.origin)
+    origin = os.path.realpath(origin)
     st = os.stat(origin)
     material = {
         "profile": PROFILE_VERSION,
@@ -292,7 +302,12 @@ def cache_key() -> str:
         "rules": [[r.syscall, r.errno, [[c.arg, c.op, c.value, c.mask] for c in r.when]]
                   for r in rules()],
     }
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
+    # not a security boundary (the cache dir is the supervisor's own), only a change
+    # detector: two cheap checksums instead of importing hashlib and json on every start
+    import zlib
+
+    text = repr(sorted(material.items())).encode()
+    return f"{zlib.crc32(text):08x}{zlib.adler32(text):08x}{len(text):x}"
 
 
 def bpf_bytes(cache_dir: str | None) -> bytes:

@@ -10,12 +10,14 @@ in the right order.
 from __future__ import annotations
 
 import os
-import selectors
-import signal
+import select
 import time
-from collections.abc import Callable
 
 from .errors import SandboxSetupError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 READ_CHUNK = 65536
 #: after the sandbox's main process is gone, how long to wait for its pipes to close
@@ -115,12 +117,12 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
     out.stdout = Stream(output_cap, on_stdout)
     out.stderr = Stream(output_cap, on_stderr)
     streams = {out_r: out.stdout, err_r: out.stderr}
-    sel = selectors.DefaultSelector()
+    sel = select.epoll()
     pidfd = os.pidfd_open(pid)
     try:
         for fd in streams:
-            sel.register(fd, selectors.EVENT_READ)
-        sel.register(pidfd, selectors.EVENT_READ)
+            sel.register(fd, select.EPOLLIN)
+        sel.register(pidfd, select.EPOLLIN)
         deadline = started + timeout
         poll_every = 0.05 if cpu_seconds is not None else None
         next_poll = time.monotonic() + (poll_every or 0)
@@ -132,8 +134,7 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
                 wait = min(wait, next_poll - now)
             if drain_until is not None:
                 wait = min(wait, drain_until - now)
-            for key, _ in sel.select(max(wait, 0)):
-                fd = key.fd
+            for fd, _ in sel.poll(max(wait, 0)):
                 if fd == pidfd:
                     _, status = os.waitpid(pid, 0)
                     out.status = status
@@ -188,6 +189,6 @@ def decode_status(status: int, *, signal_exit_codes: bool) -> tuple[int | None, 
 
 def kill_pid(pid: int) -> None:
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, 9)  # SIGKILL
     except ProcessLookupError:
         pass

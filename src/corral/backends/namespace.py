@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import signal
 import time
 
 from .. import limits, rundir, seccomp
@@ -34,6 +32,7 @@ from ..result import Result, Usage, decide_verdict
 from ..supervise import decode_status, kill_pid, spawn, supervise
 
 HOSTNAME = "corral"
+SIGKILL, SIGXCPU = 9, 24  # Linux numbers; `import signal` would cost an enum import
 #: sandbox uids, when corral runs as root, are drawn from [UID_BASE, UID_BASE + UID_SPAN):
 #: far above any real account and any subuid range, one per sandbox
 UID_BASE = 1_500_000_000
@@ -56,6 +55,8 @@ def find_bwrap() -> str | None:
         p = os.path.join(d, "bwrap")
         if os.access(p, os.X_OK):
             return p
+    import shutil
+
     return shutil.which("bwrap")
 
 
@@ -81,6 +82,8 @@ def ensure_etc(base: str) -> str:
     path = os.path.join(base, f"etc-v{ETC_VERSION}")
     if os.path.isdir(path):
         return path
+    import shutil
+
     tmp = f"{path}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.mkdir(tmp, 0o755)
@@ -300,7 +303,7 @@ class NamespaceSandbox:
                     os.setgroups([])
                     os.setresgid(gid, gid, gid)
                     os.setresuid(uid, uid, uid)
-                set_pdeathsig(signal.SIGKILL)
+                set_pdeathsig(SIGKILL)
                 if os.getppid() != parent:
                     os._exit(125)
 
@@ -354,7 +357,7 @@ class NamespaceSandbox:
                 events += [{"kind": "teardown", "message": p} for p in problems]
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
         timed_out = outcome.timed_out
-        if sig == signal.SIGXCPU and not timed_out:
+        if sig == SIGXCPU and not timed_out:
             timed_out = "cpu_time"
         if timed_out == "timeout":
             events.append({"kind": "limit", "limit": "timeout",
@@ -410,8 +413,6 @@ class NamespaceSandbox:
 def _reap_init(status_r: int, cg) -> None:
     """Kill and reap bwrap's init (the sandbox's pid 1), which bwrap's monitor leaves
     behind as our orphan when it exits; its pid is in bwrap's --json-status-fd output."""
-    import json
-
     os.set_blocking(status_r, False)
     try:
         data = os.read(status_r, 65536)  # the child-pid line is written at start
@@ -419,13 +420,13 @@ def _reap_init(status_r: int, cg) -> None:
         data = b""
     finally:
         os.close(status_r)
+    # bwrap writes `{ "child-pid": 123, ... }` as its first line (no json import needed)
     for line in data.splitlines():
-        try:
-            init = json.loads(line).get("child-pid")
-        except ValueError:
+        key, _, rest = line.partition(b'"child-pid":')
+        digits = rest.split(b",")[0].split(b"}")[0].strip()
+        if not _ or not digits.isdigit():
             continue
-        if not init:
-            continue
+        init = int(digits)
         if cg is not None:
             cg.kill_all()
         else:

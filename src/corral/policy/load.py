@@ -7,15 +7,23 @@ validated once. Unknown keys are errors, so a typo can never silently mean a def
 from __future__ import annotations
 
 import os
-import re
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 from ..errors import PolicyError
 from .schema import (FIELDS, SECTIONS, SPEC_BY_PATH, TIERS, Env, Filesystem, Limits, Network,
                      Policy, Spec, Workspace)
 from .units import parse_duration, parse_size
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+_NAME_CHARS = _NAME_START | frozenset("0123456789")
+
+
+def _is_env_name(name: object) -> bool:
+    return (isinstance(name, str) and name != "" and name[0] in _NAME_START
+            and all(c in _NAME_CHARS for c in name))
 #: paths inside the sandbox that corral builds itself; a bind may not cover them
 _RESERVED = ("/proc", "/dev", "/scratch", "/workspace", "/tmp", "/etc", "/sys")
 _SECTION_KEYS = {s: {f.path.split(".", 1)[1] for f in FIELDS if f.path.startswith(s + ".")}
@@ -202,7 +210,7 @@ def _names(raw: Any, path: str) -> tuple[str, ...]:
     if not isinstance(raw, (list, tuple)):
         raise ValueError("expected a list of variable names")
     for i, n in enumerate(raw):
-        if not isinstance(n, str) or not _ENV_NAME.match(n):
+        if not _is_env_name(n):
             raise PolicyError(f"{n!r} is not a variable name (letters, digits, _)",
                               field=f"{path}[{i}]")
     return tuple(raw)
@@ -213,7 +221,7 @@ def _envset(raw: Any, path: str) -> tuple[tuple[str, str], ...]:
         raise ValueError("expected a table of NAME = \"value\"")
     out = []
     for k, v in raw.items():
-        if not isinstance(k, str) or not _ENV_NAME.match(k):
+        if not _is_env_name(k):
             raise PolicyError(f"{k!r} is not a variable name (letters, digits, _)", field=path)
         if not isinstance(v, str) or "\0" in v:
             raise PolicyError("the value must be a string without NUL characters",

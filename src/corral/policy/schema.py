@@ -10,8 +10,11 @@ data, no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from .._record import Default, Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Literal
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -27,8 +30,7 @@ BASE_ENV = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
+class Limits(Record):
     timeout: float = 60.0          # wall clock, seconds
     cpu_time: float = 30.0         # CPU seconds, summed over every process of the run
     memory: int = 512 * MiB        # bytes, swap included, whole run (cgroup)
@@ -41,36 +43,31 @@ class Limits:
     file_size: int = 128 * MiB     # RLIMIT_FSIZE: largest file a process may write
 
 
-@dataclass(frozen=True, slots=True)
-class Workspace:
+class Workspace(Record):
     path: str                      # absolute host path, resolved, a directory
     mode: Literal["ro", "rw"] = "ro"
 
 
-@dataclass(frozen=True, slots=True)
-class Filesystem:
+class Filesystem(Record):
     workspace: Workspace | None = None   # mounted at /workspace; none by default
     ro_binds: tuple[str, ...] = ()       # host paths shown read-only at the same path
 
 
-@dataclass(frozen=True, slots=True)
-class Env:
+class Env(Record):
     pass_: tuple[str, ...] = ()                  # host variables passed through by name
     set: tuple[tuple[str, str], ...] = ()        # NAME=VALUE pairs, in order
 
 
-@dataclass(frozen=True, slots=True)
-class Network:
+class Network(Record):
     mode: Literal["none"] = "none"
 
 
-@dataclass(frozen=True, slots=True)
-class Policy:
+class Policy(Record):
     isolation: str = "namespace"
-    limits: Limits = field(default_factory=Limits)
-    filesystem: Filesystem = field(default_factory=Filesystem)
-    env: Env = field(default_factory=Env)
-    network: Network = field(default_factory=Network)
+    limits: Limits = Default(Limits)
+    filesystem: Filesystem = Default(Filesystem)
+    env: Env = Default(Env)
+    network: Network = Default(Network)
     #: dotted key paths the user set explicitly (file or flags); the rest are defaults.
     #: A tier that cannot enforce an explicit rule refuses; a default it cannot enforce
     #: is reported as an "unenforced" event instead.
@@ -87,8 +84,7 @@ class Policy:
         return env
 
 
-@dataclass(frozen=True, slots=True)
-class Spec:
+class Spec(Record):
     """One key of the schema: where it lives, how it is read, and what it means."""
 
     path: str            # dotted key, e.g. "limits.memory"

@@ -1,0 +1,312 @@
+"""Start-up latency of a sandboxed `/bin/true` and `/usr/bin/python3 -c pass`.
+
+    .venv/bin/python bench/startup.py [--runs N] [--quick] [--json FILE] [--no-runsc]
+
+Each sample is the wall time from the call to the finished result (exit status or corral
+Result), teardown included, with fresh namespaces every run. Variants (bench/README.md):
+
+  bare          subprocess.run(cmd): fork+exec of the command itself, the floor
+  bwrap         subprocess.run(bwrap ...): the exact bwrap argv corral builds (read from an
+                open Sandbox), the same seccomp program on an fd of our own, the same
+                unprivileged uid/gid and environment, the same scratch binds
+  corral.run    corral.run(cmd): a fresh Sandbox per run (what a one-shot run costs)
+  sb.exec       Sandbox.exec(cmd) on one Sandbox kept open (the per-exec cost)
+  cli           `.venv/bin/corral run -- cmd` as a subprocess (interpreter start included)
+  runsc         `runsc --network=none --platform=ptrace do cmd` (optional; skipped with
+                the error recorded if runsc is missing or fails)
+
+Variants run round robin (every variant once per round, the starting variant rotated
+each round); the first WARMUP rounds are discarded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+WARMUP = 2
+COMMANDS = {
+    "true": ["/bin/true"],
+    "python3": ["/usr/bin/python3", "-c", "pass"],
+}
+RAW_BWRAP_SPAWN = "subprocess.run (fork+exec: user=/group=/extra_groups= rule out vfork)"
+GOAL_INPROC_RATIO = 1.3   # issue 2: in-process <= 1.3x raw bwrap
+GOAL_CLI_EXTRA_MS = 30.0  # issue 2: CLI <= raw bwrap + 30 ms
+
+
+class VariantFailed(Exception):
+    pass
+
+
+def sh(argv: list[str]) -> str:
+    try:
+        p = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=30)
+        return (p.stdout or p.stderr).strip().splitlines()[0] if (p.stdout or p.stderr) \
+            else f"exit {p.returncode}"
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unavailable ({e})"
+
+
+def machine() -> dict:
+    cpu, virt = "", "no"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and not cpu:
+                    cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and " hypervisor" in line:
+                    virt = "yes (a VM: the cpuinfo flags list 'hypervisor')"
+    except OSError:
+        pass
+    import corral
+    from corral import limits
+
+    cg = limits.detect()
+    cgroup = f"{cg.version} (as corral uses it)" if cg.version else f"none: {cg.reason}"
+
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": cpu,
+        "vm": virt,
+        "cgroup": cgroup,
+        "kernel": platform.release(),
+        "python": f"{platform.python_implementation()} {platform.python_version()} "
+                  f"({sys.executable})",
+        "bwrap": sh(["bwrap", "--version"]),
+        "runsc": sh(["runsc", "--version"]) if shutil.which("runsc") else "not installed",
+        "corral": corral.__version__,
+        "euid": os.geteuid(),
+    }
+
+
+def run_checked(argv: list[str], **kw) -> None:
+    """subprocess.run with stdin from /dev/null and both outputs captured (as corral does);
+    VariantFailed unless it exits 0."""
+    p = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True, **kw)
+    if p.returncode != 0:
+        err = (p.stderr or b"").decode(errors="replace").strip()[-500:]
+        raise VariantFailed(f"exit {p.returncode}: {err}")
+
+
+def check_result(r) -> None:
+    if r.verdict != "ok" or r.exit_code != 0:
+        raise VariantFailed(f"verdict {r.verdict}, exit {r.exit_code}: {r.stderr[-500:]!r} "
+                            f"events {r.events}")
+
+
+class Bench:
+    def __init__(self, use_runsc: bool) -> None:
+        import corral
+        from corral import seccomp
+        from corral.plan import Environment
+        from corral.sandbox import Sandbox
+
+        self.corral = corral
+        self.sb = Sandbox()            # default policy; kept open for the whole benchmark
+        self.sb.open()
+        live = self.sb._live
+        prefix = list(live.argv_prefix)
+        if "--" in prefix:
+            raise SystemExit("corral's argv_prefix already holds '--'; fix the benchmark")
+        at = [i for i, a in enumerate(prefix) if a == "--seccomp"]
+        if len(at) != 1:
+            raise SystemExit(f"expected one --seccomp in corral's argv_prefix, found {len(at)}")
+        self.seccomp_fd = seccomp.bpf_fd(seccomp.bpf_bytes(None))
+        prefix[at[0] + 1] = str(self.seccomp_fd)
+        self.bwrap_prefix = prefix
+        self.uid, self.gid = live.uid, live.gid
+        self.env = dict(self.sb.plan.find(Environment)[0].env)
+        self.switch_user = os.geteuid() == 0 and (self.uid, self.gid) != (0, 0)
+        bindir = os.path.dirname(sys.executable)
+        self.cli = os.path.join(bindir, "corral")
+        if not os.access(self.cli, os.X_OK):
+            self.cli = shutil.which("corral") or self.cli
+        self.runsc = shutil.which("runsc") if use_runsc else None
+
+    def close(self) -> None:
+        os.close(self.seccomp_fd)
+        self.sb.close()
+
+    # -- the variants: each runs argv once and raises VariantFailed unless it exits 0 -------
+    def bare(self, argv: list[str]) -> None:
+        run_checked(argv, env=self.env)
+
+    def bwrap(self, argv: list[str]) -> None:
+        os.lseek(self.seccomp_fd, 0, os.SEEK_SET)  # bwrap reads from the current offset
+        kw = {}
+        if self.switch_user:
+            kw = {"user": self.uid, "group": self.gid, "extra_groups": []}
+        run_checked(self.bwrap_prefix + ["--", *argv], env=self.env,
+                    pass_fds=(self.seccomp_fd,), **kw)
+
+    def corral_run(self, argv: list[str]) -> None:
+        check_result(self.corral.run(argv))
+
+    def sb_exec(self, argv: list[str]) -> None:
+        check_result(self.sb.exec(argv))
+
+    def cli_run(self, argv: list[str]) -> None:
+        run_checked([self.cli, "run", "--", *argv])
+
+    def runsc_do(self, argv: list[str]) -> None:
+        run_checked([self.runsc, "--network=none", "--platform=ptrace", "do", *argv],
+                    timeout=60)
+
+    def variants(self) -> dict:
+        v = {"bare": self.bare, "bwrap": self.bwrap, "corral.run": self.corral_run,
+             "sb.exec": self.sb_exec, "cli": self.cli_run}
+        if self.runsc:
+            v["runsc"] = self.runsc_do
+        return v
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    s = sorted(xs)
+    if len(s) == 1:
+        return s[0]
+    k = (len(s) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, help="measured runs per variant (default 30, "
+                    "--quick 10); 2 warm-up runs more are discarded")
+    ap.add_argument("--quick", action="store_true", help="10 runs per variant")
+    ap.add_argument("--json", metavar="FILE", help="write every raw sample here")
+    ap.add_argument("--no-runsc", action="store_true", help="skip the runsc variant")
+    ap.add_argument("--gap", type=float, default=0.0, metavar="MS",
+                    help="idle this long before each run (default 0: back to back); "
+                         "e.g. 200 to see a one-shot call on a quiet host")
+    args = ap.parse_args()
+    runs = args.runs if args.runs is not None else (10 if args.quick else 30)
+    if runs < 1:
+        ap.error("--runs must be at least 1")
+
+    info = machine()
+    print("machine:")
+    for k in ("nproc", "cpu", "vm", "cgroup", "kernel", "python", "bwrap", "runsc", "corral",
+              "euid"):
+        print(f"  {k:7} {info[k]}")
+    print(f"  raw bwrap started with {RAW_BWRAP_SPAWN}")
+
+    bench = Bench(use_runsc=not args.no_runsc)
+    errors: dict[str, str] = {}
+    if args.no_runsc:
+        errors["runsc"] = "skipped (--no-runsc)"
+    elif not bench.runsc:
+        errors["runsc"] = "runsc not installed"
+    funcs = bench.variants()
+    units = [(v, c) for v in funcs for c in COMMANDS]
+    samples: dict[str, list[float]] = {f"{v} {c}": [] for v, c in units}
+    warm: dict[str, list[float]] = {k: [] for k in samples}
+    total = WARMUP + runs
+    t0 = time.monotonic()
+    try:
+        for rnd in range(total):
+            k = rnd % len(units)
+            for v, c in units[k:] + units[:k]:
+                if v in errors:
+                    continue
+                key = f"{v} {c}"
+                if args.gap:
+                    time.sleep(args.gap / 1000)
+                try:
+                    start = time.perf_counter_ns()
+                    funcs[v](COMMANDS[c])
+                    ms = (time.perf_counter_ns() - start) / 1e6
+                except (VariantFailed, OSError, subprocess.SubprocessError) as e:
+                    errors[v] = f"{key}, round {rnd}: {type(e).__name__}: {e}"
+                    print(f"  {v} failed and is dropped: {errors[v]}", file=sys.stderr)
+                    continue
+                (warm if rnd < WARMUP else samples)[key].append(ms)
+            if sys.stderr.isatty():
+                print(f"\r  round {rnd + 1}/{total} ({time.monotonic() - t0:.0f}s)", end="",
+                      file=sys.stderr, flush=True)
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+    finally:
+        bench.close()
+
+    summary: dict[str, dict] = {}
+    for key, xs in samples.items():
+        if xs and key.split()[0] not in errors:
+            summary[key] = {"n": len(xs), "median_ms": statistics.median(xs),
+                            "p95_ms": percentile(xs, 0.95), "min_ms": min(xs)}
+
+    print(f"\n{runs} measured runs per variant after {WARMUP} warm-up runs, round robin"
+          f"{f', {args.gap:g} ms idle before each' if args.gap else ', back to back'}; "
+          f"ms from the call to the result, teardown included")
+    for c, argv in COMMANDS.items():
+        base = summary.get(f"bwrap {c}", {}).get("median_ms")
+        print(f"\n{' '.join(argv)}")
+        print(f"  {'variant':12} {'median ms':>10} {'p95 ms':>10} {'min ms':>10} "
+              f"{'x bwrap':>8}")
+        for v in funcs:
+            s = summary.get(f"{v} {c}")
+            if s is None:
+                print(f"  {v:12} {'failed: see below':>41}")
+                continue
+            ratio = f"{s['median_ms'] / base:.2f}" if base else "-"
+            s["ratio_to_bwrap"] = s["median_ms"] / base if base else None
+            print(f"  {v:12} {s['median_ms']:10.2f} {s['p95_ms']:10.2f} {s['min_ms']:10.2f} "
+                  f"{ratio:>8}")
+
+    goals = []
+    print("\ngoals (issue 2), on medians:")
+    for c in COMMANDS:
+        base = summary.get(f"bwrap {c}", {}).get("median_ms")
+        if base is None:
+            continue
+        for v in ("corral.run", "sb.exec"):
+            s = summary.get(f"{v} {c}")
+            if s:
+                ok = s["median_ms"] <= GOAL_INPROC_RATIO * base
+                goals.append({"goal": f"{v} <= {GOAL_INPROC_RATIO}x bwrap", "command": c,
+                              "value_ms": s["median_ms"], "limit_ms": GOAL_INPROC_RATIO * base,
+                              "met": ok})
+                print(f"  {c:8} {v:10} <= {GOAL_INPROC_RATIO}x bwrap: {s['median_ms']:7.2f} "
+                      f"vs {GOAL_INPROC_RATIO * base:7.2f} ms "
+                      f"({s['median_ms'] / base:.2f}x)  {'MET' if ok else 'NOT MET'}")
+        s = summary.get(f"cli {c}")
+        if s:
+            ok = s["median_ms"] <= base + GOAL_CLI_EXTRA_MS
+            goals.append({"goal": f"cli <= bwrap + {GOAL_CLI_EXTRA_MS:g} ms", "command": c,
+                          "value_ms": s["median_ms"], "limit_ms": base + GOAL_CLI_EXTRA_MS,
+                          "met": ok})
+            print(f"  {c:8} {'cli':10} <= bwrap + {GOAL_CLI_EXTRA_MS:g} ms: "
+                  f"{s['median_ms']:7.2f} vs {base + GOAL_CLI_EXTRA_MS:7.2f} ms "
+                  f"(+{s['median_ms'] - base:.2f} ms)  {'MET' if ok else 'NOT MET'}")
+
+    if errors:
+        print("\nnot measured:")
+        for v, e in errors.items():
+            print(f"  {v}: {e}")
+
+    if args.json:
+        out = {"machine": info, "runs": runs, "warmup": WARMUP, "gap_ms": args.gap,
+               "raw_bwrap_spawn": RAW_BWRAP_SPAWN, "commands": COMMANDS,
+               "bwrap_argv": bench.bwrap_prefix + ["--", "CMD..."],
+               "bwrap_user": {"uid": bench.uid, "gid": bench.gid,
+                              "switched": bench.switch_user},
+               "order": [f"{v} {c}" for v, c in units], "errors": errors,
+               "summary": summary, "goals": goals,
+               "samples_ms": samples, "warmup_samples_ms": warm}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"\nraw samples written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -44,6 +44,19 @@ printf '#!%s -I\nimport sys\nfrom corral.cli import main\nsys.exit(main())\n' \
 chmod 755 .venv/bin/corral
 # setuptools' distutils shim costs every start a little and corral does not need it
 rm -f .venv/lib/python3*/site-packages/distutils-precedence.pth
+# Moving a process into a cgroup waits out an RCU grace period (~10 ms on an idle host)
+# unless the cgroup2 mount favours dynamic modifications; the setting is host-wide and one
+# mount is enough. corral moves every sandbox into its own cgroup, so ask for it.
+if [ "$(id -u)" -eq 0 ]; then
+  for m in /sys/fs/cgroup/unified /sys/fs/cgroup; do
+    if [ "$(stat -f -c %T "$m" 2>/dev/null)" = cgroup2fs ]; then
+      grep -q " $m cgroup2 .*favordynmods" /proc/mounts ||
+        mount -o remount,favordynmods "$m" 2>/dev/null ||
+        echo "setup: could not set favordynmods on $m; sandbox start-up pays ~10 ms more" >&2
+      break
+    fi
+  done
+fi
 # byte-compile corral (PYTHONDONTWRITEBYTECODE may be set): `corral run` starts faster
 .venv/bin/python -m compileall -q src/corral >/dev/null
 .venv/bin/python -c 'import corral, seccomp' || { echo "setup: the venv is broken; delete .venv and run again" >&2; exit 1; }

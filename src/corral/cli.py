@@ -25,11 +25,13 @@ RUN_USAGE = """\
 usage: corral run [--policy FILE] [--isolation T] [--timeout D] [--cpu-time D]
                   [--memory SIZE] [--cpus N] [--pids N] [--scratch-size SIZE]
                   [--output-limit SIZE] [--env NAME | --env NAME=VALUE]...
-                  [--workspace PATH[:ro|rw]] [--ro-bind PATH]... [--stdin] [--raw]
-                  [--json] -- CMD...
+                  [--workspace PATH[:ro|rw]] [--ro-bind PATH]... [--net none|allow]
+                  [--allow-domain RULE]... [--deny-domain RULE]... [--allow-private CIDR]...
+                  [--nameserver ADDR]... [--stdin] [--raw] [--json] -- CMD...
 
-Run CMD in a sandbox: read-only root, no network, /scratch as HOME, nothing of the host's
-environment, limits on memory, processes, CPU, time and output.
+Run CMD in a sandbox: read-only root, no network unless domains are allowed through
+corral's egress proxy, /scratch as HOME, nothing of the host's environment, limits on
+memory, processes, CPU, time and output.
 
 options (each overrides the policy file):
   --policy FILE          a policy in TOML (see docs/policy.md); never read from the workspace
@@ -45,6 +47,12 @@ options (each overrides the policy file):
   --env NAME=VALUE       set NAME in the sandbox                  [env.set]
   --workspace PATH[:M]   mount PATH at /workspace, M = ro (default) or rw
   --ro-bind PATH         show host PATH read-only at the same path [filesystem.ro_binds]
+  --net none|allow       network mode (default none: loopback only)  [network.mode]
+  --allow-domain RULE    let the egress proxy through to RULE: host, *.suffix, IP or
+                         CIDR, with an optional :port; implies --net allow [network.allow]
+  --deny-domain RULE     refuse RULE even if allowed               [network.deny]
+  --allow-private CIDR   let the proxy reach these private addresses [network.allow_private]
+  --nameserver ADDR      resolver for the proxy, IP or IP:PORT     [network.nameservers]
   --stdin                pass this process's stdin through (a pipe or file, never a tty)
   --raw                  show output as is (by default control characters are neutralised
                          on a terminal)
@@ -85,6 +93,7 @@ class RunArgs:
         self.env_pass: list[str] = []
         self.env_set: dict[str, str] = {}
         self.ro_binds: list[str] = []
+        self.net_lists: dict[str, list[str]] = {}
         self.stdin = False
         self.raw = False
         self.json = False
@@ -142,6 +151,14 @@ def parse_run_args(args: list[str], *, want_command: bool) -> RunArgs:
                 path, mode = v[:-3], v[-2:]
             r.overrides.setdefault("filesystem", {})["workspace"] = {
                 "path": os.path.abspath(path), "mode": mode}
+        elif name == "--net":
+            r.overrides.setdefault("network", {})["mode"] = value()
+        elif name in ("--allow-domain", "--deny-domain", "--allow-private", "--nameserver"):
+            key = {"--allow-domain": "allow", "--deny-domain": "deny",
+                   "--allow-private": "allow_private", "--nameserver": "nameservers"}[name]
+            r.net_lists.setdefault(key, []).append(value())
+            if name == "--allow-domain":
+                r.overrides.setdefault("network", {}).setdefault("mode", "allow")
         elif name == "--ro-bind":
             r.ro_binds.append(os.path.abspath(value()))
         else:
@@ -163,6 +180,11 @@ def effective_policy(r: RunArgs):
         if r.env_set:
             env["set"] = {**env.get("set", {}), **r.env_set}
         data["env"] = env
+    if r.net_lists:
+        net = dict(data.get("network", {}))
+        for key, items in r.net_lists.items():
+            net[key] = [*net.get(key, []), *items]
+        data["network"] = net
     if r.ro_binds:
         fs = dict(data.get("filesystem", {}))
         fs["ro_binds"] = [*fs.get("ro_binds", []), *r.ro_binds]

@@ -48,6 +48,18 @@ def _kvm() -> str:
         return f"/dev/kvm present but unusable: {e.strerror}"
 
 
+def _cgroup_attach() -> bool | str:
+    """Whether moving a process into a cgroup is fast (favordynmods on a cgroup2 mount)."""
+    with open("/proc/mounts") as f:
+        v2 = [line.split()[1] for line in f if line.split()[2:3] == ["cgroup2"]]
+    with open("/proc/mounts") as f:
+        if any("favordynmods" in line for line in f):
+            return True
+    where = v2[0] if v2 else "/sys/fs/cgroup"
+    return (f"slow: each sandbox start waits ~10 ms for an RCU grace period; fix: "
+            f"mount -o remount,favordynmods {where} (scripts/setup.sh does)")
+
+
 def facts() -> dict:
     from . import limits
     from .backends.namespace import find_bwrap, userns_available
@@ -72,6 +84,7 @@ def facts() -> dict:
         "cgroups": {"version": cg.version, "reason": cg.reason,
                     "usable": [c for c in ("memory", "pids", "cpu") if getattr(cg, c)]},
         "idmapped_mounts": idmap,
+        "cgroup_attach": _cgroup_attach(),
         "landlock_abi": _landlock_abi(),
         "runsc": runsc or "missing; apt-get install runsc",
         "kvm": _kvm(),
@@ -94,7 +107,8 @@ def report(as_json: bool = False) -> int:
         return "ok " if v is True or (isinstance(v, (int, str)) and str(v).startswith("/")) \
             else "-- "
     lines = [f"corral doctor ({'root' if f['root'] else 'uid ' + str(os.geteuid())})"]
-    for key in ("bwrap", "user_namespaces", "seccomp", "idmapped_mounts", "runsc", "kvm"):
+    for key in ("bwrap", "user_namespaces", "seccomp", "idmapped_mounts", "cgroup_attach",
+                "runsc", "kvm"):
         v = f[key]
         lines.append(f"  {mark(v)}{key}: {v}")
     cg = f["cgroups"]

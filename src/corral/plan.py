@@ -21,6 +21,17 @@ ETC_BINDS = ("/etc/alternatives", "/etc/ssl", "/etc/ca-certificates", "/etc/ld.s
              "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/mime.types",
              "/etc/protocols", "/etc/services", "/etc/os-release", "/etc/debian_version",
              "/etc/python3", "/etc/python3.11", "/etc/gitconfig", "/etc/inputrc")
+PROXY_PORT = 3128
+PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
+#: set in the sandbox when network.mode = "allow", before env.set (which may override them)
+PROXY_ENV = (
+    ("HTTP_PROXY", PROXY_URL), ("HTTPS_PROXY", PROXY_URL),
+    ("http_proxy", PROXY_URL), ("https_proxy", PROXY_URL),
+    ("NO_PROXY", "localhost,127.0.0.1,::1"), ("no_proxy", "localhost,127.0.0.1,::1"),
+    ("PIP_PROXY", PROXY_URL), ("npm_config_proxy", PROXY_URL),
+    ("npm_config_https_proxy", PROXY_URL), ("YARN_HTTP_PROXY", PROXY_URL),
+    ("YARN_HTTPS_PROXY", PROXY_URL),
+)
 SCRATCH = "/scratch"
 WORKSPACE = "/workspace"
 
@@ -93,6 +104,12 @@ class NoNetwork(Op):
     """An empty network namespace: loopback only."""
 
 
+class EgressProxy(Op):
+    """corral's egress proxy, listening on 127.0.0.1:PROXY_PORT inside the sandbox's
+    (still empty) network namespace; the proxy itself runs on the host side."""
+    config_json: str
+
+
 class Plan(Record):
     tier: str
     ops: tuple[Op, ...]
@@ -119,9 +136,14 @@ def build_plan(policy: Policy, host_env: dict[str, str]) -> Plan:
         Rlimit(rule="limits.open_files", name="nofile", value=lim.open_files),
         Rlimit(rule="limits.file_size", name="fsize", value=lim.file_size),
         Rlimit(rule="", name="core", value=0),
-        Environment(rule="env", env=tuple(policy.sandbox_env(host_env).items())),
-        NoNetwork(rule="network.mode"),
+        Environment(rule="env", env=tuple(policy.sandbox_env(
+            host_env, PROXY_ENV if policy.network.mode == "allow" else ()).items())),
+        NoNetwork(rule=""),
     ]
+    if policy.network.mode == "allow":
+        from .policy.load import net_config
+
+        ops.append(EgressProxy(rule="network.mode", config_json=net_config(policy).to_json()))
     ws = policy.filesystem.workspace
     if ws is not None:
         ops.append(WorkspaceMount(rule="filesystem.workspace", path=ws.path,

@@ -111,9 +111,13 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
               cpu_seconds: Callable[[], float] | None, output_cap: int,
               on_stdout: Callable[[bytes], None] | None = None,
               on_stderr: Callable[[bytes], None] | None = None,
-              kill: Callable[[], None], started: float) -> Outcome:
-    """Watch the process until it and its output are done, enforcing the limits."""
+              kill: Callable[[], None], started: float,
+              extra: dict[int, Callable[[bytes], None]] | None = None) -> Outcome:
+    """Watch the process until it and its output are done, enforcing the limits.
+    `extra` fds (e.g. the egress proxy's events) are read along the way; they do not keep
+    the watch going, and stay open for the caller."""
     out = Outcome()
+    extra = dict(extra or {})
     out.stdout = Stream(output_cap, on_stdout)
     out.stderr = Stream(output_cap, on_stderr)
     streams = {out_r: out.stdout, err_r: out.stderr}
@@ -123,6 +127,8 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
         for fd in streams:
             sel.register(fd, select.EPOLLIN)
         sel.register(pidfd, select.EPOLLIN)
+        for fd in extra:
+            sel.register(fd, select.EPOLLIN)
         deadline = started + timeout
         poll_every = 0.05 if cpu_seconds is not None else None
         next_poll = time.monotonic() + (poll_every or 0)
@@ -140,6 +146,14 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
                     out.status = status
                     sel.unregister(pidfd)
                     drain_until = time.monotonic() + DRAIN_GRACE_S
+                    continue
+                if fd in extra:
+                    data = os.read(fd, READ_CHUNK)
+                    if data:
+                        extra[fd](data)
+                    else:
+                        sel.unregister(fd)
+                        del extra[fd]
                     continue
                 data = os.read(fd, READ_CHUNK)
                 if data:

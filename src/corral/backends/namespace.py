@@ -25,7 +25,7 @@ from .._sys import (MS_NODEV, MS_NOSUID, mount, set_pdeathsig, subreaper_acquire
                     subreaper_release)
 from ..errors import BackendUnavailable, SandboxSetupError
 from ..plan import (ETC_BINDS, SCRATCH, SYSTEM_PATHS, WORKSPACE, CpuQuota, CpuTime,
-                    Environment, MemoryLimit, Namespaces, NoNetwork, Op, OutputCap, PidsLimit,
+                    EgressProxy, Environment, MemoryLimit, Namespaces, NoNetwork, Op, OutputCap, PidsLimit,
                     Plan, ReadOnlyBind, Rlimit, Scratch, Seccomp, SystemRoot, WallClock,
                     WorkspaceMount)
 from ..result import Result, Usage, decide_verdict
@@ -150,6 +150,11 @@ class NamespaceBackend:
                         ok = idmap.supported(op.path)
                         if ok is not True:
                             missing.append((op, f"the workspace cannot be idmapped: {ok}"))
+                case EgressProxy():
+                    if not self.root:
+                        missing.append((op, "the egress proxy's socket is made inside the "
+                                            "sandbox's network namespace, which needs root; "
+                                            "run corral as root"))
                 case (Namespaces() | SystemRoot() | Seccomp() | WallClock() | OutputCap()
                       | Rlimit() | Environment() | NoNetwork() | ReadOnlyBind()):
                     pass
@@ -237,6 +242,8 @@ class NamespaceSandbox:
                           "--cap-drop", "ALL"]
                 case NoNetwork():
                     a += ["--unshare-net"]
+                case EgressProxy():
+                    pass  # per exec: --block-fd, a listener in the namespace, the proxy
                 case SystemRoot():
                     for p in SYSTEM_PATHS:
                         if os.path.islink(p):
@@ -288,6 +295,7 @@ class NamespaceSandbox:
                 memory=wanted[MemoryLimit].bytes if MemoryLimit in wanted else None,
                 pids=wanted[PidsLimit].count if PidsLimit in wanted else None,
                 cpus=wanted[CpuQuota].cpus if CpuQuota in wanted else None)
+        attach: list[int] = []
         try:
             attach = cg.attach_fds() if cg else []
             uid, gid, root = self.uid, self.gid, self.root
@@ -309,48 +317,76 @@ class NamespaceSandbox:
 
             os.lseek(self._seccomp_fd, 0, os.SEEK_SET)
             env = dict(plan.find(Environment)[0].env)
+            egress = plan.find(EgressProxy)
             stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
             status_r, status_w = os.pipe()
+            fds = [self._seccomp_fd, status_w]
+            extra_args = ["--json-status-fd", str(status_w)]
+            block_r = block_w = -1
+            if egress:  # hold the command until the proxy's listener exists inside
+                block_r, block_w = os.pipe()
+                fds.append(block_r)
+                extra_args += ["--block-fd", str(block_r)]
             started = time.monotonic()
             subreaper_acquire()
             try:
                 pid, out_r, err_r = spawn(
-                    self.argv_prefix[0],
-                    self.argv_prefix + ["--json-status-fd", str(status_w), "--", *argv],
-                    env, stdin_fd=stdin_fd, pass_fds=(self._seccomp_fd, status_w),
-                    child_setup=child_setup)
+                    self.argv_prefix[0], self.argv_prefix + extra_args + ["--", *argv],
+                    env, stdin_fd=stdin_fd, pass_fds=tuple(fds), child_setup=child_setup)
             except BaseException:
                 subreaper_release()
                 os.close(status_r)
+                if egress:
+                    os.close(block_w)
                 raise
             finally:
                 os.close(status_w)
+                if block_r >= 0:
+                    os.close(block_r)
                 if stdin is None:
                     os.close(stdin_fd)
-                for fd in attach:
-                    os.close(fd)
 
             def kill() -> None:
                 kill_pid(pid)
                 if cg is not None:
                     cg.kill_all()
 
+            proxy = None
+            init_pid = None
             try:
+                if egress:
+                    init_pid = _child_pid(status_r, block=True)
+                    try:
+                        proxy = _start_proxy(egress[0], init_pid, attach, uid, gid, root)
+                    except BaseException:
+                        kill()
+                        raise
+                    finally:
+                        os.write(block_w, b"x")
+                        os.close(block_w)
                 outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
                                     cpu_seconds=cg.cpu_seconds if cg else None, output_cap=cap,
                                     on_stdout=on_stdout, on_stderr=on_stderr, kill=kill,
-                                    started=started)
+                                    started=started,
+                                    extra={proxy.events_r: proxy.lines} if proxy else None)
             finally:
-                _reap_init(status_r, cg)
+                if init_pid is None:
+                    init_pid = _child_pid(status_r, block=False)
+                os.close(status_r)
+                if proxy is not None:
+                    events += proxy.stop()
+                _reap_init(init_pid, cg)
                 subreaper_release()
+                for fd in attach:
+                    os.close(fd)
             usage = Usage(wall_s=round(outcome.wall_s, 6))
             oom_kills = 0
             if cg is not None:
                 cg.kill_all()  # nothing of the run outlives it
                 u = cg.usage()
-                usage.cpu_s = round(u.cpu_s, 6)
+                usage.cpu_s = round(u.cpu_s, 6) if u.cpu_s is not None else None
                 usage.memory_peak_bytes = u.memory_peak_bytes
-                oom_kills = u.oom_kills
+                oom_kills = u.oom_kills or 0
         finally:
             if cg is not None:
                 problems = _destroy(cg)
@@ -410,37 +446,117 @@ class NamespaceSandbox:
         return problems
 
 
-def _reap_init(status_r: int, cg) -> None:
-    """Kill and reap bwrap's init (the sandbox's pid 1), which bwrap's monitor leaves
-    behind as our orphan when it exits; its pid is in bwrap's --json-status-fd output."""
-    os.set_blocking(status_r, False)
+def _child_pid(status_r: int, *, block: bool) -> int | None:
+    """The pid of bwrap's init (the sandbox's pid 1, as the host sees it), from the first
+    line bwrap writes to --json-status-fd: `{ "child-pid": 123, ... }`. (Parsed by hand:
+    json is not imported on the start-up path.)"""
+    if block:
+        import select
+
+        ready, _, _ = select.select([status_r], [], [], 10)
+        if not ready:
+            raise SandboxSetupError("bubblewrap did not report its child in 10 s",
+                                    step="bwrap-status")
+    os.set_blocking(status_r, block)
     try:
-        data = os.read(status_r, 65536)  # the child-pid line is written at start
+        data = os.read(status_r, 65536)
     except BlockingIOError:
-        data = b""
-    finally:
-        os.close(status_r)
-    # bwrap writes `{ "child-pid": 123, ... }` as its first line (no json import needed)
-    for line in data.splitlines():
-        key, _, rest = line.partition(b'"child-pid":')
-        digits = rest.split(b",")[0].split(b"}")[0].strip()
-        if not _ or not digits.isdigit():
-            continue
-        init = int(digits)
-        if cg is not None:
-            cg.kill_all()
-        else:
-            kill_pid(init)
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            try:
-                done, _ = os.waitpid(init, os.WNOHANG)
-            except ChildProcessError:
-                return  # not ours (reaped already, or reparented elsewhere)
-            if done:
-                return
-            time.sleep(0.002)
+        return None
+    _, found, rest = data.partition(b'"child-pid":')
+    digits = rest.split(b",")[0].split(b"}")[0].strip()
+    return int(digits) if found and digits.isdigit() else None
+
+
+def _reap_init(init: int | None, cg) -> None:
+    """Kill and reap bwrap's init, which bwrap's monitor leaves behind as our orphan (we
+    are a subreaper while sandboxes run) when it exits."""
+    if cg is not None:
+        cg.kill_all()
+    if not init:
         return
+    if cg is None:
+        kill_pid(init)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(init, os.WNOHANG)
+        except ChildProcessError:
+            return  # not ours (reaped already, or reparented elsewhere)
+        if done:
+            return
+        time.sleep(0.002)
+
+
+class _Proxy:
+    """A running egress proxy process of one exec."""
+
+    def __init__(self, pid: int, events_r: int, err_r: int) -> None:
+        from ..egress.launch import EventLines
+
+        self.pid, self.events_r, self.err_r = pid, events_r, err_r
+        self.lines = EventLines()
+
+    def stop(self) -> list[dict]:
+        """SIGTERM, collect the remaining events (it writes those of open connections on
+        the way out), reap. Returns its events plus a teardown event if it failed."""
+        import select
+
+        try:
+            os.kill(self.pid, 15)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 3.0
+        open_fds = {self.events_r, self.err_r}
+        err = b""
+        while open_fds and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(open_fds), [], [], deadline - time.monotonic())
+            for fd in ready:
+                data = os.read(fd, 65536)
+                if not data:
+                    open_fds.discard(fd)
+                elif fd == self.events_r:
+                    self.lines(data)
+                else:
+                    err = (err + data)[-4000:]
+        kill_pid(self.pid)
+        _, status = os.waitpid(self.pid, 0)
+        os.close(self.events_r)
+        os.close(self.err_r)
+        events = list(self.lines.events)
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) not in (0, 143) or (
+                os.WIFSIGNALED(status) and os.WTERMSIG(status) not in (9, 15)):
+            last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            events.append({"kind": "teardown", "message": f"the egress proxy failed: {last[0]}"})
+        return events
+
+
+def _start_proxy(op, init_pid, attach, uid, gid, root) -> _Proxy:
+    from ..egress.launch import config_fd, listen_in_netns, proxy_argv
+
+    listener = listen_in_netns(init_pid)
+    cfd = config_fd(op.config_json)
+    try:
+        def setup() -> None:  # the proxy joins the run's cgroup and runs as its uid
+            if attach:
+                limits.RunCgroup.attach_self(attach)
+            if root:
+                os.setgroups([])
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+            set_pdeathsig(SIGKILL)
+
+        argv = proxy_argv(cfd, listener.fileno())
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        try:
+            ppid, events_r, err_r = spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"},
+                                          stdin_fd=devnull, pass_fds=(cfd, listener.fileno()),
+                                          child_setup=setup)
+        finally:
+            os.close(devnull)
+    finally:
+        os.close(cfd)
+        listener.close()
+    return _Proxy(ppid, events_r, err_r)
 
 
 def _destroy(cg) -> list[str]:

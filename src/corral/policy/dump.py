@@ -24,7 +24,7 @@ def format_value(spec: Spec, value) -> str:
         return repr(float(value))
     if spec.kind in ("tier", "netmode"):
         return _s(value)
-    if spec.kind in ("paths", "names"):
+    if spec.kind in ("paths", "names", "rules", "cidrs", "nameservers"):
         return "[" + ", ".join(_s(v) for v in value) + "]"
     if spec.kind == "envset":
         return "{ " + ", ".join(f"{k} = {_s(v)}" for k, v in value) + " }" if value else "{}"
@@ -42,12 +42,17 @@ def get_value(policy: Policy, path: str):
 
 def dump_toml(policy: Policy) -> str:
     lines = [f"isolation = {format_value(FIELDS[0], policy.isolation)}"]
-    for section in SECTIONS:
-        lines += ["", f"[{section}]"]
+    tables = [s for s in SECTIONS]
+    for spec in FIELDS:
+        table = spec.path.rsplit(".", 1)[0]
+        if "." in table and table not in tables:
+            tables.append(table)
+    for table in tables:
+        lines += ["", f"[{table}]"]
         for spec in FIELDS:
-            if not spec.path.startswith(section + "."):
+            if spec.path.rsplit(".", 1)[0] != table:
                 continue
-            key = spec.path.split(".", 1)[1]
+            key = spec.path.rsplit(".", 1)[1]
             value = get_value(policy, spec.path)
             if value is None:
                 lines.append(f"# {key}: none (the default)")

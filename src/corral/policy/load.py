@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 from ..errors import PolicyError
-from .schema import (FIELDS, SECTIONS, SPEC_BY_PATH, TIERS, Env, Filesystem, Limits, Network,
+from .schema import (FIELDS, SECTIONS, SPEC_BY_PATH, TIERS, Budget, Env, Filesystem, Limits,
+                     Network,
                      Policy, Spec, Workspace)
 from .units import parse_duration, parse_size
 
@@ -26,8 +27,10 @@ def _is_env_name(name: object) -> bool:
             and all(c in _NAME_CHARS for c in name))
 #: paths inside the sandbox that corral builds itself; a bind may not cover them
 _RESERVED = ("/proc", "/dev", "/scratch", "/workspace", "/tmp", "/etc", "/sys")
-_SECTION_KEYS = {s: {f.path.split(".", 1)[1] for f in FIELDS if f.path.startswith(s + ".")}
-                 for s in SECTIONS}
+def _keys_below(prefix: str) -> set[str]:
+    """The keys directly below a table path: limits -> memory, ...; network -> budget, ..."""
+    return {f.path[len(prefix) + 1:].split(".")[0] for f in FIELDS
+            if f.path.startswith(prefix + ".")}
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -82,23 +85,28 @@ def policy_from_dict(data: dict) -> Policy:
     if "isolation" in data:
         values["isolation"] = _convert(SPEC_BY_PATH["isolation"], data["isolation"], "isolation")
         explicit.add("isolation")
-    for section in SECTIONS:
-        table = data.get(section, {})
+    def walk(prefix: str, table: Any) -> None:
         if not isinstance(table, dict):
-            raise PolicyError(f"[{section}] must be a table", field=section)
+            raise PolicyError(f"[{prefix}] must be a table", field=prefix)
         for key, raw in table.items():
-            path = f"{section}.{key}"
+            path = f"{prefix}.{key}"
             spec = SPEC_BY_PATH.get(path)
-            if spec is None:
-                raise PolicyError(_unknown(key, sorted(_SECTION_KEYS[section])), field=path)
-            values[path] = _convert(spec, raw, path)
-            explicit.add(path)
+            if spec is not None:
+                values[path] = _convert(spec, raw, path)
+                explicit.add(path)
+            elif key in _keys_below(prefix):
+                walk(path, raw)  # a sub-table such as network.budget
+            else:
+                raise PolicyError(_unknown(key, sorted(_keys_below(prefix))), field=path)
 
-    def pick(section: str, cls: type, rename: dict | None = None) -> Any:
-        kw = {}
+    for section in SECTIONS:
+        walk(section, data.get(section, {}))
+
+    def pick(section: str, cls: type, rename: dict | None = None, **sub: Any) -> Any:
+        kw = dict(sub)
         for path, v in values.items():
-            if path.startswith(section + "."):
-                name = path.split(".", 1)[1]
+            if path.startswith(section + ".") and "." not in path[len(section) + 1:]:
+                name = path[len(section) + 1:]
                 kw[(rename or {}).get(name, name)] = v
         return cls(**kw)
 
@@ -107,10 +115,39 @@ def policy_from_dict(data: dict) -> Policy:
         limits=pick("limits", Limits),
         filesystem=pick("filesystem", Filesystem),
         env=pick("env", Env, {"pass": "pass_"}),
-        network=pick("network", Network),
+        network=pick("network", Network, budget=pick("network.budget", Budget)),
         explicit=frozenset(explicit),
     )
+    _check_network(policy)
     return policy
+
+
+def _check_network(p: Policy) -> None:
+    """Rules need the proxy; and every rule must parse (egress/config.py owns the grammar)."""
+    n = p.network
+    if n.mode == "none":
+        for key in ("allow", "allow_private", "nameservers"):
+            if getattr(n, key):
+                raise PolicyError(f"rules need the egress proxy; set network.mode = \"allow\" "
+                                  f"(the --allow-domain flag does)", field=f"network.{key}")
+        return
+    from ..egress.config import NetConfig
+
+    NetConfig.from_dict({"allow": list(n.allow), "deny": list(n.deny),
+                         "allow_private": list(n.allow_private),
+                         "nameservers": list(n.nameservers)})
+
+
+def net_config(p: Policy):
+    """The egress proxy's configuration for this policy (mode must be "allow")."""
+    from ..egress.config import NetConfig
+
+    b = p.network.budget
+    return NetConfig.from_dict({
+        "allow": list(p.network.allow), "deny": list(p.network.deny),
+        "allow_private": list(p.network.allow_private),
+        "nameservers": list(p.network.nameservers),
+        "budget": {"bytes_out": b.bytes_out, "bytes_in": b.bytes_in, "requests": b.requests}})
 
 
 def _unknown(key: str, known) -> str:
@@ -167,9 +204,19 @@ def _tier(raw: Any, path: str) -> str:
 
 
 def _netmode(raw: Any, path: str) -> str:
-    if raw != "none":
-        raise ValueError(f"unknown network mode {raw!r}; this release supports \"none\"")
+    if raw not in ("none", "allow"):
+        raise ValueError(f"unknown network mode {raw!r}; use \"none\" or \"allow\"")
     return raw
+
+
+def _strings(raw: Any, path: str) -> tuple[str, ...]:
+    """A list of strings; their grammar is checked as a whole by _check_network."""
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError("expected a list of strings")
+    for i, v in enumerate(raw):
+        if not isinstance(v, str):
+            raise PolicyError(f"expected a string, got {type(v).__name__}", field=f"{path}[{i}]")
+    return tuple(raw)
 
 
 def check_host_path(raw: Any, field: str) -> str:
@@ -265,5 +312,8 @@ _CONVERTERS = {
     "names": _names,
     "envset": _envset,
     "workspace": _workspace,
+    "rules": _strings,
+    "cidrs": _strings,
+    "nameservers": _strings,
 }
 

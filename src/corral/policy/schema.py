@@ -58,8 +58,20 @@ class Env(Record):
     set: tuple[tuple[str, str], ...] = ()        # NAME=VALUE pairs, in order
 
 
+class Budget(Record):
+    """Per domain (per wildcard rule for `*.suffix` rules); past it the connection closes."""
+    bytes_out: int = 10 * MiB
+    bytes_in: int = 1 * GiB
+    requests: int = 1000
+
+
 class Network(Record):
-    mode: Literal["none"] = "none"
+    mode: Literal["none", "allow"] = "none"
+    allow: tuple[str, ...] = ()          # host rules the egress proxy lets through
+    deny: tuple[str, ...] = ()           # wins over allow
+    allow_private: tuple[str, ...] = ()  # CIDRs the proxy may reach despite the SSRF guard
+    nameservers: tuple[str, ...] = ()    # "IP" or "IP:PORT"; empty: the host's resolv.conf
+    budget: Budget = Default(Budget)
 
 
 class Policy(Record):
@@ -73,10 +85,12 @@ class Policy(Record):
     #: is reported as an "unenforced" event instead.
     explicit: frozenset[str] = frozenset()
 
-    def sandbox_env(self, host_env: dict[str, str]) -> dict[str, str]:
-        """The environment the sandboxed command starts with: corral's base, then the
-        host variables named in env.pass (those that exist), then env.set."""
+    def sandbox_env(self, host_env: dict[str, str], extra=()) -> dict[str, str]:
+        """The environment the sandboxed command starts with: corral's base (and `extra`,
+        the proxy variables), then the host variables named in env.pass (those that
+        exist), then env.set."""
         env = dict(BASE_ENV)
+        env.update(extra)
         for name in self.env.pass_:
             if name in host_env:
                 env[name] = host_env[name]
@@ -127,7 +141,24 @@ FIELDS: tuple[Spec, ...] = (
     Spec("env.set", "envset", "Variables set in the sandbox, NAME = \"value\". corral sets "
          "PATH, HOME=/scratch, LANG=C.UTF-8 and TERM=dumb; these override them."),
     Spec("network.mode", "netmode", "\"none\": a network namespace with only loopback; "
-         "nothing leaves the sandbox."),
+         "nothing leaves the sandbox. \"allow\": the same empty namespace, plus corral's "
+         "egress proxy on 127.0.0.1:3128 inside it (HTTP_PROXY and friends are set), which "
+         "lets through only what network.allow names."),
+    Spec("network.allow", "rules", "Hosts the proxy lets through: `example.com` (that name "
+         "only), `*.example.com` (its subdomains, not the name itself), an IP address or CIDR; "
+         "each with an optional `:port` (default: 80 and 443). Needs mode = \"allow\"; the "
+         "`--allow-domain` flag sets both."),
+    Spec("network.deny", "rules", "Hosts refused even when allow matches; a deny rule without "
+         "a port covers every port."),
+    Spec("network.allow_private", "cidrs", "Private, loopback, link-local or metadata "
+         "addresses the proxy may connect to anyway (it refuses them by default, after its "
+         "own DNS lookup, so a public name cannot point it inside)."),
+    Spec("network.nameservers", "nameservers", "Resolvers the proxy asks (\"IP\" or "
+         "\"IP:PORT\"); default: the host's /etc/resolv.conf. The sandbox itself has none."),
+    Spec("network.budget.bytes_out", "size", "Bytes sent upstream per domain; past it the "
+         "connection is closed and an event says so.", 0, 1 << 50),
+    Spec("network.budget.bytes_in", "size", "Bytes received per domain.", 0, 1 << 50),
+    Spec("network.budget.requests", "int", "Requests and tunnels per domain.", 0, 1 << 40),
 )
 
 SPEC_BY_PATH = {s.path: s for s in FIELDS}

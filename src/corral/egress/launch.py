@@ -1,0 +1,91 @@
+"""The supervisor's side of the egress proxy: a listening socket inside the sandbox's
+network namespace, and the proxy process that serves it.
+
+The sandbox keeps an empty network namespace (loopback only). The supervisor enters that
+namespace from a short-lived thread (setns is per thread), opens a TCP listener on
+127.0.0.1:3128 there, and hands the listener to a proxy process on the host side. The
+sandbox sees a proxy on its own loopback and nothing else: there is no route, no resolver
+and no host socket inside. (DESIGN.md sketched a unix socket plus a forwarder inside the
+sandbox; this needs neither, so there is no in-sandbox process to kill or confuse.)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+
+from ..errors import SandboxSetupError
+from ..plan import PROXY_PORT
+
+CLONE_NEWNET = 0x40000000
+
+
+def listen_in_netns(pid: int, port: int = PROXY_PORT) -> socket.socket:
+    """A listening socket on 127.0.0.1:port in the network namespace of `pid`."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    out: dict = {}
+
+    def work() -> None:
+        try:
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc.setns(fd, CLONE_NEWNET) != 0:
+                    e = ctypes.get_errno()
+                    raise OSError(e, os.strerror(e), "setns")
+            finally:
+                os.close(fd)
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen(4096)
+            out["sock"] = s
+        except OSError as e:
+            out["error"] = e
+
+    t = threading.Thread(target=work, name="corral-netns")
+    t.start()
+    t.join()  # the thread, and with it the namespace switch, ends here
+    if "error" in out:
+        e = out["error"]
+        raise SandboxSetupError(f"cannot listen on 127.0.0.1:{port} inside the sandbox: "
+                                f"{e.strerror}", step="egress-listen", errno=e.errno,
+                                field="network.mode")
+    return out["sock"]
+
+
+def proxy_argv(config_fd: int, listen_fd: int) -> list[str]:
+    """The proxy process: this interpreter in isolated mode; events on its stdout."""
+    return [sys.executable, "-I", "-m", "corral.egress", "--config-fd", str(config_fd),
+            "--listen-fd", str(listen_fd)]
+
+
+def config_fd(config_json: str) -> int:
+    fd = os.memfd_create("corral-egress-config", 0)
+    os.write(fd, config_json.encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+class EventLines:
+    """Collects the proxy's JSON-lines events as they arrive."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.events: list[dict] = []
+
+    def __call__(self, data: bytes) -> None:
+        import json
+
+        self.buf += data
+        *lines, self.buf = self.buf.split(b"\n")
+        for line in lines:
+            if line.strip():
+                try:
+                    self.events.append(json.loads(line))
+                except ValueError:
+                    self.events.append({"kind": "teardown",
+                                        "message": "the egress proxy wrote a bad event line"})

@@ -1,0 +1,165 @@
+"""The network allowlist end to end: real sandboxes, the real proxy, a real dnsmasq and
+real HTTP(S) servers on a loopback /24 of the test's own, real clients inside (curl,
+urllib, pip). The only traffic is on 127.0.0.0/8."""
+
+import functools
+import http.server
+import io
+import json
+import os
+import threading
+import zipfile
+
+import pytest
+
+import corral
+from test_egress_proxy import PRIV, SRV, dnsmasq, free_port, queried, servers  # noqa: F401
+
+PY = "/usr/bin/python3"
+
+
+def policy(dns, allow, **network):
+    return {"network": {"mode": "allow", "allow": allow, "allow_private": [PRIV],
+                        "nameservers": [f"127.0.0.1:{dns['port']}"], **network},
+            "limits": {"timeout": "30s"}}
+
+
+def sh(cmd, pol):
+    return corral.run(["/bin/sh", "-c", cmd], policy=pol)
+
+
+def net_events(r):
+    return [e for e in r.events if e["kind"] == "net"]
+
+
+def test_allowed_name_through_the_proxy_with_curl_and_urllib(dnsmasq, servers):
+    r = sh("curl -sS -m 10 http://allowed.test/ && "
+           f"{PY} -c \"import urllib.request as u; print(u.urlopen('http://allowed.test/host').read().decode())\"",
+           policy(dnsmasq, ["allowed.test"]))
+    assert r.verdict == "ok", r.stderr
+    assert f"hello from {SRV}" in r.stdout and "allowed.test" in r.stdout
+    ev = net_events(r)
+    assert len(ev) == 2 and all(e["decision"] == "allow" and e["host"] == "allowed.test"
+                                and e["port"] == 80 and e["bytes_in"] > 0 for e in ev)
+    assert set(ev[0]) >= {"kind", "host", "port", "decision", "reason", "bytes_in", "bytes_out"}
+
+
+def test_https_tunnel_and_sni(dnsmasq, servers):
+    r = sh("curl -sS -k -m 10 https://allowed.test/", policy(dnsmasq, ["allowed.test"]))
+    assert f"hello from {SRV}" in r.stdout, r.stderr
+    ev = net_events(r)
+    assert ev and ev[0]["decision"] == "allow" and ev[0]["port"] == 443
+
+
+def test_denied_name_gets_403_with_the_reason_and_causes_no_dns_query(dnsmasq, servers):
+    r = sh("curl -sS -i -m 10 http://denied.test/", policy(dnsmasq, ["allowed.test"]))
+    assert "403" in r.stdout.splitlines()[0]
+    assert "x-corral-reason: not in network.allow" in r.stdout.lower()
+    assert not queried(dnsmasq, "denied.test")
+    (ev,) = net_events(r)
+    assert (ev["host"], ev["decision"]) == ("denied.test", "deny")
+
+
+def test_deny_wins_and_ip_literals_are_refused(dnsmasq, servers):
+    n = SRV.split(".")
+    as_int = (int(n[0]) << 24) | (int(n[1]) << 16) | (int(n[2]) << 8) | int(n[3])
+    r = sh(f"curl -sS -o /dev/null -w '%{{http_code}} ' -m 10 http://bad.allowed.test/; "
+           f"curl -sS -o /dev/null -w '%{{http_code}} ' -m 10 http://{as_int}/",
+           policy(dnsmasq, ["*.allowed.test"], deny=["bad.allowed.test"]))
+    assert r.stdout.split() == ["403", "403"]
+    hosts = {e["host"]: e for e in net_events(r)}
+    assert hosts[SRV]["decision"] == "deny"  # reported in standard notation
+    assert hosts["bad.allowed.test"]["decision"] == "deny"
+
+
+def test_clients_that_ignore_the_proxy_reach_nothing(dnsmasq, servers):
+    r = corral.run([PY, "-c", f"""
+import socket
+out = []
+for target in [("{SRV}", 80), ("127.0.0.1", 80)]:
+    try:
+        socket.create_connection(target, timeout=3); out.append("connected")
+    except OSError as e:
+        out.append(type(e).__name__)
+try:
+    socket.getaddrinfo("allowed.test", 80); out.append("resolved")
+except OSError:
+    out.append("noresolve")
+print(" ".join(out))
+"""], policy=policy(dnsmasq, ["allowed.test"]))
+    assert r.stdout.split() == ["ConnectionRefusedError", "ConnectionRefusedError", "noresolve"]
+    r = sh(f"curl -sS --noproxy '*' -m 5 http://{SRV}/ 2>&1", policy(dnsmasq, ["allowed.test"]))
+    assert "hello" not in r.stdout and "Failed to connect" in r.stdout
+
+
+def test_request_budget_closes_and_reports(dnsmasq, servers):
+    r = sh("for i in 1 2 3; do curl -sS -o /dev/null -w '%{http_code} ' -m 10 "
+           "http://allowed.test/; done", policy(dnsmasq, ["allowed.test"],
+                                                budget={"requests": 2}))
+    codes = r.stdout.split()
+    assert codes[:2] == ["200", "200"] and codes[2] != "200"
+    assert any("budget" in e["reason"] for e in net_events(r))
+
+
+def test_network_none_has_no_proxy():
+    r = sh("env | grep -ci proxy; curl -sS -m 3 -x http://127.0.0.1:3128 http://x.test/ 2>&1",
+           {"network": {"mode": "none"}})
+    assert r.stdout.splitlines()[0] == "0" and "Failed to connect" in r.stdout
+
+
+def _wheel(name="corraldemo", version="1.0") -> bytes:
+    buf = io.BytesIO()
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}.py": "VALUE = 42\n",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{f},,\n" for f in files) + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(buf, "w") as z:
+        for f, text in files.items():
+            z.writestr(f, text)
+    return buf.getvalue()
+
+
+def test_pip_installs_from_an_index_through_the_proxy(dnsmasq, tmp_path):
+    (tmp_path / "simple" / "corraldemo").mkdir(parents=True)
+    (tmp_path / "simple" / "corraldemo" / "corraldemo-1.0-py3-none-any.whl").write_bytes(_wheel())
+    (tmp_path / "simple" / "corraldemo" / "index.html").write_text(
+        '<a href="corraldemo-1.0-py3-none-any.whl">corraldemo-1.0-py3-none-any.whl</a>')
+    port = free_port(SRV)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
+    srv = http.server.ThreadingHTTPServer((SRV, port), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        r = sh(f"{PY} -m pip install -q --no-cache-dir --disable-pip-version-check "
+               f"--target /scratch/lib --index-url http://allowed.test:{port}/simple "
+               f"--trusted-host allowed.test:{port} corraldemo "
+               f"&& PYTHONPATH=/scratch/lib {PY} -c 'import corraldemo; print(corraldemo.VALUE)'",
+               policy(dnsmasq, [f"allowed.test:{port}"]))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert r.stdout.strip().endswith("42"), r.stderr
+    assert all(e["decision"] == "allow" for e in net_events(r)), net_events(r)
+
+
+def test_policy_flags(tmp_path):
+    from conftest import CORRAL
+    import subprocess
+
+    r = subprocess.run([CORRAL, "policy", "show", "--allow-domain", "pypi.org",
+                        "--deny-domain", "x.pypi.org", "--allow-private", "10.0.0.0/8",
+                        "--nameserver", "127.0.0.1:5353"], capture_output=True, text=True)
+    import tomllib
+
+    net = tomllib.loads(r.stdout)["network"]
+    assert net["mode"] == "allow" and net["allow"] == ["pypi.org"]
+    assert net["deny"] == ["x.pypi.org"] and net["allow_private"] == ["10.0.0.0/8"]
+    assert net["nameservers"] == ["127.0.0.1:5353"] and net["budget"]["requests"] == 1000
+    r = subprocess.run([CORRAL, "run", "--allow-domain", "https://pypi.org/simple", "--", "true"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "network.allow[0]" in r.stderr and '"pypi.org"' in r.stderr
+    r = subprocess.run([CORRAL, "run", "--net", "sometimes", "--", "true"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "network.mode" in r.stderr

@@ -27,7 +27,8 @@ usage: corral run [--policy FILE] [--isolation T] [--timeout D] [--cpu-time D]
                   [--output-limit SIZE] [--env NAME | --env NAME=VALUE]...
                   [--workspace PATH[:ro|rw]] [--ro-bind PATH]... [--net none|allow]
                   [--allow-domain RULE]... [--deny-domain RULE]... [--allow-private CIDR]...
-                  [--nameserver ADDR]... [--stdin] [--raw] [--json] -- CMD...
+                  [--nameserver ADDR]... [--secret NAME=SOURCE@HOSTS[/TTL]]...
+                  [--stdin] [--raw] [--json] -- CMD...
 
 Run CMD in a sandbox: read-only root, no network unless domains are allowed through
 corral's egress proxy, /scratch as HOME, nothing of the host's environment, limits on
@@ -47,6 +48,10 @@ options (each overrides the policy file):
   --env NAME=VALUE       set NAME in the sandbox                  [env.set]
   --workspace PATH[:M]   mount PATH at /workspace, M = ro (default) or rw
   --ro-bind PATH         show host PATH read-only at the same path [filesystem.ro_binds]
+  --secret NAME=SOURCE@HOST[,HOST...][/TTL]
+                         a credential grant: the sandbox sees a placeholder in $NAME, the
+                         egress proxy sends the value (SOURCE: env:VAR or file:PATH) to
+                         these hosts only, for TTL (default 15m)    [secrets.NAME]
   --net none|allow       network mode (default none: loopback only)  [network.mode]
   --allow-domain RULE    let the egress proxy through to RULE: host, *.suffix, IP or
                          CIDR, with an optional :port; implies --net allow [network.allow]
@@ -94,6 +99,7 @@ class RunArgs:
         self.env_set: dict[str, str] = {}
         self.ro_binds: list[str] = []
         self.net_lists: dict[str, list[str]] = {}
+        self.secrets: dict[str, dict] = {}
         self.stdin = False
         self.raw = False
         self.json = False
@@ -159,12 +165,28 @@ def parse_run_args(args: list[str], *, want_command: bool) -> RunArgs:
             r.net_lists.setdefault(key, []).append(value())
             if name == "--allow-domain":
                 r.overrides.setdefault("network", {}).setdefault("mode", "allow")
+        elif name == "--secret":
+            r.secrets.update(parse_secret_flag(value()))
         elif name == "--ro-bind":
             r.ro_binds.append(os.path.abspath(value()))
         else:
             raise UsageError(f"unknown option {name}; see corral run --help", field=name)
         i += 1
     return r
+
+
+def parse_secret_flag(text: str) -> dict[str, dict]:
+    """NAME=SOURCE@host1,host2[/ttl] -> {NAME: {from, hosts, ttl?}}"""
+    name, eq, rest = text.partition("=")
+    source, at, hosts = rest.rpartition("@")
+    if not eq or not at or not name or not source or not hosts:
+        raise UsageError(f"{text!r} is not NAME=SOURCE@HOST[,HOST...][/TTL]; e.g. "
+                         f"GITHUB_TOKEN=env:GITHUB_TOKEN@api.github.com/15m", field="--secret")
+    table: dict = {"from": source}
+    if "/" in hosts:
+        hosts, _, table["ttl"] = hosts.rpartition("/")
+    table["hosts"] = [h for h in hosts.split(",") if h]
+    return {name: table}
 
 
 def effective_policy(r: RunArgs):
@@ -189,7 +211,9 @@ def effective_policy(r: RunArgs):
         fs = dict(data.get("filesystem", {}))
         fs["ro_binds"] = [*fs.get("ro_binds", []), *r.ro_binds]
         data["filesystem"] = fs
-    return policy_from_dict(data)
+    if r.secrets:
+        data["secrets"] = {**data.get("secrets", {}), **r.secrets}
+    return policy_from_dict(data, allow_literal=False)
 
 
 def _fail(err: CorralError, as_json: bool) -> int:

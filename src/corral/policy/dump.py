@@ -28,6 +28,8 @@ def format_value(spec: Spec, value) -> str:
         return "[" + ", ".join(_s(v) for v in value) + "]"
     if spec.kind == "envset":
         return "{ " + ", ".join(f"{k} = {_s(v)}" for k, v in value) + " }" if value else "{}"
+    if spec.kind == "file":
+        return _s(value)
     if spec.kind == "workspace":
         return f"{{ path = {_s(value.path)}, mode = {_s(value.mode)} }}"
     raise AssertionError(spec.kind)
@@ -58,4 +60,13 @@ def dump_toml(policy: Policy) -> str:
                 lines.append(f"# {key}: none (the default)")
             else:
                 lines.append(f"{key} = {format_value(spec, value)}")
+    for s in policy.secrets:
+        lines += ["", f"[secrets.{s.name}]"]
+        if s.source == "literal":
+            lines.append("# from: a literal value given through the Python API (not shown)")
+        else:
+            lines.append(f"from = {_s(s.source)}")
+        lines += [f"hosts = [{', '.join(_s(h) for h in s.hosts)}]",
+                  f"ttl = {_s(format_duration(s.ttl))}",
+                  f"plain_http = {'true' if s.plain_http else 'false'}"]
     return "\n".join(lines) + "\n"

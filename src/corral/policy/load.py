@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 from ..errors import PolicyError
 from .schema import (FIELDS, SECTIONS, SPEC_BY_PATH, TIERS, Budget, Env, Filesystem, Limits,
-                     Network,
+                     Network, Secret,
                      Policy, Spec, Workspace)
 from .units import parse_duration, parse_size
 
@@ -71,16 +71,18 @@ def load_policy(file: str | None = None, overrides: dict | None = None,
         data = merge(data, read_toml(file))
     if overrides:
         data = merge(data, overrides)
-    return policy_from_dict(data)
+    return policy_from_dict(data, allow_literal=False)
 
 
-def policy_from_dict(data: dict) -> Policy:
+def policy_from_dict(data: dict, *, allow_literal: bool = True) -> Policy:
+    """`allow_literal`: a secret may carry its value inline (the Python API); files and
+    flags name a source instead (load_policy passes False)."""
     if not isinstance(data, dict):
         raise PolicyError("a policy is a table (dict) of sections", field="policy")
     explicit: set[str] = set()
     for key in data:
-        if key not in ("isolation", *SECTIONS):
-            raise PolicyError(_unknown(key, ("isolation", *SECTIONS)), field=key)
+        if key not in ("isolation", *SECTIONS, "secrets"):
+            raise PolicyError(_unknown(key, ("isolation", *SECTIONS, "secrets")), field=key)
     values: dict[str, Any] = {}
     if "isolation" in data:
         values["isolation"] = _convert(SPEC_BY_PATH["isolation"], data["isolation"], "isolation")
@@ -116,26 +118,96 @@ def policy_from_dict(data: dict) -> Policy:
         filesystem=pick("filesystem", Filesystem),
         env=pick("env", Env, {"pass": "pass_"}),
         network=pick("network", Network, budget=pick("network.budget", Budget)),
-        explicit=frozenset(explicit),
+        secrets=_secrets(data.get("secrets", {}), allow_literal),
+        explicit=frozenset(explicit | ({"secrets"} if data.get("secrets") else set())),
     )
     _check_network(policy)
     return policy
 
 
+def _secrets(raw: Any, allow_literal: bool) -> tuple[Secret, ...]:
+    if not isinstance(raw, dict):
+        raise PolicyError("[secrets] must be a table of [secrets.NAME] tables", field="secrets")
+    out = []
+    for name, table in raw.items():
+        f = f"secrets.{name}"
+        if not _is_env_name(name):
+            raise PolicyError(f"{name!r} is not a variable name (letters, digits, _)", field=f)
+        if not isinstance(table, dict):
+            raise PolicyError("expected a table with from, hosts, ttl, plain_http", field=f)
+        known = ("from", "hosts", "ttl", "plain_http") + (("value",) if allow_literal else ())
+        for k in table:
+            if k not in known:
+                hint = ("; a literal value is accepted only from the Python API: name a "
+                        "source with from = \"env:VAR\" or \"file:PATH\"") if k == "value" else ""
+                raise PolicyError(_unknown(k, known) + hint, field=f"{f}.{k}")
+        if "value" in table:
+            if "from" in table:
+                raise PolicyError("give either from or value, not both", field=f"{f}.from")
+            value = table["value"]
+            if not isinstance(value, str) or not value:
+                raise PolicyError("the value must be a non-empty string", field=f"{f}.value")
+            source = "literal"
+        else:
+            value = None
+            source = table.get("from")
+            if not isinstance(source, str) or not (
+                    source.startswith("env:") and _is_env_name(source[4:])
+                    or source.startswith("file:/") and "\0" not in source):
+                raise PolicyError(f"{source!r} is not a source; write \"env:VAR\" or "
+                                  f"\"file:/abs/path\"", field=f"{f}.from")
+        hosts = table.get("hosts")
+        if not isinstance(hosts, list) or not hosts or not all(
+                isinstance(h, str) for h in hosts):
+            raise PolicyError("expected a non-empty list of hosts, e.g. [\"api.github.com\"]",
+                              field=f"{f}.hosts")
+        try:
+            ttl = parse_duration(table.get("ttl", "15m"))
+        except ValueError as e:
+            raise PolicyError(str(e), field=f"{f}.ttl") from None
+        if not 1 <= ttl <= 7 * 86400:
+            raise PolicyError("use a ttl from 1s to 7 days", field=f"{f}.ttl")
+        plain = table.get("plain_http", False)
+        if not isinstance(plain, bool):
+            raise PolicyError("expected true or false", field=f"{f}.plain_http")
+        out.append(Secret(name=name, source=source, hosts=tuple(hosts), ttl=ttl,
+                          plain_http=plain, value=value))
+    return tuple(out)
+
+
 def _check_network(p: Policy) -> None:
-    """Rules need the proxy; and every rule must parse (egress/config.py owns the grammar)."""
+    """Rules need the proxy; every rule must parse (egress/config.py owns the grammar);
+    a grant's hosts must be hosts the allow list opens."""
     n = p.network
+    for s in p.secrets:
+        if n.mode != "allow":
+            raise PolicyError("a secret grant needs the egress proxy; set network.mode = "
+                              "\"allow\" and allow its hosts", field=f"secrets.{s.name}")
+        if s.name in dict(p.env.set) or s.name in p.env.pass_:
+            raise PolicyError(f"{s.name} is also set by [env]; the sandbox sees the "
+                              f"placeholder in it, so drop it from [env]",
+                              field=f"secrets.{s.name}")
     if n.mode == "none":
         for key in ("allow", "allow_private", "nameservers"):
             if getattr(n, key):
                 raise PolicyError(f"rules need the egress proxy; set network.mode = \"allow\" "
                                   f"(the --allow-domain flag does)", field=f"network.{key}")
         return
-    from ..egress.config import NetConfig
+    from ..egress.config import NetConfig, parse_rule
+    from ..egress.decide import decide_target
 
-    NetConfig.from_dict({"allow": list(n.allow), "deny": list(n.deny),
-                         "allow_private": list(n.allow_private),
-                         "nameservers": list(n.nameservers)})
+    cfg = NetConfig.from_dict({"allow": list(n.allow), "deny": list(n.deny),
+                               "allow_private": list(n.allow_private),
+                               "nameservers": list(n.nameservers)})
+    for s in p.secrets:
+        for i, h in enumerate(s.hosts):
+            f = f"secrets.{s.name}.hosts[{i}]"
+            rule = parse_rule(h, f)
+            if rule.kind == "host":
+                port = rule.ports[0] if rule.ports else 443
+                if not decide_target(cfg, rule.name, port).allow:
+                    raise PolicyError(f"{h} is not let through by network.allow; add "
+                                      f"\"{rule.name}\" to network.allow", field=f)
 
 
 def net_config(p: Policy):
@@ -207,6 +279,13 @@ def _netmode(raw: Any, path: str) -> str:
     if raw not in ("none", "allow"):
         raise ValueError(f"unknown network mode {raw!r}; use \"none\" or \"allow\"")
     return raw
+
+
+def _file(raw: Any, path: str) -> str:
+    real = check_host_path(raw, path)
+    if not os.path.isfile(real):
+        raise PolicyError(f"{raw!r} is not a file", field=path)
+    return real
 
 
 def _strings(raw: Any, path: str) -> tuple[str, ...]:
@@ -312,6 +391,7 @@ _CONVERTERS = {
     "names": _names,
     "envset": _envset,
     "workspace": _workspace,
+    "file": _file,
     "rules": _strings,
     "cidrs": _strings,
     "nameservers": _strings,

@@ -71,7 +71,23 @@ class Network(Record):
     deny: tuple[str, ...] = ()           # wins over allow
     allow_private: tuple[str, ...] = ()  # CIDRs the proxy may reach despite the SSRF guard
     nameservers: tuple[str, ...] = ()    # "IP" or "IP:PORT"; empty: the host's resolv.conf
+    upstream_ca: str | None = None       # CA file for upstream TLS of granted hosts (tests)
     budget: Budget = Default(Budget)
+
+
+class Secret(Record):
+    """A credential grant: the sandbox sees a placeholder in $name; the egress proxy puts
+    the real value in requests to `hosts` only, until `ttl` after the sandbox opens."""
+    name: str                      # the variable name inside the sandbox
+    source: str                    # "env:VAR" | "file:/path" | "literal" (Python API only)
+    hosts: tuple[str, ...]         # allow-rule grammar
+    ttl: float = 900.0             # seconds
+    plain_http: bool = False       # also inject into unencrypted HTTP
+    value: str | None = None       # only for source "literal"; never printed
+
+    def __repr__(self) -> str:
+        return (f"Secret(name={self.name!r}, source={self.source!r}, hosts={self.hosts!r}, "
+                f"ttl={self.ttl!r}, plain_http={self.plain_http!r})")
 
 
 class Policy(Record):
@@ -80,6 +96,7 @@ class Policy(Record):
     filesystem: Filesystem = Default(Filesystem)
     env: Env = Default(Env)
     network: Network = Default(Network)
+    secrets: tuple[Secret, ...] = ()
     #: dotted key paths the user set explicitly (file or flags); the rest are defaults.
     #: A tier that cannot enforce an explicit rule refuses; a default it cannot enforce
     #: is reported as an "unenforced" event instead.
@@ -155,6 +172,9 @@ FIELDS: tuple[Spec, ...] = (
          "own DNS lookup, so a public name cannot point it inside)."),
     Spec("network.nameservers", "nameservers", "Resolvers the proxy asks (\"IP\" or "
          "\"IP:PORT\"); default: the host's /etc/resolv.conf. The sandbox itself has none."),
+    Spec("network.upstream_ca", "file", "A CA certificate file (PEM) the proxy verifies "
+         "upstream TLS against, for hosts a secret grant names; default: the host's trust "
+         "store. For tests and internal hosts."),
     Spec("network.budget.bytes_out", "size", "Bytes sent upstream per domain; past it the "
          "connection is closed and an event says so.", 0, 1 << 50),
     Spec("network.budget.bytes_in", "size", "Bytes received per domain.", 0, 1 << 50),

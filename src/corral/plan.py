@@ -108,6 +108,8 @@ class EgressProxy(Op):
     """corral's egress proxy, listening on 127.0.0.1:PROXY_PORT inside the sandbox's
     (still empty) network namespace; the proxy itself runs on the host side."""
     config_json: str
+    #: (name, placeholder) of each secret grant; values are read when the sandbox opens
+    grants: tuple[tuple[str, str], ...] = ()
 
 
 class Plan(Record):
@@ -136,14 +138,24 @@ def build_plan(policy: Policy, host_env: dict[str, str]) -> Plan:
         Rlimit(rule="limits.open_files", name="nofile", value=lim.open_files),
         Rlimit(rule="limits.file_size", name="fsize", value=lim.file_size),
         Rlimit(rule="", name="core", value=0),
-        Environment(rule="env", env=tuple(policy.sandbox_env(
-            host_env, PROXY_ENV if policy.network.mode == "allow" else ()).items())),
         NoNetwork(rule=""),
     ]
+    extra_env: list[tuple[str, str]] = []
     if policy.network.mode == "allow":
         from .policy.load import net_config
 
-        ops.append(EgressProxy(rule="network.mode", config_json=net_config(policy).to_json()))
+        grants: tuple[tuple[str, str], ...] = ()
+        extra_env += PROXY_ENV
+        if policy.secrets:
+            from .grants import CA_BUNDLE, CA_ENV, placeholder
+
+            grants = tuple((s.name, placeholder(s.name)) for s in policy.secrets)
+            extra_env += [(name, CA_BUNDLE) for name in CA_ENV]
+            extra_env += grants
+        ops.append(EgressProxy(rule="network.mode", config_json=net_config(policy).to_json(),
+                               grants=grants))
+    ops.append(Environment(rule="env", env=tuple(
+        policy.sandbox_env(host_env, extra_env).items())))
     ws = policy.filesystem.workspace
     if ws is not None:
         ops.append(WorkspaceMount(rule="filesystem.workspace", path=ws.path,

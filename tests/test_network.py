@@ -163,3 +163,40 @@ def test_policy_flags(tmp_path):
     r = subprocess.run([CORRAL, "run", "--net", "sometimes", "--", "true"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "network.mode" in r.stderr
+
+
+def test_a_hostile_client_exhausts_only_its_own_proxy(dnsmasq, servers):
+    """Sandbox A floods its proxy with idle connections (more than the proxy's cap) and
+    sends a slowloris head; sandbox B, at the same time, is served normally."""
+    flood = corral.Sandbox({**policy(dnsmasq, ["allowed.test"]),
+                            "limits": {"open_files": 4096, "timeout": "30s"}})
+    results = {}
+
+    def hostile():
+        results["a"] = flood.exec([PY, "-c", """
+import socket, time
+socks, refused = [], 0
+for _ in range(1500):
+    try:
+        s = socket.create_connection(("127.0.0.1", 3128), timeout=2)
+        socks.append(s)
+    except OSError:
+        refused += 1
+slow = socks[0]
+for b in b"GET http://allowed.test/ HTTP/1.1\\r\\n":
+    slow.send(bytes([b])); time.sleep(0.01)
+time.sleep(4)
+print(len(socks), refused)
+"""])
+
+    with flood:
+        t = threading.Thread(target=hostile)
+        t.start()
+        import time
+        time.sleep(1.5)  # the flood is under way
+        b = sh("curl -sS -m 10 http://allowed.test/", policy(dnsmasq, ["allowed.test"]))
+        t.join(60)
+    assert f"hello from {SRV}" in b.stdout, b
+    a = results["a"]
+    assert a.verdict == "ok", a
+    assert not [e for e in a.events if e["kind"] == "teardown"], a.events

@@ -78,6 +78,7 @@ usage: corral [--version] [--help] COMMAND ...
 commands:
   run      run a command in a sandbox            (corral run --help)
   policy   show the effective policy             (corral policy show --help)
+  explain  what enforces each rule of a policy   (corral explain --help)
   doctor   what this host supports and how to fix what is missing
 
 corral {__version__}
@@ -326,7 +327,39 @@ def cmd_doctor(args: list[str]) -> int:
     return report(as_json="--json" in args)
 
 
-COMMANDS = {"run": cmd_run, "policy": cmd_policy, "doctor": cmd_doctor}
+EXPLAIN_USAGE = """\
+usage: corral explain [--policy FILE] [--isolation T] [run options] [--json]
+
+For this policy on this tier on this host: does the code get its own kernel, is the
+network closed by default (and what can it reach), which credentials can it reach; then a
+line per rule saying what enforces it (kernel, proxy, supervisor, or none). It reads the
+same plan `corral run` would run. Exit 0 when the policy would run, 3 when it would be
+refused (the refusal is part of the output).
+"""
+
+
+def cmd_explain(args: list[str]) -> int:
+    try:
+        r = parse_run_args(args, want_command=False)
+        if r.help:
+            sys.stdout.write(EXPLAIN_USAGE)
+            return 0
+        from .explain import explain, render
+
+        d = explain(effective_policy(r))
+    except CorralError as e:
+        return _fail(e, r.json if "r" in locals() else False)
+    if r.json:
+        import json
+
+        sys.stdout.write(json.dumps(d, indent=2) + "\n")
+    else:
+        sys.stdout.write(render(d))
+    return 0 if d["runs"] else 3
+
+
+COMMANDS = {"run": cmd_run, "policy": cmd_policy, "doctor": cmd_doctor,
+            "explain": cmd_explain}
 
 
 def main(argv: list[str] | None = None) -> int:

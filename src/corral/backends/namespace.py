@@ -109,6 +109,52 @@ def ensure_etc(base: str) -> str:
 
 class NamespaceBackend:
     name = "namespace"
+    mechanism = "bubblewrap + seccomp + cgroups"
+    own_kernel = False
+    #: fixed properties of the tier that `explain` reports and the probe suite cites
+    properties = {"own_kernel": False, "pid_isolation": True, "host_fs_hidden": True,
+                  "no_host_root": True, "kernel_surface_filtered": True,
+                  "network_namespace": True, "read_only_root": True}
+
+    def describe(self, op: Op) -> tuple[str, str]:
+        """How this tier enforces an op: (enforced_by, note)."""
+        match op:
+            case MemoryLimit():
+                return "kernel", "memory cgroup, swap included; oom verdict from its counter"
+            case PidsLimit():
+                return "kernel", "pids cgroup"
+            case CpuQuota():
+                return "kernel", "cpu cgroup (CFS quota)"
+            case CpuTime():
+                return "supervisor", "the run's cgroup CPU counter, polled; RLIMIT_CPU as a " \
+                                     "second layer"
+            case WallClock():
+                return "supervisor", "wall clock; then every process of the run is killed"
+            case OutputCap():
+                return "supervisor", "bytes past the cap are read and dropped"
+            case Rlimit():
+                return "kernel", f"RLIMIT_{op.name.upper()}"
+            case Scratch():
+                return "kernel", "tmpfs with size= and nr_inodes=, /tmp and /dev/shm on it"
+            case WorkspaceMount():
+                return "kernel", "idmapped bind mount, nosuid, nodev" + (
+                    "" if op.writable else ", read-only")
+            case ReadOnlyBind():
+                return "kernel", "read-only bind mount"
+            case Environment():
+                return "supervisor", "only corral's base, env.pass and env.set"
+            case NoNetwork():
+                return "kernel", "empty network namespace (loopback only)"
+            case EgressProxy():
+                return "proxy", "egress proxy on 127.0.0.1:3128 inside the namespace"
+            case Seccomp():
+                return "kernel", "seccomp deny list (src/corral/seccomp.py)"
+            case Namespaces():
+                return "kernel", "user/mount/pid/net/uts/ipc/cgroup namespaces, no " \
+                                 "capabilities, no_new_privs, unprivileged host uid"
+            case SystemRoot():
+                return "kernel", "read-only binds of /usr, /lib*, a minimal /etc"
+        return "none", f"unknown op {type(op).__name__}"
 
     def __init__(self) -> None:
         self.bwrap = find_bwrap()

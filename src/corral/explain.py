@@ -1,0 +1,102 @@
+"""`corral explain`: the article's three questions for a policy on a tier, on this host,
+then a line per rule saying what enforces it. Reads the very plan `corral run` would run
+(sandbox.prepare), so the two cannot disagree."""
+
+from __future__ import annotations
+
+from .errors import BackendUnavailable, UnsupportedRule
+from .plan import EgressProxy, Plan
+from .policy import Policy
+
+OP_RULE_NAMES = {"Namespaces": "isolation", "SystemRoot": "filesystem (root)",
+                 "Seccomp": "kernel surface (seccomp)", "NoNetwork": "network (namespace)"}
+
+
+def explain(policy: Policy, tier: str | None = None) -> dict:
+    from .sandbox import check_tier, prepare
+
+    if tier is not None:
+        policy = policy.replace(isolation=tier)
+    refused = None
+    try:
+        backend, plan, events = prepare(policy)
+    except UnsupportedRule as e:  # explain still describes what would happen, and why not
+        refused = e
+        from .plan import build_plan
+        import os
+
+        plan = build_plan(policy, dict(os.environ))
+        backend, _, _ = check_tier(plan.tier if plan.tier != "auto" else "namespace", plan)
+    missing = dict((id(op), why) for op, why in backend.check(plan))
+    rules = []
+    for op in plan.ops:
+        rule = op.rule or OP_RULE_NAMES.get(type(op).__name__, type(op).__name__)
+        if not op.rule and getattr(op, "name", None) == "core":
+            rule = "core dumps"
+        if id(op) in missing:
+            rules.append({"rule": rule, "enforced_by": "none", "note": missing[id(op)]})
+        else:
+            by, note = backend.describe(op)
+            rules.append({"rule": rule, "enforced_by": by, "note": note})
+    out = {
+        "tier": backend.name,
+        "mechanism": backend.mechanism,
+        "own_kernel": backend.own_kernel,
+        "network": _network(plan, policy),
+        "credentials": _credentials(plan, policy),
+        "rules": rules,
+        "properties": dict(backend.properties),
+        "runs": refused is None,
+    }
+    if refused is not None:
+        out["refused"] = refused.to_dict()
+    return out
+
+
+def _network(plan: Plan, policy: Policy) -> dict:
+    proxy = plan.find(EgressProxy)
+    if not proxy:
+        return {"default_closed": True, "reachable": [],
+                "note": "an empty network namespace: nothing leaves"}
+    n = policy.network
+    return {"default_closed": True,
+            "reachable": [f"{r} (via the egress proxy)" for r in n.allow],
+            "denied": list(n.deny), "private_allowed": list(n.allow_private),
+            "note": "only through the egress proxy on 127.0.0.1:3128; the sandbox has no "
+                    "route and no resolver of its own"}
+
+
+def _credentials(plan: Plan, policy: Policy) -> list[dict]:
+    creds = []
+    for name in policy.env.pass_:
+        creds.append({"name": name, "how": "env.pass: the real value is in the sandbox's "
+                                           "environment; the code can read and send it"})
+    for s in policy.secrets:
+        creds.append({"name": s.name, "how": "secret grant: the sandbox sees a placeholder; "
+                      f"the proxy sends the value only to {', '.join(s.hosts)} for "
+                      f"{s.ttl:g}s" + (" (plain HTTP too)" if s.plain_http else "")})
+    return creds
+
+
+def render(d: dict) -> str:
+    own = {True: "yes", False: "no: it shares the host's kernel",
+           "user-space": "a user-space kernel (gVisor) between it and the host's"}
+    lines = [f"tier: {d['tier']} ({d['mechanism']})"]
+    if not d["runs"]:
+        lines.append(f"REFUSED: {d['refused']['field']}: {d['refused']['message']}")
+    lines.append(f"1. its own kernel? {own.get(d['own_kernel'], d['own_kernel'])}")
+    net = d["network"]
+    reach = ", ".join(net["reachable"]) or "nothing"
+    lines.append(f"2. network closed by default? {'yes' if net['default_closed'] else 'NO'}; "
+                 f"reachable: {reach}")
+    creds = d["credentials"]
+    lines.append("3. credentials it can reach: " + (
+        "none" if not creds else "; ".join(f"{c['name']} ({c['how']})" for c in creds)))
+    lines.append("rules:")
+    width = max(len(r["rule"]) for r in d["rules"])
+    for r in d["rules"]:
+        lines.append(f"  {r['rule']:<{width}}  {r['enforced_by']:<10}  {r['note']}")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["explain", "render", "BackendUnavailable"]

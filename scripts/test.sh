@@ -4,6 +4,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
+# Some tests run corral as an ordinary user (uid 65534), which must be able to reach the
+# checkout: give "others" search permission (x, not read) on the directories above it.
+if [ "$(id -u)" -eq 0 ]; then
+  p=$PWD
+  while [ "$p" != / ]; do
+    [ -n "$(find "$p" -maxdepth 0 -perm -o+x)" ] || { chmod o+x "$p" && echo "test.sh: chmod o+x $p" >&2; }
+    p=$(dirname "$p")
+  done
+fi
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?
 if [ $rc -eq 5 ]; then

@@ -582,16 +582,12 @@ def _start_proxy(op, init_pid, attach, uid, gid, root) -> _Proxy:
     listener = listen_in_netns(init_pid)
     cfd = config_fd(op.config_json)
     try:
-        def setup() -> None:  # the proxy joins the run's cgroup and runs as its uid
+        def setup() -> None:  # the proxy joins the run's cgroup; boot.py drops to its uid
             if attach:
                 limits.RunCgroup.attach_self(attach)
-            if root:
-                os.setgroups([])
-                os.setresgid(gid, gid, gid)
-                os.setresuid(uid, uid, uid)
             set_pdeathsig(SIGKILL)
 
-        argv = proxy_argv(cfd, listener.fileno())
+        argv = proxy_argv(cfd, listener.fileno(), uid, gid)
         devnull = os.open(os.devnull, os.O_RDONLY)
         try:
             ppid, events_r, err_r = spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"},

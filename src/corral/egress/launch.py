@@ -57,9 +57,11 @@ def listen_in_netns(pid: int, port: int = PROXY_PORT) -> socket.socket:
     return out["sock"]
 
 
-def proxy_argv(config_fd: int, listen_fd: int) -> list[str]:
-    """The proxy process: this interpreter in isolated mode; events on its stdout."""
-    return [sys.executable, "-I", "-m", "corral.egress", "--config-fd", str(config_fd),
+def proxy_argv(config_fd: int, listen_fd: int, uid: int, gid: int) -> list[str]:
+    """The proxy process: this interpreter in isolated mode, started as the supervisor's
+    user and dropping to uid:gid once loaded (boot.py); events on its stdout."""
+    return [sys.executable, "-I", "-c", "import corral.egress.boot as b; b.main()",
+            str(uid), str(gid), "--", "--config-fd", str(config_fd),
             "--listen-fd", str(listen_fd)]
 
 

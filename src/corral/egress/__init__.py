@@ -3,15 +3,17 @@
 Sans-IO core (no sockets, no asyncio): hosts.py (canonical hosts, IP spellings,
 classify_ip), config.py (NetConfig, the rule grammar), decide.py (decide_target before DNS,
 check_address after), tls.py (SNI from a ClientHello), conn.py (ProxyConnection, an
-h11-shaped state machine for HTTP/1.1 proxy requests). The asyncio layer is server.py; the
-process entry is ``python -m corral.egress`` (__main__.py).
+h11-shaped state machine for HTTP/1.1 proxy requests), secrets.py (credential grants:
+inject() and ResponseScrubber). mitm.py makes the per-run CA (make_ca, for the supervisor)
+and the leaf certificates the proxy terminates granted hosts' TLS with. The asyncio layer
+is server.py; the process entry is ``python -m corral.egress`` (__main__.py).
 """
 
-from .config import Budget, NetConfig, Rule, parse_rule
+from .config import Budget, Grant, NetConfig, Rule, parse_rule
 from .conn import ProxyConnection, ProxyProtocolError
 from .decide import Decision, check_address, decide_target
 from .hosts import HostError, classify_ip, parse_host
 
-__all__ = ["Budget", "Decision", "HostError", "NetConfig", "ProxyConnection",
+__all__ = ["Budget", "Decision", "Grant", "HostError", "NetConfig", "ProxyConnection",
            "ProxyProtocolError", "Rule", "check_address", "classify_ip", "decide_target",
            "parse_host", "parse_rule"]

@@ -14,6 +14,12 @@ SIGTERM or SIGINT (cutting open connections, whose events are still written), or
 reader of a pipe --events-fd closes it (the supervisor is gone). A listening socket keeps its
 network namespace alive, so the supervisor must end the proxy when it tears the sandbox down:
 SIGTERM it, or close the events pipe.
+
+With secret grants (NetConfig.secrets) the proxy holds the values and the run CA's key in
+memory only, and makes itself non-dumpable (no core file, no ptrace or /proc/PID/mem for
+processes of its uid); everything it writes to stderr passes through a redactor that swaps
+each value for its placeholder; a bad CA or upstream_ca file ends it with status 2 before
+it listens.
 """
 
 from __future__ import annotations
@@ -66,6 +72,32 @@ class _EventWriter:
             self.broken = True
 
 
+class _Redacting:
+    """stderr for a proxy that holds secret values: everything written (tracebacks included)
+    goes through `redact` first, which puts each value's placeholder in its place."""
+
+    def __init__(self, stream, redact) -> None:
+        self._stream, self._redact = stream, redact
+
+    def write(self, text: str) -> int:
+        self._stream.write(self._redact(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _not_dumpable() -> None:
+    """PR_SET_DUMPABLE 0: no core dump holds the values, and processes of the same uid
+    without CAP_SYS_PTRACE can neither ptrace this one nor read its /proc/PID/mem."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m corral.egress", description=__doc__.split("\n")[0])
     cfg_g = p.add_mutually_exclusive_group(required=True)
@@ -106,6 +138,23 @@ def main(argv: list[str] | None = None) -> int:
         events_fd = sys.stdout.fileno()
     emit = _EventWriter(events_fd)
 
+    import asyncio
+    import ssl
+
+    from .server import EgressProxy, raise_nofile
+
+    if cfg.secrets:
+        _not_dumpable()
+
+    try:
+        proxy = EgressProxy(cfg, emit)
+    except (ValueError, TypeError, OSError, ssl.SSLError) as e:
+        # messages of LeafCache and upstream_context name the field, never key material
+        print(f"corral-egress: {e}", file=sys.stderr)
+        return 2
+    if cfg.secrets:
+        sys.stderr = _Redacting(sys.stderr, proxy.redact)
+
     if args.listen_fd is not None:
         listener = socket.socket(fileno=args.listen_fd)
     else:
@@ -113,15 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     name = listener.getsockname()
     print(f"corral-egress: listening on {name[0]}:{name[1]}", file=sys.stderr, flush=True)
 
-    import asyncio
-
-    from .server import EgressProxy, raise_nofile
-
     raise_nofile(6 * cfg.max_connections + 256)   # client, upstream, 2 splice pipes
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
-        proxy = EgressProxy(cfg, emit)
         task = asyncio.create_task(proxy.serve(listener))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)

@@ -312,10 +312,12 @@ def _h11_message(e: h11.RemoteProtocolError) -> str:
 
 # --- what the proxy sends --------------------------------------------------------------
 
-def forward_request(req: HttpRequest, host_header: bytes | None = None) -> h11.Request:
+def forward_request(req: HttpRequest, host_header: bytes | None = None, *,
+                    keep_alive: bool = False) -> h11.Request:
     """The request to send upstream: origin-form, the client's Host header kept (or built
     from the target), hop-by-hop and Proxy-* headers dropped, Expect dropped (the proxy
-    answers 100-continue itself), and ``Connection: close`` (one upstream per request)."""
+    answers 100-continue itself), and ``Connection: close`` (one upstream per request)
+    unless `keep_alive`."""
     drop = set(HOP_BY_HOP) | {b"host", b"expect"}
     for k, v in req.headers:
         if k == b"connection":
@@ -329,15 +331,54 @@ def forward_request(req: HttpRequest, host_header: bytes | None = None) -> h11.R
         if k in drop or (has_te and k == b"content-length"):
             continue
         headers.append((k, v))
-    headers.append((b"connection", b"close"))
+    if not keep_alive:
+        headers.append((b"connection", b"close"))
     return h11.Request(method=req.method, target=req.path, headers=headers)
 
 
-def _build_host(host: str, port: int) -> str:
+def inner_request(ev: h11.Request, host: str, port: int) -> HttpRequest:
+    """A request read inside a TLS connection the proxy terminated for CONNECT host:port.
+
+    The target becomes origin-form (an absolute ``https://`` target must name host:port);
+    the Host header, when present, must name host:port too (403 "host header mismatch"):
+    the upstream is pinned to host, and a server that hosts several names must not be asked
+    for another one with the credential of this one. Raises ProxyProtocolError."""
+    headers = tuple((bytes(k), bytes(v)) for k, v in ev.headers)
+    target = bytes(ev.target).decode("latin-1")
+    if ev.method == b"CONNECT":
+        raise ProxyProtocolError("CONNECT inside a CONNECT tunnel", host=host, port=port)
+    if target != "*" and not target.startswith("/"):
+        m = _SCHEME.match(target)
+        if m is None or m.group(1).lower() != "https" or "@" in m.group(2):
+            raise ProxyProtocolError("bad request target inside the tunnel")
+        th, tp = split_authority(m.group(2), default_port=443)
+        if not _same_host(th, host) or tp != port:
+            raise ProxyProtocolError("host header mismatch", status=403, host=host, port=port)
+        rest = m.group(3)
+        if "#" in rest:
+            raise ProxyProtocolError("a fragment (#) does not belong in a request")
+        target = rest if rest.startswith("/") else "/" + rest
+    hosts = [v for k, v in headers if k == b"host"]
+    if len(hosts) > 1:
+        raise ProxyProtocolError("more than one Host header")
+    if hosts:
+        try:
+            hh, hp = split_authority(hosts[0].decode("latin-1"), default_port=443)
+        except ProxyProtocolError:
+            raise ProxyProtocolError("host header mismatch", status=403, host=host,
+                                     port=port) from None
+        if not _same_host(hh, host) or hp != port:
+            raise ProxyProtocolError("host header mismatch", status=403, host=host, port=port)
+    return HttpRequest(method=bytes(ev.method), host=host, port=port,
+                       path=target.encode("latin-1"), headers=headers,
+                       http_version=bytes(ev.http_version))
+
+
+def _build_host(host: str, port: int, default_port: int = 80) -> str:
     try:
-        return host_header_text(parse_host(host), port)
+        return host_header_text(parse_host(host), port, default_port=default_port)
     except HostError:
-        return host if port == 80 else f"{host}:{port}"
+        return host if port == default_port else f"{host}:{port}"
 
 
 def response_headers(headers) -> list[tuple[bytes, bytes]]:
@@ -396,6 +437,7 @@ __all__ = [
     "deny_response",
     "error_response",
     "forward_request",
+    "inner_request",
     "response_headers",
     "split_authority",
 ]

@@ -1,0 +1,381 @@
+"""Credential grants, the proxy's side. Pure: no I/O.
+
+The sandbox holds a random per-run placeholder; the value stays with the proxy. For each
+request the proxy can read (plain http://, or HTTPS to a granted host, whose TLS it
+terminates with the run CA), `inject()` replaces every placeholder with its grant's value,
+in:
+
+- every request header value (Authorization, Cookie, custom headers, ...),
+- the user:password inside ``Authorization: Basic <base64>`` (decoded, replaced,
+  re-encoded: that is where curl, git and requests put URL userinfo),
+- the request target (path and query; the value is percent-encoded there),
+
+but only when the request goes to a host:port one of the grant's rules names, the grant has
+not expired, and the request is HTTPS (or the grant says ``plain_http``). Anything else that
+carries a placeholder (in a header name or value, a Basic credential, or the target, also
+percent-decoded) is refused whole with 403 and a ``kind: "secret"`` event: "exfiltration
+attempt" (another host), "grant expired", "plain http not allowed for this grant". The value
+is never sent without the grant's conditions, and a refused request never half-happens.
+
+`ResponseScrubber` runs the other way on every response from a granted host: each value
+(and each encoding of it the proxy itself produced for that connection, see
+``Injection.echoes``) is replaced by its placeholder in the response headers and, as a
+stream, in the body.
+
+What this does not do (the limits; see also `ResponseScrubber`):
+
+- A CONNECT tunnel to a host no grant names is never opened: the proxy cannot see inside
+  that TLS, so a placeholder sent there is neither replaced nor detected. It is worthless
+  there: it means nothing outside this run and the value never goes to that host.
+- Request bodies are neither injected nor scanned: a placeholder in a body reaches the
+  granted host as the placeholder.
+- A granted host that *stores* what it receives (a header it logs, a query parameter it
+  keeps) and serves it back later, transformed (base64 at another offset, hex, JSON-escaped)
+  or to a host no grant names, can reveal the value. Grant only hosts whose API treats
+  the credential as a credential, and prefer headers: a placeholder in the URL puts the
+  value in the URL (and in the server's access log).
+- Non-TLS tunnels to a granted host (ssh on github.com:22, say) are plain tunnels: nothing
+  is injected into them and nothing is scrubbed out of them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import secrets as _random
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from ipaddress import ip_address
+from urllib.parse import quote, unquote_to_bytes
+
+from .config import Grant
+
+Headers = list[tuple[bytes, bytes]]
+
+EXFILTRATION = "exfiltration attempt"
+EXPIRED = "grant expired"
+PLAIN_HTTP = "plain http not allowed for this grant"
+GRANTED = "granted"
+
+
+def make_placeholder(name: str) -> str:
+    """A fresh placeholder for a grant: ``corral_<name>_<32 random hex digits>``; it fits
+    the placeholder grammar (config.Grant) and is safe in headers, URLs and Basic auth."""
+    clean = re.sub(r"[^A-Za-z0-9_]", "_", name)[:64]
+    return f"corral_{clean}_{_random.token_hex(16)}"
+
+
+def secret_event(name: str, host: str, port: int, decision: str, reason: str) -> dict:
+    return {"kind": "secret", "name": name, "host": host, "port": port,
+            "decision": decision, "reason": reason}
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """What to send instead of the client's request. When ``denied`` is set (an event),
+    send nothing upstream: answer 403 with `reason`."""
+
+    headers: Headers
+    target: bytes
+    used: list[str] = field(default_factory=list)        # names of the grants injected
+    denied: dict | None = None
+    #: text the proxy produced from a value -> the text the client wrote (a re-encoded Basic
+    #: credential, a percent-encoded value); the scrubber maps it back in responses
+    echoes: dict[bytes, bytes] = field(default_factory=dict)
+
+    @property
+    def reason(self) -> str | None:
+        """One line for X-Corral-Reason, or None when the request may go."""
+        if self.denied is None:
+            return None
+        return f"secret {self.denied['name']}: {self.denied['reason']}"
+
+    def __repr__(self) -> str:     # the headers hold values
+        return (f"Injection(used={self.used!r}, denied={self.denied!r}, "
+                f"headers=<{len(self.headers)} hidden>)")
+
+
+def inject(grants: Sequence[Grant], host, port: int, scheme: str, method: bytes,
+           target: bytes, headers: Iterable[tuple[bytes, bytes]], now: float) -> Injection:
+    """Replace placeholders in one request head, or refuse it (module docstring).
+
+    ``host`` is canonical (hosts.parse_host, or its str()); ``scheme`` is "https" for a
+    request read from a terminated TLS connection, "http" for a plain one; ``now`` is unix
+    time."""
+    del method                                   # every method is treated alike
+    headers = [(bytes(k), bytes(v)) for k, v in headers]
+    target = bytes(target)
+    if not grants:
+        return Injection(headers, target)
+    h = _host(host)
+    canon = str(h)
+    basics = [_basic(v) if k.lower() in (b"authorization", b"proxy-authorization") else None
+              for k, v in headers]
+    try:
+        unquoted = unquote_to_bytes(target)
+    except (ValueError, TypeError):
+        unquoted = target
+    found: list[Grant] = []
+    for g in grants:
+        ph = g.placeholder.encode("ascii")
+        if (ph in target or ph in unquoted
+                or any(ph in k or ph in v for k, v in headers)
+                or any(b is not None and ph in b for b in basics)):
+            found.append(g)
+    if not found:
+        return Injection(headers, target)
+    for g in found:
+        reason = _refusal(g, h, port, scheme, now)
+        if reason is not None:
+            return Injection(headers, target, denied=secret_event(g.name, canon, port, "deny",
+                                                                  reason))
+    echoes: dict[bytes, bytes] = {}
+    used: list[str] = []
+    out: Headers = []
+    for (k, v), basic in zip(headers, basics, strict=True):
+        if basic is not None and any(g.placeholder.encode() in basic for g in found):
+            new = basic
+            for g in found:
+                new = new.replace(g.placeholder.encode(), g.value.encode())
+            scheme_word = v.split(None, 1)[0]
+            old_b64 = v.split(None, 1)[1].strip()
+            new_b64 = base64.b64encode(new)
+            echoes[new_b64] = old_b64
+            v = scheme_word + b" " + new_b64
+        for g in found:
+            v = v.replace(g.placeholder.encode(), g.value.encode())
+        out.append((k, v))
+    for g in found:
+        ph = g.placeholder.encode()
+        quoted = quote(g.value, safe="").encode("ascii")
+        if ph in target:
+            target = target.replace(ph, quoted)
+            if quoted != g.value.encode():
+                echoes[quoted] = ph
+        used.append(g.name)
+    return Injection(out, target, used=used, echoes=echoes)
+
+
+def _refusal(g: Grant, host, port: int, scheme: str, now: float) -> str | None:
+    if not g.covers(host, port):
+        return EXFILTRATION
+    if now >= g.expires_at:
+        return EXPIRED
+    if scheme != "https" and not g.plain_http:
+        return PLAIN_HTTP
+    return None
+
+
+def _host(host):
+    if not isinstance(host, str):
+        return host
+    try:
+        return ip_address(host.strip("[]"))
+    except ValueError:
+        return host
+
+
+def _basic(value: bytes) -> bytes | None:
+    """The decoded user:password of ``Basic <b64>``, else None."""
+    parts = value.split(None, 1)
+    if len(parts) != 2 or parts[0].lower() != b"basic":
+        return None
+    try:
+        return base64.b64decode(parts[1].strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def grants_for(grants: Sequence[Grant], host, port: int) -> list[Grant]:
+    """The grants that name host:port (whether or not they are still valid)."""
+    h = _host(host)
+    return [g for g in grants if g.covers(h, port)]
+
+
+def scrub_map(grants: Sequence[Grant]) -> dict[bytes, bytes]:
+    """value -> placeholder for every grant (and the percent-encoded value, when it differs),
+    for `ResponseScrubber`."""
+    out: dict[bytes, bytes] = {}
+    for g in grants:
+        ph = g.placeholder.encode("ascii")
+        out[g.value.encode("ascii")] = ph
+        q = quote(g.value, safe="").encode("ascii")
+        out.setdefault(q, ph)
+    return out
+
+
+_READABLE = {b"gzip", b"x-gzip", b"identity"}
+
+
+def readable_accept_encoding(headers: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """Request headers with Accept-Encoding narrowed to the codings the scrubber can read
+    (gzip, identity), so that a granted host has no reason to answer in br or zstd."""
+    out: Headers = []
+    for k, v in headers:
+        if k.lower() != b"accept-encoding":
+            out.append((k, v))
+            continue
+        keep = [t.strip() for t in v.split(b",")
+                if t.split(b";", 1)[0].strip().lower() in _READABLE]
+        out.append((k, b", ".join(keep) if keep else b"identity"))
+    return out
+
+
+class ScrubError(ValueError):
+    """The response body cannot be decoded (bad gzip): the proxy cuts the response."""
+
+
+#: decoded output per step, so a gzip bomb never sits in memory whole
+_PIECE = 256 * 1024
+
+
+class ResponseScrubber:
+    """Replaces secret values with their placeholders in one response.
+
+        s = ResponseScrubber({b"value": b"placeholder"})
+        headers = s.start(headers, has_body=True)     # what to send as the response head
+        for piece in s.feed(data): send(piece)        # each body chunk, as it arrives
+        send(s.end())                                 # what was held back
+
+    Header values are always scrubbed. The body is scrubbed when its Content-Encoding is
+    absent or identity (streamed as is), or gzip/x-gzip (decoded, scrubbed, and sent on as
+    identity: Content-Encoding is dropped). Any other encoding (br, zstd, deflate, or a chain
+    of several) passes **unscrubbed**: ``mode`` says "unscrubbed". The proxy asks granted
+    hosts for gzip or identity only (`readable_accept_encoding`), so that takes a server
+    that ignores Accept-Encoding.
+
+    Whenever the body may change length, Content-Length is dropped (the proxy then frames the
+    body with chunked encoding, or by closing, for HTTP/1.0 clients). A value split across
+    chunks is still caught: the last ``len(longest value) - 1`` bytes are held back until
+    more data or the end arrives. Other transformations of a value (base64 at another
+    offset, hex, JSON escapes, a compression the proxy cannot read) are not recognised.
+    """
+
+    def __init__(self, values_to_placeholders: Mapping[bytes | str, bytes | str]) -> None:
+        pairs: dict[bytes, bytes] = {}
+        for k, v in values_to_placeholders.items():
+            kb = k.encode() if isinstance(k, str) else bytes(k)
+            vb = v.encode() if isinstance(v, str) else bytes(v)
+            if kb:
+                pairs[kb] = vb
+        self._map = pairs
+        if pairs:
+            alts = sorted(pairs, key=len, reverse=True)       # longest first at one start
+            self._re: re.Pattern[bytes] | None = re.compile(b"|".join(map(re.escape, alts)))
+            self._hold = max(map(len, pairs)) - 1
+        else:
+            self._re, self._hold = None, 0
+        self._pending = b""
+        self._gz = None            # the zlib decompressor of the current gzip member
+        self.mode = "identity"     # "identity" | "gzip" | "unscrubbed" | "none" (no body)
+
+    def scrub(self, data: bytes) -> bytes:
+        """One complete piece of text (a header value)."""
+        if self._re is None:
+            return data
+        return self._re.sub(lambda m: self._map[m.group(0)], data)
+
+    def start(self, headers: Iterable[tuple[bytes, bytes]], *, has_body: bool) -> Headers:
+        """The response head to send: values scrubbed; framing fixed for the body mode."""
+        hs = [(bytes(k), self.scrub(bytes(v))) for k, v in headers]
+        if not has_body:
+            self.mode = "none"
+            return hs
+        codings = [c.strip().lower() for k, v in hs if k.lower() == b"content-encoding"
+                   for c in v.split(b",") if c.strip()]
+        codings = [c for c in codings if c != b"identity"]
+        if not codings:
+            self.mode = "identity"
+        elif codings in ([b"gzip"], [b"x-gzip"]):
+            self.mode = "gzip"
+        else:
+            self.mode = "unscrubbed"
+            return hs
+        if self._re is None and self.mode == "identity":
+            return hs
+        drop = {b"content-length"}
+        if self.mode == "gzip":
+            drop.add(b"content-encoding")
+        return [(k, v) for k, v in hs if k.lower() not in drop]
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        """Body bytes as they arrive -> the scrubbed bytes that may be sent now."""
+        if self.mode in ("unscrubbed", "none"):
+            if data:
+                yield data
+            return
+        if self.mode == "gzip":
+            for piece in self._inflate(data):
+                out = self._scan(piece, final=False)
+                if out:
+                    yield out
+            return
+        out = self._scan(data, final=False)
+        if out:
+            yield out
+
+    def end(self) -> bytes:
+        """The end of the body: what was held back. Raises ScrubError for a gzip stream that
+        stopped inside a member."""
+        if self.mode in ("unscrubbed", "none"):
+            return b""
+        if self.mode == "gzip" and self._gz is not None and not self._gz.eof:
+            raise ScrubError("gzip body ended early")
+        return self._scan(b"", final=True)
+
+    def _inflate(self, data: bytes) -> Iterator[bytes]:
+        while data:
+            if self._gz is None or self._gz.eof:
+                if not b"\x1f\x8b".startswith(data[:2]):
+                    return                       # padding after the last member: dropped
+                self._gz = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            gz = self._gz
+            try:
+                out = gz.decompress(data, _PIECE)
+                while True:
+                    if out:
+                        yield out
+                    if not gz.unconsumed_tail:
+                        break
+                    out = gz.decompress(gz.unconsumed_tail, _PIECE)
+            except zlib.error:
+                raise ScrubError("bad gzip body from upstream") from None
+            data = gz.unused_data if gz.eof else b""
+
+    def _scan(self, data: bytes, *, final: bool) -> bytes:
+        buf = self._pending + data if self._pending else data
+        if self._re is None:
+            self._pending = b""
+            return buf
+        cut = len(buf) if final else max(0, len(buf) - self._hold)
+        out = []
+        pos = 0
+        for m in self._re.finditer(buf):
+            if m.start() >= cut:
+                break
+            out.append(buf[pos:m.start()])
+            out.append(self._map[m.group(0)])
+            pos = m.end()
+        cut = max(cut, pos)
+        out.append(buf[pos:cut])
+        self._pending = buf[cut:]
+        return b"".join(out)
+
+
+__all__ = [
+    "EXFILTRATION",
+    "EXPIRED",
+    "GRANTED",
+    "PLAIN_HTTP",
+    "Injection",
+    "ResponseScrubber",
+    "ScrubError",
+    "grants_for",
+    "inject",
+    "make_placeholder",
+    "readable_accept_encoding",
+    "scrub_map",
+    "secret_event",
+]

@@ -1,0 +1,838 @@
+"""Credential grants in the egress proxy, with real parts: the proxy as its own process, a
+real dnsmasq, real HTTP and HTTPS echo servers on a random loopback /24 (their certificate
+signed by a test CA the proxy gets as upstream_ca), and curl, urllib, requests and git as
+clients. The sans-IO pieces (inject, ResponseScrubber, the config) get table tests first.
+
+Traffic goes only to 127.0.0.0/8. Every test scans what it captured (client output, events,
+the proxy's stderr) for the secret value: only the upstream servers may ever see it.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import gzip
+import http.server
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from test_egress_proxy import free_port
+
+from corral.egress.config import NetConfig
+from corral.egress.secrets import ResponseScrubber, inject, make_placeholder
+from corral.errors import PolicyError
+
+TOKEN = "ghp_R3alS3cretV4lue+/=0123456789abcdef"      # the credential (never in the sandbox)
+PH = make_placeholder("GITHUB_TOKEN")                     # what the sandbox holds
+OTHER_PH = make_placeholder("OTHER")
+
+_NET = "127.{}.{}".format(*os.urandom(2))
+GRANTED = f"{_NET}.2"        # granted.test
+OTHER = f"{_NET}.3"          # other.test: allowed, but no grant names it
+PRIV = f"{_NET}.0/24"
+
+
+def grant(**kw) -> dict:
+    g = {"name": "GITHUB_TOKEN", "placeholder": PH, "value": TOKEN, "hosts": ["granted.test"],
+         "expires_at": time.time() + 3600, "plain_http": False}
+    g.update(kw)
+    return g
+
+
+# --- the sans-IO core ------------------------------------------------------------------------
+
+def cfg_with(**kw) -> NetConfig:
+    from corral.egress.mitm import make_ca
+
+    cert, key = make_ca("t")
+    return NetConfig.from_dict({"allow": ["granted.test"], "secrets": [grant(**kw)],
+                                "ca_cert_pem": cert, "ca_key_pem": key})
+
+
+def test_config_round_trip_and_repr_hides_the_value():
+    cfg = cfg_with(hosts=["granted.test", "*.granted.test:8443"], plain_http=True)
+    assert NetConfig.from_json(cfg.to_json()) == cfg
+    (g,) = cfg.secrets
+    assert (g.name, g.placeholder, g.value, g.plain_http) == ("GITHUB_TOKEN", PH, TOKEN, True)
+    for text in (repr(g), str(g), repr(cfg), str(cfg)):
+        assert TOKEN not in text and "PRIVATE KEY" not in text
+        assert PH in text
+    with pytest.raises(PolicyError, match=r"network\.secrets\[0\]\.valeu: unknown key"):
+        NetConfig.from_dict({"secrets": [{**grant(), "valeu": 1}], "ca_cert_pem": "x"})
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"value": "Zq7#x"}, "value"), ({"value": "has\nnewline-in-it"}, "value"),
+    ({"value": " edge-space-value"}, "value"), ({"placeholder": "short"}, "placeholder"),
+    ({"placeholder": "has space in the placeholder"}, "placeholder"),
+    ({"hosts": []}, "hosts"), ({"hosts": ["https://granted.test/"]}, "hosts[0]"),
+    ({"expires_at": "soon"}, "expires_at"), ({"plain_http": "yes"}, "plain_http"),
+    ({"name": "not a name"}, "name"), ({"value": PH + "x"}, "placeholder"),
+])
+def test_bad_grants_name_the_field_and_never_the_value(change, field):
+    from corral.egress.mitm import make_ca
+
+    cert, key = make_ca()
+    with pytest.raises(PolicyError) as e:
+        NetConfig.from_dict({"secrets": [grant(**change)], "ca_cert_pem": cert,
+                             "ca_key_pem": key})
+    assert e.value.field == f"network.secrets[0].{field}"
+    assert TOKEN not in str(e.value) and str(change.get("value", "@@")) not in str(e.value)
+
+
+def test_grants_need_the_run_ca():
+    with pytest.raises(PolicyError, match="ca_cert_pem"):
+        NetConfig.from_dict({"secrets": [grant()]})
+
+
+def run_inject(host="granted.test", port=443, scheme="https", target=b"/", headers=(),
+               now=None, **kw):
+    cfg = cfg_with(**kw)
+    return inject(cfg.secrets, host, port, scheme, b"GET", target, list(headers),
+                  time.time() if now is None else now)
+
+
+def test_inject_everywhere_on_the_granted_host():
+    basic = base64.b64encode(f"git:{PH}".encode())
+    inj = run_inject(target=f"/api?token={PH}".encode(), headers=[
+        (b"authorization", b"Bearer " + PH.encode()), (b"x-custom", b"k=" + PH.encode()),
+        (b"cookie", b"a=1; t=" + PH.encode()), (b"proxy-authorization", b"Basic " + basic)])
+    assert inj.denied is None and inj.used == ["GITHUB_TOKEN"]
+    h = dict(inj.headers)
+    assert h[b"authorization"] == b"Bearer " + TOKEN.encode()
+    assert h[b"x-custom"] == b"k=" + TOKEN.encode()
+    assert h[b"cookie"] == b"a=1; t=" + TOKEN.encode()
+    assert base64.b64decode(h[b"proxy-authorization"].split()[1]) == f"git:{TOKEN}".encode()
+    assert inj.target == b"/api?token=ghp_R3alS3cretV4lue%2B%2F%3D0123456789abcdef"
+    assert TOKEN not in repr(inj)
+    # what the proxy produced maps back to what the client wrote
+    assert inj.echoes[h[b"proxy-authorization"].split()[1]] == basic
+    assert run_inject(headers=[(b"x", b"no placeholder")]).used == []
+
+
+@pytest.mark.parametrize("host,port,scheme,now_offset,reason", [
+    ("evil.test", 443, "https", 0, "exfiltration attempt"),
+    ("granted.test.evil.test", 443, "https", 0, "exfiltration attempt"),
+    ("evilgranted.test", 443, "https", 0, "exfiltration attempt"),
+    ("sub.granted.test", 443, "https", 0, "exfiltration attempt"),
+    (OTHER, 443, "https", 0, "exfiltration attempt"),
+    ("granted.test", 443, "https", 7200, "grant expired"),
+    ("granted.test", 80, "http", 0, "plain http not allowed for this grant"),
+])
+def test_inject_refuses(host, port, scheme, now_offset, reason):
+    for where in ("header", "basic", "target", "quoted-target", "header-name"):
+        headers, target = [], b"/"
+        if where == "header":
+            headers = [(b"x-api-key", PH.encode())]
+        elif where == "basic":
+            headers = [(b"authorization", b"Basic " + base64.b64encode(f"u:{PH}".encode()))]
+        elif where == "target":
+            target = f"/?q={PH}".encode()
+        elif where == "quoted-target":
+            target = ("/?q=" + "".join(f"%{b:02X}" for b in PH.encode())).encode()
+        else:
+            headers = [(f"x-{PH}".encode(), b"1")]
+        inj = run_inject(host=host, port=port, scheme=scheme, target=target, headers=headers,
+                         now=time.time() + now_offset)
+        assert inj.denied == {"kind": "secret", "name": "GITHUB_TOKEN", "host": host,
+                              "port": port, "decision": "deny", "reason": reason}, where
+        assert inj.used == [] and TOKEN.encode() not in repr(inj.headers).encode()
+        assert inj.reason == f"secret GITHUB_TOKEN: {reason}"
+
+
+def test_inject_ports_and_plain_http():
+    # a rule with a port covers only that port; without one, every port allow opens
+    assert run_inject(port=8443, hosts=["granted.test:8443"],
+                      headers=[(b"x", PH.encode())]).used == ["GITHUB_TOKEN"]
+    assert run_inject(port=443, hosts=["granted.test:8443"], headers=[(b"x", PH.encode())]
+                      ).denied["reason"] == "exfiltration attempt"
+    assert run_inject(port=80, scheme="http", plain_http=True,
+                      headers=[(b"x", PH.encode())]).used == ["GITHUB_TOKEN"]
+    assert run_inject(host=GRANTED, hosts=[GRANTED], headers=[(b"x", PH.encode())]
+                      ).used == ["GITHUB_TOKEN"]
+
+
+def scrub_all(s: ResponseScrubber, chunks) -> bytes:
+    return b"".join(p for c in chunks for p in s.feed(c)) + s.end()
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 37, 1 << 20])
+def test_scrubber_streams_identity_and_gzip(step):
+    body = (b"x" * 100 + TOKEN.encode() + b"yy" + TOKEN.encode()) * 30 + TOKEN.encode()[:-1]
+    want = body.replace(TOKEN.encode(), PH.encode())
+    s = ResponseScrubber({TOKEN: PH})
+    head = s.start([(b"content-length", str(len(body)).encode()), (b"x-echo", TOKEN.encode())],
+                   has_body=True)
+    assert head == [(b"x-echo", PH.encode())]           # length dropped, header scrubbed
+    assert scrub_all(s, [body[i:i + step] for i in range(0, len(body), step)]) == want
+    gz = gzip.compress(body) + gzip.compress(TOKEN.encode())     # two members
+    s = ResponseScrubber({TOKEN: PH})
+    head = s.start([(b"content-encoding", b"gzip"), (b"content-length", b"9")], has_body=True)
+    assert head == [] and s.mode == "gzip"
+    assert scrub_all(s, [gz[i:i + step] for i in range(0, len(gz), step)]) == want + PH.encode()
+
+
+def test_scrubber_random_splits_and_overlapping_values():
+    import random
+
+    rnd = random.Random(4)
+    values = {b"abcdefgh12": b"<P1>", b"abcdefgh1234": b"<P2>", b"zzzzzzzz": b"<P3>"}
+    alphabet = b"abcdefgh1234z-"
+    for _ in range(300):
+        body = bytes(rnd.choice(alphabet) for _ in range(rnd.randrange(0, 120)))
+        body += rnd.choice(list(values)) + bytes(rnd.choice(alphabet) for _ in range(5))
+        want = ResponseScrubber(values).scrub(body)          # one-shot reference
+        s = ResponseScrubber(values)
+        s.start([], has_body=True)
+        cuts = sorted(rnd.sample(range(len(body) + 1), k=min(len(body), rnd.randrange(1, 8))))
+        parts = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+        assert scrub_all(s, parts) == want
+        assert not any(v in want for v in values)
+
+
+def test_accept_encoding_is_narrowed_to_what_the_scrubber_reads():
+    from corral.egress.secrets import readable_accept_encoding
+
+    assert readable_accept_encoding([(b"accept-encoding", b"deflate, gzip;q=1.0, br, zstd"),
+                                     (b"x", b"y")]) == [(b"accept-encoding", b"gzip;q=1.0"),
+                                                        (b"x", b"y")]
+    assert readable_accept_encoding([(b"Accept-Encoding", b"br")]) == [
+        (b"Accept-Encoding", b"identity")]
+
+
+def test_scrubber_limits():
+    s = ResponseScrubber({TOKEN: PH})
+    head = s.start([(b"content-encoding", b"br"), (b"content-length", b"3")], has_body=True)
+    assert s.mode == "unscrubbed" and (b"content-length", b"3") in head
+    assert scrub_all(s, [b"abc"]) == b"abc"           # documented: br passes as is
+    s = ResponseScrubber({TOKEN: PH})
+    s.start([(b"content-encoding", b"gzip")], has_body=True)
+    with pytest.raises(ValueError, match="gzip"):
+        scrub_all(s, [gzip.compress(b"hello")[:-6]])
+
+
+def test_proxy_redacts_its_stderr_and_refuses_a_bad_ca(tmp_path):
+    from corral.egress.__main__ import _Redacting
+    from corral.egress.server import EgressProxy
+
+    cfg = cfg_with()
+    proxy = EgressProxy(cfg, lambda e: None)
+    assert proxy.redact(f"boom: {TOKEN!r}") == f"boom: {PH!r}"
+
+    class Sink:
+        text = ""
+
+        def write(self, t):
+            self.text += t
+
+    sink = Sink()
+    _Redacting(sink, proxy.redact).write(f"Traceback ... {TOKEN}\n")
+    assert sink.text == f"Traceback ... {PH}\n"
+    from corral.egress.mitm import make_ca
+
+    other_cert, _ = make_ca()
+    bad = {**cfg.to_dict(), "ca_cert_pem": other_cert}            # key of another CA
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    r = subprocess.run([sys.executable, "-m", "corral.egress", "--config", str(path),
+                        "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=20,
+                       check=False)
+    assert r.returncode == 2 and "ca_key_pem does not belong to ca_cert_pem" in r.stderr
+    assert TOKEN not in r.stderr and "PRIVATE" not in r.stderr and "listening" not in r.stderr
+
+
+# --- real parts ------------------------------------------------------------------------------
+
+def make_test_ca(tmp: Path) -> tuple[Path, dict[str, tuple[Path, Path]]]:
+    """A CA of the test's own (standing for the public web PKI), and server certs it signed
+    for granted.test and other.test."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def build(subject, issuer, pub, sign_key, ext):
+        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(pub)
+             .serial_number(x509.random_serial_number())
+             .not_valid_before(now - datetime.timedelta(hours=1))
+             .not_valid_after(now + datetime.timedelta(days=2)))
+        for e, crit in ext:
+            b = b.add_extension(e, critical=crit)
+        return b.sign(sign_key, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test web PKI")])
+    ca = build(ca_name, ca_name, ca_key.public_key(), ca_key,
+               [(x509.BasicConstraints(ca=True, path_length=None), True)])
+    ca_path = tmp / "test-ca.pem"
+    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    out = {}
+    for name in ("granted.test", "other.test"):
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = build(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]), ca_name,
+                     key.public_key(), ca_key,
+                     [(x509.SubjectAlternativeName([x509.DNSName(name)]), False),
+                      (x509.BasicConstraints(ca=False, path_length=None), True)])
+        c, k = tmp / f"{name}.pem", tmp / f"{name}.key"
+        c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        k.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                        serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption()))
+        out[name] = (c, k)
+    return ca_path, out
+
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    """Echoes what it received: /echo (identity), /gzip, /chunks (the body in 3-byte chunks),
+    /header (the credential headers back as response headers), /redirect?to=URL, /basic
+    (200 only with the real token as Basic password), /git/... (a dumb-HTTP git repository
+    that wants the real token as Basic password, 401 otherwise)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _seen(self) -> dict:
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else b""
+        rec = {"server": self.server.name, "method": self.command, "path": self.path,
+               "headers": [[k, v] for k, v in self.headers.items()],
+               "body": body.decode("latin-1")}
+        self.server.log.append(rec)
+        return rec
+
+    def _send(self, status, body: bytes, headers=(), chunks: int = 0) -> None:
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        if chunks:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(body), chunks):
+                part = body[i:i + chunks]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _password_ok(self) -> bool:
+        auth = self.headers.get("Authorization", "")
+        if not auth.startswith("Basic "):
+            return False
+        try:
+            _, _, pw = base64.b64decode(auth[6:]).decode().partition(":")
+        except ValueError:
+            return False
+        return pw == TOKEN
+
+    def do_GET(self):
+        rec = self._seen()
+        path, _, query = self.path.partition("?")
+        echo = json.dumps(rec).encode()
+        if path == "/echo":
+            self._send(200, echo, [("Content-Type", "application/json")])
+        elif path == "/gzip":
+            self._send(200, gzip.compress(echo), [("Content-Encoding", "gzip")])
+        elif path == "/chunks":
+            self._send(200, echo, chunks=3)
+        elif path == "/header":
+            self._send(200, b"see headers", [
+                ("X-Echo-" + k, v) for k, v in self.headers.items()
+                if k.lower() in ("authorization", "x-api-key")])
+        elif path == "/redirect":
+            self._send(302, b"moved", [("Location", query.partition("=")[2])])
+        elif path == "/basic":
+            if self._password_ok():
+                self._send(200, b"basic ok")
+            else:
+                self._send(401, b"no", [("WWW-Authenticate", 'Basic realm="t"')])
+        elif path.startswith("/git/"):
+            if not self._password_ok():
+                self._send(401, b"auth", [("WWW-Authenticate", 'Basic realm="git"')])
+                return
+            f = (self.server.git_root / path[len("/git/"):]).resolve()
+            if self.server.git_root not in f.parents or not f.is_file():
+                self._send(404, b"no")
+                return
+            self._send(200, f.read_bytes(), [("Content-Type", "application/octet-stream")])
+        else:
+            self._send(404, b"no")
+
+    do_HEAD = do_GET
+    do_POST = do_GET
+
+
+class ShortEcho(Echo):
+    timeout = 0.3            # closes a kept-alive connection idle for that long
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, addr, name: str, log: list, git_root: Path, tls=None, handler=Echo):
+        self.name, self.log, self.git_root, self.tls = name, log, git_root, tls
+        super().__init__(addr, handler)
+
+    def get_request(self):
+        sock, addr = super().get_request()
+        if self.tls is not None:
+            sock.settimeout(5)
+            sock = self.tls.wrap_socket(sock, server_side=True)
+            sock.settimeout(None)
+        return sock, addr
+
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("dnsmasq")
+                                or not shutil.which("curl"),
+                                reason="needs root (ports 80/443 on loopback), dnsmasq, curl")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """dnsmasq, the echo servers, the test CA, a bare git repo, the run CA."""
+    import dns.exception
+    import dns.message
+    import dns.query
+
+    from corral.egress.mitm import make_ca
+
+    tmp = tmp_path_factory.mktemp("secrets")
+    test_ca, certs = make_test_ca(tmp)
+    repo = tmp / "repo.git"
+    work = tmp / "work"
+    genv = {**os.environ, "HOME": str(tmp), "GIT_CONFIG_NOSYSTEM": "1"}
+    for argv in (["git", "init", "-q", "-b", "main", str(work)],
+                 ["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t",
+                  "commit", "-q", "--allow-empty", "-m", "first"],
+                 ["git", "clone", "-q", "--bare", str(work), str(repo)],
+                 ["git", "-C", str(repo), "update-server-info"]):
+        subprocess.run(argv, check=True, env=genv, capture_output=True)
+    log: list[dict] = []
+    servers = []
+    for name, ip in (("granted.test", GRANTED), ("other.test", OTHER)):
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(*certs[name])
+        for port, tls in ((443, ctx), (80, None)):
+            s = Server((ip, port), name, log, tmp.resolve(), tls)
+            threading.Thread(target=s.serve_forever, daemon=True).start()
+            servers.append(s)
+        if name == "granted.test":
+            s = Server((ip, 8443), name, log, tmp.resolve(), ctx, ShortEcho)
+            threading.Thread(target=s.serve_forever, daemon=True).start()
+            servers.append(s)
+    port = free_port()
+    proc = subprocess.Popen([
+        "dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--conf-file=/dev/null",
+        f"--port={port}", "--listen-address=127.0.0.1", "--bind-interfaces", "--pid-file=",
+        "--user=root", f"--address=/granted.test/{GRANTED}", f"--address=/other.test/{OTHER}",
+    ], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            dns.query.udp(dns.message.make_query("granted.test", "A"), "127.0.0.1", port=port,
+                          timeout=0.2)
+            break
+        except (OSError, dns.exception.Timeout):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("dnsmasq did not start") from None
+    run_cert, run_key = make_ca("corral test run")
+    run_ca = tmp / "run-ca.pem"
+    run_ca.write_text(run_cert)
+    bundle = tmp / "bundle.pem"            # what the sandbox trusts: the "system" CAs + run CA
+    bundle.write_text(test_ca.read_text() + run_cert)
+    yield {"tmp": tmp, "log": log, "test_ca": test_ca, "run_ca": run_ca, "bundle": bundle,
+           "run_cert": run_cert, "run_key": run_key, "dns": port, "repo": repo}
+    proc.terminate()
+    proc.wait(5)
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+class Proxy:
+    def __init__(self, cfg: dict, tmp: Path):
+        self.cfg_path = tmp / f"cfg-{id(self)}.json"
+        self.events_path = tmp / f"events-{id(self)}.jsonl"
+        self.cfg_path.write_text(json.dumps(cfg))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "corral.egress", "--config", str(self.cfg_path),
+             "--listen", "127.0.0.1:0", "--events", str(self.events_path)],
+            stderr=subprocess.PIPE, text=True)
+        line = self.proc.stderr.readline()
+        assert "listening on" in line, line + self.proc.stderr.read()
+        self.port = int(line.rsplit(":", 1)[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.stderr = line
+
+    def events(self, wait_for: int = 0, timeout: float = 5.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                evs = [json.loads(x) for x in self.events_path.read_text().splitlines()]
+            except FileNotFoundError:
+                evs = []
+            if len(evs) >= wait_for or time.monotonic() > deadline:
+                return evs
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.stderr += self.proc.stderr.read()
+        self.proc.stderr.close()
+
+
+@pytest.fixture
+def proxy(world, tmp_path):
+    """Start proxies with a grant; at the end, stop them and scan everything captured."""
+    made: list[Proxy] = []
+    captured: list[str] = []
+
+    def start(grants=None, **cfg) -> Proxy:
+        cfg.setdefault("allow", ["granted.test", "other.test"])
+        cfg.setdefault("allow_private", [PRIV])
+        cfg.setdefault("nameservers", [f"127.0.0.1:{world['dns']}"])
+        cfg.setdefault("upstream_ca", str(world["test_ca"]))
+        cfg["secrets"] = [grant()] if grants is None else grants
+        cfg["ca_cert_pem"], cfg["ca_key_pem"] = world["run_cert"], world["run_key"]
+        p = Proxy(cfg, tmp_path)
+        made.append(p)
+        return p
+
+    start.captured = captured
+    yield start
+    for p in made:
+        p.stop()
+        text = p.stderr + p.events_path.read_text() if p.events_path.exists() else p.stderr
+        assert TOKEN not in text
+        assert "Traceback" not in p.stderr, p.stderr
+    for text in captured:
+        assert TOKEN not in text
+
+
+def curl(p: Proxy, world, url: str, *args: str, capture=None) -> tuple[int, dict, str]:
+    r = subprocess.run(["curl", "-sS", "-i", "--max-time", "10", "-x", p.url,
+                        "--cacert", str(world["bundle"]), *args, url],
+                       capture_output=True, timeout=20, check=False)
+    out = r.stdout.decode("latin-1")
+    if capture is not None:
+        capture += [out, r.stderr.decode("latin-1")]
+    # the last response (after CONNECT's 200 and redirects)
+    blocks = [b for b in out.split("\r\n\r\n")]
+    status, headers, body = 0, {}, ""
+    i = 0
+    while i < len(blocks):
+        b = blocks[i]
+        if b.startswith("HTTP/"):
+            lines = b.split("\r\n")
+            status = int(lines[0].split()[1])
+            headers = {k.strip().lower(): v.strip()
+                       for k, _, v in (x.partition(":") for x in lines[1:])}
+            body = blocks[i + 1] if i + 1 < len(blocks) else ""
+            if "established" in lines[0].lower():
+                status = 0
+        i += 1
+    return status, headers, body
+
+
+def seen_by(world, server: str, since: int) -> list[dict]:
+    return [r for r in world["log"][since:] if r["server"] == server]
+
+
+def hdrs(rec: dict) -> dict[str, str]:
+    return {k.lower(): v for k, v in rec["headers"]}
+
+
+def secret_events(p: Proxy, n: int) -> list[dict]:
+    deadline = time.monotonic() + 5
+    while True:
+        evs = [e for e in p.events() if e["kind"] == "secret"]
+        if len(evs) >= n or time.monotonic() > deadline:
+            return evs
+        time.sleep(0.02)
+
+
+def test_granted_host_gets_the_token_over_https_and_echoes_come_back_as_placeholder(
+        proxy, world):
+    p = proxy()
+    cap = proxy.captured
+    n0 = len(world["log"])
+    for path in ("/echo", "/gzip", "/chunks"):
+        status, headers, body = curl(p, world, f"https://granted.test{path}?t={PH}",
+                                     "--compressed", "-H", f"Authorization: Bearer {PH}",
+                                     "-H", f"X-Api-Key: {PH}", capture=cap)
+        assert status == 200, body
+        assert TOKEN not in body and PH in body
+        rec = json.loads(body)
+        assert hdrs(rec)["authorization"] == f"Bearer {PH}"      # scrubbed echo
+        assert rec["path"] == f"{path}?t={PH}"
+        assert "content-encoding" not in headers                        # gzip decoded
+    status, headers, body = curl(p, world, "https://granted.test/header",
+                                 "-H", f"Authorization: Bearer {PH}", "-H", f"X-Api-Key: {PH}",
+                                 capture=cap)
+    assert status == 200
+    assert headers["x-echo-authorization"] == f"Bearer {PH}"
+    assert headers["x-echo-x-api-key"] == PH
+    got = seen_by(world, "granted.test", n0)
+    assert len(got) == 4
+    for rec in got:                              # the server saw the real token everywhere
+        hs = hdrs(rec)
+        assert hs["authorization"] == f"Bearer {TOKEN}" and hs["x-api-key"] == TOKEN
+        assert PH not in json.dumps(rec)
+    assert got[0]["path"] == "/echo?t=ghp_R3alS3cretV4lue%2B%2F%3D0123456789abcdef"
+    evs = p.events(len(got) + 4)
+    inj = [e for e in evs if e["kind"] == "secret"]
+    assert inj and all(e == {"kind": "secret", "name": "GITHUB_TOKEN", "host": "granted.test",
+                             "port": 443, "decision": "inject", "reason": "granted"}
+                       for e in inj)
+    net = [e for e in evs if e["kind"] == "net"]
+    assert len(net) == 4 and all(e["decision"] == "allow" and e["bytes_in"] > 0
+                                 and e["bytes_out"] > 0 for e in net)
+
+
+def test_urllib_and_requests_with_the_run_ca(proxy, world):
+    p = proxy()
+    ctx = ssl.create_default_context(cafile=str(world["bundle"]))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"https": p.url}),
+                                         urllib.request.HTTPSHandler(context=ctx))
+    n0 = len(world["log"])
+    req = urllib.request.Request("https://granted.test/echo", headers={"X-Api-Key": PH})
+    with opener.open(req, timeout=10) as r:
+        body = r.read().decode()
+    proxy.captured.append(body)
+    assert PH in body and TOKEN not in body
+    if not Path("/usr/bin/python3").exists() or subprocess.run(
+            ["/usr/bin/python3", "-c", "import requests"], capture_output=True,
+            check=False).returncode:
+        pytest.skip("python3-requests is not installed")
+    code = (f"import requests; s = requests.Session(); "
+            f"r = s.get('https://granted.test/echo', auth=('x', {PH!r}), timeout=10); "
+            f"r2 = s.get('https://granted.test/basic', auth=('x', {PH!r}), timeout=10); "
+            f"print(r.status_code, r2.status_code, r2.text); print(r.text)")
+    r = subprocess.run(["/usr/bin/python3", "-I", "-c", code], capture_output=True, text=True,
+                       timeout=30, check=False, env={"https_proxy": p.url,
+                                                     "REQUESTS_CA_BUNDLE": str(world["bundle"])})
+    proxy.captured += [r.stdout, r.stderr]
+    assert r.stdout.startswith("200 200 basic ok"), r.stderr
+    assert TOKEN not in r.stdout
+    got = seen_by(world, "granted.test", n0)
+    assert hdrs(got[0])["x-api-key"] == TOKEN
+    assert base64.b64decode(hdrs(got[1])["authorization"][6:]) == \
+        f"x:{TOKEN}".encode()
+    # the echoed Basic header comes back as the client wrote it
+    assert base64.b64encode(f"x:{PH}".encode()).decode() in r.stdout
+
+
+def test_plain_http_only_when_the_grant_says_so(proxy, world):
+    cap = proxy.captured
+    n0 = len(world["log"])
+    p = proxy()
+    status, headers, _ = curl(p, world, "http://granted.test/echo", "-H", f"X-Api-Key: {PH}",
+                              capture=cap)
+    assert (status, headers["x-corral-reason"]) == (
+        403, "secret GITHUB_TOKEN: plain http not allowed for this grant")
+    assert seen_by(world, "granted.test", n0) == []
+    assert secret_events(p, 1) == [{"kind": "secret", "name": "GITHUB_TOKEN",
+                                    "host": "granted.test", "port": 80, "decision": "deny",
+                                    "reason": "plain http not allowed for this grant"}]
+    p2 = proxy([grant(plain_http=True)])
+    status, _, body = curl(p2, world, "http://granted.test/gzip", "--compressed",
+                           "-u", f"git:{PH}", capture=cap)
+    assert status == 200 and TOKEN not in body
+    (rec,) = seen_by(world, "granted.test", n0)
+    assert base64.b64decode(hdrs(rec)["authorization"][6:]) == f"git:{TOKEN}".encode()
+    assert base64.b64encode(f"git:{PH}".encode()).decode() in body
+
+
+def test_other_hosts_never_get_the_value(proxy, world):
+    cap = proxy.captured
+    p = proxy()
+    n0 = len(world["log"])
+    for args in (["-H", f"X-Api-Key: {PH}"], ["-u", f"git:{PH}"]):
+        status, headers, _ = curl(p, world, "http://other.test/echo", *args, capture=cap)
+        assert (status, headers["x-corral-reason"]) == (
+            403, "secret GITHUB_TOKEN: exfiltration attempt")
+    status, headers, _ = curl(p, world, f"http://other.test/echo?leak={PH}", capture=cap)
+    assert status == 403
+    # not allowed at all: still a secret event, and no lookup or connection
+    status, headers, _ = curl(p, world, "http://elsewhere.test/", "-H", f"X-Api-Key: {PH}",
+                              capture=cap)
+    assert (status, headers["x-corral-reason"]) == (
+        403, "secret GITHUB_TOKEN: exfiltration attempt")
+    assert seen_by(world, "other.test", n0) == []
+    # HTTPS to a host no grant names is a plain tunnel: the placeholder passes, worthless
+    status, _, body = curl(p, world, "https://other.test/echo", "-H", f"X-Api-Key: {PH}",
+                           capture=cap)
+    assert status == 200 and PH in body
+    (rec,) = seen_by(world, "other.test", n0)
+    assert hdrs(rec)["x-api-key"] == PH
+    evs = secret_events(p, 4)
+    assert [(e["host"], e["port"], e["decision"], e["reason"]) for e in evs] == [
+        ("other.test", 80, "deny", "exfiltration attempt")] * 3 + [
+        ("elsewhere.test", 80, "deny", "exfiltration attempt")]
+
+
+def test_redirect_to_another_host_does_not_carry_the_token(proxy, world):
+    cap = proxy.captured
+    p = proxy()
+    n0 = len(world["log"])
+    # curl keeps custom headers across hosts: the proxy refuses the second hop
+    status, headers, _ = curl(p, world, "https://granted.test/redirect?to=http://other.test/echo",
+                              "-L", "-H", f"X-Api-Key: {PH}", capture=cap)
+    assert (status, headers["x-corral-reason"]) == (
+        403, "secret GITHUB_TOKEN: exfiltration attempt")
+    # Authorization is dropped by curl on a cross-host hop: it passes, without the value
+    status, _, body = curl(p, world, "https://granted.test/redirect?to=https://other.test/echo",
+                           "-L", "-H", f"Authorization: Bearer {PH}", capture=cap)
+    assert status == 200
+    # over a tunnel the placeholder may reach the other host; the value never does
+    status, _, body = curl(p, world, "https://granted.test/redirect?to=https://other.test/echo",
+                           "-L", "-H", f"X-Api-Key: {PH}", capture=cap)
+    assert status == 200 and TOKEN not in body
+    granted, other = seen_by(world, "granted.test", n0), seen_by(world, "other.test", n0)
+    assert len(granted) == 3 and len(other) == 2
+    assert all(TOKEN in json.dumps(r) for r in granted)
+    assert not any(TOKEN in json.dumps(r) for r in other)
+    # a Location that carries the value comes back with the placeholder
+    status, headers, _ = curl(p, world, f"https://granted.test/redirect?to=/x?k={PH}",
+                              capture=cap)
+    assert status == 302 and PH in headers["location"]
+
+
+def test_expired_grant_is_refused_never_sent_without(proxy, world):
+    cap = proxy.captured
+    n0 = len(world["log"])
+    p = proxy([grant(expires_at=time.time() - 1)])
+    status, headers, _ = curl(p, world, "https://granted.test/echo", "-H", f"X-Api-Key: {PH}",
+                              capture=cap)
+    assert (status, headers["x-corral-reason"]) == (403, "secret GITHUB_TOKEN: grant expired")
+    assert seen_by(world, "granted.test", n0) == []
+    assert secret_events(p, 1)[0]["reason"] == "grant expired"
+    # a grant that runs out while the proxy runs
+    p2 = proxy([grant(expires_at=time.time() + 1.5)])
+    assert curl(p2, world, "https://granted.test/basic", "-u", f"x:{PH}", capture=cap)[0] == 200
+    time.sleep(1.6)
+    status, headers, _ = curl(p2, world, "https://granted.test/basic", "-u", f"x:{PH}",
+                              capture=cap)
+    assert (status, headers["x-corral-reason"]) == (403, "secret GITHUB_TOKEN: grant expired")
+    assert len(seen_by(world, "granted.test", n0)) == 1     # only the request in time
+
+
+def test_host_header_must_match_the_terminated_host(proxy, world):
+    """A server that hosts several names must not be asked, inside granted.test's TLS, for
+    another one with granted.test's credential."""
+    p = proxy()
+    n0 = len(world["log"])
+    status, headers, _ = curl(p, world, "https://granted.test/echo", "-H", "Host: other.test",
+                              "-H", f"X-Api-Key: {PH}", capture=proxy.captured)
+    assert (status, headers["x-corral-reason"]) == (403, "host header mismatch")
+    assert seen_by(world, "granted.test", n0) == []
+    (e,) = [e for e in p.events(1) if e["kind"] == "net"]
+    assert (e["decision"], e["reason"]) == ("deny", "host header mismatch")
+
+
+def test_upstream_certificate_is_verified(proxy, world):
+    """Without upstream_ca the test servers' CA is unknown: the proxy refuses to send the
+    credential to an upstream it cannot verify."""
+    p = proxy(upstream_ca=str(world["run_ca"]))
+    n0 = len(world["log"])
+    status, headers, _ = curl(p, world, "https://granted.test/echo", "-H", f"X-Api-Key: {PH}",
+                              capture=proxy.captured)
+    assert status == 502 and headers["x-corral-reason"].startswith("upstream tls: ")
+    assert seen_by(world, "granted.test", n0) == []
+
+
+def test_budgets_count_requests_and_bytes_inside_terminated_tls(proxy, world):
+    cap = proxy.captured
+    p = proxy(budget={"requests": 2})
+    r = subprocess.run(["curl", "-sS", "-w", "%{http_code} ", "-x", p.url,
+                        "--cacert", str(world["bundle"]), "-H", f"X-Api-Key: {PH}",
+                        *["-o", "/dev/null", "https://granted.test/echo"] * 3],  # one connection
+                       capture_output=True, text=True, timeout=20, check=False)
+    cap += [r.stdout, r.stderr]
+    assert r.stdout.split() == ["200", "200", "403"]
+    (e,) = [e for e in p.events(2) if e["kind"] == "net"]
+    assert (e["decision"], e["reason"]) == ("deny", "budget: requests")
+    p2 = proxy(budget={"bytes_in": 300})
+    status, _, _ = curl(p2, world, "https://granted.test/echo", "-H", f"X-Api-Key: {PH}",
+                        capture=cap)
+    assert status in (0, 200)                  # cut mid-body (or before the head)
+    (e,) = [e for e in p2.events(1) if e["kind"] == "net"]
+    assert (e["decision"], e["reason"], e["bytes_in"]) == ("deny", "budget: bytes_in", 300)
+    assert e["bytes_out"] > 0
+
+
+def test_kept_alive_connection_outlives_the_upstream_one(proxy, world):
+    """One client connection, two requests 0.6 s apart; the upstream closes its side after
+    0.3 s idle: the proxy notices and opens a new upstream connection (same address)."""
+    import http.client
+
+    p = proxy(allow=["granted.test:8443"], grants=[grant(hosts=["granted.test:8443"])])
+    ctx = ssl.create_default_context(cafile=str(world["bundle"]))
+    conn = http.client.HTTPSConnection("127.0.0.1", p.port, context=ctx, timeout=10)
+    conn.set_tunnel("granted.test", 8443)
+    bodies = []
+    for i in range(2):
+        if i:
+            time.sleep(0.6)
+        conn.request("GET", "/echo", headers={"X-Api-Key": PH})
+        r = conn.getresponse()
+        bodies.append(r.read().decode())
+        assert r.status == 200
+    conn.close()
+    proxy.captured += bodies
+    assert all(PH in b and TOKEN not in b for b in bodies)
+    net = [e for e in p.events(2) if e["kind"] == "net"]
+    assert [(e["decision"], e["port"]) for e in net] == [("allow", 8443)]
+
+
+@pytest.mark.skipif(not shutil.which("git"), reason="needs git")
+def test_git_clone_over_https_with_basic_auth(proxy, world, tmp_path):
+    p = proxy()
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_TERMINAL_PROMPT": "0", "https_proxy": p.url,
+           "GIT_SSL_CAINFO": str(world["bundle"])}
+    n0 = len(world["log"])
+    url = f"https://git:{PH}@granted.test/git/repo.git"
+    r = subprocess.run(["git", "ls-remote", url], env=env, capture_output=True, text=True,
+                       timeout=30, check=False)
+    proxy.captured += [r.stdout, r.stderr]
+    assert r.returncode == 0 and "refs/heads/main" in r.stdout, r.stderr
+    r = subprocess.run(["git", "clone", "-q", url, str(tmp_path / "clone")], env=env,
+                       capture_output=True, text=True, timeout=30, check=False)
+    proxy.captured += [r.stdout, r.stderr]
+    assert r.returncode == 0, r.stderr
+    log = subprocess.run(["git", "-C", str(tmp_path / "clone"), "log", "--format=%s"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    assert log.strip() == "first"
+    cfg = (tmp_path / "clone" / ".git" / "config").read_text()
+    assert TOKEN not in cfg and PH in cfg                 # the remote URL holds the placeholder
+    got = seen_by(world, "granted.test", n0)
+    assert any(hdrs(r).get("authorization", "").startswith("Basic ") for r in got)
+    assert all(PH not in json.dumps(r) for r in got)
+    # without the placeholder the server refuses (401, and git cannot prompt): the
+    # credential really is needed
+    r = subprocess.run(["git", "ls-remote", "https://granted.test/git/repo.git"], env=env,
+                       capture_output=True, text=True, timeout=30, check=False)
+    assert r.returncode != 0 and "refs/heads/main" not in r.stdout

@@ -20,7 +20,61 @@ SYSTEM_CAS = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundl
 
 
 def placeholder(name: str) -> str:
-    return f"corral-{name.lower().replace('_', '-')}-{os.urandom(16).hex()}"
+    """Random per sandbox, in the grammar the proxy accepts (egress/config.py Grant)."""
+    return f"corral_{name}_{os.urandom(16).hex()}"
+
+
+class Granted:
+    """What the supervisor keeps for one grant while the sandbox lives."""
+
+    __slots__ = ("secret", "placeholder", "value", "expires_at")
+
+    def __init__(self, secret, placeholder: str, value: Value, expires_at: float) -> None:
+        self.secret, self.placeholder, self.value = secret, placeholder, value
+        self.expires_at = expires_at
+
+    def to_proxy(self) -> dict:
+        s = self.secret
+        return {"name": s.name, "placeholder": self.placeholder, "value": self.value.reveal(),
+                "hosts": list(s.hosts), "expires_at": self.expires_at,
+                "plain_http": s.plain_http}
+
+    def __repr__(self) -> str:
+        return f"Granted({self.secret.name}, expires_at={self.expires_at})"
+
+
+def resolve(policy, placeholders: dict[str, str], host_env: dict[str, str]) -> list[Granted]:
+    """Read every grant's value now (errors name the field), with its expiry."""
+    import time
+
+    now = time.time()
+    return [Granted(s, placeholders[s.name], read_value(s, host_env), now + s.ttl)
+            for s in policy.secrets]
+
+
+def proxy_config(config_json: str, granted: list[Granted], ca: tuple[str, str] | None,
+                 upstream_ca: str | None) -> str:
+    """The proxy's full configuration: the plan's (no secrets in it) plus the grants and
+    the run's CA. Validated by the proxy's own parser; goes straight into a memfd."""
+    import json
+
+    from .egress.config import NetConfig
+
+    d = json.loads(config_json)
+    if granted:
+        d["secrets"] = [g.to_proxy() for g in granted]
+        d["ca_cert_pem"], d["ca_key_pem"] = ca
+    if upstream_ca:
+        d["upstream_ca"] = upstream_ca
+    try:
+        return NetConfig.from_dict(d).to_json()
+    except PolicyError as e:
+        # messages from the proxy's parser never hold a value; name the policy's field
+        field = e.field or "secrets"
+        if field.startswith("network.secrets["):
+            i = int(field.split("[")[1].split("]")[0])
+            field = f"secrets.{granted[i].secret.name}"
+        raise PolicyError(e.message, field=field) from None
 
 
 class Value:

@@ -150,6 +150,7 @@ def build_plan(policy: Policy, host_env: dict[str, str]) -> Plan:
             from .grants import CA_BUNDLE, CA_ENV, placeholder
 
             grants = tuple((s.name, placeholder(s.name)) for s in policy.secrets)
+            # not net_config's: the proxy gets upstream_ca with the grants, at open time
             extra_env += [(name, CA_BUNDLE) for name in CA_ENV]
             extra_env += grants
         ops.append(EgressProxy(rule="network.mode", config_json=net_config(policy).to_json(),

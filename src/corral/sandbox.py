@@ -106,7 +106,15 @@ class Sandbox:
     def __init__(self, policy: Policy | dict | str | None = None, *,
                  env: dict[str, str] | None = None) -> None:
         self.policy = coerce_policy(policy)
-        self._backend, self.plan, self._events = prepare(self.policy, env)
+        host_env = dict(os.environ) if env is None else env
+        self._backend, self.plan, self._events = prepare(self.policy, host_env)
+        self._granted = []
+        if self.policy.secrets:  # read the values now: a missing one is an error, not a run
+            from .grants import resolve
+            from .plan import EgressProxy
+
+            (proxy,) = self.plan.find(EgressProxy)
+            self._granted = resolve(self.policy, dict(proxy.grants), host_env)
         self._live = None
 
     @property
@@ -115,7 +123,8 @@ class Sandbox:
 
     def open(self) -> Sandbox:
         if self._live is None:
-            self._live = self._backend.open(self.plan, self._events)
+            self._live = self._backend.open(self.plan, self._events, self._granted,
+                                            self.policy.network.upstream_ca)
         return self
 
     def exec(self, argv: list[str], *, stdin: int | bytes | None = None, timeout: float | None = None,

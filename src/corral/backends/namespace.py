@@ -37,7 +37,7 @@ SIGKILL, SIGXCPU = 9, 24  # Linux numbers; `import signal` would cost an enum im
 #: far above any real account and any subuid range, one per sandbox
 UID_BASE = 1_500_000_000
 UID_SPAN = 1 << 20
-ETC_VERSION = "1"
+ETC_VERSION = "2"
 ETC_FILES = {
     "passwd": "root:x:0:0:sandbox:/scratch:/bin/sh\n"
               "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
@@ -47,6 +47,7 @@ ETC_FILES = {
     "nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n"
                      "networks: files\nprotocols: files\nservices: files\n",
     "resolv.conf": "# no resolver inside a corral sandbox\n",
+    "corral-ca.pem": "",  # mount point for the run's CA bundle when secrets are granted
 }
 
 
@@ -208,12 +209,18 @@ class NamespaceBackend:
                     missing.append((op, f"the namespace tier does not know {type(op).__name__}"))
         return missing
 
-    def open(self, plan: Plan, events: list[dict]) -> NamespaceSandbox:
-        return NamespaceSandbox(self, plan, events)
+    def open(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None
+             ) -> NamespaceSandbox:
+        return NamespaceSandbox(self, plan, events, list(granted), upstream_ca)
 
 
 class NamespaceSandbox:
-    def __init__(self, backend: NamespaceBackend, plan: Plan, events: list[dict]) -> None:
+    def __init__(self, backend: NamespaceBackend, plan: Plan, events: list[dict],
+                 granted: list | None = None, upstream_ca: str | None = None) -> None:
+        self.granted = granted or []
+        self.upstream_ca = upstream_ca
+        self.ca: tuple[str, str] | None = None
+        self.ca_file: str | None = None
         self.backend = backend
         self.plan = plan
         self.events = events  # standing events (e.g. unenforced defaults), copied per exec
@@ -269,6 +276,22 @@ class NamespaceSandbox:
                                     setid_blocked=True)  # seccomp.py: SETID rules
                 self.dir.mounts.append(mp)
                 self.workspace_src = mp
+        if self.granted:  # the run's CA: its key stays here and in the proxy
+            from ..egress.mitm import make_ca
+            from ..grants import ca_bundle
+
+            self.ca = make_ca()
+            self.ca_file = os.path.join(self.dir.path, "ca.pem")
+            with open(self.ca_file, "wb") as f:
+                f.write(ca_bundle(self.ca[0]))
+            os.chmod(self.ca_file, 0o644)
+        if self.upstream_ca:  # the proxy reads it as the run's uid: give it a copy it can
+            with open(self.upstream_ca, "rb") as src:
+                data = src.read()
+            self.upstream_ca = os.path.join(self.dir.path, "upstream-ca.pem")
+            with open(self.upstream_ca, "wb") as f:
+                f.write(data)
+            os.chmod(self.upstream_ca, 0o644)
         bpf = seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"))
         self._seccomp_fd = seccomp.bpf_fd(bpf)
         self.argv_prefix = self._bwrap_args()
@@ -289,7 +312,11 @@ class NamespaceSandbox:
                 case NoNetwork():
                     a += ["--unshare-net"]
                 case EgressProxy():
-                    pass  # per exec: --block-fd, a listener in the namespace, the proxy
+                    # per exec: --block-fd, a listener in the namespace, the proxy
+                    if self.ca_file:
+                        from ..grants import CA_BUNDLE
+
+                        a += ["--ro-bind", self.ca_file, CA_BUNDLE]
                 case SystemRoot():
                     for p in SYSTEM_PATHS:
                         if os.path.islink(p):
@@ -403,7 +430,11 @@ class NamespaceSandbox:
                 if egress:
                     init_pid = _child_pid(status_r, block=True)
                     try:
-                        proxy = _start_proxy(egress[0], init_pid, attach, uid, gid, root)
+                        from ..grants import proxy_config
+
+                        config = proxy_config(egress[0].config_json, self.granted, self.ca,
+                                              self.upstream_ca)
+                        proxy = _start_proxy(config, init_pid, attach, uid, gid)
                     except BaseException:
                         kill()
                         raise
@@ -576,11 +607,11 @@ class _Proxy:
         return events
 
 
-def _start_proxy(op, init_pid, attach, uid, gid, root) -> _Proxy:
+def _start_proxy(config_json: str, init_pid, attach, uid, gid) -> _Proxy:
     from ..egress.launch import config_fd, listen_in_netns, proxy_argv
 
     listener = listen_in_netns(init_pid)
-    cfd = config_fd(op.config_json)
+    cfd = config_fd(config_json)
     try:
         def setup() -> None:  # the proxy joins the run's cgroup; boot.py drops to its uid
             if attach:

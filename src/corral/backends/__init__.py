@@ -19,5 +19,9 @@ def get_backend(tier: str):
         from .namespace import NamespaceBackend
 
         return NamespaceBackend()
+    if tier == "process":
+        from .process import ProcessBackend
+
+        return ProcessBackend()
     raise BackendUnavailable(f"tier {tier!r} is not available in this release; "
                              f"use isolation = \"namespace\"", field="isolation")

@@ -1,0 +1,835 @@
+"""The process tier: rlimits + Landlock + seccomp, no namespaces at all. The weakest tier.
+
+For hosts where namespaces are unavailable (an unprivileged container, a locked-down host)
+and for users without root. Like Codex's Linux sandbox: the command runs as an ordinary
+process of the host, fenced by the kernel's Landlock LSM and a seccomp filter.
+
+What it enforces, and with what:
+ - filesystem (Landlock): read and execute only the system paths (/usr, /bin, /lib*, ...),
+   the few /etc entries the namespace tier also shows, /proc (read), /dev/null and friends;
+   write only under the run's scratch directory and a rw workspace; read a ro workspace and
+   ro_binds. Home directories (/home, /root), the rest of /etc, /var, /run, /tmp, /sys are
+   simply not in the allowed set: opening or listing them fails with EACCES.
+ - network (seccomp; Landlock ABI 4+ as a second layer for TCP): sockets only AF_UNIX stream
+   and seqpacket, no connect/bind/listen/accept (process_seccomp.py). Only `network.mode =
+   "none"`; "allow" is refused, see check().
+ - kernel surface (seccomp): the namespace tier's deny list, namespaces and mounts included.
+ - signals and ptrace (Landlock): no ptrace of processes outside the sandbox (ABI 1+), no
+   signals to them and no connecting to their abstract unix sockets (ABI 6+).
+ - identity: as root, corral switches the command to a dedicated uid/gid per sandbox
+   (UID_BASE scheme of the namespace tier; in a user namespace that does not map that range,
+   e.g. a rootless container, the upper part of the mapped range) with no supplementary
+   groups, an empty capability bounding set and no capabilities; RLIMIT_NPROC = limits.pids
+   then counts this sandbox only. Root that cannot switch uids (no CAP_SETUID) is refused:
+   the command never runs as root. Without root it runs as the caller's uid. no_new_privs
+   always.
+ - limits: rlimits (nofile, fsize, core 0, cpu, nproc); wall clock, CPU time and output caps
+   by the supervisor; memory, pids and CPU quota by a per-run cgroup when corral can create
+   one (root here); scratch is a size-capped tmpfs when corral is root with CAP_SYS_ADMIN
+   (root in a container usually lacks it: then scratch is a plain directory, reported).
+ - teardown: the command runs under a small reaper process (a fork of the supervisor, a
+   child subreaper) that is outside the sandbox's Landlock domain and uid; when the command
+   exits, times out or the supervisor dies, it SIGKILLs every descendant (double-forked
+   daemons reparent to it), then the run's cgroup, if any, is killed as a whole.
+
+What it cannot do, plainly:
+ - no PID namespace: host processes and their command lines are visible in /proc (their
+   memory, environment and fds are not: Landlock's ptrace rule); no network namespace; no
+   IPC or UTS namespace; the host's mount table is visible in /proc/self/mountinfo.
+ - host files outside the allowed set are hidden from open() and listing only: stat(2),
+   access(2), readlink and inotify still reveal names, sizes and times where Unix
+   permissions allow (Landlock does not cover metadata).
+ - /scratch, /tmp and /workspace do not exist: HOME (and cwd) is the real directory
+   `<rundir>/scratch/home`, TMPDIR is `<rundir>/scratch/tmp`, a workspace is at its host
+   path. /scratch and /workspace in the policy's env values are rewritten to those paths.
+   /tmp and /dev/shm are not writable (multiprocessing's semaphores need /dev/shm).
+ - without root: no size cap on scratch (a plain directory), no memory or CPU cap unless
+   the host delegates a cgroup, only an approximate RLIMIT_NPROC (it counts all of the
+   caller's processes), and the command has the caller's uid inside the allowed paths; on
+   Landlock ABI < 6 it can also signal the caller's other processes (check() says so).
+ - no unix-socket servers or clients by path (connect and bind are refused, see above);
+   socketpair(2) works. No servers on localhost either, and no name resolution at all
+   (/etc/hosts is not readable, DNS needs an inet socket). No terminals: /dev/pts and
+   /dev/ptmx are the host's, so they stay out of reach.
+ - as root, the dedicated uid reads a workspace and ro_binds with "other" permissions, and
+   cannot own files in a rw workspace: a rw workspace is refused (use the namespace tier,
+   or run corral as the workspace's owner).
+ - no network "allow": see check().
+"""
+
+from __future__ import annotations
+
+import _signal
+import math
+import os
+import time
+
+from .. import landlock, limits, rundir
+from .._sys import MS_NODEV, MS_NOSUID, _libc, mount, set_pdeathsig
+from ..errors import BackendUnavailable, SandboxSetupError
+from ..plan import (
+    ETC_BINDS,
+    SCRATCH,
+    SYSTEM_PATHS,
+    WORKSPACE,
+    CpuQuota,
+    CpuTime,
+    EgressProxy,
+    Environment,
+    MemoryLimit,
+    Namespaces,
+    NoNetwork,
+    Op,
+    OutputCap,
+    PidsLimit,
+    Plan,
+    ReadOnlyBind,
+    Rlimit,
+    Scratch,
+    Seccomp,
+    SystemRoot,
+    WallClock,
+    WorkspaceMount,
+)
+from ..result import Result, Usage, decide_verdict
+from ..supervise import decode_status, spawn, supervise
+
+SIGKILL, SIGTERM, SIGXCPU, SIGCHLD = 9, 15, 24, 17
+#: the device files a program expects to open: (path, Landlock rights)
+DEV_FILES = (("/dev/null", landlock.RW_FILE), ("/dev/zero", landlock.RW_FILE),
+             ("/dev/full", landlock.RW_FILE), ("/dev/random", landlock.FS_READ_FILE),
+             ("/dev/urandom", landlock.FS_READ_FILE))
+#: how long the reaper keeps killing a run's processes before it gives up
+KILL_DEADLINE_S = 5.0
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+MAX_FD = 0x7FFFFFFF
+CAP_SETGID, CAP_SETUID, CAP_SYS_ADMIN = 6, 7, 21
+
+NETWORK_ALLOW_REFUSAL = (
+    "the process tier shares the host's network namespace: Landlock can limit TCP connects "
+    "only by port, not by address, so code allowed to reach the proxy's port could reach "
+    "that port on any host, and UDP is not covered at all; use isolation = \"namespace\" "
+    "(or \"gvisor\") for network allow")
+
+
+def _effective_caps() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def _id_range(map_file: str) -> tuple[int, int] | None:
+    """(first, count) of the ids to draw sandbox uids (or gids) from: the namespace tier's
+    UID_BASE range when this user namespace maps it (a host, a rootful container), else
+    the upper part (32768..65533) of the largest mapped extent (a rootless container maps
+    only 65536 ids or so). None when nothing usable is mapped."""
+    from .namespace import UID_BASE, UID_SPAN
+
+    try:
+        with open(map_file) as f:
+            extents = [(int(a), int(c)) for a, _, c in (line.split() for line in f)]
+    except (OSError, ValueError):
+        return None
+    best = None
+    for lo, n in extents:
+        if lo <= UID_BASE and UID_BASE + UID_SPAN <= lo + n:
+            return UID_BASE, UID_SPAN
+        start, end = max(lo, 1 << 15), lo + n
+        if start < 65534 < end:
+            end = 65534  # stay clear of nobody/nogroup
+        if end - start >= 1024 and (best is None or end - start > best[1]):
+            best = (start, end - start)
+    return best
+
+
+def _others_can_read(path: str) -> str | None:
+    """Why an unrelated uid cannot list and enter `path`, or None if it can."""
+    import stat
+
+    p = os.path.abspath(path)
+    try:
+        st = os.stat(p)
+        if st.st_mode & (stat.S_IROTH | stat.S_IXOTH) != stat.S_IROTH | stat.S_IXOTH:
+            return f"{p} is mode {stat.S_IMODE(st.st_mode):o}, not readable by others"
+        while p != "/":
+            p = os.path.dirname(p)
+            if not os.stat(p).st_mode & stat.S_IXOTH:
+                return f"{p} is not searchable by others"
+    except OSError as e:
+        return f"{p}: {e.strerror}"
+    return None
+
+
+class ProcessBackend:
+    name = "process"
+    mechanism = "rlimits + Landlock + seccomp, no namespaces"
+    own_kernel = False
+
+    def __init__(self) -> None:
+        self.root = os.geteuid() == 0
+        self.abi = landlock.abi()
+        caps = _effective_caps() if self.root else 0
+        #: root that can switch uids (false in a container that dropped CAP_SETUID)
+        self.can_setuid = bool(caps >> CAP_SETUID & 1 and caps >> CAP_SETGID & 1)
+        #: root that can mount the scratch tmpfs (false without CAP_SYS_ADMIN)
+        self.can_mount = bool(caps >> CAP_SYS_ADMIN & 1)
+        self.uid_range = _id_range("/proc/self/uid_map") if self.root else None
+        self.gid_range = _id_range("/proc/self/gid_map") if self.root else None
+
+    # -- what this tier can enforce here -------------------------------------------------
+    def check(self, plan: Plan) -> list[tuple[Op, str]]:
+        if self.abi < 1:
+            raise BackendUnavailable(
+                f"Landlock is unavailable ({landlock.unavailable_reason()}); without it the "
+                f"process tier can neither keep writes inside scratch nor hide home "
+                f"directories: enable Landlock or use isolation = \"namespace\"",
+                field="isolation")
+        if os.uname().machine != "x86_64":
+            raise BackendUnavailable(f"the process tier's seccomp filter is written for "
+                                     f"x86_64 only, not {os.uname().machine}",
+                                     field="isolation")
+        if self.root and not (self.can_setuid and self.uid_range and self.gid_range):
+            raise BackendUnavailable(
+                "corral runs as root but cannot switch the command to an unprivileged uid "
+                + ("(no CAP_SETUID/CAP_SETGID)" if not self.can_setuid else
+                   "(this user namespace maps no spare uid or gid range)")
+                + "; the process tier never runs a command as root: run corral as an "
+                  "ordinary user", field="isolation")
+        cg = limits.detect()
+        missing: list[tuple[Op, str]] = []
+        for op in plan.ops:
+            match op:
+                case Namespaces():
+                    missing.append((op, self._namespaces_reason()))
+                case Scratch():
+                    if not self.root:
+                        missing.append((op, ("a size-capped scratch is a tmpfs, which needs "
+                                            "root; here scratch is a plain directory with no "
+                                            "size or inode cap")))
+                    elif not self.can_mount:
+                        missing.append((op, ("a size-capped scratch is a tmpfs, and corral "
+                                            "lacks CAP_SYS_ADMIN to mount one; here scratch "
+                                            "is a plain directory with no size or inode cap")))
+                case MemoryLimit():
+                    if not cg.memory:
+                        missing.append((op, f"no usable memory cgroup: {cg.reason}"))
+                case PidsLimit():
+                    if not cg.pids and not self.root:
+                        missing.append((op, (f"no usable pids cgroup ({cg.reason}), and "
+                                            f"RLIMIT_NPROC is only approximate when the "
+                                            f"command runs as the caller's own uid")))
+                case CpuQuota():
+                    if not cg.cpu:
+                        missing.append((op, f"no usable cpu cgroup: {cg.reason}"))
+                case CpuTime():
+                    if not cg.cpu:
+                        missing.append((op, ("only per-process RLIMIT_CPU, not the run's "
+                                            f"total: {cg.reason}")))
+                case EgressProxy():
+                    missing.append((op, NETWORK_ALLOW_REFUSAL))
+                case WorkspaceMount():
+                    if self.root and op.writable:
+                        missing.append((op, ("as root the process tier runs the command as a "
+                                            "dedicated uid, and without namespaces corral "
+                                            "cannot idmap the workspace to it: files would "
+                                            "land with a foreign owner; run corral as the "
+                                            "workspace's owner (no root needed) or use "
+                                            "isolation = \"namespace\"")))
+                    elif self.root:
+                        why = _others_can_read(op.path)
+                        if why:
+                            missing.append((op, (f"as root the process tier runs the command "
+                                                f"as a dedicated uid, which reads the "
+                                                f"workspace with 'other' permissions: {why}; "
+                                                f"run corral as the workspace's owner or use "
+                                                f"isolation = \"namespace\"")))
+                case (SystemRoot() | Seccomp() | WallClock() | OutputCap() | Rlimit()
+                      | Environment() | NoNetwork() | ReadOnlyBind()):
+                    pass
+                case _:
+                    missing.append((op, f"the process tier does not know {type(op).__name__}"))
+        return missing
+
+    def _namespaces_reason(self) -> str:
+        reason = ("no namespaces in the process tier: the command shares the host's PID, "
+                  "network, IPC and UTS namespaces (host processes and their command lines "
+                  "are visible in /proc) and sees the host's mount table")
+        if self.abi < 6 and not self.root:
+            reason += (f"; this kernel's Landlock (ABI {self.abi} < 6) cannot scope signals, "
+                       f"so the command can signal the caller's other processes")
+        return reason
+
+    @property
+    def properties(self) -> dict[str, bool]:
+        """The tier's fixed properties on this host, for `corral explain`."""
+        return {
+            "own_kernel": False,
+            "pid_isolation": False,
+            "network_namespace": False,
+            "host_fs_hidden": self.abi >= 1,      # contents; names and sizes stay stat-able
+            "no_host_root": True,                 # the command never runs as root
+            "kernel_surface_filtered": True,
+            "read_only_root": self.abi >= 1,      # Landlock: writes only to scratch/workspace
+            "signals_scoped": self.abi >= 6 or self.root,
+        }
+
+    def describe(self, op: Op) -> tuple[str, str]:
+        """How this tier enforces an op it can enforce: (enforced_by, note)."""
+        cg = "the run's cgroup" if self.root else "a delegated cgroup"
+        match op:
+            case MemoryLimit():
+                return "kernel", f"memory cgroup ({cg}), swap included"
+            case PidsLimit():
+                return "kernel", ("RLIMIT_NPROC on the sandbox's own uid, and the pids cgroup"
+                                  if self.root else f"pids cgroup ({cg})")
+            case CpuQuota():
+                return "kernel", f"cpu cgroup ({cg}, CFS quota)"
+            case CpuTime():
+                return "supervisor", ("the run's cgroup CPU counter, polled; RLIMIT_CPU as a " 
+                                     "second layer")
+            case WallClock():
+                return "supervisor", "wall clock; then the reaper kills every process of the run"
+            case OutputCap():
+                return "supervisor", "bytes past the cap are read and dropped"
+            case Rlimit():
+                return "kernel", f"RLIMIT_{op.name.upper()}"
+            case Scratch():
+                return "kernel", ("a tmpfs with size= and nr_inodes= at <rundir>/scratch, "
+                                  "which holds HOME and TMPDIR (/scratch itself does not "
+                                  "exist in this tier); Landlock allows writes only there")
+            case WorkspaceMount():
+                return "kernel", ("Landlock: " + ("read and write" if op.writable else
+                                                  "read only") + f" beneath {op.path}, "
+                                  f"used at that path (no /workspace in this tier)")
+            case ReadOnlyBind():
+                return "kernel", "Landlock: read only beneath the path"
+            case Environment():
+                return "supervisor", ("only corral's base, env.pass and env.set; HOME and "
+                                      "TMPDIR point at the real scratch directory, and "
+                                      "/scratch or /workspace in values at the real paths")
+            case NoNetwork():
+                return "kernel", ("seccomp: no inet sockets, no connect/bind on unix "
+                                  "sockets (socketpair only)" + (
+                                      "; Landlock denies TCP bind and connect"
+                                      if self.abi >= 4 else "")
+                                  + "; the host's network namespace is shared")
+            case EgressProxy():
+                return "none", NETWORK_ALLOW_REFUSAL
+            case Seccomp():
+                return "kernel", ("seccomp deny list of the namespace tier (seccomp.py) plus " 
+                                 "the socket rules of process_seccomp.py")
+            case Namespaces():
+                return "none", self._namespaces_reason()
+            case SystemRoot():
+                return "kernel", ("Landlock: read and execute only /usr, /bin, /lib*, a "
+                                  "minimal /etc, /proc and /dev/null and friends; home "
+                                  "directories and the rest of the host are unreadable "
+                                  "(names and sizes stay visible to stat)")
+        return "none", f"unknown op {type(op).__name__}"
+
+    def open(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None
+             ) -> ProcessSandbox:
+        # secret grants ride on the egress proxy, which check() refuses on this tier
+        if granted or plan.find(EgressProxy):
+            raise SandboxSetupError("the process tier has no egress proxy: " +
+                                    NETWORK_ALLOW_REFUSAL, step="network")
+        return ProcessSandbox(self, plan, events)
+
+
+class ProcessSandbox:
+    def __init__(self, backend: ProcessBackend, plan: Plan, events: list[dict]) -> None:
+        self.backend = backend
+        self.plan = plan
+        self.events = events
+        self.root = backend.root
+        self.execs = 0
+        self._ruleset: landlock.Ruleset | None = None
+        # root's usual base (/run/corral) is a private tmpfs mount; without CAP_SYS_ADMIN
+        # (root in a container) use a plain directory instead
+        base = None if not self.root or backend.can_mount else f"/tmp/corral-{os.geteuid()}"
+        rundir.sweep_stale(base)
+        self.dir = rundir.RunDir(base)
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup ---------------------------------------------------------------------------
+    def _setup(self) -> None:
+        plan = self.plan
+        if self.root:
+            pick = int.from_bytes(os.urandom(4), "little")
+            (ubase, uspan), (gbase, gspan) = self.backend.uid_range, self.backend.gid_range
+            self.uid, self.gid = ubase + pick % uspan, gbase + pick % gspan
+        else:
+            self.uid, self.gid = os.getuid(), os.getgid()
+        scratch = plan.find(Scratch)[0]
+        self.scratch = self.dir.sub("scratch")
+        if self.root and self.backend.can_mount and not self._unenforced(scratch):
+            try:
+                mount("tmpfs", self.scratch, "tmpfs", MS_NOSUID | MS_NODEV,
+                      f"size={scratch.size},nr_inodes={scratch.inodes},mode=0700,"
+                      f"uid={self.uid},gid={self.gid}")
+            except OSError as e:
+                raise SandboxSetupError(f"mounting the scratch tmpfs on {self.scratch}: "
+                                        f"{e.strerror}", step="scratch", errno=e.errno) from None
+            self.dir.mounts.append(self.scratch)
+        elif self.root:
+            os.chown(self.scratch, self.uid, self.gid)
+        self.home = os.path.join(self.scratch, "home")
+        self.tmp = os.path.join(self.scratch, "tmp")
+        for p in (self.home, self.tmp):
+            os.mkdir(p, 0o700)
+            if self.root:
+                os.chown(p, self.uid, self.gid)
+        ws = plan.find(WorkspaceMount)
+        self.workspace = ws[0].path if ws else None
+        self.cwd = self.workspace or self.home
+        self.env = self._env()
+        self._ruleset = self._landlock()
+        from .. import process_seccomp
+
+        bpf = process_seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"), self.backend.abi)
+        self._seccomp = process_seccomp.Loader(bpf)
+
+    def _unenforced(self, op: Op) -> bool:
+        return any(e.get("kind") == "unenforced" and e.get("rule") == op.rule
+                   for e in self.events)
+
+    def _env(self) -> dict[str, str]:
+        """The plan's environment, with the sandbox paths of the other tiers (/scratch,
+        /workspace) pointed at the real directories, and TMPDIR at scratch."""
+        real = {SCRATCH: self.home}
+        if self.workspace:
+            real[WORKSPACE] = self.workspace
+
+        def fix(part: str) -> str:
+            for virtual, path in real.items():
+                if part == virtual or part.startswith(virtual + "/"):
+                    return path + part[len(virtual):]
+            return part
+
+        env = {k: ":".join(fix(p) for p in v.split(":"))
+               for k, v in self.plan.find(Environment)[0].env}
+        env.setdefault("TMPDIR", self.tmp)
+        return env
+
+    def _landlock(self) -> landlock.Ruleset:
+        rs = landlock.Ruleset(self.backend.abi)
+        try:
+            for p in SYSTEM_PATHS:
+                rs.allow_path(p, landlock.READ_EXEC)
+            for p in ETC_BINDS:
+                rs.allow_path(p, landlock.READ_EXEC)
+            rs.allow_path("/proc", landlock.READ)
+            for p, rights in DEV_FILES:
+                rs.allow_path(p, rights)
+            rs.allow_path(self.scratch, landlock.WRITE_TREE)
+            for op in self.plan.find(WorkspaceMount):
+                rs.allow_path(op.path, landlock.WRITE_TREE if op.writable
+                              else landlock.READ_EXEC)
+            for op in self.plan.find(ReadOnlyBind):
+                rs.allow_path(op.path, landlock.READ_EXEC)
+            # no TCP port rule: with TCP handled (ABI 4+), every bind and connect is denied
+        except BaseException:
+            rs.close()
+            raise
+        return rs
+
+    # -- exec ----------------------------------------------------------------------------
+    def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
+             on_stderr=None, timeout: float | None = None) -> Result:
+        if not argv:
+            raise SandboxSetupError("no command given", step="exec")
+        if self.dir is None:
+            raise SandboxSetupError("the sandbox is closed", step="exec")
+        plan = self.plan
+        self.execs += 1
+        events = [dict(e) for e in self.events]
+        wall = plan.find(WallClock)[0].seconds if timeout is None else timeout
+        cpu = plan.find(CpuTime)[0].seconds
+        cap = plan.find(OutputCap)[0].bytes
+        rl = {op.name: op.value for op in plan.find(Rlimit)}
+        pids = plan.find(PidsLimit)[0].count
+        nproc = pids if self.root else _tasks_of_uid(self.uid) + pids
+        cg = None
+        wanted = {type(op): op for op in plan.find(MemoryLimit) + plan.find(PidsLimit)
+                  + plan.find(CpuQuota) if not self._unenforced(op)}
+        cginfo = limits.detect()
+        if not cginfo.pids:
+            wanted.pop(PidsLimit, None)  # root without a pids cgroup: RLIMIT_NPROC only
+        if wanted:
+            cg = limits.RunCgroup.create(
+                f"{self.dir.id}-{self.execs}",
+                memory=wanted[MemoryLimit].bytes if MemoryLimit in wanted else None,
+                pids=wanted[PidsLimit].count if PidsLimit in wanted else None,
+                cpus=wanted[CpuQuota].cpus if CpuQuota in wanted else None)
+        attach: list[int] = []
+        pidfd = -1
+        try:
+            attach = cg.attach_fds() if cg else []
+            child = _Child(argv=list(argv), env=self.env, cwd=self.cwd, attach=attach,
+                           nofile=rl["nofile"], fsize=rl["fsize"],
+                           cpu_seconds=math.ceil(cpu) + 1, nproc=nproc,
+                           uid=self.uid, gid=self.gid, root=self.root,
+                           ruleset_fd=self._ruleset.fd, seccomp=self._seccomp,
+                           parent=os.getpid())
+            stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
+            started = time.monotonic()
+            try:
+                # `path` is never exec'd: the reaper and the command's execvpe run inside
+                # child_setup, which does not return
+                pid, out_r, err_r = spawn("/nonexistent", ["corral-reaper"], {},
+                                          stdin_fd=stdin_fd, pass_fds=(),
+                                          child_setup=child.reaper)
+            finally:
+                if stdin is None:
+                    os.close(stdin_fd)
+            pidfd = os.pidfd_open(pid)
+
+            def kill() -> None:
+                try:  # the reaper kills every process of the run, then exits
+                    _signal.pidfd_send_signal(pidfd, SIGTERM)
+                except ProcessLookupError:
+                    pass
+                if cg is not None:
+                    cg.kill_all()
+
+            try:
+                outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
+                                    cpu_seconds=cg.cpu_seconds if cg else None,
+                                    output_cap=cap, on_stdout=on_stdout, on_stderr=on_stderr,
+                                    kill=kill, started=started)
+            except BaseException:
+                kill()
+                _wait_quietly(pid)
+                raise
+            usage = Usage(wall_s=round(outcome.wall_s, 6))
+            oom_kills = 0
+            if cg is not None:
+                cg.kill_all()
+                u = cg.usage()
+                usage.cpu_s = round(u.cpu_s, 6) if u.cpu_s is not None else None
+                usage.memory_peak_bytes = u.memory_peak_bytes
+                oom_kills = u.oom_kills or 0
+        finally:
+            for fd in attach:
+                os.close(fd)
+            if pidfd >= 0:
+                os.close(pidfd)
+            if cg is not None:
+                try:
+                    cg.destroy()
+                except SandboxSetupError as e:
+                    events.append({"kind": "teardown", "message": str(e)})
+        exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=False)
+        timed_out = outcome.timed_out
+        if sig == SIGXCPU and not timed_out:
+            timed_out = "cpu_time"
+        if timed_out == "timeout":
+            events.append({"kind": "limit", "limit": "timeout",
+                           "message": f"wall clock limit of {wall:g}s reached; every process "
+                                      f"of the run was killed"})
+        elif timed_out == "cpu_time":
+            events.append({"kind": "limit", "limit": "cpu_time",
+                           "message": f"CPU time limit of {cpu:g}s reached; every process of "
+                                      f"the run was killed"})
+        if oom_kills:
+            events.append({"kind": "limit", "limit": "memory",
+                           "message": f"the memory cgroup killed {oom_kills} process(es) at "
+                                      f"the {plan.find(MemoryLimit)[0].bytes} byte limit"})
+        for name, stream in (("stdout", outcome.stdout), ("stderr", outcome.stderr)):
+            if stream.truncated:
+                events.append({"kind": "limit", "limit": "output", "stream": name,
+                               "message": f"{name} past {cap} bytes was dropped"})
+        events += self._scratch_events()
+        verdict = decide_verdict(exit_code=exit_code, signal=sig, oom_kills=oom_kills,
+                                 timed_out=timed_out)
+        return Result(verdict=verdict, exit_code=exit_code, signal=sig,
+                      stdout=outcome.stdout.text(), stderr=outcome.stderr.text(),
+                      stdout_truncated=outcome.stdout.truncated,
+                      stderr_truncated=outcome.stderr.truncated, usage=usage, events=events,
+                      isolation="process")
+
+    def _scratch_events(self) -> list[dict]:
+        if not self.dir or self.scratch not in self.dir.mounts:
+            return []  # a plain directory: the host filesystem's fullness is not ours
+        try:
+            st = os.statvfs(self.scratch)
+        except OSError:
+            return []
+        out = []
+        if st.f_blocks and st.f_bavail == 0:
+            out.append({"kind": "limit", "limit": "scratch",
+                        "message": "scratch (HOME and TMPDIR) is full"})
+        if st.f_files and st.f_favail == 0:
+            out.append({"kind": "limit", "limit": "scratch_inodes",
+                        "message": "scratch ran out of inodes"})
+        return out
+
+    # -- teardown ------------------------------------------------------------------------
+    def close(self) -> list[str]:
+        problems: list[str] = []
+        if self._ruleset is not None:
+            self._ruleset.close()
+            self._ruleset = None
+        if self.root and getattr(self, "uid", None):
+            _kill_uid(self.uid)  # belt and braces: the uid is this sandbox's alone
+        if getattr(self, "dir", None) is not None:
+            problems += self.dir.remove()
+            self.dir = None
+        return problems
+
+
+# ---- the child side: reaper (fork of the supervisor) and command (fork of the reaper) ----
+
+class _Stop(BaseException):
+    pass
+
+
+class _Child:
+    """Everything the two forked processes need, prepared in the parent."""
+
+    def __init__(self, **kw) -> None:
+        self.__dict__.update(kw)
+        self.argvb = [a.encode() for a in self.argv]
+
+    def reaper(self) -> None:
+        """spawn()'s child_setup: becomes the run's reaper; never returns. Runs in a fork
+        of the supervisor, as the supervisor's user, outside the sandbox."""
+        os.setsid()
+        stopping = []
+
+        def on_term(signum, frame) -> None:
+            if not stopping:
+                stopping.append(signum)
+                raise _Stop
+
+        _signal.signal(SIGCHLD, _signal.SIG_DFL)
+        _signal.signal(SIGTERM, on_term)
+        set_pdeathsig(SIGTERM)  # the supervisor died: kill the run
+        if os.getppid() != self.parent:
+            os._exit(125)
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        cmd = os.fork()
+        if cmd == 0:
+            self.command()  # raises (spawn reports it) or execs; never returns
+            os._exit(127)
+        try:
+            os.closerange(0, MAX_FD)  # pipes, fail_w, the ruleset: the reaper holds nothing
+            _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+            status = _reap(cmd, stopping)
+        except BaseException:  # noqa: BLE001 - whatever happened, the run dies with us
+            _kill_tree(os.getpid(), None)
+            os._exit(125)
+        _exit_as(status)
+
+    def command(self) -> None:
+        """The sandboxed command's setup, in the reaper's child; ends in execve."""
+        os.setsid()  # a session of its own, apart from the reaper's
+        for s in _signal.valid_signals():
+            if s not in (SIGKILL, 19):
+                try:
+                    _signal.signal(s, _signal.SIG_DFL)
+                except (OSError, ValueError, RuntimeError):
+                    pass
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
+        if self.attach:
+            limits.RunCgroup.attach_self(self.attach)
+        limits.apply_rlimits(nofile=self.nofile, fsize=self.fsize,
+                             cpu_seconds=self.cpu_seconds, nproc=self.nproc)
+        if self.root:
+            cap = 0
+            while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+                cap += 1
+            os.setgroups([])
+            os.setresgid(self.gid, self.gid, self.gid)
+            os.setresuid(self.uid, self.uid, self.uid)
+        reaper = os.getppid()
+        set_pdeathsig(SIGKILL)
+        if os.getppid() != reaper:
+            os._exit(125)
+        os.chdir(self.cwd)
+        self.seccomp.no_new_privs()
+        landlock.restrict_self(self.ruleset_fd)
+        self.seccomp.load()
+        os.closerange(3, MAX_FD)
+        try:
+            os.execvpe(self.argv[0], self.argv, self.env)
+        except OSError as e:
+            msg = f"corral: cannot run {self.argv[0]}: {e.strerror}\n".encode()
+            try:
+                os.write(2, msg)
+            finally:
+                os._exit(127 if isinstance(e, (FileNotFoundError, NotADirectoryError))
+                         else 126)
+
+
+def _reap(cmd: int, stopping: list) -> int | None:
+    """Wait for the command (reaping orphans meanwhile), then kill what is left. Returns the
+    command's wait status (None if a stop request got in the way of reading it)."""
+    status = None
+    try:
+        while True:
+            pid, st = os.waitpid(-1, 0)
+            if pid == cmd:
+                status = st
+                break
+    except _Stop:
+        pass
+    except ChildProcessError:
+        pass
+    if not stopping:
+        stopping.append(0)  # a late SIGTERM no longer interrupts
+    got = _kill_tree(os.getpid(), cmd)
+    return status if status is not None else got
+
+
+def _kill_tree(root: int, cmd: int | None) -> int | None:
+    """SIGKILL every descendant of `root` (this process, a child subreaper: orphans come
+    to it) until it has no children left. Returns the wait status of `cmd` if it was
+    reaped here."""
+    status = None
+    deadline = time.monotonic() + KILL_DEADLINE_S
+    delay = 0.0005
+    while True:
+        try:
+            while True:
+                pid, st = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                if pid == cmd:
+                    status = st
+        except ChildProcessError:
+            return status  # no children: no descendants at all
+        if time.monotonic() > deadline:
+            return status
+        found = _descendants(root)
+        for pid in found:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                # the pidfd pins the process; if the pid was reused it is not ours
+                if _ppid(pid) in found or _ppid(pid) == root:
+                    _signal.pidfd_send_signal(fd, SIGKILL)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+
+
+def _read_small(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def _ppid(pid: int) -> int:
+    try:
+        data = _read_small(f"/proc/{pid}/stat")
+    except OSError:
+        return -1
+    return int(data.rsplit(b")", 1)[1].split()[1])
+
+
+def _descendants(root: int) -> set[int]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            ppid = _ppid(int(name))
+            if ppid > 0:
+                kids.setdefault(ppid, []).append(int(name))
+    out: set[int] = set()
+    todo = [root]
+    while todo:
+        for c in kids.get(todo.pop(), ()):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def _exit_as(status: int | None) -> None:
+    """End the reaper the way the command ended: same exit code, or the same signal."""
+    if status is not None and os.WIFEXITED(status):
+        os._exit(os.WEXITSTATUS(status))
+    sig = os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else SIGKILL
+    try:
+        if sig != SIGKILL:
+            _signal.signal(sig, _signal.SIG_DFL)
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+    finally:
+        os._exit(128 + sig)
+
+
+def _wait_quietly(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _uid_of(pid: str) -> tuple[int, int] | None:
+    """(real uid, threads) of a process, from /proc/PID/status."""
+    try:
+        text = _read_small(f"/proc/{pid}/status")
+    except OSError:
+        return None
+    uid = threads = None
+    for line in text.split(b"\n"):
+        if line.startswith(b"Uid:"):
+            uid = int(line.split()[1])
+        elif line.startswith(b"Threads:"):
+            threads = int(line.split()[1])
+    return (uid, threads or 1) if uid is not None else None
+
+
+def _tasks_of_uid(uid: int) -> int:
+    """Threads the user has now: RLIMIT_NPROC counts these."""
+    n = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            got = _uid_of(name)
+            if got and got[0] == uid:
+                n += got[1]
+    return n
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process whose real uid is `uid` (a sandbox's dedicated uid)."""
+    for _ in range(10):
+        left = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            got = _uid_of(name)
+            if not got or got[0] != uid:
+                continue
+            try:
+                fd = os.pidfd_open(int(name))
+            except OSError:
+                continue
+            try:
+                got = _uid_of(name)
+                if got and got[0] == uid:
+                    _signal.pidfd_send_signal(fd, SIGKILL)
+                    left += 1
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        if not left:
+            return
+        time.sleep(0.01)

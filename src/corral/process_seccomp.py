@@ -1,0 +1,153 @@
+"""The process tier's syscall filter: the namespace tier's profile (seccomp.py) plus the rules
+that stand in for a network namespace, loaded in the child with prctl(PR_SET_SECCOMP).
+
+The process tier shares the host's network namespace, so the filter itself keeps the network
+closed (Landlock's TCP rules, ABI 4+, are a second layer for TCP only):
+
+- socket(2) and socketpair(2): only AF_UNIX, and only SOCK_STREAM and SOCK_SEQPACKET. No
+  AF_INET/AF_INET6 (no TCP, UDP, ICMP, DNS), no AF_NETLINK, AF_PACKET, AF_VSOCK, AF_ALG, ...
+  Unix datagram sockets are refused because sendmsg(2) can name a destination path
+  (/dev/log, a journald socket) that seccomp cannot see.
+- connect, bind, listen, accept, accept4: refused. With only unix sockets left, connect is
+  how a sandbox would reach a host daemon's socket (a D-Bus bus, a rootless Docker socket,
+  an ssh or gpg agent), which Landlock does not cover; bind would let it squat an abstract
+  socket name a host program connects to (the abstract namespace belongs to the network
+  namespace, here the host's). socketpair(2) still works, which is what pipelines, asyncio
+  and multiprocessing's fork context use. Like Codex's Linux sandbox.
+- truncate(2), on kernels whose Landlock (ABI < 3) cannot restrict it.
+
+Every refusal is EPERM. The program is built by libseccomp in the parent and cached like the
+namespace tier's; the child only calls prctl.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from . import seccomp
+
+PROFILE_VERSION = "p1"
+EPERM = seccomp.EPERM
+AF_UNIX = 1
+#: socket types (arg 1, low 4 bits; the rest is SOCK_CLOEXEC/SOCK_NONBLOCK) refused for
+#: AF_UNIX: SOCK_DGRAM, SOCK_RAW (a unix SOCK_RAW is a datagram socket), SOCK_RDM
+DENIED_UNIX_TYPES = (2, 3, 4)
+SOCKET_CALLS = ("socket", "socketpair")
+NO_PEER = ("connect", "bind", "listen", "accept", "accept4")
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+
+
+def extra_rules(landlock_abi: int) -> tuple[seccomp.Rule, ...]:
+    """The rules added to seccomp.rules() for the process tier (pure)."""
+    out = []
+    for name in SOCKET_CALLS:
+        out.append(seccomp.Rule(name, EPERM, (seccomp.Cond(0, "ne", AF_UNIX),)))
+        out += [seccomp.Rule(name, EPERM, (seccomp.Cond(1, "masked_eq", t, 0xF),))
+                for t in DENIED_UNIX_TYPES]
+    out += [seccomp.Rule(name, EPERM) for name in NO_PEER]
+    if landlock_abi < 3:
+        out.append(seccomp.Rule("truncate", EPERM))
+    return tuple(out)
+
+
+def rules(landlock_abi: int) -> tuple[seccomp.Rule, ...]:
+    return seccomp.rules() + extra_rules(landlock_abi)
+
+
+def compile_bpf(landlock_abi: int) -> bytes:
+    """The whole filter as classic BPF (default ALLOW, native arch only, bad arch kills).
+    Raises BackendUnavailable without libseccomp, SandboxSetupError if a rule is refused."""
+    from .errors import SandboxSetupError
+
+    seccomp._require_x86_64()
+    lib = seccomp._libseccomp()
+    ops = {"masked_eq": lib.MASKED_EQ, "gt": lib.GT, "ne": lib.NE}
+    flt = lib.SyscallFilter(lib.ALLOW)
+    flt.set_attr(lib.Attr.ACT_BADARCH, lib.KILL_PROCESS)
+    for rule in rules(landlock_abi):
+        nr = rule.syscall
+        if isinstance(nr, str):
+            nr = lib.resolve_syscall(lib.Arch.X86_64, nr)
+            if nr < 0:
+                raise SandboxSetupError(f"libseccomp does not know syscall {rule.syscall!r}",
+                                        step="seccomp")
+        args = [lib.Arg(c.arg, ops[c.op], c.mask, c.value) if c.op == "masked_eq"
+                else lib.Arg(c.arg, ops[c.op], c.value) for c in rule.when]
+        try:
+            flt.add_rule(lib.ERRNO(rule.errno), nr, *args)
+        except (RuntimeError, ValueError) as e:
+            raise SandboxSetupError(f"libseccomp refused {rule}: {e}", step="seccomp") from e
+    with os.fdopen(os.memfd_create("corral-seccomp-export", os.MFD_CLOEXEC), "w+b") as f:
+        flt.export_bpf(f)
+        f.seek(0)
+        data = f.read()
+    if not seccomp._refuses_x32(data):
+        raise SandboxSetupError("this libseccomp does not refuse x32 syscall numbers in an "
+                                "x86_64 filter; the profile would leak", step="seccomp")
+    return data
+
+
+def bpf_bytes(cache_dir: str | None, landlock_abi: int) -> bytes:
+    """compile_bpf(), cached in cache_dir (keyed like seccomp.bpf_bytes, plus this
+    module's rules)."""
+    if cache_dir is None:
+        return compile_bpf(landlock_abi)
+    import zlib
+
+    extra = repr([[r.syscall, r.errno, [[c.arg, c.op, c.value, c.mask] for c in r.when]]
+                  for r in extra_rules(landlock_abi)]).encode()
+    key = f"{seccomp.cache_key()}-{zlib.crc32(extra):08x}{len(extra):x}"
+    path = os.path.join(cache_dir, f"seccomp-{PROFILE_VERSION}-{key}.bpf")
+    data = seccomp._read_cache(path)
+    if data is not None:
+        return data
+    data = compile_bpf(landlock_abi)
+    try:
+        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
+    return data
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class Loader:
+    """A compiled program held in memory ready for the child: load() is one prctl call,
+    safe between fork and exec. Build it in the parent; it must outlive the fork."""
+
+    def __init__(self, bpf: bytes) -> None:
+        if not bpf or len(bpf) % 8:
+            raise ValueError("not a classic BPF program")
+        self._buf = ctypes.create_string_buffer(bpf, len(bpf))
+        self._prog = _SockFprog(len(bpf) // 8, ctypes.addressof(self._buf))
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._prctl = libc.prctl
+        self._prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                                ctypes.c_ulong)
+        self._prctl.restype = ctypes.c_int
+
+    def no_new_privs(self) -> None:
+        if self._prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"PR_SET_NO_NEW_PRIVS: {os.strerror(e)}")
+
+    def load(self) -> None:
+        """Install the filter on the calling thread. Needs no_new_privs first."""
+        if self._prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER,
+                       ctypes.addressof(self._prog), 0, 0) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"PR_SET_SECCOMP: {os.strerror(e)}")

@@ -68,7 +68,7 @@ def test_json_result_has_every_field():
     (["--workspace", "/nonexistent-corral-ws"], "filesystem.workspace.path", 2),
     (["--ro-bind", "/proc"], "filesystem.ro_binds[0]", 2),
     (["--env", "BAD-NAME"], "env.pass[0]", 2),
-    (["--isolation", "gvisor"], "isolation", 3),
+    (["--isolation", "microvm"], "isolation", 3),
     (["--frob"], "--frob", 2),
     (["--policy", "/nonexistent.toml"], "--policy", 2),
 ])

@@ -418,3 +418,11 @@ def test_supervisor_death_leaves_nothing_running_and_next_start_cleans_up(corral
     for _, parent in cg.parents:
         if os.path.isdir(parent):
             assert not [n for n in os.listdir(parent) if n.split("-")[0] in run_dirs]
+
+
+def test_signal_dispositions_are_the_defaults():
+    r = sh("grep -E 'SigIgn|SigBlk' /proc/self/status; yes | head -1")
+    assert "SigIgn:\t0000000000000000" in r.stdout and "SigBlk:\t0000000000000000" in r.stdout
+    assert r.stdout.rstrip().endswith("y") and "Broken pipe" not in r.stderr
+    r = sh("exec dd if=/dev/zero of=/scratch/big bs=8192 count=1", {"limits": {"file_size": 4096}})
+    assert r.signal == 25  # SIGXFSZ, not a quiet EFBIG

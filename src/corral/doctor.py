@@ -60,6 +60,32 @@ def _cgroup_attach() -> bool | str:
             f"mount -o remount,favordynmods {where} (scripts/setup.sh does)")
 
 
+def _tiers() -> dict:
+    """Each tier: True when it can run the default policy here, else why not (and the
+    defaults it would leave unenforced)."""
+    from .backends import KNOWN
+    from .errors import BackendUnavailable
+    from .plan import build_plan
+    from .policy import Policy
+
+    out: dict = {}
+    for tier in KNOWN:
+        try:
+            from .backends import get_backend
+
+            backend = get_backend(tier)
+            missing = backend.check(build_plan(Policy(isolation=tier), {}))
+        except BackendUnavailable as e:
+            out[tier] = e.message
+            continue
+        except Exception as e:  # noqa: BLE001 - doctor reports, it does not crash
+            out[tier] = f"check failed: {type(e).__name__}: {e}"
+            continue
+        out[tier] = True if not missing else "usable; unenforced here: " + ", ".join(
+            sorted({op.rule or type(op).__name__ for op, _ in missing}))
+    return out
+
+
 def facts() -> dict:
     from . import limits
     from .backends.namespace import find_bwrap, userns_available
@@ -75,7 +101,6 @@ def facts() -> dict:
 
         idmap = _idmap.supported("/tmp")
     runsc = shutil.which("runsc")
-    namespace_ok = bool(bwrap) and userns is True and sc is True
     return {
         "root": root,
         "bwrap": bwrap or "missing; apt-get install bubblewrap",
@@ -88,13 +113,7 @@ def facts() -> dict:
         "landlock_abi": _landlock_abi(),
         "runsc": runsc or "missing; apt-get install runsc",
         "kvm": _kvm(),
-        "tiers": {
-            "namespace": True if namespace_ok else "needs bwrap, user namespaces and seccomp",
-            "process": "not in this release",
-            "gvisor": "not in this release",
-            "microvm": "not in this release",
-            "wasm": "not in this release",
-        },
+        "tiers": _tiers(),
     }
 
 
@@ -120,7 +139,7 @@ def report(as_json: bool = False) -> int:
                  f"{'ABI ' + str(abi) if isinstance(abi, int) else abi}")
     lines.append("tiers:")
     for tier, v in f["tiers"].items():
-        lines.append(f"  {'ok ' if v is True else '-- '}{tier}: "
-                     f"{'usable' if v is True else v}")
+        ok = v is True or str(v).startswith("usable")
+        lines.append(f"  {'ok ' if ok else '-- '}{tier}: {'usable' if v is True else v}")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

@@ -42,7 +42,7 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
         "tier": backend.name,
         "mechanism": backend.mechanism,
         "own_kernel": backend.own_kernel,
-        "network": _network(plan, policy),
+        "network": _network(plan, policy, backend),
         "credentials": _credentials(plan, policy),
         "rules": rules,
         "properties": dict(backend.properties),
@@ -53,11 +53,13 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
     return out
 
 
-def _network(plan: Plan, policy: Policy) -> dict:
+def _network(plan: Plan, policy: Policy, backend) -> dict:
     proxy = plan.find(EgressProxy)
     if not proxy:
-        return {"default_closed": True, "reachable": [],
-                "note": "an empty network namespace: nothing leaves"}
+        from .plan import NoNetwork
+
+        _, note = backend.describe(plan.find(NoNetwork)[0])
+        return {"default_closed": True, "reachable": [], "note": note}
     n = policy.network
     return {"default_closed": True,
             "reachable": [f"{r} (via the egress proxy)" for r in n.allow],

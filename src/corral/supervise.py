@@ -9,6 +9,7 @@ in the right order.
 
 from __future__ import annotations
 
+import _signal  # the C module: `signal` would import enum on the start-up path
 import os
 import select
 import time
@@ -73,6 +74,12 @@ def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
     pid = os.fork()
     if pid == 0:  # child: no Python-level cleanup may run here, only exec or _exit
         try:
+            # Python ignores SIGPIPE and SIGXFSZ; the sandboxed command gets the defaults
+            # (so `yes | head -1` ends quietly and RLIMIT_FSIZE raises SIGXFSZ), and no
+            # blocked signals
+            _signal.signal(13, 0)   # SIGPIPE, SIG_DFL
+            _signal.signal(25, 0)   # SIGXFSZ, SIG_DFL
+            _signal.pthread_sigmask(2, [])  # SIG_SETMASK, nothing blocked
             os.dup2(stdin_fd, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)

@@ -19,6 +19,10 @@ def get_backend(tier: str):
         from .namespace import NamespaceBackend
 
         return NamespaceBackend()
+    if tier == "gvisor":
+        from .gvisor import GvisorBackend
+
+        return GvisorBackend()
     if tier == "process":
         from .process import ProcessBackend
 

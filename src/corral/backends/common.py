@@ -1,0 +1,75 @@
+"""Host-side pieces of a sandbox that more than one tier builds the same way.
+
+    scratch = setup_scratch(run_dir, size, inodes, uid, gid, enforce=True)
+    src = mount_workspace(run_dir, ws.path, ws.writable, uid, gid)   # owner -> uid:gid
+    events += scratch_events(scratch)                    # after a run: was it full?
+
+The namespace tier (namespace.py) has the same steps inline; the gvisor tier uses these.
+No imports from a tier module here, so any tier can import this one.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .._sys import MS_NODEV, MS_NOSUID, mount
+from ..errors import SandboxSetupError
+
+#: the directories of the scratch tmpfs: bound at /scratch, /tmp and /dev/shm
+SCRATCH_DIRS = (("home", 0o755), ("tmp", 0o1777), ("shm", 0o1777))
+
+
+def setup_scratch(run_dir, size: int, inodes: int, uid: int, gid: int, *,
+                  enforce: bool) -> str:
+    """`<run dir>/scratch`: a tmpfs with size= and nr_inodes= caps (when `enforce`, which
+    needs root), owned by uid:gid, holding home/ tmp/ shm/. Returns its path; the mount is
+    registered with the run dir, which unmounts it on removal."""
+    scratch = run_dir.sub("scratch")
+    root = os.geteuid() == 0
+    if enforce:
+        try:
+            mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV,
+                  f"size={size},nr_inodes={inodes},mode=0700,uid={uid},gid={gid}")
+        except OSError as e:
+            raise SandboxSetupError(f"mounting the scratch tmpfs on {scratch}: {e.strerror}",
+                                    step="scratch", errno=e.errno) from None
+        run_dir.mounts.append(scratch)
+    for name, mode in SCRATCH_DIRS:
+        p = os.path.join(scratch, name)
+        os.mkdir(p)
+        os.chmod(p, mode)
+        if root:
+            os.chown(p, uid, gid)
+    if root and not enforce:
+        os.chown(scratch, uid, gid)
+    return scratch
+
+
+def mount_workspace(run_dir, path: str, writable: bool, uid: int, gid: int) -> str:
+    """An idmapped bind of the workspace (its owner shown as uid:gid; nosuid, nodev) at
+    `<run dir>/workspace`. Returns the mount point. Needs root. The caller's sandbox must
+    refuse set-id modes (see idmap.idmapped_bind's setid_blocked)."""
+    from .. import idmap
+
+    st = os.stat(path)
+    mp = run_dir.sub("workspace", 0o755)
+    idmap.idmapped_bind(path, mp, uid_map=(st.st_uid, uid), gid_map=(st.st_gid, gid),
+                        readonly=not writable, setid_blocked=True)
+    run_dir.mounts.append(mp)
+    return mp
+
+
+def scratch_events(scratch: str) -> list[dict]:
+    """"limit" events for a full scratch tmpfs (bytes or inodes)."""
+    try:
+        st = os.statvfs(scratch)
+    except OSError:
+        return []
+    out = []
+    if st.f_blocks and st.f_bavail == 0:
+        out.append({"kind": "limit", "limit": "scratch",
+                    "message": "/scratch (with /tmp and /dev/shm) is full"})
+    if st.f_files and st.f_favail == 0:
+        out.append({"kind": "limit", "limit": "scratch_inodes",
+                    "message": "/scratch ran out of inodes"})
+    return out

@@ -1,0 +1,621 @@
+"""The gvisor tier: runsc, gVisor's user-space kernel, + cgroups.
+
+The command's system calls are served by gVisor's Sentry, a kernel written in Go that runs
+as an unprivileged host process under a strict seccomp filter of its own; files reach it
+through the gofer, a second runsc process that sees only the mounts of the OCI bundle. The
+host kernel's syscall surface the workload can reach is the Sentry's, not its own.
+
+Steps of one sandbox, in order (each names what enforces it):
+ 1. a run directory on the host, locked for the supervisor's life (rundir.py)
+ 2. /scratch: a tmpfs mounted by corral on the host with size= and nr_inodes=, owned by the
+    run's own unprivileged uid; /tmp and /dev/shm are directories of the same tmpfs
+ 3. the workspace, if any: an idmapped mount (owner -> the run's uid), nosuid, nodev
+ 4. a root directory of mount points and the /bin, /lib, ... symlinks (read-only in the
+    bundle), the state directory of runsc (--root) and the bundle, all in the run dir
+ 5. per exec: config.json (the read-only system root and the minimal /etc of the namespace
+    tier, scratch, workspace, ro_binds, env, cwd, rlimits, no capabilities, no new
+    privileges, a user namespace mapping the container's root to the run's uid, and the
+    namespace tier's syscall deny list as an OCI seccomp profile applied inside gVisor),
+    a cgroup (memory+swap, pids, cpu quota, cpu accounting) that runsc joins before exec,
+    so its gofer, Sentry and ptrace stubs are all in it
+ 6. `runsc --network=none --platform=ptrace --ignore-cgroups --oci-seccomp run`, with a
+    parent-death signal; runsc starts the gofer and the Sentry attached to itself (they
+    die with it)
+ 7. the supervisor watches output, wall clock and the cgroup's CPU counter; at the end it
+    kills everything left in the cgroup (freezer, SIGKILL) and removes the cgroup, and
+    drops what runsc kept of the container in its state dir (a clean exit leaves nothing;
+    after a kill the files are removed directly, since the emptied cgroup proves nothing
+    of the container is left: `runsc delete --force` would SIGKILL recorded pids that may
+    have been recycled, and waits a second for them; it is used only without a cgroup)
+ 8. if the supervisor dies instead: runsc gets SIGKILL (parent-death signal), its gofer and
+    Sentry die with it (runsc starts them attached), and the next corral start finds the
+    run dir unlocked and removes it (mounts, runsc's state files) and its cgroups
+
+Who is who: inside, the command runs as uid 0 of gVisor's kernel, with no capabilities
+(no CAP_CHOWN, CAP_SYS_ADMIN, CAP_NET_RAW, ... in gVisor's own user namespace). That root
+is not host root: the Sentry runs as the host's nobody in a user namespace of its own, and
+the gofer, which does the file I/O, runs in a user namespace where container uid 0 is the
+run's unprivileged host uid and nothing else is mapped. So gVisor's root can read and write
+only what that host uid may (other-readable files under the bundle's mounts, the scratch
+tmpfs, the idmapped workspace) and nothing outside the bundle's mounts; host /proc, /sys,
+devices, sockets and other processes are not there at all (gVisor's /proc and /sys are its
+own). Files it writes land on the host owned by the run's uid (the workspace owner on the
+idmapped workspace).
+
+Limits and their enforcer: memory, CPU quota and CPU time by the run's host cgroup, which
+holds every runsc process, so gVisor's own memory (~20 MiB) counts against limits.memory;
+pids by RLIMIT_NPROC inside gVisor (its kernel counts the sandbox's tasks; root without
+CAP_SYS_RESOURCE is bound by it), with a looser pids cgroup as a second layer for the host
+threads gVisor needs; open files, file size and core dumps by rlimits inside gVisor; the
+wall clock and output caps by the supervisor.
+
+Network: `none` is runsc --network=none, a netstack with loopback only. `allow` is refused
+(check() returns the EgressProxy op): the namespace tier's path, a listener the supervisor
+opens inside the sandbox's network namespace, does not exist here (the sandbox's loopback is
+gVisor's netstack, not a host namespace), and the other path, a host unix socket reached
+with --host-uds, would also open every other host socket under the bundle's mounts.
+
+Known gaps of Debian's runsc 20221219 (fixed in later gVisor): statx(2) with
+AT_NO_AUTOMOUNT, as used by coreutils 9 `ls FILE` and `stat`, fails with EINVAL; OCI
+seccomp errnoRet is ignored (every rule answers EPERM), so only the EPERM rules of the deny
+list are applied (the ENOSYS ones cover calls this Sentry does not implement).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+from .. import limits, rundir, seccomp
+from .._sys import mount, set_pdeathsig
+from ..errors import BackendUnavailable, SandboxSetupError
+from ..plan import (ETC_BINDS, SCRATCH, SYSTEM_PATHS, WORKSPACE, CpuQuota, CpuTime,
+                    EgressProxy, Environment, MemoryLimit, Namespaces, NoNetwork, Op,
+                    OutputCap, PidsLimit, Plan, ReadOnlyBind, Rlimit, Scratch, Seccomp,
+                    SystemRoot, WallClock, WorkspaceMount)
+from ..result import Result, Usage, decide_verdict
+from ..supervise import decode_status, kill_pid, spawn, supervise
+from .common import mount_workspace, scratch_events, setup_scratch
+from .namespace import HOSTNAME, UID_BASE, UID_SPAN, ensure_etc
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import ClassVar
+
+SIGKILL, SIGXCPU = 9, 24
+#: platforms that do not need a device; "kvm" needs /dev/kvm
+DEFAULT_PLATFORM = "ptrace"
+PLATFORM_ENV = "CORRAL_GVISOR_PLATFORM"
+#: a directory: runsc writes its debug logs (one file per runsc process) there
+DEBUG_ENV = "CORRAL_GVISOR_DEBUG_LOG"
+#: runsc exits 128 when it fails itself (util.Fatalf), before or while starting the command
+RUNSC_FAILED = 128
+#: host tasks (threads) gVisor needs beside the sandbox's own: Go runtime threads of the
+#: Sentry and the gofer, and ptrace stub processes and threads
+PIDS_OVERHEAD = 256
+PIDS_PER_TASK = 3
+NO_EGRESS = ("the gvisor tier has no path to the egress proxy yet: the sandbox's loopback "
+             "is gVisor's own netstack, where the supervisor cannot open the proxy's "
+             "listener, and a host unix socket (runsc --host-uds) would open every other "
+             "host socket under the sandbox's mounts too; use isolation = \"namespace\" "
+             "for network.mode = \"allow\"")
+#: the mount points every root has, besides those of SYSTEM_PATHS, ro_binds and workspace
+BASE_DIRS = ("etc", "proc", "dev", "tmp", SCRATCH[1:], WORKSPACE[1:])
+
+
+def find_runsc() -> str | None:
+    for d in ("/usr/bin", "/usr/local/bin", "/usr/sbin", "/bin"):
+        p = os.path.join(d, "runsc")
+        if os.access(p, os.X_OK):
+            return p
+    import shutil
+
+    return shutil.which("runsc")
+
+
+_platforms: dict[str, tuple[str, ...]] = {}
+
+
+def runsc_platforms(runsc: str) -> tuple[str, ...]:
+    """The platforms this runsc names in `runsc flags` ("ptrace (default), kvm" in the 2022
+    releases; "systrap" in later ones)."""
+    if runsc not in _platforms:
+        import re
+        import subprocess
+
+        try:
+            text = subprocess.run([runsc, "flags"], capture_output=True, text=True,
+                                  timeout=10, check=False).stderr
+        except (OSError, subprocess.SubprocessError):
+            text = ""
+        m = re.search(r"-platform string\s*\n\s*(.*)", text)
+        names = re.findall(r"\b(ptrace|kvm|systrap)\b", m.group(1)) if m else []
+        _platforms[runsc] = tuple(dict.fromkeys(names)) or (DEFAULT_PLATFORM,)
+    return _platforms[runsc]
+
+
+def oci_seccomp() -> dict:
+    """seccomp.py's deny list as an OCI profile (default allow), evaluated by the Sentry for
+    every system call of the sandbox (runsc --oci-seccomp). Only the rules answering EPERM:
+    this runsc ignores errnoRet, and the ENOSYS/EOPNOTSUPP rules would otherwise answer
+    EPERM, which makes glibc give up instead of falling back (clone3 -> clone)."""
+    calls = []
+    for rule in seccomp.rules():
+        if rule.errno != seccomp.EPERM or not isinstance(rule.syscall, str):
+            continue  # numbered ones are newer than this Sentry, which answers ENOSYS
+        args = []
+        for c in rule.when:
+            if c.op == "masked_eq":
+                args.append({"index": c.arg, "value": c.mask, "valueTwo": c.value,
+                             "op": "SCMP_CMP_MASKED_EQ"})
+            elif c.op == "gt":
+                args.append({"index": c.arg, "value": c.value, "op": "SCMP_CMP_GT"})
+            else:  # pragma: no cover - seccomp.py grew an operator
+                raise AssertionError(f"unknown seccomp operator {c.op!r}")
+        entry: dict = {"names": [rule.syscall], "action": "SCMP_ACT_ERRNO"}
+        if args:
+            entry["args"] = args
+        calls.append(entry)
+    return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64"],
+            "syscalls": calls}
+
+
+class GvisorBackend:
+    name = "gvisor"
+    mechanism = "runsc (gVisor's user-space kernel) + cgroups"
+    own_kernel = "user-space"
+    #: fixed properties of the tier that `explain` reports and the probe suite cites
+    properties: ClassVar[dict[str, bool]] = {"own_kernel": True, "user_space_kernel": True,
+                                             "pid_isolation": True,
+                                             "host_fs_hidden": True, "no_host_root": True,
+                                             "kernel_surface_filtered": True,
+                                             "network_namespace": True, "read_only_root": True}
+
+    def describe(self, op: Op) -> tuple[str, str]:
+        """How this tier enforces an op: (enforced_by, note)."""
+        match op:
+            case MemoryLimit():
+                return "kernel", ("host memory cgroup around every runsc process (gVisor's "
+                                  "own ~20 MiB included), swap included; oom verdict from "
+                                  "its counter")
+            case PidsLimit():
+                return "kernel", ("RLIMIT_NPROC in gVisor's kernel (the sandbox's tasks); "
+                                  "a looser host pids cgroup for gVisor's own threads")
+            case CpuQuota():
+                return "kernel", "host cpu cgroup (CFS quota) around every runsc process"
+            case CpuTime():
+                return "supervisor", ("the run's cgroup CPU counter (gVisor's own CPU "
+                                      "included), polled; RLIMIT_CPU in gVisor as a second "
+                                      "layer")
+            case WallClock():
+                return "supervisor", "wall clock; then every process of the run is killed"
+            case OutputCap():
+                return "supervisor", "bytes past the cap are read and dropped"
+            case Rlimit():
+                return "kernel", f"RLIMIT_{op.name.upper()} in gVisor's kernel"
+            case Scratch():
+                return "kernel", ("host tmpfs with size= and nr_inodes=, through the gofer; "
+                                  "/tmp and /dev/shm on it")
+            case WorkspaceMount():
+                return "kernel", ("idmapped bind mount through the gofer, nosuid, nodev"
+                                  + ("" if op.writable else ", read-only"))
+            case ReadOnlyBind():
+                return "kernel", "read-only bind mount through the gofer"
+            case Environment():
+                return "supervisor", "only corral's base, env.pass and env.set"
+            case NoNetwork():
+                return "kernel", "runsc --network=none: gVisor's netstack, loopback only"
+            case EgressProxy():
+                return "none", "no path to the egress proxy on this tier"
+            case Seccomp():
+                return "kernel", ("gVisor's Sentry serves every syscall (runsc's own host "
+                                  "seccomp filter confines the Sentry); seccomp.py's EPERM "
+                                  "rules applied inside gVisor (OCI seccomp)")
+            case Namespaces():
+                return "kernel", ("gVisor's own kernel; uid 0 there with no capabilities, "
+                                  "no_new_privs; gofer and Sentry in user namespaces as "
+                                  "unprivileged host uids")
+            case SystemRoot():
+                return "kernel", "read-only binds of /usr, /lib*, a minimal /etc"
+        return "none", f"unknown op {type(op).__name__}"
+
+    def __init__(self, platform: str | None = None) -> None:
+        self.runsc = find_runsc()
+        self.platform = platform or os.environ.get(PLATFORM_ENV) or DEFAULT_PLATFORM
+        self.root = os.geteuid() == 0
+
+    def check(self, plan: Plan) -> list[tuple[Op, str]]:
+        if self.runsc is None:
+            raise BackendUnavailable("runsc (gVisor) is not installed; apt-get install runsc, "
+                                     "or use isolation = \"namespace\"", field="isolation")
+        if not self.root:
+            raise BackendUnavailable("the gvisor tier needs root here (runsc builds the "
+                                     "sandbox's namespaces, chroot and user mapping); run "
+                                     "corral as root or use isolation = \"namespace\"",
+                                     field="isolation")
+        if self.platform != DEFAULT_PLATFORM:
+            offered = runsc_platforms(self.runsc)
+            if self.platform not in offered:
+                raise BackendUnavailable(f"this runsc has no platform {self.platform!r} (it "
+                                         f"offers {', '.join(offered)}); unset {PLATFORM_ENV}",
+                                         field="isolation")
+            if self.platform == "kvm" and not os.access("/dev/kvm", os.R_OK | os.W_OK):
+                raise BackendUnavailable(f"the kvm platform needs a usable /dev/kvm; unset "
+                                         f"{PLATFORM_ENV} to use ptrace", field="isolation")
+        cg = limits.detect()
+        missing: list[tuple[Op, str]] = []
+        for op in plan.ops:
+            match op:
+                case MemoryLimit():
+                    if not cg.memory:
+                        missing.append((op, f"no usable memory cgroup: {cg.reason}"))
+                case CpuQuota():
+                    if not cg.cpu:
+                        missing.append((op, f"no usable cpu cgroup: {cg.reason}"))
+                case CpuTime():
+                    if not cg.cpu:
+                        why = "only per-process RLIMIT_CPU inside gVisor, not the run's total"
+                        missing.append((op, f"{why}: {cg.reason}"))
+                case WorkspaceMount():
+                    from .. import idmap
+
+                    ok = idmap.supported(op.path)
+                    if ok is not True:
+                        missing.append((op, f"the workspace cannot be idmapped: {ok}"))
+                case EgressProxy():
+                    missing.append((op, NO_EGRESS))
+                case (Namespaces() | SystemRoot() | Seccomp() | Scratch() | PidsLimit()
+                      | WallClock() | OutputCap() | Rlimit() | Environment() | NoNetwork()
+                      | ReadOnlyBind()):
+                    pass
+                case _:
+                    missing.append((op, f"the gvisor tier does not know {type(op).__name__}"))
+        return missing
+
+    def open(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None
+             ) -> GvisorSandbox:
+        return GvisorSandbox(self, plan, events)
+
+
+class GvisorSandbox:
+    def __init__(self, backend: GvisorBackend, plan: Plan, events: list[dict]) -> None:
+        self.backend = backend
+        self.plan = plan
+        self.events = events  # standing events (e.g. unenforced defaults), copied per exec
+        self.execs = 0
+        rundir.sweep_stale()
+        self.dir = rundir.RunDir()
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup ---------------------------------------------------------------------------
+    def _setup(self) -> None:
+        plan = self.plan
+        self.uid = self.gid = UID_BASE + int.from_bytes(os.urandom(4), "little") % UID_SPAN
+        self.etc = ensure_etc(self.dir.base)
+        scratch = plan.find(Scratch)[0]
+        self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
+                                     self.gid, enforce=not self._unenforced(scratch))
+        self.workspace_src = None
+        for ws in plan.find(WorkspaceMount):
+            self.workspace_src = mount_workspace(self.dir, ws.path, ws.writable, self.uid,
+                                                 self.gid)
+        self.rootfs = self._make_rootfs()
+        self.state = self.dir.sub("runsc", 0o700)   # runsc --root: its container state
+        self.bundle = self.dir.sub("bundle", 0o700)
+        self.spec = self._spec()
+
+    def _unenforced(self, op: Op) -> bool:
+        return any(e.get("kind") == "unenforced" and e.get("rule") == op.rule
+                   for e in self.events)
+
+    def _make_rootfs(self) -> str:
+        """The bundle's root: empty mount points and the host's /bin -> usr/bin style
+        symlinks, nothing else. Read-only in the spec; gVisor mounts the rest on it."""
+        root = self.dir.sub("rootfs", 0o755)
+        # a mount of its own without nosuid/nodev: the gofer remounts the root read-only
+        # from inside its user namespace, which may not drop flags locked on the mount
+        # that holds it (/run/corral is a nosuid,nodev tmpfs)
+        try:
+            mount("tmpfs", root, "tmpfs", 0, "mode=0755,size=1m,nr_inodes=4096")
+        except OSError as e:
+            raise SandboxSetupError(f"mounting the root directory on {root}: {e.strerror}",
+                                    step="rootfs", errno=e.errno) from None
+        self.dir.mounts.append(root)
+        for p in SYSTEM_PATHS:
+            if os.path.islink(p):
+                os.symlink(os.readlink(p), os.path.join(root, p[1:]))
+            elif os.path.isdir(p):
+                os.mkdir(os.path.join(root, p[1:]), 0o755)
+        for d in BASE_DIRS:
+            os.makedirs(os.path.join(root, d), 0o755, exist_ok=True)
+        os.mkdir(os.path.join(root, "dev", "shm"), 0o755)
+        for op in self.plan.find(ReadOnlyBind):
+            dst = os.path.join(root, op.path.lstrip("/"))
+            if os.path.lexists(dst):
+                continue
+            os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
+            if os.path.isdir(op.path):
+                os.mkdir(dst, 0o755)
+            else:
+                open(dst, "w").close()
+        return root
+
+    def _spec(self) -> dict:
+        """config.json without the process's args (filled in per exec)."""
+        plan = self.plan
+        mounts: list[dict] = [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+        ]
+
+        def bind(src: str, dst: str, writable: bool = False) -> None:
+            mounts.append({"destination": dst, "type": "bind", "source": src,
+                           "options": ["rbind", "rw" if writable else "ro"]})
+
+        rlimits = []
+        env: list[str] = []
+        namespaces = []
+        for op in plan.ops:
+            match op:
+                case Namespaces():
+                    namespaces = [{"type": t} for t in
+                                  ("pid", "network", "ipc", "uts", "mount", "user")]
+                case SystemRoot():
+                    for p in SYSTEM_PATHS:
+                        if os.path.isdir(p) and not os.path.islink(p):
+                            bind(p, p)
+                    bind(self.etc, "/etc")
+                    for p in ETC_BINDS:
+                        if os.path.exists(p):
+                            bind(os.path.realpath(p), p)
+                case Scratch():
+                    bind(os.path.join(self.scratch, "home"), SCRATCH, True)
+                    bind(os.path.join(self.scratch, "tmp"), "/tmp", True)
+                    bind(os.path.join(self.scratch, "shm"), "/dev/shm", True)
+                case WorkspaceMount():
+                    bind(self.workspace_src, WORKSPACE, op.writable)
+                case ReadOnlyBind():
+                    bind(op.path, op.path)
+                case Environment():
+                    env = [f"{k}={v}" for k, v in op.env]
+                case Rlimit():
+                    name = f"RLIMIT_{op.name.upper()}"
+                    rlimits.append({"type": name, "hard": op.value, "soft": op.value})
+                case PidsLimit():
+                    # gVisor's kernel counts the sandbox's tasks against RLIMIT_NPROC
+                    rlimits.append({"type": "RLIMIT_NPROC", "hard": op.count,
+                                    "soft": op.count})
+                case CpuTime():
+                    soft = math.ceil(op.seconds) + 1   # a second layer under the cgroup's
+                    rlimits.append({"type": "RLIMIT_CPU", "hard": soft + 1, "soft": soft})
+                case (Seccomp() | NoNetwork() | MemoryLimit() | CpuQuota() | WallClock()
+                      | OutputCap() | EgressProxy()):
+                    pass  # below, runsc flags, the cgroup or the supervisor
+                case _:
+                    raise AssertionError(f"unhandled op {op!r}")
+        no_caps: dict = {k: [] for k in ("bounding", "effective", "inheritable",
+                                         "permitted", "ambient")}
+        linux: dict = {
+            "namespaces": namespaces,
+            "uidMappings": [{"containerID": 0, "hostID": self.uid, "size": 1}],
+            "gidMappings": [{"containerID": 0, "hostID": self.gid, "size": 1}],
+        }
+        if plan.find(Seccomp):
+            linux["seccomp"] = oci_seccomp()
+        return {
+            "ociVersion": "1.0.2",
+            "process": {"terminal": False, "user": {"uid": 0, "gid": 0}, "args": [],
+                        "env": env, "cwd": plan.cwd, "capabilities": no_caps,
+                        "rlimits": rlimits, "noNewPrivileges": True},
+            "root": {"path": self.rootfs, "readonly": True},
+            "hostname": HOSTNAME,
+            "mounts": mounts,
+            "linux": linux,
+        }
+
+    def runsc_argv(self, container_id: str) -> list[str]:
+        b = self.backend
+        a = [b.runsc or "runsc", f"--root={self.state}", f"--platform={b.platform}",
+             "--ignore-cgroups"]
+        if self.plan.find(NoNetwork):
+            a.append("--network=none")
+        if self.plan.find(Seccomp):
+            a.append("--oci-seccomp")
+        debug = os.environ.get(DEBUG_ENV)
+        if debug:
+            a += ["--debug", f"--debug-log={debug.rstrip('/')}/", "--strace"]
+        return a + ["run", f"--bundle={self.bundle}", container_id]
+
+    # -- exec ----------------------------------------------------------------------------
+    def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
+             on_stderr=None, timeout: float | None = None) -> Result:
+        if not argv:
+            raise SandboxSetupError("no command given", step="exec")
+        plan = self.plan
+        self.execs += 1
+        cid = f"{self.dir.id}-{self.execs}"
+        events = [dict(e) for e in self.events]
+        wall = plan.find(WallClock)[0].seconds if timeout is None else timeout
+        cpu = plan.find(CpuTime)[0].seconds
+        cap = plan.find(OutputCap)[0].bytes
+        spec = dict(self.spec)
+        spec["process"] = dict(spec["process"], args=list(argv))
+        tmp = os.path.join(self.bundle, "config.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(spec, f)
+        os.replace(tmp, os.path.join(self.bundle, "config.json"))
+        cg = None
+        wanted = {type(op): op for op in plan.find(MemoryLimit) + plan.find(PidsLimit)
+                  + plan.find(CpuQuota) if not self._unenforced(op)}
+        if PidsLimit in wanted and not limits.detect().pids:
+            del wanted[PidsLimit]  # RLIMIT_NPROC inside gVisor still holds
+        if wanted:
+            pids = wanted.get(PidsLimit)
+            cg = limits.RunCgroup.create(
+                cid,
+                memory=wanted[MemoryLimit].bytes if MemoryLimit in wanted else None,
+                pids=pids.count * PIDS_PER_TASK + PIDS_OVERHEAD if pids else None,
+                cpus=wanted[CpuQuota].cpus if CpuQuota in wanted else None)
+        attach: list[int] = []
+        try:
+            attach = cg.attach_fds() if cg else []
+            parent = os.getpid()
+
+            def child_setup() -> None:
+                if attach:
+                    limits.RunCgroup.attach_self(attach)
+                import resource
+
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+                set_pdeathsig(SIGKILL)
+                if os.getppid() != parent:
+                    os._exit(125)
+
+            stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
+            argv_runsc = self.runsc_argv(cid)
+            started = time.monotonic()
+            try:
+                pid, out_r, err_r = spawn(argv_runsc[0], argv_runsc,
+                                          {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                                          stdin_fd=stdin_fd, pass_fds=(),
+                                          child_setup=child_setup)
+            finally:
+                if stdin is None:
+                    os.close(stdin_fd)
+
+            def kill() -> None:
+                kill_pid(pid)
+                if cg is not None:
+                    cg.kill_all()
+
+            try:
+                outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
+                                    cpu_seconds=cg.cpu_seconds if cg else None,
+                                    output_cap=cap, on_stdout=on_stdout, on_stderr=on_stderr,
+                                    kill=kill, started=started)
+            finally:
+                for fd in attach:
+                    os.close(fd)
+                attach = []
+                if cg is not None:
+                    cg.kill_all()  # nothing of the run outlives it
+                events += self._forget(cid, emptied=cg is not None)
+            usage = Usage(wall_s=round(outcome.wall_s, 6))
+            oom_kills = 0
+            if cg is not None:
+                u = cg.usage()
+                usage.cpu_s = round(u.cpu_s, 6) if u.cpu_s is not None else None
+                usage.memory_peak_bytes = u.memory_peak_bytes
+                oom_kills = u.oom_kills or 0
+        finally:
+            for fd in attach:
+                os.close(fd)
+            if cg is not None:
+                try:
+                    cg.destroy()
+                except SandboxSetupError as e:
+                    events.append({"kind": "teardown", "message": str(e)})
+        exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
+        timed_out = outcome.timed_out
+        if (exit_code == RUNSC_FAILED and not timed_out and not oom_kills
+                and b"running container" in b"".join(outcome.stderr.chunks)):
+            last = outcome.stderr.text().strip().splitlines()[-1:] or ["no message"]
+            raise SandboxSetupError(f"runsc failed: {last[0]}", step="runsc")
+        if sig == SIGXCPU and not timed_out:
+            timed_out = "cpu_time"
+        if timed_out == "timeout":
+            events.append({"kind": "limit", "limit": "timeout",
+                           "message": f"wall clock limit of {wall:g}s reached; every process "
+                                      f"of the run was killed"})
+        elif timed_out == "cpu_time":
+            events.append({"kind": "limit", "limit": "cpu_time",
+                           "message": f"CPU time limit of {cpu:g}s reached; every process of "
+                                      f"the run was killed"})
+        if oom_kills:
+            events.append({"kind": "limit", "limit": "memory",
+                           "message": f"the memory cgroup killed {oom_kills} process(es) at "
+                                      f"the {plan.find(MemoryLimit)[0].bytes} byte limit"})
+        for name, stream in (("stdout", outcome.stdout), ("stderr", outcome.stderr)):
+            if stream.truncated:
+                events.append({"kind": "limit", "limit": "output", "stream": name,
+                               "message": f"{name} past {cap} bytes was dropped"})
+        events += scratch_events(self.scratch)
+        verdict = decide_verdict(exit_code=exit_code, signal=sig, oom_kills=oom_kills,
+                                 timed_out=timed_out)
+        return Result(verdict=verdict, exit_code=exit_code, signal=sig,
+                      stdout=outcome.stdout.text(), stderr=outcome.stderr.text(),
+                      stdout_truncated=outcome.stdout.truncated,
+                      stderr_truncated=outcome.stderr.truncated, usage=usage, events=events,
+                      isolation="gvisor")
+
+    def _forget(self, cid: str, *, emptied: bool) -> list[dict]:
+        """Remove what runsc keeps of container `cid` in its state dir; a clean exit leaves
+        nothing. With `emptied` (the run's cgroup was killed and is empty, so no process of
+        the container is left) the files are simply removed: `runsc delete --force` would
+        only SIGKILL the recorded pids of processes already gone (a recycled pid could be
+        someone else's) and wait a second for them. Without a cgroup, runsc delete does it
+        (the processes were killed by their parent-death signal)."""
+        try:
+            left = [n for n in os.listdir(self.state) if _is_of(n, cid)]
+        except FileNotFoundError:
+            return []
+        if not left:
+            return []
+        events = [] if emptied else delete_container(self.backend.runsc or "runsc",
+                                                     self.state, cid)
+        return events + remove_state(self.state, cid)
+
+    # -- teardown ------------------------------------------------------------------------
+    def close(self) -> list[str]:
+        problems: list[str] = []
+        if getattr(self, "dir", None) is not None:
+            # each exec ended its processes and runsc's state of them; the run dir's removal
+            # unmounts scratch, workspace and root and deletes the (empty) state dir
+            problems += self.dir.remove()
+            self.dir = None
+        return problems
+
+
+def _is_of(name: str, cid: str) -> bool:
+    """Whether a file of a runsc state dir ("<sandbox>_sandbox:<container>.state", .lock,
+    ...) belongs to container `cid`."""
+    return name.startswith(f"{cid}_sandbox:") or name.partition(":")[2].startswith(f"{cid}.")
+
+
+def delete_container(runsc: str, state: str, cid: str) -> list[dict]:
+    """`runsc delete --force`: kill what is left of the container and drop its state."""
+    import subprocess
+
+    try:
+        p = subprocess.run([runsc, f"--root={state}", "delete", "--force", cid],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError) as e:
+        return [{"kind": "teardown", "message": f"runsc delete {cid} failed: {e}"}]
+    if p.returncode:
+        msg = p.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        return [{"kind": "teardown", "message": f"runsc delete {cid} failed: {msg[0]}"}]
+    return []
+
+
+def remove_state(state: str, cid: str) -> list[dict]:
+    events = []
+    for n in os.listdir(state):
+        if _is_of(n, cid):
+            p = os.path.join(state, n)
+            try:
+                if os.path.isdir(p) and not os.path.islink(p):
+                    import shutil
+
+                    shutil.rmtree(p)
+                else:
+                    os.unlink(p)
+            except OSError as e:
+                events.append({"kind": "teardown", "message": f"remove {p}: {e.strerror}"})
+    return events

@@ -1,0 +1,742 @@
+"""The egress proxy's speed on loopback: throughput, added latency, a connection storm.
+
+    .venv/bin/python bench/network.py [--quick] [--runs N] [--requests N] [--storm N]
+                                      [--json FILE]
+
+Issue 3 (Speed) asks, side by side in one run, through the proxy vs direct on loopback:
+
+  1. throughput of a 200 MB download (goal: >= 0.8 of direct), measured by curl's
+     %{speed_download}, in these variants (bench/README.md):
+       direct       curl on the host -> the server
+       sandbox      curl inside corral.run (network.mode = "allow"), through HTTP_PROXY,
+                    i.e. the proxy corral starts in the run's cgroup, default limits; a
+                    small GET first (it waits for the fresh proxy to start), then the
+                    timed download
+       sandbox-Ncpu the same with limits.cpus = nproc (the default is 1.0 and the proxy
+                    shares the run's CPU quota with curl)
+       socat        curl on the host -> a socat TCP forwarder on the host -> the server
+       socat-256k   the same with socat -b 262144 (socat's default buffer is 8 KiB)
+       proxy        curl -x on the host -> `python -m corral.egress --listen` (standalone)
+  2. added latency per request, p50 and p95 (goal: p50 <= direct + 1 ms): small GETs, a new
+     connection each, from a Python client on the host (direct and standalone proxy,
+     interleaved) and from a Python client inside a sandbox through HTTP_PROXY;
+  3. a storm of 500 concurrent connections from inside one sandbox (limits.open_files =
+     2048), each doing one GET through the proxy (goal: 500/500 ok).
+
+Everything runs on a random /24 of 127.0.0.0/8; nothing leaves the machine. The server is
+a small threaded Python process of this script (--serve) that answers /big from a 200 MB
+file in /dev/shm with sendfile(2) and /small with a 100-byte body.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import shlex
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from startup import machine, percentile, sh  # the same machine description
+
+BIG = 200 * 1000 * 1000          # bytes of the download (200 MB, 1 MB = 10^6 B)
+SMALL = 100                      # bytes of a small body
+WARMUP = 1                       # throughput rounds discarded
+LAT_WARMUP = 10                  # latency requests discarded per batch
+GOAL_RATIO = 0.8                 # issue 3: throughput >= 0.8 x direct
+GOAL_ADDED_MS = 1.0              # issue 3: added p50 latency <= 1 ms
+SANDBOX_PY = "/usr/bin/python3"  # the interpreter the sandboxed clients run
+
+HOST_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # no *_proxy
+
+
+class Failed(Exception):
+    pass
+
+
+# -- the server ---------------------------------------------------------------------------
+
+def serve(host: str, path: str) -> None:
+    """HTTP/1.1 on host:0 (the port is printed on stdout), a thread per connection,
+    keep-alive honoured. /big: `path` with sendfile; anything else: SMALL bytes."""
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY)
+    small = b"x" * (SMALL - 1) + b"\n"
+    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind((host, 0))
+    ls.listen(4096)
+    print(ls.getsockname()[1], flush=True)
+
+    def conn(c: socket.socket) -> None:
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    d = c.recv(65536)
+                    if not d:
+                        return
+                    buf += d
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                lines = head.split(b"\r\n")
+                target = lines[0].split()[1]
+                close = any(h.lower().replace(b" ", b"") == b"connection:close"
+                            for h in lines[1:])
+                conn_hdr = b"close" if close else b"keep-alive"
+                if target.endswith(b"/big"):
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                              b"Content-Length: %d\r\nConnection: %s\r\n\r\n" % (size, conn_hdr))
+                    off = 0
+                    while off < size:
+                        n = os.sendfile(c.fileno(), fd, off, size - off)
+                        if n == 0:
+                            return
+                        off += n
+                else:
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                              b"Content-Length: %d\r\nConnection: %s\r\n\r\n%s"
+                              % (len(small), conn_hdr, small))
+                if close:
+                    return
+        except OSError:
+            return
+        finally:
+            c.close()
+
+    while True:
+        c, _ = ls.accept()
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=conn, args=(c,), daemon=True).start()
+
+
+# -- one small request, timed (the same code runs on the host and inside the sandbox) ------
+
+def timed_get(addr: tuple[str, int], request: bytes) -> float:
+    """Seconds from before connect to the last byte of the response (Content-Length)."""
+    t0 = time.perf_counter()
+    s = socket.create_connection(addr)
+    try:
+        s.sendall(request)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            d = s.recv(65536)
+            if not d:
+                raise OSError("closed before the response head")
+            buf += d
+        head, body = buf.split(b"\r\n\r\n", 1)
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise OSError("status " + head.split(b"\r\n")[0].decode(errors="replace"))
+        n = 0
+        for line in head.split(b"\r\n")[1:]:
+            k, _, v = line.partition(b":")
+            if k.strip().lower() == b"content-length":
+                n = int(v)
+        while len(body) < n:
+            d = s.recv(65536)
+            if not d:
+                raise OSError("closed in the body")
+            body += d
+    finally:
+        s.close()
+    return time.perf_counter() - t0
+
+
+def get_request(host: str, port: int, absolute: bool) -> bytes:
+    target = f"http://{host}:{port}/small" if absolute else "/small"
+    return (f"GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+            ).encode()
+
+
+CLIENT = ("from __future__ import annotations\nimport socket, time\n\n"
+          + inspect.getsource(timed_get) + "\n" + inspect.getsource(get_request))
+
+# inside a sandbox: warm + N timed GETs through HTTP_PROXY; prints {"ms": [N], "warmup_ms": [warm]}
+SANDBOX_LATENCY = CLIENT + r'''
+import json, os, sys, urllib.parse
+host, port, n, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+p = urllib.parse.urlsplit(os.environ["http_proxy"])
+proxy = (p.hostname, p.port)
+req = get_request(host, port, True)
+ms = [timed_get(proxy, req) * 1e3 for _ in range(n + warm)]
+print(json.dumps({"proxy": os.environ["http_proxy"], "ms": ms[warm:], "warmup_ms": ms[:warm]}))
+'''
+
+# inside a sandbox: N connections opened at once through HTTP_PROXY; once all are open (or
+# have failed), each sends one GET and reads the response
+SANDBOX_STORM = r'''
+import asyncio, json, os, resource, sys, time, urllib.parse
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+p = urllib.parse.urlsplit(os.environ["http_proxy"])
+req = ("GET http://%s:%d/small HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n"
+       % (host, port, host, port)).encode()
+errors, opened = {}, [0]
+
+def err(e):
+    k = type(e).__name__ + (": " + str(e) if str(e) else "")
+    errors[k[:120]] = errors.get(k[:120], 0) + 1
+
+async def main():
+    arrived, all_in = [0], asyncio.Event()
+    def arrive():
+        arrived[0] += 1
+        if arrived[0] == n:
+            all_in.set()
+    async def one():
+        try:
+            r, w = await asyncio.wait_for(asyncio.open_connection(p.hostname, p.port), 60)
+        except Exception as e:
+            arrive(); err(e); return False
+        opened[0] += 1
+        arrive()
+        try:
+            await all_in.wait()
+            w.write(req)
+            await w.drain()
+            head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 60)
+            status = head.split(b"\r\n")[0]
+            if not status.startswith(b"HTTP/1.1 200"):
+                raise OSError(status.decode(errors="replace"))
+            length = [int(l.split(b":")[1]) for l in head.split(b"\r\n")
+                      if l.lower().startswith(b"content-length:")][0]
+            await asyncio.wait_for(r.readexactly(length), 60)
+            return True
+        except Exception as e:
+            err(e); return False
+        finally:
+            w.close()
+    # one GET first: the fresh proxy's start-up is not the storm's
+    r, w = await asyncio.open_connection(p.hostname, p.port)
+    w.write(req)
+    head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 60)
+    w.close()
+    t0 = time.perf_counter()
+    tasks = [asyncio.ensure_future(one()) for _ in range(n)]
+    await all_in.wait()
+    t_open = time.perf_counter() - t0
+    ok = sum(await asyncio.gather(*tasks))
+    return ok, t_open, time.perf_counter() - t0
+
+ok, t_open, wall = asyncio.run(main())
+print(json.dumps({"n": n, "ok": ok, "errors": errors, "opened_at_once": opened[0],
+                  "open_s": t_open, "wall_s": wall,
+                  "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)}))
+'''
+
+
+# -- the bench ----------------------------------------------------------------------------
+
+def curl_argv(url: str, proxy: str | None = None, sandbox: bool = False) -> list[str]:
+    argv = ["curl", "-sS", "-o", "/dev/null", "-w",
+            "%{http_code} %{size_download} %{speed_download}", "-m", "120"]
+    if proxy:
+        argv += ["-x", proxy]
+    elif not sandbox:
+        argv += ["--noproxy", "*"]
+    return argv + [url]
+
+
+def parse_curl(out: str, err: str) -> float:
+    """MB/s from curl's -w line; Failed unless a 200 with every byte."""
+    try:
+        code, size, speed = out.split()
+        code, size, speed = int(code), int(size), float(speed)
+    except ValueError:
+        raise Failed(f"curl printed {out!r}, stderr {err.strip()[-300:]!r}") from None
+    if code != 200 or size != BIG:
+        raise Failed(f"HTTP {code}, {size} bytes of {BIG}; stderr {err.strip()[-300:]!r}")
+    return speed / 1e6
+
+
+class Bench:
+    def __init__(self, net: str) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.tmp = tempfile.mkdtemp(prefix="corral-bench-net-", dir="/dev/shm")
+        self.srv_ip, self.relay_ip, self.proxy_ip = f"{net}.1", f"{net}.2", f"{net}.3"
+        self.big = os.path.join(self.tmp, "big")
+        with open(self.big, "wb") as f:
+            chunk = os.urandom(1 << 20)
+            left = BIG
+            while left:
+                left -= f.write(chunk[:min(left, len(chunk))])
+        srv = self._spawn([sys.executable, os.path.abspath(__file__), "--serve",
+                           self.srv_ip, self.big])
+        self.srv_port = int(srv.stdout.readline())
+        self.big_url = f"http://{self.srv_ip}:{self.srv_port}/big"
+        self.small_url = f"http://{self.srv_ip}:{self.srv_port}/small"
+        # the first request of each fresh sandbox, its proxy's start-up included: curl's
+        # time to the first byte (throughput runs), the latency client's first sample
+        self.first_byte_ms: list[float] = []
+        self.first_request_ms: list[float] = []
+
+        # socat as it comes (8 KiB read/write buffer), and with -b 256 KiB
+        self.socat: dict[str, tuple[int, list[str]]] = {}
+        for name, opts in (("socat", []), ("socat-256k", ["-b", "262144"])):
+            port = free_port(self.relay_ip)
+            listen = f"TCP-LISTEN:{port},bind={self.relay_ip},reuseaddr,fork,backlog=4096"
+            argv = ["socat", *opts, listen, f"TCP:{self.srv_ip}:{self.srv_port}"]
+            self._spawn(argv)
+            wait_listening(self.relay_ip, port)
+            self.socat[name] = (port, argv)
+
+        # the standalone proxy: the policy's config, budget unlimited (one proxy serves every
+        # round here; a sandbox gets a fresh proxy and budget per run)
+        self.allow = [f"{self.srv_ip}:{self.srv_port}"]
+        cfg = {"allow": self.allow, "allow_private": ["127.0.0.0/8"],
+               "budget": {"bytes_out": None, "bytes_in": None, "requests": None}}
+        self.proxy_cfg = os.path.join(self.tmp, "egress.json")
+        with open(self.proxy_cfg, "w") as f:
+            json.dump(cfg, f)
+        self.proxy_port = free_port(self.proxy_ip)
+        self.proxy_argv = [sys.executable, "-I", "-m", "corral.egress", "--config",
+                           self.proxy_cfg, "--listen", f"{self.proxy_ip}:{self.proxy_port}",
+                           "--events", "/dev/null"]
+        p = self._spawn(self.proxy_argv, stderr=subprocess.PIPE)
+        line = p.stderr.readline().decode()
+        if "listening on" not in line:
+            raise SystemExit(f"the standalone proxy did not start: {line}")
+        self.proxy_url = f"http://{self.proxy_ip}:{self.proxy_port}"
+
+        import corral
+        self.corral = corral
+        self.nproc = len(os.sched_getaffinity(0))
+
+    def _spawn(self, argv, **kw) -> subprocess.Popen:
+        kw.setdefault("stdout", subprocess.PIPE)
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=HOST_ENV, **kw)
+        self.procs.append(p)
+        return p
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def policy(self, **limits) -> dict:
+        return {"network": {"mode": "allow", "allow": self.allow,
+                            "allow_private": ["127.0.0.0/8"]},
+                "limits": {"timeout": "120s", **limits}}
+
+    def run(self, argv: list[str], pol: dict, check: bool = True):
+        try:
+            r = self.corral.run(argv, policy=pol)
+        except Exception as e:  # corral failing is a result here
+            raise Failed(f"corral.run raised {type(e).__name__}: {e}") from e
+        if not check:
+            return r
+        if r.verdict != "ok" or r.exit_code != 0:
+            raise Failed(f"verdict {r.verdict}, exit {r.exit_code}: {r.stderr.strip()[-400:]!r}"
+                         f" events {[e for e in r.events if e['kind'] != 'net'][:5]}")
+        return r
+
+    # -- throughput: each returns MB/s ------------------------------------------------------
+    def host_curl(self, argv: list[str]) -> float:
+        p = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, env=HOST_ENV, timeout=180)
+        return parse_curl(p.stdout, p.stderr)
+
+    def tp_direct(self) -> float:
+        return self.host_curl(curl_argv(self.big_url))
+
+    def socat_url(self, name: str) -> str:
+        return f"http://{self.relay_ip}:{self.socat[name][0]}/big"
+
+    def tp_socat(self) -> float:
+        return self.host_curl(curl_argv(self.socat_url("socat")))
+
+    def tp_socat_256k(self) -> float:
+        return self.host_curl(curl_argv(self.socat_url("socat-256k")))
+
+    def tp_proxy(self) -> float:
+        return self.host_curl(curl_argv(self.big_url, proxy=self.proxy_url))
+
+    def sandbox_curl_cmd(self) -> str:
+        """A small GET first (it waits for the fresh proxy to start; its time to the first
+        byte is kept), then the timed download."""
+        first = ["curl", "-sS", "-o", "/dev/null", "-f", "-w", "%{time_starttransfer}\\n",
+                 self.small_url]
+        return f"{shlex.join(first)} && {shlex.join(curl_argv(self.big_url, sandbox=True))}"
+
+    def tp_sandbox(self, **limits) -> float:
+        r = self.run(["/bin/sh", "-c", self.sandbox_curl_cmd()], self.policy(**limits))
+        first, _, rest = r.stdout.partition("\n")
+        try:
+            self.first_byte_ms.append(float(first) * 1e3)
+        except ValueError:
+            raise Failed(f"the first curl printed {first!r}; stderr {r.stderr[-300:]!r}") \
+                from None
+        return parse_curl(rest, r.stderr)
+
+    def tp_sandbox_ncpu(self) -> float:
+        return self.tp_sandbox(cpus=float(self.nproc))
+
+    def throughput_variants(self) -> dict:
+        return {"direct": self.tp_direct, "sandbox": self.tp_sandbox,
+                "sandbox-2cpu" if self.nproc == 2 else f"sandbox-{self.nproc}cpu":
+                    self.tp_sandbox_ncpu,
+                "socat": self.tp_socat, "socat-256k": self.tp_socat_256k,
+                "proxy": self.tp_proxy}
+
+    # -- latency -----------------------------------------------------------------------------
+    def lat_host(self, n: int) -> tuple[list[float], list[float]]:
+        """n direct and n standalone-proxy GETs, interleaved (order flipped every pair)."""
+        direct_req = get_request(self.srv_ip, self.srv_port, False)
+        proxy_req = get_request(self.srv_ip, self.srv_port, True)
+        d_addr, p_addr = (self.srv_ip, self.srv_port), (self.proxy_ip, self.proxy_port)
+        direct, proxied = [], []
+        for i in range(n + LAT_WARMUP):
+            pair = [(direct, d_addr, direct_req), (proxied, p_addr, proxy_req)]
+            for out, addr, req in (pair if i % 2 == 0 else pair[::-1]):
+                ms = timed_get(addr, req) * 1e3
+                if i >= LAT_WARMUP:
+                    out.append(ms)
+        return direct, proxied
+
+    def lat_sandbox(self, n: int) -> list[float]:
+        r = self.run([SANDBOX_PY, "-c", SANDBOX_LATENCY, self.srv_ip, str(self.srv_port),
+                      str(n), str(LAT_WARMUP)], self.policy())
+        out = json.loads(r.stdout)
+        self.first_request_ms.append(out["warmup_ms"][0])
+        return out["ms"]
+
+    # -- storm ------------------------------------------------------------------------------
+    def storm(self, n: int, open_files: int) -> dict:
+        r = self.run([SANDBOX_PY, "-c", SANDBOX_STORM, self.srv_ip, str(self.srv_port),
+                      str(n)], self.policy(open_files=open_files), check=False)
+        try:
+            out = json.loads(r.stdout)
+        except ValueError:
+            out = {"n": n, "ok": 0, "errors": {f"verdict {r.verdict}, exit {r.exit_code}":
+                                               n}, "stderr": r.stderr[-400:]}
+        net = [e for e in r.events if e["kind"] == "net"]
+        out["net_events"] = len(net)
+        out["net_denied"] = sum(e["decision"] != "allow" for e in net)
+        out["other_events"] = [e for e in r.events if e["kind"] != "net"][:5]
+        out["verdict"] = r.verdict
+        return out
+
+
+def free_port(ip: str) -> int:
+    s = socket.socket()
+    s.bind((ip, 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_listening(ip: str, port: int, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((ip, port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def stats(xs: list[float]) -> dict:
+    return {"n": len(xs), "median": statistics.median(xs), "p95": percentile(xs, 0.95),
+            "min": min(xs), "max": max(xs)}
+
+
+def progress(text: str) -> None:
+    if sys.stderr.isatty():
+        print(f"\r  {text}\033[K", end="", file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="3 runs instead of 9")
+    ap.add_argument("--runs", type=int, help="measured runs per throughput variant, latency "
+                    "batches and storms (default 9, --quick 3)")
+    ap.add_argument("--requests", type=int, default=200,
+                    help="small GETs per latency batch and client (default 200)")
+    ap.add_argument("--storm", type=int, default=500, help="concurrent connections (500)")
+    ap.add_argument("--open-files", type=int, default=2048,
+                    help="limits.open_files of the storm's sandbox (2048)")
+    ap.add_argument("--json", metavar="FILE", help="write every raw sample here")
+    ap.add_argument("--serve", nargs=2, metavar=("IP", "FILE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve:
+        serve(*args.serve)
+        return 0
+    runs = args.runs if args.runs is not None else (3 if args.quick else 9)
+    if runs < 1 or args.requests < 1 or args.storm < 1:
+        ap.error("--runs, --requests and --storm must be at least 1")
+    if os.geteuid() != 0:
+        print("note: corral's network mode wants root (as in scripts/test.sh)", file=sys.stderr)
+
+    command = shlex.join([os.path.relpath(sys.executable), os.path.relpath(__file__),
+                          *sys.argv[1:]])
+    info = machine()
+    info["curl"] = sh(["curl", "--version"])
+    info["socat"] = _socat_version()
+    info["commit"] = sh(["git", "-C", HERE, "rev-parse", "--short", "HEAD"]) + (
+        " (work tree modified)" if sh(["git", "-C", HERE, "status", "--porcelain",
+                                        "--", "../src"]) not in ("exit 0", "") else "")
+    a, b = os.urandom(2)
+    net = f"127.{a % 200 + 50}.{b}"          # 127.50-249.x: clear of 127.0.0.x
+    info["load_start"] = loadavg()
+    print(f"command: {command}")
+    print("machine:")
+    for k in ("nproc", "cpu", "vm", "cgroup", "kernel", "python", "bwrap", "curl", "socat",
+              "corral", "commit", "euid", "load_start"):
+        print(f"  {k:7} {info[k]}")
+
+    bench = Bench(net)
+    errors: dict[str, str] = {}
+    tp: dict[str, list[float]] = {}
+    tp_warm: dict[str, list[float]] = {}
+    lat: dict[str, list[float]] = {"direct": [], "proxy": [], "sandbox": []}
+    storms: list[dict] = []
+    retried: list[str] = []
+    t0 = time.monotonic()
+
+    def twice(label: str, fn):
+        """fn(), and once more if it fails: a sandbox that failed to start (say) is reported
+        under "retried" and does not drop a whole variant; a second failure does."""
+        try:
+            return fn()
+        except Failed as e:
+            retried.append(f"{label}: {e}")
+            print(f"\n  {label} failed, retried once: {e}", file=sys.stderr)
+            return fn()
+
+    try:
+        print(f"  server  {bench.srv_ip}:{bench.srv_port} (python, sendfile from "
+              f"{bench.big}); socat relays on {bench.relay_ip}; standalone "
+              f"proxy {bench.proxy_ip}:{bench.proxy_port}")
+        # 1. throughput, round robin with the first variant rotated; WARMUP rounds dropped
+        funcs = bench.throughput_variants()
+        names = list(funcs)
+        tp = {v: [] for v in names}
+        tp_warm = {v: [] for v in names}
+        for rnd in range(WARMUP + runs):
+            k = rnd % len(names)
+            for v in names[k:] + names[:k]:
+                if v in errors:
+                    continue
+                progress(f"throughput round {rnd + 1}/{WARMUP + runs}: {v} "
+                         f"({time.monotonic() - t0:.0f}s)")
+                try:
+                    (tp_warm if rnd < WARMUP else tp)[v].append(
+                        twice(f"throughput {v}, round {rnd}", funcs[v]))
+                except (Failed, OSError, subprocess.SubprocessError) as e:
+                    errors[v] = f"round {rnd}: {type(e).__name__}: {e}"
+                    print(f"\n  {v} failed and is dropped: {errors[v]}", file=sys.stderr)
+
+        # 2. latency: per round, a host batch (direct/proxy interleaved), then a sandbox batch
+        for rnd in range(runs):
+            progress(f"latency round {rnd + 1}/{runs} ({time.monotonic() - t0:.0f}s)")
+            try:
+                d, p = bench.lat_host(args.requests)
+                lat["direct"] += d
+                lat["proxy"] += p
+            except OSError as e:
+                errors["latency host"] = f"round {rnd}: {type(e).__name__}: {e}"
+            if "latency sandbox" not in errors:
+                try:
+                    lat["sandbox"] += twice(f"latency sandbox, round {rnd}",
+                                            lambda: bench.lat_sandbox(args.requests))
+                except (Failed, ValueError, KeyError) as e:
+                    errors["latency sandbox"] = f"round {rnd}: {type(e).__name__}: {e}"
+
+        # 3. storm
+        for rnd in range(runs):
+            progress(f"storm {rnd + 1}/{runs} ({time.monotonic() - t0:.0f}s)")
+            try:
+                storms.append(twice(f"storm {rnd}",
+                                    lambda: bench.storm(args.storm, args.open_files)))
+            except Failed as e:
+                storms.append({"n": args.storm, "ok": 0, "errors": {str(e)[:200]: args.storm},
+                               "net_events": 0})
+        progress("")
+        if sys.stderr.isatty():
+            print(file=sys.stderr)
+    finally:
+        bench.close()
+
+    info["load_end"] = loadavg()
+    goals = []
+
+    def goal(name: str, value: str, met: bool) -> None:
+        goals.append({"goal": name, "value": value, "met": met})
+
+    # -- report -----------------------------------------------------------------------------
+    print(f"\n1. throughput: {BIG // 10**6} MB over loopback, curl's %{{speed_download}} "
+          f"(1 MB = 10^6 B); median of {runs} runs per variant, round robin, {WARMUP} warm-up "
+          f"round dropped")
+    how = {
+        "direct": shlex.join(curl_argv(bench.big_url)),
+        "sandbox": f"corral.run(['/bin/sh', '-c', {bench.sandbox_curl_cmd()!r}]), network "
+                   f"allow={bench.allow} allow_private=['127.0.0.0/8'], default limits "
+                   f"(cpus 1.0; the proxy runs in the run's cgroup); the second curl's figure",
+        **{name: f"{shlex.join(curl_argv(bench.socat_url(name)))}  via  {shlex.join(argv)}"
+           for name, (_, argv) in bench.socat.items()},
+        "proxy": f"{shlex.join(curl_argv(bench.big_url, proxy=bench.proxy_url))}  via  "
+                 f"{shlex.join(bench.proxy_argv)}",
+    }
+    for v in names:
+        if v.startswith("sandbox-"):
+            how[v] = f"the same as sandbox with limits.cpus = {float(bench.nproc)}"
+    base = statistics.median(tp["direct"]) if tp.get("direct") and "direct" not in errors \
+        else None
+    print(f"  {'variant':13} {'median MB/s':>12} {'min':>9} {'max':>9} {'x direct':>9}")
+    tp_summary = {}
+    for v in names:
+        xs = tp[v]
+        if v in errors or not xs:
+            print(f"  {v:13} {'failed: see below':>41}")
+            continue
+        s = stats(xs)
+        s["ratio"] = s["median"] / base if base else None
+        tp_summary[v] = s
+        ratio = f"{s['ratio']:.2f}" if base else "-"
+        print(f"  {v:13} {s['median']:12.0f} {s['min']:9.0f} {s['max']:9.0f} {ratio:>9}")
+    print("  commands:")
+    for v in names:
+        print(f"    {v:13} {how[v]}")
+    if bench.first_byte_ms:
+        fb = stats(bench.first_byte_ms)
+        print(f"  a fresh sandbox's first request (the small GET before each sandboxed "
+              f"download) waited {fb['median']:.0f} ms median (min {fb['min']:.0f}, max "
+              f"{fb['max']:.0f}) for its first byte: the proxy process is still starting "
+              f"when the command runs")
+
+    print(f"\n2. latency of a small GET ({SMALL} B body), new connection per request, "
+          f"{args.requests} per batch x {runs} batches ({LAT_WARMUP} warm-up requests "
+          f"dropped per batch), ms from connect to the last byte")
+    print(f"  {'client':34} {'p50':>7} {'p95':>7} {'min':>7} {'+p50':>7} {'+p95':>7}")
+    lat_summary = {}
+    labels = {"direct": "host -> server (direct)",
+              "proxy": "host -> standalone proxy -> server",
+              "sandbox": "sandbox -> HTTP_PROXY -> server"}
+    if lat["direct"]:
+        bd = stats(lat["direct"])
+        bd["p50"] = bd["median"]
+        for k in ("direct", "proxy", "sandbox"):
+            if not lat[k]:
+                print(f"  {labels[k]:34} {'failed: see below':>30}")
+                continue
+            s = stats(lat[k])
+            s["p50"] = s["median"]
+            s["added_p50"] = s["p50"] - bd["p50"]
+            s["added_p95"] = s["p95"] - bd["p95"]
+            lat_summary[k] = s
+            add = ("" if k == "direct" else
+                   f"{s['added_p50']:+7.3f} {s['added_p95']:+7.3f}")
+            print(f"  {labels[k]:34} {s['p50']:7.3f} {s['p95']:7.3f} {s['min']:7.3f} {add}")
+        if lat["proxy"]:
+            pairs = [p - d for d, p in zip(lat["direct"], lat["proxy"])]
+            lat_summary["proxy"]["paired_added_p50"] = statistics.median(pairs)
+            print(f"  (host: median of the per-pair difference, proxy minus direct: "
+                  f"{statistics.median(pairs):+.3f} ms)")
+    print(f"  the sandboxed client is {SANDBOX_PY} under corral's seccomp filter; its "
+          f"added figures are against the host's direct client")
+    if bench.first_request_ms:
+        fr = stats(bench.first_request_ms)
+        print(f"  first request of each sandbox (a warm-up one, not in the table): "
+              f"{fr['median']:.1f} ms median, max {fr['max']:.1f} ms (proxy start-up)")
+
+    print(f"\n3. storm: {args.storm} connections opened at once from one sandbox "
+          f"(limits.open_files = {args.open_files}, pids default) through its proxy, then "
+          f"one GET each")
+    print(f"  {'run':>4} {'ok':>6} {'errors':>7} {'open at once':>13} {'open s':>8} "
+          f"{'wall s':>8} {'net events':>11}  error kinds")
+    for i, s in enumerate(storms):
+        n_err = sum(s.get("errors", {}).values())
+        print(f"  {i + 1:>4} {s.get('ok', 0):>6} {n_err:>7} {s.get('opened_at_once', 0):>13} "
+              f"{s.get('open_s', float('nan')):8.3f} {s.get('wall_s', float('nan')):8.3f} "
+              f"{s['net_events']:>11}  {s.get('errors') or ''} {s.get('stderr', '')}")
+
+    print(f"\nload average at the start: {info['load_start']}; at the end: {info['load_end']}"
+          f"\n  (the benchmark itself keeps about one CPU busy; more means other work "
+          f"shared the {info['nproc']} CPUs and moved the figures)")
+
+    print("\ngoals (issue 3):")
+    for v in names:
+        s = tp_summary.get(v)
+        if v == "direct" or not s or s["ratio"] is None:
+            continue
+        met = s["ratio"] >= GOAL_RATIO
+        reference = " (reference)" if v.startswith("socat") else ""
+        goal(f"throughput {v} >= {GOAL_RATIO} x direct{reference}",
+             f"{s['median']:.0f} vs {base:.0f} MB/s ({s['ratio']:.2f}x)", met)
+    for k in ("proxy", "sandbox"):
+        s = lat_summary.get(k)
+        if s:
+            goal(f"latency {k}: added p50 <= {GOAL_ADDED_MS:g} ms",
+                 f"{s['added_p50']:+.3f} ms (p95 {s['added_p95']:+.3f} ms)",
+                 s["added_p50"] <= GOAL_ADDED_MS)
+    if storms:
+        all_ok = all(s.get("ok") == args.storm and not s.get("errors") for s in storms)
+        walls = [s["wall_s"] for s in storms if "wall_s" in s]
+        goal(f"storm: {args.storm}/{args.storm} ok in every run",
+             f"{sum(s.get('ok', 0) for s in storms)}/{args.storm * len(storms)} ok over "
+             f"{len(storms)} runs, median wall {statistics.median(walls):.2f} s"
+             if walls else "no run finished", all_ok)
+    for g in goals:
+        print(f"  {g['goal']:52} {g['value']:38} {'MET' if g['met'] else 'NOT MET'}")
+
+    if retried:
+        print("\nfailed once and retried (the retry is in the figures):")
+        for e in retried:
+            print(f"  {e}")
+    if errors:
+        print("\nnot measured:")
+        for v, e in errors.items():
+            print(f"  {v}: {e}")
+
+    if args.json:
+        out = {"command": command, "machine": info, "runs": runs, "warmup": WARMUP,
+               "bytes": BIG, "commands": how, "errors": errors, "retried": retried,
+               "throughput_mb_s": tp, "throughput_warmup_mb_s": tp_warm,
+               "throughput_summary": tp_summary,
+               "latency_ms": lat, "latency_summary": lat_summary,
+               "storm": storms, "goals": goals,
+               "sandbox_first_byte_ms": bench.first_byte_ms,
+               "sandbox_first_request_ms": bench.first_request_ms}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"\nraw samples written to {args.json}")
+    return 0
+
+
+def loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3]) + " (1, 5, 15 min)"
+    except OSError as e:
+        return f"unavailable ({e})"
+
+
+def _socat_version() -> str:
+    try:
+        out = subprocess.run(["socat", "-V"], check=False, capture_output=True,
+                             text=True).stdout
+    except OSError as e:
+        return f"unavailable ({e})"
+    for line in out.splitlines():
+        if line.startswith("socat version"):
+            return line.strip()
+    return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

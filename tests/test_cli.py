@@ -9,7 +9,6 @@ import subprocess
 import tomllib
 
 import pytest
-
 from conftest import CORRAL
 
 

@@ -5,7 +5,6 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import CORRAL
 
 NOBODY = 65534

@@ -11,9 +11,9 @@ import threading
 import zipfile
 
 import pytest
+from test_egress_proxy import PRIV, SRV, dnsmasq, free_port, queried, servers  # noqa: F401
 
 import corral
-from test_egress_proxy import PRIV, SRV, dnsmasq, free_port, queried, servers  # noqa: F401
 
 PY = "/usr/bin/python3"
 
@@ -145,8 +145,9 @@ def test_pip_installs_from_an_index_through_the_proxy(dnsmasq, tmp_path):
 
 
 def test_policy_flags(tmp_path):
-    from conftest import CORRAL
     import subprocess
+
+    from conftest import CORRAL
 
     r = subprocess.run([CORRAL, "policy", "show", "--allow-domain", "pypi.org",
                         "--deny-domain", "x.pypi.org", "--allow-private", "10.0.0.0/8",

@@ -6,10 +6,10 @@ import json
 import os
 
 import pytest
+from test_egress_secrets import GRANTED, PRIV, TOKEN, world  # noqa: F401
 
 import corral
 from corral.errors import PolicyError
-from test_egress_secrets import GRANTED, PRIV, TOKEN, world  # noqa: F401
 
 PY = "/usr/bin/python3"
 

@@ -5,8 +5,14 @@
     r.verdict, r.exit_code, r.stdout
 """
 
-from .errors import (BackendUnavailable, CorralError, PolicyError, SandboxSetupError,
-                     UnsupportedRule, UsageError)
+from .errors import (
+                     BackendUnavailable,
+                     CorralError,
+                     PolicyError,
+                     SandboxSetupError,
+                     UnsupportedRule,
+                     UsageError,
+)
 from .policy import Policy, load_policy
 from .result import Result, Usage
 from .sandbox import Sandbox, run

@@ -22,8 +22,9 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
         backend, plan, events = prepare(policy)
     except UnsupportedRule as e:  # explain still describes what would happen, and why not
         refused = e
-        from .plan import build_plan
         import os
+
+        from .plan import build_plan
 
         plan = build_plan(policy, dict(os.environ))
         backend, _, _ = check_tier(plan.tier if plan.tier != "auto" else "namespace", plan)

@@ -40,11 +40,12 @@ supervisor that lived in another cgroup are not found.
 
 from __future__ import annotations
 
+import _signal  # the C module: `signal` imports enum, which costs start-up time
 import errno
 import os
 import resource
-import _signal  # the C module: `signal` imports enum, which costs start-up time
 import time
+
 from ._record import Record
 from .errors import SandboxSetupError
 

@@ -8,7 +8,6 @@ the same plan.
 
 from __future__ import annotations
 
-
 from ._record import Record
 from .policy import Policy
 

@@ -67,6 +67,13 @@ class RunDir:
         #: mount points below path that must be unmounted before removal
         self.mounts: list[str] = []
 
+    def track(self, cg) -> None:
+        """Note a run cgroup's directories here, so that whichever corral start finds this
+        directory dead can remove them (a sweeper in another cgroup cannot find them)."""
+        with open(os.path.join(self.path, "cgroups"), "a") as f:
+            for h, d in cg._dirs.items():
+                f.write(f"{cg.version} {cg.run_id} {h} {d}\n")
+
     def sub(self, name: str, mode: int = 0o700) -> str:
         p = os.path.join(self.path, name)
         os.mkdir(p, mode)
@@ -129,6 +136,27 @@ def _mounts_below(path: str) -> list[str]:
     return sorted(found, key=len)
 
 
+def _remove_cgroups(record: str) -> None:
+    """Kill and remove the cgroups a dead run noted (RunDir.track)."""
+    try:
+        with open(record) as f:
+            lines = [line.split(" ", 3) for line in f.read().splitlines() if line]
+    except OSError:
+        return
+    runs: dict[tuple[str, str], dict[str, str]] = {}
+    for version, run_id, h, d in (x for x in lines if len(x) == 4):
+        if os.path.isdir(d):
+            runs.setdefault((version, run_id), {})[h] = d
+    from .errors import SandboxSetupError
+    from .limits import RunCgroup
+
+    for (version, run_id), dirs in runs.items():
+        try:
+            RunCgroup(run_id, version, dirs).destroy()
+        except SandboxSetupError:
+            pass  # stuck processes: the cgroup stays; the next sweep tries again
+
+
 def sweep_stale(base: str | None = None) -> list[str]:
     """Remove the run directories of dead supervisors. Returns the ids removed."""
     base = base or base_dir()
@@ -151,6 +179,7 @@ def sweep_stale(base: str | None = None) -> list[str]:
             continue  # alive
         try:
             dead.append(name)
+            _remove_cgroups(os.path.join(path, "cgroups"))
             _remove_tree(path, _mounts_below(path))
         finally:
             os.close(fd)

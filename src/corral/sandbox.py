@@ -80,6 +80,10 @@ def prepare(policy: Policy, host_env: dict[str, str] | None = None):
             except BackendUnavailable as e:
                 reasons.append(f"{tier}: {e.message}")
                 continue
+            skip = getattr(backend, "auto_skip", lambda: None)()
+            if skip:
+                reasons.append(f"{tier}: {skip}")
+                continue
             if not refusals:
                 break
             reasons.append(f"{tier}: cannot enforce {refusals[0][0].rule}")

@@ -4,7 +4,7 @@
     src = mount_workspace(run_dir, ws.path, ws.writable, uid, gid)   # owner -> uid:gid
     events += scratch_events(scratch)                    # after a run: was it full?
 
-The namespace tier (namespace.py) has the same steps inline; the gvisor tier uses these.
+The namespace and gvisor tiers use these.
 No imports from a tier module here, so any tier can import this one.
 """
 

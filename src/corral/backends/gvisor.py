@@ -71,10 +71,30 @@ import time
 from .. import limits, rundir, seccomp
 from .._sys import mount, set_pdeathsig
 from ..errors import BackendUnavailable, SandboxSetupError
-from ..plan import (ETC_BINDS, SCRATCH, SYSTEM_PATHS, WORKSPACE, CpuQuota, CpuTime,
-                    EgressProxy, Environment, MemoryLimit, Namespaces, NoNetwork, Op,
-                    OutputCap, PidsLimit, Plan, ReadOnlyBind, Rlimit, Scratch, Seccomp,
-                    SystemRoot, WallClock, WorkspaceMount)
+from ..plan import (
+    ETC_BINDS,
+    SCRATCH,
+    SYSTEM_PATHS,
+    WORKSPACE,
+    CpuQuota,
+    CpuTime,
+    EgressProxy,
+    Environment,
+    MemoryLimit,
+    Namespaces,
+    NoNetwork,
+    Op,
+    OutputCap,
+    PidsLimit,
+    Plan,
+    ReadOnlyBind,
+    Rlimit,
+    Scratch,
+    Seccomp,
+    SystemRoot,
+    WallClock,
+    WorkspaceMount,
+)
 from ..result import Result, Usage, decide_verdict
 from ..supervise import decode_status, kill_pid, spawn, supervise
 from .common import mount_workspace, scratch_events, setup_scratch
@@ -172,6 +192,22 @@ class GvisorBackend:
                                              "host_fs_hidden": True, "no_host_root": True,
                                              "kernel_surface_filtered": True,
                                              "network_namespace": True, "read_only_root": True}
+
+    def auto_skip(self) -> str | None:
+        """Why `isolation = "auto"` should pass this tier over here, or None. Debian 12's
+        runsc (release 20221219) rejects the statx flag AT_NO_AUTOMOUNT that Debian's
+        coreutils use, so `ls` and `stat` fail inside: asked for by name it still runs,
+        but auto does not pick a tier that breaks common commands."""
+        import subprocess
+
+        try:
+            out = subprocess.run([self.runsc or "runsc", "--version"], capture_output=True,
+                                 text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return "runsc --version failed"
+        if "20221219" in out:
+            return "this runsc (20221219) breaks statx, so ls and stat fail inside"
+        return None
 
     def describe(self, op: Op) -> tuple[str, str]:
         """How this tier enforces an op: (enforced_by, note)."""
@@ -462,6 +498,7 @@ class GvisorSandbox:
                 memory=wanted[MemoryLimit].bytes if MemoryLimit in wanted else None,
                 pids=pids.count * PIDS_PER_TASK + PIDS_OVERHEAD if pids else None,
                 cpus=wanted[CpuQuota].cpus if CpuQuota in wanted else None)
+            self.dir.track(cg)
         attach: list[int] = []
         try:
             attach = cg.attach_fds() if cg else []

@@ -21,15 +21,35 @@ import os
 import time
 
 from .. import limits, rundir, seccomp
-from .._sys import (MS_NODEV, MS_NOSUID, mount, set_pdeathsig, subreaper_acquire,
-                    subreaper_release)
+from .._sys import set_pdeathsig, subreaper_acquire, subreaper_release
 from ..errors import BackendUnavailable, SandboxSetupError
-from ..plan import (ETC_BINDS, SCRATCH, SYSTEM_PATHS, WORKSPACE, CpuQuota, CpuTime,
-                    EgressProxy, Environment, MemoryLimit, Namespaces, NoNetwork, Op, OutputCap, PidsLimit,
-                    Plan, ReadOnlyBind, Rlimit, Scratch, Seccomp, SystemRoot, WallClock,
-                    WorkspaceMount)
+from ..plan import (
+    ETC_BINDS,
+    SCRATCH,
+    SYSTEM_PATHS,
+    WORKSPACE,
+    CpuQuota,
+    CpuTime,
+    EgressProxy,
+    Environment,
+    MemoryLimit,
+    Namespaces,
+    NoNetwork,
+    Op,
+    OutputCap,
+    PidsLimit,
+    Plan,
+    ReadOnlyBind,
+    Rlimit,
+    Scratch,
+    Seccomp,
+    SystemRoot,
+    WallClock,
+    WorkspaceMount,
+)
 from ..result import Result, Usage, decide_verdict
 from ..supervise import decode_status, kill_pid, spawn, supervise
+from .common import mount_workspace, scratch_events, setup_scratch
 
 HOSTNAME = "corral"
 SIGKILL, SIGXCPU = 9, 24  # Linux numbers; `import signal` would cost an enum import
@@ -244,38 +264,14 @@ class NamespaceSandbox:
             self.uid, self.gid = os.getuid(), os.getgid()
         self.etc = ensure_etc(self.dir.base)
         scratch = plan.find(Scratch)[0]
-        self.scratch = self.dir.sub("scratch")
-        enforce_scratch = self.root and not self._unenforced(scratch)
-        if enforce_scratch:
-            try:
-                mount("tmpfs", self.scratch, "tmpfs", MS_NOSUID | MS_NODEV,
-                      f"size={scratch.size},nr_inodes={scratch.inodes},mode=0700,"
-                      f"uid={self.uid},gid={self.gid}")
-            except OSError as e:
-                raise SandboxSetupError(f"mounting the scratch tmpfs on {self.scratch}: "
-                                        f"{e.strerror}", step="scratch", errno=e.errno) from None
-            self.dir.mounts.append(self.scratch)
-        for name, mode in (("home", 0o755), ("tmp", 0o1777), ("shm", 0o1777)):
-            p = os.path.join(self.scratch, name)
-            os.mkdir(p)
-            os.chmod(p, mode)
-            if self.root:
-                os.chown(p, self.uid, self.gid)
-        if self.root and not enforce_scratch:
-            os.chown(self.scratch, self.uid, self.gid)
+        self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
+                                     self.gid, enforce=self.root and not self._unenforced(scratch))
         self.workspace_src = None
         for ws in plan.find(WorkspaceMount):
             self.workspace_src = ws.path
-            if self.root:
-                from .. import idmap
-
-                st = os.stat(ws.path)
-                mp = self.dir.sub("workspace", 0o755)
-                idmap.idmapped_bind(ws.path, mp, uid_map=(st.st_uid, self.uid),
-                                    gid_map=(st.st_gid, self.gid), readonly=not ws.writable,
-                                    setid_blocked=True)  # seccomp.py: SETID rules
-                self.dir.mounts.append(mp)
-                self.workspace_src = mp
+            if self.root:  # seccomp.py's SETID rules keep set-id files out of it
+                self.workspace_src = mount_workspace(self.dir, ws.path, ws.writable, self.uid,
+                                                     self.gid)
         if self.granted:  # the run's CA: its key stays here and in the proxy
             from ..egress.mitm import make_ca
             from ..grants import ca_bundle
@@ -368,6 +364,7 @@ class NamespaceSandbox:
                 memory=wanted[MemoryLimit].bytes if MemoryLimit in wanted else None,
                 pids=wanted[PidsLimit].count if PidsLimit in wanted else None,
                 cpus=wanted[CpuQuota].cpus if CpuQuota in wanted else None)
+            self.dir.track(cg)
         attach: list[int] = []
         try:
             attach = cg.attach_fds() if cg else []
@@ -439,7 +436,10 @@ class NamespaceSandbox:
                         kill()
                         raise
                     finally:
-                        os.write(block_w, b"x")
+                        try:
+                            os.write(block_w, b"x")
+                        except BrokenPipeError:
+                            pass  # bwrap is gone already (killed above): keep the real error
                         os.close(block_w)
                 outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
                                     cpu_seconds=cg.cpu_seconds if cg else None, output_cap=cap,
@@ -488,7 +488,7 @@ class NamespaceSandbox:
             if stream.truncated:
                 events.append({"kind": "limit", "limit": "output", "stream": name,
                                "message": f"{name} past {cap} bytes was dropped"})
-        events += self._scratch_events()
+        events += scratch_events(self.scratch)
         verdict = decide_verdict(exit_code=exit_code, signal=sig, oom_kills=oom_kills,
                                  timed_out=timed_out)
         return Result(verdict=verdict, exit_code=exit_code, signal=sig,
@@ -496,20 +496,6 @@ class NamespaceSandbox:
                       stdout_truncated=outcome.stdout.truncated,
                       stderr_truncated=outcome.stderr.truncated, usage=usage, events=events,
                       isolation="namespace")
-
-    def _scratch_events(self) -> list[dict]:
-        try:
-            st = os.statvfs(self.scratch)
-        except OSError:
-            return []
-        out = []
-        if st.f_blocks and st.f_bavail == 0:
-            out.append({"kind": "limit", "limit": "scratch",
-                        "message": "/scratch (with /tmp and /dev/shm) is full"})
-        if st.f_files and st.f_favail == 0:
-            out.append({"kind": "limit", "limit": "scratch_inodes",
-                        "message": "/scratch ran out of inodes"})
-        return out
 
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:

@@ -469,6 +469,7 @@ class ProcessSandbox:
                 memory=wanted[MemoryLimit].bytes if MemoryLimit in wanted else None,
                 pids=wanted[PidsLimit].count if PidsLimit in wanted else None,
                 cpus=wanted[CpuQuota].cpus if CpuQuota in wanted else None)
+            self.dir.track(cg)
         attach: list[int] = []
         pidfd = -1
         try:

@@ -11,10 +11,12 @@ sandbox; this needs neither, so there is no in-sandbox process to kill or confus
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import sys
 import threading
+import time
 
 from ..errors import SandboxSetupError
 from ..plan import PROXY_PORT
@@ -40,7 +42,18 @@ def listen_in_netns(pid: int, port: int = PROXY_PORT) -> socket.socket:
                 os.close(fd)
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", port))
+            # bwrap reports its child before that child has brought loopback up: until
+            # then 127.0.0.1 is not an address of the namespace (EADDRNOTAVAIL)
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    s.bind(("127.0.0.1", port))
+                    break
+                except OSError as e:
+                    if e.errno != errno.EADDRNOTAVAIL or time.monotonic() > deadline:
+                        s.close()
+                        raise
+                    time.sleep(0.0005)
             s.listen(4096)
             out["sock"] = s
         except OSError as e:

@@ -1,9 +1,7 @@
 """The policy: one schema (schema.py), loading with clear errors (load.py), TOML out (dump.py)."""
 
 from .load import load_policy, merge, policy_from_dict
-from .schema import (BASE_ENV, FIELDS, TIERS, Env, Filesystem, Limits, Network, Policy,
-                     Workspace)
-
+from .schema import BASE_ENV, FIELDS, TIERS, Env, Filesystem, Limits, Network, Policy, Workspace
 
 
 def dump_toml(policy: Policy) -> str:

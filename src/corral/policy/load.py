@@ -13,9 +13,21 @@ if TYPE_CHECKING:
     from typing import Any
 
 from ..errors import PolicyError
-from .schema import (FIELDS, SECTIONS, SPEC_BY_PATH, TIERS, Budget, Env, Filesystem, Limits,
-                     Network, Secret,
-                     Policy, Spec, Workspace)
+from .schema import (
+    FIELDS,
+    SECTIONS,
+    SPEC_BY_PATH,
+    TIERS,
+    Budget,
+    Env,
+    Filesystem,
+    Limits,
+    Network,
+    Policy,
+    Secret,
+    Spec,
+    Workspace,
+)
 from .units import parse_duration, parse_size
 
 _NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")

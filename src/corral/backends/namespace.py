@@ -47,8 +47,8 @@ from ..plan import (
     WallClock,
     WorkspaceMount,
 )
-from ..result import Result, Usage, decide_verdict
-from ..supervise import decode_status, kill_pid, spawn, supervise
+from ..result import Result, Usage
+from ..supervise import decode_status, finish, kill_pid, spawn, supervise
 from .common import mount_workspace, scratch_events, setup_scratch
 
 HOSTNAME = "corral"
@@ -469,33 +469,10 @@ class NamespaceSandbox:
                 problems = _destroy(cg)
                 events += [{"kind": "teardown", "message": p} for p in problems]
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
-        timed_out = outcome.timed_out
-        if sig == SIGXCPU and not timed_out:
-            timed_out = "cpu_time"
-        if timed_out == "timeout":
-            events.append({"kind": "limit", "limit": "timeout",
-                           "message": f"wall clock limit of {wall:g}s reached; every process "
-                                      f"of the run was killed"})
-        elif timed_out == "cpu_time":
-            events.append({"kind": "limit", "limit": "cpu_time",
-                           "message": f"CPU time limit of {cpu:g}s reached; every process of "
-                                      f"the run was killed"})
-        if oom_kills:
-            events.append({"kind": "limit", "limit": "memory",
-                           "message": f"the memory cgroup killed {oom_kills} process(es) at "
-                                      f"the {plan.find(MemoryLimit)[0].bytes} byte limit"})
-        for name, stream in (("stdout", outcome.stdout), ("stderr", outcome.stderr)):
-            if stream.truncated:
-                events.append({"kind": "limit", "limit": "output", "stream": name,
-                               "message": f"{name} past {cap} bytes was dropped"})
         events += scratch_events(self.scratch)
-        verdict = decide_verdict(exit_code=exit_code, signal=sig, oom_kills=oom_kills,
-                                 timed_out=timed_out)
-        return Result(verdict=verdict, exit_code=exit_code, signal=sig,
-                      stdout=outcome.stdout.text(), stderr=outcome.stderr.text(),
-                      stdout_truncated=outcome.stdout.truncated,
-                      stderr_truncated=outcome.stderr.truncated, usage=usage, events=events,
-                      isolation="namespace")
+        return finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
+                      oom_kills=oom_kills, wall=wall, cpu=cpu,
+                      memory=plan.find(MemoryLimit)[0].bytes, cap=cap, isolation="namespace")
 
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:

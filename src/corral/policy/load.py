@@ -202,8 +202,8 @@ def _check_network(p: Policy) -> None:
     if n.mode == "none":
         for key in ("allow", "allow_private", "nameservers"):
             if getattr(n, key):
-                raise PolicyError(f"rules need the egress proxy; set network.mode = \"allow\" "
-                                  f"(the --allow-domain flag does)", field=f"network.{key}")
+                raise PolicyError("rules need the egress proxy; set network.mode = \"allow\" "
+                                  "(the --allow-domain flag does)", field=f"network.{key}")
         return
     from ..egress.config import NetConfig, parse_rule
     from ..egress.decide import decide_target

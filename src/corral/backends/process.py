@@ -537,18 +537,9 @@ class ProcessSandbox:
     def _scratch_events(self) -> list[dict]:
         if not self.dir or self.scratch not in self.dir.mounts:
             return []  # a plain directory: the host filesystem's fullness is not ours
-        try:
-            st = os.statvfs(self.scratch)
-        except OSError:
-            return []
-        out = []
-        if st.f_blocks and st.f_bavail == 0:
-            out.append({"kind": "limit", "limit": "scratch",
-                        "message": "scratch (HOME and TMPDIR) is full"})
-        if st.f_files and st.f_favail == 0:
-            out.append({"kind": "limit", "limit": "scratch_inodes",
-                        "message": "scratch ran out of inodes"})
-        return out
+        from .common import scratch_events
+
+        return scratch_events(self.scratch)
 
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:

@@ -105,19 +105,7 @@ def bpf_bytes(cache_dir: str | None, landlock_abi: int) -> bytes:
     if data is not None:
         return data
     data = compile_bpf(landlock_abi)
-    try:
-        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        pass
+    seccomp._write_cache(cache_dir, path, data)
     return data
 
 

@@ -320,6 +320,13 @@ def bpf_bytes(cache_dir: str | None) -> bytes:
     if data is not None:
         return data
     data = compile_bpf()
+    _write_cache(cache_dir, path, data)
+    return data
+
+
+def _write_cache(cache_dir: str, path: str, data: bytes) -> None:
+    """Store a compiled program atomically (temp file + rename); a cache dir that cannot
+    be written is no error: the compiled program is just as good."""
     try:
         os.makedirs(cache_dir, mode=0o700, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -332,8 +339,7 @@ def bpf_bytes(cache_dir: str | None) -> bytes:
             os.unlink(tmp)
             raise
     except OSError:
-        pass  # not writable: the compiled program is just as good
-    return data
+        pass
 
 
 def _read_cache(path: str) -> bytes | None:

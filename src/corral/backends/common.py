@@ -3,6 +3,7 @@
     scratch = setup_scratch(run_dir, size, inodes, uid, gid, enforce=True)
     src = mount_workspace(run_dir, ws.path, ws.writable, uid, gid)   # owner -> uid:gid
     events += scratch_events(scratch)                    # after a run: was it full?
+    cg = run_cgroup(run_dir, run_id, plan, events)       # per exec: the limits' cgroup
 
 The namespace and gvisor tiers use these.
 No imports from a tier module here, so any tier can import this one.
@@ -73,3 +74,32 @@ def scratch_events(scratch: str) -> list[dict]:
         out.append({"kind": "limit", "limit": "scratch_inodes",
                     "message": "/scratch ran out of inodes"})
     return out
+
+
+def is_unenforced(events: list[dict], op) -> bool:
+    """Whether the standing events say this op's rule is not enforced on this host."""
+    return any(e.get("kind") == "unenforced" and e.get("rule") == op.rule for e in events)
+
+
+def run_cgroup(run_dir, run_id: str, plan, events: list[dict], *, pids=lambda n: n):
+    """The cgroup of one exec with the plan's memory, pids and cpu limits (those not
+    unenforced here), noted in the run dir for the stale sweep; None when there is none
+    to set. `pids` maps the policy's count to the cgroup's (gvisor adds its own threads).
+    Without a usable pids controller the pids limit is left to the tier's RLIMIT_NPROC
+    (check() has already reported it where that is not enough)."""
+    from .. import limits
+    from ..plan import CpuQuota, MemoryLimit, PidsLimit
+
+    wanted = {type(op): op for op in (*plan.find(MemoryLimit), *plan.find(PidsLimit),
+                                      *plan.find(CpuQuota)) if not is_unenforced(events, op)}
+    if not limits.detect().pids:
+        wanted.pop(PidsLimit, None)
+    if not wanted:
+        return None
+    cg = limits.RunCgroup.create(
+        run_id,
+        memory=wanted[MemoryLimit].bytes if MemoryLimit in wanted else None,
+        pids=pids(wanted[PidsLimit].count) if PidsLimit in wanted else None,
+        cpus=wanted[CpuQuota].cpus if CpuQuota in wanted else None)
+    run_dir.track(cg)
+    return cg

@@ -97,7 +97,7 @@ from ..plan import (
 )
 from ..result import Result, Usage
 from ..supervise import decode_status, finish, kill_pid, spawn, supervise
-from .common import mount_workspace, scratch_events, setup_scratch
+from .common import is_unenforced, mount_workspace, run_cgroup, scratch_events, setup_scratch
 from .namespace import HOSTNAME, UID_BASE, UID_SPAN, ensure_etc
 
 TYPE_CHECKING = False
@@ -347,8 +347,7 @@ class GvisorSandbox:
         self.spec = self._spec()
 
     def _unenforced(self, op: Op) -> bool:
-        return any(e.get("kind") == "unenforced" and e.get("rule") == op.rule
-                   for e in self.events)
+        return is_unenforced(self.events, op)
 
     def _make_rootfs(self) -> str:
         """The bundle's root: empty mount points and the host's /bin -> usr/bin style
@@ -486,19 +485,9 @@ class GvisorSandbox:
         with open(tmp, "w") as f:
             json.dump(spec, f)
         os.replace(tmp, os.path.join(self.bundle, "config.json"))
-        cg = None
-        wanted = {type(op): op for op in plan.find(MemoryLimit) + plan.find(PidsLimit)
-                  + plan.find(CpuQuota) if not self._unenforced(op)}
-        if PidsLimit in wanted and not limits.detect().pids:
-            del wanted[PidsLimit]  # RLIMIT_NPROC inside gVisor still holds
-        if wanted:
-            pids = wanted.get(PidsLimit)
-            cg = limits.RunCgroup.create(
-                cid,
-                memory=wanted[MemoryLimit].bytes if MemoryLimit in wanted else None,
-                pids=pids.count * PIDS_PER_TASK + PIDS_OVERHEAD if pids else None,
-                cpus=wanted[CpuQuota].cpus if CpuQuota in wanted else None)
-            self.dir.track(cg)
+        # without a pids cgroup, RLIMIT_NPROC inside gVisor still holds
+        cg = run_cgroup(self.dir, cid, plan, self.events,
+                        pids=lambda n: n * PIDS_PER_TASK + PIDS_OVERHEAD)
         attach: list[int] = []
         try:
             attach = cg.attach_fds() if cg else []

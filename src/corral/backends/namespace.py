@@ -49,7 +49,7 @@ from ..plan import (
 )
 from ..result import Result, Usage
 from ..supervise import decode_status, finish, kill_pid, spawn, supervise
-from .common import mount_workspace, scratch_events, setup_scratch
+from .common import is_unenforced, mount_workspace, run_cgroup, scratch_events, setup_scratch
 
 HOSTNAME = "corral"
 SIGKILL, SIGXCPU = 9, 24  # Linux numbers; `import signal` would cost an enum import
@@ -293,8 +293,7 @@ class NamespaceSandbox:
         self.argv_prefix = self._bwrap_args()
 
     def _unenforced(self, op: Op) -> bool:
-        return any(e.get("kind") == "unenforced" and e.get("rule") == op.rule
-                   for e in self.events)
+        return is_unenforced(self.events, op)
 
     def _bwrap_args(self) -> list[str]:
         a = [self.backend.bwrap or "bwrap"]
@@ -355,16 +354,7 @@ class NamespaceSandbox:
         cpu = plan.find(CpuTime)[0].seconds
         cap = plan.find(OutputCap)[0].bytes
         rl = {op.name: op.value for op in plan.find(Rlimit)}
-        cg = None
-        wanted = {type(op): op for op in plan.find(MemoryLimit) + plan.find(PidsLimit)
-                  + plan.find(CpuQuota) if not self._unenforced(op)}
-        if wanted:
-            cg = limits.RunCgroup.create(
-                f"{self.dir.id}-{self.execs}",
-                memory=wanted[MemoryLimit].bytes if MemoryLimit in wanted else None,
-                pids=wanted[PidsLimit].count if PidsLimit in wanted else None,
-                cpus=wanted[CpuQuota].cpus if CpuQuota in wanted else None)
-            self.dir.track(cg)
+        cg = run_cgroup(self.dir, f"{self.dir.id}-{self.execs}", plan, self.events)
         attach: list[int] = []
         try:
             attach = cg.attach_fds() if cg else []

@@ -93,6 +93,7 @@ from ..plan import (
 )
 from ..result import Result, Usage
 from ..supervise import decode_status, finish, spawn, supervise
+from .common import is_unenforced, run_cgroup, scratch_events
 
 SIGKILL, SIGTERM, SIGXCPU, SIGCHLD = 9, 15, 24, 17
 #: the device files a program expects to open: (path, Landlock rights)
@@ -398,8 +399,7 @@ class ProcessSandbox:
         self._seccomp = process_seccomp.Loader(bpf)
 
     def _unenforced(self, op: Op) -> bool:
-        return any(e.get("kind") == "unenforced" and e.get("rule") == op.rule
-                   for e in self.events)
+        return is_unenforced(self.events, op)
 
     def _env(self) -> dict[str, str]:
         """The plan's environment, with the sandbox paths of the other tiers (/scratch,
@@ -457,19 +457,8 @@ class ProcessSandbox:
         rl = {op.name: op.value for op in plan.find(Rlimit)}
         pids = plan.find(PidsLimit)[0].count
         nproc = pids if self.root else _tasks_of_uid(self.uid) + pids
-        cg = None
-        wanted = {type(op): op for op in plan.find(MemoryLimit) + plan.find(PidsLimit)
-                  + plan.find(CpuQuota) if not self._unenforced(op)}
-        cginfo = limits.detect()
-        if not cginfo.pids:
-            wanted.pop(PidsLimit, None)  # root without a pids cgroup: RLIMIT_NPROC only
-        if wanted:
-            cg = limits.RunCgroup.create(
-                f"{self.dir.id}-{self.execs}",
-                memory=wanted[MemoryLimit].bytes if MemoryLimit in wanted else None,
-                pids=wanted[PidsLimit].count if PidsLimit in wanted else None,
-                cpus=wanted[CpuQuota].cpus if CpuQuota in wanted else None)
-            self.dir.track(cg)
+        # root without a pids cgroup: RLIMIT_NPROC only
+        cg = run_cgroup(self.dir, f"{self.dir.id}-{self.execs}", plan, self.events)
         attach: list[int] = []
         pidfd = -1
         try:
@@ -537,8 +526,6 @@ class ProcessSandbox:
     def _scratch_events(self) -> list[dict]:
         if not self.dir or self.scratch not in self.dir.mounts:
             return []  # a plain directory: the host filesystem's fullness is not ours
-        from .common import scratch_events
-
         return scratch_events(self.scratch)
 
     # -- teardown ------------------------------------------------------------------------

@@ -103,3 +103,17 @@ def run_cgroup(run_dir, run_id: str, plan, events: list[dict], *, pids=lambda n:
         cpus=wanted[CpuQuota].cpus if CpuQuota in wanted else None)
     run_dir.track(cg)
     return cg
+
+
+def usage_of(outcome, cg):
+    """(Usage, oom kills) of one exec: wall time from the supervisor; CPU, peak memory and
+    the OOM counter from the run's cgroup when there is one."""
+    from ..result import Usage
+
+    usage = Usage(wall_s=round(outcome.wall_s, 6))
+    if cg is None:
+        return usage, 0
+    u = cg.usage()
+    usage.cpu_s = round(u.cpu_s, 6) if u.cpu_s is not None else None
+    usage.memory_peak_bytes = u.memory_peak_bytes
+    return usage, u.oom_kills or 0

@@ -47,9 +47,16 @@ from ..plan import (
     WallClock,
     WorkspaceMount,
 )
-from ..result import Result, Usage
+from ..result import Result
 from ..supervise import decode_status, finish, kill_pid, spawn, supervise
-from .common import is_unenforced, mount_workspace, run_cgroup, scratch_events, setup_scratch
+from .common import (
+    is_unenforced,
+    mount_workspace,
+    run_cgroup,
+    scratch_events,
+    setup_scratch,
+    usage_of,
+)
 
 HOSTNAME = "corral"
 SIGKILL, SIGXCPU = 9, 24  # Linux numbers; `import signal` would cost an enum import
@@ -446,14 +453,9 @@ class NamespaceSandbox:
                 subreaper_release()
                 for fd in attach:
                     os.close(fd)
-            usage = Usage(wall_s=round(outcome.wall_s, 6))
-            oom_kills = 0
             if cg is not None:
                 cg.kill_all()  # nothing of the run outlives it
-                u = cg.usage()
-                usage.cpu_s = round(u.cpu_s, 6) if u.cpu_s is not None else None
-                usage.memory_peak_bytes = u.memory_peak_bytes
-                oom_kills = u.oom_kills or 0
+            usage, oom_kills = usage_of(outcome, cg)
         finally:
             if cg is not None:
                 problems = _destroy(cg)

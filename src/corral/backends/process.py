@@ -91,9 +91,9 @@ from ..plan import (
     WallClock,
     WorkspaceMount,
 )
-from ..result import Result, Usage
+from ..result import Result
 from ..supervise import decode_status, finish, spawn, supervise
-from .common import is_unenforced, run_cgroup, scratch_events
+from .common import is_unenforced, run_cgroup, scratch_events, usage_of
 
 SIGKILL, SIGTERM, SIGXCPU, SIGCHLD = 9, 15, 24, 17
 #: the device files a program expects to open: (path, Landlock rights)
@@ -499,14 +499,9 @@ class ProcessSandbox:
                 kill()
                 _wait_quietly(pid)
                 raise
-            usage = Usage(wall_s=round(outcome.wall_s, 6))
-            oom_kills = 0
             if cg is not None:
                 cg.kill_all()
-                u = cg.usage()
-                usage.cpu_s = round(u.cpu_s, 6) if u.cpu_s is not None else None
-                usage.memory_peak_bytes = u.memory_peak_bytes
-                oom_kills = u.oom_kills or 0
+            usage, oom_kills = usage_of(outcome, cg)
         finally:
             for fd in attach:
                 os.close(fd)

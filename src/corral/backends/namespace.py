@@ -453,9 +453,7 @@ class NamespaceSandbox:
                 subreaper_release()
                 for fd in attach:
                     os.close(fd)
-            if cg is not None:
-                cg.kill_all()  # nothing of the run outlives it
-            usage, oom_kills = usage_of(outcome, cg)
+            usage, oom_kills = usage_of(outcome, cg)  # _reap_init emptied the cgroup
         finally:
             if cg is not None:
                 problems = _destroy(cg)

@@ -29,6 +29,7 @@ import pytest
 from conftest import CORRAL
 
 import corral
+from corral import limits
 from corral.errors import BackendUnavailable, UnsupportedRule
 from corral.explain import explain
 from corral.policy import policy_from_dict
@@ -242,8 +243,8 @@ def test_read_only_root_claim(tier, outside_dir, contained):
 def test_no_host_root_claim(tier):
     assert tier.prop("no_host_root")
     with corral.Sandbox(tier.policy()) as sb:
-        r = sb.exec(["/bin/sh", "-c", 'mkdir -p "$HOME/d" && echo x > "$HOME/d/f" && '
-                     'chmod 4755 "$HOME/d/f" 2>/dev/null; id -u'])
+        r = sb.exec(["/bin/sh", "-c", ('mkdir -p "$HOME/d" && echo x > "$HOME/d/f" && '
+                                       'chmod 4755 "$HOME/d/f" 2>/dev/null; id -u')])
         assert r.ok, r
         st = os.stat(os.path.join(sb._live.scratch, "home", "d", "f"))
         uid = sb._live.uid
@@ -522,8 +523,9 @@ def test_supervisor_death_leaves_nothing_running(tier, corral_bin):
         assert p.stdout.readline() == "up\n"
         new = set(os.listdir("/run/corral")) - before
         assert new
-        mine = lambda: [pid for pid in os.listdir("/proc") if pid.isdigit()  # noqa: E731
-                        and any(_mentions(pid, d) for d in new)]
+        def mine():
+            return [pid for pid in os.listdir("/proc") if pid.isdigit()
+                    and any(_mentions(pid, d) for d in new)]
         assert mine(), "the run's processes should be visible from the host"
     finally:
         p.kill()
@@ -535,6 +537,11 @@ def test_supervisor_death_leaves_nothing_running(tier, corral_bin):
     assert mine() == []
     tier.sh("true")  # the next start sweeps what the dead supervisor left
     assert not new & set(os.listdir("/run/corral"))
+    with open("/proc/self/mountinfo") as f:
+        assert not [m for m in f if any(f"/run/corral/{d}" in m for d in new)]
+    for _, parent in limits.detect().parents:
+        if os.path.isdir(parent):
+            assert not [n for n in os.listdir(parent) if n.split("-")[0] in new]
 
 
 # -- the workspace and read-only binds ----------------------------------------------------------
@@ -615,7 +622,8 @@ def test_explain_and_run_agree_on_refusals(tier, extra):
 @pytest.mark.skipif(not ROOT, reason="switches to nobody")
 def test_explain_and_run_agree_for_an_unprivileged_user(tier):
     def cli(*args):
-        return subprocess.run([CORRAL, *args], capture_output=True, text=True, timeout=60,
+        return subprocess.run([CORRAL, *args], check=False, capture_output=True, text=True,
+                              timeout=60,
                               env={"PATH": "/usr/bin:/bin"}, user=NOBODY, group=NOBODY,
                               extra_groups=[], cwd="/")
 

@@ -235,15 +235,6 @@ def test_network_none_refuses_inet_sockets_and_host_unix_sockets(contained, tmp_
         os.rmdir(sock_dir)
 
 
-def test_network_allow_is_refused_naming_the_rule():
-    with pytest.raises(UnsupportedRule) as e:
-        corral.run(["true"], policy({"network": {"mode": "allow", "allow": ["example.org"]}}))
-    assert e.value.field == "network.mode" and "port" in e.value.message
-    r = subprocess.run([CORRAL, "run", "--isolation", "process", "--allow-domain",
-                        "example.org", "--", "true"], capture_output=True, text=True, check=False)
-    assert r.returncode == 3 and "network.mode" in r.stderr
-
-
 # -- signals, processes, limits ----------------------------------------------------------------
 
 def test_kill_minus_one_cannot_reach_the_test(contained):

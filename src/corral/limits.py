@@ -624,7 +624,7 @@ class RunCgroup:
             return
         self.kill_all()
         for d in self.paths:
-            _rmdir(d)
+            _rmdir_tree(d)
         self._destroyed = True
 
     @classmethod
@@ -650,6 +650,20 @@ class RunCgroup:
                 cls(run_id, info.version or "v1", dirs).destroy()
                 removed.append(run_id)
         return removed
+
+
+def _rmdir_tree(d: str) -> None:
+    """Remove a cgroup directory and the child cgroups below it (deepest first; the process
+    tier puts its command in a child of a v2 run cgroup). cgroup.kill has emptied them."""
+    try:
+        children = [e.path for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise _error("list", d, e) from None
+    for child in children:
+        _rmdir_tree(child)
+    _rmdir(d)
 
 
 def _rmdir(d: str) -> None:

@@ -16,6 +16,19 @@ closed (Landlock's TCP rules, ABI 4+, are a second layer for TCP only):
   and multiprocessing's fork context use. Like Codex's Linux sandbox.
 - truncate(2), on kernels whose Landlock (ABI < 3) cannot restrict it.
 
+With `network.mode = "allow"` (network="allow") the command must reach the egress proxy on
+the host's 127.0.0.1:P, so the socket rules change:
+
+- socket(2): only AF_INET and AF_INET6, only SOCK_STREAM, protocol 0 or IPPROTO_TCP. No
+  UDP (so no DNS of its own), no ICMP, raw, packet, netlink, SCTP or MPTCP sockets, and no
+  AF_UNIX sockets either: connect(2) is now allowed, and seccomp cannot tell a unix socket
+  from an inet one at connect time, so the only unix sockets are socketpair(2)'s (already
+  connected: a connect on them fails with EISCONN).
+- connect(2): allowed; where it may go is decided by the run's cgroup programs
+  (cgroup_bpf.py: 127.0.0.1:P only) and Landlock (TCP port P only).
+- bind, listen, accept, accept4: still refused; sendto/sendmsg/sendmmsg with MSG_FASTOPEN
+  (a connect hidden in a send, which Landlock does not see) are refused too.
+
 Every refusal is EPERM. The program is built by libseccomp in the parent and cached like the
 namespace tier's; the child only calls prctl.
 """
@@ -27,47 +40,77 @@ import os
 
 from . import seccomp
 
-PROFILE_VERSION = "p1"
+PROFILE_VERSION = "p2"
 EPERM = seccomp.EPERM
 AF_UNIX = 1
 #: socket types (arg 1, low 4 bits; the rest is SOCK_CLOEXEC/SOCK_NONBLOCK) refused for
 #: AF_UNIX: SOCK_DGRAM, SOCK_RAW (a unix SOCK_RAW is a datagram socket), SOCK_RDM
 DENIED_UNIX_TYPES = (2, 3, 4)
 SOCKET_CALLS = ("socket", "socketpair")
+# network.mode = "allow": inet TCP sockets only, and no TCP Fast Open
+AF_INET, AF_INET6, SOCK_STREAM, IPPROTO_TCP = 2, 10, 1, 6
+MSG_FASTOPEN = 0x20000000
+FLAGS_ARG = {"sendto": 3, "sendmsg": 2, "sendmmsg": 3}    # the flags argument of each
 NO_PEER = ("connect", "bind", "listen", "accept", "accept4")
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 
 
-def extra_rules(landlock_abi: int) -> tuple[seccomp.Rule, ...]:
-    """The rules added to seccomp.rules() for the process tier (pure)."""
+def _only(name: str, arg: int, allowed: tuple[int, ...], mask: int | None = None
+          ) -> list[seccomp.Rule]:
+    """Refuse `name` unless argument `arg` (its low bits under `mask`) is one of `allowed`:
+    one rule per refused value below max(allowed), and one for anything above it."""
+    top = max(allowed)
+    if mask is not None:
+        return [seccomp.Rule(name, EPERM, (seccomp.Cond(arg, "masked_eq", v, mask),))
+                for v in range(mask + 1) if v not in allowed]
+    return ([seccomp.Rule(name, EPERM, (seccomp.Cond(arg, "eq", v),))
+             for v in range(top) if v not in allowed]
+            + [seccomp.Rule(name, EPERM, (seccomp.Cond(arg, "gt", top),))])
+
+
+def extra_rules(landlock_abi: int, network: str = "none") -> tuple[seccomp.Rule, ...]:
+    """The rules added to seccomp.rules() for the process tier (pure). `network` is the
+    policy's network.mode."""
     out = []
-    for name in SOCKET_CALLS:
-        out.append(seccomp.Rule(name, EPERM, (seccomp.Cond(0, "ne", AF_UNIX),)))
-        out += [seccomp.Rule(name, EPERM, (seccomp.Cond(1, "masked_eq", t, 0xF),))
+    if network == "allow":
+        out += _only("socket", 0, (AF_INET, AF_INET6))                    # family
+        out += _only("socket", 1, (SOCK_STREAM,), mask=0xF)               # type
+        out += _only("socket", 2, (0, IPPROTO_TCP))                       # protocol
+        out.append(seccomp.Rule("socketpair", EPERM, (seccomp.Cond(0, "ne", AF_UNIX),)))
+        out += [seccomp.Rule("socketpair", EPERM, (seccomp.Cond(1, "masked_eq", t, 0xF),))
                 for t in DENIED_UNIX_TYPES]
-    out += [seccomp.Rule(name, EPERM) for name in NO_PEER]
+        out += [seccomp.Rule(name, EPERM) for name in NO_PEER if name != "connect"]
+        out += [seccomp.Rule(name, EPERM, (seccomp.Cond(arg, "masked_eq", MSG_FASTOPEN,
+                                                        MSG_FASTOPEN),))
+                for name, arg in FLAGS_ARG.items()]
+    else:
+        for name in SOCKET_CALLS:
+            out.append(seccomp.Rule(name, EPERM, (seccomp.Cond(0, "ne", AF_UNIX),)))
+            out += [seccomp.Rule(name, EPERM, (seccomp.Cond(1, "masked_eq", t, 0xF),))
+                    for t in DENIED_UNIX_TYPES]
+        out += [seccomp.Rule(name, EPERM) for name in NO_PEER]
     if landlock_abi < 3:
         out.append(seccomp.Rule("truncate", EPERM))
     return tuple(out)
 
 
-def rules(landlock_abi: int) -> tuple[seccomp.Rule, ...]:
-    return seccomp.rules() + extra_rules(landlock_abi)
+def rules(landlock_abi: int, network: str = "none") -> tuple[seccomp.Rule, ...]:
+    return seccomp.rules() + extra_rules(landlock_abi, network)
 
 
-def compile_bpf(landlock_abi: int) -> bytes:
+def compile_bpf(landlock_abi: int, network: str = "none") -> bytes:
     """The whole filter as classic BPF (default ALLOW, native arch only, bad arch kills).
     Raises BackendUnavailable without libseccomp, SandboxSetupError if a rule is refused."""
     from .errors import SandboxSetupError
 
     seccomp._require_x86_64()
     lib = seccomp._libseccomp()
-    ops = {"masked_eq": lib.MASKED_EQ, "gt": lib.GT, "ne": lib.NE}
+    ops = {"masked_eq": lib.MASKED_EQ, "gt": lib.GT, "ne": lib.NE, "eq": lib.EQ}
     flt = lib.SyscallFilter(lib.ALLOW)
     flt.set_attr(lib.Attr.ACT_BADARCH, lib.KILL_PROCESS)
-    for rule in rules(landlock_abi):
+    for rule in rules(landlock_abi, network):
         nr = rule.syscall
         if isinstance(nr, str):
             nr = lib.resolve_syscall(lib.Arch.X86_64, nr)
@@ -90,21 +133,21 @@ def compile_bpf(landlock_abi: int) -> bytes:
     return data
 
 
-def bpf_bytes(cache_dir: str | None, landlock_abi: int) -> bytes:
+def bpf_bytes(cache_dir: str | None, landlock_abi: int, network: str = "none") -> bytes:
     """compile_bpf(), cached in cache_dir (keyed like seccomp.bpf_bytes, plus this
     module's rules)."""
     if cache_dir is None:
-        return compile_bpf(landlock_abi)
+        return compile_bpf(landlock_abi, network)
     import zlib
 
     extra = repr([[r.syscall, r.errno, [[c.arg, c.op, c.value, c.mask] for c in r.when]]
-                  for r in extra_rules(landlock_abi)]).encode()
+                  for r in extra_rules(landlock_abi, network)]).encode()
     key = f"{seccomp.cache_key()}-{zlib.crc32(extra):08x}{len(extra):x}"
     path = os.path.join(cache_dir, f"seccomp-{PROFILE_VERSION}-{key}.bpf")
     data = seccomp._read_cache(path)
     if data is not None:
         return data
-    data = compile_bpf(landlock_abi)
+    data = compile_bpf(landlock_abi, network)
     seccomp._write_cache(cache_dir, path, data)
     return data
 

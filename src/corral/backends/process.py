@@ -108,11 +108,16 @@ PR_CAPBSET_DROP = 24
 MAX_FD = 0x7FFFFFFF
 CAP_SETGID, CAP_SETUID, CAP_SYS_ADMIN = 6, 7, 21
 
-NETWORK_ALLOW_REFUSAL = (
-    "the process tier shares the host's network namespace: Landlock can limit TCP connects "
-    "only by port, not by address, so code allowed to reach the proxy's port could reach "
-    "that port on any host, and UDP is not covered at all; use isolation = \"namespace\" "
-    "(or \"gvisor\") for network allow")
+NETWORK_ALLOW_NOTE = (
+    "the egress proxy listens on the host's 127.0.0.1 at a free port P per command and "
+    "admits a connection only if the socket at its other end belongs to the sandbox's uid "
+    "(/proc/net/tcp); the command sits in a cgroup v2 directory of its own whose socket "
+    "programs (bpf) let it connect only to 127.0.0.1:P (or ::ffff:127.0.0.1:P) over TCP "
+    "and refuse UDP sends, binds and non-TCP inet sockets; Landlock allows TCP connect to "
+    "port P only; seccomp allows only inet stream sockets (unix sockets only from "
+    "socketpair; no bind, listen, accept or TCP Fast Open). Left open: the host's network "
+    "namespace is shared (its interfaces and /proc/net are visible), and host services on "
+    "127.0.0.1 stay unreachable, P being the proxy itself")
 
 
 def _effective_caps() -> int:
@@ -231,7 +236,9 @@ class ProcessBackend:
                         missing.append((op, ("only per-process RLIMIT_CPU, not the run's "
                                             f"total: {cg.reason}")))
                 case EgressProxy():
-                    missing.append((op, NETWORK_ALLOW_REFUSAL))
+                    why = self.network_allow_unusable()
+                    if why:
+                        missing.append((op, why))
                 case WorkspaceMount():
                     if self.root and op.writable:
                         missing.append((op, ("as root the process tier runs the command as a "
@@ -254,6 +261,34 @@ class ProcessBackend:
                 case _:
                     missing.append((op, f"the process tier does not know {type(op).__name__}"))
         return missing
+
+    def network_allow_unusable(self) -> str | None:
+        """Why `network.mode = "allow"` cannot be enforced here, or None. It needs root (a
+        uid of the command's own, which the proxy admits, and bpf(2) for the cgroup
+        programs that pin its connects to the proxy), a writable cgroup2 mount, and
+        Landlock ABI 4+ (TCP ports)."""
+        fix = "; use isolation = \"namespace\" (as root) for network allow"
+        if not self.root:
+            return ("network allow on the process tier needs root: the proxy on the host's "
+                    "loopback admits only the sandbox's own uid, and the cgroup programs "
+                    "that let the command reach nothing but the proxy need bpf(2); run "
+                    "corral as root" + fix)
+        if self.abi < 4:
+            return (f"this kernel's Landlock (ABI {self.abi} < 4) cannot restrict TCP "
+                    f"connects to the proxy's port" + fix)
+        from .. import cgroup_bpf
+
+        mnt = cgroup_bpf.cgroup2_mount()
+        if mnt is None:
+            return ("no cgroup2 filesystem is mounted, and the cgroup programs that keep "
+                    "the command's connects on the proxy attach to a cgroup2 directory; "
+                    "mount cgroup2 (e.g. at /sys/fs/cgroup/unified)" + fix)
+        if not os.access(mnt, os.W_OK | os.X_OK):
+            return f"cannot create cgroups in the cgroup2 mount {mnt} (read-only?)" + fix
+        why = cgroup_bpf.unusable_reason()
+        if why:
+            return why + fix
+        return None
 
     def _namespaces_reason(self) -> str:
         reason = ("no namespaces in the process tier: the command shares the host's PID, "
@@ -317,9 +352,10 @@ class ProcessBackend:
                                   "sockets (socketpair only)" + (
                                       "; Landlock denies TCP bind and connect"
                                       if self.abi >= 4 else "")
-                                  + "; the host's network namespace is shared")
+                                  + "; the host's network namespace is shared (with "
+                                    "network.mode = \"allow\": see network.mode)")
             case EgressProxy():
-                return "none", NETWORK_ALLOW_REFUSAL
+                return "proxy", NETWORK_ALLOW_NOTE
             case Seccomp():
                 return "kernel", ("seccomp deny list of the namespace tier (seccomp.py) plus " 
                                  "the socket rules of process_seccomp.py")
@@ -334,15 +370,17 @@ class ProcessBackend:
 
     def open(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None
              ) -> ProcessSandbox:
-        # secret grants ride on the egress proxy, which check() refuses on this tier
-        if granted or plan.find(EgressProxy):
-            raise SandboxSetupError("the process tier has no egress proxy: " +
-                                    NETWORK_ALLOW_REFUSAL, step="network")
-        return ProcessSandbox(self, plan, events)
+        return ProcessSandbox(self, plan, events, list(granted), upstream_ca)
 
 
 class ProcessSandbox:
-    def __init__(self, backend: ProcessBackend, plan: Plan, events: list[dict]) -> None:
+    def __init__(self, backend: ProcessBackend, plan: Plan, events: list[dict],
+                 granted: list | None = None, upstream_ca: str | None = None) -> None:
+        self.granted = granted or []
+        self.upstream_ca = upstream_ca
+        self.ca: tuple[str, str] | None = None
+        self.ca_file: str | None = None
+        self.egress = plan.find(EgressProxy)
         self.backend = backend
         self.plan = plan
         self.events = events
@@ -367,6 +405,9 @@ class ProcessSandbox:
             pick = int.from_bytes(os.urandom(4), "little")
             (ubase, uspan), (gbase, gspan) = self.backend.uid_range, self.backend.gid_range
             self.uid, self.gid = ubase + pick % uspan, gbase + pick % gspan
+            # the egress proxy gets a uid of its own too: the command cannot signal it
+            self.proxy_uid, self.proxy_gid = (ubase + (pick + 1) % uspan,
+                                              gbase + (pick + 1) % gspan)
         else:
             self.uid, self.gid = os.getuid(), os.getgid()
         scratch = plan.find(Scratch)[0]
@@ -391,12 +432,36 @@ class ProcessSandbox:
         ws = plan.find(WorkspaceMount)
         self.workspace = ws[0].path if ws else None
         self.cwd = self.workspace or self.home
+        if self.egress:
+            self._setup_egress()
         self.env = self._env()
-        self._ruleset = self._landlock()
+        if not self.egress:  # with a proxy the ruleset names its port: built per exec
+            self._ruleset = self._landlock()
         from .. import process_seccomp
 
-        bpf = process_seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"), self.backend.abi)
+        bpf = process_seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"), self.backend.abi,
+                                        "allow" if self.egress else "none")
         self._seccomp = process_seccomp.Loader(bpf)
+
+    def _setup_egress(self) -> None:
+        """The run's CA bundle (secret grants) where the command can read it, and a copy of
+        upstream_ca the proxy's uid can read."""
+        if self.granted:  # the run's CA: its key stays here and in the proxy
+            from ..egress.mitm import make_ca
+            from ..grants import ca_bundle
+
+            self.ca = make_ca()
+            self.ca_file = os.path.join(self.dir.path, "ca.pem")
+            with open(self.ca_file, "wb") as f:
+                f.write(ca_bundle(self.ca[0]))
+            os.chmod(self.ca_file, 0o644)
+        if self.upstream_ca:
+            with open(self.upstream_ca, "rb") as src:
+                data = src.read()
+            self.upstream_ca = os.path.join(self.dir.path, "upstream-ca.pem")
+            with open(self.upstream_ca, "wb") as f:
+                f.write(data)
+            os.chmod(self.upstream_ca, 0o644)
 
     def _unenforced(self, op: Op) -> bool:
         return is_unenforced(self.events, op)
@@ -417,9 +482,20 @@ class ProcessSandbox:
         env = {k: ":".join(fix(p) for p in v.split(":"))
                for k, v in self.plan.find(Environment)[0].env}
         env.setdefault("TMPDIR", self.tmp)
+        if self.ca_file:  # no /etc/corral-ca.pem in this tier: the real file
+            from ..grants import CA_BUNDLE
+
+            env = {k: self.ca_file if v == CA_BUNDLE else v for k, v in env.items()}
         return env
 
-    def _landlock(self) -> landlock.Ruleset:
+    def _env_for_proxy(self, port: int) -> dict[str, str]:
+        """The environment of one command: the proxy variables point at this exec's port."""
+        from ..plan import PROXY_URL
+
+        url = f"http://127.0.0.1:{port}"
+        return {k: v.replace(PROXY_URL, url) for k, v in self.env.items()}
+
+    def _landlock(self, proxy_port: int | None = None) -> landlock.Ruleset:
         rs = landlock.Ruleset(self.backend.abi)
         try:
             for p in SYSTEM_PATHS:
@@ -435,7 +511,12 @@ class ProcessSandbox:
                               else landlock.READ_EXEC)
             for op in self.plan.find(ReadOnlyBind):
                 rs.allow_path(op.path, landlock.READ_EXEC)
-            # no TCP port rule: with TCP handled (ABI 4+), every bind and connect is denied
+            if self.ca_file:
+                rs.allow_path(self.ca_file, landlock.FS_READ_FILE)
+            # with TCP handled (ABI 4+), every bind and every connect but to the proxy's
+            # port is denied
+            if proxy_port is not None:
+                rs.allow_port(proxy_port, landlock.NET_CONNECT_TCP)
         except BaseException:
             rs.close()
             raise
@@ -458,17 +539,27 @@ class ProcessSandbox:
         pids = plan.find(PidsLimit)[0].count
         nproc = pids if self.root else _tasks_of_uid(self.uid) + pids
         # root without a pids cgroup: RLIMIT_NPROC only
-        cg = run_cgroup(self.dir, f"{self.dir.id}-{self.execs}", plan, self.events)
+        run_id = f"{self.dir.id}-{self.execs}"
+        cg = run_cgroup(self.dir, run_id, plan, self.events)
         attach: list[int] = []
         pidfd = -1
+        net: _Egress | None = None
+        proxy = None
         try:
             attach = cg.attach_fds() if cg else []
-            child = _Child(argv=list(argv), env=self.env, cwd=self.cwd, attach=attach,
+            env, ruleset = self.env, self._ruleset
+            if self.egress:
+                net = _Egress(self, run_id, cg)
+                attach += net.attach
+                env, ruleset = self._env_for_proxy(net.port), net.ruleset
+            child = _Child(argv=list(argv), env=env, cwd=self.cwd, attach=attach,
                            nofile=rl["nofile"], fsize=rl["fsize"],
                            cpu_seconds=math.ceil(cpu) + 1, nproc=nproc,
                            uid=self.uid, gid=self.gid, root=self.root,
-                           ruleset_fd=self._ruleset.fd, seccomp=self._seccomp,
-                           parent=os.getpid())
+                           ruleset_fd=ruleset.fd, seccomp=self._seccomp,
+                           parent=os.getpid(), bpf_cgroup=net is not None)
+            if net is not None:  # listening before the command starts
+                proxy = net.start_proxy(cg)
             stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
             started = time.monotonic()
             try:
@@ -487,6 +578,8 @@ class ProcessSandbox:
                     _signal.pidfd_send_signal(pidfd, SIGTERM)
                 except ProcessLookupError:
                     pass
+                if net is not None:
+                    net.cgroup.kill_all()
                 if cg is not None:
                     cg.kill_all()
 
@@ -494,22 +587,28 @@ class ProcessSandbox:
                 outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
                                     cpu_seconds=cg.cpu_seconds if cg else None,
                                     output_cap=cap, on_stdout=on_stdout, on_stderr=on_stderr,
-                                    kill=kill, started=started)
+                                    kill=kill, started=started,
+                                    extra={proxy.events_r: proxy.lines} if proxy else None)
             except BaseException:
                 kill()
                 _wait_quietly(pid)
                 raise
+            if proxy is not None:  # before the cgroup kill: its last events
+                events += proxy.stop()
+                proxy = None
             if cg is not None:
                 cg.kill_all()
             usage, oom_kills = usage_of(outcome, cg)
         finally:
+            if proxy is not None:
+                proxy.stop()
             for fd in attach:
                 os.close(fd)
             if pidfd >= 0:
                 os.close(pidfd)
-            if cg is not None:
+            for done in ((net.close() if net else []) + ([cg] if cg is not None else [])):
                 try:
-                    cg.destroy()
+                    done.destroy()
                 except SandboxSetupError as e:
                     events.append({"kind": "teardown", "message": str(e)})
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=False)
@@ -531,10 +630,131 @@ class ProcessSandbox:
             self._ruleset = None
         if self.root and getattr(self, "uid", None):
             _kill_uid(self.uid)  # belt and braces: the uid is this sandbox's alone
+            if self.egress and getattr(self, "proxy_uid", None):
+                _kill_uid(self.proxy_uid)
         if getattr(self, "dir", None) is not None:
             problems += self.dir.remove()
             self.dir = None
         return problems
+
+
+# ---- network.mode = "allow": the proxy on the host's loopback, the command's bpf cgroup ----
+
+class _Egress:
+    """The network side of one exec: a listener on the host's 127.0.0.1 at a free port P,
+    a cgroup v2 directory for the command alone with the socket programs for P attached
+    (cgroup_bpf.py), the Landlock ruleset allowing TCP connect to P, and the proxy.
+
+    The directory is `<run cgroup>/sandbox` when the run cgroup is v2 (limits keep applying;
+    the proxy stays in the run cgroup itself, above the programs), else `<cgroup2
+    mount>/corral/<run id>` (hybrid hosts: the limits are in v1), noted in the run dir so
+    the stale sweep removes it. Removing the directory detaches and frees the programs."""
+
+    def __init__(self, sb: ProcessSandbox, run_id: str, cg) -> None:
+        import socket
+
+        from .. import cgroup_bpf
+
+        self.sb = sb
+        self.ruleset: landlock.Ruleset | None = None
+        self.cgroup = None
+        self.attach: list[int] = []
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.listener.bind(("127.0.0.1", 0))
+            self.listener.listen(4096)
+            self.port = self.listener.getsockname()[1]
+            if cg is not None and cg.version == "v2":
+                path = os.path.join(cg.paths[0], "sandbox")
+                made = _mkdir_cgroup(path)
+            else:
+                mnt = cgroup_bpf.cgroup2_mount()
+                if mnt is None:
+                    raise SandboxSetupError("no cgroup2 filesystem is mounted",
+                                            step="egress-cgroup", field="network.mode")
+                path = os.path.join(mnt, limits.PARENT, run_id)
+                made = _mkdir_cgroup(path)
+                sb.dir.track(made)
+            self.cgroup = made
+            try:
+                progs = cgroup_bpf.Programs(self.port)
+                try:
+                    progs.attach(path)
+                finally:
+                    progs.close()
+            except OSError as e:
+                raise SandboxSetupError(f"cannot attach the socket programs to {path}: "
+                                        f"{e.strerror}", step="egress-cgroup",
+                                        errno=e.errno, field="network.mode") from None
+            self.attach = self.cgroup.attach_fds()
+            self.ruleset = sb._landlock(self.port)
+        except BaseException:
+            for c in self.close():
+                try:
+                    c.destroy()
+                except SandboxSetupError:
+                    pass
+            for fd in self.attach:
+                os.close(fd)
+            raise
+
+    def start_proxy(self, cg):
+        """The egress proxy on the listener, as the proxy's own uid, in the run cgroup (not
+        in the command's: its upstream connects must not meet the programs)."""
+        import json
+
+        from ..egress.launch import config_fd, proxy_argv
+        from ..grants import proxy_config
+        from .namespace import _Proxy
+
+        sb = self.sb
+        config = json.loads(proxy_config(sb.egress[0].config_json, sb.granted, sb.ca,
+                                         sb.upstream_ca))
+        config["peer_uid"] = sb.uid   # only the command's sockets get in
+        cfd = config_fd(json.dumps(config))
+        attach = cg.attach_fds() if cg is not None else []
+        try:
+            def setup() -> None:
+                if attach:
+                    limits.RunCgroup.attach_self(attach)
+                set_pdeathsig(SIGKILL)
+
+            uid, gid = ((sb.proxy_uid, sb.proxy_gid) if sb.root else (sb.uid, sb.gid))
+            argv = proxy_argv(cfd, self.listener.fileno(), uid, gid)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            try:
+                pid, events_r, err_r = spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"},
+                                             stdin_fd=devnull,
+                                             pass_fds=(cfd, self.listener.fileno()),
+                                             child_setup=setup)
+            finally:
+                os.close(devnull)
+        finally:
+            os.close(cfd)
+            for fd in attach:
+                os.close(fd)
+            self.listener.close()   # the proxy holds it now
+        return _Proxy(pid, events_r, err_r)
+
+    def close(self) -> list:
+        """Close what this exec holds; returns the cgroup to destroy (before the run's)."""
+        self.listener.close()
+        if self.ruleset is not None:
+            self.ruleset.close()
+            self.ruleset = None
+        cgs, self.cgroup = ([self.cgroup] if self.cgroup is not None else []), None
+        return cgs
+
+
+def _mkdir_cgroup(path: str):
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.mkdir(path)
+    except OSError as e:
+        raise SandboxSetupError(f"cannot create the cgroup {path}: {e.strerror}",
+                                step="egress-cgroup", errno=e.errno,
+                                field="network.mode") from None
+    return limits.RunCgroup(os.path.basename(path), "v2", {"cgroup2": path})
 
 
 # ---- the child side: reaper (fork of the supervisor) and command (fork of the reaper) ----
@@ -592,6 +812,16 @@ class _Child:
         _signal.pthread_sigmask(_signal.SIG_SETMASK, [])
         if self.attach:
             limits.RunCgroup.attach_self(self.attach)
+        if self.bpf_cgroup:
+            from .. import cgroup_bpf
+
+            if not cgroup_bpf.enforced():  # fail closed: the address rules would not run
+                raise SandboxSetupError(
+                    "the cgroup socket programs do not apply to this command (cgroup v2 "
+                    "socket matching is off on this host, e.g. after a v1 net_cls or "
+                    "net_prio controller was used); refusing network allow on the process "
+                    "tier: use isolation = \"namespace\"", step="egress-cgroup",
+                    field="network.mode")
         limits.apply_rlimits(nofile=self.nofile, fsize=self.fsize,
                              cpu_seconds=self.cpu_seconds, nproc=self.nproc)
         if self.root:

@@ -144,6 +144,9 @@ class NetConfig:
     ca_cert_pem: str | None = None   # the run CA the proxy terminates TLS with (mitm.make_ca)
     ca_key_pem: str | None = field(default=None, repr=False)   # its private key; never logged
     upstream_ca: str | None = None   # CA file for upstream TLS of granted hosts (default: system)
+    #: accept a client only if its socket belongs to this uid (/proc/net/tcp): for a
+    #: listener on the host's loopback (the process tier), which any local user could reach
+    peer_uid: int | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -163,6 +166,7 @@ class NetConfig:
             "ca_cert_pem": self.ca_cert_pem,
             "ca_key_pem": self.ca_key_pem,
             "upstream_ca": self.upstream_ca,
+            "peer_uid": self.peer_uid,
         }
 
     def to_json(self) -> str:
@@ -219,6 +223,8 @@ class NetConfig:
                 raise PolicyError("expected the path of a PEM file of CA certificates",
                                   field=f"{prefix}.upstream_ca")
             kw["upstream_ca"] = v
+        if obj.get("peer_uid") is not None:
+            kw["peer_uid"] = _int(obj["peer_uid"], f"{prefix}.peer_uid", 0)
         if ("ca_cert_pem" in kw) != ("ca_key_pem" in kw):
             missing = "ca_key_pem" if "ca_cert_pem" in kw else "ca_cert_pem"
             raise PolicyError("the run CA needs both its certificate and its key; pass both "
@@ -232,7 +238,8 @@ class NetConfig:
 
 _KEYS = frozenset({"allow", "deny", "allow_private", "nameservers", "budget", "connect_timeout",
                    "idle_timeout", "header_timeout", "dns_timeout", "max_connections",
-                   "max_header_bytes", "secrets", "ca_cert_pem", "ca_key_pem", "upstream_ca"})
+                   "max_header_bytes", "secrets", "ca_cert_pem", "ca_key_pem", "upstream_ca",
+                   "peer_uid"})
 _GRANT_KEYS = frozenset({"name", "placeholder", "value", "hosts", "expires_at", "plain_http"})
 
 

@@ -36,6 +36,11 @@ from the budget.
 Budgets are counted per `Decision.budget_key`: the canonical host, or "*.suffix" for all
 the names one wildcard rule lets through.
 
+A listener on the host's own loopback (the process tier's) can be reached by any local user:
+with cfg.peer_uid set, a connection is accepted only when the socket at its other end
+belongs to that uid (`peer_uid`, from /proc/net/tcp); any other is closed before a byte is
+read, and reported (at most once a second).
+
 Resource limits, so that a hostile client exhausts only its own proxy: at most
 cfg.max_connections client connections (more get 503 and are closed), request heads capped
 at cfg.max_header_bytes, cfg.header_timeout for a whole request head or ClientHello
@@ -165,6 +170,7 @@ class EgressProxy:
         self._usage: dict[str, _Usage] = {}
         self._clients: dict[socket.socket, _Client] = {}
         self._last_overflow_event = 0.0
+        self._last_foreign_event = 0.0
         self._grants = cfg.secrets
         self._leaves = None
         self._upstream_tls: ssl.SSLContext | None = None
@@ -203,6 +209,8 @@ class EgressProxy:
                         continue
                     raise
                 client.setblocking(False)
+                if self.cfg.peer_uid is not None and not self._peer_ok(client):
+                    continue
                 if len(self._clients) >= self.cfg.max_connections:
                     self._overflow(client)
                     continue
@@ -242,6 +250,24 @@ class EgressProxy:
         if now - self._last_overflow_event >= 1.0:
             self._last_overflow_event = now
             self._emit("", 0, False, "too many connections")
+
+    def _peer_ok(self, client: socket.socket) -> bool:
+        """cfg.peer_uid: is the client's socket that uid's? If not, close it (before a byte is
+        read) and report it, at most once a second."""
+        try:
+            uid = peer_uid(client)
+        except OSError:
+            uid = None
+        if uid == self.cfg.peer_uid:
+            return True
+        client.close()
+        now = time.monotonic()
+        if now - self._last_foreign_event >= 1.0:
+            self._last_foreign_event = now
+            who = "an unknown socket" if uid is None else f"uid {uid}"
+            self._emit("", 0, False, f"a connection from {who}, not the sandbox's uid, "
+                                     f"was refused")
+        return False
 
     async def _sweep(self) -> None:
         """Cut connections that moved no byte for idle_timeout."""
@@ -1286,6 +1312,42 @@ async def _has_more(loop, sock: socket.socket) -> bool:
             await _wait_fds(loop, sock.fileno(), None)
         except OSError:
             return False
+
+
+def peer_uid(client: socket.socket) -> int | None:
+    """The uid owning the other end of a TCP connection on this host's loopback, from the
+    kernel's socket tables (/proc/net/tcp, and tcp6 for an IPv4-mapped dual-stack client):
+    the row whose local address is our peer and whose remote address is us. None if no
+    such socket is open (it closed, or it lives in another network namespace).
+
+    A row's uid is the socket's owner: its creator, or whom root fchown()ed it to. While
+    this end is open, no other socket can hold the same address pair, so the row found is
+    this connection's other end."""
+    import struct
+
+    if client.family != socket.AF_INET:
+        return None
+    here, there = client.getsockname(), client.getpeername()
+
+    def v4(addr) -> str:
+        return f"{struct.unpack('<I', socket.inet_aton(addr[0]))[0]:08X}:{addr[1]:04X}"
+
+    def v6(addr) -> str:
+        words = struct.unpack("<4I", socket.inet_pton(socket.AF_INET6, "::ffff:" + addr[0]))
+        return "".join(f"{w:08X}" for w in words) + f":{addr[1]:04X}"
+
+    for table, fmt in (("/proc/net/tcp", v4), ("/proc/net/tcp6", v6)):
+        want = (fmt(there), fmt(here))
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    if (cols[1], cols[2]) == want:
+                        return int(cols[7])
+        except FileNotFoundError:
+            continue
+    return None
 
 
 def _canon(host: str) -> str:

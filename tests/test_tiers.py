@@ -640,3 +640,22 @@ def test_explain_and_run_agree_for_an_unprivileged_user(tier):
         (rule,) = [x for x in json.loads(e.stdout)["rules"] if x["rule"] == "limits.memory"]
         assert rule["enforced_by"] in ENFORCERS
         assert json.loads(r.stdout)["verdict"] == "oom"
+
+
+def test_the_supervisor_sleeps_while_it_waits(tier):
+    """A daemon holding stdout after the command exits, and a command killed at the wall
+    clock: the supervisor waits for both without spinning (its CPU time stays a fraction
+    of the wait)."""
+    import resource
+
+    def cpu():
+        ru = resource.getrusage(resource.RUSAGE_THREAD)
+        return ru.ru_utime + ru.ru_stime
+
+    extra = {"limits": {"timeout": "1s", "cpu_time": "30s"}}
+    before, t = cpu(), time.monotonic()
+    r1 = tier.sh("(sleep 5 &); echo bye", extra)
+    r2 = tier.sh("sleep 30", extra)
+    spent, waited = cpu() - before, time.monotonic() - t
+    assert r1.stdout == "bye\n" and r2.verdict == "timeout"
+    assert waited >= 1 and spent < 0.25 * waited, (spent, waited)

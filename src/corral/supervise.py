@@ -142,11 +142,12 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
         drain_until: float | None = None
         while streams or out.status is None:
             now = time.monotonic()
-            wait = deadline - now
-            if poll_every is not None:
-                wait = min(wait, next_poll - now)
-            if drain_until is not None:
-                wait = min(wait, drain_until - now)
+            if drain_until is not None:       # exited: only the pipes are left to drain
+                wait = drain_until - now
+            else:                             # running, or killed and about to exit
+                wait = deadline - now
+                if poll_every is not None and out.timed_out is None:
+                    wait = min(wait, next_poll - now)
             for fd, _ in sel.poll(max(wait, 0)):
                 if fd == pidfd:
                     _, status = os.waitpid(pid, 0)
@@ -184,6 +185,7 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
             if drain_until is not None and now >= drain_until and streams:
                 kill()  # something still holds the pipes: the run is over, end it
                 for fd in list(streams):
+                    _read_what_is_there(fd, streams[fd])
                     sel.unregister(fd)
                     os.close(fd)
                     del streams[fd]
@@ -194,6 +196,15 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
             os.close(fd)
     out.wall_s = time.monotonic() - started
     return out
+
+
+def _read_what_is_there(fd: int, stream: Stream) -> None:
+    os.set_blocking(fd, False)
+    try:
+        while data := os.read(fd, READ_CHUNK):
+            stream.feed(data)
+    except BlockingIOError:
+        pass
 
 
 def decode_status(status: int, *, signal_exit_codes: bool) -> tuple[int | None, int | None]:

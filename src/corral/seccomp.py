@@ -310,17 +310,27 @@ def cache_key() -> str:
     return f"{zlib.crc32(text):08x}{zlib.adler32(text):08x}{len(text):x}"
 
 
+#: the program this process built or read, by cache dir: the rules cannot change while it
+#: runs, and neither can the libseccomp it would use (it is linked into the binding)
+_built: dict[str | None, bytes] = {}
+
+
 def bpf_bytes(cache_dir: str | None) -> bytes:
-    """compile_bpf(), cached in cache_dir. A hit neither imports nor runs libseccomp. An
-    unusable cache dir (missing and not creatable, read-only, not ours) means: compile."""
-    if cache_dir is None:
-        return compile_bpf()
-    path = os.path.join(cache_dir, f"seccomp-{PROFILE_VERSION}-{cache_key()}.bpf")
-    data = _read_cache(path)
+    """compile_bpf(), cached in cache_dir and in this process. A hit neither imports nor
+    runs libseccomp. An unusable cache dir (missing and not creatable, read-only, not ours)
+    means: compile."""
+    data = _built.get(cache_dir)
     if data is not None:
         return data
-    data = compile_bpf()
-    _write_cache(cache_dir, path, data)
+    if cache_dir is None:
+        data = compile_bpf()
+    else:
+        path = os.path.join(cache_dir, f"seccomp-{PROFILE_VERSION}-{cache_key()}.bpf")
+        data = _read_cache(path)
+        if data is None:
+            data = compile_bpf()
+            _write_cache(cache_dir, path, data)
+    _built[cache_dir] = data
     return data
 
 

@@ -80,6 +80,7 @@ commands:
   policy   show the effective policy             (corral policy show --help)
   explain  what enforces each rule of a policy   (corral explain --help)
   doctor   what this host supports and how to fix what is missing
+  probe    run the attack catalogue against each tier (corral probe --help)
 
 corral {__version__}
 """
@@ -358,8 +359,14 @@ def cmd_explain(args: list[str]) -> int:
     return 0 if d["runs"] else 3
 
 
+def cmd_probe(args: list[str]) -> int:
+    from .probe import main as probe_main  # loaded only here, never on run's path
+
+    return probe_main(args)
+
+
 COMMANDS = {"run": cmd_run, "policy": cmd_policy, "doctor": cmd_doctor,
-            "explain": cmd_explain}
+            "explain": cmd_explain, "probe": cmd_probe}
 
 
 def main(argv: list[str] | None = None) -> int:

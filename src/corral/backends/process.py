@@ -10,9 +10,23 @@ What it enforces, and with what:
    write only under the run's scratch directory and a rw workspace; read a ro workspace and
    ro_binds. Home directories (/home, /root), the rest of /etc, /var, /run, /tmp, /sys are
    simply not in the allowed set: opening or listing them fails with EACCES.
- - network (seccomp; Landlock ABI 4+ as a second layer for TCP): sockets only AF_UNIX stream
-   and seqpacket, no connect/bind/listen/accept (process_seccomp.py). Only `network.mode =
-   "none"`; "allow" is refused, see check().
+ - network "none" (seccomp; Landlock ABI 4+ as a second layer for TCP): sockets only AF_UNIX
+   stream and seqpacket, no connect/bind/listen/accept (process_seccomp.py).
+ - network "allow" (root, cgroup2, bpf(2), Landlock ABI 4+; check() refuses otherwise, naming
+   network.mode): per command, the egress proxy listens on the host's 127.0.0.1 at a free
+   port P, runs as a uid of its own outside the command's cgroup, and admits a connection
+   only if the socket at the other end belongs to the sandbox's uid (egress peer_uid,
+   /proc/net/tcp). The command gets HTTP(S)_PROXY=http://127.0.0.1:P and three fences:
+   a cgroup v2 directory of its own (`<run cgroup>/sandbox` on cgroup v2 hosts, `<cgroup2
+   mount>/corral/<run id>` on hybrid ones) with socket programs (cgroup_bpf.py) that allow
+   connect only to 127.0.0.1:P or ::ffff:127.0.0.1:P over TCP and refuse UDP sends, binds
+   and non-TCP inet sockets; Landlock allowing TCP connect to port P only; seccomp allowing
+   only AF_INET/AF_INET6 stream sockets (unix sockets only from socketpair; no bind, listen,
+   accept or TCP Fast Open). Before exec the command checks that the cgroup programs apply
+   to it (a UDP socket must be refused) and refuses to run otherwise. The cgroup directory
+   is noted in the run dir and removed with the exec (or by the stale sweep); removing it
+   frees the programs. With secret grants the run's CA bundle is a file in the run dir
+   (SSL_CERT_FILE and friends point at it; there is no /etc/corral-ca.pem here).
  - kernel surface (seccomp): the namespace tier's deny list, namespaces and mounts included.
  - signals and ptrace (Landlock): no ptrace of processes outside the sandbox (ABI 1+), no
    signals to them and no connecting to their abstract unix sockets (ABI 6+).
@@ -54,7 +68,11 @@ What it cannot do, plainly:
  - as root, the dedicated uid reads a workspace and ro_binds with "other" permissions, and
    cannot own files in a rw workspace: a rw workspace is refused (use the namespace tier,
    or run corral as the workspace's owner).
- - no network "allow": see check().
+ - network "allow": the host's network namespace stays shared (the command sees the host's
+   interfaces, routes and /proc/net/tcp, i.e. who talks to whom on this host); services the
+   host runs on 127.0.0.1 stay unreachable (only 127.0.0.1:P, the proxy, is allowed); on a
+   hybrid host where a v1 net_cls/net_prio controller was ever activated the kernel ignores
+   cgroup v2 socket programs, and the command refuses to start.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import pytest
 import corral
 from corral import limits, rundir
 from corral.backends.gvisor import GvisorBackend, find_runsc
-from corral.errors import BackendUnavailable, UnsupportedRule
+from corral.errors import BackendUnavailable
 
 PY = "/usr/bin/python3"
 GV = {"isolation": "gvisor"}
@@ -219,12 +219,6 @@ def test_no_network():
         assert ifaces == ["lo"], r.stdout
         with pytest.raises(BlockingIOError):
             listener.accept()
-
-
-def test_network_allow_is_refused_fail_closed():
-    with pytest.raises(UnsupportedRule) as e:
-        corral.Sandbox(policy(network={"mode": "allow", "allow": ["example.com"]}))
-    assert e.value.field == "network.mode" and "namespace" in str(e.value)
 
 
 # -- limits ----------------------------------------------------------------------------------

@@ -18,18 +18,23 @@ Steps of one sandbox, in order (each names what enforces it):
     namespace tier's syscall deny list as an OCI seccomp profile applied inside gVisor),
     a cgroup (memory+swap, pids, cpu quota, cpu accounting) that runsc joins before exec,
     so its gofer, Sentry and ptrace stubs are all in it
- 6. `runsc --network=none --platform=ptrace --ignore-cgroups --oci-seccomp run`, with a
-    parent-death signal; runsc starts the gofer and the Sentry attached to itself (they
-    die with it)
- 7. the supervisor watches output, wall clock and the cgroup's CPU counter; at the end it
-    kills everything left in the cgroup (freezer, SIGKILL) and removes the cgroup, and
+ 6. network allow only, per exec: two network namespaces joined by a veth, the sandbox's
+    bound at <run dir>/netns-N, the other holding only the proxy's listener, and the proxy
+    process serving it (gvisor_net.py; in the cgroup, as the run's uid)
+ 7. `runsc --network=none|sandbox --platform=ptrace --ignore-cgroups --oci-seccomp run`,
+    with a parent-death signal; runsc starts the gofer and the Sentry attached to itself
+    (they die with it)
+ 8. the supervisor watches output, wall clock, the cgroup's CPU counter and the proxy's
+    events; at the end it stops the proxy (collecting its last events), kills everything
+    left in the cgroup (freezer, SIGKILL) and removes the cgroup, unmounts the netns, and
     drops what runsc kept of the container in its state dir (a clean exit leaves nothing;
     after a kill the files are removed directly, since the emptied cgroup proves nothing
     of the container is left: `runsc delete --force` would SIGKILL recorded pids that may
     have been recycled, and waits a second for them; it is used only without a cgroup)
- 8. if the supervisor dies instead: runsc gets SIGKILL (parent-death signal), its gofer and
-    Sentry die with it (runsc starts them attached), and the next corral start finds the
-    run dir unlocked and removes it (mounts, runsc's state files) and its cgroups
+ 9. if the supervisor dies instead: runsc and the proxy get SIGKILL (parent-death signal),
+    the gofer and Sentry die with runsc (it starts them attached), and the next corral
+    start finds the run dir unlocked and removes it (mounts, the netns binding included,
+    runsc's state files) and its cgroups
 
 Who is who: inside, the command runs as uid 0 of gVisor's kernel, with no capabilities
 (no CAP_CHOWN, CAP_SYS_ADMIN, CAP_NET_RAW, ... in gVisor's own user namespace). That root
@@ -49,11 +54,18 @@ CAP_SYS_RESOURCE is bound by it), with a looser pids cgroup as a second layer fo
 threads gVisor needs; open files, file size and core dumps by rlimits inside gVisor; the
 wall clock and output caps by the supervisor.
 
-Network: `none` is runsc --network=none, a netstack with loopback only. `allow` is refused
-(check() returns the EgressProxy op): the namespace tier's path, a listener the supervisor
-opens inside the sandbox's network namespace, does not exist here (the sandbox's loopback is
-gVisor's netstack, not a host namespace), and the other path, a host unix socket reached
-with --host-uds, would also open every other host socket under the bundle's mounts.
+Network: `none` is runsc --network=none, a netstack with loopback only. `allow` is
+runsc --network=sandbox in a network namespace of corral's own (gvisor_net.py): gVisor's
+netstack gets its loopback and one veth, whose /30 is its only route; the far end of the
+veth is a second namespace holding nothing but the egress proxy's listener on
+10.255.255.253:3128 (HTTP_PROXY and friends point there instead of 127.0.0.1:3128, which
+inside is netstack's own loopback). No default route, no resolver, no IPv6 off loopback;
+raw and packet sockets need CAP_NET_RAW, which the container does not have, and netlink
+changes need CAP_NET_ADMIN. Secret grants: the run's CA bundle is bound at
+/etc/corral-ca.pem as on the namespace tier. runsc itself runs in a mount namespace of its
+own where /proc/sys/net is hidden (gvisor_net.runsc_mount_view: this runsc mistakes any
+namespace for the host's on Linux 6.x otherwise). hostinet (--network=host) was the first
+idea and does not work with this runsc: see gvisor_net.py.
 
 Known gaps of Debian's runsc 20221219 (fixed in later gVisor): statx(2) with
 AT_NO_AUTOMOUNT, as used by coreutils 9 `ls FILE` and `stat`, fails with EINVAL; OCI
@@ -123,11 +135,11 @@ RUNSC_FAILED = 128
 #: Sentry and the gofer, and ptrace stub processes and threads
 PIDS_OVERHEAD = 256
 PIDS_PER_TASK = 3
-NO_EGRESS = ("the gvisor tier has no path to the egress proxy yet: the sandbox's loopback "
-             "is gVisor's own netstack, where the supervisor cannot open the proxy's "
-             "listener, and a host unix socket (runsc --host-uds) would open every other "
-             "host socket under the sandbox's mounts too; use isolation = \"namespace\" "
-             "for network.mode = \"allow\"")
+#: explain's network note for `allow` on this tier
+EGRESS_NOTE = ("only through the egress proxy at {url} (HTTP_PROXY and friends), which "
+               "enforces the allow list; the sandbox's netstack has no default route and no "
+               "resolver, and its one link, a veth, ends at the proxy's listener and nothing "
+               "else")
 #: the mount points every root has, besides those of SYSTEM_PATHS, ro_binds and workspace
 BASE_DIRS = ("etc", "proc", "dev", "tmp", SCRATCH[1:], WORKSPACE[1:])
 
@@ -209,12 +221,18 @@ class GvisorBackend:
 
         try:
             out = subprocess.run([self.runsc or "runsc", "--version"], capture_output=True,
-                                 text=True, timeout=10).stdout
+                                 text=True, timeout=10, check=False).stdout
         except (OSError, subprocess.SubprocessError):
             return "runsc --version failed"
         if "20221219" in out:
             return "this runsc (20221219) breaks statx, so ls and stat fail inside"
         return None
+
+    @property
+    def egress_note(self) -> str:
+        from .gvisor_net import PROXY_URL
+
+        return EGRESS_NOTE.format(url=PROXY_URL)
 
     def describe(self, op: Op) -> tuple[str, str]:
         """How this tier enforces an op: (enforced_by, note)."""
@@ -249,9 +267,15 @@ class GvisorBackend:
             case Environment():
                 return "supervisor", "only corral's base, env.pass and env.set"
             case NoNetwork():
-                return "kernel", "runsc --network=none: gVisor's netstack, loopback only"
+                return "kernel", ("gVisor's netstack: loopback only (runsc --network=none); "
+                                  "with network allow, plus one veth whose only peer is the "
+                                  "proxy's listener, in network namespaces of corral's own")
             case EgressProxy():
-                return "none", "no path to the egress proxy on this tier"
+                from .gvisor_net import PROXY_URL
+
+                return "proxy", (f"egress proxy at {PROXY_URL} (HTTP_PROXY), the only "
+                                 "address the sandbox's netstack can reach: a veth into a "
+                                 "namespace holding nothing but the proxy's listener")
             case Seccomp():
                 return "kernel", ("gVisor's Sentry serves every syscall (runsc's own host "
                                   "seccomp filter confines the Sentry); seccomp.py's EPERM "
@@ -308,7 +332,11 @@ class GvisorBackend:
                     if ok is not True:
                         missing.append((op, f"the workspace cannot be idmapped: {ok}"))
                 case EgressProxy():
-                    missing.append((op, NO_EGRESS))
+                    from .gvisor_net import veth_available
+
+                    ok = veth_available()
+                    if ok is not True:
+                        missing.append((op, ok))
                 case (Namespaces() | SystemRoot() | Seccomp() | Scratch() | PidsLimit()
                       | WallClock() | OutputCap() | Rlimit() | Environment() | NoNetwork()
                       | ReadOnlyBind()):
@@ -319,11 +347,16 @@ class GvisorBackend:
 
     def open(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None
              ) -> GvisorSandbox:
-        return GvisorSandbox(self, plan, events)
+        return GvisorSandbox(self, plan, events, list(granted), upstream_ca)
 
 
 class GvisorSandbox:
-    def __init__(self, backend: GvisorBackend, plan: Plan, events: list[dict]) -> None:
+    def __init__(self, backend: GvisorBackend, plan: Plan, events: list[dict],
+                 granted: list | None = None, upstream_ca: str | None = None) -> None:
+        self.granted = granted or []
+        self.upstream_ca = upstream_ca
+        self.ca: tuple[str, str] | None = None
+        self.ca_file: str | None = None
         self.backend = backend
         self.plan = plan
         self.events = events  # standing events (e.g. unenforced defaults), copied per exec
@@ -348,6 +381,8 @@ class GvisorSandbox:
         for ws in plan.find(WorkspaceMount):
             self.workspace_src = mount_workspace(self.dir, ws.path, ws.writable, self.uid,
                                                  self.gid)
+        if plan.find(EgressProxy):
+            self._setup_egress()
         self.rootfs = self._make_rootfs()
         self.state = self.dir.sub("runsc", 0o700)   # runsc --root: its container state
         self.bundle = self.dir.sub("bundle", 0o700)
@@ -355,6 +390,28 @@ class GvisorSandbox:
 
     def _unenforced(self, op: Op) -> bool:
         return is_unenforced(self.events, op)
+
+    def _setup_egress(self) -> None:
+        """The run's CA (its key stays here and in the proxy) when secrets are granted, a
+        copy of upstream_ca the proxy can read as the run's uid, and the mount point of the
+        fresh proc runsc's own mount view needs (gvisor_net.runsc_mount_view)."""
+        if self.granted:
+            from ..egress.mitm import make_ca
+            from ..grants import ca_bundle
+
+            self.ca = make_ca()
+            self.ca_file = os.path.join(self.dir.path, "ca.pem")
+            with open(self.ca_file, "wb") as f:
+                f.write(ca_bundle(self.ca[0]))
+            os.chmod(self.ca_file, 0o644)
+        if self.upstream_ca:
+            with open(self.upstream_ca, "rb") as src:
+                data = src.read()
+            self.upstream_ca = os.path.join(self.dir.path, "upstream-ca.pem")
+            with open(self.upstream_ca, "wb") as f:
+                f.write(data)
+            os.chmod(self.upstream_ca, 0o644)
+        self.host_proc = self.dir.sub("proc", 0o700)
 
     def _make_rootfs(self) -> str:
         """The bundle's root: empty mount points and the host's /bin -> usr/bin style
@@ -425,7 +482,12 @@ class GvisorSandbox:
                 case ReadOnlyBind():
                     bind(op.path, op.path)
                 case Environment():
-                    env = [f"{k}={v}" for k, v in op.env]
+                    # the proxy is at the veth's far end here, not on the loopback
+                    from ..plan import PROXY_URL
+                    from .gvisor_net import PROXY_URL as VETH_PROXY_URL
+
+                    env = [f"{k}={VETH_PROXY_URL if v == PROXY_URL else v}"
+                           for k, v in op.env]
                 case Rlimit():
                     name = f"RLIMIT_{op.name.upper()}"
                     rlimits.append({"type": name, "hard": op.value, "soft": op.value})
@@ -436,8 +498,14 @@ class GvisorSandbox:
                 case CpuTime():
                     soft = math.ceil(op.seconds) + 1   # a second layer under the cgroup's
                     rlimits.append({"type": "RLIMIT_CPU", "hard": soft + 1, "soft": soft})
+                case EgressProxy():
+                    # per exec: the network namespaces, the proxy; the run's CA bundle here
+                    if self.ca_file:
+                        from ..grants import CA_BUNDLE
+
+                        bind(self.ca_file, CA_BUNDLE)
                 case (Seccomp() | NoNetwork() | MemoryLimit() | CpuQuota() | WallClock()
-                      | OutputCap() | EgressProxy()):
+                      | OutputCap()):
                     pass  # below, runsc flags, the cgroup or the supervisor
                 case _:
                     raise AssertionError(f"unhandled op {op!r}")
@@ -465,7 +533,9 @@ class GvisorSandbox:
         b = self.backend
         a = [b.runsc or "runsc", f"--root={self.state}", f"--platform={b.platform}",
              "--ignore-cgroups"]
-        if self.plan.find(NoNetwork):
+        if self.plan.find(EgressProxy):
+            a.append("--network=sandbox")  # netstack on the veth of gvisor_net
+        elif self.plan.find(NoNetwork):
             a.append("--network=none")
         if self.plan.find(Seccomp):
             a.append("--oci-seccomp")
@@ -486,8 +556,34 @@ class GvisorSandbox:
         wall = plan.find(WallClock)[0].seconds if timeout is None else timeout
         cpu = plan.find(CpuTime)[0].seconds
         cap = plan.find(OutputCap)[0].bytes
+        egress = plan.find(EgressProxy)
+        net = None
+        if egress:  # this exec's network namespaces: the sandbox's bound in the run dir
+            from .gvisor_net import ProxyNet
+
+            net_path = os.path.join(self.dir.path, f"netns-{self.execs}")
+            self.dir.mounts.append(net_path)  # close() and the stale sweep unmount it too
+            net = ProxyNet.create(net_path)
+        try:
+            return self._exec(argv, cid, events, wall, cpu, cap, egress, net, stdin=stdin,
+                              on_stdout=on_stdout, on_stderr=on_stderr)
+        finally:
+            if net is not None:
+                problems = net.close()
+                if not problems:
+                    self.dir.mounts.remove(net.path)
+                # a Result is returned already; problems here only delay the run dir's
+                # removal (close() and the sweep unmount what is left)
+
+    def _exec(self, argv, cid, events, wall, cpu, cap, egress, net, *, stdin, on_stdout,
+              on_stderr) -> Result:
+        plan = self.plan
         spec = dict(self.spec)
         spec["process"] = dict(spec["process"], args=list(argv))
+        if net is not None:
+            spec["linux"] = dict(spec["linux"], namespaces=[
+                dict(ns, path=net.path) if ns["type"] == "network" else ns
+                for ns in spec["linux"]["namespaces"]])
         tmp = os.path.join(self.bundle, "config.json.tmp")
         with open(tmp, "w") as f:
             json.dump(spec, f)
@@ -496,9 +592,11 @@ class GvisorSandbox:
         cg = run_cgroup(self.dir, cid, plan, self.events,
                         pids=lambda n: n * PIDS_PER_TASK + PIDS_OVERHEAD)
         attach: list[int] = []
+        proxy = None
         try:
             attach = cg.attach_fds() if cg else []
             parent = os.getpid()
+            host_proc = getattr(self, "host_proc", None)
 
             def child_setup() -> None:
                 if attach:
@@ -509,7 +607,17 @@ class GvisorSandbox:
                 set_pdeathsig(SIGKILL)
                 if os.getppid() != parent:
                     os._exit(125)
+                if net is not None:
+                    from .gvisor_net import runsc_mount_view
 
+                    runsc_mount_view(host_proc)
+
+            if net is not None:  # the proxy serves the listener before runsc starts
+                from ..grants import proxy_config
+
+                config = proxy_config(egress[0].config_json, self.granted, self.ca,
+                                      self.upstream_ca)
+                proxy = _start_proxy(config, net.take_listener(), attach, self.uid, self.gid)
             stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
             argv_runsc = self.runsc_argv(cid)
             started = time.monotonic()
@@ -531,8 +639,12 @@ class GvisorSandbox:
                 outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
                                     cpu_seconds=cg.cpu_seconds if cg else None,
                                     output_cap=cap, on_stdout=on_stdout, on_stderr=on_stderr,
-                                    kill=kill, started=started)
+                                    kill=kill, started=started,
+                                    extra={proxy.events_r: proxy.lines} if proxy else None)
             finally:
+                if proxy is not None:  # its last events first, then everything else
+                    events += proxy.stop()
+                    proxy = None
                 for fd in attach:
                     os.close(fd)
                 attach = []
@@ -541,6 +653,8 @@ class GvisorSandbox:
                 events += self._forget(cid, emptied=cg is not None)
             usage, oom_kills = usage_of(outcome, cg)
         finally:
+            if proxy is not None:  # runsc never started
+                proxy.stop()
             for fd in attach:
                 os.close(fd)
             if cg is not None:
@@ -584,6 +698,24 @@ class GvisorSandbox:
             problems += self.dir.remove()
             self.dir = None
         return problems
+
+
+def _start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: int):
+    """The proxy process of one exec, serving `listener` (closed here once handed on), in
+    the run's cgroup, dropping to the run's uid. A namespace._Proxy."""
+    from ..egress.launch import start_proxy
+    from .namespace import _Proxy
+
+    def setup() -> None:
+        if attach:
+            limits.RunCgroup.attach_self(attach)
+        set_pdeathsig(SIGKILL)
+
+    try:
+        pid, events_r, err_r = start_proxy(config_json, listener, uid, gid, setup)
+    finally:
+        listener.close()
+    return _Proxy(pid, events_r, err_r)
 
 
 def _is_of(name: str, cid: str) -> bool:

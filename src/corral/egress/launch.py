@@ -104,3 +104,24 @@ class EventLines:
                 except ValueError:
                     self.events.append({"kind": "teardown",
                                         "message": "the egress proxy wrote a bad event line"})
+
+
+def start_proxy(config_json: str, listener: socket.socket, uid: int, gid: int,
+                child_setup) -> tuple[int, int, int]:
+    """Start the proxy process serving `listener` (any address: the namespace tier's
+    127.0.0.1:3128, the gvisor tier's veth address). `child_setup` runs between fork and
+    exec (join the run's cgroup, parent-death signal); boot.py drops to uid:gid.
+    Returns (pid, events read fd, stderr read fd). Closes nothing of the caller's."""
+    from ..supervise import spawn
+
+    cfd = config_fd(config_json)
+    try:
+        argv = proxy_argv(cfd, listener.fileno(), uid, gid)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        try:
+            return spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"}, stdin_fd=devnull,
+                         pass_fds=(cfd, listener.fileno()), child_setup=child_setup)
+        finally:
+            os.close(devnull)
+    finally:
+        os.close(cfd)

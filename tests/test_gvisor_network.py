@@ -1,0 +1,334 @@
+"""network.mode = "allow" on the gvisor tier, with real parts: real runsc, the real proxy, a
+real dnsmasq and real HTTP(S) servers on loopback /24s of the tests' own (the fixtures of
+test_egress_proxy.py and test_egress_secrets.py), real clients inside (curl, urllib, ip).
+
+The sandbox's netstack gets one veth whose far end, in a namespace of corral's own, holds
+only the proxy's listener (backends/gvisor_net.py). The only traffic is on 127.0.0.0/8 and
+inside those namespaces."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from test_egress_proxy import PRIV, SRV, dnsmasq, free_port, queried, servers  # noqa: F401
+from test_egress_secrets import PRIV as GRANT_PRIV
+from test_egress_secrets import TOKEN, world  # noqa: F401
+
+import corral
+from corral import limits, rundir
+from corral.backends.gvisor import GvisorBackend, find_runsc
+from corral.backends.gvisor_net import PROXY_ADDR, PROXY_URL, SANDBOX_ADDR
+
+PY = "/usr/bin/python3"
+pytestmark = [
+    pytest.mark.skipif(find_runsc() is None, reason="runsc (gVisor) is not installed"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the gvisor tier needs root"),
+]
+
+
+def policy(dns, allow, **network):
+    return {"isolation": "gvisor",
+            "network": {"mode": "allow", "allow": allow, "allow_private": [PRIV],
+                        "nameservers": [f"127.0.0.1:{dns['port']}"], **network},
+            "limits": {"timeout": "30s"}}
+
+
+def sh(cmd, pol, **kw):
+    r = corral.run(["/bin/sh", "-c", cmd], policy=pol, **kw)
+    assert r.isolation == "gvisor"
+    return r
+
+
+def net_events(r):
+    return [e for e in r.events if e["kind"] == "net"]
+
+
+def mountinfo():
+    with open("/proc/self/mountinfo") as f:
+        return f.read().splitlines()
+
+
+def procs_where(pred):
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if pred(pid):
+                    found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def procs_mentioning(text):
+    def pred(pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return text.encode() in f.read()
+    return procs_where(pred)
+
+
+def procs_of_uid(uid):
+    def pred(pid):
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("Uid:") and int(line.split()[1]) == uid for line in f)
+    return procs_where(pred)
+
+
+def procs_in_netns(inode):
+    return procs_where(lambda pid: os.stat(f"/proc/{pid}/ns/net").st_ino == inode)
+
+
+def nsfs_mounts_below(path):
+    return [m for m in mountinfo() if f" {path}/" in m and " - nsfs " in m]
+
+
+def cgroups_of(run_id):
+    left = []
+    for _, parent in limits.detect().parents:
+        if os.path.isdir(parent):
+            left += [n for n in os.listdir(parent) if n.split("-")[0] == run_id]
+    return left
+
+
+# -- through the proxy ----------------------------------------------------------------------
+
+def test_allowed_name_through_the_proxy_with_curl_and_urllib(dnsmasq, servers):
+    r = sh("echo $HTTP_PROXY; curl -sS -m 10 http://allowed.test/ && "
+           f"{PY} -c \"import urllib.request as u; print(u.urlopen('http://allowed.test/host').read().decode())\" && "
+           "curl -sS -k -m 10 https://allowed.test/",
+           policy(dnsmasq, ["allowed.test"]))
+    assert r.verdict == "ok", r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == PROXY_URL
+    assert lines[1:] == [f"hello from {SRV}", "allowed.test", f"hello from {SRV}"], r.stdout
+    ev = net_events(r)
+    assert [(e["host"], e["port"], e["decision"]) for e in ev] == [
+        ("allowed.test", 80, "allow"), ("allowed.test", 80, "allow"),
+        ("allowed.test", 443, "allow")]
+    assert all(e["bytes_in"] > 0 and e["bytes_out"] > 0 for e in ev)
+    assert set(ev[0]) >= {"kind", "host", "port", "decision", "reason", "bytes_in", "bytes_out"}
+
+
+def test_denied_name_gets_403_with_the_reason_and_causes_no_dns_query(dnsmasq, servers):
+    r = sh("curl -sS -i -m 10 http://denied.test/", policy(dnsmasq, ["allowed.test"]))
+    assert "403" in r.stdout.splitlines()[0], r
+    assert "x-corral-reason: not in network.allow" in r.stdout.lower()
+    assert not queried(dnsmasq, "denied.test")
+    (ev,) = net_events(r)
+    assert (ev["host"], ev["decision"]) == ("denied.test", "deny")
+    assert ev["reason"].startswith("not in network.allow")
+
+
+# -- nothing but the proxy ------------------------------------------------------------------
+
+def test_only_the_proxy_listener_is_reachable(dnsmasq, servers):
+    probe = textwrap.dedent(f"""
+        import errno, json, os, socket
+        out = {{}}
+        def tcp(name, addr):
+            try:
+                socket.create_connection(addr, timeout=3).close(); out[name] = "connected"
+            except OSError as e:
+                out[name] = errno.errorcode.get(e.errno, str(e))
+        tcp("server", ("{SRV}", 80))            # the test server, directly
+        tcp("server443", ("{SRV}", 443))
+        tcp("loopback80", ("127.0.0.1", 80))    # the host's loopback is not this one
+        tcp("loopback3128", ("127.0.0.1", 3128))
+        tcp("dns_tcp", ("127.0.0.1", {dnsmasq['port']}))
+        tcp("proxy", ("{PROXY_ADDR}", 3128))    # the one thing there is
+        tcp("proxy_other_port", ("{PROXY_ADDR}", 22))
+        tcp("outside", ("192.0.2.1", 80))
+        # a DNS query straight to dnsmasq, to the proxy's address, and off the /30
+        q = bytes.fromhex("abcd01000001000000000000") + b"\\x0aleak-probe\\x04test\\x00\\x00\\x01\\x00\\x01"
+        for name, addr in (("udp_dnsmasq", ("127.0.0.1", {dnsmasq['port']})),
+                           ("udp_proxy", ("{PROXY_ADDR}", 53)), ("udp_server", ("{SRV}", 53))):
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            u.settimeout(2)
+            try:
+                u.sendto(q, addr); u.recvfrom(512); out[name] = "answered"
+            except socket.timeout:
+                out[name] = "timeout"
+            except OSError as e:
+                out[name] = errno.errorcode.get(e.errno, str(e))
+        try:
+            socket.getaddrinfo("resolve-probe.test", 80); out["resolve"] = "resolved"
+        except OSError:
+            out["resolve"] = "failed"
+        for name, args in (("raw", (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)),
+                           ("raw_udp", (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)),
+                           ("packet", (socket.AF_PACKET, socket.SOCK_RAW, 0x0300))):
+            try:
+                socket.socket(*args).close(); out[name] = "opened"
+            except OSError as e:
+                out[name] = errno.errorcode.get(e.errno, str(e))
+        out["ifaces"] = sorted(os.listdir("/sys/class/net"))
+        out["dev"] = sorted(l.split(":")[0].strip() for l in open("/proc/net/dev") if ":" in l)
+        print(json.dumps(out))
+    """)
+    pol = policy(dnsmasq, ["allowed.test"])
+    r = corral.run([PY, "-c", probe], policy=pol)
+    assert r.verdict == "ok", r
+    out = json.loads(r.stdout)
+    assert out.pop("proxy") == "connected"
+    assert out.pop("outside") in ("ENETUNREACH", "EHOSTUNREACH"), out  # no route off the /30
+    # the test servers and dnsmasq are on the host's 127.0.0.0/8, which inside is the
+    # sandbox's own loopback, with nothing listening
+    for name in ("server", "server443", "loopback80", "loopback3128", "dns_tcp",
+                 "proxy_other_port"):
+        assert out.pop(name) == "ECONNREFUSED", (name, out)
+    for name in ("udp_dnsmasq", "udp_proxy", "udp_server"):
+        assert out.pop(name) in ("timeout", "ECONNREFUSED"), (name, out)
+    assert out.pop("resolve") == "failed"
+    assert not queried(dnsmasq, "leak-probe.test") and not queried(dnsmasq, "resolve-probe.test")
+    for name in ("raw", "raw_udp", "packet"):              # no CAP_NET_RAW inside
+        assert out.pop(name) in ("EPERM", "EACCES", "EAFNOSUPPORT", "EPROTONOSUPPORT"), out
+    assert out.pop("ifaces") == ["eth0", "lo"] and out.pop("dev") == ["eth0", "lo"], out
+    assert out == {}, out  # every probe was checked
+    # a client that ignores the proxy fails; netlink shows gVisor's own links and refuses
+    # any change (a route via the proxy's address, a second address)
+    r = sh(f"curl -sS --noproxy '*' -m 5 http://{SRV}/ 2>&1; echo; ip -o link | cut -d: -f2; "
+           f"ip -4 -o addr show eth0 | cut -d' ' -f7; "
+           f"ip route add default via {PROXY_ADDR} 2>&1; ip addr add 10.9.9.9/24 dev eth0 2>&1; "
+           "ip route", pol)
+    lines = [x.strip() for x in r.stdout.splitlines() if x.strip()]
+    assert "hello" not in r.stdout and "Failed to connect" in lines[0], r.stdout
+    assert lines[1:3] == ["lo", "eth0"] and lines[3] == f"{SANDBOX_ADDR}/30", r.stdout
+    assert sum(x.startswith("RTNETLINK answers: ") and x.endswith(
+        ("Permission denied", "Operation not permitted")) for x in lines) == 2, r.stdout
+    assert not any(x.startswith("default") for x in lines), r.stdout
+    assert not net_events(r)
+
+
+# -- secret grants --------------------------------------------------------------------------
+
+def test_a_secret_grant_is_injected_over_https(world):
+    pol = {"isolation": "gvisor",
+           "network": {"mode": "allow", "allow": ["granted.test", "other.test"],
+                       "allow_private": [GRANT_PRIV],
+                       "nameservers": [f"127.0.0.1:{world['dns']}"],
+                       "upstream_ca": str(world["test_ca"])},
+           "secrets": {"GITHUB_TOKEN": {"value": TOKEN, "hosts": ["granted.test"]}},
+           "limits": {"timeout": "30s"}}
+    r = sh('echo "env=$GITHUB_TOKEN $SSL_CERT_FILE"; grep -c "BEGIN CERTIFICATE" /etc/corral-ca.pem; '
+           'curl -sS -m 10 -H "Authorization: Bearer $GITHUB_TOKEN" https://granted.test/echo',
+           pol)
+    assert r.verdict == "ok", r.stderr
+    first, count, body = r.stdout.split("\n", 2)
+    ph, ca = first.split("=", 1)[1].split()
+    assert ph.startswith("corral_GITHUB_TOKEN_") and ca == "/etc/corral-ca.pem"
+    assert int(count) >= 1
+    seen = [rec for rec in world["log"] if rec["path"] == "/echo"][-1]
+    assert ("authorization", f"Bearer {TOKEN}") in [(k.lower(), v) for k, v in seen["headers"]]
+    assert ph in body and TOKEN not in body          # the echo came back scrubbed
+    kinds = [(e["kind"], e.get("decision")) for e in r.events]
+    assert ("secret", "inject") in kinds and ("net", "allow") in kinds
+    assert TOKEN not in json.dumps(r.to_dict())
+
+
+# -- explain, check, auto -------------------------------------------------------------------
+
+def test_check_explain_and_auto(dnsmasq):
+    from corral.explain import explain
+    from corral.sandbox import coerce_policy, prepare
+
+    pol = coerce_policy(policy(dnsmasq, ["allowed.test"]))
+    backend, plan, _ = prepare(pol)
+    assert backend.name == "gvisor" and GvisorBackend().check(plan) == []
+    d = explain(pol)
+    assert d["runs"] and d["network"]["reachable"] == ["allowed.test (via the egress proxy)"]
+    assert PROXY_URL in d["network"]["note"] and "proxy" in d["network"]["note"]
+    (rule,) = [x for x in d["rules"] if x["rule"] == "network.mode"]
+    assert rule["enforced_by"] == "proxy" and PROXY_URL in rule["note"]
+    # auto still passes this runsc over when it breaks statx, with allow or without
+    backend, _, _ = prepare(pol.replace(isolation="auto"))
+    skip = GvisorBackend().auto_skip()
+    assert (backend.name != "gvisor") if skip else (backend.name == "gvisor")
+
+
+# -- nothing left behind --------------------------------------------------------------------
+
+def test_each_exec_has_its_own_namespaces_and_nothing_is_left(dnsmasq, servers):
+    seen = {}
+    with corral.Sandbox(policy(dnsmasq, ["allowed.test"])) as sb:
+        live = sb._live
+        run_dir, uid = live.dir.path, live.uid
+
+        def during(data):
+            if b"ready" in data and "ino" not in seen:
+                path = os.path.join(run_dir, f"netns-{live.execs}")
+                seen["ino"] = os.stat(path).st_ino
+                seen["mounted"] = nsfs_mounts_below(run_dir)
+                seen["in_ns"] = procs_in_netns(seen["ino"])
+                seen["uid_procs"] = procs_of_uid(uid)
+
+        inodes = []
+        for _ in range(2):
+            seen.clear()
+            cmd = "curl -sS -m 10 http://allowed.test/; echo ready; sleep 0.5"
+            r = sb.exec(["/bin/sh", "-c", cmd], on_stdout=during)
+            assert f"hello from {SRV}" in r.stdout and r.verdict == "ok", r
+            assert len(seen["mounted"]) == 1 and seen["in_ns"], seen  # the Sentry is in it
+            assert len(seen["uid_procs"]) >= 2, seen  # the gofer and the proxy, as the run uid
+            inodes.append(seen["ino"])
+            # after the exec: no binding, no process in that netns or as the run's uid,
+            # no cgroup, no runsc state
+            assert nsfs_mounts_below(run_dir) == []
+            assert procs_in_netns(seen["ino"]) == [] and procs_of_uid(uid) == []
+            assert procs_mentioning(run_dir) == []
+            assert os.listdir(os.path.join(run_dir, "runsc")) == []
+            assert not [n for n in os.listdir(run_dir) if n.startswith("netns-")]
+            assert cgroups_of(os.path.basename(run_dir)) == []
+        assert inodes[0] != inodes[1]
+    assert not os.path.exists(run_dir)
+    assert not [m for m in mountinfo() if run_dir in m]
+
+
+VICTIM = """
+import corral, json, sys
+sb = corral.Sandbox(json.loads(sys.argv[1]))
+sb.open()
+print(sb._live.dir.path, sb._live.uid, flush=True)
+sb.exec(["/bin/sh", "-c", "curl -sS -m 10 http://allowed.test/ >/dev/null; (setsid sleep 300 &); sleep 300"])
+"""
+
+
+def test_supervisor_death_leaves_nothing_running_and_the_sweep_unmounts_the_netns(
+        dnsmasq, servers):
+    p = subprocess.Popen([sys.executable, "-c", VICTIM,
+                          json.dumps(policy(dnsmasq, ["allowed.test"]))],
+                         stdout=subprocess.PIPE, text=True)
+    run_dir, uid = p.stdout.readline().split()
+    uid = int(uid)
+    netns = os.path.join(run_dir, "netns-1")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not (
+            nsfs_mounts_below(run_dir) and len(procs_mentioning(run_dir)) >= 3
+            and procs_in_netns(os.stat(netns).st_ino if os.path.exists(netns) else -1)):
+        time.sleep(0.05)
+    ino = os.stat(netns).st_ino
+    assert procs_in_netns(ino), "the Sentry should be in the sandbox's netns"
+    assert procs_mentioning("corral.egress.boot"), "the proxy should run"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    p.stdout.close()
+    deadline = time.monotonic() + 5
+    while (procs_mentioning(run_dir) or procs_of_uid(uid) or procs_in_netns(ino)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # parent-death signals ended runsc, its gofer and Sentry, and the proxy
+    assert procs_mentioning(run_dir) == [] and procs_of_uid(uid) == []
+    assert procs_in_netns(ino) == []
+    # only the binding keeps the sandbox's netns now; the next start's sweep removes it
+    assert len(nsfs_mounts_below(run_dir)) == 1
+    run_id = os.path.basename(run_dir)
+    swept = rundir.sweep_stale()
+    if run_id not in swept:  # a concurrent corral start swept it first
+        limits.RunCgroup.sweep_stale(lambda r: r.split("-")[0] == run_id)
+    assert not os.path.exists(run_dir)
+    assert not [m for m in mountinfo() if run_dir in m]
+    assert cgroups_of(run_id) == []

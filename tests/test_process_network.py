@@ -396,3 +396,30 @@ def test_destroy_removes_child_cgroups():
     limits.RunCgroup("nest", "v2", {"cgroup2": d}).destroy()
     assert proc.wait(5) == -signal.SIGKILL
     assert not os.path.exists(d)
+
+
+def test_on_a_v2_run_cgroup_the_command_gets_a_child_of_it(dnsmasq):
+    """Pure cgroup v2 hosts: the command's cgroup is `<run cgroup>/sandbox` (limits keep
+    applying), the proxy stays in the run cgroup above the programs, and destroying the run
+    cgroup removes both. (This hybrid host's limits are v1: a v2 run cgroup is made on the
+    cgroup2 mount to stand in.)"""
+    from corral.backends import process
+
+    parent = os.path.join(cgroup_bpf.cgroup2_mount(), limits.PARENT)
+    info = limits.CgroupInfo("v2", False, False, False, True, (("cgroup2", parent),), None)
+    with corral.Sandbox(policy(dnsmasq, ["allowed.test"])) as sb:
+        cg = limits.RunCgroup.create(f"v2run-{os.getpid()}", memory=None, pids=None,
+                                     cpus=None, info=info)
+        try:
+            net = process._Egress(sb._live, cg.run_id, cg)
+            for fd in net.attach:
+                os.close(fd)
+            child = os.path.join(cg.paths[0], "sandbox")
+            assert net.cgroup.paths == [child]
+            assert cgroup_bpf.attached(child, cgroup_bpf.INET4_CONNECT)
+            assert not cgroup_bpf.attached(cg.paths[0], cgroup_bpf.INET4_CONNECT)
+            net.close()
+        finally:
+            cg.destroy()
+    assert not os.path.exists(cg.paths[0])
+    assert wait_no_programs() == []

@@ -288,6 +288,28 @@ def test_each_exec_has_its_own_namespaces_and_nothing_is_left(dnsmasq, servers):
     assert not [m for m in mountinfo() if run_dir in m]
 
 
+def test_a_killed_run_leaves_nothing(dnsmasq, servers):
+    """The wall clock kills the run (a daemon included) while a download is in flight."""
+    seen = {}
+    with corral.Sandbox(policy(dnsmasq, ["allowed.test"])) as sb:
+        run_dir, uid = sb._live.dir.path, sb._live.uid
+
+        def during(data):
+            if b"ready" in data and "ino" not in seen:
+                seen["ino"] = os.stat(os.path.join(run_dir, "netns-1")).st_ino
+
+        r = sb.exec(["/bin/sh", "-c", "(setsid sleep 300 &); echo ready; "
+                                      "curl -sS -m 30 -o /dev/null http://allowed.test/slow; "
+                                      "sleep 300"], on_stdout=during, timeout=2)
+        assert r.verdict == "timeout", r
+        assert any(e["kind"] == "net" and e["host"] == "allowed.test" for e in r.events), r
+        assert nsfs_mounts_below(run_dir) == [] and procs_in_netns(seen["ino"]) == []
+        assert procs_of_uid(uid) == [] and procs_mentioning(run_dir) == []
+        assert cgroups_of(os.path.basename(run_dir)) == []
+        assert os.listdir(os.path.join(run_dir, "runsc")) == []
+    assert not os.path.exists(run_dir)
+
+
 VICTIM = """
 import corral, json, sys
 sb = corral.Sandbox(json.loads(sys.argv[1]))

@@ -81,7 +81,7 @@ import os
 import time
 
 from .. import limits, rundir, seccomp
-from .._sys import mount, set_pdeathsig
+from .._sys import mount, set_pdeathsig, subreaper_acquire, subreaper_release
 from ..errors import BackendUnavailable, SandboxSetupError
 from ..plan import (
     ETC_BINDS,
@@ -593,6 +593,7 @@ class GvisorSandbox:
                         pids=lambda n: n * PIDS_PER_TASK + PIDS_OVERHEAD)
         attach: list[int] = []
         proxy = None
+        reaping = False
         try:
             attach = cg.attach_fds() if cg else []
             parent = os.getpid()
@@ -621,6 +622,10 @@ class GvisorSandbox:
             stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
             argv_runsc = self.runsc_argv(cid)
             started = time.monotonic()
+            # runsc's gofer and Sentry are orphaned when a kill ends runsc first; as a
+            # subreaper we get them and reap their zombies (a PID 1 may never do it)
+            subreaper_acquire()
+            reaping = True
             try:
                 pid, out_r, err_r = spawn(argv_runsc[0], argv_runsc,
                                           {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
@@ -629,8 +634,11 @@ class GvisorSandbox:
             finally:
                 if stdin is None:
                     os.close(stdin_fd)
+            members: set[int] = set()  # every process of the run seen before a kill
 
             def kill() -> None:
+                if cg is not None:
+                    members.update(cg.pids())
                 kill_pid(pid)
                 if cg is not None:
                     cg.kill_all()
@@ -649,10 +657,14 @@ class GvisorSandbox:
                     os.close(fd)
                 attach = []
                 if cg is not None:
+                    members.update(cg.pids())
                     cg.kill_all()  # nothing of the run outlives it
+                    _reap(members - {pid})
                 events += self._forget(cid, emptied=cg is not None)
             usage, oom_kills = usage_of(outcome, cg)
         finally:
+            if reaping:
+                subreaper_release()
             if proxy is not None:  # runsc never started
                 proxy.stop()
             for fd in attach:
@@ -698,6 +710,24 @@ class GvisorSandbox:
             problems += self.dir.remove()
             self.dir = None
         return problems
+
+
+def _reap(pids: set[int], timeout: float = 1.0) -> None:
+    """Reap those of `pids` that are (or become, as orphans of runsc) our zombie children;
+    others are not ours (a process that exited with its parent alive was reaped there)."""
+    deadline = time.monotonic() + timeout
+    left = set(pids)
+    while left:
+        for p in list(left):
+            try:
+                done, _ = os.waitpid(p, os.WNOHANG)
+            except ChildProcessError:
+                done = -1
+            if done:
+                left.discard(p)
+        if not left or time.monotonic() > deadline:
+            return
+        time.sleep(0.002)
 
 
 def _start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: int):

@@ -738,7 +738,9 @@ class _Egress:
                 set_pdeathsig(SIGKILL)
 
             uid, gid = ((sb.proxy_uid, sb.proxy_gid) if sb.root else (sb.uid, sb.gid))
-            argv = proxy_argv(cfd, self.listener.fileno(), uid, gid)
+            # boot.py's uid switch clears the parent-death signal set here: the proxy sets
+            # its own once it runs as its uid (--die-with-parent)
+            argv = proxy_argv(cfd, self.listener.fileno(), uid, gid) + ["--die-with-parent"]
             devnull = os.open(os.devnull, os.O_RDONLY)
             try:
                 pid, events_r, err_r = spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"},

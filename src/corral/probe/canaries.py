@@ -202,7 +202,7 @@ class Canaries:
         self.cmdline_proc = subprocess.Popen(
             ["/bin/sh", "-c", "sleep 3600", "corral-probe", f"--password={self.token}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)
+            start_new_session=True, env={"PATH": "/usr/bin:/bin", "CORRAL_PROBE_SECRET": self.token})
         # fds the supervisor inherits (not close-on-exec): a canary file and the host's "/"
         f = os.open(os.path.join(self.home, ".aws", "credentials"), os.O_RDONLY)
         d = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
@@ -212,7 +212,10 @@ class Canaries:
         return self
 
     def replant(self) -> None:
-        """(Re)write the fake home and the shared dir exactly; called before every run."""
+        """(Re)write the fake home and the shared dir exactly; called before every run.
+        Untouched trees are left as they are (the file handle case needs stable inodes)."""
+        if self.snapshot and not self.changed() and not os.path.lexists(self.marker):
+            return
         if os.path.lexists(self.home):
             _force_rmtree(os.path.join(self.root, "home"))
         if os.path.lexists(self.host_dir):

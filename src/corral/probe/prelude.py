@@ -48,6 +48,9 @@ def judge_syscall(name, *args, denied=DENIED, cleanup=None):
         if cleanup and r >= 0:
             cleanup(r)
 
+def short(path):
+    return path.replace(FAKE_HOME, "~").replace(PROBE_ROOT, "<probe>")
+
 def read_file(path, limit=4096):
     """Print a file's start when it can be read (the token, if it is a canary, is then in
     the output: the outside sees it); DENIED with the errno otherwise."""
@@ -55,10 +58,10 @@ def read_file(path, limit=4096):
         with open(path, "rb") as f:
             b = f.read(limit)
     except OSError as e:
-        out("DENIED", f"{path}: {ename(e)}")
+        out("DENIED", f"{short(path)}: {ename(e)}")
         return None
     sys.stdout.write(b.decode("utf-8", "replace") + "\n")
-    out("ALLOWED", f"read {len(b)} bytes of {path}")
+    out("ALLOWED", f"read {len(b)} bytes of {short(path)}")
     return b
 
 def send_sink(payload, host=None, port=None):

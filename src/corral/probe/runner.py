@@ -100,7 +100,9 @@ class Cell:
 
     @property
     def failing(self) -> bool:
-        return self.expected and self.status in FAILING
+        """A claim that did not hold, or a case that could not be scored (a broken case
+        or control is a failure whether or not the tier claims anything)."""
+        return self.status in (INVALID, INCONCLUSIVE) or (self.expected and self.status in FAILING)
 
     def to_dict(self) -> dict:
         return {"id": self.case.id, "category": self.case.category, "tier": self.tier,
@@ -375,6 +377,8 @@ class Runner:
         pol = self.policy_for(case, tier)
         ex = self.explain(pol)
         if not ex.get("runs"):
+            if ex["refused"].get("kind") not in ("unsupported", "unavailable"):
+                return done(INVALID, None, f"the case's policy is wrong: {why}")
             return done(REFUSED, None, why)
         if case.safety:
             missing = self.holds(case.safety, ex)

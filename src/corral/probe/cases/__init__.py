@@ -51,7 +51,9 @@ def _check(mod, name: str) -> Case:
     if mod.CATEGORY not in CATEGORIES:
         raise ValueError(f"probe case {name}: unknown category {mod.CATEGORY!r}")
     ctl = mod.CONTROL
-    kind = ctl if isinstance(ctl, str) else next(iter(ctl), None) if isinstance(ctl, dict) else None
+    kind = ctl if isinstance(ctl, str) else (
+        ("code" if "code" in ctl else "policy" if "policy" in ctl else None)
+        if isinstance(ctl, dict) else None)
     if kind not in CONTROL_KINDS:
         raise ValueError(f"probe case {name}: CONTROL must be \"host\", {{\"policy\": ...}} "
                          f"or {{\"code\": ...}}")

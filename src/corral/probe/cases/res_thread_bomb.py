@@ -1,0 +1,25 @@
+from ._common import bounded
+
+ID = 'res.thread-bomb'
+CATEGORY = 'resource'
+DESCRIPTION = 'start up to 200 sleeping threads under a 32-task limit'
+CLAIMS = ('rule:limits.pids',)
+SAFETY = ('rule:limits.pids',)
+POLICY = {'limits': {'pids': 32, 'timeout': '10s'}}
+CODE = """
+import threading
+n = 0
+try:
+    for n in range(1, 401):
+        threading.Thread(target=time.sleep, args=(3,), daemon=True).start()
+    out("ALLOWED", "started 200 threads")
+except RuntimeError as e:
+    out("DENIED", f"{n - 1} threads: {e}")
+os._exit(0)
+"""
+CONTROL = {'policy': {'limits': {'pids': 1024}}}
+CONTAINED = 'thread creation fails at the pids limit'
+
+
+def score(obs):
+    return bounded(obs, 32, 'threads')

@@ -43,7 +43,7 @@ SECTIONS = {
 
 
 def git(*a: str) -> str:
-    p = subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True)
+    p = subprocess.run(["git", "-C", ROOT, *a], check=False, capture_output=True, text=True)
     return p.stdout.strip()
 
 
@@ -78,7 +78,7 @@ def run_section(name: str, quick: bool, no_peers: bool) -> dict:
 def bench_python() -> str:
     """bench/.venv's python with matplotlib, created from the hashed lock if needed."""
     py = os.path.join(BENCH_VENV, "bin", "python")
-    if os.path.exists(py) and subprocess.run([py, "-c", "import matplotlib"],
+    if os.path.exists(py) and subprocess.run(check=False, args=[py, "-c", "import matplotlib"],
                                              capture_output=True).returncode == 0:
         return py
     print(f"\n=== installing matplotlib into {os.path.relpath(BENCH_VENV, ROOT)} "
@@ -133,7 +133,7 @@ def main() -> int:
     py = bench_python()
     print("\n=== report: bench/report.py -> docs/benchmarks.md, docs/benchmarks-startup.png",
           flush=True)
-    rc = subprocess.run([py, os.path.join(HERE, "report.py")], cwd=ROOT).returncode
+    rc = subprocess.run(check=False, args=[py, os.path.join(HERE, "report.py")], cwd=ROOT).returncode
     failed = [n for n, s in meta.get("sections", {}).items() if s.get("exit")]
     if failed:
         print(f"sections that exited nonzero: {', '.join(failed)}", file=sys.stderr)

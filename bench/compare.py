@@ -153,18 +153,18 @@ class Contenders:
         if name.endswith(" process"):  # no /scratch path there: ask the shell for $HOME
             argv = ["/bin/sh", "-c", 'exec /usr/bin/python3 -c "$0" "$HOME" "$1"', argv[2],
                     argv[4]]
-        if name.startswith("corral.run") or name.startswith("sb.exec"):
+        if name.startswith(("corral.run", "sb.exec")):
             tier = name.split()[1]
             r = (self.corral.run(argv, policy={"isolation": tier}) if name.startswith(
                 "corral.run") else self.open[tier].exec(argv))
             text = r.stdout
         elif name.startswith("cli "):
-            p = subprocess.run([self.base.cli, "run", "--isolation", name.split()[1], "--",
+            p = subprocess.run(check=False, args=[self.base.cli, "run", "--isolation", name.split()[1], "--",
                                 *argv], capture_output=True, text=True, timeout=60)
             text = p.stdout
         else:
             s = self.peers[name]
-            p = subprocess.run(s["argv_prefix"] + argv, env=s["env"], cwd=s["cwd"],
+            p = subprocess.run(check=False, args=s["argv_prefix"] + argv, env=s["env"], cwd=s["cwd"],
                                capture_output=True, text=True, timeout=60)
             text = p.stdout
         lines = [ln for ln in text.splitlines() if ln.startswith("{")]
@@ -231,7 +231,7 @@ def main() -> int:
     warmup = 1 if args.quick else WARMUP
 
     info = startup.machine()
-    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    log = lambda m: print(m, file=sys.stderr, flush=True)
     c = Contenders(use_peers=not args.no_peers, use_runsc=not args.no_runsc, log=log)
     if args.no_runsc:
         c.errors["gvisor"] = "skipped (--no-runsc)"

@@ -75,7 +75,7 @@ def prelude() -> str:
 
 
 def child_py(code: str) -> dict:
-    p = subprocess.run([sys.executable, "-c", prelude() + code], capture_output=True,
+    p = subprocess.run([sys.executable, "-c", prelude() + code], check=False, capture_output=True,
                        text=True, timeout=600)
     try:
         return json.loads(p.stdout.strip().splitlines()[-1])

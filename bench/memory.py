@@ -86,7 +86,7 @@ def cgroup_usage(pid: int) -> tuple[str, int] | None:
     except OSError:
         return None
     for ln in lines:
-        hid, ctrl, path = ln.split(":", 2)
+        _hid, ctrl, path = ln.split(":", 2)
         if "memory" in ctrl.split(","):
             p = f"/sys/fs/cgroup/memory{path}/memory.usage_in_bytes"
             break
@@ -203,7 +203,7 @@ def main() -> int:
         (n, "allow") for n in counts if not (args.quick and n > 10)]
     out = []
     for n, mode in points:
-        p = subprocess.run([sys.executable, __file__, "--one", str(n), mode],
+        p = subprocess.run(check=False, args=[sys.executable, __file__, "--one", str(n), mode],
                            capture_output=True, text=True, timeout=900)
         try:
             res = json.loads(p.stdout.strip().splitlines()[-1])

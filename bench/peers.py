@@ -27,7 +27,7 @@ NM = os.path.join(DIR, "node_modules")
 
 def _out(argv: list[str], **kw) -> str:
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=60, **kw)
+        p = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60, **kw)
     except (OSError, subprocess.SubprocessError) as e:
         return f"unavailable ({e})"
     text = (p.stdout or p.stderr).strip()
@@ -47,7 +47,7 @@ def install(log=print) -> str | None:
     for f in ("package.json", "package-lock.json"):
         shutil.copyfile(os.path.join(PINS, f), os.path.join(DIR, f))
     log(f"installing the peers: npm ci in {DIR} (pinned by {lock})")
-    p = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=DIR,
+    p = subprocess.run(check=False, args=[npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=DIR,
                        capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         return f"npm ci failed (exit {p.returncode}): {(p.stderr or p.stdout).strip()[-800:]}"
@@ -102,8 +102,8 @@ def configure(scratch: str) -> tuple[dict, dict]:
                 "label": "srt (Anthropic sandbox-runtime, node)",
                 "argv_prefix": [node, srt_js, "--settings", path, "--"],
                 "env": env, "cwd": scratch, "config": settings,
-                "notes": [rg_note, f"node {node_v} (srt's package.json asks for >= 22.12; "
-                          "it runs on this one)", f"cwd {scratch}"],
+                "notes": [rg_note, (f"node {node_v} (srt's package.json asks for >= 22.12; "
+                          "it runs on this one)"), f"cwd {scratch}"],
                 "version": _out([node, srt_js, "--version"]),
             }
 

@@ -50,7 +50,7 @@ def load(name: str) -> dict | None:
 
 def sh(argv: list[str]) -> str:
     try:
-        return subprocess.run(argv, capture_output=True, text=True).stdout.strip()
+        return subprocess.run(argv, check=False, capture_output=True, text=True).stdout.strip()
     except OSError:
         return "unavailable"
 
@@ -136,11 +136,11 @@ def plot(st: dict) -> bool:
 # -- sections ------------------------------------------------------------------------------
 def startup_section(st: dict, goals: list) -> list[str]:
     L = ["## 1. Start-up", ""]
-    m = st["machine"]
-    L += [f"{st['runs']} measured runs per contender and command after {st['warmup']} "
+    st["machine"]
+    L += [(f"{st['runs']} measured runs per contender and command after {st['warmup']} "
           "warm-up round(s), round robin (every contender once per round, the first one "
           "rotated); ms from the call to the finished result, teardown included. "
-          "Ratios are to raw bwrap's median (p95 ratio: to raw bwrap's p95).", "",
+          "Ratios are to raw bwrap's median (p95 ratio: to raw bwrap's p95)."), "",
           "![start-up latency per tier and peer](benchmarks-startup.png)", ""]
     names = [c["name"] for c in st["contenders"]]
     for cmd, argv in st["commands"].items():
@@ -161,9 +161,9 @@ def startup_section(st: dict, goals: list) -> list[str]:
         L += ["**Where corral is slower than a peer at the same job, and why**", ""]
         L += [f"- {n}" for n in notes] + [""]
     # probes
-    L += ["**Does every contender deny the same things?** Before timing, each ran a probe "
+    L += [("**Does every contender deny the same things?** Before timing, each ran a probe "
           "(`/usr/bin/python3`): write a file in its scratch, write to `/etc`, TCP-connect to "
-          "a listener on the host's 127.0.0.1.", ""]
+          "a listener on the host's 127.0.0.1."), ""]
     rows = []
     for n, r in st.get("probes", {}).items():
         if "error" in r:
@@ -178,35 +178,35 @@ def startup_section(st: dict, goals: list) -> list[str]:
     for key in ("bare", "bwrap", "runsc", "corral.run", "sb.exec", "cli", "srt", "codex-npm",
                 "codex-native"):
         L.append(f"- `{key}`: {WHAT[key]}")
-    L += ["", "<details><summary>raw bwrap argv (corral's, read from an open Sandbox)"
-          "</summary>", "", "```", " ".join(st["bwrap_argv"]), "```", "</details>", "",
+    L += ["", ("<details><summary>raw bwrap argv (corral's, read from an open Sandbox)"
+          "</summary>"), "", "```", " ".join(st["bwrap_argv"]), "```", "</details>", "",
           f"- runsc: `{' '.join(st['runsc_argv'])}`",
           f"- cli: `{' '.join(os.path.relpath(a, ROOT) if a.startswith(ROOT) else a for a in st['cli_argv'])}`",
           "- corral.run / sb.exec: default policy plus `{\"isolation\": TIER}`", ""]
     for n, p in st.get("peers", {}).items():
         argv = " ".join(os.path.relpath(a, ROOT) if a.startswith(ROOT) else a
                         for a in p["argv_prefix"])
-        L += [f"- **{n}** ({p['label']}, version {p['version']}): `{argv} CMD...`, cwd "
-              f"`{p['cwd']}` (a fresh directory per benchmark run)"]
+        L += [(f"- **{n}** ({p['label']}, version {p['version']}): `{argv} CMD...`, cwd "
+              f"`{p['cwd']}` (a fresh directory per benchmark run)")]
         if n == "srt":
             L += ["  - settings file (`--settings`):", "", "    ```json",
                   *["    " + ln for ln in json.dumps(p["config"], indent=1).splitlines()],
                   "    ```", ""]
         else:
-            L += [f"  - `CODEX_HOME={os.path.relpath(p['config']['CODEX_HOME'], ROOT)}` (empty "
+            L += [(f"  - `CODEX_HOME={os.path.relpath(p['config']['CODEX_HOME'], ROOT)}` (empty "
                   "config: `-P :workspace` is Codex's built-in workspace-write profile: root "
-                  "read-only, the `-C` directory and /tmp writable, network off)"]
+                  "read-only, the `-C` directory and /tmp writable, network off)")]
         for note in p.get("notes", []):
             L.append(f"  - {note}")
         if p.get("env_changes"):
             L.append("  - environment: the caller's, with " + ", ".join(
                 f"`{k}` changed" for k in p["env_changes"]))
-    L += ["", "Peers and corral differ in what they hide beyond that: corral shows only "
+    L += ["", ("Peers and corral differ in what they hide beyond that: corral shows only "
           "`/usr`, a minimal `/etc` and its scratch, with a fresh tmpfs scratch, an empty "
           "environment, cgroup limits and a per-run uid; srt and Codex show the whole host "
           "file system read-only, keep the caller's environment and uid and set no "
           "memory/CPU/pids limits. srt's \"no network\" still starts its HTTP+SOCKS proxy and "
-          "two socat bridges per run (srt has no proxy-less deny mode).", ""]
+          "two socat bridges per run (srt has no proxy-less deny mode)."), ""]
     errs = st.get("errors", {})
     if errs:
         L += ["**Not measured in this run**", ""]
@@ -223,40 +223,43 @@ def slower_notes(st: dict) -> list[str]:
         if not pm:
             continue
         fastest = min(pm, key=pm.get)
+        gv = []
         for c in st["contenders"]:
             if c["group"] in ("floor", "peer"):
                 continue
             x = s.get(f"{c['name']} {cmd}")
             if not x or x["median_ms"] <= pm[fastest]:
                 continue
-            slower = [p for p in pm if x["median_ms"] > pm[p]]
-            why = ""
+            slower = ", ".join(f"{p} ({f2(pm[p], 1)} ms)" for p in pm if x["median_ms"] > pm[p])
             if c["group"] == "gvisor":
-                floor = s.get(f"runsc {cmd}", {}).get("median_ms")
-                why = ("a different job: gVisor boots a user-space kernel (runsc's sandbox and "
-                       "gofer processes, ptrace platform) for every run; the raw floor "
-                       f"`runsc do` alone takes {f2(floor, 1)} ms here. srt and Codex share "
-                       "the host kernel like corral's namespace tier.")
-            elif c["name"].startswith("cli"):
+                gv.append(f"{c['name']} {f2(x['median_ms'], 1)} ms (slower than {slower})")
+                continue
+            if c["name"].startswith("cli"):
                 inproc = s.get(f"corral.run {c['group']} {cmd}", {}).get("median_ms")
                 why = (f"the CLI's Python interpreter start and imports: the same run "
-                       f"in-process (`corral.run`) takes {f2(inproc, 1)} ms.")
+                       f"in-process (`corral.run`) takes {f2(inproc, 1)} ms")
             else:
-                why = "see the table above for the floors."
+                why = "see the floors in the table"
             notes.append(f"`{' '.join(st['commands'][cmd])}`: **{c['name']}** "
-                         f"({f2(x['median_ms'], 1)} ms) is slower than "
-                         + ", ".join(f"{p} ({f2(pm[p], 1)} ms)" for p in slower)
-                         + f": {why}")
+                         f"({f2(x['median_ms'], 1)} ms) is slower than {slower}: {why}.")
+        if gv:
+            floor = s.get(f"runsc {cmd}", {}).get("median_ms")
+            notes.append(f"`{' '.join(st['commands'][cmd])}`: the **gvisor tier** ("
+                         + "; ".join(gv) + ") does a different job: gVisor starts a "
+                         "user-space kernel (runsc's sandbox and gofer processes, ptrace "
+                         "platform) for every run, and the raw floor `runsc do` alone takes "
+                         f"{f2(floor, 1)} ms here; srt and Codex share the host kernel, as "
+                         "corral's namespace and process tiers do.")
     return notes
 
 
 def throughput_section(tp: dict) -> list[str]:
     L = ["## 2. Throughput", "",
-         f"`{' '.join(tp['command'])}` in the namespace tier, as many as possible with P "
+         (f"`{' '.join(tp['command'])}` in the namespace tier, as many as possible with P "
          f"workers for {tp['seconds']:g} s; runs per second (finished runs / time until the "
          f"last one finished), median of {tp['rounds']} round(s) with the contenders in "
          "rotated order; ratio to raw bwrap at the same P. Load average "
-         f"{tp['loadavg'][0][0]:.2f} at the start, {tp['loadavg'][1][0]:.2f} at the end.", ""]
+         f"{tp['loadavg'][0][0]:.2f} at the start, {tp['loadavg'][1][0]:.2f} at the end."), ""]
     par = tp["parallel"]
     names = []
     for s in tp["summary"].values():
@@ -271,8 +274,8 @@ def throughput_section(tp: dict) -> list[str]:
             cells.append(f"{s['per_s']:.1f} ({s['ratio_to_bwrap']:.2f}x{e})")
         rows.append([n] + cells)
     L += table(["runs/s (x bwrap)"] + [f"P={p}" for p in par], rows) + [""]
-    L += ["- `corral.run threads`: P threads of one process calling `corral.run` (a fresh "
-          "Sandbox each: run dir, scratch tmpfs, seccomp, cgroup, bwrap, teardown)",
+    L += [("- `corral.run threads`: P threads of one process calling `corral.run` (a fresh "
+          "Sandbox each: run dir, scratch tmpfs, seccomp, cgroup, bwrap, teardown)"),
           "- `corral.run processes`: P forked processes, each calling `corral.run` in a loop",
           "- `sb.exec threads`: P threads, each with its own open Sandbox, calling `sb.exec`",
           "- `bwrap threads`: P threads running the raw bwrap argv (as in start-up)", ""]
@@ -281,17 +284,24 @@ def throughput_section(tp: dict) -> list[str]:
     if errs:
         L += ["Errors during the run (first samples):", ""]
         L += [f"- `{k}`: {sorted(set(v))[:2]}" for k, v in errs.items()] + [""]
+        if any("FileNotFoundError" in e and "/scratch" in e for v in errs.values() for e in v):
+            L += [("A `FileNotFoundError` on `/run/corral/ID/scratch` is a race in corral, not "
+                  "in the benchmark: every new sandbox calls `rundir.sweep_stale()`, which "
+                  "treats a run directory whose `lock` file it can flock as dead and removes "
+                  "it; `RunDir.__init__` creates that file and only then flocks it, so a "
+                  "sandbox starting at the same moment (another thread or process) can remove "
+                  "a run directory that is being created."), ""]
     return L
 
 
 def memory_section(mem: dict) -> list[str]:
     L = ["## 3. Memory of idle live sandboxes", "",
-         "An idle live sandbox is a `Sandbox` running `sb.exec([\"/bin/sleep\", \"3600\"])` in "
+         ("An idle live sandbox is a `Sandbox` running `sb.exec([\"/bin/sleep\", \"3600\"])` in "
          "a thread of the supervisor (a Sandbox with nothing running holds no process). N of "
          "them alive at once in one fresh supervisor process, namespace tier. Per sandbox = "
          "(PSS of every process below the supervisor + the supervisor's own PSS growth) / N, "
          "from /proc/PID/smaps_rollup; the cgroup charge (memory.usage_in_bytes of each run's "
-         "cgroup, kernel memory included) is shown for comparison. MB = MiB.", ""]
+         "cgroup, kernel memory included) is shown for comparison. MB = MiB."), ""]
     rows = []
     for r in mem["points"]:
         if "error" in r:
@@ -309,18 +319,21 @@ def memory_section(mem: dict) -> list[str]:
     L += table(["N", "network", "MB per sandbox", "processes, MB per sandbox (PSS)",
                 "supervisor share MB", "cgroup charge MB", "all started in"], rows,
                "rlrlrrl") + [""]
-    L += ["With `network.mode = \"allow\"` every exec also gets its own egress proxy: a Python "
-          "process (`python -I -m corral.egress`) in the run's cgroup, which dominates the "
-          f"figure. Policy used for allow: `{json.dumps(mem['policies']['allow'])}` (the host "
-          "is never contacted).", ""]
+    L += [("With `network.mode = \"allow\"` every exec also gets its own egress proxy: a Python "
+          "process (`python -I -c 'import corral.egress.boot ...'`) in the run's cgroup, "
+          "which dominates the figure: its PSS is mostly anonymous memory (the interpreter's "
+          "heap after importing asyncio, ssl, h11, dnspython and cryptography; a bare "
+          "`python3 -I -c pass` is about 3 MB PSS), and every proxy is a fresh interpreter, "
+          "so nothing of it is shared between sandboxes. Policy used for allow: `{json.dumps(mem['policies']['allow'])}` (the host "
+          "is never contacted)."), ""]
     return L
 
 
 def network_section(net: dict) -> list[str]:
     L = ["## 4. Network (egress proxy on loopback)", "",
-         f"From `{net['command']}` (bench/network.py, described in bench/README.md): "
+         (f"From `{net['command']}` (bench/network.py, described in bench/README.md): "
          f"{net['runs']} runs; load average {net['machine']['load_start']} at the start, "
-         f"{net['machine']['load_end']} at the end.", ""]
+         f"{net['machine']['load_end']} at the end."), ""]
     rows = [[v, f"{s['median']:.0f}", f"{s['min']:.0f}", f"{s['max']:.0f}",
              f"{s['ratio']:.2f}x" if s.get("ratio") is not None else "-"]
             for v, s in net["throughput_summary"].items()]
@@ -340,8 +353,8 @@ def network_section(net: dict) -> list[str]:
     L += table(["run", "ok", "errors", "open s", "wall s"], rows) + [""]
     if net.get("sandbox_first_request_ms"):
         xs = sorted(net["sandbox_first_request_ms"])
-        L += [f"A fresh sandbox's first request waits for its proxy process to start: "
-              f"{xs[len(xs) // 2]:.0f} ms median here (not in the figures above).", ""]
+        L += [(f"A fresh sandbox's first request waits for its proxy process to start: "
+              f"{xs[len(xs) // 2]:.0f} ms median here (not in the figures above)."), ""]
     L += ["Goals of issue 3 (from bench/network.py):", ""]
     L += table(["goal", "value", ""], [[g["goal"], g["value"], met(g["met"])]
                                        for g in net["goals"]], "lll") + [""]
@@ -350,10 +363,10 @@ def network_section(net: dict) -> list[str]:
 
 def flood_section(fl: dict) -> list[str]:
     L = ["## 5. Output flood", "",
-         f"`{' '.join(fl['command'])}` (1 GiB on stdout) with `limits.output = "
+         (f"`{' '.join(fl['command'])}` (1 GiB on stdout) with `limits.output = "
          f"\"{fl['cap']}\"`; median wall time of {fl['runs']} run(s), the highest peak RSS of "
          "the supervisor process (VmHWM of a child Python running `corral.run`; ru_maxrss for "
-         "the CLI). The floor is raw bwrap read and dropped by a Python of the same size.", ""]
+         "the CLI). The floor is raw bwrap read and dropped by a Python of the same size."), ""]
     rows = []
     for v, s in fl["summary"].items():
         if "error" in s:
@@ -366,10 +379,10 @@ def flood_section(fl: dict) -> list[str]:
                "lrrrl") + [""]
     c = [x for x in fl["raw"].get("corral.run", []) if "verdict" in x]
     if c:
-        L += [f"corral.run's Result: verdict `{c[-1]['verdict']}`, stdout kept "
+        L += [(f"corral.run's Result: verdict `{c[-1]['verdict']}`, stdout kept "
               f"{c[-1]['stdout_len']} characters, `stdout_truncated` = "
               f"{c[-1]['stdout_truncated']}: the command ran to the end, the rest was read "
-              "and dropped.", ""]
+              "and dropped."), ""]
     return L
 
 
@@ -386,8 +399,8 @@ def main() -> int:
                           met(g["met"])])
     if tp:
         g = tp["goal"]
-        goals.append([g["goal"] + " on 2 cores", "`python3`", f"best {g['value']:.1f}/s "
-                      f"({g['at']})", met(g["met"])])
+        goals.append([g["goal"] + " on 2 cores", "`python3`", (f"best {g['value']:.1f}/s "
+                      f"({g['at']})"), met(g["met"])])
     if mem:
         g = mem["goal"]
         goals.append([g["goal"], "`sleep`", f"worst {f2(g['value_mb'])} MB (N={g['at_n']})",
@@ -395,17 +408,17 @@ def main() -> int:
 
     m = (st or tp or {}).get("machine", {})
     L = ["# Benchmarks", "",
-         "<!-- generated by bench/report.py from bench/out/*.json: do not edit; "
-         "run the command below instead -->", "",
+         ("<!-- generated by bench/report.py from bench/out/*.json: do not edit; "
+         "run the command below instead -->"), "",
          "Everything here comes from one command, run as root from the repository root:", "",
          "```sh", meta.get("command", ".venv/bin/python bench/all.py"), "```", "",
          f"Run {meta.get('started', '?')} to {meta.get('finished', '?')} at commit "
          f"`{meta.get('commit', '?')}`" + (" (with local changes in src/)"
                                            if meta.get("src_dirty") else "") + "."]
     if meta.get("quick"):
-        L += ["", "> **These figures come from `--quick`** (few runs, short windows), and the "
+        L += ["", ("> **These figures come from `--quick`** (few runs, short windows), and the "
               "machine was shared with other work (see the load averages): they show the "
-              "shape, not final numbers. Re-run without `--quick` on a quiet machine."]
+              "shape, not final numbers. Re-run without `--quick` on a quiet machine.")]
     secs = meta.get("sections", {})
     if secs:
         L += ["", "Load average (1 min) per section, start -> end: " + "; ".join(
@@ -427,8 +440,8 @@ def main() -> int:
 
     L += ["## Goals (issue 7)", ""]
     L += table(["goal", "command", "measured (median)", ""], goals, "lllr") + [""]
-    L += ["Start-up goals are on medians; \"in-process\" is `corral.run` (a fresh sandbox per "
-          "call, teardown included) and also shown for `Sandbox.exec`.", ""]
+    L += [("Start-up goals are on medians; \"in-process\" is `corral.run` (a fresh sandbox per "
+          "call, teardown included) and also shown for `Sandbox.exec`."), ""]
 
     if st:
         L += startup_section(st, goals)
@@ -439,9 +452,9 @@ def main() -> int:
     L += network_section(net) if net else ["## 4. Network", "", "not run", ""]
     L += flood_section(fl) if fl else ["## 5. Output flood", "", "not run", ""]
     L += ["## How to read these", "",
-          "- Every figure is from this machine, in one run, with corral and its comparisons "
+          ("- Every figure is from this machine, in one run, with corral and its comparisons "
           "interleaved, so drift and other load hit all of them alike; absolute numbers move "
-          "between machines and runs, ratios much less.",
+          "between machines and runs, ratios much less."),
           "- The scripts, what each variant does, and more notes: bench/README.md.", ""]
     with open(DOC, "w") as f:
         f.write("\n".join(L).rstrip() + "\n")

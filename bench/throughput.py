@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -153,7 +152,7 @@ def main() -> int:
     ap.add_argument("--parallel", default=",".join(map(str, PARALLEL)))
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
-    seconds = args.seconds or (2.0 if args.quick else 8.0)
+    seconds = args.seconds or (1.5 if args.quick else 8.0)
     rounds = args.rounds or (1 if args.quick else 3)
     par = [int(x) for x in args.parallel.split(",")]
 

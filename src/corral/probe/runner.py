@@ -192,7 +192,7 @@ class Runner:
 
     # --- running -----------------------------------------------------------------
 
-    def run_sandbox(self, tier: str, policy: dict, code: str) -> Obs:
+    def run_sandbox(self, tier: str, policy: dict, code: str, tty: bool = False) -> Obs:
         from ..policy import dump_toml, policy_from_dict
 
         obs = Obs("sandbox", tier, policy)
@@ -201,13 +201,23 @@ class Runner:
             pfile = f.name
         env = dict(os.environ, CORRAL_PROBE_SECRET=self.cn.token,
                    SSH_AUTH_SOCK=self.cn.agent_path)
-        cmd = [sys.executable, "-m", "corral.cli", "run", "--policy", pfile, "--json", "--",
-               PY, "-c", prelude.build(code, self.consts)]
+        cmd = [sys.executable, "-m", "corral.cli", "run", "--policy", pfile,
+               *([] if tty else ["--json"]), "--", PY, "-c", prelude.build(code, self.consts)]
         limit = _seconds(policy.get("limits", {}).get("timeout", "60s")) + 30
         self.cn.replant()
         self.cn.sink.take()
         self.cn.take_dns()
         t0 = time.monotonic()
+        if tty:
+            try:
+                obs.rc, obs.stdout = _on_terminal(cmd, env, self.cn.passed_fds, limit)
+            finally:
+                os.unlink(pfile)
+            obs.wall = time.monotonic() - t0
+            if obs.rc is None or obs.rc < 0:
+                obs.crashed = f"corral run on a terminal ended with {obs.rc}"
+            self._observe(obs)
+            return obs
         try:
             p = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
                                pass_fds=self.cn.passed_fds, timeout=limit)
@@ -238,7 +248,7 @@ class Runner:
         self._observe(obs)
         return obs
 
-    def run_host(self, code: str) -> Obs:
+    def run_host(self, code: str, tty: bool = False) -> Obs:
         """A host control: the same code in a throw-away process as the probe's user, with
         HOME at the fake home; in a mount namespace of its own when root."""
         obs = Obs("host", "host", {})
@@ -253,6 +263,14 @@ class Runner:
         self.cn.sink.take()
         self.cn.take_dns()
         t0 = time.monotonic()
+        if tty:
+            try:
+                obs.rc, obs.stdout = _on_terminal(cmd, env, self.cn.passed_fds, 30, cwd=scratch)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            obs.wall = time.monotonic() - t0
+            self._observe(obs)
+            return obs
         try:
             p = subprocess.run(cmd, env=env, cwd=scratch, stdin=subprocess.DEVNULL,
                                capture_output=True, pass_fds=self.cn.passed_fds, timeout=30,
@@ -334,7 +352,7 @@ class Runner:
             code = case.code if ctl == "host" else ctl["code"]
             key = (case.id, code)
             if key not in self._host_controls:
-                obs = self.run_host(code)
+                obs = self.run_host(code, tty=case.tty)
                 self._host_controls[key] = (obs, self.score(case, obs))
             obs, (contained, reason) = self._host_controls[key]
         else:
@@ -343,7 +361,7 @@ class Runner:
             if case.second and "code" not in ctl:
                 obs = self._run_twice(tier, pol, case)
             else:
-                obs = self.run_sandbox(tier, pol, code)
+                obs = self.run_sandbox(tier, pol, code, tty=case.tty)
             if obs.error:
                 return REFUSED if obs.error.get("kind") in ("unsupported", "unavailable") else \
                     INVALID, f"control could not run: {obs.error.get('message')}"
@@ -389,7 +407,7 @@ class Runner:
         if bad:
             return done(bad[0], None, bad[1])
         obs = self._run_twice(tier, pol, case) if case.second else self.run_sandbox(
-            tier, pol, case.code)
+            tier, pol, case.code, tty=case.tty)
         if obs.error:
             kind = obs.error.get("kind")
             status = REFUSED if kind in ("unsupported", "unavailable") else INVALID
@@ -401,6 +419,38 @@ class Runner:
         else:
             status = CONTAINED if contained else NOT_CONTAINED
         return done(status, contained, reason)
+
+
+def _on_terminal(cmd, env, fds, limit, cwd=None) -> tuple[int | None, str]:
+    """Run cmd with stdout and stderr on a new pseudo-terminal; what the terminal got."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=slave,
+                         stderr=slave, pass_fds=fds, start_new_session=True)
+    os.close(slave)
+    got = bytearray()
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([master], [], [], 0.2)
+        if r:
+            try:
+                b = os.read(master, 65536)
+            except OSError:  # EIO: every writer closed the terminal
+                break
+            if not b:
+                break
+            got += b
+        elif p.poll() is not None:
+            break
+    os.close(master)
+    try:
+        rc = p.wait(5)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = p.wait()
+    return rc, got.decode("utf-8", "replace")
 
 
 def _leftovers(marker: str) -> list[int]:

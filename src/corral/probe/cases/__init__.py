@@ -41,6 +41,7 @@ class Case:
     safety: tuple = ()
     second: str | None = None        # a second run in a fresh sandbox (persistence)
     score: Callable | None = None    # score(obs) -> (contained: bool | None, reason)
+    tty: bool = False                # run `corral run` (not --json) with a terminal as output
     module: str = ""
 
 
@@ -61,7 +62,8 @@ def _check(mod, name: str) -> Case:
                 claims=tuple(mod.CLAIMS), code=mod.CODE, control=ctl,
                 contained=mod.CONTAINED, policy=dict(getattr(mod, "POLICY", {})),
                 safety=tuple(getattr(mod, "SAFETY", ())), second=getattr(mod, "SECOND", None),
-                score=getattr(mod, "score", None), module=name)
+                score=getattr(mod, "score", None), tty=bool(getattr(mod, "TTY", False)),
+                module=name)
 
 
 def load_cases() -> list[Case]:

@@ -52,6 +52,12 @@ def _ensure_base(base: str) -> None:
                                 f"and closed to others (mode 0711); remove it", step="rundir")
 
 
+#: the name prefix of a run directory being made (RunDir.__init__)
+STAGING = ".new-"
+#: a staging directory this old was left by a supervisor that died while making it
+STAGING_STALE_S = 60.0
+
+
 class RunDir:
     """A sandbox's host directory, locked for the life of its supervisor."""
 
@@ -60,10 +66,21 @@ class RunDir:
         _ensure_base(self.base)
         self.id = os.urandom(6).hex()
         self.path = os.path.join(self.base, self.id)
-        os.mkdir(self.path, 0o711)
-        self._lock_fd = os.open(os.path.join(self.path, "lock"),
-                                os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        # made and locked under a name sweepers pass over, then renamed into place: a
+        # sweeper must never find this directory with its lock free (it would delete it)
+        staging = os.path.join(self.base, STAGING + self.id)
+        os.mkdir(staging, 0o711)
+        self._lock_fd = -1
+        try:
+            self._lock_fd = os.open(os.path.join(staging, "lock"),
+                                    os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            os.rename(staging, self.path)
+        except BaseException:
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+            _rmtree(staging)
+            raise
         #: mount points below path that must be unmounted before removal
         self.mounts: list[str] = []
 
@@ -167,6 +184,9 @@ def sweep_stale(base: str | None = None) -> list[str]:
     dead = []
     for name in names:
         path = os.path.join(base, name)
+        if name.startswith(STAGING):
+            _sweep_staging(path)
+            continue
         lock = os.path.join(path, "lock")
         try:
             fd = os.open(lock, os.O_WRONLY | os.O_CLOEXEC)
@@ -188,3 +208,25 @@ def sweep_stale(base: str | None = None) -> list[str]:
 
         limits.RunCgroup.sweep_stale(lambda run_id: run_id.split("-")[0] in dead)
     return dead
+
+
+def _sweep_staging(path: str) -> None:
+    """A staging directory holds nothing but its lock; it is stale once it is old and
+    its lock is free (a young one may belong to a RunDir about to lock it)."""
+    import time
+
+    try:
+        if time.time() - os.lstat(path).st_mtime < STAGING_STALE_S:
+            return
+        fd = os.open(os.path.join(path, "lock"), os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        fd = -1
+    try:
+        if fd >= 0:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _rmtree(path)
+    except OSError:
+        pass
+    finally:
+        if fd >= 0:
+            os.close(fd)

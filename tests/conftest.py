@@ -7,6 +7,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORRAL = os.path.join(ROOT, ".venv", "bin", "corral")
 PY = "/usr/bin/python3"
 
+#: the tiers a behavioural test runs in (each skipped where this host cannot run it)
+ALL_TIERS = ("namespace", "gvisor", "process")
+
+
+def tier_unavailable(tier: str, policy: dict | None = None) -> str | None:
+    """Why `corral explain` says this policy cannot run on this tier here, or None."""
+    from corral.errors import BackendUnavailable
+    from corral.explain import explain
+    from corral.policy import policy_from_dict
+
+    try:
+        d = explain(policy_from_dict(policy or {}), tier)
+    except BackendUnavailable as e:
+        return e.message
+    return None if d["runs"] else d["refused"]["message"]
+
+
+#: the network fixtures (servers, dnsmasq, the grants' world) for every test file
+pytest_plugins = ("netfix",)
+
 
 @pytest.fixture(scope="session")
 def corral_bin():

@@ -8,8 +8,6 @@ local (inside that namespace), so a broken proxy still sends nothing off the mac
 
 from __future__ import annotations
 
-import datetime
-import http.server
 import json
 import os
 import shutil
@@ -22,214 +20,29 @@ import textwrap
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
+import netfix
 import pytest
+from netfix import OTHER, PRIV, SRV, queried
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("dnsmasq")
                                 or not shutil.which("curl"),
                                 reason="needs root (ports 80/443 on loopback), dnsmasq, curl")
 
-# a loopback /24 of its own per run, so parallel runs of this file never share ports 80/443
-_NET = "127.{}.{}".format(*os.urandom(2))
-SRV = f"{_NET}.2"           # allowed.test and friends
-OTHER = f"{_NET}.3"         # the "wrong" server in the pinning test
-PRIV = f"{_NET}.0/24"       # allow_private for the test servers
 EVENT_KEYS = {"kind", "host", "port", "decision", "reason", "bytes_in", "bytes_out"}
 
 
-# --- servers -----------------------------------------------------------------------------
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def _reply(self, body: bytes, status: int = 200, chunked: bool = False) -> None:
-        self.send_response(status)
-        self.send_header("X-Served-By", self.server.server_address[0])
-        if chunked:
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for i in range(0, len(body), 8192):
-                part = body[i:i + 8192]
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
-            self.wfile.write(b"0\r\n\r\n")
-            return
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def do_GET(self):
-        p = self.path
-        if p.startswith("/bytes/"):
-            self._reply(b"x" * int(p.split("/")[2]))
-        elif p.startswith("/chunked/"):
-            self._reply(b"y" * int(p.split("/")[2]), chunked=True)
-        elif p == "/host":
-            self._reply(self.headers.get("Host", "").encode())
-        elif p == "/slow":
-            time.sleep(0.5)
-            self._reply(b"slow")
-        else:
-            self._reply(f"hello from {self.server.server_address[0]}\n".encode())
-
-    do_HEAD = do_GET
-
-    def do_POST(self):
-        n = int(self.headers.get("Content-Length", "0"))
-        got = 0
-        while got < n:
-            chunk = self.rfile.read(min(65536, n - got))
-            if not chunk:
-                break
-            got += len(chunk)
-        self.server.received.append(got)
-        self._reply(f"got {got}\n".encode())
-
-
-class Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 1024
-
-    def __init__(self, addr, tls: ssl.SSLContext | None = None):
-        self.received: list[int] = []
-        self.tls = tls
-        super().__init__(addr, Handler)
-
-    def get_request(self):
-        sock, addr = super().get_request()
-        if self.tls is not None:
-            sock.settimeout(5)
-            sock = self.tls.wrap_socket(sock, server_side=True)
-            sock.settimeout(None)
-        return sock, addr
-
-
-def serve(addr, tls=None) -> Server:
-    s = Server(addr, tls)
-    threading.Thread(target=s.serve_forever, daemon=True).start()
-    return s
-
-
-def make_cert(tmp: Path, name: str) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as t, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-        t.bind((host, 0))
-        port = t.getsockname()[1]
-        u.bind((host, port))
-        return port
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("egress-srv")
-    cert, key = make_cert(tmp, "allowed.test")
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cert, key)
-    s = [serve((SRV, 80)), serve((SRV, 443), ctx), serve((SRV, 8443), ctx), serve((OTHER, 80))]
-    yield {"http": s[0], "https": s[1], "https8443": s[2], "other": s[3], "cert": cert}
-    for x in s:
-        x.shutdown()
-        x.server_close()
-
-
-@pytest.fixture(scope="module")
-def dnsmasq(tmp_path_factory):
-    import dns.exception
-    import dns.message
-    import dns.query
-
-    tmp = tmp_path_factory.mktemp("egress-dns")
-    port = free_port()
-    log = tmp / "dnsmasq.log"
-    proc = subprocess.Popen([
-        "dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--conf-file=/dev/null",
-        f"--port={port}", "--listen-address=127.0.0.1", "--bind-interfaces",
-        "--log-queries", f"--log-facility={log}", "--pid-file=", "--user=root",
-        f"--address=/allowed.test/{SRV}", f"--address=/private.test/{SRV}",
-        f"--address=/denied.test/{SRV}", f"--address=/bad.allowed.test/{SRV}",
-    ], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            q = dns.message.make_query("ready.allowed.test", "A")
-            dns.query.udp(q, "127.0.0.1", port=port, timeout=0.2)
-            break
-        except (OSError, dns.exception.Timeout):
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("dnsmasq did not start")
-    yield {"port": port, "log": log}
-    proc.terminate()
-    proc.wait(5)
-
-
-class Proxy:
-    def __init__(self, cfg: dict, tmp: Path):
-        self.cfg_path = tmp / f"cfg-{id(self)}.json"
-        self.events_path = tmp / f"events-{id(self)}.jsonl"
-        self.cfg_path.write_text(json.dumps(cfg))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "corral.egress", "--config", str(self.cfg_path),
-             "--listen", "127.0.0.1:0", "--events", str(self.events_path)],
-            stderr=subprocess.PIPE, text=True)
-        line = self.proc.stderr.readline()
-        assert "listening on" in line, line + self.proc.stderr.read()
-        self.port = int(line.rsplit(":", 1)[1])
-        self.url = f"http://127.0.0.1:{self.port}"
+class Proxy(netfix.Proxy):
+    """The proxy process; its events are checked for the documented shape as they are read."""
 
     def events(self, wait_for: int = 0, timeout: float = 5.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                lines = self.events_path.read_text().splitlines()
-            except FileNotFoundError:
-                lines = []
-            evs = [json.loads(x) for x in lines]
-            if len(evs) >= wait_for or time.monotonic() > deadline:
-                for e in evs:
-                    assert set(e) == EVENT_KEYS, e
-                    assert e["kind"] == "net" and e["decision"] in ("allow", "deny")
-                    assert isinstance(e["port"], int) and isinstance(e["bytes_in"], int)
-                    assert isinstance(e["bytes_out"], int) and isinstance(e["reason"], str)
-                return evs
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stderr.close()
+        evs = super().events(wait_for, timeout)
+        for e in evs:
+            assert set(e) == EVENT_KEYS, e
+            assert e["kind"] == "net" and e["decision"] in ("allow", "deny")
+            assert isinstance(e["port"], int) and isinstance(e["bytes_in"], int)
+            assert isinstance(e["bytes_out"], int) and isinstance(e["reason"], str)
+        return evs
 
 
 @pytest.fixture
@@ -282,10 +95,6 @@ def raw(proxy: Proxy, data: bytes, timeout: float = 5.0) -> bytes:
                 break
             out += chunk
         return out
-
-
-def queried(dnsmasq, name: str) -> bool:
-    return f" {name} from" in dnsmasq["log"].read_text()
 
 
 # --- tests ---------------------------------------------------------------------------------

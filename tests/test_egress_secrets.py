@@ -1,7 +1,7 @@
 """Credential grants in the egress proxy, with real parts: the proxy as its own process, a
 real dnsmasq, real HTTP and HTTPS echo servers on a random loopback /24 (their certificate
 signed by a test CA the proxy gets as upstream_ca), and curl, urllib, requests and git as
-clients. The sans-IO pieces (inject, ResponseScrubber, the config) get table tests first.
+clients (the servers, dnsmasq and CAs are netfix.py's `world`). The sans-IO pieces (inject, ResponseScrubber, the config) get table tests first.
 
 Traffic goes only to 127.0.0.0/8. Every test scans what it captured (client output, events,
 the proxy's stderr) for the secret value: only the upstream servers may ever see it.
@@ -10,36 +10,29 @@ the proxy's stderr) for the secret value: only the upstream servers may ever see
 from __future__ import annotations
 
 import base64
-import datetime
 import gzip
-import http.server
 import json
 import os
 import shutil
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from test_egress_proxy import free_port
+from netfix import GRANT_PRIV as PRIV
+from netfix import GRANTED, TOKEN, Proxy
+from netfix import GRANTED_OTHER as OTHER
 
 from corral.egress.config import NetConfig
 from corral.egress.secrets import ResponseScrubber, inject, make_placeholder
 from corral.errors import PolicyError
 
-TOKEN = "ghp_R3alS3cretV4lue+/=0123456789abcdef"      # the credential (never in the sandbox)
 PH = make_placeholder("GITHUB_TOKEN")                     # what the sandbox holds
 OTHER_PH = make_placeholder("OTHER")
-
-_NET = "127.{}.{}".format(*os.urandom(2))
-GRANTED = f"{_NET}.2"        # granted.test
-OTHER = f"{_NET}.3"          # other.test: allowed, but no grant names it
-PRIV = f"{_NET}.0/24"
 
 
 def grant(**kw) -> dict:
@@ -253,254 +246,9 @@ def test_proxy_redacts_its_stderr_and_refuses_a_bad_ca(tmp_path):
 
 # --- real parts ------------------------------------------------------------------------------
 
-def make_test_ca(tmp: Path) -> tuple[Path, dict[str, tuple[Path, Path]]]:
-    """A CA of the test's own (standing for the public web PKI), and server certs it signed
-    for granted.test and other.test."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-
-    def build(subject, issuer, pub, sign_key, ext):
-        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(pub)
-             .serial_number(x509.random_serial_number())
-             .not_valid_before(now - datetime.timedelta(hours=1))
-             .not_valid_after(now + datetime.timedelta(days=2)))
-        for e, crit in ext:
-            b = b.add_extension(e, critical=crit)
-        return b.sign(sign_key, hashes.SHA256())
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test web PKI")])
-    ca = build(ca_name, ca_name, ca_key.public_key(), ca_key,
-               [(x509.BasicConstraints(ca=True, path_length=None), True)])
-    ca_path = tmp / "test-ca.pem"
-    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    out = {}
-    for name in ("granted.test", "other.test"):
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = build(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]), ca_name,
-                     key.public_key(), ca_key,
-                     [(x509.SubjectAlternativeName([x509.DNSName(name)]), False),
-                      (x509.BasicConstraints(ca=False, path_length=None), True)])
-        c, k = tmp / f"{name}.pem", tmp / f"{name}.key"
-        c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        k.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                        serialization.PrivateFormat.PKCS8,
-                                        serialization.NoEncryption()))
-        out[name] = (c, k)
-    return ca_path, out
-
-
-class Echo(http.server.BaseHTTPRequestHandler):
-    """Echoes what it received: /echo (identity), /gzip, /chunks (the body in 3-byte chunks),
-    /header (the credential headers back as response headers), /redirect?to=URL, /basic
-    (200 only with the real token as Basic password), /git/... (a dumb-HTTP git repository
-    that wants the real token as Basic password, 401 otherwise)."""
-
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):
-        pass
-
-    def _seen(self) -> dict:
-        n = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(n) if n else b""
-        rec = {"server": self.server.name, "method": self.command, "path": self.path,
-               "headers": [[k, v] for k, v in self.headers.items()],
-               "body": body.decode("latin-1")}
-        self.server.log.append(rec)
-        return rec
-
-    def _send(self, status, body: bytes, headers=(), chunks: int = 0) -> None:
-        self.send_response(status)
-        for k, v in headers:
-            self.send_header(k, v)
-        if chunks:
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for i in range(0, len(body), chunks):
-                part = body[i:i + chunks]
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
-            self.wfile.write(b"0\r\n\r\n")
-            return
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def _password_ok(self) -> bool:
-        auth = self.headers.get("Authorization", "")
-        if not auth.startswith("Basic "):
-            return False
-        try:
-            _, _, pw = base64.b64decode(auth[6:]).decode().partition(":")
-        except ValueError:
-            return False
-        return pw == TOKEN
-
-    def do_GET(self):
-        rec = self._seen()
-        path, _, query = self.path.partition("?")
-        echo = json.dumps(rec).encode()
-        if path == "/echo":
-            self._send(200, echo, [("Content-Type", "application/json")])
-        elif path == "/gzip":
-            self._send(200, gzip.compress(echo), [("Content-Encoding", "gzip")])
-        elif path == "/chunks":
-            self._send(200, echo, chunks=3)
-        elif path == "/header":
-            self._send(200, b"see headers", [
-                ("X-Echo-" + k, v) for k, v in self.headers.items()
-                if k.lower() in ("authorization", "x-api-key")])
-        elif path == "/redirect":
-            self._send(302, b"moved", [("Location", query.partition("=")[2])])
-        elif path == "/basic":
-            if self._password_ok():
-                self._send(200, b"basic ok")
-            else:
-                self._send(401, b"no", [("WWW-Authenticate", 'Basic realm="t"')])
-        elif path.startswith("/git/"):
-            if not self._password_ok():
-                self._send(401, b"auth", [("WWW-Authenticate", 'Basic realm="git"')])
-                return
-            f = (self.server.git_root / path[len("/git/"):]).resolve()
-            if self.server.git_root not in f.parents or not f.is_file():
-                self._send(404, b"no")
-                return
-            self._send(200, f.read_bytes(), [("Content-Type", "application/octet-stream")])
-        else:
-            self._send(404, b"no")
-
-    do_HEAD = do_GET
-    do_POST = do_GET
-
-
-class ShortEcho(Echo):
-    timeout = 0.3            # closes a kept-alive connection idle for that long
-
-
-class Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, addr, name: str, log: list, git_root: Path, tls=None, handler=Echo):
-        self.name, self.log, self.git_root, self.tls = name, log, git_root, tls
-        super().__init__(addr, handler)
-
-    def get_request(self):
-        sock, addr = super().get_request()
-        if self.tls is not None:
-            sock.settimeout(5)
-            sock = self.tls.wrap_socket(sock, server_side=True)
-            sock.settimeout(None)
-        return sock, addr
-
-
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("dnsmasq")
                                 or not shutil.which("curl"),
                                 reason="needs root (ports 80/443 on loopback), dnsmasq, curl")
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """dnsmasq, the echo servers, the test CA, a bare git repo, the run CA."""
-    import dns.exception
-    import dns.message
-    import dns.query
-
-    from corral.egress.mitm import make_ca
-
-    tmp = tmp_path_factory.mktemp("secrets")
-    test_ca, certs = make_test_ca(tmp)
-    repo = tmp / "repo.git"
-    work = tmp / "work"
-    genv = {**os.environ, "HOME": str(tmp), "GIT_CONFIG_NOSYSTEM": "1"}
-    for argv in (["git", "init", "-q", "-b", "main", str(work)],
-                 ["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t",
-                  "commit", "-q", "--allow-empty", "-m", "first"],
-                 ["git", "clone", "-q", "--bare", str(work), str(repo)],
-                 ["git", "-C", str(repo), "update-server-info"]):
-        subprocess.run(argv, check=True, env=genv, capture_output=True)
-    log: list[dict] = []
-    servers = []
-    for name, ip in (("granted.test", GRANTED), ("other.test", OTHER)):
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(*certs[name])
-        for port, tls in ((443, ctx), (80, None)):
-            s = Server((ip, port), name, log, tmp.resolve(), tls)
-            threading.Thread(target=s.serve_forever, daemon=True).start()
-            servers.append(s)
-        if name == "granted.test":
-            s = Server((ip, 8443), name, log, tmp.resolve(), ctx, ShortEcho)
-            threading.Thread(target=s.serve_forever, daemon=True).start()
-            servers.append(s)
-    port = free_port()
-    proc = subprocess.Popen([
-        "dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts", "--conf-file=/dev/null",
-        f"--port={port}", "--listen-address=127.0.0.1", "--bind-interfaces", "--pid-file=",
-        "--user=root", f"--address=/granted.test/{GRANTED}", f"--address=/other.test/{OTHER}",
-    ], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            dns.query.udp(dns.message.make_query("granted.test", "A"), "127.0.0.1", port=port,
-                          timeout=0.2)
-            break
-        except (OSError, dns.exception.Timeout):
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise RuntimeError("dnsmasq did not start") from None
-    run_cert, run_key = make_ca("corral test run")
-    run_ca = tmp / "run-ca.pem"
-    run_ca.write_text(run_cert)
-    bundle = tmp / "bundle.pem"            # what the sandbox trusts: the "system" CAs + run CA
-    bundle.write_text(test_ca.read_text() + run_cert)
-    yield {"tmp": tmp, "log": log, "test_ca": test_ca, "run_ca": run_ca, "bundle": bundle,
-           "run_cert": run_cert, "run_key": run_key, "dns": port, "repo": repo}
-    proc.terminate()
-    proc.wait(5)
-    for s in servers:
-        s.shutdown()
-        s.server_close()
-
-
-class Proxy:
-    def __init__(self, cfg: dict, tmp: Path):
-        self.cfg_path = tmp / f"cfg-{id(self)}.json"
-        self.events_path = tmp / f"events-{id(self)}.jsonl"
-        self.cfg_path.write_text(json.dumps(cfg))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "corral.egress", "--config", str(self.cfg_path),
-             "--listen", "127.0.0.1:0", "--events", str(self.events_path)],
-            stderr=subprocess.PIPE, text=True)
-        line = self.proc.stderr.readline()
-        assert "listening on" in line, line + self.proc.stderr.read()
-        self.port = int(line.rsplit(":", 1)[1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.stderr = line
-
-    def events(self, wait_for: int = 0, timeout: float = 5.0) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                evs = [json.loads(x) for x in self.events_path.read_text().splitlines()]
-            except FileNotFoundError:
-                evs = []
-            if len(evs) >= wait_for or time.monotonic() > deadline:
-                return evs
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.stderr += self.proc.stderr.read()
-        self.proc.stderr.close()
 
 
 @pytest.fixture

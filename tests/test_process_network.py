@@ -17,9 +17,8 @@ import time
 
 import pytest
 from conftest import CORRAL
-from test_egress_proxy import PRIV, SRV, Proxy, dnsmasq, free_port, servers  # noqa: F401
-from test_egress_secrets import PRIV as GRANTED_NET
-from test_egress_secrets import TOKEN, world  # noqa: F401
+from netfix import GRANT_PRIV as GRANTED_NET
+from netfix import PRIV, SRV, TOKEN, Proxy, free_port
 
 import corral
 from corral import cgroup_bpf, limits, rundir

@@ -6,7 +6,8 @@ import json
 import os
 
 import pytest
-from test_egress_secrets import GRANTED, PRIV, TOKEN, world  # noqa: F401
+from netfix import GRANT_PRIV as PRIV
+from netfix import TOKEN
 
 import corral
 from corral.errors import PolicyError

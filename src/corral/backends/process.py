@@ -740,7 +740,7 @@ class _Egress:
             uid, gid = ((sb.proxy_uid, sb.proxy_gid) if sb.root else (sb.uid, sb.gid))
             # boot.py's uid switch clears the parent-death signal set here: the proxy sets
             # its own once it runs as its uid (--die-with-parent)
-            argv = proxy_argv(cfd, self.listener.fileno(), uid, gid) + ["--die-with-parent"]
+            argv = proxy_argv(cfd, self.listener.fileno(), uid, gid)
             devnull = os.open(os.devnull, os.O_RDONLY)
             try:
                 pid, events_r, err_r = spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"},

@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.die_with_parent:
         import ctypes
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        boot = sys.modules.get("corral.egress.boot")
+        if boot is not None and os.getppid() != boot.PARENT:
+            return 0  # the parent died before the signal was asked for: nobody to serve
 
     try:
         if args.config_fd is not None:

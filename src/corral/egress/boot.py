@@ -45,6 +45,10 @@ def preload() -> None:
             pass  # optional pieces (an older dnspython layout, say)
 
 
+#: the process that started us (the supervisor), read before anything else can happen
+PARENT = os.getppid()
+
+
 def main() -> None:
     uid, gid, sep, *args = sys.argv[1:]
     assert sep == "--"

@@ -72,10 +72,11 @@ def listen_in_netns(pid: int, port: int = PROXY_PORT) -> socket.socket:
 
 def proxy_argv(config_fd: int, listen_fd: int, uid: int, gid: int) -> list[str]:
     """The proxy process: this interpreter in isolated mode, started as the supervisor's
-    user and dropping to uid:gid once loaded (boot.py); events on its stdout."""
+    user and dropping to uid:gid once loaded (boot.py); events on its stdout. It asks for
+    its parent-death signal itself, after the uid switch (which clears one set before)."""
     return [sys.executable, "-I", "-c", "import corral.egress.boot as b; b.main()",
             str(uid), str(gid), "--", "--config-fd", str(config_fd),
-            "--listen-fd", str(listen_fd)]
+            "--listen-fd", str(listen_fd), "--die-with-parent"]
 
 
 def config_fd(config_json: str) -> int:

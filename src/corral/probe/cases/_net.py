@@ -122,3 +122,38 @@ def make_wheel(path, name, files):
             z.writestr(f, text)
     return whl
 '''
+
+
+# Host facts are never printed by the info cases: the code prints a short hash of what it
+# sees, and the scorer (on the host) hashes the host's own value to compare.
+HASH = r'''
+import hashlib
+def h(b):
+    return hashlib.sha256(b if isinstance(b, bytes) else b.encode()).hexdigest()[:16]
+'''
+
+
+def h(b):
+    import hashlib
+    return hashlib.sha256(b if isinstance(b, bytes) else b.encode()).hexdigest()[:16]
+
+
+def host_file(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def same_as_host(obs, host_value, what):
+    """Score an info case whose code printed `PROBE SEEN <hash>` (or DENIED)."""
+    seen = obs.tag("SEEN")
+    if seen is None:
+        d = obs.tag("DENIED")
+        return (True, d) if d is not None else (None, "inconclusive: no PROBE line")
+    if host_value is None:
+        return None, f"inconclusive: the host's {what} cannot be read here"
+    if seen == h(host_value):
+        return False, f"the sandbox sees the host's {what}"
+    return True, f"the sandbox's {what} is not the host's"

@@ -269,3 +269,17 @@ nameservers = ["127.0.0.1:{dnsmasq['port']}"]
     left = [x for x in proxies if os.path.exists(f"/proc/{x}")
             and open(f"/proc/{x}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
     assert left == []
+
+
+def test_explain_names_the_proxy_address_the_sandbox_gets(dnsmasq):
+    from corral.explain import explain
+    from corral.policy import policy_from_dict
+
+    pol = policy(dnsmasq, ["allowed.test"])
+    note = explain(policy_from_dict(pol))["network"]["note"]
+    r = sh('echo "$HTTP_PROXY $HTTPS_PROXY $http_proxy"', pol)
+    urls = set(r.stdout.split())
+    assert len(urls) == 1, r.stdout
+    host_port = urls.pop().removeprefix("http://")
+    host = host_port.rsplit(":", 1)[0]
+    assert host in note and (host_port in note or "a port of its own" in note), (note, host_port)

@@ -191,6 +191,11 @@ def _others_can_read(path: str) -> str | None:
 class ProcessBackend:
     name = "process"
     mechanism = "rlimits + Landlock + seccomp, no namespaces"
+    #: explain's summary of the network for an allow policy
+    egress_note = ("only through the egress proxy on the host's 127.0.0.1 at a port of "
+                   "its own per command (HTTP_PROXY and friends), which admits only the "
+                   "sandbox's uid; cgroup socket programs, Landlock and seccomp refuse "
+                   "every other connect, UDP send and bind; no resolver of its own")
     own_kernel = False
 
     def __init__(self) -> None:

@@ -602,3 +602,25 @@ def test_runs_unprivileged(dnsmasq, servers):
         events.close()
         proc.terminate()
         proc.wait(5)
+
+
+def test_boot_preloads_tls_termination_only_for_grants():
+    """The proxy loads cryptography (~9 MB a proxy) only when its config has grants; it
+    peeks at the config without moving the offset the proxy reads it from."""
+    from corral.egress import boot
+    from corral.egress.launch import config_fd
+
+    for cfg, want in (({"allow": ["a.test"]}, False),
+                      ({"allow": ["a.test"], "secrets": [{"name": "X"}]}, True)):
+        fd = config_fd(json.dumps(cfg))
+        try:
+            assert boot.has_grants(["--config-fd", str(fd), "--listen-fd", "3"]) is want
+            assert os.lseek(fd, 0, os.SEEK_CUR) == 0
+        finally:
+            os.close(fd)
+    assert boot.has_grants(["--config-fd", "999999"]) is True   # unreadable: load it all
+    code = ("import sys, corral.egress.boot as b; b.preload(False); "
+            "print('cryptography' in sys.modules)")
+    r = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                       check=True)
+    assert r.stdout.strip() == "False"

@@ -22,6 +22,9 @@ PRELOAD = (
     "dns.nameserver", "dns.exception", "dns.name", "dns.rdatatype", "dns.rdataclass",
     "dns.message", "dns.query", "dns.inet", "dns.rdtypes.IN.A", "dns.rdtypes.IN.AAAA",
     "dns.rdtypes.ANY.CNAME", "dns.rdtypes.ANY.SOA",
+)
+#: what TLS termination for secret grants adds (mitm.py); ~9 MB a proxy, so only with grants
+PRELOAD_GRANTS = (
     "cryptography.x509", "cryptography.x509.oid", "cryptography.hazmat.primitives.hashes",
     "cryptography.hazmat.primitives.serialization",
     "cryptography.hazmat.primitives.asymmetric.ec",
@@ -30,7 +33,22 @@ PRELOAD = (
 )
 
 
-def preload() -> None:
+def has_grants(args: list[str]) -> bool:
+    """Does the config (--config-fd, a memfd) hold secret grants? Read with pread, so the
+    proxy still reads it whole from offset 0. Unreadable or unknown: assume it does."""
+    import json
+
+    try:
+        fd = int(args[args.index("--config-fd") + 1])
+        data, off = b"", 0
+        while chunk := os.pread(fd, 1 << 16, off):
+            data, off = data + chunk, off + len(chunk)
+        return bool(json.loads(data).get("secrets"))
+    except (ValueError, IndexError, OSError, AttributeError):
+        return True
+
+
+def preload(grants: bool = True) -> None:
     import importlib
 
     import corral.egress as pkg
@@ -38,7 +56,7 @@ def preload() -> None:
     for mod in pkgutil.iter_modules(pkg.__path__, "corral.egress."):
         if mod.name != "corral.egress.boot":
             importlib.import_module(mod.name)
-    for name in PRELOAD:
+    for name in PRELOAD + (PRELOAD_GRANTS if grants else ()):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -52,7 +70,7 @@ PARENT = os.getppid()
 def main() -> None:
     uid, gid, sep, *args = sys.argv[1:]
     assert sep == "--"
-    preload()
+    preload(has_grants(args))
     uid, gid = int(uid), int(gid)
     if os.getuid() == 0 and uid != 0:
         os.setgroups([])

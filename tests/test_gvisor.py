@@ -313,3 +313,17 @@ def test_supervisor_death_leaves_nothing_running_and_next_start_cleans_up():
     for _, parent in limits.detect().parents:
         if os.path.isdir(parent):
             assert not [n for n in os.listdir(parent) if n.split("-")[0] == run_id]
+
+
+def test_the_platform_is_systrap_where_runsc_has_it_else_ptrace(monkeypatch):
+    from corral.backends.gvisor import PLATFORM_ENV, runsc_platforms
+
+    monkeypatch.delenv(PLATFORM_ENV, raising=False)
+    offered = runsc_platforms(find_runsc())
+    assert "ptrace" in offered
+    want = "systrap" if "systrap" in offered else "ptrace"
+    assert GvisorBackend().platform == want
+    monkeypatch.setenv(PLATFORM_ENV, "ptrace")
+    assert GvisorBackend().platform == "ptrace"
+    r = corral.run(["/bin/true"], policy=GV)   # runs on the platform chosen by default
+    assert r.ok and r.isolation == "gvisor"

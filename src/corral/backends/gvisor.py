@@ -21,7 +21,8 @@ Steps of one sandbox, in order (each names what enforces it):
  6. network allow only, per exec: two network namespaces joined by a veth, the sandbox's
     bound at <run dir>/netns-N, the other holding only the proxy's listener, and the proxy
     process serving it (gvisor_net.py; in the cgroup, as the run's uid)
- 7. `runsc --network=none|sandbox --platform=ptrace --ignore-cgroups --oci-seccomp run`,
+ 7. `runsc --network=none|sandbox --platform=P --ignore-cgroups --oci-seccomp run` (P: systrap
+    where this runsc has it, else ptrace; CORRAL_GVISOR_PLATFORM overrides),
     with a parent-death signal; runsc starts the gofer and the Sentry attached to itself
     (they die with it)
  8. the supervisor watches output, wall clock, the cgroup's CPU counter and the proxy's
@@ -124,7 +125,7 @@ if TYPE_CHECKING:
     from typing import ClassVar
 
 SIGKILL, SIGXCPU = 9, 24
-#: platforms that do not need a device; "kvm" needs /dev/kvm
+#: the platform when this runsc has no systrap; "kvm" needs a /dev/kvm that works
 DEFAULT_PLATFORM = "ptrace"
 PLATFORM_ENV = "CORRAL_GVISOR_PLATFORM"
 #: a directory: runsc writes its debug logs (one file per runsc process) there
@@ -290,8 +291,18 @@ class GvisorBackend:
 
     def __init__(self, platform: str | None = None) -> None:
         self.runsc = find_runsc()
-        self.platform = platform or os.environ.get(PLATFORM_ENV) or DEFAULT_PLATFORM
+        self._platform = platform or os.environ.get(PLATFORM_ENV)
         self.root = os.geteuid() == 0
+
+    @property
+    def platform(self) -> str:
+        """The one asked for, else systrap where this runsc has it (gVisor's default since
+        2023: no ptrace stops, no device), else ptrace. kvm only when asked for: a nested
+        or paravirtual /dev/kvm may exist and not run gVisor (it hangs on this host)."""
+        if self._platform is None:
+            offered = runsc_platforms(self.runsc) if self.runsc else ()
+            self._platform = "systrap" if "systrap" in offered else DEFAULT_PLATFORM
+        return self._platform
 
     def check(self, plan: Plan) -> list[tuple[Op, str]]:
         if self.runsc is None:

@@ -157,3 +157,50 @@ def same_as_host(obs, host_value, what):
     if seen == h(host_value):
         return False, f"the sandbox sees the host's {what}"
     return True, f"the sandbox's {what} is not the host's"
+
+
+# The dos controls: the same attack against a naive HTTP server the code starts inside the
+# sandbox (one thread, no timeouts, no caps, 256 fds), which is what the attack does to a
+# server that is not guarded. Sets TARGET, which the attack code uses instead of the proxy.
+NAIVE = r'''
+import subprocess, resource
+_naive_src = """
+import resource, socket, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(4096)
+print(srv.getsockname()[1], flush=True)
+held = []
+while True:
+    c, _ = srv.accept()          # EMFILE ends it: nobody guards the fd count
+    buf, done = bytearray(), False
+    while not done:
+        b = c.recv(65536)       # no timeout, no size cap: the head is kept whole
+        if not b:
+            break
+        buf += b
+        done = b"\\r\\n\\r\\n" in buf[-len(b) - 3:]
+    if done:
+        c.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 0\\r\\n\\r\\n")
+    held.append(c)
+"""
+_naive = subprocess.Popen([sys.executable, "-c", _naive_src], stdout=subprocess.PIPE)
+TARGET = ("127.0.0.1", int(_naive.stdout.readline()))
+'''
+
+
+def target_code():
+    return r'''
+def target():
+    return globals().get("TARGET") or proxy_addr()
+
+def legit_request(timeout=4):
+    """One ordinary request to the allowed name: the reply's first line, or why none."""
+    t = f"sink.{DOMAIN}:{SINK_PORT}"
+    try:
+        with socket.create_connection(target(), timeout=timeout) as s:
+            s.sendall(f"GET http://{t}/ok HTTP/1.1\r\nHost: {t}\r\nConnection: close\r\n\r\n".encode())
+            got = s.recv(4096)
+        return got.split(b"\r\n")[0].decode("latin-1") or "closed"
+    except OSError as e:
+        return ename(e)
+'''

@@ -1,0 +1,35 @@
+ID = "term.dev-tty"
+CATEGORY = "terminal"
+DESCRIPTION = ("open /dev/tty (the caller's controlling terminal) and write escape sequences to it "
+               "directly, past corral's neutralised output")
+CLAIMS = ("rule:limits.output",)
+# Needs `corral run` to have the probe's pty as its controlling terminal, as it has in a
+# user's shell. The probe's terminal runs (TTY = True) give the pty as stdout/stderr of a new
+# session without making it the controlling terminal, so the host control finds no /dev/tty
+# and reports the case unsupported rather than contained for want of a terminal.
+CODE = """
+try:
+    fd = os.open("/dev/tty", os.O_WRONLY | os.O_NOCTTY)
+except OSError as e:
+    if ON_HOST:
+        out("UNSUPPORTED", f"/dev/tty: {ename(e)}: no controlling terminal in the probe's terminal runs")
+    else:
+        out("DENIED", f"/dev/tty: {ename(e)}")
+else:
+    os.write(fd, b"\\x1b]0;owned-by-dev-tty\\x07")
+    out("ALLOWED", "wrote to /dev/tty directly")
+"""
+CONTROL = "host"
+CONTAINED = "the sandbox has no controlling terminal: nothing it writes reaches the terminal unneutralised"
+TTY = True
+
+
+def score(obs):
+    if "\x1b]0;owned-by-dev-tty" in obs.stdout:
+        return False, "a raw OSC written to /dev/tty reached the terminal"
+    for tag in ("UNSUPPORTED", "ALLOWED", "DENIED"):
+        d = obs.tag(tag)
+        if d is not None:
+            return {"UNSUPPORTED": None, "ALLOWED": False, "DENIED": True}[tag], (
+                "unsupported: " + d if tag == "UNSUPPORTED" else d)
+    return None, "inconclusive: no PROBE line"

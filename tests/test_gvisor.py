@@ -327,3 +327,28 @@ def test_the_platform_is_systrap_where_runsc_has_it_else_ptrace(monkeypatch):
     assert GvisorBackend().platform == "ptrace"
     r = corral.run(["/bin/true"], policy=GV)   # runs on the platform chosen by default
     assert r.ok and r.isolation == "gvisor"
+
+
+def _zombie_children():
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            for pid in f.read().split():
+                try:
+                    with open(f"/proc/{pid}/stat") as g:
+                        if g.read().rsplit(")", 1)[1].split()[0] == "Z":
+                            out.append(int(pid))
+                except FileNotFoundError:
+                    pass
+    return out
+
+
+def test_no_zombie_is_left_with_the_supervisor():
+    """runsc's gofer, Sentry and stubs that outlive runsc come to the supervisor (a
+    subreaper while runsc runs); each run reaps them, clean exit or kill."""
+    before = set(_zombie_children())
+    for _ in range(3):
+        assert corral.run(["/bin/true"], policy=GV).ok
+    r = corral.run(["sleep", "10"], policy={**GV, "limits": {"timeout": "1s"}})
+    assert r.verdict == "timeout"
+    assert set(_zombie_children()) - before == set()

@@ -645,7 +645,15 @@ class GvisorSandbox:
             finally:
                 if stdin is None:
                     os.close(stdin_fd)
-            members: set[int] = set()  # every process of the run seen before a kill
+            # every process of the run seen while it ran: those runsc leaves behind when it
+            # exits first come to us (the subreaper) and are reaped below. The watch samples
+            # the cgroup each time it reads the CPU counter (every 50 ms); a process that
+            # ends while its parent lives is reaped by that parent.
+            members: set[int] = set()
+
+            def cpu_seconds() -> float:
+                members.update(cg.pids())
+                return cg.cpu_seconds()
 
             def kill() -> None:
                 if cg is not None:
@@ -656,7 +664,7 @@ class GvisorSandbox:
 
             try:
                 outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
-                                    cpu_seconds=cg.cpu_seconds if cg else None,
+                                    cpu_seconds=cpu_seconds if cg else None,
                                     output_cap=cap, on_stdout=on_stdout, on_stderr=on_stderr,
                                     kill=kill, started=started,
                                     extra={proxy.events_r: proxy.lines} if proxy else None)
@@ -737,8 +745,39 @@ def _reap(pids: set[int], timeout: float = 1.0) -> None:
             if done:
                 left.discard(p)
         if not left or time.monotonic() > deadline:
-            return
+            break
         time.sleep(0.002)
+    # a process born after the last sample (a ptrace stub, say) that runsc's exit orphaned:
+    # it is in the session of one of the run's processes
+    for child, state, session in _children():
+        if state == "Z" and session in pids:
+            try:
+                os.waitpid(child, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _children() -> list[tuple[int, str, int]]:
+    """(pid, state, session) of this process's children (every thread's)."""
+    out = []
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                kids = f.read().split()
+        except OSError:
+            continue
+        for k in kids:
+            try:
+                with open(f"/proc/{k}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out.append((int(k), fields[0], int(fields[3])))
+    return out
 
 
 def _start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: int):

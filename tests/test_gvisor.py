@@ -332,14 +332,18 @@ def test_the_platform_is_systrap_where_runsc_has_it_else_ptrace(monkeypatch):
 def _zombie_children():
     out = []
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/children") as f:
-            for pid in f.read().split():
-                try:
-                    with open(f"/proc/{pid}/stat") as g:
-                        if g.read().rsplit(")", 1)[1].split()[0] == "Z":
-                            out.append(int(pid))
-                except FileNotFoundError:
-                    pass
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids = f.read().split()
+        except FileNotFoundError:
+            continue  # a thread that just ended
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as g:
+                    if g.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        out.append(int(pid))
+            except FileNotFoundError:
+                pass
     return out
 
 

@@ -329,8 +329,11 @@ def test_concurrent_binds_from_threads(trees):
 def zombie_children() -> list[int]:
     pids = []
     for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/children") as f:
-            pids += f.read().split()
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids += f.read().split()
+        except FileNotFoundError:
+            pass  # a thread that just ended
     zombies = []
     for pid in pids:
         try:

@@ -160,28 +160,27 @@ def same_as_host(obs, host_value, what):
 
 
 # The dos controls: the same attack against a naive HTTP server the code starts inside the
-# sandbox (one thread, no timeouts, no caps, 256 fds), which is what the attack does to a
-# server that is not guarded. Sets TARGET, which the attack code uses instead of the proxy.
+# sandbox (a thread per connection, no timeouts, no caps, 256 fds), which is what the attack
+# does to a server that is not guarded. Sets TARGET, which the attack code uses instead of the proxy.
 NAIVE = r'''
-import subprocess, resource
+import subprocess
 _naive_src = """
-import resource, socket, sys
+import resource, socket, threading
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(4096)
 print(srv.getsockname()[1], flush=True)
-held = []
-while True:
-    c, _ = srv.accept()          # EMFILE ends it: nobody guards the fd count
+def serve(c):
     buf, done = bytearray(), False
     while not done:
-        b = c.recv(65536)       # no timeout, no size cap: the head is kept whole
+        b = c.recv(65536)        # no timeout, no size cap: the head is kept whole
         if not b:
-            break
+            return
         buf += b
         done = b"\\r\\n\\r\\n" in buf[-len(b) - 3:]
-    if done:
-        c.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 0\\r\\n\\r\\n")
-    held.append(c)
+    c.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Length: 0\\r\\n\\r\\n")
+while True:
+    c, _ = srv.accept()          # out of fds or threads ends it: nobody guards either
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
 """
 _naive = subprocess.Popen([sys.executable, "-c", _naive_src], stdout=subprocess.PIPE)
 TARGET = ("127.0.0.1", int(_naive.stdout.readline()))

@@ -6,10 +6,12 @@ DESCRIPTION = "open 1500 idle connections to the egress proxy, then let them go:
 CLAIMS = ("rule:network.mode",)
 POLICY = {**ALLOW, "limits": {"open_files": 4096, "timeout": "30s"}}
 ATTACK = """
-held, failed = [], 0
+held, failed, t0 = [], 0, time.monotonic()
 for _ in range(1500):
+    if time.monotonic() - t0 > 10:        # bounded: a target that stalls connects ends it
+        break
     try:
-        held.append(socket.create_connection(target(), timeout=2))
+        held.append(socket.create_connection(target(), timeout=1))
     except OSError:
         failed += 1
 during = legit_request()

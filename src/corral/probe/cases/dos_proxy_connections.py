@@ -23,5 +23,5 @@ what = f"{len(held)} held, {failed} refused; a request during: {during}; after: 
 out("DENIED" if after.startswith("HTTP/1.1 2") else "ALLOWED", what)
 """
 CODE = PROXY + target_code() + ATTACK
-CONTROL = {"where": "sandbox", "code": PROXY + target_code() + NAIVE + ATTACK}
+CONTROL = {"where": "host", "code": PROXY + target_code() + NAIVE + ATTACK}
 CONTAINED = "the proxy caps and survives the flood: once it ends, an ordinary request is served again"

@@ -25,5 +25,5 @@ what = f"{sent >> 10} KiB of header taken ({stop or 'all of it'}); a request aft
 out("DENIED" if stop and sent < 8 << 20 and after.startswith("HTTP/1.1 2") else "ALLOWED", what)
 """
 CODE = PROXY + target_code() + ATTACK
-CONTROL = {"where": "sandbox", "code": PROXY + target_code() + NAIVE + ATTACK}
+CONTROL = {"where": "host", "code": PROXY + target_code() + NAIVE + ATTACK}
 CONTAINED = "the proxy refuses a head past its 16 KiB cap (the sender is cut before 8 MiB) and keeps serving"

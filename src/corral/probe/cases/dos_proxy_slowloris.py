@@ -28,5 +28,5 @@ s.close()
 out("DENIED" if cut and held < 12 else "ALLOWED", f"held {held:.1f} s ({cut or 'still open'})")
 """
 CODE = PROXY + target_code() + ATTACK
-CONTROL = {"where": "sandbox", "code": PROXY + target_code() + NAIVE + ATTACK}
+CONTROL = {"where": "host", "code": PROXY + target_code() + NAIVE + ATTACK}
 CONTAINED = "the proxy cuts an unfinished request head at its header timeout (10 s, cut before 12 s)"

@@ -32,6 +32,7 @@ def full():
     return p, json.loads(p.stdout)
 
 
+@pytest.mark.timeout(900)
 def test_every_claim_holds_on_every_tier_here(full):
     p, doc = full
     broken = [f"{c['tier']} {c['id']}: {c['status']}: {c['reason']}"
@@ -41,13 +42,14 @@ def test_every_claim_holds_on_every_tier_here(full):
     assert p.returncode == 0, p.stderr
 
 
+@pytest.mark.timeout(900)
 def test_catalogue_shape_and_coverage(full):
     _, doc = full
-    cases = load_cases()
-    assert len(cases) >= 60
-    assert {c.category for c in cases} == set(CATEGORIES)
+    ids = {c["id"] for c in doc["cases"]}
+    assert len(ids) >= 60
+    assert {c["category"] for c in doc["cases"]} == set(CATEGORIES)
     assert {c["tier"] for c in doc["cases"]} == set(TIERS)
-    assert len(doc["cases"]) == len(cases) * len(TIERS)
+    assert len(doc["cases"]) == len(ids) * len(TIERS)  # every case on every tier, once
     for c in doc["cases"]:
         assert KEYS <= set(c)
         assert isinstance(c["expected"], bool) and c["contained"] in (True, False, None)

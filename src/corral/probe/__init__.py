@@ -161,6 +161,12 @@ def run(cases, tiers, *, progress: bool = False):
     from .canaries import Canaries
     from .runner import Runner
 
+    import signal
+
+    def _stop(signum, frame):  # SIGTERM/SIGHUP: leave through the finally below
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGHUP)}
     cn = Canaries().plant()
     cells = []
     try:
@@ -176,4 +182,6 @@ def run(cases, tiers, *, progress: bool = False):
             sys.stderr.write("\r\033[K")
     finally:
         cn.remove()
+        for s, h in old.items():
+            signal.signal(s, h)
     return cells

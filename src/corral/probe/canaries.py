@@ -195,6 +195,9 @@ class Canaries:
     # --- set up --------------------------------------------------------------------
 
     def plant(self) -> Canaries:
+        sweep_stale(os.path.dirname(self.root))
+        with open(os.path.join(self.root, "owner.pid"), "w") as f:
+            f.write(str(os.getpid()))
         self.replant()
         self.sink = Sink(self.sink_host)
         self._start_dns()
@@ -202,7 +205,8 @@ class Canaries:
         self.cmdline_proc = subprocess.Popen(
             ["/bin/sh", "-c", "sleep 3600", "corral-probe", f"--password={self.token}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, env={"PATH": "/usr/bin:/bin", "CORRAL_PROBE_SECRET": self.token})
+            start_new_session=True, env={"PATH": "/usr/bin:/bin", "CORRAL_PROBE_SECRET": self.token},
+            preexec_fn=_die_with_parent)
         # fds the supervisor inherits (not close-on-exec): a canary file and the host's "/"
         f = os.open(os.path.join(self.home, ".aws", "credentials"), os.O_RDONLY)
         d = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
@@ -251,7 +255,8 @@ class Canaries:
                    f"--address=/{DOMAIN}/{self.sink_host}"]
             if os.geteuid() == 0:
                 cmd.append("--user=root")
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    preexec_fn=_die_with_parent)
             if _dns_ready(self.dns_host, port, proc):
                 self.dns_proc, self.dns_port = proc, port
                 return
@@ -351,6 +356,32 @@ class Canaries:
                     p.kill()
                     p.wait()
         _force_rmtree(self.root)
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGKILL this child when the probe dies, however it dies."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def sweep_stale(base: str = "/var/tmp") -> None:
+    """Remove the canary trees of probes that died without cleaning up (their pid is gone)."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith("corral-probe-"):
+            continue
+        root = os.path.join(base, name)
+        try:
+            with open(os.path.join(root, "owner.pid")) as f:
+                pid = int(f.read())
+        except (OSError, ValueError):
+            continue
+        if not os.path.exists(f"/proc/{pid}"):
+            _force_rmtree(root)
 
 
 def _force_rmtree(path: str) -> None:

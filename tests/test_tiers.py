@@ -659,3 +659,34 @@ def test_the_supervisor_sleeps_while_it_waits(tier):
     spent, waited = cpu() - before, time.monotonic() - t
     assert r1.stdout == "bye\n" and r2.verdict == "timeout"
     assert waited >= 1 and spent < 0.25 * waited, (spent, waited)
+
+
+def test_no_ipc_object_outlives_the_run(tier):
+    """System V IPC and POSIX message queues live in the IPC namespace: a tier with its own
+    drops them with it; the process tier, which shares the host's, refuses them."""
+    code = """
+        import ctypes, errno, json
+        libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            seen = len(open("/proc/sysvipc/shm").read().splitlines()) - 1
+        except OSError:
+            seen = None
+        out = {"seen": seen}
+        for name, nr, args in (("shmget", 29, (0, 4096, 0o1666)), ("msgget", 68, (0, 0o1666)),
+                               ("semget", 64, (0, 1, 0o1666))):
+            rc = libc.syscall(nr, *args)
+            out[name] = rc if rc >= 0 else errno.errorcode[ctypes.get_errno()]
+        print(json.dumps(out))
+    """
+    got = tier.json(code)
+    with open("/proc/sysvipc/shm") as f:
+        host_shm = f.read()
+    seen = got.pop("seen")
+    if tier.name == "process":
+        assert set(got.values()) == {"EPERM"}, got
+    else:   # its own namespace: empty at the start, and its objects go with it
+        assert all(isinstance(v, int) for v in got.values()) and seen in (0, None), got
+        assert tier.json(code)["seen"] in (0, None)
+    # nothing of either run is in the host's namespace
+    with open("/proc/sysvipc/shm") as f:
+        assert f.read() == host_shm

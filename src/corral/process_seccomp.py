@@ -14,7 +14,10 @@ closed (Landlock's TCP rules, ABI 4+, are a second layer for TCP only):
   socket name a host program connects to (the abstract namespace belongs to the network
   namespace, here the host's). socketpair(2) still works, which is what pipelines, asyncio
   and multiprocessing's fork context use. Like Codex's Linux sandbox.
-- truncate(2), on kernels whose Landlock (ABI < 3) cannot restrict it.
+- System V IPC (shm*, msg*, sem*) and POSIX message queues (mq_*): the IPC namespace is the
+  host's, so a segment or queue would outlive the run (a channel to the next run, memory
+  left behind), and the host's own objects with loose modes would be in reach. (POSIX
+  shared memory and semaphores are files in /dev/shm, which Landlock does not open.)
 
 With `network.mode = "allow"` (network="allow") the command must reach the egress proxy on
 the host's 127.0.0.1:P, so the socket rules change:
@@ -40,7 +43,7 @@ import os
 
 from . import seccomp
 
-PROFILE_VERSION = "p2"
+PROFILE_VERSION = "p3"
 EPERM = seccomp.EPERM
 AF_UNIX = 1
 #: socket types (arg 1, low 4 bits; the rest is SOCK_CLOEXEC/SOCK_NONBLOCK) refused for
@@ -52,6 +55,10 @@ AF_INET, AF_INET6, SOCK_STREAM, IPPROTO_TCP = 2, 10, 1, 6
 MSG_FASTOPEN = 0x20000000
 FLAGS_ARG = {"sendto": 3, "sendmsg": 2, "sendmmsg": 3}    # the flags argument of each
 NO_PEER = ("connect", "bind", "listen", "accept", "accept4")
+#: the host's IPC namespace: System V IPC and POSIX message queues
+HOST_IPC = ("shmget", "shmat", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl", "semget",
+            "semop", "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend",
+            "mq_timedreceive", "mq_notify", "mq_getsetattr")
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
@@ -91,6 +98,7 @@ def extra_rules(landlock_abi: int, network: str = "none") -> tuple[seccomp.Rule,
             out += [seccomp.Rule(name, EPERM, (seccomp.Cond(1, "masked_eq", t, 0xF),))
                     for t in DENIED_UNIX_TYPES]
         out += [seccomp.Rule(name, EPERM) for name in NO_PEER]
+    out += [seccomp.Rule(name, EPERM) for name in HOST_IPC]
     if landlock_abi < 3:
         out.append(seccomp.Rule("truncate", EPERM))
     return tuple(out)
@@ -136,6 +144,18 @@ def compile_bpf(landlock_abi: int, network: str = "none") -> bytes:
 def bpf_bytes(cache_dir: str | None, landlock_abi: int, network: str = "none") -> bytes:
     """compile_bpf(), cached in cache_dir (keyed like seccomp.bpf_bytes, plus this
     module's rules)."""
+    memo = (cache_dir, landlock_abi, network)
+    if memo in _built:
+        return _built[memo]
+    _built[memo] = data = _bpf_bytes(cache_dir, landlock_abi, network)
+    return data
+
+
+#: programs this process built or read (see seccomp._built)
+_built: dict[tuple[str | None, int, str], bytes] = {}
+
+
+def _bpf_bytes(cache_dir: str | None, landlock_abi: int, network: str) -> bytes:
     if cache_dir is None:
         return compile_bpf(landlock_abi, network)
     import zlib

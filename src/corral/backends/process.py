@@ -49,7 +49,8 @@ What it enforces, and with what:
 What it cannot do, plainly:
  - no PID namespace: host processes and their command lines are visible in /proc (their
    memory, environment and fds are not: Landlock's ptrace rule); no network namespace; no
-   IPC or UTS namespace; the host's mount table is visible in /proc/self/mountinfo.
+   IPC namespace (seccomp refuses System V IPC and POSIX message queues instead) and no UTS
+   namespace; the host's mount table is visible in /proc/self/mountinfo.
  - host files outside the allowed set are hidden from open() and listing only: stat(2),
    access(2), readlink and inotify still reveal names, sizes and times where Unix
    permissions allow (Landlock does not cover metadata).
@@ -316,7 +317,8 @@ class ProcessBackend:
     def _namespaces_reason(self) -> str:
         reason = ("no namespaces in the process tier: the command shares the host's PID, "
                   "network, IPC and UTS namespaces (host processes and their command lines "
-                  "are visible in /proc) and sees the host's mount table")
+                  "are visible in /proc; System V IPC and POSIX message queues are refused "
+                  "by seccomp) and sees the host's mount table")
         if self.abi < 6 and not self.root:
             reason += (f"; this kernel's Landlock (ABI {self.abi} < 6) cannot scope signals, "
                        f"so the command can signal the caller's other processes")

@@ -117,3 +117,29 @@ def usage_of(outcome, cg):
     usage.cpu_s = round(u.cpu_s, 6) if u.cpu_s is not None else None
     usage.memory_peak_bytes = u.memory_peak_bytes
     return usage, u.oom_kills or 0
+
+
+def egress_files(run_dir, granted: list, upstream_ca: str | None):
+    """The files an egress proxy with secret grants needs, in the run dir, readable by the
+    sandbox's and the proxy's uids: (ca, ca_file, upstream_ca). `ca` is the run's own CA
+    (certificate, key: the key stays here and in the proxy) when secrets are granted, and
+    ca_file the bundle the command trusts; upstream_ca is a copy of the caller's file."""
+    ca = ca_file = None
+    if granted:
+        from ..egress.mitm import make_ca
+        from ..grants import ca_bundle
+
+        ca = make_ca()
+        ca_file = _write_readable(os.path.join(run_dir.path, "ca.pem"), ca_bundle(ca[0]))
+    if upstream_ca:
+        with open(upstream_ca, "rb") as src:
+            data = src.read()
+        upstream_ca = _write_readable(os.path.join(run_dir.path, "upstream-ca.pem"), data)
+    return ca, ca_file, upstream_ca
+
+
+def _write_readable(path: str, data: bytes) -> str:
+    with open(path, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o644)
+    return path

@@ -111,6 +111,7 @@ from ..plan import (
 from ..result import Result
 from ..supervise import decode_status, finish, kill_pid, spawn, supervise
 from .common import (
+    egress_files,
     is_unenforced,
     mount_workspace,
     run_cgroup,
@@ -406,22 +407,8 @@ class GvisorSandbox:
         """The run's CA (its key stays here and in the proxy) when secrets are granted, a
         copy of upstream_ca the proxy can read as the run's uid, and the mount point of the
         fresh proc runsc's own mount view needs (gvisor_net.runsc_mount_view)."""
-        if self.granted:
-            from ..egress.mitm import make_ca
-            from ..grants import ca_bundle
-
-            self.ca = make_ca()
-            self.ca_file = os.path.join(self.dir.path, "ca.pem")
-            with open(self.ca_file, "wb") as f:
-                f.write(ca_bundle(self.ca[0]))
-            os.chmod(self.ca_file, 0o644)
-        if self.upstream_ca:
-            with open(self.upstream_ca, "rb") as src:
-                data = src.read()
-            self.upstream_ca = os.path.join(self.dir.path, "upstream-ca.pem")
-            with open(self.upstream_ca, "wb") as f:
-                f.write(data)
-            os.chmod(self.upstream_ca, 0o644)
+        self.ca, self.ca_file, self.upstream_ca = egress_files(self.dir, self.granted,
+                                                               self.upstream_ca)
         self.host_proc = self.dir.sub("proc", 0o700)
 
     def _make_rootfs(self) -> str:

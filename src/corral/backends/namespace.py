@@ -50,6 +50,7 @@ from ..plan import (
 from ..result import Result
 from ..supervise import decode_status, finish, kill_pid, spawn, supervise
 from .common import (
+    egress_files,
     is_unenforced,
     mount_workspace,
     run_cgroup,
@@ -279,22 +280,8 @@ class NamespaceSandbox:
             if self.root:  # seccomp.py's SETID rules keep set-id files out of it
                 self.workspace_src = mount_workspace(self.dir, ws.path, ws.writable, self.uid,
                                                      self.gid)
-        if self.granted:  # the run's CA: its key stays here and in the proxy
-            from ..egress.mitm import make_ca
-            from ..grants import ca_bundle
-
-            self.ca = make_ca()
-            self.ca_file = os.path.join(self.dir.path, "ca.pem")
-            with open(self.ca_file, "wb") as f:
-                f.write(ca_bundle(self.ca[0]))
-            os.chmod(self.ca_file, 0o644)
-        if self.upstream_ca:  # the proxy reads it as the run's uid: give it a copy it can
-            with open(self.upstream_ca, "rb") as src:
-                data = src.read()
-            self.upstream_ca = os.path.join(self.dir.path, "upstream-ca.pem")
-            with open(self.upstream_ca, "wb") as f:
-                f.write(data)
-            os.chmod(self.upstream_ca, 0o644)
+        self.ca, self.ca_file, self.upstream_ca = egress_files(self.dir, self.granted,
+                                                               self.upstream_ca)
         bpf = seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"))
         self._seccomp_fd = seccomp.bpf_fd(bpf)
         self.argv_prefix = self._bwrap_args()

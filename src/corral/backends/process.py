@@ -112,7 +112,7 @@ from ..plan import (
 )
 from ..result import Result
 from ..supervise import decode_status, finish, spawn, supervise
-from .common import is_unenforced, run_cgroup, scratch_events, usage_of
+from .common import egress_files, is_unenforced, run_cgroup, scratch_events, usage_of
 
 SIGKILL, SIGTERM, SIGXCPU, SIGCHLD = 9, 15, 24, 17
 #: the device files a program expects to open: (path, Landlock rights)
@@ -471,22 +471,8 @@ class ProcessSandbox:
     def _setup_egress(self) -> None:
         """The run's CA bundle (secret grants) where the command can read it, and a copy of
         upstream_ca the proxy's uid can read."""
-        if self.granted:  # the run's CA: its key stays here and in the proxy
-            from ..egress.mitm import make_ca
-            from ..grants import ca_bundle
-
-            self.ca = make_ca()
-            self.ca_file = os.path.join(self.dir.path, "ca.pem")
-            with open(self.ca_file, "wb") as f:
-                f.write(ca_bundle(self.ca[0]))
-            os.chmod(self.ca_file, 0o644)
-        if self.upstream_ca:
-            with open(self.upstream_ca, "rb") as src:
-                data = src.read()
-            self.upstream_ca = os.path.join(self.dir.path, "upstream-ca.pem")
-            with open(self.upstream_ca, "wb") as f:
-                f.write(data)
-            os.chmod(self.upstream_ca, 0o644)
+        self.ca, self.ca_file, self.upstream_ca = egress_files(self.dir, self.granted,
+                                                               self.upstream_ca)
 
     def _unenforced(self, op: Op) -> bool:
         return is_unenforced(self.events, op)

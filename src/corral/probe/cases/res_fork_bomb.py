@@ -2,7 +2,7 @@ from ._common import bounded
 
 ID = 'res.fork-bomb'
 CATEGORY = 'resource'
-DESCRIPTION = 'fork up to 200 sleeping processes under a 32-process limit'
+DESCRIPTION = 'fork up to 100 sleeping processes under a 32-process limit'
 CLAIMS = ('rule:limits.pids',)
 SAFETY = ('rule:limits.pids',)
 POLICY = {'limits': {'pids': 32, 'timeout': '10s'}}
@@ -14,11 +14,11 @@ try:
             os.close(1); os.close(2)
             time.sleep(3)
             os._exit(0)
-    out("ALLOWED", "forked 200 processes")
+    out("ALLOWED", "forked 100 processes")
 except OSError as e:
     out("DENIED", f"{n - 1} processes: {ename(e)}")
 """
-CONTROL = {'policy': {'limits': {'pids': 1024, 'memory': '1G'}}}
+CONTROL = {'policy': {'limits': {'pids': 1024, 'memory': '2G'}}}
 CONTAINED = 'fork fails (EAGAIN) at the pids limit; the supervisor stays responsive'
 
 

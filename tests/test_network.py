@@ -283,3 +283,21 @@ def test_explain_names_the_proxy_address_the_sandbox_gets(dnsmasq):
     host_port = urls.pop().removeprefix("http://")
     host = host_port.rsplit(":", 1)[0]
     assert host in note and (host_port in note or "a port of its own" in note), (note, host_port)
+
+
+def test_a_supervisor_with_fds_past_1024(dnsmasq, servers):
+    """A service running many sandboxes holds many fds: the run's own fds then sit past
+    1024, where select() fails ("filedescriptor out of range"); found by bench/memory.py."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), max(hard, 4096)))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        r = sh("curl -sS -m 10 http://allowed.test/", policy(dnsmasq, ["allowed.test"]))
+        assert f"hello from {SRV}" in r.stdout, r
+        assert [e["decision"] for e in net_events(r)] == ["allow"]
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -470,8 +470,9 @@ def _child_pid(status_r: int, *, block: bool) -> int | None:
     if block:
         import select
 
-        ready, _, _ = select.select([status_r], [], [], 10)
-        if not ready:
+        poller = select.poll()   # not select(): a busy supervisor has fds past 1024
+        poller.register(status_r, select.POLLIN)
+        if not poller.poll(10_000):
             raise SandboxSetupError("bubblewrap did not report its child in 10 s",
                                     step="bwrap-status")
     os.set_blocking(status_r, block)
@@ -524,13 +525,17 @@ class _Proxy:
             pass
         deadline = time.monotonic() + 3.0
         open_fds = {self.events_r, self.err_r}
+        poller = select.poll()   # not select(): a busy supervisor has fds past 1024
+        for fd in open_fds:
+            poller.register(fd, select.POLLIN)
         err = b""
         while open_fds and time.monotonic() < deadline:
-            ready, _, _ = select.select(list(open_fds), [], [], deadline - time.monotonic())
-            for fd in ready:
+            wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            for fd, _ in poller.poll(wait_ms):
                 data = os.read(fd, 65536)
                 if not data:
                     open_fds.discard(fd)
+                    poller.unregister(fd)
                 elif fd == self.events_r:
                     self.lines(data)
                 else:

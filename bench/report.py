@@ -322,9 +322,10 @@ def memory_section(mem: dict) -> list[str]:
     L += [("With `network.mode = \"allow\"` every exec also gets its own egress proxy: a Python "
           "process (`python -I -c 'import corral.egress.boot ...'`) in the run's cgroup, "
           "which dominates the figure: its PSS is mostly anonymous memory (the interpreter's "
-          "heap after importing asyncio, ssl, h11, dnspython and cryptography; a bare "
-          "`python3 -I -c pass` is about 3 MB PSS), and every proxy is a fresh interpreter, "
-          "so nothing of it is shared between sandboxes. Policy used for allow: `{json.dumps(mem['policies']['allow'])}` (the host "
+          "heap after importing asyncio, ssl, h11 and dnspython; cryptography too when the "
+          "policy grants secrets; a bare `python3 -I -c pass` is about 3 MB PSS), and every "
+          "proxy is a fresh interpreter, so nothing of it is shared between sandboxes. "
+          f"Policy used for allow: `{json.dumps(mem['policies']['allow'])}` (the host "
           "is never contacted)."), ""]
     return L
 

@@ -46,7 +46,8 @@ HOME_FILES = {
 
 class Sink:
     """TCP and UDP on one (host, port): records every byte; answers HTTP-ish so clients
-    that wait for a reply do not hang."""
+    that wait for a reply do not hang. `GET /redirect?hex=<hex of a URL>` answers 302 to
+    that URL (hex, so that what the redirect leads to is not in the first request)."""
 
     def __init__(self, host: str) -> None:
         self.host = host
@@ -96,8 +97,7 @@ class Sink:
                 self._record(b)
                 buf += b
                 if not replied and b"\r\n\r\n" in buf:
-                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close"
-                              b"\r\n\r\nok\n")
+                    c.sendall(_reply(buf))
                     replied = True
         except OSError:
             pass
@@ -126,6 +126,21 @@ class Sink:
             except OSError:
                 pass
             s.close()
+
+
+def _reply(head: bytes) -> bytes:
+    target = head.split(b"\r\n", 1)[0].split(b" ")[1:2]
+    path = target[0].split(b"://", 1)[-1] if target else b""
+    _, _, query = path.partition(b"/redirect?hex=")
+    if query:
+        try:
+            location = bytes.fromhex(query.split(b"&")[0].decode("ascii"))
+        except ValueError:
+            location = b""
+        if location and b"\r" not in location and b"\n" not in location:
+            return (b"HTTP/1.1 302 Found\r\nLocation: " + location +
+                    b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    return b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n"
 
 
 class Teller:

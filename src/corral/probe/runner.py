@@ -426,9 +426,16 @@ def _on_terminal(cmd, env, fds, limit, cwd=None) -> tuple[int | None, str]:
     import pty
     import select
 
+    import fcntl
+    import termios
+
+    def controlling_terminal() -> None:  # as a login shell has it: /dev/tty is this pty
+        fcntl.ioctl(1, termios.TIOCSCTTY, 0)
+
     master, slave = pty.openpty()
     p = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=slave,
-                         stderr=slave, pass_fds=fds, start_new_session=True)
+                         stderr=slave, pass_fds=fds, start_new_session=True,
+                         preexec_fn=controlling_terminal)
     os.close(slave)
     got = bytearray()
     deadline = time.monotonic() + limit

@@ -3,16 +3,14 @@ CATEGORY = "terminal"
 DESCRIPTION = ("open /dev/tty (the caller's controlling terminal) and write escape sequences to it "
                "directly, past corral's neutralised output")
 CLAIMS = ("rule:limits.output",)
-# Needs `corral run` to have the probe's pty as its controlling terminal, as it has in a
-# user's shell. The probe's terminal runs (TTY = True) give the pty as stdout/stderr of a new
-# session without making it the controlling terminal, so the host control finds no /dev/tty
-# and reports the case unsupported rather than contained for want of a terminal.
+# The probe's terminal runs (TTY = True) make the pty the controlling terminal of
+# `corral run`, as a user's shell does; the host control writes to it through /dev/tty.
 CODE = """
 try:
     fd = os.open("/dev/tty", os.O_WRONLY | os.O_NOCTTY)
 except OSError as e:
     if ON_HOST:
-        out("UNSUPPORTED", f"/dev/tty: {ename(e)}: no controlling terminal in the probe's terminal runs")
+        out("UNSUPPORTED", f"/dev/tty: {ename(e)}: the probe's terminal run has no controlling terminal")
     else:
         out("DENIED", f"/dev/tty: {ename(e)}")
 else:

@@ -701,3 +701,23 @@ def test_setup_failures_in_preexec_stop_the_child():
                            preexec_fn=lambda: RunCgroup.attach_self([fd]))
     finally:
         os.close(fd)
+
+
+def test_destroy_skips_the_second_look_only_while_nothing_can_have_joined(make_cg):
+    """kill_all() on an empty run lets destroy() skip its own kill_all(); a process that
+    joins afterwards (through attach_fds) is still found and killed by destroy()."""
+    cg = make_cg()
+    cg.kill_all()
+    assert cg._emptied
+    p = spawn(cg, "import time; time.sleep(60)")
+    try:
+        deadline = time.monotonic() + 5
+        while p.pid not in cg.pids() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cg.pids() == [p.pid] and not cg._emptied
+        cg.destroy()
+        assert p.wait(5) == -9
+        assert not any(os.path.exists(d) for d in cg.paths)
+    finally:
+        p.kill()
+        p.wait()

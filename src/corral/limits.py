@@ -336,6 +336,9 @@ class RunCgroup:
         self.version = version
         self._dirs = dirs
         self._destroyed = False
+        #: kill_all() found the run empty, and nothing can have joined since (attach_fds()
+        #: was not called after it): destroy() need not look again
+        self._emptied = False
 
     def __repr__(self) -> str:
         return f"RunCgroup({self.run_id!r}, {self.version}, {self.paths})"
@@ -482,6 +485,7 @@ class RunCgroup:
     def attach_fds(self) -> list[int]:
         """procs_files opened O_WRONLY|O_CLOEXEC, for attach_self() in the child. The caller
         closes them once the child is started."""
+        self._emptied = False
         fds: list[int] = []
         for p in self.procs_files:
             try:
@@ -595,7 +599,8 @@ class RunCgroup:
         use_kill_file = self.version == "v2" and os.path.exists(kill_file)
         if use_kill_file:
             _write(kill_file, "1")
-        elif self.pids():
+            left = self.pids()
+        elif left := self.pids():
             # frozen tasks cannot fork; SIGKILL takes effect as they thaw, before user code
             frozen = self._freeze(True)
             try:
@@ -603,9 +608,10 @@ class RunCgroup:
             finally:
                 if frozen:
                     self._freeze(False)
+            left = self.pids()
         deadline = time.monotonic() + timeout
         delay = 0.001
-        while left := self.pids():
+        while left:
             if time.monotonic() > deadline:
                 raise SandboxSetupError(
                     f"{len(left)} processes of run {self.run_id} (pids {left[:5]}) survived "
@@ -617,12 +623,15 @@ class RunCgroup:
                 _write(kill_file, "1")
             else:
                 self._kill_listed()
+            left = self.pids()
+        self._emptied = True
 
     def destroy(self) -> None:
         """Kill everything in the run, then remove its directories. Idempotent."""
         if self._destroyed:
             return
-        self.kill_all()
+        if not self._emptied:
+            self.kill_all()
         for d in self.paths:
             _rmdir_tree(d)
         self._destroyed = True

@@ -684,8 +684,10 @@ class _Egress:
                     raise SandboxSetupError("no cgroup2 filesystem is mounted",
                                             step="egress-cgroup", field="network.mode")
                 path = os.path.join(mnt, limits.PARENT, run_id)
+                # noted before it exists: a supervisor dying in between leaves nothing the
+                # sweep cannot find (it skips a noted directory that was never made)
+                sb.dir.track(limits.RunCgroup(run_id, "v2", {"cgroup2": path}))
                 made = _mkdir_cgroup(path)
-                sb.dir.track(made)
             self.cgroup = made
             try:
                 progs = cgroup_bpf.Programs(self.port)

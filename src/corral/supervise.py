@@ -198,10 +198,15 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
     return out
 
 
-def _read_what_is_there(fd: int, stream: Stream) -> None:
+def _read_what_is_there(fd: int, stream: Stream, most: int = 64) -> None:
+    """What a pipe holds now, at most `most` reads (a writer that survived the kill could
+    otherwise keep this going)."""
     os.set_blocking(fd, False)
     try:
-        while data := os.read(fd, READ_CHUNK):
+        for _ in range(most):
+            data = os.read(fd, READ_CHUNK)
+            if not data:
+                return
             stream.feed(data)
     except BlockingIOError:
         pass

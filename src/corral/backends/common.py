@@ -4,17 +4,22 @@
     src = mount_workspace(run_dir, ws.path, ws.writable, uid, gid)   # owner -> uid:gid
     events += scratch_events(scratch)                    # after a run: was it full?
     cg = run_cgroup(run_dir, run_id, plan, events)       # per exec: the limits' cgroup
+    ca, ca_file, upstream = egress_files(run_dir, granted, upstream_ca)   # grants' files
+    proxy = start_proxy(config_json, listener, attach, uid, gid)   # per exec, with allow
+    events += proxy.stop()
 
-The namespace and gvisor tiers use these.
+Every tier uses these (each where it applies).
 No imports from a tier module here, so any tier can import this one.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 from .._sys import MS_NODEV, MS_NOSUID, mount
 from ..errors import SandboxSetupError
+from ..supervise import kill_pid
 
 #: the directories of the scratch tmpfs: bound at /scratch, /tmp and /dev/shm
 SCRATCH_DIRS = (("home", 0o755), ("tmp", 0o1777), ("shm", 0o1777))
@@ -143,3 +148,70 @@ def _write_readable(path: str, data: bytes) -> str:
         f.write(data)
     os.chmod(path, 0o644)
     return path
+
+
+class Proxy:
+    """A running egress proxy process of one exec."""
+
+    def __init__(self, pid: int, events_r: int, err_r: int) -> None:
+        from ..egress.launch import EventLines
+
+        self.pid, self.events_r, self.err_r = pid, events_r, err_r
+        self.lines = EventLines()
+
+    def stop(self) -> list[dict]:
+        """SIGTERM, collect the remaining events (it writes those of open connections on
+        the way out), reap. Returns its events plus a teardown event if it failed."""
+        import select
+
+        try:
+            os.kill(self.pid, 15)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 3.0
+        open_fds = {self.events_r, self.err_r}
+        poller = select.poll()   # not select(): a busy supervisor has fds past 1024
+        for fd in open_fds:
+            poller.register(fd, select.POLLIN)
+        err = b""
+        while open_fds and time.monotonic() < deadline:
+            wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            for fd, _ in poller.poll(wait_ms):
+                data = os.read(fd, 65536)
+                if not data:
+                    open_fds.discard(fd)
+                    poller.unregister(fd)
+                elif fd == self.events_r:
+                    self.lines(data)
+                else:
+                    err = (err + data)[-4000:]
+        kill_pid(self.pid)
+        _, status = os.waitpid(self.pid, 0)
+        os.close(self.events_r)
+        os.close(self.err_r)
+        events = list(self.lines.events)
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) not in (0, 143) or (
+                os.WIFSIGNALED(status) and os.WTERMSIG(status) not in (9, 15)):
+            last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            events.append({"kind": "teardown", "message": f"the egress proxy failed: {last[0]}"})
+        return events
+
+
+def start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: int) -> Proxy:
+    """The egress proxy of one exec, serving `listener` (closed here once handed on):
+    it joins the cgroup whose cgroup.procs fds are `attach`, dies with the supervisor and
+    drops to uid:gid once loaded (egress/boot.py)."""
+    from .. import limits
+    from .._sys import set_pdeathsig
+    from ..egress.launch import start_proxy as launch
+
+    def setup() -> None:
+        if attach:
+            limits.RunCgroup.attach_self(attach)
+        set_pdeathsig(9)   # SIGKILL; boot.py's uid switch clears it, and it asks again
+
+    try:
+        pid, events_r, err_r = launch(config_json, listener, uid, gid, setup)
+    finally:
+        listener.close()
+    return Proxy(pid, events_r, err_r)

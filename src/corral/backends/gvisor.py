@@ -117,6 +117,7 @@ from .common import (
     run_cgroup,
     scratch_events,
     setup_scratch,
+    start_proxy,
     usage_of,
 )
 from .namespace import HOSTNAME, UID_BASE, UID_SPAN, ensure_etc
@@ -616,7 +617,7 @@ class GvisorSandbox:
 
                 config = proxy_config(egress[0].config_json, self.granted, self.ca,
                                       self.upstream_ca)
-                proxy = _start_proxy(config, net.take_listener(), attach, self.uid, self.gid)
+                proxy = start_proxy(config, net.take_listener(), attach, self.uid, self.gid)
             stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
             argv_runsc = self.runsc_argv(cid)
             started = time.monotonic()
@@ -765,24 +766,6 @@ def _children() -> list[tuple[int, str, int]]:
                 continue
             out.append((int(k), fields[0], int(fields[3])))
     return out
-
-
-def _start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: int):
-    """The proxy process of one exec, serving `listener` (closed here once handed on), in
-    the run's cgroup, dropping to the run's uid. A namespace._Proxy."""
-    from ..egress.launch import start_proxy
-    from .namespace import _Proxy
-
-    def setup() -> None:
-        if attach:
-            limits.RunCgroup.attach_self(attach)
-        set_pdeathsig(SIGKILL)
-
-    try:
-        pid, events_r, err_r = start_proxy(config_json, listener, uid, gid, setup)
-    finally:
-        listener.close()
-    return _Proxy(pid, events_r, err_r)
 
 
 def _is_of(name: str, cid: str) -> bool:

@@ -56,6 +56,7 @@ from .common import (
     run_cgroup,
     scratch_events,
     setup_scratch,
+    start_proxy,
     usage_of,
 )
 
@@ -415,7 +416,10 @@ class NamespaceSandbox:
 
                         config = proxy_config(egress[0].config_json, self.granted, self.ca,
                                               self.upstream_ca)
-                        proxy = _start_proxy(config, init_pid, attach, uid, gid)
+                        from ..egress.launch import listen_in_netns
+
+                        proxy = start_proxy(config, listen_in_netns(init_pid), attach, uid,
+                                            gid)
                     except BaseException:
                         kill()
                         raise
@@ -503,78 +507,6 @@ def _reap_init(init: int | None, cg) -> None:
         if done:
             return
         time.sleep(0.002)
-
-
-class _Proxy:
-    """A running egress proxy process of one exec."""
-
-    def __init__(self, pid: int, events_r: int, err_r: int) -> None:
-        from ..egress.launch import EventLines
-
-        self.pid, self.events_r, self.err_r = pid, events_r, err_r
-        self.lines = EventLines()
-
-    def stop(self) -> list[dict]:
-        """SIGTERM, collect the remaining events (it writes those of open connections on
-        the way out), reap. Returns its events plus a teardown event if it failed."""
-        import select
-
-        try:
-            os.kill(self.pid, 15)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 3.0
-        open_fds = {self.events_r, self.err_r}
-        poller = select.poll()   # not select(): a busy supervisor has fds past 1024
-        for fd in open_fds:
-            poller.register(fd, select.POLLIN)
-        err = b""
-        while open_fds and time.monotonic() < deadline:
-            wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
-            for fd, _ in poller.poll(wait_ms):
-                data = os.read(fd, 65536)
-                if not data:
-                    open_fds.discard(fd)
-                    poller.unregister(fd)
-                elif fd == self.events_r:
-                    self.lines(data)
-                else:
-                    err = (err + data)[-4000:]
-        kill_pid(self.pid)
-        _, status = os.waitpid(self.pid, 0)
-        os.close(self.events_r)
-        os.close(self.err_r)
-        events = list(self.lines.events)
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) not in (0, 143) or (
-                os.WIFSIGNALED(status) and os.WTERMSIG(status) not in (9, 15)):
-            last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            events.append({"kind": "teardown", "message": f"the egress proxy failed: {last[0]}"})
-        return events
-
-
-def _start_proxy(config_json: str, init_pid, attach, uid, gid) -> _Proxy:
-    from ..egress.launch import config_fd, listen_in_netns, proxy_argv
-
-    listener = listen_in_netns(init_pid)
-    cfd = config_fd(config_json)
-    try:
-        def setup() -> None:  # the proxy joins the run's cgroup; boot.py drops to its uid
-            if attach:
-                limits.RunCgroup.attach_self(attach)
-            set_pdeathsig(SIGKILL)
-
-        argv = proxy_argv(cfd, listener.fileno(), uid, gid)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        try:
-            ppid, events_r, err_r = spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"},
-                                          stdin_fd=devnull, pass_fds=(cfd, listener.fileno()),
-                                          child_setup=setup)
-        finally:
-            os.close(devnull)
-    finally:
-        os.close(cfd)
-        listener.close()
-    return _Proxy(ppid, events_r, err_r)
 
 
 def _destroy(cg) -> list[str]:

@@ -112,7 +112,14 @@ from ..plan import (
 )
 from ..result import Result
 from ..supervise import decode_status, finish, spawn, supervise
-from .common import egress_files, is_unenforced, run_cgroup, scratch_events, usage_of
+from .common import (
+    egress_files,
+    is_unenforced,
+    run_cgroup,
+    scratch_events,
+    start_proxy,
+    usage_of,
+)
 
 SIGKILL, SIGTERM, SIGXCPU, SIGCHLD = 9, 15, 24, 17
 #: the device files a program expects to open: (path, Landlock rights)
@@ -716,40 +723,19 @@ class _Egress:
         in the command's: its upstream connects must not meet the programs)."""
         import json
 
-        from ..egress.launch import config_fd, proxy_argv
         from ..grants import proxy_config
-        from .namespace import _Proxy
 
         sb = self.sb
         config = json.loads(proxy_config(sb.egress[0].config_json, sb.granted, sb.ca,
                                          sb.upstream_ca))
         config["peer_uid"] = sb.uid   # only the command's sockets get in
-        cfd = config_fd(json.dumps(config))
         attach = cg.attach_fds() if cg is not None else []
-        try:
-            def setup() -> None:
-                if attach:
-                    limits.RunCgroup.attach_self(attach)
-                set_pdeathsig(SIGKILL)
-
-            uid, gid = ((sb.proxy_uid, sb.proxy_gid) if sb.root else (sb.uid, sb.gid))
-            # boot.py's uid switch clears the parent-death signal set here: the proxy sets
-            # its own once it runs as its uid (--die-with-parent)
-            argv = proxy_argv(cfd, self.listener.fileno(), uid, gid)
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            try:
-                pid, events_r, err_r = spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"},
-                                             stdin_fd=devnull,
-                                             pass_fds=(cfd, self.listener.fileno()),
-                                             child_setup=setup)
-            finally:
-                os.close(devnull)
+        uid, gid = ((sb.proxy_uid, sb.proxy_gid) if sb.root else (sb.uid, sb.gid))
+        try:   # the listener is the proxy's now: start_proxy closes it here
+            return start_proxy(json.dumps(config), self.listener, attach, uid, gid)
         finally:
-            os.close(cfd)
             for fd in attach:
                 os.close(fd)
-            self.listener.close()   # the proxy holds it now
-        return _Proxy(pid, events_r, err_r)
 
     def close(self) -> list:
         """Close what this exec holds; returns the cgroup to destroy (before the run's)."""

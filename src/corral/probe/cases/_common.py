@@ -27,3 +27,29 @@ def bounded(obs, cap, unit):
     if n <= cap:
         return True, f"stopped at {d}"
     return False, f"got to {n} {unit}, past the {cap} the policy sets: {d}"
+
+
+def write_back(path):
+    """CODE for the kernel-helper cases: write a root-only file (core_pattern, modprobe,
+    uevent_helper) with its own current value, nothing else; ALLOWED if the write took."""
+    return f"""
+p = {path!r}
+if ON_HOST and not os.path.exists(p):
+    out("UNSUPPORTED", f"{{p}} does not exist in this kernel")
+    sys.exit(0)
+if ON_HOST and os.geteuid() != 0:
+    out("UNSUPPORTED", "the host control needs root")
+    sys.exit(0)
+try:
+    with open(p, "rb") as f:
+        cur = f.read()
+except OSError as e:
+    out("DENIED", f"read {{p}}: {{ename(e)}}")
+    sys.exit(0)
+try:
+    with open(p, "wb") as f:
+        f.write(cur)                      # its own current value, nothing else
+    out("ALLOWED", f"wrote {{p}} (its own value back)")
+except OSError as e:
+    out("DENIED", f"write {{p}}: {{ename(e)}}")
+"""

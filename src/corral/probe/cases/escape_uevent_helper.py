@@ -1,29 +1,9 @@
+from ._common import write_back
+
 ID = 'escape.uevent-helper'
 CATEGORY = 'escape'
 DESCRIPTION = 'write /sys/kernel/uevent_helper (run as root on every uevent)'
 CLAIMS = ('no_host_root',)
-CODE = r"""
-p = '/sys/kernel/uevent_helper'
-if ON_HOST and not os.path.exists(p):
-    out('UNSUPPORTED', 'no uevent_helper in this kernel'); sys.exit(0)
-if ON_HOST and not os.path.exists(p):
-    out("UNSUPPORTED", f"{p} does not exist in this kernel")
-    sys.exit(0)
-if ON_HOST and os.geteuid() != 0:
-    out("UNSUPPORTED", "the host control needs root")
-    sys.exit(0)
-try:
-    with open(p, "rb") as f:
-        cur = f.read()
-except OSError as e:
-    out("DENIED", f"read {p}: {ename(e)}")
-    sys.exit(0)
-try:
-    with open(p, "wb") as f:
-        f.write(cur)                      # its own current value, nothing else
-    out("ALLOWED", f"wrote {p} (its own value back)")
-except OSError as e:
-    out("DENIED", f"write {p}: {ename(e)}")
-"""
+CODE = write_back('/sys/kernel/uevent_helper')
 CONTROL = 'host'
 CONTAINED = '/sys is absent or read-only; the probe writes back the current value only'

@@ -209,17 +209,7 @@ class ProxyConnection:
             raise ProxyProtocolError("a fragment (#) does not belong in a request")
         host, port = split_authority(authority, default_port=80)
         path = rest if rest.startswith("/") else "/" + rest
-        hosts = [v for k, v in headers if k == b"host"]
-        if len(hosts) > 1:
-            raise ProxyProtocolError("more than one Host header")
-        if hosts:
-            try:
-                hh, hp = split_authority(hosts[0].decode("latin-1"), default_port=80)
-            except ProxyProtocolError:
-                raise ProxyProtocolError("host header mismatch", status=403, host=host,
-                                         port=port) from None
-            if not _same_host(hh, host) or hp != port:
-                raise ProxyProtocolError("host header mismatch", status=403, host=host, port=port)
+        _check_host_header(headers, host, port, default_port=80)
         self._state = _BODY
         self.request = HttpRequest(method=bytes(ev.method), host=host, port=port,
                                    path=path.encode("latin-1"), headers=headers,
@@ -298,6 +288,22 @@ def split_authority(text: str, *, default_port: int | None) -> tuple[str, int]:
     return host, port
 
 
+def _check_host_header(headers, host: str, port: int, *, default_port: int) -> None:
+    """At most one Host header, and it names the request's own target (a port left out
+    means `default_port`); 403 otherwise."""
+    hosts = [v for k, v in headers if k == b"host"]
+    if len(hosts) > 1:
+        raise ProxyProtocolError("more than one Host header")
+    if hosts:
+        try:
+            hh, hp = split_authority(hosts[0].decode("latin-1"), default_port=default_port)
+        except ProxyProtocolError:
+            raise ProxyProtocolError("host header mismatch", status=403, host=host,
+                                     port=port) from None
+        if not _same_host(hh, host) or hp != port:
+            raise ProxyProtocolError("host header mismatch", status=403, host=host, port=port)
+
+
 def _same_host(a: str, b: str) -> bool:
     try:
         return parse_host(a) == parse_host(b)
@@ -358,17 +364,7 @@ def inner_request(ev: h11.Request, host: str, port: int) -> HttpRequest:
         if "#" in rest:
             raise ProxyProtocolError("a fragment (#) does not belong in a request")
         target = rest if rest.startswith("/") else "/" + rest
-    hosts = [v for k, v in headers if k == b"host"]
-    if len(hosts) > 1:
-        raise ProxyProtocolError("more than one Host header")
-    if hosts:
-        try:
-            hh, hp = split_authority(hosts[0].decode("latin-1"), default_port=443)
-        except ProxyProtocolError:
-            raise ProxyProtocolError("host header mismatch", status=403, host=host,
-                                     port=port) from None
-        if not _same_host(hh, host) or hp != port:
-            raise ProxyProtocolError("host header mismatch", status=403, host=host, port=port)
+    _check_host_header(headers, host, port, default_port=443)
     return HttpRequest(method=bytes(ev.method), host=host, port=port,
                        path=target.encode("latin-1"), headers=headers,
                        http_version=bytes(ev.http_version))

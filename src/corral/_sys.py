@@ -66,3 +66,44 @@ def subreaper_release() -> None:
         _subreaper_users -= 1
         if _subreaper_users == 0:
             _libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+#: setresuid/setresgid syscall numbers, for a change of one thread's ids only (real_ids)
+_SETRES = {"x86_64": (117, 119), "aarch64": (147, 149)}.get(os.uname().machine)
+
+
+class real_ids:
+    """`with real_ids(uid, gid):` this thread's *real* uid and gid are uid:gid; its effective
+    and saved ids (root) and its capabilities stay as they are, and so do every other
+    thread's. Raw syscalls: glibc's setresuid() would change every thread of the process.
+
+    For prlimit(2) on a process of the sandbox's uid: the kernel allows it to a caller
+    whose real ids match the target's, or with CAP_SYS_RESOURCE, which root in a container
+    may lack. Nothing else runs in this thread meanwhile."""
+
+    __slots__ = ("uid", "gid", "_was")
+
+    def __init__(self, uid: int, gid: int) -> None:
+        self.uid, self.gid = uid, gid
+        self._was = (0, 0)
+
+    @staticmethod
+    def _set(nr: int, value: int) -> None:
+        if _libc.syscall(nr, value, -1, -1) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+
+    def __enter__(self) -> None:
+        if _SETRES is None:
+            raise OSError(_errno.ENOSYS, f"no setresuid number known for {os.uname().machine}")
+        self._was = (os.getuid(), os.getgid())   # this thread's (raw syscalls too)
+        self._set(_SETRES[1], self.gid)
+        try:
+            self._set(_SETRES[0], self.uid)
+        except BaseException:
+            self._set(_SETRES[1], self._was[1])
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self._set(_SETRES[0], self._was[0])
+        self._set(_SETRES[1], self._was[1])

@@ -339,6 +339,10 @@ class RunCgroup:
         #: kill_all() found the run empty, and nothing can have joined since (attach_fds()
         #: was not called after it): destroy() need not look again
         self._emptied = False
+        #: OOM kills counted before this run began, and the memory then charged (renew())
+        self._oom_base = self._mem_base = 0
+        #: the limits it was made with, for whoever reuses it (backends/common.py)
+        self.key: tuple | None = None
 
     def __repr__(self) -> str:
         return f"RunCgroup({self.run_id!r}, {self.version}, {self.paths})"
@@ -497,12 +501,54 @@ class RunCgroup:
         return fds
 
     @staticmethod
+    def attach(fds: list[int], pid: int) -> None:
+        """Move process `pid` (all its threads) into the run, through attach_fds()."""
+        data = str(pid).encode()
+        for fd in fds:
+            try:
+                os.write(fd, data)
+            except OSError as e:
+                raise SandboxSetupError(f"cannot move process {pid} into its cgroup: "
+                                        f"{e.strerror}", step="cgroup", errno=e.errno) from None
+
+    @staticmethod
     def attach_self(fds: list[int]) -> None:
         """Move the calling process into the run. Safe between fork and exec (preexec_fn):
         it only calls write(2). "0" means the writer itself, in v1 and v2 alike. A failure
         raises, which makes subprocess abort the child before exec."""
         for fd in fds:
             os.write(fd, b"0")
+
+    # -- reuse --
+
+    def renew(self, *, max_residue: int | None) -> bool:
+        """Make this emptied cgroup ready for another run with the same limits: the CPU
+        counter starts again from 0, usage() reports the memory peak above what is charged
+        now (and the memory limit still covers that charge), and OOM kills count from now.
+        False when it cannot be reused: a cgroup v2 (memory.peak cannot be reset before
+        Linux 6.12), not emptied by kill_all(), or holding more than `max_residue` bytes
+        of charged memory (pages another run left, e.g. files of its scratch tmpfs).
+        Creating and removing a v1 run costs the kernel ~1 ms over five hierarchies;
+        this is a few small writes."""
+        if self.version != "v1" or self._destroyed or not self._emptied:
+            return False
+        d = self._dir("memory")
+        if d is not None:
+            memsw = os.path.exists(os.path.join(d, "memory.memsw.usage_in_bytes"))
+            prefix = "memory.memsw." if memsw else "memory."
+            used = _read_or_none(os.path.join(d, prefix + "usage_in_bytes"))
+            if used is None or max_residue is not None and int(used) > max_residue:
+                return False
+            _write(os.path.join(d, "memory.max_usage_in_bytes"), "0")  # = usage now
+            if memsw:
+                _write(os.path.join(d, "memory.memsw.max_usage_in_bytes"), "0")
+            self._mem_base = int(used)
+            self._oom_base = _keyed(_read_or_none(os.path.join(d, "memory.oom_control")),
+                                    "oom_kill") or 0
+        cpu = self._dir("cpuacct")
+        if cpu is not None:
+            _write(os.path.join(cpu, "cpuacct.usage"), "0")
+        return True
 
     # -- accounting --
 
@@ -531,8 +577,11 @@ class RunCgroup:
                 text = (_read_or_none(os.path.join(d, "memory.peak"))
                         or _read_or_none(os.path.join(d, "memory.current")))
                 events = _read_or_none(os.path.join(d, "memory.events"))
-            peak = int(text) if text else None
+            # what this run added at its peak (a reused cgroup starts with some charge)
+            peak = max(int(text) - self._mem_base, 0) if text else None
             oom = _keyed(events, "oom_kill")
+            if oom is not None:
+                oom -= self._oom_base
         return Usage(self.cpu_seconds(), peak, oom)
 
     def pids(self) -> list[int]:
@@ -733,10 +782,12 @@ def _v2_enable(d: str, controllers: list[str]) -> None:
 # ---- rlimits ----
 
 def apply_rlimits(*, nofile: int, fsize: int, cpu_seconds: int | None,
-                  nproc: int | None) -> None:
-    """Set the calling process's rlimits (soft = hard), and no core dumps. Only setrlimit(2):
-    safe in preexec_fn. RLIMIT_CPU gets hard = soft + 1, so SIGXCPU comes before SIGKILL.
-    Note that RLIMIT_NPROC counts the user's processes and does not bind root."""
+                  nproc: int | None, pid: int | None = None) -> None:
+    """Set the rlimits (soft = hard), and no core dumps, of the calling process or of `pid`
+    (prlimit(2); its later children inherit them). The calling process's own: only
+    setrlimit(2), safe in preexec_fn. RLIMIT_CPU gets hard = soft + 1, so SIGXCPU comes
+    before SIGKILL. Note that RLIMIT_NPROC counts the user's processes and does not bind
+    root."""
     limits = [(resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_NOFILE, nofile, nofile),
               (resource.RLIMIT_FSIZE, fsize, fsize)]
     if cpu_seconds is not None:
@@ -745,7 +796,10 @@ def apply_rlimits(*, nofile: int, fsize: int, cpu_seconds: int | None,
         limits.append((resource.RLIMIT_NPROC, nproc, nproc))
     for which, soft, hard in limits:
         try:
-            resource.setrlimit(which, (soft, hard))
+            if pid is None:
+                resource.setrlimit(which, (soft, hard))
+            else:
+                resource.prlimit(pid, which, (soft, hard))
         except (OSError, ValueError) as e:
             raise SandboxSetupError(f"setrlimit({which}, {soft}) failed: {e}; raising a hard "
                                     f"limit needs root", step="rlimit",

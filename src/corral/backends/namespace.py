@@ -5,13 +5,16 @@ Steps of one sandbox, in order (each names what enforces it):
  2. /scratch: a tmpfs mounted by corral on the host with size= and nr_inodes=, owned by the
     run's own unprivileged uid; /tmp and /dev/shm are directories of the same tmpfs
  3. the workspace, if any: an idmapped mount (owner -> the run's uid), nosuid, nodev
- 4. per exec: a cgroup (memory+swap, pids, cpu quota, cpu accounting)
- 5. fork; in the child: join the cgroup, rlimits, drop to the run's uid (when corral is
-    root), parent-death signal; exec bwrap, which makes user/mount/pid/net/uts/ipc/cgroup
-    namespaces, binds the read-only root, drops every capability, sets no_new_privs,
-    loads the seccomp filter and execs the command
+ 4. per exec: a cgroup (memory+swap, pids, cpu quota, cpu accounting), reused from earlier
+    runs of this process when one with the same limits is idle (limits.py)
+ 5. bwrap starts as the run's uid (when corral is root) and builds user/mount/pid/net/uts/
+    ipc/cgroup namespaces, the read-only root, no capabilities, no_new_privs; it then
+    waits for its seccomp program on a pipe while the supervisor moves it into the cgroup
+    and sets its rlimits (the gate: see exec()); then it loads the filter, forks the
+    sandbox's init and execs the command. bwrap dies with the supervisor
+    (--die-with-parent), its child with bwrap
  6. the supervisor watches output, wall clock and the cgroup's CPU counter; at the end it
-    kills everything left in the cgroup and removes it
+    kills everything left in the cgroup and empties it
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import os
 import time
 
 from .. import limits, rundir, seccomp
-from .._sys import set_pdeathsig, subreaper_acquire, subreaper_release
+from .._sys import real_ids, subreaper_acquire, subreaper_release
 from ..errors import BackendUnavailable, SandboxSetupError
 from ..plan import (
     ETC_BINDS,
@@ -50,8 +53,10 @@ from ..plan import (
 from ..result import Result
 from ..supervise import decode_status, finish, kill_pid, spawn, supervise
 from .common import (
+    POOL,
     egress_files,
     is_unenforced,
+    keep_cgroup,
     mount_workspace,
     run_cgroup,
     scratch_events,
@@ -61,7 +66,7 @@ from .common import (
 )
 
 HOSTNAME = "corral"
-SIGKILL, SIGXCPU = 9, 24  # Linux numbers; `import signal` would cost an enum import
+ESRCH = 3
 #: sandbox uids, when corral runs as root, are drawn from [UID_BASE, UID_BASE + UID_SPAN):
 #: far above any real account and any subuid range, one per sandbox
 UID_BASE = 1_500_000_000
@@ -255,7 +260,8 @@ class NamespaceSandbox:
         self.events = events  # standing events (e.g. unenforced defaults), copied per exec
         self.root = backend.root
         self.execs = 0
-        self._seccomp_fd = -1
+        #: emptied cgroups of earlier execs, for the next ones (common.CgroupPool)
+        self._cgroups: list = []
         rundir.sweep_stale()
         self.dir = rundir.RunDir()
         try:
@@ -283,8 +289,11 @@ class NamespaceSandbox:
                                                      self.gid)
         self.ca, self.ca_file, self.upstream_ca = egress_files(self.dir, self.granted,
                                                                self.upstream_ca)
-        bpf = seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"))
-        self._seccomp_fd = seccomp.bpf_fd(bpf)
+        self.bpf = seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"))
+        if len(self.bpf) > 4096:  # PIPE_BUF: the gate's one write must not be split
+            raise AssertionError(f"the seccomp program is {len(self.bpf)} bytes, over 4096")
+        #: bwrap's argv up to the command, without the per-exec fds (exec() adds
+        #: --seccomp, --json-status-fd and --block-fd)
         self.argv_prefix = self._bwrap_args()
 
     def _unenforced(self, op: Op) -> bool:
@@ -328,7 +337,7 @@ class NamespaceSandbox:
                 case ReadOnlyBind():
                     a += ["--ro-bind", op.path, op.path]
                 case Seccomp():
-                    a += ["--seccomp", str(self._seccomp_fd)]
+                    pass  # per exec: --seccomp on the gate pipe (exec())
                 case (Environment() | MemoryLimit() | PidsLimit() | CpuQuota() | CpuTime()
                       | WallClock() | OutputCap() | Rlimit()):
                     pass  # enforced by the supervisor, the cgroup or rlimits, not by bwrap
@@ -338,8 +347,37 @@ class NamespaceSandbox:
         return a
 
     # -- exec ----------------------------------------------------------------------------
+    def bwrap_line(self, argv: list[str], *, args_r: int, gate_r: int, status_w: int,
+                   block_r: int = -1) -> tuple[list[str], bytes]:
+        """bwrap's command line for argv, and the options it reads from `args_r` (--args,
+        NUL-separated). bwrap takes only options from --args; the command and the gate
+        (--seccomp) stay on the command line, so an --args cut short or never written still
+        meets the gate (see exec())."""
+        line = [self.argv_prefix[0], "--args", str(args_r), "--seccomp", str(gate_r),
+                "--json-status-fd", str(status_w)]
+        if block_r >= 0:
+            line += ["--block-fd", str(block_r)]
+        blob = b"".join(a.encode() + b"\0" for a in self.argv_prefix[1:])
+        return [*line, "--", *argv], blob
+
     def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
              on_stderr=None, timeout: float | None = None) -> Result:
+        """Run argv in fresh namespaces. Every limit holds from bwrap's first clone on, and
+        a supervisor that dies or fails half way leaves nothing running outside them:
+
+         1. bwrap starts (a C fork+exec, as the run's uid) with `--args PIPE --seccomp
+            GATE --json-status-fd STATUS -- COMMAND`: it reads its other options from the
+            pipe before anything else, so it waits there.
+         2. The supervisor moves it into the run's cgroup and sets its rlimits, then writes
+            the options (namespaces, mounts, ...). bwrap's clone of the sandbox's pid 1
+            (and the cgroup namespace, rooted at the run's cgroup) comes after, so every
+            process of the sandbox inherits both.
+         3. bwrap builds the namespaces and the root, reports its child on
+            --json-status-fd (by then it has its parent-death signal), and reads its seccomp
+            program from the gate pipe, which the supervisor fills only on that report.
+         4. A supervisor that dies (or fails) before 3 ends leaves the gate empty, whatever
+            it wrote of the options: bwrap refuses an empty seccomp program and exits
+            without running the command."""
         if not argv:
             raise SandboxSetupError("no command given", step="exec")
         plan = self.plan
@@ -349,55 +387,42 @@ class NamespaceSandbox:
         cpu = plan.find(CpuTime)[0].seconds
         cap = plan.find(OutputCap)[0].bytes
         rl = {op.name: op.value for op in plan.find(Rlimit)}
-        cg = run_cgroup(self.dir, f"{self.dir.id}-{self.execs}", plan, self.events)
+        cg = run_cgroup(self.dir, f"{self.dir.id}-{self.execs}", plan, self.events,
+                        kept=self._cgroups)
         attach: list[int] = []
         try:
             attach = cg.attach_fds() if cg else []
-            uid, gid, root = self.uid, self.gid, self.root
-            parent = os.getpid()
-            cpu_rlimit = math.ceil(cpu) + 1
-
-            def child_setup() -> None:
-                if attach:
-                    limits.RunCgroup.attach_self(attach)
-                limits.apply_rlimits(nofile=rl["nofile"], fsize=rl["fsize"],
-                                     cpu_seconds=cpu_rlimit, nproc=None)
-                if root:
-                    os.setgroups([])
-                    os.setresgid(gid, gid, gid)
-                    os.setresuid(uid, uid, uid)
-                set_pdeathsig(SIGKILL)
-                if os.getppid() != parent:
-                    os._exit(125)
-
-            os.lseek(self._seccomp_fd, 0, os.SEEK_SET)
+            uid, gid = self.uid, self.gid
             env = dict(plan.find(Environment)[0].env)
             egress = plan.find(EgressProxy)
             stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
+            args_r, args_w = os.pipe()
             status_r, status_w = os.pipe()
-            fds = [self._seccomp_fd, status_w]
-            extra_args = ["--json-status-fd", str(status_w)]
-            block_r = block_w = -1
+            gate_r, gate_w = os.pipe()
+            ours = [args_w, status_r, gate_w]          # the supervisor's ends
+            theirs = [args_r, status_w, gate_r]        # bwrap's, closed here once it runs
+            block_r = -1
             if egress:  # hold the command until the proxy's listener exists inside
                 block_r, block_w = os.pipe()
-                fds.append(block_r)
-                extra_args += ["--block-fd", str(block_r)]
+                ours.append(block_w)
+                theirs.append(block_r)
+            line, blob = self.bwrap_line(argv, args_r=args_r, gate_r=gate_r,
+                                         status_w=status_w, block_r=block_r)
             started = time.monotonic()
             subreaper_acquire()
             try:
                 pid, out_r, err_r = spawn(
-                    self.argv_prefix[0], self.argv_prefix + extra_args + ["--", *argv],
-                    env, stdin_fd=stdin_fd, pass_fds=tuple(fds), child_setup=child_setup)
+                    line[0], line, env,
+                    stdin_fd=stdin_fd, pass_fds=tuple(theirs),
+                    uid=uid if self.root else None, gid=gid if self.root else None)
             except BaseException:
                 subreaper_release()
-                os.close(status_r)
-                if egress:
-                    os.close(block_w)
+                for fd in ours:
+                    os.close(fd)
                 raise
             finally:
-                os.close(status_w)
-                if block_r >= 0:
-                    os.close(block_r)
+                for fd in theirs:
+                    os.close(fd)
                 if stdin is None:
                     os.close(stdin_fd)
 
@@ -409,9 +434,29 @@ class NamespaceSandbox:
             proxy = None
             init_pid = None
             try:
+                try:
+                    # False: bwrap is gone already, and supervise() reports how it ended
+                    if _confine(pid, attach, nofile=rl["nofile"], fsize=rl["fsize"],
+                                cpu_seconds=math.ceil(cpu) + 1,
+                                as_ids=(uid, gid) if self.root else None):
+                        _write_all(args_w, blob)
+                        os.close(args_w)
+                        args_w = -1
+                        init_pid = _child_pid(status_r, block=True)
+                        if init_pid is not None:  # None: bwrap failed building the sandbox
+                            os.write(gate_w, self.bpf)
+                except BaseException:
+                    kill()
+                    raise
+                finally:
+                    for fd in (args_w, gate_w):
+                        if fd >= 0:
+                            os.close(fd)
                 if egress:
-                    init_pid = _child_pid(status_r, block=True)
                     try:
+                        if init_pid is None:
+                            raise SandboxSetupError("bubblewrap exited before it started "
+                                                    "the sandbox", step="bwrap-status")
                         from ..grants import proxy_config
 
                         config = proxy_config(egress[0].config_json, self.granted, self.ca,
@@ -447,7 +492,7 @@ class NamespaceSandbox:
             usage, oom_kills = usage_of(outcome, cg)  # _reap_init emptied the cgroup
         finally:
             if cg is not None:
-                problems = _destroy(cg)
+                problems = keep_cgroup(cg, self._cgroups)
                 events += [{"kind": "teardown", "message": p} for p in problems]
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
         events += scratch_events(self.scratch)
@@ -458,13 +503,43 @@ class NamespaceSandbox:
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:
         problems: list[str] = []
-        if self._seccomp_fd >= 0:
-            os.close(self._seccomp_fd)
-            self._seccomp_fd = -1
         if getattr(self, "dir", None) is not None:
-            problems += self.dir.remove()
+            kept, self._cgroups = self._cgroups, []
+            POOL.note(kept)                 # recorded there before this run dir goes
+            problems += self.dir.remove()   # the scratch tmpfs, charged to them, goes too
+            problems += POOL.give(kept)
             self.dir = None
         return problems
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """All of data into a pipe whose reader is alive (bwrap reads it as it comes)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _confine(pid: int, attach: list[int], *, nofile: int, fsize: int,
+             cpu_seconds: int, as_ids: tuple[int, int] | None) -> bool:
+    """Put bwrap (waiting for its arguments) in the run's cgroup and give it the run's
+    rlimits; every process it starts inherits both. False if it is gone already.
+    `as_ids`: its uid:gid when corral is root, taken as this thread's real ids for the
+    prlimit(2) calls (root may lack CAP_SYS_RESOURCE, as in many containers)."""
+    try:
+        if attach:
+            limits.RunCgroup.attach(attach, pid)
+        if as_ids is None:
+            limits.apply_rlimits(nofile=nofile, fsize=fsize, cpu_seconds=cpu_seconds,
+                                 nproc=None, pid=pid)
+        else:
+            with real_ids(*as_ids):
+                limits.apply_rlimits(nofile=nofile, fsize=fsize, cpu_seconds=cpu_seconds,
+                                     nproc=None, pid=pid)
+    except SandboxSetupError as e:
+        if e.errno == ESRCH:
+            return False
+        raise
+    return True
 
 
 def _child_pid(status_r: int, *, block: bool) -> int | None:
@@ -507,12 +582,4 @@ def _reap_init(init: int | None, cg) -> None:
         if done:
             return
         time.sleep(0.002)
-
-
-def _destroy(cg) -> list[str]:
-    try:
-        cg.destroy()
-    except SandboxSetupError as e:
-        return [str(e)]
-    return []
 

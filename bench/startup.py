@@ -112,14 +112,11 @@ class Bench:
         self.sb = Sandbox()            # default policy; kept open for the whole benchmark
         self.sb.open()
         live = self.sb._live
-        prefix = list(live.argv_prefix)
-        if "--" in prefix or "--seccomp" in prefix:
-            raise SystemExit("corral's argv_prefix now holds '--' or '--seccomp'; fix the "
-                             "benchmark")
         # corral passes the same program on a pipe it fills once the limits are on (the
         # gate, backends/namespace.py); here it is a memfd of our own
         self.seccomp_fd = seccomp.bpf_fd(seccomp.bpf_bytes(None))
-        self.bwrap_prefix = prefix + ["--seccomp", str(self.seccomp_fd)]
+        full = live.direct_argv(["CMD"], self.seccomp_fd)
+        self.bwrap_prefix = full[:full.index("--")]
         self.uid, self.gid = live.uid, live.gid
         self.env = dict(self.sb.plan.find(Environment)[0].env)
         self.switch_user = os.geteuid() == 0 and (self.uid, self.gid) != (0, 0)

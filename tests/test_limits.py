@@ -721,3 +721,56 @@ def test_destroy_skips_the_second_look_only_while_nothing_can_have_joined(make_c
     finally:
         p.kill()
         p.wait()
+
+
+# ---- reuse (renew): cgroup v1 ----
+
+needs_v1 = pytest.mark.skipif(not USABLE or INFO.version != "v1",
+                              reason="cgroup reuse is for v1 hierarchies")
+
+
+@needs_v1
+def test_renew_starts_the_counters_again(make_cg):
+    cg = make_cg(memory=64 * MiB)
+    p = spawn(cg, "import time\nx = b'x' * (24 << 20)\nt = time.process_time()\n"
+                  "while time.process_time() - t < 0.3: pass")
+    assert p.wait(20) == 0
+    first = cg.usage()
+    assert first.memory_peak_bytes >= 24 * MiB and first.cpu_s >= 0.3
+    assert not cg.renew(max_residue=None)          # not emptied: not reusable yet
+    cg.kill_all()
+    assert cg.renew(max_residue=None)
+    p = spawn(cg, "pass")
+    assert p.wait(20) == 0
+    second = cg.usage()
+    assert second.memory_peak_bytes < 16 * MiB, second   # this run's own, not the first's
+    assert second.cpu_s < 0.2 and second.oom_kills == 0
+    # an OOM kill is counted for its run only
+    p = spawn(cg, "x = b'x' * (256 << 20)")
+    assert p.wait(20) == -signal.SIGKILL
+    assert cg.usage().oom_kills >= 1
+    cg.kill_all()
+    assert cg.renew(max_residue=None)
+    assert cg.usage().oom_kills == 0
+    assert cg_file(cg, "memory", "memory.limit_in_bytes") == str(64 * MiB)   # limits stay
+
+
+@needs_v1
+def test_renew_refuses_a_cgroup_that_still_holds_memory(make_cg, tmp_path):
+    """Page cache a run read stays charged to its cgroup after the run: past the bound,
+    the cgroup is not handed to another sandbox."""
+    big = tmp_path / "big"
+    with open(big, "wb") as f:
+        f.write(os.urandom(16 * MiB))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # out of the page cache
+    cg = make_cg(memory=128 * MiB)
+    p = spawn(cg, f"open({str(big)!r}, 'rb').read()")       # charged to cg as it is read
+    assert p.wait(20) == 0
+    cg.kill_all()
+    assert not cg.renew(max_residue=4 * MiB)
+    assert cg.renew(max_residue=None)     # the sandbox that made the charge may reuse it
+    gone = RunCgroup("x", "v2", {"cgroup2": "/nonexistent"})
+    gone._emptied = True
+    assert not gone.renew(max_residue=None)   # v2: memory.peak cannot be reset before 6.12

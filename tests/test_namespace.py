@@ -5,6 +5,7 @@ once for all tiers in test_tiers.py."""
 
 import json
 import os
+import sys
 import textwrap
 
 import pytest
@@ -112,3 +113,206 @@ def test_signal_dispositions_are_the_defaults():
     assert r.stdout.rstrip().endswith("y") and "Broken pipe" not in r.stderr
     r = sh("exec dd if=/dev/zero of=/scratch/big bs=8192 count=1", {"limits": {"file_size": 4096}})
     assert r.signal == 25  # SIGXFSZ, not a quiet EFBIG
+
+
+# -- how a run starts: the gate --------------------------------------------------------------
+
+def _start_by_hand(sb, argv, *, options: int | None, fill_gate: bool):
+    """Start bwrap exactly as exec() does, but write only `options` bytes of its --args
+    (None: all) and fill the seccomp gate or not. Returns (exit status, stdout, stderr)."""
+    from corral.supervise import spawn
+
+    live = sb._live
+    args_r, args_w = os.pipe()
+    status_r, status_w = os.pipe()
+    gate_r, gate_w = os.pipe()
+    line, blob = live.bwrap_line(argv, args_r=args_r, gate_r=gate_r, status_w=status_w)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    try:
+        pid, out_r, err_r = spawn(line[0], line, {"PATH": "/usr/bin:/bin"}, stdin_fd=devnull,
+                                  pass_fds=(args_r, status_w, gate_r), uid=live.uid,
+                                  gid=live.gid)
+    finally:
+        for fd in (devnull, args_r, status_w, gate_r):
+            os.close(fd)
+    os.write(args_w, blob if options is None else blob[:options])
+    os.close(args_w)
+    if fill_gate:
+        assert b"child-pid" in os.read(status_r, 4096)
+        os.write(gate_w, live.bpf)
+    os.close(gate_w)
+    out = b"".join(iter(lambda: os.read(out_r, 65536), b""))
+    err = b"".join(iter(lambda: os.read(err_r, 65536), b""))
+    _, status = os.waitpid(pid, 0)
+    for fd in (status_r, out_r, err_r):
+        os.close(fd)
+    return status, out.decode(), err.decode()
+
+
+def test_the_command_never_runs_before_the_gate_is_filled():
+    """bwrap reads its options from a pipe and its seccomp program from another (the gate),
+    which the supervisor fills only once the cgroup and rlimits are on: with the gate left
+    empty, whatever was written of the options, the command does not run."""
+    cmd = ["/bin/sh", "-c", "echo RAN"]
+    with corral.Sandbox() as sb:
+        status, out, _ = _start_by_hand(sb, cmd, options=None, fill_gate=True)
+        assert out == "RAN\n" and os.waitstatus_to_exitcode(status) == 0   # the control
+        blob_len = len(sb._live._args_blob)
+        for options in (None, blob_len // 2, 0):
+            status, out, err = _start_by_hand(sb, cmd, options=options, fill_gate=False)
+            assert "RAN" not in out, options
+            assert os.waitstatus_to_exitcode(status) != 0, options
+            if options is None:
+                assert "seccomp" in err.lower(), err
+
+
+SUPERVISOR = """
+import os, sys
+import corral
+from corral.backends import namespace
+
+ws, token, point = sys.argv[1:]
+
+def die(*args, **kw):
+    os.kill(os.getpid(), 9)
+
+if point == "options":        # bwrap started, nothing written to it yet
+    namespace._confine = die
+elif point == "gate":         # limits on and options written; the gate still empty
+    namespace._pidfd = die
+corral.run(["/bin/sh", "-c", f"echo {token} > /workspace/ran"],
+           {"filesystem": {"workspace": {"path": ws, "mode": "rw"}}})
+"""
+
+
+@pytest.mark.parametrize("point", ["options", "gate"])
+def test_a_supervisor_killed_while_starting_leaves_nothing_running(tmp_path, point):
+    import subprocess
+    import time
+    import uuid
+
+    from corral import rundir
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    token = f"corral-gate-{uuid.uuid4().hex}"
+    p = subprocess.run([sys.executable, "-c", SUPERVISOR, str(ws), token, point],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == -9, p.stderr
+
+    def running() -> list[int]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if token.encode() in f.read():
+                        found.append(int(pid))
+            except OSError:
+                pass
+        return found
+
+    # bwrap stops by itself, or (once it was in the run's cgroup) waits, inert, for the
+    # sweep of the next corral start, which kills what is left in a dead run's cgroup
+    time.sleep(0.5)
+    rundir.sweep_stale()
+    deadline = time.monotonic() + 5
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running() == [], "bwrap outlived its supervisor and the sweep"
+    assert not (ws / "ran").exists(), "the command ran without its supervisor"
+    # the control: the same run with a live supervisor does write the file
+    p = subprocess.run([sys.executable, "-c", SUPERVISOR, str(ws), token, "none"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 0, p.stderr
+    assert (ws / "ran").read_text().strip() == token
+
+
+# -- cgroup reuse ----------------------------------------------------------------------------
+
+def _v1() -> bool:
+    from corral import limits
+
+    return limits.detect().version == "v1"
+
+
+needs_v1 = pytest.mark.skipif(not _v1(), reason="run cgroups are reused on cgroup v1 only")
+
+
+@needs_v1
+def test_a_sandbox_keeps_its_cgroup_and_the_pool_passes_it_on():
+    from corral.backends.common import POOL
+
+    burn = "x = b'x' * (64 << 20)\nimport time\nt = time.process_time()\n" \
+           "while time.process_time() - t < 0.3: pass"
+    with corral.Sandbox() as sb:
+        first = sb.exec([PY, "-c", burn])
+        (kept,) = sb._live._cgroups
+        second = sb.exec(["/bin/true"])
+        assert sb._live._cgroups == [kept]          # the same cgroup, counters started again
+        assert first.usage.memory_peak_bytes >= 64 << 20 and first.usage.cpu_s >= 0.3
+        assert second.usage.memory_peak_bytes < 16 << 20, second.usage
+        assert second.usage.cpu_s < 0.2, second.usage
+        assert not any(cg is kept for cg in POOL._idle)   # never shared while open
+    assert any(cg is kept for cg in POOL._idle)
+    in_use = []
+    r = corral.run(["/bin/echo", "x"],
+                   on_stdout=lambda _: in_use.append(any(cg is kept for cg in POOL._idle)))
+    assert r.verdict == "ok" and in_use == [False]    # the next run took it
+    assert any(cg is kept for cg in POOL._idle)       # and gave it back
+
+
+@needs_v1
+def test_an_open_sandboxs_scratch_never_counts_against_another():
+    """A sandbox's scratch files are memory charged to its cgroup; the pool must not hand
+    that cgroup to another sandbox while they exist."""
+    policy = {"limits": {"memory": "96M"}}
+    with corral.Sandbox(policy) as a:
+        r = a.exec(["/bin/sh", "-c", "head -c 64000000 /dev/zero > /scratch/fill"])
+        assert r.verdict == "ok", r
+        b = run("x = b'x' * (48 << 20)", policy)
+        assert b.verdict == "ok", b          # 64 + 48 MB would not fit in one 96 MB cgroup
+    c = run("x = b'x' * (72 << 20)", policy)   # a's cgroup, its tmpfs gone, is fine again
+    assert c.verdict == "ok", c
+
+
+POOL_SCRIPT = """
+import os, sys
+import corral
+from corral.backends.common import POOL
+
+assert corral.run(["/bin/true"]).verdict == "ok"
+paths = [p for cg in POOL._idle for p in cg.paths] + [POOL._dir.path]
+print(" ".join(paths), flush=True)
+how = sys.argv[1]
+if how == "crash":
+    os.kill(os.getpid(), 9)
+if how == "fork":
+    key = POOL._idle[0].key
+    pid = os.fork()
+    if pid == 0:
+        assert POOL.take(key) is None      # not the parent's to take
+        sys.exit(0)                         # a normal exit: runs the inherited atexit hooks
+    os.waitpid(pid, 0)
+    print("kept" if all(os.path.exists(p) for p in paths) else "lost", flush=True)
+"""
+
+
+@needs_v1
+@pytest.mark.parametrize("how", ["exit", "crash", "fork"])
+def test_pooled_cgroups_go_at_exit_and_with_the_sweep_after_a_crash(how):
+    import subprocess
+
+    from corral import rundir
+
+    p = subprocess.run([sys.executable, "-c", POOL_SCRIPT, how], capture_output=True,
+                       text=True, timeout=60, check=False)
+    lines = p.stdout.split("\n")
+    paths = lines[0].split()
+    assert len(paths) >= 2, p.stderr
+    if how == "fork":
+        assert lines[1] == "kept" and p.returncode == 0, p.stderr
+    if how == "crash":
+        assert p.returncode == -9
+        assert all(os.path.exists(path) for path in paths)   # left by the dead process
+        rundir.sweep_stale()                                  # the next corral start
+    assert not any(os.path.exists(path) for path in paths)

@@ -52,6 +52,8 @@ def _ensure_base(base: str) -> None:
                                 f"and closed to others (mode 0711); remove it", step="rundir")
 
 
+#: a run directory's name: this many hex digits
+ID_LEN = 12
 #: the name prefix of a run directory being made (RunDir.__init__)
 STAGING = ".new-"
 #: a staging directory this old was left by a supervisor that died while making it
@@ -64,7 +66,7 @@ class RunDir:
     def __init__(self, base: str | None = None) -> None:
         self.base = base or base_dir()
         _ensure_base(self.base)
-        self.id = os.urandom(6).hex()
+        self.id = os.urandom(ID_LEN // 2).hex()
         self.path = os.path.join(self.base, self.id)
         # made and locked under a name sweepers pass over, then renamed into place: a
         # sweeper must never find this directory with its lock free (it would delete it)
@@ -186,6 +188,8 @@ def sweep_stale(base: str | None = None) -> list[str]:
         path = os.path.join(base, name)
         if name.startswith(STAGING):
             _sweep_staging(path)
+            continue
+        if len(name) != ID_LEN:   # the shared etc/ and cache/ are not run dirs
             continue
         lock = os.path.join(path, "lock")
         try:

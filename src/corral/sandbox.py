@@ -16,6 +16,10 @@ from .plan import Plan, build_plan
 from .policy import Policy, load_policy, policy_from_dict
 from .result import Result
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 
 def coerce_policy(policy: Policy | dict | str | os.PathLike | None) -> Policy:
     """A Policy from a Policy, a dict in the TOML layout, or a TOML file path."""
@@ -62,7 +66,7 @@ def _tiers_that_could(rule: str, plan: Plan, skip: str) -> list[str]:
     return could
 
 
-def prepare(policy: Policy, host_env: dict[str, str] | None = None):
+def prepare(policy: Policy, host_env: Mapping[str, str] | None = None):
     """Plan the policy and check it against the tier: (backend, plan, standing events).
 
     A rule the user set explicitly that the tier cannot enforce raises UnsupportedRule
@@ -71,7 +75,7 @@ def prepare(policy: Policy, host_env: dict[str, str] | None = None):
     AUTO_ORDER that is available here and enforces every explicit rule."""
     from .backends import AUTO_ORDER
 
-    plan = build_plan(policy, dict(os.environ) if host_env is None else host_env)
+    plan = build_plan(policy, os.environ if host_env is None else host_env)
     if plan.tier == "auto":
         reasons = []
         for tier in AUTO_ORDER:
@@ -108,9 +112,9 @@ class Sandbox:
     """A live sandbox: one policy, a scratch area kept across execs, closed on exit."""
 
     def __init__(self, policy: Policy | dict | str | None = None, *,
-                 env: dict[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None) -> None:
         self.policy = coerce_policy(policy)
-        host_env = dict(os.environ) if env is None else env
+        host_env = os.environ if env is None else env   # read here, by name (env.pass)
         self._backend, self.plan, self._events = prepare(self.policy, host_env)
         self._granted = []
         if self.policy.secrets:  # read the values now: a missing one is an error, not a run

@@ -19,8 +19,10 @@ Steps of one sandbox, in order (each names what enforces it):
 
 from __future__ import annotations
 
+import _signal  # the C module: `signal` would import enum on the start-up path
 import math
 import os
+import select
 import time
 
 from .. import limits, rundir, seccomp
@@ -66,6 +68,11 @@ from .common import (
 )
 
 HOSTNAME = "corral"
+#: on bwrap's command line, not in its --args: --hostname needs --unshare-uts, which is in
+#: --args, so a bwrap whose supervisor died before writing them stops right away (before
+#: it forks anything that could be left waiting outside the run's cgroup); and
+#: --die-with-parent holds whatever was written
+LINE_OPTIONS = ("--hostname", HOSTNAME, "--die-with-parent")
 ESRCH = 3
 #: sandbox uids, when corral runs as root, are drawn from [UID_BASE, UID_BASE + UID_SPAN):
 #: far above any real account and any subuid range, one per sandbox
@@ -295,6 +302,7 @@ class NamespaceSandbox:
         #: bwrap's argv up to the command, without the per-exec fds (exec() adds
         #: --seccomp, --json-status-fd and --block-fd)
         self.argv_prefix = self._bwrap_args()
+        self._args_blob = b"".join(a.encode() + b"\0" for a in self.argv_prefix[1:])
 
     def _unenforced(self, op: Op) -> bool:
         return is_unenforced(self.events, op)
@@ -306,7 +314,7 @@ class NamespaceSandbox:
                 case Namespaces():
                     a += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                           "--unshare-cgroup-try", "--uid", "0", "--gid", "0",
-                          "--hostname", HOSTNAME, "--new-session", "--die-with-parent",
+                          "--new-session", "--die-with-parent",
                           "--cap-drop", "ALL"]
                 case NoNetwork():
                     a += ["--unshare-net"]
@@ -350,15 +358,19 @@ class NamespaceSandbox:
     def bwrap_line(self, argv: list[str], *, args_r: int, gate_r: int, status_w: int,
                    block_r: int = -1) -> tuple[list[str], bytes]:
         """bwrap's command line for argv, and the options it reads from `args_r` (--args,
-        NUL-separated). bwrap takes only options from --args; the command and the gate
-        (--seccomp) stay on the command line, so an --args cut short or never written still
-        meets the gate (see exec())."""
-        line = [self.argv_prefix[0], "--args", str(args_r), "--seccomp", str(gate_r),
-                "--json-status-fd", str(status_w)]
+        NUL-separated). bwrap takes only options from --args; the command, the gate
+        (--seccomp) and LINE_OPTIONS stay on the command line, so an --args cut short or
+        never written still meets the gate (see exec())."""
+        line = [self.argv_prefix[0], "--args", str(args_r), *LINE_OPTIONS, "--seccomp",
+                str(gate_r), "--json-status-fd", str(status_w)]
         if block_r >= 0:
             line += ["--block-fd", str(block_r)]
-        blob = b"".join(a.encode() + b"\0" for a in self.argv_prefix[1:])
-        return [*line, "--", *argv], blob
+        return [*line, "--", *argv], self._args_blob
+
+    def direct_argv(self, argv: list[str], seccomp_fd: int) -> list[str]:
+        """The same sandbox as one plain bwrap command line, without the gate (no cgroup,
+        no rlimits): for benchmarks against raw bwrap and for debugging."""
+        return [*self.argv_prefix, *LINE_OPTIONS, "--seccomp", str(seccomp_fd), "--", *argv]
 
     def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
              on_stderr=None, timeout: float | None = None) -> Result:
@@ -432,7 +444,7 @@ class NamespaceSandbox:
                     cg.kill_all()
 
             proxy = None
-            init_pid = None
+            init_pid = init_fd = None
             try:
                 try:
                     # False: bwrap is gone already, and supervise() reports how it ended
@@ -443,7 +455,8 @@ class NamespaceSandbox:
                         os.close(args_w)
                         args_w = -1
                         init_pid = _child_pid(status_r, block=True)
-                        if init_pid is not None:  # None: bwrap failed building the sandbox
+                        init_fd = _pidfd(init_pid)
+                        if init_fd is not None:  # None: bwrap failed building the sandbox
                             os.write(gate_w, self.bpf)
                 except BaseException:
                     kill()
@@ -454,7 +467,7 @@ class NamespaceSandbox:
                             os.close(fd)
                 if egress:
                     try:
-                        if init_pid is None:
+                        if init_fd is None:
                             raise SandboxSetupError("bubblewrap exited before it started "
                                                     "the sandbox", step="bwrap-status")
                         from ..grants import proxy_config
@@ -481,11 +494,11 @@ class NamespaceSandbox:
                                     extra={proxy.events_r: proxy.lines} if proxy else None)
             finally:
                 if init_pid is None:
-                    init_pid = _child_pid(status_r, block=False)
+                    init_fd = _pidfd(_child_pid(status_r, block=False))
                 os.close(status_r)
                 if proxy is not None:
                     events += proxy.stop()
-                _reap_init(init_pid, cg)
+                _reap_init(init_fd, cg)
                 subreaper_release()
                 for fd in attach:
                     os.close(fd)
@@ -564,22 +577,35 @@ def _child_pid(status_r: int, *, block: bool) -> int | None:
     return int(digits) if found and digits.isdigit() else None
 
 
-def _reap_init(init: int | None, cg) -> None:
-    """Kill and reap bwrap's init, which bwrap's monitor leaves behind as our orphan (we
-    are a subreaper while sandboxes run) when it exits."""
+def _pidfd(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _reap_init(init_fd: int | None, cg) -> None:
+    """Kill and reap bwrap's init (through its pidfd, taken while it lived: a recycled pid
+    is never touched). bwrap's monitor exits as soon as init reports the command's exit,
+    which leaves init, still exiting, to us as its subreaper."""
     if cg is not None:
         cg.kill_all()
-    if not init:
+    if init_fd is None:
         return
-    if cg is None:
-        kill_pid(init)
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
+    try:
+        if cg is None:
+            try:
+                _signal.pidfd_send_signal(init_fd, 9)   # SIGKILL
+            except ProcessLookupError:
+                pass
+        poller = select.poll()
+        poller.register(init_fd, select.POLLIN)
+        poller.poll(2000)                  # readable once it has exited
         try:
-            done, _ = os.waitpid(init, os.WNOHANG)
+            os.waitid(os.P_PIDFD, init_fd, os.WEXITED | os.WNOHANG)
         except ChildProcessError:
-            return  # not ours (reaped already, or reparented elsewhere)
-        if done:
-            return
-        time.sleep(0.002)
-
+            pass  # bwrap's monitor reaped it
+    finally:
+        os.close(init_fd)

@@ -133,7 +133,8 @@ FIELDS: tuple[Spec, ...] = (
     Spec("limits.cpu_time", "duration", "CPU time summed over all processes of the run "
          "(cgroup accounting, RLIMIT_CPU as a second layer); verdict `timeout`.", 0.001, 7 * 86400),
     Spec("limits.memory", "size", "Memory of the whole run, swap and scratch (tmpfs) pages "
-         "included, enforced by the memory cgroup; verdict `oom`.", 4 * MiB, 1 << 50),
+         "included (on cgroup v1, also scratch files earlier commands of the same sandbox "
+         "wrote), enforced by the memory cgroup; verdict `oom`.", 4 * MiB, 1 << 50),
     Spec("limits.cpus", "float", "CPU quota in cores (cgroup CFS quota); 0.5 is half a core.",
          0.01, 1024),
     Spec("limits.pids", "int", "Processes and threads alive at once (pids cgroup); "

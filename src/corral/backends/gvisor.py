@@ -120,7 +120,8 @@ from .common import (
     start_proxy,
     usage_of,
 )
-from .namespace import HOSTNAME, UID_BASE, UID_SPAN, ensure_etc
+from .etc import HOSTNAME, ensure_etc
+from .namespace import UID_BASE, UID_SPAN
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -386,7 +387,7 @@ class GvisorSandbox:
     def _setup(self) -> None:
         plan = self.plan
         self.uid = self.gid = UID_BASE + int.from_bytes(os.urandom(4), "little") % UID_SPAN
-        self.etc = ensure_etc(self.dir.base)
+        self.etc, _ = ensure_etc(self.dir.base, prebind=False)   # binds ETC_BINDS itself
         scratch = plan.find(Scratch)[0]
         self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
                                      self.gid, enforce=not self._unenforced(scratch))

@@ -29,7 +29,6 @@ from .. import limits, rundir, seccomp
 from .._sys import real_ids, subreaper_acquire, subreaper_release
 from ..errors import BackendUnavailable, SandboxSetupError
 from ..plan import (
-    ETC_BINDS,
     SCRATCH,
     SYSTEM_PATHS,
     WORKSPACE,
@@ -66,8 +65,8 @@ from .common import (
     start_proxy,
     usage_of,
 )
+from .etc import HOSTNAME, ensure_etc
 
-HOSTNAME = "corral"
 #: on bwrap's command line, not in its --args: --hostname needs --unshare-uts, which is in
 #: --args, so a bwrap whose supervisor died before writing them stops right away (before
 #: it forks anything that could be left waiting outside the run's cgroup); and
@@ -78,20 +77,6 @@ ESRCH = 3
 #: far above any real account and any subuid range, one per sandbox
 UID_BASE = 1_500_000_000
 UID_SPAN = 1 << 20
-ETC_VERSION = "2"
-ETC_FILES = {
-    "passwd": "root:x:0:0:sandbox:/scratch:/bin/sh\n"
-              "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-    "group": "root:x:0:\nnogroup:x:65534:\n",
-    "hosts": f"127.0.0.1\tlocalhost {HOSTNAME}\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-    "hostname": f"{HOSTNAME}\n",
-    "nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n"
-                     "networks: files\nprotocols: files\nservices: files\n",
-    "resolv.conf": "# no resolver inside a corral sandbox\n",
-    "corral-ca.pem": "",  # mount point for the run's CA bundle when secrets are granted
-}
-
-
 def find_bwrap() -> str | None:
     for d in ("/usr/bin", "/usr/local/bin", "/bin"):
         p = os.path.join(d, "bwrap")
@@ -116,37 +101,6 @@ def userns_available() -> bool | str:
     except OSError:
         pass
     return True
-
-
-def ensure_etc(base: str) -> str:
-    """The sandbox's /etc: a few generated files plus mount points for ETC_BINDS.
-    Built once per host (per base dir) and shared read-only by every sandbox."""
-    path = os.path.join(base, f"etc-v{ETC_VERSION}")
-    if os.path.isdir(path):
-        return path
-    import shutil
-
-    tmp = f"{path}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.mkdir(tmp, 0o755)
-    for name, text in ETC_FILES.items():
-        with open(os.path.join(tmp, name), "w") as f:
-            f.write(text)
-        os.chmod(os.path.join(tmp, name), 0o644)
-    for host in ETC_BINDS:
-        rel = host[len("/etc/"):]
-        dst = os.path.join(tmp, rel)
-        os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
-        if os.path.isdir(host):
-            os.makedirs(dst, 0o755, exist_ok=True)
-        elif os.path.exists(host):
-            open(dst, "w").close()
-    os.chmod(tmp, 0o755)
-    try:
-        os.rename(tmp, path)
-    except OSError:  # another supervisor won the race
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
 
 
 class NamespaceBackend:
@@ -284,7 +238,7 @@ class NamespaceSandbox:
             self.uid = self.gid = UID_BASE + int.from_bytes(os.urandom(4), "little") % UID_SPAN
         else:
             self.uid, self.gid = os.getuid(), os.getgid()
-        self.etc = ensure_etc(self.dir.base)
+        self.etc, self.etc_dirs = ensure_etc(self.dir.base, prebind=self.root)
         scratch = plan.find(Scratch)[0]
         self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
                                      self.gid, enforce=self.root and not self._unenforced(scratch))
@@ -330,10 +284,9 @@ class NamespaceSandbox:
                             a += ["--symlink", os.readlink(p), p]
                         elif os.path.isdir(p):
                             a += ["--ro-bind", p, p]
-                    a += ["--ro-bind", self.etc, "/etc"]
-                    for p in ETC_BINDS:
-                        if os.path.exists(p):
-                            a += ["--ro-bind", p, p]
+                    a += ["--ro-bind", self.etc, "/etc"]   # ETC_BINDS: etc.py
+                    for p in self.etc_dirs:
+                        a += ["--ro-bind", p, p]
                     a += ["--proc", "/proc", "--dev", "/dev"]
                 case Scratch():
                     a += ["--bind", os.path.join(self.scratch, "home"), SCRATCH,

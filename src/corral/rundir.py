@@ -35,7 +35,13 @@ def _private_mount(base: str) -> None:
     _sys.mount("none", base, "", _sys.MS_PRIVATE, "")
 
 
+#: base dirs this process has made or checked (they stay; a check per sandbox is waste)
+_checked: set[tuple[str, int]] = set()
+
+
 def _ensure_base(base: str) -> None:
+    if (base, os.getpid()) in _checked:
+        return
     try:
         os.makedirs(base, mode=0o711, exist_ok=True)
         st = os.lstat(base)
@@ -50,6 +56,7 @@ def _ensure_base(base: str) -> None:
     if st.st_uid != os.geteuid() or st.st_mode & 0o022 or not os.path.isdir(base):
         raise SandboxSetupError(f"{base} is not a directory owned by uid {os.geteuid()} "
                                 f"and closed to others (mode 0711); remove it", step="rundir")
+    _checked.add((base, os.getpid()))
 
 
 #: a run directory's name: this many hex digits
@@ -71,7 +78,12 @@ class RunDir:
         # made and locked under a name sweepers pass over, then renamed into place: a
         # sweeper must never find this directory with its lock free (it would delete it)
         staging = os.path.join(self.base, STAGING + self.id)
-        os.mkdir(staging, 0o711)
+        try:
+            os.mkdir(staging, 0o711)
+        except FileNotFoundError:     # the base went away since it was checked: again
+            _checked.discard((self.base, os.getpid()))
+            _ensure_base(self.base)
+            os.mkdir(staging, 0o711)
         self._lock_fd = -1
         try:
             self._lock_fd = os.open(os.path.join(staging, "lock"),

@@ -55,7 +55,10 @@ def _sources(sources) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
     layout, prints = [], {}
     for p in sources:
         try:
-            st = os.stat(p)
+            st = os.lstat(p)
+            link = stat.S_ISLNK(st.st_mode)
+            if link:
+                st = os.stat(p)
         except OSError:
             layout.append((p, "absent", ""))
             continue
@@ -63,7 +66,7 @@ def _sources(sources) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
         if stat.S_ISDIR(st.st_mode):
             kind = "dir"
         elif stat.S_ISREG(st.st_mode) and st.st_mode & 0o004:
-            real = os.path.realpath(p)
+            real = os.path.realpath(p) if link else p
             if real != p and real.startswith("/usr/"):
                 kind, target = "link", real
             else:

@@ -330,9 +330,9 @@ class NamespaceSandbox:
         """Run argv in fresh namespaces. Every limit holds from bwrap's first clone on, and
         a supervisor that dies or fails half way leaves nothing running outside them:
 
-         1. bwrap starts (a C fork+exec, as the run's uid) with `--args PIPE --seccomp
-            GATE --json-status-fd STATUS -- COMMAND`: it reads its other options from the
-            pipe before anything else, so it waits there.
+         1. bwrap starts (a C fork+exec, as the run's uid) with `--args PIPE --hostname
+            corral --die-with-parent --seccomp GATE --json-status-fd STATUS -- COMMAND`:
+            it reads its other options from the pipe before anything else, so it waits.
          2. The supervisor moves it into the run's cgroup and sets its rlimits, then writes
             the options (namespaces, mounts, ...). bwrap's clone of the sandbox's pid 1
             (and the cgroup namespace, rooted at the run's cgroup) comes after, so every

@@ -316,3 +316,37 @@ def test_pooled_cgroups_go_at_exit_and_with_the_sweep_after_a_crash(how):
         assert all(os.path.exists(path) for path in paths)   # left by the dead process
         rundir.sweep_stale()                                  # the next corral start
     assert not any(os.path.exists(path) for path in paths)
+
+
+@needs_v1
+def test_the_pools_record_stays_short_and_lists_what_it_holds():
+    import uuid
+
+    from corral import limits
+    from corral.backends.common import CgroupPool
+
+    pool = CgroupPool()
+    made = []
+    try:
+        for _ in range(5 * CgroupPool.SIZE):
+            cg = limits.RunCgroup.create(f"test-{uuid.uuid4().hex[:12]}", memory=64 << 20,
+                                         pids=16, cpus=None)
+            cg.key = ("test", 64 << 20)
+            cg.kill_all()
+            made.append(cg)
+            pool.note([cg])
+            assert pool.give([cg]) == []
+        with open(os.path.join(pool._dir.path, "cgroups")) as f:
+            record = f.read().split("\n")
+        listed = {line.split()[1] for line in record if line}
+        assert len(listed) <= 4 * CgroupPool.SIZE + 1          # compacted, not 40
+        assert {cg.run_id for cg in pool._idle} <= listed       # what it holds is there
+        assert len(pool._idle) == CgroupPool.SIZE
+        assert all(not os.path.exists(p) for cg in made[CgroupPool.SIZE:] for p in cg.paths)
+    finally:
+        pool_dir = pool._dir.path if pool._dir else None
+        pool.drain()
+        for cg in made:
+            cg.destroy()
+    assert all(not os.path.exists(p) for cg in made for p in cg.paths)
+    assert pool_dir is None or not os.path.exists(pool_dir)

@@ -81,7 +81,7 @@ class real_ids:
     whose real ids match the target's, or with CAP_SYS_RESOURCE, which root in a container
     may lack. Nothing else runs in this thread meanwhile."""
 
-    __slots__ = ("uid", "gid", "_was")
+    __slots__ = ("_was", "gid", "uid")
 
     def __init__(self, uid: int, gid: int) -> None:
         self.uid, self.gid = uid, gid
@@ -94,8 +94,8 @@ class real_ids:
             raise OSError(e, os.strerror(e))
 
     def __enter__(self) -> None:
-        if _SETRES is None:
-            raise OSError(_errno.ENOSYS, f"no setresuid number known for {os.uname().machine}")
+        if _SETRES is None:   # another architecture: prlimit needs CAP_SYS_RESOURCE there
+            return
         self._was = (os.getuid(), os.getgid())   # this thread's (raw syscalls too)
         self._set(_SETRES[1], self.gid)
         try:
@@ -105,5 +105,7 @@ class real_ids:
             raise
 
     def __exit__(self, *exc) -> None:
+        if _SETRES is None:
+            return
         self._set(_SETRES[0], self._was[0])
         self._set(_SETRES[1], self._was[1])

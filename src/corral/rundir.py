@@ -102,8 +102,14 @@ class RunDir:
         """Note a run cgroup's directories here, so that whichever corral start finds this
         directory dead can remove them (a sweeper in another cgroup cannot find them)."""
         with open(os.path.join(self.path, "cgroups"), "a") as f:
-            for h, d in cg._dirs.items():
-                f.write(f"{cg.version} {cg.run_id} {h} {d}\n")
+            f.write(_cgroup_lines(cg))
+
+    def retrack(self, cgs) -> None:
+        """Replace the record with exactly these cgroups (write, then rename)."""
+        path = os.path.join(self.path, "cgroups")
+        with open(path + ".new", "w") as f:
+            f.write("".join(_cgroup_lines(cg) for cg in cgs))
+        os.rename(path + ".new", path)
 
     def sub(self, name: str, mode: int = 0o700) -> str:
         p = os.path.join(self.path, name)
@@ -117,6 +123,10 @@ class RunDir:
             os.close(self._lock_fd)
             self._lock_fd = -1
         return problems
+
+
+def _cgroup_lines(cg) -> str:
+    return "".join(f"{cg.version} {cg.run_id} {h} {d}\n" for h, d in cg._dirs.items())
 
 
 def _umount(path: str) -> str | None:

@@ -112,12 +112,15 @@ def run_cgroup(run_dir, run_id: str, plan, events: list[dict], *, pids=lambda n:
            pids(wanted[PidsLimit].count) if PidsLimit in wanted else None,
            wanted[CpuQuota].cpus if CpuQuota in wanted else None)
     if kept is not None and info.version == "v1":
-        for i, cg in enumerate(kept):
-            if cg.key == key:
-                del kept[i]
-                if _renew(cg, max_residue=None):   # its charges are this sandbox's own
-                    return cg
-                break
+        for cg in list(kept):
+            if cg.key != key:
+                continue
+            try:
+                kept.remove(cg)     # atomic: two execs of one sandbox never share one
+            except ValueError:
+                continue            # another thread's exec took it
+            if _renew(cg, max_residue=None):   # its charges are this sandbox's own
+                return cg
         cg = POOL.take(key)
         if cg is not None:
             run_dir.track(cg)
@@ -212,6 +215,11 @@ class CgroupPool:
                 import atexit
 
                 atexit.register(self.drain)
+            if len(self._noted) > 4 * self.SIZE:
+                # the record lists every cgroup ever noted, removed ones too: start it
+                # again from what is idle now (those in use are in their sandboxes' records)
+                self._dir.retrack([*self._idle, *cgs])
+                self._noted = {cg.run_id for cg in (*self._idle, *cgs)}
             for cg in cgs:
                 if cg.run_id not in self._noted:
                     self._dir.track(cg)

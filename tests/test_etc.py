@@ -8,6 +8,7 @@ import pytest
 
 import corral
 from corral import _sys
+from corral.backends import etc
 from corral.backends.etc import FILES, ensure_etc
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="binds and a tmpfs need root")
@@ -16,6 +17,12 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="binds and a tmpfs nee
 def read(path) -> str:
     with open(path) as f:
         return f.read()
+
+
+@pytest.fixture(autouse=True)
+def no_recheck_delay(monkeypatch):
+    """Every call checks its sources (corral waits up to RECHECK_S between checks)."""
+    monkeypatch.setattr(etc, "RECHECK_S", 0.0)
 
 
 @pytest.fixture

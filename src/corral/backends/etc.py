@@ -46,6 +46,10 @@ FILES = {
 }
 #: trees whose directory binds this process has seen in place
 _bound: set[str] = set()
+#: a check is good for this long (seconds): a package update reaches sandboxes started a
+#: second later, and a busy supervisor does not stat sixteen files per sandbox
+RECHECK_S = 1.0
+_last: dict[tuple, tuple[float, tuple[str, tuple[str, ...]]]] = {}
 
 
 def _sources(sources) -> tuple[list[tuple[str, str, str]], dict[str, str]]:
@@ -83,6 +87,19 @@ def ensure_etc(base: str, *, prebind: bool, sources=ETC_BINDS,
     """The shared /etc tree below `base`, up to date: (its path, the host directories a
     sandbox must still bind at their own paths: none once `prebind` has bound them).
     `sources` are host paths below `root` (tests point them elsewhere)."""
+    import time
+
+    key = (base, prebind, sources, root, os.getpid())
+    now = time.monotonic()
+    last = _last.get(key)
+    if last is not None and now - last[0] < RECHECK_S:
+        return last[1]
+    found = _ensure(base, prebind, sources, root)
+    _last[key] = (now, found)
+    return found
+
+
+def _ensure(base: str, prebind: bool, sources, root: str) -> tuple[str, tuple[str, ...]]:
     layout, prints = _sources(sources)
     digest = f"{binascii.crc32(repr(layout).encode()):08x}"
     path = os.path.join(base, f"etc-v{VERSION}-{digest}")

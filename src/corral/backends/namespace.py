@@ -256,7 +256,7 @@ class NamespaceSandbox:
         #: bwrap's argv up to the command, without the per-exec fds (exec() adds
         #: --seccomp, --json-status-fd and --block-fd)
         self.argv_prefix = self._bwrap_args()
-        self._args_blob = b"".join(a.encode() + b"\0" for a in self.argv_prefix[1:])
+        self._args_blob = ("\0".join(self.argv_prefix[1:]) + "\0").encode()
 
     def _unenforced(self, op: Op) -> bool:
         return is_unenforced(self.events, op)

@@ -4,7 +4,7 @@
 
 "Idle live sandbox" in corral's API: a `Sandbox` opened and running a long command with
 `Sandbox.exec` (a Sandbox with nothing running holds no process: only its run directory,
-an empty scratch tmpfs and a seccomp memfd). Here each of N threads of one supervisor
+an empty scratch tmpfs and, after its first command, an empty cgroup kept for the next). Here each of N threads of one supervisor
 process opens a Sandbox (namespace tier, default policy) and calls
 `sb.exec(["/bin/sleep", "3600"])` (the N Sandboxes are opened one after another first,
 so their start-up does not race). When all N `sleep`s are running, the script measures:
@@ -113,7 +113,7 @@ def one(n: int, mode: str) -> dict:
     sbs = []
     errors: list[str] = []
     t0 = time.monotonic()
-    for _ in range(n):  # opened one after another: run dir, scratch tmpfs, seccomp memfd
+    for _ in range(n):  # opened one after another: run dir, scratch tmpfs
         try:
             sbs.append(corral.Sandbox(pol).open())
         except Exception as e:  # noqa: BLE001 - recorded; the rest are measured

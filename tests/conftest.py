@@ -24,6 +24,19 @@ def tier_unavailable(tier: str, policy: dict | None = None) -> str | None:
     return None if d["runs"] else d["refused"]["message"]
 
 
+def procs_mentioning(text: str) -> list[int]:
+    """Host processes whose command line contains `text`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
 #: the network fixtures (servers, dnsmasq, the grants' world) for every test file
 pytest_plugins = ("netfix",)
 

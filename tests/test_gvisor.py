@@ -13,6 +13,7 @@ import textwrap
 import time
 
 import pytest
+from conftest import procs_mentioning
 
 import corral
 from corral import limits, rundir
@@ -49,19 +50,8 @@ def mountinfo():
         return f.read().splitlines()
 
 
-def procs_mentioning(text):
-    """Host processes whose command line contains `text` (runsc, its gofer, its Sentry and
-    the Sentry's ptrace stubs all carry --root=<run dir>/runsc)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if text.encode() in f.read():
-                        found.append(int(pid))
-            except OSError:
-                pass
-    return found
+# procs_mentioning (conftest): runsc, its gofer, its Sentry and the Sentry's ptrace stubs
+# all carry --root=<run dir>/runsc on their command lines
 
 
 def procs_of_uid(uid):

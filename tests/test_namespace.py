@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import procs_mentioning
 
 import corral
 
@@ -201,15 +202,7 @@ def test_a_supervisor_killed_while_starting_leaves_nothing_running(tmp_path, poi
     assert p.returncode == -9, p.stderr
 
     def running() -> list[int]:
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if token.encode() in f.read():
-                        found.append(int(pid))
-            except OSError:
-                pass
-        return found
+        return procs_mentioning(token)
 
     # bwrap stops by itself, or (once it was in the run's cgroup) waits, inert, for the
     # sweep of the next corral start, which kills what is left in a dead run's cgroup

@@ -155,6 +155,25 @@ def startup_section(st: dict, goals: list) -> list[str]:
                          f2(s["ratio_to_bwrap"]) + "x", f2(s.get("p95_ratio_to_bwrap")) + "x"])
         L += table(["contender", "median ms", "p95 ms", "min ms", "median / bwrap",
                     "p95 / bwrap"], rows) + [""]
+    # an in-process start-up goal not met: say what the gap is made of
+    missed = [g for g in st["goals"] if not g["met"] and g["goal"].startswith("corral.run")]
+    if missed:
+        L += ["**Why `corral.run` misses the 1.3x goal where it does**", ""]
+        for g in missed:
+            cmd = g["command"]
+            run = st["summary"][f"corral.run namespace {cmd}"]["median_ms"]
+            one = st["summary"][f"sb.exec namespace {cmd}"]["median_ms"]
+            raw = st["summary"][f"bwrap {cmd}"]["median_ms"]
+            L += [(f"- `{' '.join(st['commands'][cmd])}`: `corral.run` is `Sandbox.exec` "
+                  f"({f2(one)} ms, {f2(one / raw)}x) plus making and removing a sandbox: "
+                  f"{f2(run - one)} ms here for the policy check, the run directory and its "
+                  "lock, the scratch tmpfs (mount, three directories, unmount) and the stale "
+                  "sweep, none of which raw bwrap does (it runs in a sandbox opened once). "
+                  "It is Python work and small syscalls, slower here than alone because "
+                  "every other contender runs between two `corral.run` calls and leaves the "
+                  "caches cold; with only corral and raw bwrap alternating "
+                  "(`.venv/bin/python bench/startup.py --no-runsc`) the gap is smaller.")]
+        L += [""]
     # where corral is slower than a peer
     notes = slower_notes(st)
     if notes:

@@ -400,7 +400,8 @@ class NamespaceSandbox:
             init_pid = init_fd = None
             try:
                 try:
-                    # False: bwrap is gone already, and supervise() reports how it ended
+                    # False, or a broken pipe: bwrap is gone already (it failed), and
+                    # supervise() reports how it ended
                     if _confine(pid, attach, nofile=rl["nofile"], fsize=rl["fsize"],
                                 cpu_seconds=math.ceil(cpu) + 1,
                                 as_ids=(uid, gid) if self.root else None):
@@ -411,6 +412,8 @@ class NamespaceSandbox:
                         init_fd = _pidfd(init_pid)
                         if init_fd is not None:  # None: bwrap failed building the sandbox
                             os.write(gate_w, self.bpf)
+                except BrokenPipeError:
+                    pass
                 except BaseException:
                     kill()
                     raise

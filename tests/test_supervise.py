@@ -60,3 +60,32 @@ def test_an_exec_failure_is_reported_with_its_errno(how):
         start("/nonexistent/tool", ["tool"], how, pass_fds=())
     assert e.value.errno == 2 and "No such file or directory" in str(e.value)
     assert e.value.step == "exec"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching ids needs root")
+def test_real_ids_change_this_threads_real_ids_only():
+    import threading
+
+    from corral._sys import real_ids
+
+    seen = {}
+    go, done = threading.Event(), threading.Event()
+
+    def other():            # started before the switch (a new thread copies its creator's)
+        go.wait(10)
+        seen["other"] = (os.getuid(), os.geteuid())
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with real_ids(UID, UID):
+        seen["inside"] = (os.getuid(), os.getgid(), os.geteuid(), os.getegid())
+        go.set()
+        done.wait(10)
+        with open("/proc/thread-self/status") as f:
+            caps = [line for line in f if line.startswith("CapEff")]
+    t.join()
+    assert seen["inside"] == (UID, UID, 0, 0)         # real ids switched, effective kept
+    assert seen["other"] == (0, 0)                     # another thread: untouched
+    assert caps and caps[0].split()[1] != "0000000000000000"   # still privileged
+    assert (os.getuid(), os.getgid()) == (0, 0)        # and back

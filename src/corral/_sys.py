@@ -79,7 +79,8 @@ class real_ids:
 
     For prlimit(2) on a process of the sandbox's uid: the kernel allows it to a caller
     whose real ids match the target's, or with CAP_SYS_RESOURCE, which root in a container
-    may lack. Nothing else runs in this thread meanwhile."""
+    may lack. Nothing else runs in this thread meanwhile (a thread or child started from it
+    inside the block would copy the real ids)."""
 
     __slots__ = ("_was", "gid", "uid")
 

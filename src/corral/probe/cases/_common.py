@@ -53,3 +53,28 @@ try:
 except OSError as e:
     out("DENIED", f"write {{p}}: {{ename(e)}}")
 """
+
+
+def _paths_code(paths) -> str:
+    """A loop over paths, $SCRATCH and $TMP ($TMPDIR or /tmp) filled in inside the sandbox."""
+    return (f"for p in {list(paths)!r}:\n"
+            '    p = p.replace("$SCRATCH", SCRATCH).replace("$TMP", os.environ.get("TMPDIR", "/tmp"))\n')
+
+
+def plant(paths) -> str:
+    """CODE for the persistence cases: append a line to each path (made if need be)."""
+    return "\n" + _paths_code(paths) + """    try:
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "a") as f:
+            f.write("planted by run 1\\n")
+    except OSError as e:
+        print("could not plant", p, ename(e))
+"""
+
+
+def planted(paths) -> str:
+    """SECOND for the persistence cases: ALLOWED if a later run still sees any of them."""
+    return "\nfound = []\n" + _paths_code(paths) + """    if os.path.exists(p):
+        found.append(p)
+out("ALLOWED" if found else "DENIED", ("found " + " ".join(found)) if found else "the next run starts clean")
+"""

@@ -1,24 +1,11 @@
+from ._common import plant, planted
+
 ID = 'persist.scratch'
 CATEGORY = 'persistence'
 DESCRIPTION = 'plant a file in scratch; does the next run see it?'
 CLAIMS = ('rule:limits.scratch',)
-CODE = r"""
-for p in ['$SCRATCH/.planted']:
-    p = p.replace("$SCRATCH", SCRATCH)
-    try:
-        os.makedirs(os.path.dirname(p), exist_ok=True)
-        with open(p, "a") as f:
-            f.write("planted by run 1\n")
-    except OSError as e:
-        print("could not plant", p, ename(e))
-"""
-SECOND = r"""
-found = []
-for p in ['$SCRATCH/.planted']:
-    p = p.replace("$SCRATCH", SCRATCH)
-    if os.path.exists(p):
-        found.append(p)
-out("ALLOWED" if found else "DENIED", ("found " + " ".join(found)) if found else "the next run starts clean")
-"""
+PATHS = ['$SCRATCH/.planted']
+CODE = plant(PATHS)
+SECOND = planted(PATHS)
 CONTROL = {"where": "sandbox", "code": CODE + SECOND}   # one run: the planted files are seen
 CONTAINED = 'every run starts from an empty scratch: nothing planted survives'

@@ -79,6 +79,23 @@ def start_dnsmasq(addresses: dict[str, str], log: Path | None = None):
 
 # --- the egress tests' servers and resolver ----------------------------------------------
 
+def send_body(handler, body: bytes, chunks: int = 0) -> None:
+    """End a handler's headers and send body: in `chunks`-byte chunks (chunked encoding) if
+    chunks, else with Content-Length (and no body for HEAD)."""
+    if chunks:
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        for i in range(0, len(body), chunks):
+            part = body[i:i + chunks]
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+        handler.wfile.write(b"0\r\n\r\n")
+        return
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    if handler.command != "HEAD":
+        handler.wfile.write(body)
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -88,18 +105,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def _reply(self, body: bytes, status: int = 200, chunked: bool = False) -> None:
         self.send_response(status)
         self.send_header("X-Served-By", self.server.server_address[0])
-        if chunked:
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for i in range(0, len(body), 8192):
-                part = body[i:i + 8192]
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
-            self.wfile.write(b"0\r\n\r\n")
-            return
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        send_body(self, body, 8192 if chunked else 0)
 
     def do_GET(self):
         p = self.path
@@ -320,18 +326,7 @@ class Echo(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         for k, v in headers:
             self.send_header(k, v)
-        if chunks:
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for i in range(0, len(body), chunks):
-                part = body[i:i + chunks]
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
-            self.wfile.write(b"0\r\n\r\n")
-            return
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        send_body(self, body, chunks)
 
     def _password_ok(self) -> bool:
         auth = self.headers.get("Authorization", "")

@@ -96,8 +96,9 @@ def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
         os.waitpid(pid, 0)
         os.close(out_r)
         os.close(err_r)
-        raise SandboxSetupError(f"starting {path} failed: {_fail_message(report)}",
-                                step="exec", errno=_fail_errno(report))
+        message, code = _fail_report(report)
+        raise SandboxSetupError(f"starting {path} failed: {message}", step="exec",
+                                errno=code)
     return pid, out_r, err_r
 
 
@@ -158,25 +159,22 @@ def _c_fork_exec_311(path, argv, env, stdin_fd, out_w, err_w, fail_r, fail_w, pa
         gid, groups, uid, -1, None, True)
 
 
-def _fail_message(report: bytes) -> str:
+def _fail_report(report: bytes) -> tuple[str, int | None]:
+    """(message, errno) from what a child wrote on the fail pipe before it died:
+    `py:errno:Type: message` (_py_fork_exec) or `Type:hex errno:noexec|message` (C)."""
     text = report.decode(errors="replace")
-    if text.startswith("py:"):                      # _py_fork_exec: py:errno:Type: message
-        return text.split(":", 2)[2]
-    name, _, rest = text.partition(":")             # C: Type:hex errno:noexec|message
+    if text.startswith("py:"):
+        code, _, msg = text[3:].partition(":")
+        return msg, int(code) if code.isdigit() and int(code) else None
+    name, _, rest = text.partition(":")
     hexcode, _, msg = rest.partition(":")
-    code = int(hexcode, 16) if hexcode else 0
-    detail = os.strerror(code) if code else (msg or name)
-    return f"{name}: {detail}" + (f" ({msg})" if msg and code and msg != "noexec" else "")
-
-
-def _fail_errno(report: bytes) -> int | None:
-    text = report.decode(errors="replace")
     try:
-        if text.startswith("py:"):
-            return int(text.split(":", 2)[1]) or None
-        return int(text.split(":", 2)[1], 16) or None
-    except (IndexError, ValueError):
-        return None
+        code = int(hexcode, 16) if hexcode else 0
+    except ValueError:
+        code = 0
+    detail = os.strerror(code) if code else (msg or name)
+    message = f"{name}: {detail}" + (f" ({msg})" if msg and code and msg != "noexec" else "")
+    return message, code or None
 
 
 try:  # private, but what subprocess itself calls; its signature is known per version

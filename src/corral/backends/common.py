@@ -137,10 +137,11 @@ def keep_cgroup(cg, kept: list | None) -> list[str]:
     if kept is not None and cg.version == "v1" and cg._emptied:
         kept.append(cg)
         return []
-    return _destroy(cg)
+    return destroy_cgroup(cg)
 
 
-def _destroy(cg) -> list[str]:
+def destroy_cgroup(cg) -> list[str]:
+    """cg.destroy(), its failure returned as teardown problems instead of raised."""
     try:
         cg.destroy()
     except SandboxSetupError as e:
@@ -154,7 +155,7 @@ def _renew(cg, *, max_residue: int | None) -> bool:
             return True
     except SandboxSetupError:
         pass
-    _destroy(cg)
+    destroy_cgroup(cg)
     return False
 
 
@@ -235,7 +236,7 @@ class CgroupPool:
                 self._idle += fits
                 cgs = [cg for cg in cgs if all(cg is not f for f in fits)]
         for cg in cgs:
-            problems += _destroy(cg)
+            problems += destroy_cgroup(cg)
         return problems
 
     def drain(self) -> None:
@@ -247,7 +248,7 @@ class CgroupPool:
             pool_dir, self._dir = self._dir, None
             self._noted = set()
         for cg in idle:
-            _destroy(cg)
+            destroy_cgroup(cg)
         if pool_dir is not None:
             pool_dir.remove()
 

@@ -111,6 +111,7 @@ from ..plan import (
 from ..result import Result
 from ..supervise import decode_status, finish, kill_pid, spawn, supervise
 from .common import (
+    destroy_cgroup,
     egress_files,
     is_unenforced,
     mount_workspace,
@@ -678,10 +679,7 @@ class GvisorSandbox:
             for fd in attach:
                 os.close(fd)
             if cg is not None:
-                try:
-                    cg.destroy()
-                except SandboxSetupError as e:
-                    events.append({"kind": "teardown", "message": str(e)})
+                events += [{"kind": "teardown", "message": p} for p in destroy_cgroup(cg)]
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
         if (exit_code == RUNSC_FAILED and not outcome.timed_out and not oom_kills
                 and b"running container" in b"".join(outcome.stderr.chunks)):

@@ -516,8 +516,6 @@ def _child_pid(status_r: int, *, block: bool) -> int | None:
     line bwrap writes to --json-status-fd: `{ "child-pid": 123, ... }`. (Parsed by hand:
     json is not imported on the start-up path.)"""
     if block:
-        import select
-
         poller = select.poll()   # not select(): a busy supervisor has fds past 1024
         poller.register(status_r, select.POLLIN)
         if not poller.poll(10_000):

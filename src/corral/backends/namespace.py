@@ -542,24 +542,25 @@ def _pidfd(pid: int | None) -> int | None:
 
 def _reap_init(init_fd: int | None, cg) -> None:
     """Kill and reap bwrap's init (through its pidfd, taken while it lived: a recycled pid
-    is never touched). bwrap's monitor exits as soon as init reports the command's exit,
-    which leaves init, still exiting, to us as its subreaper."""
-    if cg is not None:
-        cg.kill_all()
-    if init_fd is None:
-        return
-    try:
-        if cg is None:
+    is never touched), then empty the run's cgroup. bwrap's monitor exits as soon as init
+    reports the command's exit, and init, its parent-death signal on the way, is left to us
+    as its subreaper. Its exit takes the whole pid namespace with it, so waiting for it
+    first usually leaves the cgroup empty and kill_all() only checks (a cgroup still
+    holding the dying init would be frozen, signalled and polled: 2 ms sleeps)."""
+    if init_fd is not None:
+        try:
             try:
                 _signal.pidfd_send_signal(init_fd, 9)   # SIGKILL
             except ProcessLookupError:
                 pass
-        poller = select.poll()
-        poller.register(init_fd, select.POLLIN)
-        poller.poll(2000)                  # readable once it has exited
-        try:
-            os.waitid(os.P_PIDFD, init_fd, os.WEXITED | os.WNOHANG)
-        except ChildProcessError:
-            pass  # bwrap's monitor reaped it
-    finally:
-        os.close(init_fd)
+            poller = select.poll()
+            poller.register(init_fd, select.POLLIN)
+            poller.poll(2000)                  # readable once it has exited
+            try:
+                os.waitid(os.P_PIDFD, init_fd, os.WEXITED | os.WNOHANG)
+            except ChildProcessError:
+                pass  # bwrap's monitor reaped it
+        finally:
+            os.close(init_fd)
+    if cg is not None:
+        cg.kill_all()

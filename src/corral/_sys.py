@@ -68,8 +68,9 @@ def subreaper_release() -> None:
             _libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
-#: setresuid/setresgid syscall numbers, for a change of one thread's ids only (real_ids)
-_SETRES = {"x86_64": (117, 119), "aarch64": (147, 149)}.get(os.uname().machine)
+#: setresuid/setresgid/setgroups syscall numbers, for a change of one thread's ids only
+#: (real_ids, child_ids)
+_SETRES = {"x86_64": (117, 119, 116), "aarch64": (147, 149, 159)}.get(os.uname().machine)
 
 
 class real_ids:
@@ -110,3 +111,104 @@ class real_ids:
             return
         self._set(_SETRES[0], self._was[0])
         self._set(_SETRES[1], self._was[1])
+
+
+PR_GET_PDEATHSIG = 2
+PR_GET_DUMPABLE = 3
+PR_SET_DUMPABLE = 4
+PR_SET_KEEPCAPS = 8
+PR_GET_SECUREBITS = 27
+#: capget/capset syscall numbers, and the header of version 3 (two 32-bit words of sets)
+_CAPS = {"x86_64": (125, 126), "aarch64": (90, 91)}.get(os.uname().machine)
+_CAP_V3 = 0x20080522
+_child_ids_lock = _thread.allocate_lock()
+_child_ids_ok: bool | None = None
+
+
+def _raw(nr: int, *args) -> None:
+    if _libc.syscall(nr, *args) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def _keepcaps(on: int) -> None:
+    if _libc.prctl(PR_SET_KEEPCAPS, on, 0, 0, 0) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+class child_ids:
+    """`with child_ids(uid, gid):` this thread, and only it, has uid:gid as its real,
+    effective and saved ids and no supplementary groups. A child this thread starts with
+    vfork (CLONE_VM: no page tables copied, no copy-on-write) then carries exactly those
+    ids from its first instruction, without calling setuid(2) itself, which a vfork child
+    must not do (glibc's setuid signals every thread of the memory it shares).
+
+    To come back, the thread keeps its capabilities in its permitted set meanwhile
+    (PR_SET_KEEPCAPS; the effective set is empty): the child copies them, and its exec of
+    a plain file (as a uid that is not 0, with no ambient capabilities: `usable()`
+    checks) leaves it none, as setuid would have. Changing the effective ids clears the
+    process's dumpable flag and this thread's parent-death signal: both are put back.
+    `usable()` says whether this thread is in the plain state this relies on (all ids 0,
+    no ambient capabilities, no securebits, dumpable 0 or 1), and so what the way back
+    restores; callers fork and setuid in the child otherwise. One thread at a time (a lock: the dumpable flag is the whole
+    process's)."""
+
+    __slots__ = ("_caps", "_dumpable", "_groups", "_pdeathsig", "gid", "uid")
+
+    def __init__(self, uid: int, gid: int) -> None:
+        self.uid, self.gid = uid, gid
+
+    @staticmethod
+    def usable() -> bool:
+        global _child_ids_ok
+        if _child_ids_ok is None:   # what does not change: the machine, ambient capabilities
+            ok = _SETRES is not None and _CAPS is not None
+            if ok:
+                with open("/proc/self/status", "rb") as f:
+                    amb = [ln for ln in f.read().splitlines() if ln.startswith(b"CapAmb:")]
+                ok = len(amb) == 1 and int(amb[0].split()[1], 16) == 0
+            _child_ids_ok = ok
+        return (_child_ids_ok and os.getresuid() == (0, 0, 0) and os.getresgid() == (0, 0, 0)
+                and _libc.prctl(PR_GET_SECUREBITS, 0, 0, 0, 0) == 0
+                and _libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) in (0, 1))
+
+    def __enter__(self) -> None:
+        _child_ids_lock.acquire()
+        try:
+            sig = ctypes.c_int(0)
+            _libc.prctl(PR_GET_PDEATHSIG, ctypes.addressof(sig), 0, 0, 0)
+            self._pdeathsig = sig.value
+            self._dumpable = _libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
+            self._groups = os.getgroups()
+            self._caps = (ctypes.c_uint32 * 6)()
+            _raw(_CAPS[0], (ctypes.c_uint32 * 2)(_CAP_V3, 0), self._caps)
+            _keepcaps(1)
+            try:
+                _raw(_SETRES[2], 0, None)                      # setgroups(0, NULL)
+                _raw(_SETRES[1], self.gid, self.gid, self.gid)
+                _raw(_SETRES[0], self.uid, self.uid, self.uid)
+            except BaseException:
+                self._restore()
+                raise
+        except BaseException:
+            _child_ids_lock.release()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._restore()
+        finally:
+            _child_ids_lock.release()
+
+    def _restore(self) -> None:
+        header = (ctypes.c_uint32 * 2)(_CAP_V3, 0)
+        _raw(_CAPS[1], header, self._caps)  # CAP_SETUID effective again, from permitted
+        _raw(_SETRES[0], 0, 0, 0)
+        _raw(_SETRES[1], 0, 0, 0)
+        groups = (ctypes.c_uint * len(self._groups))(*self._groups)
+        _raw(_SETRES[2], len(self._groups), groups)
+        _keepcaps(0)
+        _raw(_CAPS[1], header, self._caps)  # exactly as before (setuid(0) raised them all)
+        _libc.prctl(PR_SET_DUMPABLE, self._dumpable, 0, 0, 0)
+        _libc.prctl(PR_SET_PDEATHSIG, self._pdeathsig, 0, 0, 0)

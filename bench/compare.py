@@ -15,7 +15,8 @@ finished result (teardown included). Contenders (bench/README.md):
 Before timing, every contender runs a probe (write to its scratch, write to /etc, TCP
 connect to a listener on the host's 127.0.0.1) so the table only compares sandboxes that
 actually deny what corral's default policy denies. Round robin as startup.py: every
-contender once per round, the start rotated, the first WARMUP rounds discarded.
+contender once per round in a fresh shuffled order (seeded), the first WARMUP rounds
+discarded.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import time
 
 import peers as peers_mod
 import startup
-from startup import COMMANDS, VariantFailed, check_result, percentile, run_checked
+from startup import COMMANDS, VariantFailed, check_result, percentile, round_orders, run_checked
 
 WARMUP = 2
 TIERS = ("namespace", "gvisor", "process")
@@ -226,6 +227,7 @@ def main() -> int:
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-runsc", action="store_true", help="leave gVisor out (floor and tier)")
+    ap.add_argument("--seed", type=int, default=1, help="of the per-round shuffle (default 1)")
     args = ap.parse_args()
     runs = args.runs or (5 if args.quick else 30)
     warmup = 1 if args.quick else WARMUP
@@ -249,9 +251,8 @@ def main() -> int:
         samples: dict[str, list[float]] = {f"{v} {cmd}": [] for v, cmd in units}
         dropped: dict[str, str] = {}
         t0 = time.monotonic()
-        for rnd in range(warmup + runs):
-            k = rnd % len(units)
-            for v, cmd in units[k:] + units[:k]:
+        for rnd, order in enumerate(round_orders(units, warmup + runs, args.seed)):
+            for v, cmd in order:
                 if v in dropped:
                     continue
                 try:
@@ -276,8 +277,9 @@ def main() -> int:
     gl = goals(summary, peer_names)
     errors = {**c.errors, **dropped}
 
-    print(f"\n{runs} runs per contender after {warmup} warm-up rounds, round robin; ms from "
-          "the call to the result, teardown included")
+    print(f"\n{runs} runs per contender after {warmup} warm-up rounds, round robin in a "
+          f"shuffled order (seed {args.seed}); ms from the call to the result, teardown "
+          "included")
     for cmd, argv in COMMANDS.items():
         print(f"\n{' '.join(argv)}")
         print(f"  {'contender':22} {'median':>8} {'p95':>8} {'min':>8} {'x bwrap':>8}")
@@ -296,7 +298,8 @@ def main() -> int:
         for k, e in errors.items():
             print(f"  {k}: {e}")
     if args.json:
-        out = {"machine": info, "runs": runs, "warmup": warmup, "commands": COMMANDS,
+        out = {"machine": info, "runs": runs, "warmup": warmup, "seed": args.seed,
+               "commands": COMMANDS,
                "contenders": [{"name": v, "group": funcs[v][0]} for v in funcs],
                "bwrap_argv": c.base.bwrap_prefix + ["--", "CMD..."],
                "runsc_argv": ["runsc", "--network=none", "--platform=ptrace", "do", "CMD..."],

@@ -125,7 +125,7 @@ def plot(st: dict) -> bool:
 
     fig.legend(handles=[Patch(color=c, label=g) for g, c in GROUP_COLORS.items()],
                loc="lower center", ncol=len(GROUP_COLORS), fontsize=8, frameon=False)
-    fig.suptitle(f"Start-up latency, {st['runs']} runs each, round robin "
+    fig.suptitle(f"Start-up latency, {st['runs']} runs each, round robin, shuffled "
                  f"({st['machine']['nproc']} CPUs, {st['machine']['cpu']})", fontsize=10)
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     fig.savefig(PNG, dpi=110)
@@ -138,8 +138,9 @@ def startup_section(st: dict, goals: list) -> list[str]:
     L = ["## 1. Start-up", ""]
     st["machine"]
     L += [(f"{st['runs']} measured runs per contender and command after {st['warmup']} "
-          "warm-up round(s), round robin (every contender once per round, the first one "
-          "rotated); ms from the call to the finished result, teardown included. "
+          "warm-up round(s), round robin (every contender once per round, in an order "
+          f"shuffled afresh each round, seed {st.get('seed', '-')}: no contender always "
+          "follows the same one); ms from the call to the finished result, teardown included. "
           "Ratios are to raw bwrap's median (p95 ratio: to raw bwrap's p95)."), "",
           "![start-up latency per tier and peer](benchmarks-startup.png)", ""]
     names = [c["name"] for c in st["contenders"]]

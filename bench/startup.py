@@ -15,8 +15,9 @@ Result), teardown included, with fresh namespaces every run. Variants (bench/REA
   runsc         `runsc --network=none --platform=ptrace do cmd` (optional; skipped with
                 the error recorded if runsc is missing or fails)
 
-Variants run round robin (every variant once per round, the starting variant rotated
-each round); the first WARMUP rounds are discarded.
+Variants run round robin: every variant once per round, in an order shuffled afresh each
+round (seeded: --seed), so that no variant always follows the same one (a heavy one such
+as runsc leaves the kernel cleaning up after it); the first WARMUP rounds are discarded.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -43,6 +45,13 @@ GOAL_CLI_EXTRA_MS = 30.0  # issue 2: CLI <= raw bwrap + 30 ms
 
 class VariantFailed(Exception):
     pass
+
+
+def round_orders(units: list, rounds: int, seed: int) -> list[list]:
+    """The order of every round: each a fresh shuffle of `units` (a fixed or merely
+    rotated cycle puts every unit after the same predecessor, which biases it)."""
+    rng = random.Random(seed)
+    return [rng.sample(units, len(units)) for _ in range(rounds)]
 
 
 def sh(argv: list[str]) -> str:
@@ -184,6 +193,7 @@ def main() -> int:
     ap.add_argument("--gap", type=float, default=0.0, metavar="MS",
                     help="idle this long before each run (default 0: back to back); "
                          "e.g. 200 to see a one-shot call on a quiet host")
+    ap.add_argument("--seed", type=int, default=1, help="of the per-round shuffle (default 1)")
     args = ap.parse_args()
     runs = args.runs if args.runs is not None else (10 if args.quick else 30)
     if runs < 1:
@@ -209,9 +219,8 @@ def main() -> int:
     total = WARMUP + runs
     t0 = time.monotonic()
     try:
-        for rnd in range(total):
-            k = rnd % len(units)
-            for v, c in units[k:] + units[:k]:
+        for rnd, order in enumerate(round_orders(units, total, args.seed)):
+            for v, c in order:
                 if v in errors:
                     continue
                 key = f"{v} {c}"
@@ -240,7 +249,8 @@ def main() -> int:
             summary[key] = {"n": len(xs), "median_ms": statistics.median(xs),
                             "p95_ms": percentile(xs, 0.95), "min_ms": min(xs)}
 
-    print(f"\n{runs} measured runs per variant after {WARMUP} warm-up runs, round robin"
+    print(f"\n{runs} measured runs per variant after {WARMUP} warm-up runs, round robin in a "
+          f"shuffled order (seed {args.seed})"
           f"{f', {args.gap:g} ms idle before each' if args.gap else ', back to back'}; "
           f"ms from the call to the result, teardown included")
     for c, argv in COMMANDS.items():
@@ -290,7 +300,8 @@ def main() -> int:
             print(f"  {v}: {e}")
 
     if args.json:
-        out = {"machine": info, "runs": runs, "warmup": WARMUP, "gap_ms": args.gap,
+        out = {"machine": info, "runs": runs, "warmup": WARMUP, "seed": args.seed,
+               "gap_ms": args.gap,
                "raw_bwrap_spawn": RAW_BWRAP_SPAWN, "commands": COMMANDS,
                "bwrap_argv": bench.bwrap_prefix + ["--", "CMD..."],
                "bwrap_user": {"uid": bench.uid, "gid": bench.gid,

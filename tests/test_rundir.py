@@ -53,3 +53,36 @@ def test_staging_dirs_are_left_alone_while_young_and_swept_when_dead(tmp_path):
     os.utime(old, (past, past))
     assert rundir.sweep_stale(base) == []
     assert sorted(os.listdir(base)) == [rundir.STAGING + "young"]
+
+
+def _dead_run(base: str) -> str:
+    """A run dir whose supervisor (a child process) has exited: its lock is free."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(w, rundir.RunDir(base).id.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    run_id = os.read(r, 100).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    return run_id
+
+
+def test_sweep_if_due_sweeps_once_per_interval(tmp_path, monkeypatch):
+    """Opening a sandbox sweeps (sweep_if_due): the first time in a process, then at most
+    every SWEEP_EVERY_S; a dead run left in between waits for the next due sweep."""
+    base = str(tmp_path / "base")
+    os.makedirs(base, mode=0o711)
+    monkeypatch.setattr(rundir, "_last_sweep", {})
+    first = _dead_run(base)
+    assert rundir.sweep_if_due(base) == [first]
+    second = _dead_run(base)
+    assert rundir.sweep_if_due(base) == []          # swept just now: not due
+    assert os.listdir(base) == [second]
+    monkeypatch.setattr(rundir, "SWEEP_EVERY_S", 0.05)
+    time.sleep(0.1)
+    assert rundir.sweep_if_due(base) == [second]
+    assert os.listdir(base) == []

@@ -198,6 +198,25 @@ def _remove_cgroups(record: str) -> None:
             pass  # stuck processes: the cgroup stays; the next sweep tries again
 
 
+#: a process sweeps when it opens its first sandbox, then at most this often: the sweep
+#: only collects what dead supervisors left, and need not cost every start
+SWEEP_EVERY_S = 1.0
+_last_sweep: dict[tuple[str, int], float] = {}
+
+
+def sweep_if_due(base: str | None = None) -> list[str]:
+    """sweep_stale(), unless this process swept `base` less than SWEEP_EVERY_S ago."""
+    import time
+
+    base = base or base_dir()
+    key, now = (base, os.getpid()), time.monotonic()
+    last = _last_sweep.get(key)
+    if last is not None and now - last < SWEEP_EVERY_S:
+        return []
+    _last_sweep[key] = now
+    return sweep_stale(base)
+
+
 def sweep_stale(base: str | None = None) -> list[str]:
     """Remove the run directories of dead supervisors. Returns the ids removed."""
     base = base or base_dir()

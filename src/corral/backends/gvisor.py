@@ -376,7 +376,7 @@ class GvisorSandbox:
         self.plan = plan
         self.events = events  # standing events (e.g. unenforced defaults), copied per exec
         self.execs = 0
-        rundir.sweep_stale()
+        rundir.sweep_if_due()
         self.dir = rundir.RunDir()
         try:
             self._setup()

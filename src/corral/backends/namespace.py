@@ -87,7 +87,22 @@ def find_bwrap() -> str | None:
     return shutil.which("bwrap")
 
 
+#: userns_available()'s answer, with when it was found: the two sysctls are read again
+#: after USERNS_RECHECK_S (an admin may change them; a start need not read them every time)
+USERNS_RECHECK_S = 1.0
+_userns: tuple[float, bool | str] | None = None
+
+
 def userns_available() -> bool | str:
+    """True, or why unprivileged user namespaces cannot be made here."""
+    global _userns
+    now = time.monotonic()
+    if _userns is None or now - _userns[0] >= USERNS_RECHECK_S:
+        _userns = (now, _read_userns_sysctls())
+    return _userns[1]
+
+
+def _read_userns_sysctls() -> bool | str:
     try:
         with open("/proc/sys/user/max_user_namespaces") as f:
             if int(f.read()) == 0:
@@ -223,7 +238,7 @@ class NamespaceSandbox:
         self.execs = 0
         #: emptied cgroups of earlier execs, for the next ones (common.CgroupPool)
         self._cgroups: list = []
-        rundir.sweep_stale()
+        rundir.sweep_if_due()
         self.dir = rundir.RunDir()
         try:
             self._setup()

@@ -422,7 +422,7 @@ class ProcessSandbox:
         # root's usual base (/run/corral) is a private tmpfs mount; without CAP_SYS_ADMIN
         # (root in a container) use a plain directory instead
         base = None if not self.root or backend.can_mount else f"/tmp/corral-{os.geteuid()}"
-        rundir.sweep_stale(base)
+        rundir.sweep_if_due(base)
         self.dir = rundir.RunDir(base)
         try:
             self._setup()

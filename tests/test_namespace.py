@@ -311,6 +311,46 @@ def test_pooled_cgroups_go_at_exit_and_with_the_sweep_after_a_crash(how):
     assert not any(os.path.exists(path) for path in paths)
 
 
+LEFT_OPEN_SCRIPT = """
+import os, sys
+import corral
+
+sb = corral.Sandbox().open()
+assert sb.exec(["/bin/sh", "-c", "echo kept > /scratch/x"]).verdict == "ok"
+live = sb._live
+print(live.dir.path, live.scratch, " ".join(cg for c in live._cgroups for cg in c.paths),
+      flush=True)
+if sys.argv[1] == "fork":
+    pid = os.fork()
+    if pid == 0:
+        del sb, live
+        sys.exit(0)     # a normal exit: atexit hooks and the garbage collector both run
+    os.waitpid(pid, 0)
+    print(sb.exec(["cat", "/scratch/x"]).stdout.strip(), flush=True)
+# left open: the exit closes it
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "fork"])
+def test_a_sandbox_left_open_is_closed_at_exit_and_never_by_a_forked_child(how):
+    """A program that exits with a Sandbox still open leaves no run dir, scratch mount or
+    cgroup behind (and prints no traceback from a half-torn-down interpreter); a forked
+    child that exits normally does not touch its parent's sandbox."""
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", LEFT_OPEN_SCRIPT, how], capture_output=True,
+                       text=True, timeout=60, check=False)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    lines = p.stdout.split("\n")
+    run_dir, scratch, *cgroups = lines[0].split()
+    if how == "fork":
+        assert lines[1] == "kept"          # the child's exit left it whole
+    with open("/proc/self/mountinfo") as f:
+        assert f" {scratch} " not in f.read()
+    assert not os.path.exists(run_dir)
+    assert not any(os.path.exists(c) for c in cgroups)
+
+
 @needs_v1
 def test_the_pools_record_stays_short_and_lists_what_it_holds():
     import uuid

@@ -124,6 +124,7 @@ class Sandbox:
             (proxy,) = self.plan.find(EgressProxy)
             self._granted = resolve(self.policy, dict(proxy.grants), host_env)
         self._live = None
+        self._pid = 0
 
     @property
     def isolation(self) -> str:
@@ -133,6 +134,8 @@ class Sandbox:
         if self._live is None:
             self._live = self._backend.open(self.plan, self._events, self._granted,
                                             self.policy.network.upstream_ca)
+            self._pid = os.getpid()
+            _close_at_exit(self)
         return self
 
     def exec(self, argv: list[str], *, stdin: int | bytes | None = None, timeout: float | None = None,
@@ -148,9 +151,14 @@ class Sandbox:
                 os.close(fd)
 
     def close(self) -> list[str]:
-        """Kill what is left, unmount, delete scratch. Returns teardown problems."""
+        """Kill what is left, unmount, delete scratch. Returns teardown problems. In a
+        forked child of the process that opened it, only forgets it: it is the parent's."""
         live, self._live = self._live, None
-        return live.close() if live is not None else []
+        if live is None or self._pid != os.getpid():
+            return []
+        if _left_open is not None:
+            _left_open.discard(self)
+        return live.close()
 
     def __enter__(self) -> Sandbox:
         return self.open()
@@ -161,6 +169,28 @@ class Sandbox:
     def __del__(self) -> None:
         if getattr(self, "_live", None) is not None:
             self.close()
+
+
+#: the sandboxes of this process that are open, closed at exit if still open (weakly
+#: held: one that is dropped closes itself, through __del__)
+_left_open = None
+
+
+def _close_at_exit(sb: Sandbox) -> None:
+    global _left_open
+    if _left_open is None:
+        import atexit
+        import weakref
+
+        _left_open = weakref.WeakSet()
+        # after the cgroup pool's drain was registered (at import), so it runs before it
+        atexit.register(_close_left_open)
+    _left_open.add(sb)
+
+
+def _close_left_open() -> None:
+    for sb in list(_left_open or ()):
+        sb.close()
 
 
 def _stdin_fd(stdin) -> tuple[int | None, bool]:

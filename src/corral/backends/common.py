@@ -16,6 +16,7 @@ No imports from a tier module here, so any tier can import this one.
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 
@@ -213,9 +214,6 @@ class CgroupPool:
                 from .. import rundir
 
                 self._dir = rundir.RunDir()
-                import atexit
-
-                atexit.register(self.drain)
             if len(self._noted) > 4 * self.SIZE:
                 # the record lists every cgroup ever noted, removed ones too: start it
                 # again from what is idle now (those in use are in their sandboxes' records)
@@ -254,6 +252,10 @@ class CgroupPool:
 
 
 POOL = CgroupPool()
+# registered at import, before any Sandbox registers its own close at exit (sandbox.py):
+# atexit runs the latest first, so sandboxes still open give their cgroups to the pool
+# before it is drained
+atexit.register(POOL.drain)
 
 
 def usage_of(outcome, cg):

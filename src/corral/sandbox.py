@@ -135,7 +135,7 @@ class Sandbox:
             self._live = self._backend.open(self.plan, self._events, self._granted,
                                             self.policy.network.upstream_ca)
             self._pid = os.getpid()
-            _close_at_exit(self)
+            _close_at_exit(self._live)
         return self
 
     def exec(self, argv: list[str], *, stdin: int | bytes | None = None, timeout: float | None = None,
@@ -156,8 +156,7 @@ class Sandbox:
         live, self._live = self._live, None
         if live is None or self._pid != os.getpid():
             return []
-        if _left_open is not None:
-            _left_open.discard(self)
+        _left_open.discard(live)
         return live.close()
 
     def __enter__(self) -> Sandbox:
@@ -171,26 +170,27 @@ class Sandbox:
             self.close()
 
 
-#: the sandboxes of this process that are open, closed at exit if still open (weakly
-#: held: one that is dropped closes itself, through __del__)
-_left_open = None
+#: the live (backend) sandboxes this process opened and has not closed, closed by an
+#: atexit hook (a Sandbox dropped without close() still closes its own, in __del__), and
+#: the process they belong to (a forked child inherits the set, not the sandboxes)
+_left_open: set = set()
+_left_open_pid = 0
 
 
-def _close_at_exit(sb: Sandbox) -> None:
-    global _left_open
-    if _left_open is None:
+def _close_at_exit(live) -> None:
+    global _left_open, _left_open_pid
+    if _left_open_pid != os.getpid():
         import atexit
-        import weakref
 
-        _left_open = weakref.WeakSet()
+        _left_open, _left_open_pid = set(), os.getpid()
         # after the cgroup pool's drain was registered (at import), so it runs before it
-        atexit.register(_close_left_open)
-    _left_open.add(sb)
+        atexit.register(_close_left_open, _left_open_pid)
+    _left_open.add(live)
 
 
-def _close_left_open() -> None:
-    for sb in list(_left_open or ()):
-        sb.close()
+def _close_left_open(pid: int) -> None:
+    while pid == os.getpid() and _left_open:
+        _left_open.pop().close()
 
 
 def _stdin_fd(stdin) -> tuple[int | None, bool]:

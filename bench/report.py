@@ -26,7 +26,9 @@ GROUP_COLORS = {"floor": "#7f7f7f", "namespace": "#1f77b4", "gvisor": "#9467bd",
 WHAT = {
     "bare": "fork+exec of the command itself, no sandbox",
     "bwrap": "raw bubblewrap with corral's exact argv, seccomp program, uid and environment "
-             "(the ratio's baseline)",
+             "(the ratio's baseline), started with `subprocess.run` (a fork+exec; corral "
+             "starts bwrap as a vfork, docs/tiers.md, which saves ~0.7 ms of page-table "
+             "copying per run here: why `sb.exec` can come in under 1.0x)",
     "runsc": "`runsc --network=none --platform=ptrace do` (gVisor's own one-shot path)",
     "corral.run": "`corral.run(cmd)`: a fresh Sandbox per run, teardown included",
     "sb.exec": "`Sandbox.exec(cmd)` on one Sandbox kept open",
@@ -444,8 +446,12 @@ def main() -> int:
     if secs:
         L += ["", "Load average (1 min) per section, start -> end: " + "; ".join(
             f"{n} {s['loadavg_start'][0]:.2f} -> {s['loadavg_end'][0]:.2f}"
-            for n, s in secs.items()) + ". The benchmarks keep one to two CPUs busy "
-            "themselves; much more means other work shared the machine."]
+            for n, s in secs.items()) + ". The benchmarks load the machine themselves: "
+            "start-up keeps one to two CPUs busy (a start-up load well above 2 means other "
+            "work shared the machine); throughput runs up to 32 workers and memory keeps "
+            "100 sandboxes alive, which lifts the figure to tens (Linux counts tasks in "
+            "uninterruptible sleep, as in namespace teardown, too), and it decays over the "
+            "sections after."]
     L += ["", "## Machine", ""]
     rows = [["CPU", f"{m.get('nproc', '?')} x {m.get('cpu', cpu_model())}"],
             ["VM", m.get("vm", "?")],

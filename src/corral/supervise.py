@@ -75,9 +75,10 @@ def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
     about half of a fork from Python: no Python runs in the child, no at-fork hooks, no
     copy-on-write faults from reference counts. With uid/gid too, and this process plain
     root, this thread takes uid:gid for the moment of a vfork (_sys.child_ids), which
-    saves copying the page tables as well (about 0.5 ms for a supervisor of 20 MB); the
-    child then needs no setuid of its own. The caller then does in the parent whatever
-    must happen before the command runs (bwrap waits for it: see namespace.py)."""
+    saves copying the page tables as well (about 0.7 ms for a 12 MB supervisor; a fork
+    costs more the bigger the host program); the child then needs no setuid of its own.
+    The caller then does in the parent whatever must happen before the command runs
+    (bwrap waits for it: see namespace.py)."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     fail_r, fail_w = os.pipe()  # CLOEXEC: closes on a successful exec

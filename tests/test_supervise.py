@@ -188,3 +188,43 @@ def test_child_ids_is_not_used_by_a_process_that_is_not_plain_root(state):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert (control, out) == ("True\n", "False\n")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not _sys.child_ids.usable(),
+                    reason="child_ids is for a plain root process")
+def test_a_child_forked_while_another_thread_is_inside_child_ids_can_use_it():
+    """os.fork() copies only the forking thread: the lock that another thread held in the
+    parent must be a fresh one in the child, or its first sandbox would wait forever."""
+    import threading
+    import time
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold():
+        with _sys.child_ids(UID, GID):
+            inside.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert inside.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                with _sys.child_ids(UID, GID):
+                    code = 0 if os.getresuid() == (UID, UID, UID) else 2
+            finally:
+                os._exit(code)
+    finally:
+        leave.set()
+        t.join()
+    deadline = time.monotonic() + 10
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child waited for a lock its parent's thread held")
+    assert os.waitstatus_to_exitcode(done[1]) == 0

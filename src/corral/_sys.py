@@ -151,8 +151,10 @@ class child_ids:
     process's dumpable flag and this thread's parent-death signal: both are put back.
     `usable()` says whether this thread is in the plain state this relies on (all ids 0,
     no ambient capabilities, no securebits, dumpable 0 or 1), and so what the way back
-    restores; callers fork and setuid in the child otherwise. One thread at a time (a lock: the dumpable flag is the whole
-    process's)."""
+    restores; callers fork and setuid in the child otherwise. One thread at a time (a
+    lock: the dumpable flag is the whole process's). A Python signal handler that runs
+    inside the block (the main thread's, at a bytecode boundary) runs as uid:gid too:
+    with less privilege, never more."""
 
     __slots__ = ("_caps", "_dumpable", "_groups", "_pdeathsig", "gid", "uid")
 
@@ -183,8 +185,8 @@ class child_ids:
             self._groups = os.getgroups()
             self._caps = (ctypes.c_uint32 * 6)()
             _raw(_CAPS[0], (ctypes.c_uint32 * 2)(_CAP_V3, 0), self._caps)
-            _keepcaps(1)
             try:
+                _keepcaps(1)
                 _raw(_SETRES[2], 0, None)                      # setgroups(0, NULL)
                 _raw(_SETRES[1], self.gid, self.gid, self.gid)
                 _raw(_SETRES[0], self.uid, self.uid, self.uid)
@@ -212,3 +214,15 @@ class child_ids:
         _raw(_CAPS[1], header, self._caps)  # exactly as before (setuid(0) raised them all)
         _libc.prctl(PR_SET_DUMPABLE, self._dumpable, 0, 0, 0)
         _libc.prctl(PR_SET_PDEATHSIG, self._pdeathsig, 0, 0, 0)
+
+
+def _after_fork_in_child() -> None:
+    """A child of os.fork() starts with one thread: a lock another thread of the parent
+    held would never be released, and no process is a subreaper after a fork."""
+    global _child_ids_lock, _subreaper_lock, _subreaper_users
+    _child_ids_lock = _thread.allocate_lock()
+    _subreaper_lock = _thread.allocate_lock()
+    _subreaper_users = 0
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -73,6 +73,13 @@ def subreaper_release() -> None:
 _SETRES = {"x86_64": (117, 119, 116), "aarch64": (147, 149, 159)}.get(os.uname().machine)
 
 
+def _raw(nr: int, *args) -> None:
+    """A raw syscall (glibc's wrappers of the id calls act on every thread)."""
+    if _libc.syscall(nr, *args) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
 class real_ids:
     """`with real_ids(uid, gid):` this thread's *real* uid and gid are uid:gid; its effective
     and saved ids (root) and its capabilities stay as they are, and so do every other
@@ -89,28 +96,22 @@ class real_ids:
         self.uid, self.gid = uid, gid
         self._was = (0, 0)
 
-    @staticmethod
-    def _set(nr: int, value: int) -> None:
-        if _libc.syscall(nr, value, -1, -1) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, os.strerror(e))
-
     def __enter__(self) -> None:
         if _SETRES is None:   # another architecture: prlimit needs CAP_SYS_RESOURCE there
             return
         self._was = (os.getuid(), os.getgid())   # this thread's (raw syscalls too)
-        self._set(_SETRES[1], self.gid)
+        _raw(_SETRES[1], self.gid, -1, -1)
         try:
-            self._set(_SETRES[0], self.uid)
+            _raw(_SETRES[0], self.uid, -1, -1)
         except BaseException:
-            self._set(_SETRES[1], self._was[1])
+            _raw(_SETRES[1], self._was[1], -1, -1)
             raise
 
     def __exit__(self, *exc) -> None:
         if _SETRES is None:
             return
-        self._set(_SETRES[0], self._was[0])
-        self._set(_SETRES[1], self._was[1])
+        _raw(_SETRES[0], self._was[0], -1, -1)
+        _raw(_SETRES[1], self._was[1], -1, -1)
 
 
 PR_GET_PDEATHSIG = 2
@@ -123,12 +124,6 @@ _CAPS = {"x86_64": (125, 126), "aarch64": (90, 91)}.get(os.uname().machine)
 _CAP_V3 = 0x20080522
 _child_ids_lock = _thread.allocate_lock()
 _child_ids_ok: bool | None = None
-
-
-def _raw(nr: int, *args) -> None:
-    if _libc.syscall(nr, *args) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, os.strerror(e))
 
 
 def _keepcaps(on: int) -> None:

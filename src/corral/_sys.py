@@ -1,4 +1,5 @@
-"""The few libc calls the standard library lacks: mount, umount2, prctl. Via ctypes."""
+"""The few libc calls the standard library lacks (mount, umount2, prctl, capget/capset) and
+the per-thread id changes glibc does not offer (raw syscalls). Via ctypes."""
 
 from __future__ import annotations
 

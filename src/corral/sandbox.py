@@ -154,8 +154,8 @@ class Sandbox:
         """Kill what is left, unmount, delete scratch. Returns teardown problems. In a
         forked child of the process that opened it, only forgets it: it is the parent's."""
         live, self._live = self._live, None
-        if live is None or self._pid != os.getpid():
-            return []
+        if live is None or self._pid != os.getpid() or live not in _left_open:
+            return []   # not open, its parent's, or closed already by the exit hook
         _left_open.discard(live)
         return live.close()
 

@@ -446,12 +446,11 @@ def main() -> int:
     if secs:
         L += ["", "Load average (1 min) per section, start -> end: " + "; ".join(
             f"{n} {s['loadavg_start'][0]:.2f} -> {s['loadavg_end'][0]:.2f}"
-            for n, s in secs.items()) + ". The benchmarks load the machine themselves: "
-            "start-up keeps one to two CPUs busy (a start-up load well above 2 means other "
-            "work shared the machine); throughput runs up to 32 workers and memory keeps "
-            "100 sandboxes alive, which lifts the figure to tens (Linux counts tasks in "
-            "uninterruptible sleep, as in namespace teardown, too), and it decays over the "
-            "sections after."]
+            for n, s in secs.items()) + ". The benchmarks load the machine themselves "
+            "(Linux counts runnable tasks and tasks in uninterruptible sleep): start-up "
+            "keeps one to two CPUs busy, plus runsc's many threads; throughput runs up to "
+            "32 workers and memory keeps 100 sandboxes alive, which lifts the figure to "
+            "tens, and it decays over the sections after."]
     L += ["", "## Machine", ""]
     rows = [["CPU", f"{m.get('nproc', '?')} x {m.get('cpu', cpu_model())}"],
             ["VM", m.get("vm", "?")],

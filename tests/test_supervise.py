@@ -181,8 +181,9 @@ def test_child_ids_is_not_used_by_a_process_that_is_not_plain_root(state):
     import subprocess
     import sys
 
-    code = (f"import os\n{SETUP[state]}\n"
-            "from corral import _sys; print(_sys.child_ids.usable())")
+    # corral imported first: the checkout may not be readable by another uid
+    code = (f"import os\nfrom corral import _sys\n{SETUP[state]}\n"
+            "print(_sys.child_ids.usable())")
     control = subprocess.run([sys.executable, "-c", code.replace(SETUP[state], "pass")],
                              capture_output=True, text=True, check=True).stdout
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -345,7 +345,8 @@ class NamespaceSandbox:
         """Run argv in fresh namespaces. Every limit holds from bwrap's first clone on, and
         a supervisor that dies or fails half way leaves nothing running outside them:
 
-         1. bwrap starts (a C fork+exec, as the run's uid) with `--args PIPE --hostname
+         1. bwrap starts (supervise.spawn: a C vfork+exec from a thread holding the run's
+            ids when corral is plain root, else a C fork+exec) with `--args PIPE --hostname
             corral --die-with-parent --seccomp GATE --json-status-fd STATUS -- COMMAND`:
             it reads its other options from the pipe before anything else, so it waits.
          2. The supervisor moves it into the run's cgroup and sets its rlimits, then writes

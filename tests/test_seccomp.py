@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import stat
 import struct
@@ -644,3 +645,199 @@ def test_programs_stay_small():
     from corral import process_seccomp
 
     assert len(process_seccomp.compile_bpf(1, "allow")) // 8 <= 600
+
+
+# -- every tier, through corral ------------------------------------------------------------
+
+def _tier(name: str) -> str:
+    from conftest import tier_unavailable
+
+    why = tier_unavailable(name)
+    if why:
+        pytest.skip(f"the {name} tier is not available here: {why}")
+    return name
+
+
+@pytest.fixture(params=("namespace", "gvisor", "process"))
+def tier(request):
+    return _tier(request.param)
+
+
+def _host_vsock_port() -> int:
+    """A vsock port this host can bind (VMADDR_CID_ANY), or skip: no vsock here at all."""
+    import socket
+
+    try:
+        s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    except OSError as e:
+        pytest.skip(f"this host has no vsock at all (socket(AF_VSOCK): "
+                    f"{errno.errorcode.get(e.errno, e)}; /dev/vsock "
+                    f"{'exists' if os.path.exists('/dev/vsock') else 'is absent'})")
+    with s:
+        s.bind((socket.VMADDR_CID_ANY, socket.VMADDR_PORT_ANY))
+        return s.getsockname()[1]
+
+
+VSOCK_BIND = """
+import errno, socket, sys
+port = int(sys.argv[1])
+try:
+    s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+except OSError as e:
+    print("socket", errno.errorcode[e.errno]); sys.exit(0)
+try:
+    s.bind((socket.VMADDR_CID_ANY, port)); s.listen()
+    print("bound", port)
+except OSError as e:
+    print("bind", errno.errorcode[e.errno])
+"""
+
+
+def test_vsock_is_refused_on_every_tier(tier):
+    """Shown on the old namespace tier: the sandbox bound a host vsock port (the host's
+    own bind of it then failed with EADDRINUSE). Now socket(AF_VSOCK) is refused, and the
+    host can bind the port the sandbox asked for."""
+    import socket
+
+    import corral
+
+    port = _host_vsock_port()
+    r = corral.run(["/usr/bin/python3", "-c", VSOCK_BIND, str(port)], {"isolation": tier})
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.split() == ["socket", "EPERM" if tier == "process" else "EAFNOSUPPORT"]
+    with socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM) as s:
+        s.bind((socket.VMADDR_CID_ANY, port))  # not taken by the sandbox
+
+
+WHITEOUT = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+ws = os.environ.get("WS", os.environ["HOME"]).encode()
+with open(ws + b"/old", "w") as f:
+    f.write("x")
+r = libc.renameat2(-100, ws + b"/old", -100, ws + b"/new", 4)  # RENAME_WHITEOUT
+print("renamed" if r == 0 else errno.errorcode[ctypes.get_errno()])
+"""
+
+
+def test_whiteout_plants_no_device_in_a_rw_workspace(tier, tmp_path):
+    """renameat2(RENAME_WHITEOUT) made a 0:0 character device at the old name in a rw
+    host workspace although mknod is filtered. The process tier, which refuses a rw
+    workspace when corral is root, is tried in its HOME, a host directory (in scratch) too."""
+    import corral
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    policy = {"isolation": tier, "env": {"set": {"WS": "/workspace"}},
+              "filesystem": {"workspace": {"path": str(ws), "mode": "rw"}}}
+    if tier == "process" and os.geteuid() == 0:
+        policy = {"isolation": tier}  # HOME: <run dir>/scratch/home
+    with corral.Sandbox(policy) as sb:
+        r = sb.exec(["/usr/bin/python3", "-c", WHITEOUT])
+        if "workspace" not in policy.get("filesystem", {}):
+            ws = Path(sb._live.home)
+        assert r.exit_code == 0, r.stderr
+        assert r.stdout.split()[0] in ("EPERM", "EINVAL"), r.stdout
+        for p in ws.iterdir():
+            mode = p.lstat().st_mode
+            assert not (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)), f"{p.name}: a device node"
+        assert (ws / "old").read_text() == "x" and not (ws / "new").exists()
+
+
+UNLISTED = """
+import ctypes, json, mmap
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+page = mmap.mmap(-1, mmap.PAGESIZE)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(page))
+def call(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_ulong(a) for a in args])
+    return 0 if r >= 0 else ctypes.get_errno()
+print(json.dumps({"mbind": call(237, addr, mmap.PAGESIZE, 0, 0, 0, 0),
+                  "set_mempolicy": call(238, 0, 0, 0), "nr_600": call(600),
+                  "getpid": call(39)}))
+"""
+
+
+@pytest.mark.parametrize("name", ["namespace", "process"])
+def test_calls_off_the_list_answer_enosys(name):
+    import corral
+
+    host = subprocess.run([PYTHON, "-c", UNLISTED], capture_output=True, text=True,
+                          check=True, timeout=60)
+    if json.loads(host.stdout)["mbind"] != 0:
+        pytest.skip("mbind fails on this host without a filter (no NUMA)")
+    r = corral.run([PYTHON, "-c", UNLISTED], {"isolation": _tier(name)})
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout) == {"mbind": ENOSYS, "set_mempolicy": ENOSYS,
+                                    "nr_600": ENOSYS, "getpid": 0}
+
+
+# A real workload on the allow list: pip building and installing a local package, pytest,
+# git, gcc (a threaded C program), node, and CPython threads in C extensions.
+WORKLOAD = r"""
+set -e
+mkdir -p "$WORK" && cd "$WORK"
+export HOME="$WORK/home" PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+mkdir -p home pkg/tinypkg
+printf 'from setuptools import setup\nsetup(name="tinypkg", version="1.0", packages=["tinypkg"])\n' > pkg/setup.py
+echo 'VALUE = 41' > pkg/tinypkg/__init__.py
+/usr/bin/python3 -m pip wheel -q --no-deps --no-build-isolation -w dist ./pkg
+/usr/bin/python3 -m pip install -q --no-deps --target site dist/tinypkg-1.0-py3-none-any.whl
+PYTHONPATH=site /usr/bin/python3 -c 'import tinypkg; print("pip", tinypkg.VALUE + 1)'
+printf 'def test_one():\n    assert 1 + 1 == 2\n' > test_tiny.py
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider test_tiny.py | tail -1
+git init -q repo && cd repo
+git -c user.name=t -c user.email=t@example.invalid commit -q --allow-empty -m first
+echo "git $(git log --oneline | wc -l)"
+cd ..
+cat > t.c <<'EOF'
+#include <pthread.h>
+#include <stdio.h>
+static long sum[4];
+static void *work(void *p) { long i = (long)p; for (long k = 0; k < 100000; k++) sum[i] += k % 7; return 0; }
+int main(void) {
+    pthread_t t[4];
+    for (long i = 0; i < 4; i++) pthread_create(&t[i], 0, work, (void *)i);
+    long total = 0;
+    for (int i = 0; i < 4; i++) { pthread_join(t[i], 0); total += sum[i]; }
+    printf("gcc %ld\n", total);
+    return 0;
+}
+EOF
+gcc -O1 -pthread -o t t.c && ./t
+node -e 'console.log("node", [1, 2, 3].map(x => x * 2).join(","))'
+/usr/bin/python3 - <<'EOF'
+import hashlib, sqlite3, zlib
+from concurrent.futures import ThreadPoolExecutor
+blob = bytes(range(256)) * 4096
+def work(i):  # hashlib and zlib drop the GIL in C
+    return hashlib.sha256(zlib.compress(blob + bytes([i]))).hexdigest()[:4]
+with ThreadPoolExecutor(4) as ex:
+    digests = list(ex.map(work, range(8)))
+db = sqlite3.connect(":memory:")
+db.execute("create table t (x)")
+db.executemany("insert into t values (?)", [(i,) for i in range(100)])
+print("threads", len(set(digests)), db.execute("select sum(x) from t").fetchone()[0])
+EOF
+"""
+
+
+@pytest.mark.parametrize("name", ["namespace", "process"])
+def test_a_real_workload_runs(name):
+    import corral
+
+    for tool in ("gcc", "git", "node"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} is not installed on this host")
+    venv = Path(__file__).resolve().parent.parent / ".venv"
+    r = corral.run(["/bin/sh", "-c", WORKLOAD],
+                   {"isolation": _tier(name), "limits": {"timeout": "300s"},
+                    "filesystem": {"ro_binds": [str(venv)]},
+                    "env": {"set": {"WORK": "/scratch/w", "VENV": str(venv)}}})
+    assert r.exit_code == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    lines = r.stdout.split("\n")
+    assert "pip 42" in lines and "1 passed" in r.stdout and "git 1" in lines, r.stdout
+    assert f"gcc {4 * sum(k % 7 for k in range(100000))}" in lines, r.stdout
+    assert "node 2,4,6" in lines and "threads 8 4950" in lines, r.stdout

@@ -523,7 +523,7 @@ SAMPLES = {
     "personality": [(v,) for v in (0, 0xFFFFFFFF, 8, 0x40000, 0xFFFFFFFE, 1 << 32,
                                    (1 << 64) - 1, 0x7FFFFFFF)],
     "clone": [(v,) for v in (17, 0x3D0F00 | 17, 0x10000000 | 17, 0x20000 | 17, 0x80, 0)],
-    "socket": [(f, t, p) for f in list(range(0, 48)) + [1 << 32 | 1, 1 << 32 | 40, -1]
+    "socket": [(f, t, p) for f in list(range(48)) + [1 << 32 | 1, 1 << 32 | 40, -1]
                for t, p in ((1, 0), (2, 0), (3, 15), (3, 0), (1, 1 << 32))],
     "socketpair": [(f, 1, 0) for f in (0, 1, 2, 10, 16, 40, 1 << 32 | 1)],
     "renameat2": [(-100, 0, -100, 0, f) for f in (0, 1, 2, 4, 5, 6, HI | 4, HI)],
@@ -595,11 +595,9 @@ def test_libseccomp_cannot_express_allow_except():
     ioctl = seccomp.resolve("ioctl")
     for order in ("allow first", "refusal first"):
         flt = lib.SyscallFilter(lib.ERRNO(ENOSYS))
-        rules = [lambda: flt.add_rule(lib.ALLOW, ioctl),
-                 lambda: flt.add_rule(lib.ERRNO(EPERM), ioctl,
-                                      lib.Arg(1, lib.MASKED_EQ, 0xFFFFFFFF, 0x5412))]
-        for add in rules if order == "allow first" else rules[::-1]:
-            add()
+        rules = [(lib.ALLOW,), (lib.ERRNO(EPERM), lib.Arg(1, lib.MASKED_EQ, 0xFFFFFFFF, 0x5412))]
+        for action, *args in rules if order == "allow first" else rules[::-1]:
+            flt.add_rule(action, ioctl, *args)
         with os.fdopen(os.memfd_create("t"), "w+b") as f:
             flt.export_bpf(f)
             f.seek(0)

@@ -1,11 +1,14 @@
-"""The process tier's syscall filter: the namespace tier's profile (seccomp.py) plus the rules
-that stand in for a network namespace, loaded in the child with prctl(PR_SET_SECCOMP).
+"""The process tier's syscall filter: the namespace tier's profile (seccomp.py: its allow
+list, anything else ENOSYS, and its refusals) with these socket rules in place of its own,
+plus the rules that stand in for a network namespace, loaded in the child with
+prctl(PR_SET_SECCOMP).
 
 The process tier shares the host's network namespace, so the filter itself keeps the network
 closed (Landlock's TCP rules, ABI 4+, are a second layer for TCP only):
 
 - socket(2) and socketpair(2): only AF_UNIX, and only SOCK_STREAM and SOCK_SEQPACKET. No
-  AF_INET/AF_INET6 (no TCP, UDP, ICMP, DNS), no AF_NETLINK, AF_PACKET, AF_VSOCK, AF_ALG, ...
+  AF_INET/AF_INET6 (no TCP, UDP, ICMP, DNS), no AF_NETLINK (not even the namespace tier's
+  NETLINK_ROUTE: the namespace is the host's), AF_PACKET, AF_VSOCK, AF_ALG, ...
   Unix datagram sockets are refused because sendmsg(2) can name a destination path
   (/dev/log, a journald socket) that seccomp cannot see.
 - connect, bind, listen, accept, accept4: refused. With only unix sockets left, connect is
@@ -32,8 +35,9 @@ the host's 127.0.0.1:P, so the socket rules change:
 - bind, listen, accept, accept4: still refused; sendto/sendmsg/sendmmsg with MSG_FASTOPEN
   (a connect hidden in a send, which Landlock does not see) are refused too.
 
-Every refusal is EPERM. The program is built by libseccomp in the parent and cached like the
-namespace tier's; the child only calls prctl.
+Every refusal here is EPERM. The program is built in the parent (seccomp.build: the allow
+list's range tests, then libseccomp's refusals) and cached like the namespace tier's; the
+child only calls prctl.
 """
 
 from __future__ import annotations

@@ -70,13 +70,13 @@ OPEN_TREE_ATTR = 467  # Linux 6.15
 # they answer their own errno; everything else answers ENOSYS.
 # ---------------------------------------------------------------------------------------
 ALLOWED = (
-    ("its own memory: mapping, protecting, locking, advising (no NUMA policy: mbind, "
-     "set_mempolicy, migrate_pages and move_pages are refused, as in Docker's profile)",
+    (("its own memory: mapping, protecting, locking, advising (no NUMA policy: mbind, "
+      "set_mempolicy, migrate_pages and move_pages are refused, as in Docker's profile)"),
      ("brk", "mmap", "munmap", "mremap", "mprotect", "msync", "mincore", "madvise", "mlock",
       "mlock2", "munlock", "mlockall", "munlockall", "membarrier", "memfd_create",
       "pkey_mprotect", "pkey_alloc", "pkey_free", "map_shadow_stack")),
-    ("processes and threads: create (*clone), exec, wait, exit, thread state, its own "
-     "limits and filters",
+    (("processes and threads: create (*clone), exec, wait, exit, thread state, its own "
+      "limits and filters"),
      ("clone", "fork", "vfork", "execve", "execveat", "exit", "exit_group", "wait4",
       "waitid", "set_tid_address", "set_robust_list", "get_robust_list", "futex",
       "futex_waitv", "futex_wake", "futex_wait", "futex_requeue", "rseq", "arch_prctl",
@@ -115,9 +115,9 @@ ALLOWED = (
       "inotify_rm_watch", "io_setup", "io_destroy", "io_submit", "io_cancel",
       "io_getevents", "io_pgetevents", "readahead", "fadvise64", "fallocate", "fsync",
       "fdatasync", "sync", "syncfs", "sync_file_range", "ftruncate")),
-    ("files and directories: open (*open, *openat, *creat), stat, walk, make and remove, "
-     "rename (*renameat2), modes (*chmod, *fchmod, *fchmodat, *mknod, *mknodat), owners, "
-     "times, reading extended attributes (writing them is refused below)",
+    (("files and directories: open (*open, *openat, *creat), stat, walk, make and remove, "
+      "rename (*renameat2), modes (*chmod, *fchmod, *fchmodat, *mknod, *mknodat), owners, "
+      "times, reading extended attributes (writing them is refused below)"),
      ("open", "openat", "creat", "stat", "fstat", "lstat", "newfstatat", "statx", "statfs",
       "fstatfs", "access", "faccessat", "faccessat2", "getcwd", "chdir", "fchdir",
       "getdents", "getdents64", "mkdir", "mkdirat", "rmdir", "rename", "renameat",
@@ -126,8 +126,8 @@ ALLOWED = (
       "fchown", "lchown", "fchownat", "umask", "mknod", "mknodat", "utime", "utimes",
       "utimensat", "futimesat", "getxattr", "lgetxattr", "fgetxattr", "listxattr",
       "llistxattr", "flistxattr")),
-    ("sockets (*socket, *socketpair: unix, inet, inet6 and NETLINK_ROUTE only); where "
-     "they reach is the network namespace's business",
+    (("sockets (*socket, *socketpair: unix, inet, inet6 and NETLINK_ROUTE only); where "
+      "they reach is the network namespace's business"),
      ("socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
       "getsockname", "getpeername", "getsockopt", "setsockopt", "shutdown", "sendto",
       "recvfrom", "sendmsg", "recvmsg", "sendmmsg", "recvmmsg")),
@@ -141,18 +141,18 @@ ALLOWED = (
 # Left off the list on purpose (they answer ENOSYS), besides everything the list does not
 # name. Kept here so that a later edit does not add them back without reading why.
 NOT_ALLOWED = (
-    ("flags or modes in a struct seccomp cannot read: libc falls back to clone, openat, "
-     "fchmodat and setxattr, whose arguments the rules below see",
+    (("flags or modes in a struct seccomp cannot read: libc falls back to clone, openat, "
+      "fchmodat and setxattr, whose arguments the rules below see"),
      ("clone3", "openat2", "fchmodat2", SETXATTRAT, REMOVEXATTRAT)),
-    ("NUMA memory policy and page migration, and another process's memory (Docker's "
-     "profile refuses these without CAP_SYS_NICE / CAP_SYS_PTRACE)",
+    (("NUMA memory policy and page migration, and another process's memory (Docker's "
+      "profile refuses these without CAP_SYS_NICE / CAP_SYS_PTRACE)"),
      ("mbind", "set_mempolicy", "get_mempolicy", "migrate_pages", "move_pages",
       "set_mempolicy_home_node", "process_madvise", "process_mrelease")),
-    ("newer kernel interfaces no workload here needs yet: mount and LSM introspection, "
-     "sealing, page-cache statistics, xattr and fsxattr calls with struct arguments",
+    (("newer kernel interfaces no workload here needs yet: mount and LSM introspection, "
+      "sealing, page-cache statistics, xattr and fsxattr calls with struct arguments"),
      ("cachestat", "memfd_secret", 457, 458, 459, 460, 461, 462, 464, 465, 468, 469)),
-    ("old or obscure: 16-bit segments, unimplemented entry points, a useless half of "
-     "fanotify", ("modify_ldt", "remap_file_pages", "epoll_ctl_old", "epoll_wait_old",
+    (("old or obscure: 16-bit segments, unimplemented entry points, a useless half of "
+      "fanotify"), ("modify_ldt", "remap_file_pages", "epoll_ctl_old", "epoll_wait_old",
                   "fanotify_mark")),
 )
 

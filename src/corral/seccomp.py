@@ -15,7 +15,7 @@ NETLINK_ROUTE.
 
 How it is built (compile_bpf): the program has two parts, run one after the other. The
 first is the allow list, written here directly as a few range tests on the syscall number
-(the listed numbers, sorted and merged into runs: a dozen ranges, two instructions each);
+(the listed numbers, sorted and merged into runs: fifteen today, two instructions each);
 a number outside every range answers ENOSYS. The second is libseccomp's program for the
 refusals, with the default ALLOW. A call passes only if both let it through, so a refusal
 always wins over the allow list, whatever the arguments. (libseccomp itself cannot express
@@ -421,7 +421,9 @@ _RET_KILL_PROCESS, _RET_ERRNO = 0x80000000, 0x00050000
 
 
 def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
-    assert 0 <= jt < 256 and 0 <= jf < 256, "jump too far for classic BPF"
+    if not (0 <= jt < 256 and 0 <= jf < 256):
+        raise SandboxSetupError("the allow list has too many ranges for classic BPF's "
+                                "8-bit jumps", step="seccomp")
     return code.to_bytes(2, "little") + bytes((jt, jf)) + k.to_bytes(4, "little")
 
 

@@ -48,6 +48,15 @@ NR = {
     "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_open": 434, "clone3": 435,
     "openat2": 437, "pidfd_getfd": 438, "mount_setattr": 442, "quotactl_fd": 443,
     "fchmodat2": 452, "setxattrat": 463, "removexattrat": 466, "open_tree_attr": 467,
+    # sockets and rename flags
+    "socket": 41, "socketpair": 53, "renameat2": 316,
+    # not on the allow list: ENOSYS
+    "modify_ldt": 154, "mbind": 237, "set_mempolicy": 238, "get_mempolicy": 239,
+    "migrate_pages": 256, "move_pages": 279, "fanotify_mark": 301, "process_madvise": 440,
+    "memfd_secret": 447, "process_mrelease": 448, "set_mempolicy_home_node": 450,
+    "cachestat": 451, "statmount": 457, "listmount": 458, "lsm_get_self_attr": 459,
+    "lsm_set_self_attr": 460, "lsm_list_modules": 461, "mseal": 462, "getxattrat": 464,
+    "listxattrat": 465, "file_getattr": 468, "file_setattr": 469,
 }
 AT_FDCWD = -100
 O_RDONLY, O_WRONLY, O_CREAT, O_DIRECTORY, O_CLOEXEC = 0, 1, 0o100, 0o200000, 0o2000000
@@ -58,6 +67,10 @@ CLONE_NEW = {"newns": 0x20000, "newcgroup": 0x2000000, "newuts": 0x4000000,
              "newipc": 0x8000000, "newuser": 0x10000000, "newpid": 0x20000000,
              "newnet": 0x40000000}
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
+RENAME_NOREPLACE, RENAME_WHITEOUT = 1, 4
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK, AF_PACKET, AF_VSOCK = 1, 2, 10, 16, 17, 40
+SOCK_STREAM, SOCK_DGRAM, SOCK_RAW, SOCK_CLOEXEC = 1, 2, 3, 0o2000000
+NETLINK_ROUTE, NETLINK_KOBJECT_UEVENT = 0, 15
 X32_SYSCALL_BIT = 0x40000000
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -94,7 +107,8 @@ def err(name: str | int, *args: object) -> int:
 
 FD_RETURNING = {"open", "openat", "creat", "openat2", "open_tree", "open_tree_attr", "fsopen",
                 "fsmount", "fspick", "perf_event_open", "userfaultfd", "io_uring_setup",
-                "fanotify_init", "bpf", "open_by_handle_at", "pidfd_getfd", "pidfd_open"}
+                "fanotify_init", "bpf", "open_by_handle_at", "pidfd_getfd", "pidfd_open",
+                "socket", "memfd_secret"}
 
 
 def in_child(fn) -> int | str:
@@ -490,6 +504,83 @@ class Probe:
         finally:
             os.close(fd)
             self.fresh("xfile")
+
+    # -- renameat2: RENAME_WHITEOUT leaves a 0:0 character device at the old name ---------
+    def case_renameat2(self):
+        out = {}
+        for case, flags in (("renameat2_whiteout", RENAME_WHITEOUT),
+                            ("renameat2_whiteout_high_bits", 0xDEAD_0000_0000 | RENAME_WHITEOUT),
+                            ("renameat2_noreplace", RENAME_NOREPLACE)):
+            old, new = self.plain_file("r-old"), self.fresh("r-new")
+            out[case] = err("renameat2", AT_FDCWD, old, AT_FDCWD, new, flags)
+        for name in ("r-old", "r-new"):
+            self.fresh(name)  # the whiteout, where the control made one
+        return out
+
+    # -- socket families ---------------------------------------------------------------
+    def case_sockets(self):
+        pair = (ctypes.c_int * 2)()
+
+        def socketpair(family):
+            e = err("socketpair", family, SOCK_STREAM | SOCK_CLOEXEC, 0, pair)
+            if e == 0:
+                os.close(pair[0])
+                os.close(pair[1])
+            return e
+
+        s = SOCK_CLOEXEC
+        return {
+            "socket_unix": err("socket", AF_UNIX, SOCK_STREAM | s, 0),
+            "socket_inet": err("socket", AF_INET, SOCK_DGRAM | s, 0),
+            "socket_inet6": err("socket", AF_INET6, SOCK_STREAM | s, 0),
+            "socket_netlink_route": err("socket", AF_NETLINK, SOCK_RAW | s, NETLINK_ROUTE),
+            "socket_vsock": err("socket", AF_VSOCK, SOCK_STREAM | s, 0),
+            "socket_vsock_high_bits": err("socket", (1 << 32) | AF_VSOCK, SOCK_STREAM | s, 0),
+            "socket_packet": err("socket", AF_PACKET, SOCK_RAW | s, 0),
+            "socket_netlink_uevent": err("socket", AF_NETLINK, SOCK_DGRAM | s,
+                                         NETLINK_KOBJECT_UEVENT),
+            "socketpair_unix": socketpair(AF_UNIX),
+            "socketpair_inet": socketpair(AF_INET),   # EOPNOTSUPP from the kernel
+        }
+
+    # -- not on the allow list: ENOSYS (arguments that get past the kernel's own checks,
+    # or fail them with another errno) ------------------------------------------------
+    def case_not_allowed(self):
+        page = mmap.mmap(-1, mmap.PAGESIZE)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        fd = os.open(self.plain_file("cached"), os.O_RDONLY)
+        rng = (ctypes.c_uint64 * 2)()
+        cstat = (ctypes.c_uint64 * 5)()
+        size = ctypes.c_uint64(0)
+        try:
+            return {
+                "modify_ldt": err("modify_ldt", 0, None, 0),                       # read
+                "mbind": err("mbind", addr, mmap.PAGESIZE, 0, None, 0, 0),       # DEFAULT
+                "set_mempolicy": err("set_mempolicy", 0, None, 0),               # DEFAULT
+                "get_mempolicy": err("get_mempolicy", None, None, 0, None, 0),
+                "migrate_pages": err("migrate_pages", 0, 0, None, None),
+                "move_pages": err("move_pages", 0, 0, None, None, None, 0),
+                "fanotify_mark": err("fanotify_mark", -1, 0, 0, AT_FDCWD, None),  # EBADF
+                "process_madvise": err("process_madvise", -1, None, 0, 0, 0),     # EBADF
+                "memfd_secret": err("memfd_secret", O_CLOEXEC),
+                "process_mrelease": err("process_mrelease", -1, 0),              # EBADF
+                "set_mempolicy_home_node": err("set_mempolicy_home_node", addr,
+                                               mmap.PAGESIZE, 0, 0),
+                "cachestat": err("cachestat", fd, rng, cstat, 0),
+                "statmount": err("statmount", None, None, 0, 0),                  # EFAULT
+                "listmount": err("listmount", None, None, 0, 0),                  # EFAULT
+                "lsm_get_self_attr": err("lsm_get_self_attr", 0, None, size, 0),  # EINVAL
+                "lsm_set_self_attr": err("lsm_set_self_attr", 0, None, 0, 0),     # EINVAL
+                "lsm_list_modules": err("lsm_list_modules", None, size, 0),
+                "mseal": err("mseal", addr, mmap.PAGESIZE, 1),                    # EINVAL
+                "getxattrat": err("getxattrat", AT_FDCWD, self.w, 0, "user.x", None, 0),
+                "listxattrat": err("listxattrat", AT_FDCWD, self.w, 0, None, 0),
+                "file_getattr": err("file_getattr", AT_FDCWD, self.w, None, 0, 0),
+                "file_setattr": err("file_setattr", AT_FDCWD, self.w, None, 0, 0),
+            }
+        finally:
+            os.close(fd)
+            self.fresh("cached")
 
     # -- entry points that kill the process when refused (run one per process) ----------
     def case_x32(self):

@@ -96,7 +96,7 @@ class Rlimit(Op):
 
 
 class Seccomp(Op):
-    """The kernel-surface deny list (seccomp.py)."""
+    """The kernel-surface syscall filter: an allow list and refusals (seccomp.py)."""
 
 
 class NoNetwork(Op):

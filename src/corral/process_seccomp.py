@@ -1,11 +1,14 @@
-"""The process tier's syscall filter: the namespace tier's profile (seccomp.py) plus the rules
-that stand in for a network namespace, loaded in the child with prctl(PR_SET_SECCOMP).
+"""The process tier's syscall filter: the namespace tier's profile (seccomp.py: its allow
+list, anything else ENOSYS, and its refusals) with these socket rules in place of its own,
+plus the rules that stand in for a network namespace, loaded in the child with
+prctl(PR_SET_SECCOMP).
 
 The process tier shares the host's network namespace, so the filter itself keeps the network
 closed (Landlock's TCP rules, ABI 4+, are a second layer for TCP only):
 
 - socket(2) and socketpair(2): only AF_UNIX, and only SOCK_STREAM and SOCK_SEQPACKET. No
-  AF_INET/AF_INET6 (no TCP, UDP, ICMP, DNS), no AF_NETLINK, AF_PACKET, AF_VSOCK, AF_ALG, ...
+  AF_INET/AF_INET6 (no TCP, UDP, ICMP, DNS), no AF_NETLINK (not even the namespace tier's
+  NETLINK_ROUTE: the namespace is the host's), AF_PACKET, AF_VSOCK, AF_ALG, ...
   Unix datagram sockets are refused because sendmsg(2) can name a destination path
   (/dev/log, a journald socket) that seccomp cannot see.
 - connect, bind, listen, accept, accept4: refused. With only unix sockets left, connect is
@@ -32,8 +35,9 @@ the host's 127.0.0.1:P, so the socket rules change:
 - bind, listen, accept, accept4: still refused; sendto/sendmsg/sendmmsg with MSG_FASTOPEN
   (a connect hidden in a send, which Landlock does not see) are refused too.
 
-Every refusal is EPERM. The program is built by libseccomp in the parent and cached like the
-namespace tier's; the child only calls prctl.
+Every refusal here is EPERM. The program is built in the parent (seccomp.build: the allow
+list's range tests, then libseccomp's refusals) and cached like the namespace tier's; the
+child only calls prctl.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import os
 
 from . import seccomp
 
-PROFILE_VERSION = "p3"
+PROFILE_VERSION = "p4"
 EPERM = seccomp.EPERM
 AF_UNIX = 1
 #: socket types (arg 1, low 4 bits; the rest is SOCK_CLOEXEC/SOCK_NONBLOCK) refused for
@@ -105,40 +109,19 @@ def extra_rules(landlock_abi: int, network: str = "none") -> tuple[seccomp.Rule,
 
 
 def rules(landlock_abi: int, network: str = "none") -> tuple[seccomp.Rule, ...]:
-    return seccomp.rules() + extra_rules(landlock_abi, network)
+    """The namespace tier's refusals, with this module's socket rules in place of its
+    (stricter: no inet sockets without network, no unix ones with it), plus the rest of
+    extra_rules()."""
+    base = tuple(r for r in seccomp.rules() if r.syscall not in SOCKET_CALLS)
+    return base + extra_rules(landlock_abi, network)
 
 
 def compile_bpf(landlock_abi: int, network: str = "none") -> bytes:
-    """The whole filter as classic BPF (default ALLOW, native arch only, bad arch kills).
-    Raises BackendUnavailable without libseccomp, SandboxSetupError if a rule is refused."""
-    from .errors import SandboxSetupError
-
-    seccomp._require_x86_64()
-    lib = seccomp._libseccomp()
-    ops = {"masked_eq": lib.MASKED_EQ, "gt": lib.GT, "ne": lib.NE, "eq": lib.EQ}
-    flt = lib.SyscallFilter(lib.ALLOW)
-    flt.set_attr(lib.Attr.ACT_BADARCH, lib.KILL_PROCESS)
-    for rule in rules(landlock_abi, network):
-        nr = rule.syscall
-        if isinstance(nr, str):
-            nr = lib.resolve_syscall(lib.Arch.X86_64, nr)
-            if nr < 0:
-                raise SandboxSetupError(f"libseccomp does not know syscall {rule.syscall!r}",
-                                        step="seccomp")
-        args = [lib.Arg(c.arg, ops[c.op], c.mask, c.value) if c.op == "masked_eq"
-                else lib.Arg(c.arg, ops[c.op], c.value) for c in rule.when]
-        try:
-            flt.add_rule(lib.ERRNO(rule.errno), nr, *args)
-        except (RuntimeError, ValueError) as e:
-            raise SandboxSetupError(f"libseccomp refused {rule}: {e}", step="seccomp") from e
-    with os.fdopen(os.memfd_create("corral-seccomp-export", os.MFD_CLOEXEC), "w+b") as f:
-        flt.export_bpf(f)
-        f.seek(0)
-        data = f.read()
-    if not seccomp._refuses_x32(data):
-        raise SandboxSetupError("this libseccomp does not refuse x32 syscall numbers in an "
-                                "x86_64 filter; the profile would leak", step="seccomp")
-    return data
+    """The whole filter as classic BPF: the namespace tier's allow list, then these
+    refusals (seccomp.build). Raises BackendUnavailable without libseccomp,
+    SandboxSetupError if a rule is refused."""
+    refusals = rules(landlock_abi, network)
+    return seccomp.build(refusals, seccomp.passed(refusals))
 
 
 def bpf_bytes(cache_dir: str | None, landlock_abi: int, network: str = "none") -> bytes:
@@ -161,7 +144,7 @@ def _bpf_bytes(cache_dir: str | None, landlock_abi: int, network: str) -> bytes:
     import zlib
 
     extra = repr([[r.syscall, r.errno, [[c.arg, c.op, c.value, c.mask] for c in r.when]]
-                  for r in extra_rules(landlock_abi, network)]).encode()
+                  for r in rules(landlock_abi, network)]).encode()
     key = f"{seccomp.cache_key()}-{zlib.crc32(extra):08x}{len(extra):x}"
     path = os.path.join(cache_dir, f"seccomp-{PROFILE_VERSION}-{key}.bpf")
     data = seccomp._read_cache(path)

@@ -159,7 +159,7 @@ class NamespaceBackend:
             case EgressProxy():
                 return "proxy", "egress proxy on 127.0.0.1:3128 inside the namespace"
             case Seccomp():
-                return "kernel", "seccomp deny list (src/corral/seccomp.py)"
+                return "kernel", "seccomp allow list and refusals (src/corral/seccomp.py)"
             case Namespaces():
                 return "kernel", "user/mount/pid/net/uts/ipc/cgroup namespaces, no " \
                                  "capabilities, no_new_privs, unprivileged host uid"

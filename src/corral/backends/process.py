@@ -27,7 +27,8 @@ What it enforces, and with what:
    is noted in the run dir and removed with the exec (or by the stale sweep); removing it
    frees the programs. With secret grants the run's CA bundle is a file in the run dir
    (SSL_CERT_FILE and friends point at it; there is no /etc/corral-ca.pem here).
- - kernel surface (seccomp): the namespace tier's deny list, namespaces and mounts included.
+ - kernel surface (seccomp): the namespace tier's allow list and refusals, namespaces and
+   mounts included.
  - signals and ptrace (Landlock): no ptrace of processes outside the sandbox (ABI 1+), no
    signals to them and no connecting to their abstract unix sockets (ABI 6+).
  - identity: as root, corral switches the command to a dedicated uid/gid per sandbox
@@ -389,8 +390,8 @@ class ProcessBackend:
             case EgressProxy():
                 return "proxy", NETWORK_ALLOW_NOTE
             case Seccomp():
-                return "kernel", ("seccomp deny list of the namespace tier (seccomp.py) plus " 
-                                 "the socket rules of process_seccomp.py")
+                return "kernel", ("seccomp allow list and refusals of the namespace tier "
+                                 "(seccomp.py), with the socket rules of process_seccomp.py")
             case Namespaces():
                 return "none", self._namespaces_reason()
             case SystemRoot():

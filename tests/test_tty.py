@@ -141,14 +141,18 @@ def test_interactive_shell_on_a_terminal_of_its_own(tier):
         t.send(b'echo "size:"$(stty size)\r')
         t.expect(rb"size:30 90\r\n")
         t.expect(PROMPT)
+        # the foreground job inside waits for its SIGWINCH (blocked first: none is missed)
+        t.send(b"/usr/bin/python3 -c 'import os, signal as s; "
+               b"s.pthread_sigmask(s.SIG_BLOCK, [s.SIGWINCH]); "
+               b"print(\"wait\" \"ing\", flush=True); s.sigwait([s.SIGWINCH]); "
+               b"print(\"winch:%dx%d\" % os.get_terminal_size()[::-1])'\r")
+        t.expect(rb"\r\nwaiting\r\n")
         t.resize(37, 111)
-        for _ in range(20):    # SIGWINCH reaches corral asynchronously: ask until it shows
-            t.send(b'echo "size:"$(stty size)\r')
-            size = t.expect(rb"size:(\d+ \d+)\r\n").group(1)
-            t.expect(PROMPT)
-            if size == b"37 111":
-                break
-        assert size == b"37 111"
+        t.expect(rb"winch:37x111\r\n")
+        t.expect(PROMPT)
+        t.send(b'echo "size:"$(stty size)\r')
+        t.expect(rb"size:37 111\r\n")
+        t.expect(PROMPT)
         # ^C interrupts the foreground job inside (it prints once it runs as that job);
         # the shell goes on
         t.send(b"sh -c 'echo \"sta\"\"rted\"; exec sleep 100'\r")
@@ -161,10 +165,14 @@ def test_interactive_shell_on_a_terminal_of_its_own(tier):
         t.send(b'echo "alive:"$((6*7))\r')
         t.expect(rb"alive:42")
         t.expect(PROMPT)
-        # TIOCSTI is refused even on the sandbox's own terminal
-        t.send(b"/usr/bin/python3 -c 'import fcntl, termios; "
-               b"fcntl.ioctl(0, termios.TIOCSTI, b\"x\")' 2>&1 | tail -1\r")
-        t.expect(rb"PermissionError: \[Errno 1\]")
+        # TIOCSTI and TIOCLINUX are refused even on the sandbox's own terminal (a pty
+        # answers TIOCLINUX with ENOTTY when the call is let through)
+        t.send(b"/usr/bin/python3 -c 'exec(\"import errno, fcntl\\nfor r in (0x5412, "
+               b"0x541C):\\n try: fcntl.ioctl(0, r, bytes(1)); print(\\\"ioctl:%x:ok\\\""
+               b" % r)\\n except OSError as e: print(\\\"ioctl:%x:%s\\\" % (r, "
+               b"errno.errorcode[e.errno]))\")'\r")
+        assert t.expect(rb"ioctl:5412:(\w+)\r\n").group(1) == b"EPERM"
+        assert t.expect(rb"ioctl:541c:(\w+)\r\n").group(1) == b"EPERM"
         t.expect(PROMPT)
         t.send(b"exit 3\r")
         assert t.wait() == 3
@@ -182,6 +190,30 @@ def test_exit_status_by_signal_and_terminal_restored_after_a_kill():
     try:
         t.expect(rb"ready")
         assert t.wait() == 128 + 15
+        lflag = termios.tcgetattr(t.fd)[3]
+        assert lflag & termios.ECHO and lflag & termios.ICANON
+    finally:
+        t.close()
+
+
+def test_terminal_restored_when_corral_is_stopped_or_times_out():
+    """SIGTERM to corral mid-session, and the wall clock: the run ends, torn down, and the
+    caller's terminal is back in its own mode."""
+    skip_unless("namespace")
+    t = shell("namespace")
+    try:
+        t.expect(PROMPT)
+        assert not termios.tcgetattr(t.fd)[3] & termios.ECHO   # raw while it runs
+        os.kill(t.pid, 15)
+        assert t.wait() == 130
+        assert b"the sandbox was torn down" in t.seen
+        lflag = termios.tcgetattr(t.fd)[3]
+        assert lflag & termios.ECHO and lflag & termios.ICANON
+    finally:
+        t.close()
+    t = Term(["run", "-t", "--timeout", "2s", "--", "sleep", "100"])
+    try:
+        assert t.wait() == 124
         lflag = termios.tcgetattr(t.fd)[3]
         assert lflag & termios.ECHO and lflag & termios.ICANON
     finally:

@@ -58,13 +58,14 @@ options (each overrides the policy file):
   --deny-domain RULE     refuse RULE even if allowed               [network.deny]
   --allow-private CIDR   let the proxy reach these private addresses [network.allow_private]
   --nameserver ADDR      resolver for the proxy, IP or IP:PORT     [network.nameservers]
-  -t, --tty              give CMD a terminal of the sandbox's own (for an interactive
-                         shell: corral run -t --timeout 8h -- bash): a new pty as its
-                         stdin, stdout, stderr and controlling terminal, never this one;
-                         keys (^C included) and window size are relayed, this terminal
-                         is in raw mode until the end, output is shown as is (like ssh).
-                         The Result's stdout keeps the first --output-limit bytes of the
-                         terminal's one stream; its stderr is empty. limits.timeout holds
+  -t, --tty              give CMD a terminal of the sandbox's own, for an interactive
+                         shell (corral run -t --timeout 8h -- bash): a new pty as its
+                         stdin, stdout, stderr and controlling terminal, never this one.
+                         Keys (^C too) and window size are relayed; this terminal is raw
+                         until CMD ends; output is shown as is (like ssh). The Result's
+                         stdout keeps the first --output-limit bytes of the terminal's
+                         one stream; stderr is empty. --timeout holds (default 60s).
+                         Without -t, CMD's stdin is /dev/null unless --stdin
   --stdin                pass this process's stdin through (a pipe or file, never a tty)
   --raw                  show output as is (by default control characters are neutralised
                          on a terminal)
@@ -293,7 +294,7 @@ def _run_tty(r: RunArgs, policy) -> int:
     from .tty import raw_mode
 
     try:
-        on_out = None if r.json else _writer(sys.stdout, True)
+        on_out = None if r.json else _write_fd1
         with _terminate_cleanly():
             with Sandbox(policy) as sb:
                 sb.open()   # set-up errors show before the terminal goes raw
@@ -306,6 +307,14 @@ def _run_tty(r: RunArgs, policy) -> int:
     else:   # the terminal showed all the output: no note that the Result kept only part
         _print_events(result.events, output_limit=False)
     return result.cli_exit_status()
+
+
+def _write_fd1(data: bytes) -> None:
+    """The terminal's output, from the relay thread: straight to fd 1 (no buffer lock a
+    blocked write could hold at exit)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view):]
 
 
 def _writer(stream, raw: bool):

@@ -148,7 +148,8 @@ class Sandbox:
         may be the caller's terminal) is typed into it, on_stdout gets everything it shows,
         uncapped, and the Result's stdout keeps the first limits.output bytes of that one
         stream (stderr is empty; on_stderr is not called). tty_size: (rows, cols); by
-        default the size of a terminal stdin (followed as it changes), else 24x80."""
+        default the size of a terminal stdin (followed as it changes when called from the
+        main thread), else 24x80."""
         self.open()
         fd, close_fd = _stdin_fd(stdin, tty=tty)
         try:

@@ -169,8 +169,10 @@ class Sandbox:
         term = Terminal(stdin, on_output, cap, size)
         try:
             result = self._live.exec(argv, stdin=None, timeout=timeout, tty=term)
-        finally:
-            text = term.finish()
+        except BaseException:
+            term.finish(errors=False)   # the run's own error is the one to see
+            raise
+        text = term.finish()
         result.stdout, result.stdout_truncated = text, term.truncated
         result.stderr, result.stderr_truncated = "", False
         if term.truncated:

@@ -338,11 +338,12 @@ class Terminal:
         return True
 
     # -- the end ---------------------------------------------------------------------------
-    def finish(self) -> str:
+    def finish(self, *, errors: bool = True) -> str:
         """After the command and everything of its run are gone: close our slave (the master
         then reads what is left, then EIO), let the relay drain it, stop it, restore
-        SIGWINCH. Returns the kept output as text. Safe to call more than once, and on a
-        Terminal never opened or started."""
+        SIGWINCH. Returns the kept output as text. Re-raises what broke the relay, unless
+        not `errors`. Safe to call more than once, and on a Terminal never opened or
+        started."""
         if self.slave >= 0:
             os.close(self.slave)
             self.slave = -1
@@ -371,7 +372,8 @@ class Terminal:
                 pass
         if self._error is not None:
             err, self._error = self._error, None
-            raise err
+            if errors:   # the relay failed (a bug, or the caller's fds went bad)
+                raise err
         return b"".join(self.chunks).decode("utf-8", errors="replace")
 
 

@@ -527,7 +527,7 @@ class NamespaceSandbox:
                                             f"{e.strerror}", step="tty",
                                             errno=e.errno) from None
                 self.dir.mounts.append(devpts)  # close() and the stale sweep unmount it
-            extra = ("\0".join(["--dev-bind", devpts, "/dev/pts"]) + "\0").encode()
+            extra = f"--dev-bind\0{devpts}\0/dev/pts\0".encode()
         slave = term.open(devpts)
         return [SETSID, "--ctty", "--", *argv], slave, extra
 

@@ -28,7 +28,7 @@ usage: corral run [--policy FILE] [--isolation T] [--timeout D] [--cpu-time D]
                   [--workspace PATH[:ro|rw]] [--ro-bind PATH]... [--net none|allow]
                   [--allow-domain RULE]... [--deny-domain RULE]... [--allow-private CIDR]...
                   [--nameserver ADDR]... [--secret NAME=SOURCE@HOSTS[/TTL]]...
-                  [--stdin] [--raw] [--json] -- CMD...
+                  [-t|--tty] [--stdin] [--raw] [--json] -- CMD...
 
 Run CMD in a sandbox: read-only root, no network unless domains are allowed through
 corral's egress proxy, /scratch as HOME, nothing of the host's environment, limits on
@@ -58,6 +58,14 @@ options (each overrides the policy file):
   --deny-domain RULE     refuse RULE even if allowed               [network.deny]
   --allow-private CIDR   let the proxy reach these private addresses [network.allow_private]
   --nameserver ADDR      resolver for the proxy, IP or IP:PORT     [network.nameservers]
+  -t, --tty              give CMD a terminal of the sandbox's own, for an interactive
+                         shell (corral run -t --timeout 8h -- bash): a new pty as its
+                         stdin, stdout, stderr and controlling terminal, never this one.
+                         Keys (^C too) and window size are relayed; this terminal is raw
+                         until CMD ends; output is shown as is (like ssh). The Result's
+                         stdout keeps the first --output-limit bytes of the terminal's
+                         one stream; stderr is empty. --timeout holds (default 60s).
+                         Without -t, CMD's stdin is /dev/null unless --stdin
   --stdin                pass this process's stdin through (a pipe or file, never a tty)
   --raw                  show output as is (by default control characters are neutralised
                          on a terminal)
@@ -103,6 +111,7 @@ class RunArgs:
         self.net_lists: dict[str, list[str]] = {}
         self.secrets: dict[str, dict] = {}
         self.stdin = False
+        self.tty = False
         self.raw = False
         self.json = False
         self.help = False
@@ -136,8 +145,10 @@ def parse_run_args(args: list[str], *, want_command: bool) -> RunArgs:
 
         if name in ("-h", "--help"):
             r.help = True
-        elif name in ("--stdin", "--raw", "--json") and not eq:
+        elif name in ("--stdin", "--raw", "--json", "--tty") and not eq:
             setattr(r, name[2:], True)
+        elif name == "-t" and not eq:
+            r.tty = True
         elif name == "--policy":
             r.policy_file = value()
         elif name == "--isolation":
@@ -238,8 +249,14 @@ def cmd_run(args: list[str]) -> int:
             raise UsageError("no command given; write corral run [options] -- CMD...",
                              field="CMD")
         policy = effective_policy(r)
+        if r.tty:
+            return _run_tty(r, policy)
         from .sandbox import Sandbox
 
+        if not r.stdin and os.isatty(0):  # the user may think they typed into the sandbox
+            sys.stderr.write("corral: stdin is a terminal and is not connected to the "
+                             "sandbox (the command reads end of file); use -t for an "
+                             "interactive shell\n")
         stdin = 0 if r.stdin else None
         on_out = on_err = None
         writers = []
@@ -257,12 +274,47 @@ def cmd_run(args: list[str]) -> int:
     if r.json:
         sys.stdout.write(result.to_json() + "\n")
     else:
-        for e in result.events:
-            if e["kind"] in ("limit", "teardown", "unenforced"):
-                what = e.get("limit") or e.get("rule") or e["kind"]
-                sys.stderr.write(f"corral: {e['kind']} {what}: "
-                                 f"{e.get('message') or e.get('reason')}\n")
+        _print_events(result.events)
     return result.cli_exit_status()
+
+
+def _print_events(events: list[dict], *, output_limit: bool = True) -> None:
+    for e in events:
+        if e["kind"] in ("limit", "teardown", "unenforced") and (
+                output_limit or e.get("limit") != "output"):
+            what = e.get("limit") or e.get("rule") or e["kind"]
+            sys.stderr.write(f"corral: {e['kind']} {what}: "
+                             f"{e.get('message') or e.get('reason')}\n")
+
+
+def _run_tty(r: RunArgs, policy) -> int:
+    """`corral run -t`: the sandbox's own pty, relayed to this process's stdin and stdout
+    (corral.tty); this terminal in raw mode from the start of the command to its end."""
+    from .sandbox import Sandbox
+    from .tty import raw_mode
+
+    try:
+        on_out = None if r.json else _write_fd1
+        with _terminate_cleanly():
+            with Sandbox(policy) as sb:
+                sb.open()   # set-up errors show before the terminal goes raw
+                with raw_mode(0):
+                    result = sb.exec(r.command, stdin=0, tty=True, on_stdout=on_out)
+    except CorralError as e:
+        return _fail(e, r.json)
+    if r.json:
+        sys.stdout.write(result.to_json() + "\n")
+    else:   # the terminal showed all the output: no note that the Result kept only part
+        _print_events(result.events, output_limit=False)
+    return result.cli_exit_status()
+
+
+def _write_fd1(data: bytes) -> None:
+    """The terminal's output, from the relay thread: straight to fd 1 (no buffer lock a
+    blocked write could hold at exit)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view):]
 
 
 def _writer(stream, raw: bool):

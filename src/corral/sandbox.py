@@ -139,16 +139,47 @@ class Sandbox:
         return self
 
     def exec(self, argv: list[str], *, stdin: int | bytes | None = None, timeout: float | None = None,
-             on_stdout=None, on_stderr=None) -> Result:
-        """Run argv inside. stdin: None (/dev/null), bytes, or a readable fd (not a tty)."""
+             on_stdout=None, on_stderr=None, tty: bool = False,
+             tty_size: tuple[int, int] | None = None) -> Result:
+        """Run argv inside. stdin: None (/dev/null), bytes, or a readable fd (not a tty).
+
+        tty=True: the command gets a pseudo-terminal of its own as stdin, stdout, stderr and
+        controlling terminal (see corral.tty); `stdin` (None, bytes, or a readable fd, which
+        may be the caller's terminal) is typed into it, on_stdout gets everything it shows,
+        uncapped, and the Result's stdout keeps the first limits.output bytes of that one
+        stream (stderr is empty; on_stderr is not called). tty_size: (rows, cols); by
+        default the size of a terminal stdin (followed as it changes when called from the
+        main thread), else 24x80."""
         self.open()
-        fd, close_fd = _stdin_fd(stdin)
+        fd, close_fd = _stdin_fd(stdin, tty=tty)
         try:
-            return self._live.exec(list(argv), stdin=fd, on_stdout=on_stdout,
-                                   on_stderr=on_stderr, timeout=timeout)
+            if not tty:
+                return self._live.exec(list(argv), stdin=fd, on_stdout=on_stdout,
+                                       on_stderr=on_stderr, timeout=timeout)
+            return self._exec_tty(list(argv), fd, on_stdout, timeout, tty_size)
         finally:
             if close_fd:
                 os.close(fd)
+
+    def _exec_tty(self, argv, stdin, on_output, timeout, size) -> Result:
+        from .plan import OutputCap
+        from .tty import Terminal
+
+        cap = self.plan.find(OutputCap)[0].bytes
+        term = Terminal(stdin, on_output, cap, size)
+        try:
+            result = self._live.exec(argv, stdin=None, timeout=timeout, tty=term)
+        except BaseException:
+            term.finish(errors=False)   # the run's own error is the one to see
+            raise
+        text = term.finish()
+        result.stdout, result.stdout_truncated = text, term.truncated
+        result.stderr, result.stderr_truncated = "", False
+        if term.truncated:
+            result.events.append({"kind": "limit", "limit": "output", "stream": "stdout",
+                                  "message": f"terminal output past {cap} bytes was not "
+                                             f"kept in the Result (all of it was shown)"})
+        return result
 
     def close(self) -> list[str]:
         """Kill what is left, unmount, delete scratch. Returns teardown problems. In a
@@ -193,7 +224,7 @@ def _close_left_open(pid: int) -> None:
         _left_open.pop().close()
 
 
-def _stdin_fd(stdin) -> tuple[int | None, bool]:
+def _stdin_fd(stdin, *, tty: bool = False) -> tuple[int | None, bool]:
     if stdin is None:
         return None, False
     if isinstance(stdin, (bytes, bytearray, memoryview)):
@@ -202,11 +233,12 @@ def _stdin_fd(stdin) -> tuple[int | None, bool]:
         os.lseek(fd, 0, os.SEEK_SET)
         return fd, True
     if isinstance(stdin, int):
-        if os.isatty(stdin):
+        if os.isatty(stdin) and not tty:  # with tty, only its bytes are relayed
             from .errors import UsageError
 
             raise UsageError("stdin is a terminal; a sandbox never gets the caller's "
-                             "terminal: pipe the input in instead", field="--stdin")
+                             "terminal: pipe the input in instead, or use -t/--tty for a "
+                             "terminal of the sandbox's own", field="--stdin")
         return stdin, False
     raise TypeError("stdin must be None, bytes or a file descriptor")
 

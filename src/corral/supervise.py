@@ -67,8 +67,12 @@ class Outcome:
 
 def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
           pass_fds: tuple[int, ...], child_setup: Callable[[], None] | None = None,
-          uid: int | None = None, gid: int | None = None) -> tuple[int, int, int]:
+          uid: int | None = None, gid: int | None = None,
+          stdout_fd: int | None = None) -> tuple[int, int, int]:
     """fork + exec. Returns (pid, stdout read fd, stderr read fd).
+
+    With `stdout_fd` (a pty slave: corral.tty) the child's stdout and stderr are that fd,
+    no pipes are made, and both read fds returned are -1.
 
     With `uid`/`gid` the child drops every group and takes uid:gid before exec. Without a
     `child_setup`, the fork and exec are CPython's own C code (subprocess's), which costs
@@ -79,8 +83,14 @@ def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
     costs more the bigger the host program); the child then needs no setuid of its own.
     The caller then does in the parent whatever must happen before the command runs
     (bwrap waits for it: see namespace.py)."""
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+    if stdout_fd is None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        ours = [out_r, out_w, err_r, err_w]
+    else:
+        out_r = err_r = -1
+        out_w = err_w = stdout_fd
+        ours = []
     fail_r, fail_w = os.pipe()  # CLOEXEC: closes on a successful exec
     try:
         if child_setup is None and _fork_exec is not None:
@@ -96,17 +106,17 @@ def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
             pid = _py_fork_exec(path, argv, env, stdin_fd, out_w, err_w, fail_w, pass_fds,
                                 child_setup, uid, gid)
     except BaseException:
-        for fd in (out_r, out_w, err_r, err_w, fail_r, fail_w):
+        for fd in (*ours, fail_r, fail_w):
             os.close(fd)
         raise
-    for fd in (out_w, err_w, fail_w):
+    for fd in (*ours[1::2], fail_w):   # the write ends
         os.close(fd)
     report = os.read(fail_r, 1000)
     os.close(fail_r)
     if report:
         os.waitpid(pid, 0)
-        os.close(out_r)
-        os.close(err_r)
+        for fd in ours[0::2]:
+            os.close(fd)
         message, code = _fail_report(report)
         raise SandboxSetupError(f"starting {path} failed: {message}", step="exec",
                                 errno=code)
@@ -209,7 +219,7 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
     extra = dict(extra or {})
     out.stdout = Stream(output_cap, on_stdout)
     out.stderr = Stream(output_cap, on_stderr)
-    streams = {out_r: out.stdout, err_r: out.stderr}
+    streams = {fd: s for fd, s in ((out_r, out.stdout), (err_r, out.stderr)) if fd >= 0}
     sel = select.epoll()
     pidfd = os.pidfd_open(pid)
     try:

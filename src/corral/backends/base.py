@@ -11,7 +11,12 @@ from ..result import Result
 
 class LiveSandbox(Protocol):
     def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
-             on_stderr=None, timeout: float | None = None) -> Result: ...
+             on_stderr=None, timeout: float | None = None, tty=None) -> Result:
+        """`tty`: a corral.tty.Terminal (stdin is then None): the tier makes its pty (open(),
+        or console_socket() for a runtime that makes it), gives the command the slave as
+        fds 0-2 and controlling terminal, and calls start() once the command is started;
+        Sandbox.exec finishes it and fills the Result's stdout."""
+        ...
 
     def close(self) -> list[str]: ...
 

@@ -547,7 +547,7 @@ class GvisorSandbox:
 
     # -- exec ----------------------------------------------------------------------------
     def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
-             on_stderr=None, timeout: float | None = None) -> Result:
+             on_stderr=None, timeout: float | None = None, tty=None) -> Result:
         if not argv:
             raise SandboxSetupError("no command given", step="exec")
         plan = self.plan
@@ -567,7 +567,7 @@ class GvisorSandbox:
             net = ProxyNet.create(net_path)
         try:
             return self._exec(argv, cid, events, wall, cpu, cap, egress, net, stdin=stdin,
-                              on_stdout=on_stdout, on_stderr=on_stderr)
+                              on_stdout=on_stdout, on_stderr=on_stderr, tty=tty)
         finally:
             if net is not None:
                 problems = net.close()
@@ -577,10 +577,14 @@ class GvisorSandbox:
                 # removal (close() and the sweep unmount what is left)
 
     def _exec(self, argv, cid, events, wall, cpu, cap, egress, net, *, stdin, on_stdout,
-              on_stderr) -> Result:
+              on_stderr, tty=None) -> Result:
         plan = self.plan
         spec = dict(self.spec)
-        spec["process"] = dict(spec["process"], args=list(argv))
+        # terminal: runsc makes a host pty, the controlling terminal of its sandbox process
+        # (so ^C signals the Sentry, which passes it to the foreground group inside), hands
+        # the slave to the Sentry as the command's terminal and the master to us
+        # (--console-socket, corral.tty)
+        spec["process"] = dict(spec["process"], args=list(argv), terminal=tty is not None)
         if net is not None:
             spec["linux"] = dict(spec["linux"], namespaces=[
                 dict(ns, path=net.path) if ns["type"] == "network" else ns
@@ -622,6 +626,9 @@ class GvisorSandbox:
                 proxy = start_proxy(config, net.take_listener(), attach, self.uid, self.gid)
             stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
             argv_runsc = self.runsc_argv(cid)
+            if tty is not None:  # runsc makes the pty and sends us its master
+                console = tty.console_socket(os.path.join(self.dir.path, "console"))
+                argv_runsc[-1:-1] = [f"--console-socket={console}"]
             started = time.monotonic()
             # runsc's gofer and Sentry are orphaned when a kill ends runsc first; as a
             # subreaper we get them and reap their zombies (a PID 1 may never do it)
@@ -653,6 +660,8 @@ class GvisorSandbox:
                     cg.kill_all()
 
             try:
+                if tty is not None:
+                    tty.start()
                 outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
                                     cpu_seconds=cpu_seconds if cg else None,
                                     output_cap=cap, on_stdout=on_stdout, on_stderr=on_stderr,

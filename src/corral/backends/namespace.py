@@ -77,6 +77,8 @@ ESRCH = 3
 #: far above any real account and any subuid range, one per sandbox
 UID_BASE = 1_500_000_000
 UID_SPAN = 1 << 20
+#: what gives a tty exec's command its controlling terminal (see NamespaceSandbox._tty)
+SETSID = "/usr/bin/setsid"
 def find_bwrap() -> str | None:
     for d in ("/usr/bin", "/usr/local/bin", "/bin"):
         p = os.path.join(d, "bwrap")
@@ -341,7 +343,7 @@ class NamespaceSandbox:
         return [*self.argv_prefix, *LINE_OPTIONS, "--seccomp", str(seccomp_fd), "--", *argv]
 
     def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
-             on_stderr=None, timeout: float | None = None) -> Result:
+             on_stderr=None, timeout: float | None = None, tty=None) -> Result:
         """Run argv in fresh namespaces. Every limit holds from bwrap's first clone on, and
         a supervisor that dies or fails half way leaves nothing running outside them:
 
@@ -376,6 +378,8 @@ class NamespaceSandbox:
             uid, gid = self.uid, self.gid
             env = dict(plan.find(Environment)[0].env)
             egress = plan.find(EgressProxy)
+            if tty is not None:   # a pty of the sandbox's own: see _tty()
+                argv, stdin, extra_args = self._tty(argv, tty)
             stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
             args_r, args_w = os.pipe()
             status_r, status_w = os.pipe()
@@ -389,13 +393,16 @@ class NamespaceSandbox:
                 theirs.append(block_r)
             line, blob = self.bwrap_line(argv, args_r=args_r, gate_r=gate_r,
                                          status_w=status_w, block_r=block_r)
+            if tty is not None:
+                blob += extra_args
             started = time.monotonic()
             subreaper_acquire()
             try:
                 pid, out_r, err_r = spawn(
                     line[0], line, env,
                     stdin_fd=stdin_fd, pass_fds=tuple(theirs),
-                    uid=uid if self.root else None, gid=gid if self.root else None)
+                    uid=uid if self.root else None, gid=gid if self.root else None,
+                    stdout_fd=stdin if tty is not None else None)
             except BaseException:
                 subreaper_release()
                 for fd in ours:
@@ -459,6 +466,8 @@ class NamespaceSandbox:
                         except BrokenPipeError:
                             pass  # bwrap is gone already (killed above): keep the real error
                         os.close(block_w)
+                if tty is not None:
+                    tty.start()
                 outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
                                     cpu_seconds=cg.cpu_seconds if cg else None, output_cap=cap,
                                     on_stdout=on_stdout, on_stderr=on_stderr, kill=kill,
@@ -484,6 +493,43 @@ class NamespaceSandbox:
         return finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
                       oom_kills=oom_kills, wall=wall, cpu=cpu,
                       memory=plan.find(MemoryLimit)[0].bytes, cap=cap, isolation="namespace")
+
+    def _tty(self, argv: list[str], term) -> tuple[list[str], int, bytes]:
+        """For a tty exec: (argv, the pty slave, bwrap options to add).
+
+        The pty comes from a devpts instance of the run's own (root; mounted once per
+        sandbox at <run dir>/pts, bound over the sandbox's /dev/pts, so ttyname() inside
+        says /dev/pts/N), else from the host's /dev/ptmx (bwrap then binds it at
+        /dev/console). bwrap's --new-session puts the sandbox in a session of bwrap's init
+        with no controlling terminal, so the command starts under util-linux's setsid
+        --ctty: the command is not a process group leader there, so setsid does not fork:
+        it makes a session of the command's own, takes the pty as its controlling terminal
+        (TIOCSCTTY) and execs the command in the same process (pid, exit status and
+        signals are the command's own). Then ^C on the pty signals the command's
+        foreground group, never bwrap."""
+        if not os.access(SETSID, os.X_OK):
+            raise BackendUnavailable(f"a terminal (-t) on the namespace tier needs "
+                                     f"util-linux's {SETSID} (apt-get install util-linux); "
+                                     f"or run without -t", field="tty")
+        extra = b""
+        devpts = None
+        if self.root:
+            devpts = os.path.join(self.dir.path, "pts")
+            if devpts not in self.dir.mounts:
+                from ..tty import mount_devpts
+
+                if not os.path.isdir(devpts):
+                    os.mkdir(devpts, 0o755)
+                try:
+                    mount_devpts(devpts, self.uid, self.gid)
+                except OSError as e:
+                    raise SandboxSetupError(f"mounting a devpts instance on {devpts}: "
+                                            f"{e.strerror}", step="tty",
+                                            errno=e.errno) from None
+                self.dir.mounts.append(devpts)  # close() and the stale sweep unmount it
+            extra = f"--dev-bind\0{devpts}\0/dev/pts\0".encode()
+        slave = term.open(devpts)
+        return [SETSID, "--ctty", "--", *argv], slave, extra
 
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:

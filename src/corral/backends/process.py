@@ -123,13 +123,16 @@ from .common import (
 )
 
 SIGKILL, SIGTERM, SIGXCPU, SIGCHLD = 9, 15, 24, 17
-#: the device files a program expects to open: (path, Landlock rights)
+#: the device files a program expects to open: (path, Landlock rights). /dev/tty opens the
+#: opener's controlling terminal: with -t the run's own pty, else none (ENXIO: the command
+#: is in a session of its own)
 DEV_FILES = (("/dev/null", landlock.RW_FILE), ("/dev/zero", landlock.RW_FILE),
              ("/dev/full", landlock.RW_FILE), ("/dev/random", landlock.FS_READ_FILE),
-             ("/dev/urandom", landlock.FS_READ_FILE))
+             ("/dev/urandom", landlock.FS_READ_FILE), ("/dev/tty", landlock.RW_FILE))
 #: how long the reaper keeps killing a run's processes before it gives up
 KILL_DEADLINE_S = 5.0
 PR_SET_CHILD_SUBREAPER = 36
+TIOCSCTTY = 0x540E
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 MAX_FD = 0x7FFFFFFF
@@ -543,7 +546,7 @@ class ProcessSandbox:
 
     # -- exec ----------------------------------------------------------------------------
     def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
-             on_stderr=None, timeout: float | None = None) -> Result:
+             on_stderr=None, timeout: float | None = None, tty=None) -> Result:
         if not argv:
             raise SandboxSetupError("no command given", step="exec")
         if self.dir is None:
@@ -576,9 +579,12 @@ class ProcessSandbox:
                            cpu_seconds=math.ceil(cpu) + 1, nproc=nproc,
                            uid=self.uid, gid=self.gid, root=self.root,
                            ruleset_fd=ruleset.fd, seccomp=self._seccomp,
-                           parent=os.getpid(), bpf_cgroup=net is not None)
+                           parent=os.getpid(), bpf_cgroup=net is not None,
+                           tty=tty is not None)
             if net is not None:  # listening before the command starts
                 proxy = net.start_proxy(cg)
+            if tty is not None:  # a host pty; the command takes it as its terminal
+                stdin = tty.open()
             stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
             started = time.monotonic()
             try:
@@ -586,7 +592,8 @@ class ProcessSandbox:
                 # child_setup, which does not return
                 pid, out_r, err_r = spawn("/nonexistent", ["corral-reaper"], {},
                                           stdin_fd=stdin_fd, pass_fds=(),
-                                          child_setup=child.reaper)
+                                          child_setup=child.reaper,
+                                          stdout_fd=stdin if tty is not None else None)
             finally:
                 if stdin is None:
                     os.close(stdin_fd)
@@ -603,6 +610,8 @@ class ProcessSandbox:
                     cg.kill_all()
 
             try:
+                if tty is not None:
+                    tty.start()
                 outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
                                     cpu_seconds=cg.cpu_seconds if cg else None,
                                     output_cap=cap, on_stdout=on_stdout, on_stderr=on_stderr,
@@ -805,6 +814,10 @@ class _Child:
     def command(self) -> None:
         """The sandboxed command's setup, in the reaper's child; ends in execve."""
         os.setsid()  # a session of its own, apart from the reaper's
+        if self.tty:  # fd 0 is the run's pty (corral.tty): its controlling terminal
+            import fcntl
+
+            fcntl.ioctl(0, TIOCSCTTY, 0)
         for s in _signal.valid_signals():
             if s not in (SIGKILL, 19):
                 try:

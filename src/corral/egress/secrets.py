@@ -17,10 +17,12 @@ percent-decoded) is refused whole with 403 and a ``kind: "secret"`` event: "exfi
 attempt" (another host), "grant expired", "plain http not allowed for this grant". The value
 is never sent without the grant's conditions, and a refused request never half-happens.
 
-`ResponseScrubber` runs the other way on every response from a granted host: each value
-(and each encoding of it the proxy itself produced for that connection, see
-``Injection.echoes``) is replaced by its placeholder in the response headers and, as a
-stream, in the body.
+`ResponseScrubber` runs the other way on every response from a granted host: each value,
+in every spelling forms.py knows (percent-encoded, JSON/JS- or HTML-escaped, upper- or
+lower-cased, hex, base64 and base64url at any alignment), and each encoding of it the proxy
+itself produced for that connection (``Injection.echoes``), is replaced by its placeholder
+in the response headers and, as a stream, in the body. A body in a coding it cannot read
+(anything but identity and one gzip) is cut, never passed.
 
 What this does not do (the limits; see also `ResponseScrubber`):
 
@@ -29,11 +31,13 @@ What this does not do (the limits; see also `ResponseScrubber`):
   there: it means nothing outside this run and the value never goes to that host.
 - Request bodies are neither injected nor scanned: a placeholder in a body reaches the
   granted host as the placeholder.
-- A granted host that *stores* what it receives (a header it logs, a query parameter it
-  keeps) and serves it back later, transformed (base64 at another offset, hex, JSON-escaped)
-  or to a host no grant names, can reveal the value. Grant only hosts whose API treats
-  the credential as a credential, and prefer headers: a placeholder in the URL puts the
-  value in the URL (and in the server's access log).
+- A granted host that transforms the value in a way forms.py does not know (encryption,
+  a hash, reversal, splitting it over several places or responses, two stacked encodings
+  such as the base64 of its hex), or that *stores* what it receives (a header it logs, a
+  query parameter it keeps) and serves it back later or to a host no grant names, can
+  reveal the value. Grant only hosts whose API treats the credential as a credential, and
+  prefer headers: a placeholder in the URL puts the value in the URL (and in the server's
+  access log).
 - Non-TLS tunnels to a granted host (ssh on github.com:22, say) are plain tunnels: nothing
   is injected into them and nothing is scrubbed out of them.
 """

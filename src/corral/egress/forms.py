@@ -72,17 +72,26 @@ class Pattern:
     def regex(self) -> bytes:
         return b"".join(_alternation(e) for e in self.elements)
 
-    def prefixes(self) -> set[bytes]:
-        """Every text a match can begin with, cut to two characters (to one only for a
-        pattern whose matches can be one character long)."""
+    @property
+    def lead(self) -> int:
+        """1 when the first element is a wide class of single characters (a base64 edge),
+        so `prefixes` describe the text from the second character on: the scrubber tries
+        such a pattern one byte before where its prefixes hit. Else 0."""
         first = self.elements[0]
-        out = {s[:2] for s in first if len(s) >= 2}
-        short = [s for s in first if len(s) == 1]
+        return int(len(self.elements) >= 3 and len(first) > 2
+                   and all(len(s) == 1 for s in first))
+
+    def prefixes(self) -> set[bytes]:
+        """Every text a match can begin with (after `lead` characters), cut to two
+        characters (to one only for a pattern whose matches can be one character long)."""
+        els = self.elements[self.lead:]
+        out = {s[:2] for s in els[0] if len(s) >= 2}
+        short = [s for s in els[0] if len(s) == 1]
         if short:
-            if len(self.elements) == 1:
+            if len(els) == 1:
                 out.update(short)
             else:
-                seconds = {t[:1] for t in self.elements[1]}
+                seconds = {t[:1] for t in els[1]}
                 out.update(s + t for s in short for t in seconds)
         return out
 

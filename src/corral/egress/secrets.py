@@ -394,7 +394,10 @@ def _pairs(m: Mapping[bytes | str, bytes | str]) -> dict[bytes, bytes]:
 class _Compiled:
     """Patterns compiled into one regex (an alternation, one group per pattern, in
     priority order), with a prefilter regex of the two-character prefixes any match begins
-    with: the prefilter skips ahead in C, and only where it hits is the full regex tried."""
+    with: the prefilter skips ahead in C, and only where it hits is the full regex tried.
+    A pattern with a `lead` (a base64 edge class, which would make the prefilter hit at
+    every fourth byte of base64 text) is found by the prefix after its first character:
+    where the prefilter hits at j, the full regex is tried at j - 1 first, then at j."""
 
     def __init__(self, pats: list[forms.Pattern]) -> None:
         self.pats = pats
@@ -413,23 +416,34 @@ class _Compiled:
                                                    for r in sorted(rests)) + b"]")
         self.prefilter = re.compile(b"|".join(alts))
         self.hold = max(p.max_len for p in pats) - 1
+        self.lead = any(p.lead for p in pats)
 
     def sub(self, buf: bytes, cut: int) -> tuple[list[bytes], int]:
         """Replace every match that starts before `cut`: (the pieces up to the end of the
         last one, or to `cut`, and where the pieces end)."""
         out: list[bytes] = []
-        pos = i = 0
-        search, match = self.prefilter.search, self.full.match
+        pos = i = 0          # i: the first position not yet tried
+        search, match, lead = self.prefilter.search, self.full.match, self.lead
         while True:
             q = search(buf, i)
-            if q is None or q.start() >= cut:
+            if q is None:
                 break
             j = q.start()
-            m = match(buf, j)
+            m = None
+            # j - 1 >= i: a position the prefilter skipped, where only a lead pattern
+            # can start (any other would have hit the prefilter there)
+            for k in ((j - 1, j) if lead and j - 1 >= i else (j,)):
+                if k >= cut:
+                    break
+                m = match(buf, k)
+                if m is not None:
+                    break
             if m is None:
+                if j >= cut:
+                    break
                 i = j + 1
                 continue
-            out.append(buf[pos:j])
+            out.append(buf[pos:m.start()])
             out.append(self.pats[m.lastindex - 1].replace(m.group()))
             pos = i = m.end()
         end = max(cut, pos)

@@ -15,6 +15,7 @@ import gzip
 import http.server
 import json
 import os
+import re
 import socket
 import ssl
 import subprocess
@@ -302,8 +303,59 @@ def make_test_ca(tmp: Path) -> tuple[Path, dict[str, tuple[Path, Path]]]:
     return ca_path, out
 
 
+def _json_all(s: bytes) -> bytes:
+    """JSON-escape every character that is not a letter or digit as \\u00hh."""
+    return b'"' + b"".join(bytes([c]) if bytes([c]).isalnum() else b"\\u%04x" % c
+                           for c in s) + b'"'
+
+
+def _entities_named(s: bytes) -> bytes:
+    import html.entities
+
+    names = {v: k for k, v in html.entities.html5.items() if k.endswith(";") and len(v) == 1}
+    return b"".join(("&" + names[chr(c)]).encode() if chr(c) in names and not chr(c).isalnum()
+                    else bytes([c]) for c in s)
+
+
+def _pct(s: bytes, every: bool = False, lower: bool = False) -> bytes:
+    from urllib.parse import quote_from_bytes
+
+    out = (b"".join(b"%%%02X" % c for c in s) if every
+           else quote_from_bytes(s, safe="").encode())
+    return re.sub(rb"%[0-9A-F]{2}", lambda m: m.group().lower(), out) if lower else out
+
+
+#: how a reflecting server may spell what it echoes (/form?f=NAME): name -> bytes -> bytes
+REFLECT_FORMS = {
+    "exact": lambda s: s,
+    "base64": base64.b64encode,
+    "base64-nopad": lambda s: base64.b64encode(s).rstrip(b"="),
+    "base64url": base64.urlsafe_b64encode,
+    "base64url-nopad": lambda s: base64.urlsafe_b64encode(s).rstrip(b"="),
+    "hex": lambda s: s.hex().encode(),
+    "HEX": lambda s: s.hex().upper().encode(),
+    "json": lambda s: json.dumps(s.decode()).encode(),
+    "json-slash": lambda s: json.dumps(s.decode()).replace("/", "\\/").encode(),
+    "json-unicode": _json_all,
+    "json-in-json": lambda s: json.dumps(json.dumps({"v": s.decode()})).encode(),
+    "percent": _pct,
+    "percent-lower": lambda s: _pct(s, lower=True),
+    "percent-every": lambda s: _pct(s, every=True),
+    "percent-every-lower": lambda s: _pct(s, every=True, lower=True),
+    "percent-twice": lambda s: _pct(_pct(s)),
+    "html-named": _entities_named,
+    "html-decimal": lambda s: b"".join(b"&#%d;" % c for c in s),
+    "html-hex": lambda s: b"".join(b"&#x%x;" % c for c in s),
+    "html-HEX": lambda s: b"".join(b"&#X%02X;" % c for c in s),
+    "upper": bytes.upper,
+    "lower": bytes.lower,
+}
+
+
 class Echo(http.server.BaseHTTPRequestHandler):
     """Echoes what it received: /echo (identity), /gzip, /chunks (the body in 3-byte chunks),
+    /form?f=NAME (one header, spelled as REFLECT_FORMS[NAME]), /ce?v=CODING (the echo with
+    that Content-Encoding),
     /header (the credential headers back as response headers), /redirect?to=URL, /basic
     (200 only with the real token as Basic password), /git/... (a dumb-HTTP git repository
     that wants the real token as Basic password, 401 otherwise)."""
@@ -348,6 +400,27 @@ class Echo(http.server.BaseHTTPRequestHandler):
             self._send(200, gzip.compress(echo), [("Content-Encoding", "gzip")])
         elif path == "/chunks":
             self._send(200, echo, chunks=3)
+        elif path == "/form":
+            # one request header (h=, default x-api-key) inside "p"*pre + value + "s",
+            # spelled as REFLECT_FORMS[f], sent in 1-byte chunks with chunks=1
+            q = dict(x.split("=", 1) for x in query.split("&") if "=" in x)
+            text = (b"p" * int(q.get("pre", "0")) + self.headers.get(q.get("h", "x-api-key"),
+                                                                     "").encode() + b"s")
+            self._send(200, REFLECT_FORMS[q["f"]](text), chunks=int(q.get("chunks", "0")))
+        elif path == "/ce":
+            # the echo with Content-Encoding: v (each "|" another header; the body gzipped
+            # as many times as the header names gzip, else sent as is)
+            codings = [c for h in query.partition("=")[2].split("|") for c in h.split(",")]
+            body = echo
+            for c in codings:
+                if c.strip() in ("gzip", "x-gzip"):
+                    body = gzip.compress(body)
+                elif c.strip() == "deflate":
+                    import zlib
+
+                    body = zlib.compress(body)
+            self._send(200, body, [("Content-Encoding", h.replace("%20", " "))
+                                   for h in query.partition("=")[2].split("|")])
         elif path == "/header":
             self._send(200, b"see headers", [
                 ("X-Echo-" + k, v) for k, v in self.headers.items()

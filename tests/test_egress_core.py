@@ -81,6 +81,62 @@ def test_bad_hosts_are_refused(text):
         parse_host(text)
 
 
+HOST_BASES = ["example.com", "example.com.", "a_b.example.com", "xn--bcher-kva.de",
+              "bücher.de", "1.2.3.4", "0x7f.1", "127.1", "2130706433", "0", "[::1]", "::1",
+              "::ffff:127.0.0.1", "localhost"]
+#: "$" in a regex matches before a final newline: every grammar uses fullmatch
+NEAR_MISS_TAILS = ["\n", "\r", "\r\n", "\t", "\x00", " ", "\x0b", "\x0c", "\u2028", "\x85"]
+
+
+@pytest.mark.parametrize("tail", NEAR_MISS_TAILS, ids=repr)
+def test_hosts_with_a_trailing_or_leading_control_character_are_refused(tail):
+    for base in HOST_BASES:
+        parse_host(base)                                   # the base itself is fine
+        for text in (base + tail, tail + base, base + tail + tail):
+            with pytest.raises(HostError):
+                parse_host(text)
+    with pytest.raises(HostError):
+        parse_host("example.com." + tail)
+    assert parse_host("example.com.") == "example.com"     # one trailing dot, as before
+    with pytest.raises(HostError):
+        parse_host("example.com..")
+
+
+@pytest.mark.parametrize("tail", NEAR_MISS_TAILS, ids=repr)
+def test_rule_grammar_near_misses(tail):
+    from corral.egress.config import _valid_port
+
+    assert _valid_port("443") and not _valid_port("443" + tail)
+    # inside a rule a control character is refused; around it, whitespace is trimmed as
+    # before ("  pypi.org  " in a policy file) and the rest must still parse whole
+    for text in ("example.com" + tail + ":443", "*.example.com" + tail + ":443",
+                 "10.0.0.0/8" + tail + ":443", "[::1" + tail + "]:443"):
+        with pytest.raises(PolicyError):
+            parse_rule(text, "network.allow[0]")
+    if not tail.strip():
+        r = parse_rule("example.com:443" + tail, "network.allow[0]")
+        assert (r.name, r.ports) == ("example.com", (443,))
+    else:
+        with pytest.raises(PolicyError):
+            parse_rule("example.com" + tail, "network.allow[0]")
+
+
+@pytest.mark.parametrize("tail", ["\n", "\r\n", "\x00", " "], ids=repr)
+def test_grant_names_and_placeholders_near_misses(tail):
+    from corral.egress.mitm import make_ca
+
+    cert, key = make_ca("t")
+    good = {"name": "GITHUB_TOKEN", "placeholder": "corral_GITHUB_TOKEN_" + "0" * 32,
+            "value": "ghp_abcdefgh12345678", "hosts": ["example.com"],
+            "expires_at": 2e9, "plain_http": False}
+    NetConfig.from_dict({"secrets": [good], "ca_cert_pem": cert, "ca_key_pem": key})
+    for key_ in ("name", "placeholder"):
+        bad = {**good, key_: good[key_] + tail}
+        with pytest.raises(PolicyError) as e:
+            NetConfig.from_dict({"secrets": [bad], "ca_cert_pem": cert, "ca_key_pem": key})
+        assert e.value.field == f"network.secrets[0].{key_}"
+
+
 def test_ipv4_parser_agrees_with_inet_aton():
     rnd = random.Random(4)
     alphabet = "0123456789xX.abf"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import html
 import json
 import os
 import shutil
@@ -21,14 +22,15 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import unquote_to_bytes
 
 import pytest
 from netfix import GRANT_PRIV as PRIV
-from netfix import GRANTED, TOKEN, Proxy
+from netfix import GRANTED, REFLECT_FORMS, TOKEN, Proxy
 from netfix import GRANTED_OTHER as OTHER
 
 from corral.egress.config import NetConfig
-from corral.egress.secrets import ResponseScrubber, inject, make_placeholder
+from corral.egress.secrets import ResponseScrubber, ScrubError, inject, make_placeholder
 from corral.errors import PolicyError
 
 PH = make_placeholder("GITHUB_TOKEN")                     # what the sandbox holds
@@ -205,13 +207,176 @@ def test_accept_encoding_is_narrowed_to_what_the_scrubber_reads():
 
 def test_scrubber_limits():
     s = ResponseScrubber({TOKEN: PH})
-    head = s.start([(b"content-encoding", b"br"), (b"content-length", b"3")], has_body=True)
-    assert s.mode == "unscrubbed" and (b"content-length", b"3") in head
-    assert scrub_all(s, [b"abc"]) == b"abc"           # documented: br passes as is
+    with pytest.raises(ScrubError, match="^response not scrubbable: content-encoding br$"):
+        s.start([(b"content-encoding", b"br"), (b"content-length", b"3")], has_body=True)
     s = ResponseScrubber({TOKEN: PH})
     s.start([(b"content-encoding", b"gzip")], has_body=True)
     with pytest.raises(ValueError, match="gzip"):
         scrub_all(s, [gzip.compress(b"hello")[:-6]])
+
+
+#: a second value with the characters escapers care about (", \, /, <, >, &, a space) and
+#: whose base64 has "+" and "/" (so base64url differs)
+QVAL = 'k"ey\\ with/<q>&?~~~>>>'
+QPH = make_placeholder("QUOTED")
+BOTH = {TOKEN: PH, QVAL: QPH}
+
+
+def _b64dec(t: bytes) -> bytes:
+    t = t + b"=" * (-len(t) % 4)
+    return base64.urlsafe_b64decode(t) if b"-" in t or b"_" in t else base64.b64decode(t)
+
+
+#: the inverse of each REFLECT_FORMS entry: what a client inside would decode
+UNDO = {
+    "exact": lambda t: t, "upper": lambda t: t, "lower": lambda t: t,
+    "base64": _b64dec, "base64-nopad": _b64dec, "base64url": _b64dec,
+    "base64url-nopad": _b64dec,
+    "hex": lambda t: bytes.fromhex(t.decode()), "HEX": lambda t: bytes.fromhex(t.decode()),
+    "json": lambda t: json.loads(t).encode(), "json-slash": lambda t: json.loads(t).encode(),
+    "json-unicode": lambda t: json.loads(t).encode(),
+    "json-in-json": lambda t: json.loads(json.loads(t))["v"].encode(),
+    "percent": unquote_to_bytes, "percent-lower": unquote_to_bytes,
+    "percent-every": unquote_to_bytes, "percent-every-lower": unquote_to_bytes,
+    "percent-twice": lambda t: unquote_to_bytes(unquote_to_bytes(t)),
+    "html-named": lambda t: html.unescape(t.decode()).encode(),
+    "html-decimal": lambda t: html.unescape(t.decode()).encode(),
+    "html-hex": lambda t: html.unescape(t.decode()).encode(),
+    "html-HEX": lambda t: html.unescape(t.decode()).encode(),
+}
+
+
+def test_every_reflected_form_has_an_inverse():
+    assert set(UNDO) == set(REFLECT_FORMS)
+    for form, f in REFLECT_FORMS.items():
+        for value in (TOKEN, QVAL):
+            text = b"pp" + value.encode() + b"s"
+            back = UNDO[form](f(text))
+            assert back == (text.upper() if form == "upper" else
+                            text.lower() if form == "lower" else text), form
+
+
+def _case(form: str, text: bytes) -> bytes:
+    return text.upper() if form == "upper" else text.lower() if form == "lower" else text
+
+
+@pytest.mark.parametrize("form", sorted(REFLECT_FORMS))
+def test_scrubber_catches_every_spelling_at_every_alignment(form):
+    """base64 of a text holding the value, at offsets 0, 1, 2 mod 3 (and the padding each
+    gives); every other form around neighbours; fed whole and a byte at a time."""
+    for value, ph in BOTH.items():
+        for pre in range(3):
+            spelled = REFLECT_FORMS[form](b"p" * pre + value.encode() + b"s")
+            body = b"<<" + spelled + b">>"
+            out = ResponseScrubber(BOTH).scrub(body)
+            assert out.startswith(b"<<") and out.endswith(b">>"), out
+            back = UNDO[form](out[2:-2])
+            # what a client decodes: the neighbours intact, the placeholder for the value
+            assert _case(form, value.encode()) not in back, (form, pre, back)
+            # (upper- or lower-cased placeholder when the case told the forms apart)
+            same = _case(form, value.encode()) == value.encode()
+            assert (ph.encode() if same else _case(form, ph.encode())) in back, (form, back)
+            assert back.startswith(_case(form, b"p" * pre))
+            assert back.endswith(_case(form, b"s"))
+            assert spelled not in out and TOKEN.encode() not in out
+            s = ResponseScrubber(BOTH)
+            s.start([], has_body=True)
+            assert scrub_all(s, [body[i:i + 1] for i in range(len(body))]) == out
+
+
+@pytest.mark.parametrize("form", sorted(REFLECT_FORMS))
+def test_scrubber_leaves_near_misses_alone(form):
+    """A value with one character changed, or its last one missing, is not the value."""
+    for value in BOTH:
+        for near in (value[:5] + "#" + value[6:], value[:-1]):
+            for pre in range(3):
+                body = b"<<" + REFLECT_FORMS[form](b"p" * pre + near.encode() + b"s") + b">>"
+                assert ResponseScrubber(BOTH).scrub(body) == body, (form, near, pre)
+
+
+def test_scrubber_no_false_positives_and_placeholders_pass():
+    import random
+
+    rnd = random.Random(7)
+    junk = bytes(rnd.randrange(256) for _ in range(200_000))
+    for body in (junk, base64.b64encode(junk), junk.hex().encode(), PH.encode() * 50,
+                 base64.b64encode(PH.encode()), TOKEN.encode()[:-1] * 20):
+        assert ResponseScrubber(BOTH).scrub(body) == body
+
+
+def test_scrubber_streams_forms_across_random_reads():
+    import random
+
+    rnd = random.Random(11)
+    parts = [REFLECT_FORMS[f](b"p" * rnd.randrange(3) + v.encode() + b"s")
+             for f in sorted(REFLECT_FORMS) for v in BOTH]
+    body = b" ".join(parts) * 3
+    want = ResponseScrubber(BOTH).scrub(body)
+    assert not any(p in want for p in parts)
+    for _ in range(30):
+        cuts = sorted(rnd.sample(range(len(body)), k=rnd.randrange(1, 200)))
+        chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+        s = ResponseScrubber(BOTH)
+        s.start([], has_body=True)
+        assert scrub_all(s, chunks) == want
+    gz = gzip.compress(body)                       # and through gzip, a byte at a time
+    s = ResponseScrubber(BOTH)
+    assert s.start([(b"content-encoding", b"gzip")], has_body=True) == []
+    assert scrub_all(s, [gz[i:i + 1] for i in range(len(gz))]) == want
+
+
+def test_scrubber_headers_and_echoes():
+    s = ResponseScrubber(BOTH, {b"ZWNobw==": b"b3JpZw=="})
+    head = s.start([(b"location", b"/x?t=" + _pct_lower(TOKEN.encode())),
+                    (b"x-b64", base64.b64encode(b"u:" + TOKEN.encode())),
+                    (b"x-echo", b"Basic ZWNobw==")], has_body=False)
+    assert head[0] == (b"location", b"/x?t=" + PH.encode())
+    assert _b64dec(head[1][1]).startswith(b"u:" + PH.encode())
+    assert head[2] == (b"x-echo", b"Basic b3JpZw==")        # the echo, byte for byte
+
+
+def _pct_lower(b: bytes) -> bytes:
+    return REFLECT_FORMS["percent-lower"](b)
+
+
+@pytest.mark.parametrize("codings,reason", [
+    ([b"deflate"], "deflate"), ([b"br"], "br"), ([b"zstd"], "zstd"),
+    ([b"gzip, gzip"], "gzip, gzip"), ([b"gzip", b"gzip"], "gzip, gzip"),
+    ([b"gzip, br"], "gzip, br"), ([b"compress"], "compress"), ([b"x-made-up"], "unknown"),
+    ([TOKEN.encode()], "unknown"), ([b"identity, deflate"], "deflate"),
+])
+def test_scrubber_cuts_codings_it_cannot_read(codings, reason):
+    s = ResponseScrubber(BOTH)
+    with pytest.raises(ScrubError) as e:
+        s.start([(b"content-encoding", c) for c in codings], has_body=True)
+    assert str(e.value) == f"response not scrubbable: content-encoding {reason}"
+    # no body, nothing to read: the head passes (scrubbed)
+    head = ResponseScrubber(BOTH).start([(b"content-encoding", c) for c in codings],
+                                        has_body=False)
+    assert TOKEN.encode() not in b"".join(v for _, v in head)
+
+
+@pytest.mark.parametrize("coding,mode", [(b"", "identity"), (b"identity", "identity"),
+                                         (b"gzip", "gzip"), (b"x-gzip", "gzip"),
+                                         (b"identity, gzip", "gzip"), (b"GZIP", "gzip")])
+def test_scrubber_reads_identity_and_gzip(coding, mode):
+    s = ResponseScrubber(BOTH)
+    s.start([(b"content-encoding", coding)] if coding else [], has_body=True)
+    assert s.mode == mode
+    body = b"a" + TOKEN.encode() + b"b"
+    data = gzip.compress(body) if mode == "gzip" else body
+    assert scrub_all(s, [data]) == b"a" + PH.encode() + b"b"
+
+
+def test_accept_encoding_asks_for_identity_when_the_client_did_not_say():
+    from corral.egress.secrets import readable_accept_encoding
+
+    assert readable_accept_encoding([(b"x", b"y")]) == [(b"x", b"y"),
+                                                         (b"accept-encoding", b"identity")]
+    assert readable_accept_encoding([(b"accept-encoding", b"gzip;q=0, br")]) == [
+        (b"accept-encoding", b"identity")]
+    assert readable_accept_encoding([(b"accept-encoding", b"*")]) == [
+        (b"accept-encoding", b"identity")]
 
 
 def test_proxy_redacts_its_stderr_and_refuses_a_bad_ca(tmp_path):
@@ -316,6 +481,15 @@ def secret_events(p: Proxy, n: int) -> list[dict]:
     deadline = time.monotonic() + 5
     while True:
         evs = [e for e in p.events() if e["kind"] == "secret"]
+        if len(evs) >= n or time.monotonic() > deadline:
+            return evs
+        time.sleep(0.02)
+
+
+def net_events(p: Proxy, n: int) -> list[dict]:
+    deadline = time.monotonic() + 5
+    while True:
+        evs = [e for e in p.events() if e["kind"] == "net"]
         if len(evs) >= n or time.monotonic() > deadline:
             return evs
         time.sleep(0.02)
@@ -584,3 +758,96 @@ def test_git_clone_over_https_with_basic_auth(proxy, world, tmp_path):
     r = subprocess.run(["git", "ls-remote", "https://granted.test/git/repo.git"], env=env,
                        capture_output=True, text=True, timeout=30, check=False)
     assert r.returncode != 0 and "refs/heads/main" not in r.stdout
+
+
+@pytest.fixture
+def reflector(proxy, world):
+    """A proxy granting TOKEN (X-Api-Key) and QVAL (X-Quoted) on granted.test, and a
+    kept-alive connection through it: get(path) -> (status, headers, body)."""
+    import http.client
+
+    p = proxy([grant(), grant(name="QUOTED", placeholder=QPH, value=QVAL)])
+    ctx = ssl.create_default_context(cafile=str(world["bundle"]))
+    conns = []
+
+    def get(path: str):
+        if not conns:
+            c = http.client.HTTPSConnection("127.0.0.1", p.port, context=ctx, timeout=10)
+            c.set_tunnel("granted.test", 443)
+            conns.append(c)
+        c = conns[0]
+        c.request("GET", path, headers={"X-Api-Key": PH, "X-Quoted": QPH})
+        r = c.getresponse()
+        body = r.read()
+        if r.will_close:
+            conns.pop().close()
+        proxy.captured.append(body.decode("latin-1") + str(r.getheaders()))
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, body
+
+    get.proxy = p
+    yield get
+    for c in conns:
+        c.close()
+
+
+@pytest.mark.parametrize("form", sorted(REFLECT_FORMS))
+def test_granted_host_reflecting_any_spelling_gives_the_sandbox_only_the_placeholder(
+        reflector, world, form):
+    """The real server spells the injected value (base64 at each alignment, hex, JSON,
+    percent, HTML, case), streamed a byte per chunk; what reaches the client decodes to the
+    placeholder, never the value."""
+    n0 = len(world["log"])
+    for header, value, ph in (("x-api-key", TOKEN, PH), ("x-quoted", QVAL, QPH)):
+        for pre in range(3):
+            status, headers, body = reflector(f"/form?f={form}&pre={pre}&h={header}&chunks=1")
+            assert status == 200 and "content-length" not in headers
+            back = UNDO[form](body)
+            assert _case(form, value.encode()) not in back, (form, pre, back)
+            same = _case(form, value.encode()) == value.encode()
+            assert (ph.encode() if same else _case(form, ph.encode())) in back, (form, back)
+            assert back.startswith(_case(form, b"p" * pre)) and back.endswith(
+                _case(form, b"s"))
+    got = seen_by(world, "granted.test", n0)
+    assert len(got) == 6 and all(hdrs(r)["x-api-key"] == TOKEN and hdrs(r)["x-quoted"] == QVAL
+                                 for r in got)           # the server did get the value
+
+
+@pytest.mark.parametrize("coding,reason", [
+    ("deflate", "deflate"), ("br", "br"), ("zstd", "zstd"), ("gzip,%20gzip", "gzip, gzip"),
+    ("gzip|gzip", "gzip, gzip"), ("compress", "compress"), ("x-corral-unknown", "unknown"),
+    ("PH", "unknown"),           # a coding name that is the (injected) value itself
+])
+def test_granted_host_in_a_coding_the_scrubber_cannot_read_is_cut(proxy, world, coding,
+                                                                  reason):
+    cap = proxy.captured
+    p = proxy([grant(plain_http=True)])
+    coding = PH if coding == "PH" else coding
+    want = f"response not scrubbable: content-encoding {reason}"
+    for url in (f"https://granted.test/ce?v={coding}", f"http://granted.test/ce?v={coding}"):
+        for compressed in ((), ("--compressed",)):
+            status, headers, body = curl(p, world, url, *compressed, "-H", f"X-Api-Key: {PH}",
+                                         capture=cap)
+            assert (status, headers.get("x-corral-reason")) == (502, want), (url, body)
+            assert TOKEN not in body and PH not in body
+    evs = net_events(p, 4)
+    assert [(e["port"], e["decision"], e["reason"]) for e in evs] == [
+        (443, "deny", want)] * 2 + [(80, "deny", want)] * 2
+
+
+def test_gzip_from_a_granted_host_is_decoded_and_scrubbed_and_identity_is_asked_for(
+        proxy, world):
+    cap = proxy.captured
+    p = proxy()
+    n0 = len(world["log"])
+    for path in ("/ce?v=gzip", "/ce?v=x-gzip", "/ce?v=identity,gzip"):
+        status, headers, body = curl(p, world, f"https://granted.test{path}",
+                                     "-H", f"X-Api-Key: {PH}", capture=cap)
+        assert status == 200 and "content-encoding" not in headers, path
+        assert hdrs(json.loads(body))["x-api-key"] == PH
+    status, _, _ = curl(p, world, "https://granted.test/echo", "--compressed",
+                        "-H", f"X-Api-Key: {PH}", capture=cap)
+    assert status == 200
+    got = seen_by(world, "granted.test", n0)
+    # no Accept-Encoding from the client: the proxy asks for identity (a server may pick
+    # any coding otherwise); curl --compressed's list is narrowed to gzip
+    assert [hdrs(r).get("accept-encoding") for r in got] == ["identity"] * 3 + ["gzip"]

@@ -160,3 +160,37 @@ def test_cli_secret_flag(world, tmp_path):
     assert TOKEN not in r.stdout and TOKEN not in r.stderr
     seen = [rec for rec in world["log"] if rec["path"] == "/echo"][-1]
     assert ("a", TOKEN) in [(k.lower(), v) for k, v in seen["headers"]]
+
+
+def test_reflected_spellings_and_unreadable_codings_never_reach_the_sandbox(world):
+    """The granted host echoes the injected value base64-encoded (inside a longer text),
+    as hex, JSON \\u escapes, HTML entities, lower-case %xx, upper-cased, and once as a
+    body labelled br: what the sandbox decodes holds the placeholder, and the br body is
+    cut."""
+    import base64
+    import html
+    from urllib.parse import unquote
+
+    forms = {"base64": lambda t: base64.b64decode(t + "=" * (-len(t) % 4)).decode(),
+             "hex": lambda t: bytes.fromhex(t).decode(), "json-unicode": json.loads,
+             "html-decimal": html.unescape, "percent-every-lower": unquote,
+             "upper": lambda t: t}
+    r = corral.run(["/bin/sh", "-c",
+                    (f'for f in {" ".join(forms)}; do curl -sS -m 10 '
+                     '-H "X-Api-Key: $GITHUB_TOKEN" "https://granted.test/form?f=$f&pre=1"; '
+                     'echo; done; echo "ph=$GITHUB_TOKEN"; curl -sS -m 10 -o /dev/null '
+                     '-w "%{http_code}" -H "X-Api-Key: $GITHUB_TOKEN" '
+                     'https://granted.test/ce?v=br')],
+                   policy=pol(world))
+    assert r.verdict == "ok", r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == len(forms) + 2 and lines[-1] == "502", r.stdout
+    ph = lines[-2].split("=", 1)[1]
+    for (name, undo), line in zip(forms.items(), lines, strict=False):
+        back = undo(line)
+        want = ph.upper() if name == "upper" else ph
+        assert want in back and TOKEN.upper() not in back.upper(), (name, line)
+    assert {"kind": "net", "decision": "deny",
+            "reason": "response not scrubbable: content-encoding br"}.items() <= next(
+        e for e in r.events if e["kind"] == "net" and e["decision"] == "deny").items()
+    no_leak(r)

@@ -45,7 +45,7 @@ IPNetwork = IPv4Network | IPv6Network
 #: ports an allow rule without ":port" covers
 DEFAULT_PORTS: tuple[int, ...] = (80, 443)
 
-_PORT = re.compile(r"^[0-9]{1,5}$")
+_PORT = re.compile(r"[0-9]{1,5}")          # fullmatch: "$" matches before a final "\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +89,8 @@ class Budget:
 
 
 #: a placeholder: what the sandbox sees instead of the value (secrets.make_placeholder)
-_PLACEHOLDER = re.compile(r"^[A-Za-z0-9_-]{16,256}$")
-_SECRET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_PLACEHOLDER = re.compile(r"[A-Za-z0-9_-]{16,256}")            # both: fullmatch only
+_SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 #: shorter values would make the response scrubber rewrite ordinary text
 MIN_SECRET_LEN = 8
 MAX_SECRET_LEN = 8192
@@ -261,11 +261,11 @@ def _grants(value: object, field: str) -> tuple[Grant, ...]:
             if key not in g:
                 raise PolicyError(f"missing {key!r}", field=f"{f}.{key}")
         name = g["name"]
-        if not isinstance(name, str) or not _SECRET_NAME.match(name):
+        if not isinstance(name, str) or not _SECRET_NAME.fullmatch(name):
             raise PolicyError("expected a variable name such as \"GITHUB_TOKEN\"",
                               field=f"{f}.name")
         ph = g["placeholder"]
-        if not isinstance(ph, str) or not _PLACEHOLDER.match(ph):
+        if not isinstance(ph, str) or not _PLACEHOLDER.fullmatch(ph):
             raise PolicyError("expected 16 to 256 characters of A-Z a-z 0-9 _ -; use "
                               "corral.egress.secrets.make_placeholder()", field=f"{f}.placeholder")
         val = g["value"]
@@ -385,7 +385,7 @@ def _split_port(text: str) -> tuple[str, str | None]:
 
 
 def _valid_port(text: str) -> bool:
-    return bool(_PORT.match(text)) and 1 <= int(text) <= 65535
+    return bool(_PORT.fullmatch(text)) and 1 <= int(text) <= 65535
 
 
 def _cidr(text: str, raw: str, field: str) -> IPNetwork:

@@ -104,7 +104,7 @@ Event = ConnectRequest | HttpRequest | RequestData | RequestEnd | Closed
 HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
                         b"upgrade", b"proxy-authorization", b"proxy-authenticate"})
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)(.*)$", re.DOTALL)
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)(.*)", re.DOTALL)   # fullmatch
 
 # states
 _REQUEST, _BODY, _RESPONSE, _TUNNEL, _CLOSED = "request", "body", "response", "tunnel", "closed"
@@ -195,7 +195,7 @@ class ProxyConnection:
             self._tunnel = bytearray(self._h11.trailing_data[0])
             self.request = ConnectRequest(host=host, port=port, headers=headers)
             return self.request
-        m = _SCHEME.match(target)
+        m = _SCHEME.fullmatch(target)
         if m is None:
             raise ProxyProtocolError("use the proxy with absolute URLs (http://host/path)")
         scheme, authority, rest = m.group(1).lower(), m.group(2), m.group(3)
@@ -354,7 +354,7 @@ def inner_request(ev: h11.Request, host: str, port: int) -> HttpRequest:
     if ev.method == b"CONNECT":
         raise ProxyProtocolError("CONNECT inside a CONNECT tunnel", host=host, port=port)
     if target != "*" and not target.startswith("/"):
-        m = _SCHEME.match(target)
+        m = _SCHEME.fullmatch(target)
         if m is None or m.group(1).lower() != "https" or "@" in m.group(2):
             raise ProxyProtocolError("bad request target inside the tunnel")
         th, tp = split_authority(m.group(2), default_port=443)

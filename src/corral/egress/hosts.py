@@ -47,8 +47,9 @@ METADATA_NAMES = frozenset({
 })
 
 _DOTS = re.compile("[.\u3002\uff0e\uff61]")
-_LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
-_NUMERIC_LABEL = re.compile(r"^(?:0[xX][0-9a-fA-F]*|[0-9]+)$")
+# always used with fullmatch: "$" would also match before a final "\n"
+_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
+_NUMERIC_LABEL = re.compile(r"0[xX][0-9a-fA-F]*|[0-9]+")
 _DEVIATIONS = frozenset("\u00df\u03c2\u200c\u200d")
 
 
@@ -99,10 +100,10 @@ def parse_ipv4(text: str) -> IPv4Address | None:
     parts = text.split(".")
     if not parts or not all(parts):
         # an empty part: not an address; a name check refuses it later
-        if parts and parts[-1] and _NUMERIC_LABEL.match(parts[-1]):
+        if parts and parts[-1] and _NUMERIC_LABEL.fullmatch(parts[-1]):
             raise HostError(f"{text!r} is neither a name nor an IPv4 address")
         return None
-    if not _NUMERIC_LABEL.match(parts[-1]):
+    if not _NUMERIC_LABEL.fullmatch(parts[-1]):
         return None
     if len(parts) > 4:
         raise HostError(f"{text!r} is neither a name nor an IPv4 address")
@@ -178,7 +179,7 @@ def _canonical_name(text: str) -> str:
     for label in labels:
         if not label:
             raise HostError("empty label in host")
-        if not _LABEL.match(label):
+        if not _LABEL.fullmatch(label):
             if len(label) > 63:
                 raise HostError("label longer than 63 characters")
             bad = next((c for c in label if not (c.isascii() and (c.isalnum() or c in "-_"))),
@@ -194,7 +195,7 @@ def _canonical_name(text: str) -> str:
                 raise HostError("host has an invalid punycode label") from None
             if round_trip != label:
                 raise HostError("host has a non-canonical punycode label")
-    if _NUMERIC_LABEL.match(labels[-1]):
+    if _NUMERIC_LABEL.fullmatch(labels[-1]):
         raise HostError("host ends in a number but is not an IPv4 address")
     return name
 

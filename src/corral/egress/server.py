@@ -175,6 +175,8 @@ class EgressProxy:
         self._leaves = None
         self._upstream_tls: ssl.SSLContext | None = None
         self._scrub_base = scrub_map(cfg.secrets)
+        # compiles every value's spellings once (forms.py), before the first request
+        self._redactor = ResponseScrubber(self._scrub_base)
         if cfg.secrets:
             from .mitm import LeafCache, upstream_context
 
@@ -184,10 +186,10 @@ class EgressProxy:
             self._upstream_tls = upstream_context(cfg.upstream_ca)
 
     def redact(self, text: str) -> str:
-        """`text` with every secret value replaced by its placeholder (for stderr)."""
-        for value, placeholder in self._scrub_base.items():
-            text = text.replace(value.decode("ascii"), placeholder.decode("ascii"))
-        return text
+        """`text` with every secret value, in every spelling the response scrubber knows,
+        replaced by its placeholder (for stderr)."""
+        raw = text.encode("utf-8", "surrogateescape")
+        return self._redactor.scrub(raw).decode("utf-8", "surrogateescape")
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -788,7 +790,7 @@ class EgressProxy:
                         echoes.pop(next(iter(echoes)))
                 req = dataclasses.replace(req, headers=tuple(readable_accept_encoding(
                     inj.headers)), path=inj.target)
-                scrubber = ResponseScrubber({**self._scrub_base, **echoes})
+                scrubber = ResponseScrubber(self._scrub_base, echoes)
                 keep = await self._mitm_exchange(cconn, ctls, upc, utls, req, host_header,
                                                  scrubber, flow, st)
                 if upc.our_state is h11.DONE and upc.their_state is h11.DONE:
@@ -895,9 +897,9 @@ class EgressProxy:
                                                    has_body=False))) or b""
                     continue
                 if isinstance(ev, h11.Response):
-                    started = True
                     has_body = not (req.method == b"HEAD" or ev.status_code in (204, 304))
                     headers = scrubber.start(response_headers(ev.headers), has_body=has_body)
+                    started = True
                     pending += cconn.send(h11.Response(
                         status_code=ev.status_code, reason=scrubber.scrub(bytes(ev.reason)),
                         headers=headers)) or b""
@@ -919,7 +921,12 @@ class EgressProxy:
                 if len(pending) >= RELAY_BUF:
                     await ctls.sendall(bytes(pending))
                     pending.clear()
-        except (h11.ProtocolError, ScrubError):
+        except ScrubError as e:                       # fail closed: cut, never pass
+            flow.cut = str(e)
+            if not started:
+                await ctls.send_quiet(error_response(502, str(e)))
+            return False
+        except h11.ProtocolError:
             flow.cut = "bad response from upstream"
             if not started:
                 await ctls.send_quiet(error_response(502, "bad response from upstream"))
@@ -961,7 +968,7 @@ class EgressProxy:
             if grants_for(self._grants, canon, req.port):
                 req = dataclasses.replace(req, headers=tuple(readable_accept_encoding(
                     inj.headers)), path=inj.target)
-                scrubber = ResponseScrubber({**self._scrub_base, **inj.echoes})
+                scrubber = ResponseScrubber(self._scrub_base, inj.echoes)
             for name in inj.used:
                 if name not in used:
                     used.add(name)
@@ -1021,14 +1028,16 @@ class EgressProxy:
                         pending += conn.send(ev)
                     continue
                 if isinstance(ev, h11.Response):
-                    started = True
                     if scrubber is not None:
                         has_body = not (req.method == b"HEAD" or ev.status_code in (204, 304))
+                        headers = scrubber.start(response_headers(ev.headers),
+                                                 has_body=has_body)
+                        started = True
                         pending += conn.send(h11.Response(
                             status_code=ev.status_code, reason=scrubber.scrub(bytes(ev.reason)),
-                            headers=scrubber.start(response_headers(ev.headers),
-                                                   has_body=has_body)))
+                            headers=headers))
                         continue
+                    started = True
                     length = _passthrough_length(req, ev)
                     if length is not None:
                         if pending:
@@ -1065,7 +1074,12 @@ class EgressProxy:
             return False
         except ProxyProtocolError:
             return False
-        except (h11.ProtocolError, ScrubError):
+        except ScrubError as e:                       # fail closed: cut, never pass
+            flow.cut = str(e)
+            if not started:
+                await _send_quiet(loop, client, error_response(502, str(e)))
+            return False
+        except h11.ProtocolError:
             flow.cut = "bad response from upstream"
             if not started:
                 await _send_quiet(loop, client, error_response(

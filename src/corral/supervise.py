@@ -542,6 +542,9 @@ class HeldLine:
         if held and self.on_data is not None:
             self.on_data(held)
 
+    def replace_with_nothing(self) -> None:
+        self.held, self.passing = b"", True
+
     def replace(self, line: str) -> None:
         self.held, self.passing = b"", True
         if self.on_data is not None:

@@ -109,10 +109,21 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from ..supervise import decode_status, finish, kill_pid, spawn, supervise
+from ..supervise import (
+    ENOENT,
+    ExecFailed,
+    HeldLine,
+    decode_status,
+    errno_from_message,
+    finish,
+    kill_pid,
+    spawn,
+    supervise,
+)
 from .common import (
     destroy_cgroup,
     egress_files,
+    interpreter_inside,
     is_unenforced,
     mount_workspace,
     run_cgroup,
@@ -136,6 +147,10 @@ PLATFORM_ENV = "CORRAL_GVISOR_PLATFORM"
 DEBUG_ENV = "CORRAL_GVISOR_DEBUG_LOG"
 #: runsc exits 128 when it fails itself (util.Fatalf), before or while starting the command
 RUNSC_FAILED = 128
+#: how runsc's own failure of `runsc run` starts, on its stderr (the command's) and in its log
+RUNSC_FAILED_PREFIX = b"running container: "
+#: the most of runsc's log (--log, per exec) that is read back
+LOG_MAX = 1 << 16
 #: host tasks (threads) gVisor needs beside the sandbox's own: Go runtime threads of the
 #: Sentry and the gofer, and ptrace stub processes and threads
 PIDS_OVERHEAD = 256
@@ -401,6 +416,8 @@ class GvisorSandbox:
         self.rootfs = self._make_rootfs()
         self.state = self.dir.sub("runsc", 0o700)   # runsc --root: its container state
         self.bundle = self.dir.sub("bundle", 0o700)
+        #: runsc's log (--log): its own errors, apart from the command's stderr
+        self.log = os.path.join(self.bundle, "runsc.log")
         self.spec = self._spec()
 
     def _unenforced(self, op: Op) -> bool:
@@ -533,7 +550,7 @@ class GvisorSandbox:
     def runsc_argv(self, container_id: str) -> list[str]:
         b = self.backend
         a = [b.runsc or "runsc", f"--root={self.state}", f"--platform={b.platform}",
-             "--ignore-cgroups"]
+             "--ignore-cgroups", f"--log={self.log}", "--log-format=json"]
         if self.plan.find(EgressProxy):
             a.append("--network=sandbox")  # netstack on the veth of gvisor_net
         elif self.plan.find(NoNetwork):
@@ -622,6 +639,12 @@ class GvisorSandbox:
                 proxy = start_proxy(config, net.take_listener(), attach, self.uid, self.gid)
             stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
             argv_runsc = self.runsc_argv(cid)
+            try:
+                os.unlink(self.log)   # one exec's errors only
+            except FileNotFoundError:
+                pass
+            # runsc's own failure is written to the stderr the command would have had
+            gate = HeldLine(on_stderr, RUNSC_FAILED_PREFIX)
             started = time.monotonic()
             # runsc's gofer and Sentry are orphaned when a kill ends runsc first; as a
             # subreaper we get them and reap their zombies (a PID 1 may never do it)
@@ -655,7 +678,7 @@ class GvisorSandbox:
             try:
                 outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
                                     cpu_seconds=cpu_seconds if cg else None,
-                                    output_cap=cap, on_stdout=on_stdout, on_stderr=on_stderr,
+                                    output_cap=cap, on_stdout=on_stdout, on_stderr=gate.feed,
                                     kill=kill, started=started,
                                     extra={proxy.events_r: proxy.lines} if proxy else None)
             finally:
@@ -681,14 +704,26 @@ class GvisorSandbox:
             if cg is not None:
                 events += [{"kind": "teardown", "message": p} for p in destroy_cgroup(cg)]
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
-        if (exit_code == RUNSC_FAILED and not outcome.timed_out and not oom_kills
-                and b"running container" in b"".join(outcome.stderr.chunks)):
-            last = outcome.stderr.text().strip().splitlines()[-1:] or ["no message"]
-            raise SandboxSetupError(f"runsc failed: {last[0]}", step="runsc")
+        failed = None
+        if exit_code == RUNSC_FAILED and not outcome.timed_out and not oom_kills:
+            error = runsc_error(self.log)   # runsc's own word that it failed, or None
+            if error is not None:
+                failed = _exec_failure(error, argv[0])
+                if failed is None:
+                    gate.replace_with_nothing()   # the error below says it, once
+                    raise SandboxSetupError(f"runsc failed: {error}", step="runsc")
+                if failed[1].errno == ENOENT and "failed to load " in error:
+                    failed[1].interpreter = interpreter_inside(self, argv[0])
         events += scratch_events(self.scratch)
-        return finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
-                      oom_kills=oom_kills, wall=wall, cpu=cpu,
-                      memory=plan.find(MemoryLimit)[0].bytes, cap=cap, isolation="gvisor")
+        result = finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
+                        oom_kills=oom_kills, wall=wall, cpu=cpu,
+                        memory=plan.find(MemoryLimit)[0].bytes, cap=cap, isolation="gvisor",
+                        failed=failed)
+        if failed is not None:
+            gate.replace(result.stderr[:-1])
+        else:
+            gate.release()
+        return result
 
     def _forget(self, cid: str, *, emptied: bool) -> list[dict]:
         """Remove what runsc keeps of container `cid` in its state dir; a clean exit leaves
@@ -716,6 +751,45 @@ class GvisorSandbox:
             problems += self.dir.remove()
             self.dir = None
         return problems
+
+
+def runsc_error(log: str) -> str | None:
+    """The last error runsc logged for `runsc run` (--log-format=json: one object per
+    entry, {"msg": ..., "level": "error", ...}), or None: runsc's own, structured word that
+    it failed, apart from the command's stderr (a command may print anything and exit 128
+    itself). runsc's log is written outside the sandbox; still bounded and parsed strictly."""
+    try:
+        with open(log, "rb") as f:
+            text = f.read(LOG_MAX).decode(errors="replace")
+    except FileNotFoundError:
+        return None
+    decoder = json.JSONDecoder()
+    found, at = None, 0
+    while True:
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at >= len(text):
+            return found
+        try:
+            entry, at = decoder.raw_decode(text, at)
+        except ValueError:
+            return found   # cut short at LOG_MAX
+        if (isinstance(entry, dict) and entry.get("level") == "error"
+                and isinstance(entry.get("msg"), str)
+                and entry["msg"].startswith(RUNSC_FAILED_PREFIX.decode())):
+            found = entry["msg"]
+
+
+def _exec_failure(error: str, name: str) -> tuple[str, ExecFailed] | None:
+    """(name, ExecFailed) when runsc's error is that it could not start the command: not
+    found in PATH (`error finding executable "NAME" in PATH [...]: no such file or
+    directory`) or not loadable (`creating process: failed to load PATH: permission
+    denied`); None for any other failure of runsc's."""
+    if ("starting sandbox: error finding executable " not in error
+            and "creating process: failed to load " not in error):
+        return None
+    errno = errno_from_message(error)
+    return (name, ExecFailed(errno)) if errno else None
 
 
 def _reap(pids: set[int], timeout: float = 1.0) -> None:

@@ -53,6 +53,7 @@ from ..plan import (
 )
 from ..result import Result
 from ..supervise import (
+    ENOENT,
     ExecFailed,
     HeldLine,
     decode_status,
@@ -65,6 +66,7 @@ from ..supervise import (
 from .common import (
     POOL,
     egress_files,
+    interpreter_inside,
     is_unenforced,
     keep_cgroup,
     mount_workspace,
@@ -498,6 +500,8 @@ class NamespaceSandbox:
         if (init_pid is not None and exit_code == 1 and not outcome.timed_out
                 and not oom_kills and b'"exit-code"' not in status_rest):
             failed = _exec_failure(gate.line(), argv[0])
+            if failed is not None and failed[1].errno == ENOENT:
+                failed[1].interpreter = interpreter_inside(self, argv[0])
         events += scratch_events(self.scratch)
         result = finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
                         oom_kills=oom_kills, wall=wall, cpu=cpu,

@@ -402,7 +402,10 @@ class GvisorSandbox:
     # -- setup ---------------------------------------------------------------------------
     def _setup(self) -> None:
         plan = self.plan
-        self.uid = self.gid = UID_BASE + int.from_bytes(os.urandom(4), "little") % UID_SPAN
+        # the run's uid (the gofer's, and the owner of scratch) and the Sentry's, its own
+        self.uid, self.sentry_uid = free_uids(2)
+        self.gid = self.uid
+        self.userns = runsc_userns(self.uid, self.sentry_uid)
         self.etc, _ = ensure_etc(self.dir.base, prebind=False)   # binds ETC_BINDS itself
         scratch = plan.find(Scratch)[0]
         self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
@@ -581,7 +584,7 @@ class GvisorSandbox:
 
             net_path = os.path.join(self.dir.path, f"netns-{self.execs}")
             self.dir.mounts.append(net_path)  # close() and the stale sweep unmount it too
-            net = ProxyNet.create(net_path)
+            net = ProxyNet.create(net_path, owner=self.userns)
         try:
             return self._exec(argv, cid, events, wall, cpu, cap, egress, net, stdin=stdin,
                               on_stdout=on_stdout, on_stderr=on_stderr)
@@ -623,13 +626,14 @@ class GvisorSandbox:
                 import resource
 
                 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-                set_pdeathsig(SIGKILL)
-                if os.getppid() != parent:
-                    os._exit(125)
                 if net is not None:
                     from .gvisor_net import runsc_mount_view
 
                     runsc_mount_view(host_proc)
+                enter_userns(self.userns)   # runsc's nobody is the Sentry's uid there
+                set_pdeathsig(SIGKILL)
+                if os.getppid() != parent:
+                    os._exit(125)
 
             if net is not None:  # the proxy serves the listener before runsc starts
                 from ..grants import proxy_config
@@ -745,6 +749,9 @@ class GvisorSandbox:
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:
         problems: list[str] = []
+        if getattr(self, "userns", None) is not None:
+            os.close(self.userns)
+            self.userns = None
         if getattr(self, "dir", None) is not None:
             # each exec ended its processes and runsc's state of them; the run dir's removal
             # unmounts scratch, workspace and root and deletes the (empty) state dir
@@ -790,6 +797,72 @@ def _exec_failure(error: str, name: str) -> tuple[str, ExecFailed] | None:
         return None
     errno = errno_from_message(error)
     return (name, ExecFailed(errno)) if errno else None
+
+
+#: the uid runsc 20221219 gives its Sentry (in a user namespace of the Sentry's own that
+#: maps it to the same id one level up: runsc's namespace)
+RUNSC_NOBODY = 65534
+CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x00020000
+MS_REC, MS_SLAVE = 0x4000, 1 << 19
+
+
+def free_uids(n: int) -> list[int]:
+    """n distinct uids of the sandbox range (namespace.UID_BASE, UID_SPAN), none of them
+    any process's now (real, effective, saved or filesystem uid): a live sandbox's run or
+    Sentry uid is never handed out again while one of its processes lives."""
+    used = _uids_in_use()
+    picked: list[int] = []
+    while len(picked) < n:
+        uid = UID_BASE + int.from_bytes(os.urandom(4), "little") % UID_SPAN
+        if uid not in used and uid not in picked:
+            picked.append(uid)
+    return picked
+
+
+def _uids_in_use() -> set[int]:
+    used: set[int] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Uid:"):
+                        used.update(int(u) for u in line.split()[1:])
+                        break
+        except OSError:
+            pass
+    return used
+
+
+def runsc_userns(uid: int, sentry_uid: int) -> int:
+    """The user namespace runsc runs in (an fd of it, kept for the sandbox's life), so that
+    its Sentry has a host uid of its own: runsc 20221219 always runs the Sentry as uid
+    65534 of runsc's own namespace, which here is `sentry_uid` on the host, not the host's
+    nobody shared by every sandbox. Nothing else is mapped but root (runsc itself: host
+    root, with capabilities only over this namespace and those it makes) and the run's uid
+    (the gofer's, container root in the spec's user namespace, one level down)."""
+    from ..idmap import userns
+
+    pairs = [(0, 0), (uid, uid), (RUNSC_NOBODY, sentry_uid)]
+    return userns(pairs, pairs)
+
+
+def enter_userns(fd: int) -> None:
+    """For the runsc process only (between fork and exec): join the sandbox's user
+    namespace, then a mount namespace owned by it (runsc mounts its chroot there; a slave
+    of ours, so nothing reaches the host's mounts). A network namespace runsc joins must be
+    owned by that user namespace too (gvisor_net.ProxyNet.create(owner=...))."""
+    from .._sys import _libc
+
+    for call, args, what in ((_libc.setns, (fd, CLONE_NEWUSER), "setns user namespace"),
+                             (_libc.unshare, (CLONE_NEWNS,), "unshare mount namespace")):
+        if call(*args) != 0:
+            import ctypes
+
+            e = ctypes.get_errno()
+            raise OSError(e, f"{what}: {os.strerror(e)}")
+    mount("none", "/", "", MS_REC | MS_SLAVE, "")
 
 
 def _reap(pids: set[int], timeout: float = 1.0) -> None:

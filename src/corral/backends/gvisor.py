@@ -39,9 +39,12 @@ Steps of one sandbox, in order (each names what enforces it):
 
 Who is who: inside, the command runs as uid 0 of gVisor's kernel, with no capabilities
 (no CAP_CHOWN, CAP_SYS_ADMIN, CAP_NET_RAW, ... in gVisor's own user namespace). That root
-is not host root: the Sentry runs as the host's nobody in a user namespace of its own, and
-the gofer, which does the file I/O, runs in a user namespace where container uid 0 is the
-run's unprivileged host uid and nothing else is mapped. So gVisor's root can read and write
+is not host root: the Sentry runs in a user namespace of its own as a second unprivileged
+host uid of the run's (runsc always makes it uid 65534 of runsc's own user namespace, so
+runsc runs in one of the sandbox's where 65534 is that uid: enter_userns; no two live
+sandboxes share it, so one Sentry cannot signal or ptrace another's), and the gofer, which
+does the file I/O, runs in a user namespace where container uid 0 is the run's
+unprivileged host uid and nothing else is mapped. So gVisor's root can read and write
 only what that host uid may (other-readable files under the bundle's mounts, the scratch
 tmpfs, the idmapped workspace) and nothing outside the bundle's mounts; host /proc, /sys,
 devices, sockets and other processes are not there at all (gVisor's /proc and /sys are its

@@ -19,7 +19,7 @@ copies lo as a loopback of netstack's own. The only route the sandbox gets is th
 /30; nothing is at its other end but the listener: the proxy netns has no other interface,
 no address, no route and no forwarding. There is no default route and no resolver, and
 neither end has IPv6 (disabled on the veth before it exists, so there is no link-local
-address either). The Sentry (host nobody, in a user namespace of its own, under runsc's
+address either). The Sentry (a host uid of the run's own, in a user namespace, under runsc's
 seccomp filter) holds the AF_PACKET socket, so a Sentry taken over could send any frame
 down the veth; what receives it is a kernel stack with one address, no route, no
 forwarding and one listening socket.
@@ -36,7 +36,7 @@ the Sentry loses every capability at its exec and cannot build its chroot ("erro
 mounts: operation not permitted"; later releases set the uid to the namespace's root).
 Making it work would mean mapping the container's root to host root or dropping the user
 namespace, i.e. a Sentry and gofer running as host root. The veth path keeps runsc's
-default Sentry set-up (host nobody in a user namespace of its own) unchanged.
+default Sentry set-up (an unprivileged uid in a user namespace of its own) unchanged.
 
 Everything here is plain rtnetlink and /proc/sys from a short-lived thread (unshare and
 setns act on the calling thread only): no `ip` binary, no process of our own in either

@@ -1,8 +1,8 @@
-ID = 'kernel.inherited-signals'
-CATEGORY = 'kernel'
+ID = 'env.inherited-signals'
+CATEGORY = 'env-leak'
 DESCRIPTION = ('started by a caller under nohup (SIGINT, SIGHUP ignored; SIGUSR1, SIGUSR2 '
                'blocked): do ignored signals and the signal mask reach the command?')
-CLAIMS = ('kernel_surface_filtered',)
+CLAIMS = ('rule:env',)
 NOHUP = True
 # Python ignores SIGPIPE and SIGXFSZ itself at start-up: not inherited, left out. Python
 # records a disposition that was SIG_IGN when it started (gVisor's /proc/self/status has no

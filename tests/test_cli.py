@@ -85,7 +85,8 @@ def test_missing_command_and_exec_failure():
     assert r.returncode == 2 and "no command" in r.stderr
     r = corral("run", "--json", "--", "/no/such/program")
     d = json.loads(r.stdout)
-    assert r.returncode == 1 and "/no/such/program" in d["stderr"]  # bwrap: execvp failed
+    assert r.returncode == 127 and d["verdict"] == "error" and d["exit_code"] == 127
+    assert d["stderr"] == "corral: command not found inside the sandbox: /no/such/program\n"
 
 
 def test_policy_file_unknown_key_and_round_trip(tmp_path):

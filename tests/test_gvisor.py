@@ -346,3 +346,68 @@ def test_no_zombie_is_left_with_the_supervisor():
     r = corral.run(["sleep", "10"], policy={**GV, "limits": {"timeout": "1s"}})
     assert r.verdict == "timeout"
     assert set(_zombie_children()) - before == set()
+
+
+def _sentries(run_dir):
+    """(pid, real/effective/saved/fs uids) of runsc's Sentry processes of a run dir."""
+    found = []
+    for pid in procs_mentioning(run_dir):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[0] != b"runsc-sandbox":
+                    continue
+            with open(f"/proc/{pid}/status") as f:
+                uids = [ln.split()[1:] for ln in f if ln.startswith("Uid:")][0]
+        except OSError:
+            continue
+        found.append((pid, [int(u) for u in uids]))
+    return found
+
+
+def test_each_sandbox_has_a_sentry_uid_of_its_own():
+    """Issue 13 item 7: two sandboxes alive at once have Sentries of different host uids,
+    neither root nor the host's nobody, nor the gofer's (the run's) uid; nothing of that
+    uid is left once the sandbox is closed."""
+    import threading
+
+    boxes, seen, results, uids = [], {}, {}, []
+    pipes = [os.pipe() for _ in range(2)]
+    try:
+        boxes = [corral.Sandbox(GV), corral.Sandbox(GV)]
+        ready = [threading.Event(), threading.Event()]
+
+        def go(i):
+            results[i] = boxes[i].exec(["/bin/sh", "-c", "echo up; read x"],
+                                       stdin=pipes[i][0],
+                                       on_stdout=lambda data, i=i: ready[i].set())
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for i, ev in enumerate(ready):
+            assert ev.wait(120), f"sandbox {i} did not start"
+            seen[i] = _sentries(boxes[i]._live.dir.path)
+        for _, w in pipes:
+            os.write(w, b"x\n")
+        for t in threads:
+            t.join(120)
+        assert all(results[i].ok for i in range(2)), results
+        uids = []
+        for i in range(2):
+            assert seen[i], f"no Sentry of sandbox {i} found"
+            (uid,) = {u for _, us in seen[i] for u in us}   # one uid, all four fields
+            assert uid not in (0, 65534, boxes[i]._live.uid)
+            assert uid == boxes[i]._live.sentry_uid
+            uids.append(uid)
+        assert uids[0] != uids[1]
+    finally:
+        for b in boxes:
+            b.close()
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+    for uid in uids:
+        assert procs_of_uid(uid) == []
+        for d in ("/tmp", "/dev/shm", "/var/tmp"):
+            assert [n for n in os.listdir(d)
+                    if os.lstat(os.path.join(d, n)).st_uid == uid] == [], d

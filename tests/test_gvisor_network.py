@@ -260,11 +260,14 @@ def test_each_exec_has_its_own_namespaces_and_nothing_is_left(dnsmasq, servers):
             if b"ready" in data and "ino" not in seen:
                 path = os.path.join(run_dir, f"netns-{live.execs}")
                 seen["ino"] = os.stat(path).st_ino
+                # held open to the end: a namespace freed at once gives its inode number
+                # to the next one made, and the two inodes would compare equal
+                held.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
                 seen["mounted"] = nsfs_mounts_below(run_dir)
                 seen["in_ns"] = procs_in_netns(seen["ino"])
                 seen["uid_procs"] = procs_of_uid(uid)
 
-        inodes = []
+        inodes, held = [], []
         for _ in range(2):
             seen.clear()
             cmd = "curl -sS -m 10 http://allowed.test/; echo ready; sleep 0.5"
@@ -282,6 +285,8 @@ def test_each_exec_has_its_own_namespaces_and_nothing_is_left(dnsmasq, servers):
             assert not [n for n in os.listdir(run_dir) if n.startswith("netns-")]
             assert cgroups_of(os.path.basename(run_dir)) == []
         assert inodes[0] != inodes[1]
+        for fd in held:
+            os.close(fd)
     assert not os.path.exists(run_dir)
     assert not [m for m in mountinfo() if run_dir in m]
 

@@ -229,3 +229,30 @@ def test_a_child_forked_while_another_thread_is_inside_child_ids_can_use_it():
         os.waitpid(pid, 0)
         pytest.fail("the forked child waited for a lock its parent's thread held")
     assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+@pytest.mark.parametrize("how", PATHS)
+def test_the_callers_ignored_and_blocked_signals_do_not_pass_on(how):
+    """exec keeps SIG_IGN and the signal mask: a caller under nohup (SIGHUP, SIGINT
+    ignored) with signals blocked in its thread must not hand them to the child, whatever
+    path spawn takes; the caller's own dispositions and mask stay as they were."""
+    import signal
+
+    kw = {"uid": UID, "gid": GID} if how == "vfork" else {}
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGHUP)}
+    for s in saved:
+        signal.signal(s, signal.SIG_IGN)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR1})
+    try:
+        code, out, _ = finish(*start("/bin/grep", ["grep", "-E", "^Sig(Ign|Blk):",
+                                                    "/proc/self/status"], how, pass_fds=(),
+                                     **kw))
+        after = (signal.getsignal(signal.SIGINT),
+                 signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert code == 0
+    assert out.split() == ["SigBlk:", "0" * 16, "SigIgn:", "0" * 16]
+    assert after[0] == signal.SIG_IGN and {signal.SIGTERM, signal.SIGUSR1} <= after[1]

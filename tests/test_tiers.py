@@ -690,3 +690,112 @@ def test_no_ipc_object_outlives_the_run(tier):
     # nothing of either run is in the host's namespace
     with open("/proc/sysvipc/shm") as f:
         assert f.read() == host_shm
+
+
+# -- what the command inherits from its caller: issue 13 item 9 -----------------------------
+
+#: the signals the command sees ignored (Python's own SIGPIPE and SIGXFSZ left out: Python
+#: ignores them itself at start-up) and blocked, as one JSON line
+SIGNAL_VIEW = """
+import json, signal
+print(json.dumps([sorted(int(s) for s in signal.valid_signals() if signal.getsignal(s) ==
+                         signal.SIG_IGN and s not in (signal.SIGPIPE, signal.SIGXFSZ)),
+                  sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))]))
+"""
+STATUS_SIGNALS = ["grep", "-E", "^Sig(Ign|Blk):", "/proc/self/status"]
+
+
+def _kernel_view(stdout):
+    """{"SigIgn": mask, "SigBlk": mask} from grep's output; {} where /proc has no such
+    lines (gVisor's): there the Python view is the one to read."""
+    return {k: int(v, 16) for k, v in (ln.split(":") for ln in stdout.splitlines())}
+
+
+def test_ignored_and_blocked_signals_do_not_reach_the_command(tier):
+    """A caller that ignores SIGINT/SIGHUP/SIGUSR2 (nohup, `trap '' INT`) and blocks
+    SIGTERM/SIGUSR1 in the calling thread: the command starts with all at their default
+    and none blocked (exec keeps both), on every tier; the caller's own state is kept."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)}
+    for s in saved:
+        signal.signal(s, signal.SIG_IGN)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR1})
+    try:
+        kernel = _kernel_view(tier.argv(STATUS_SIGNALS).stdout)
+        python = tier.json(SIGNAL_VIEW)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN   # the caller's, untouched
+        assert signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert python == [[], []]
+    if tier.name != "gvisor":
+        assert kernel == {"SigIgn": 0, "SigBlk": 0}
+
+
+def test_a_shell_that_traps_int_passes_nothing_to_the_command(tier, corral_bin):
+    """`(trap '' INT; corral run -- grep SigIgn /proc/self/status)`: 0, also SigBlk."""
+    cmd = ["/bin/sh", "-c", "trap '' INT HUP; exec \"$@\"", "sh", corral_bin, "run",
+           "--isolation", tier.name, "--json", "--"]
+    r = subprocess.run([*cmd, *STATUS_SIGNALS], capture_output=True, text=True, timeout=120)
+    kernel = _kernel_view(json.loads(r.stdout)["stdout"])
+    r = subprocess.run([*cmd, PY, "-c", SIGNAL_VIEW], capture_output=True, text=True,
+                       timeout=120)
+    python = json.loads(json.loads(r.stdout)["stdout"])
+    assert python == [[], []]
+    if tier.name != "gvisor":
+        assert kernel == {"SigIgn": 0, "SigBlk": 0}
+
+
+# -- a command the sandbox cannot start: issue 13 item 11 ---------------------------------
+
+def _one_line(r, line, code):
+    exec_events = [e for e in r.events if e["kind"] == "exec"]
+    assert (r.verdict, r.exit_code, r.signal) == ("error", code, None), r
+    assert r.stderr == line + "\n", r
+    assert [e["message"] for e in exec_events] == [line], r
+
+
+def test_a_missing_or_unexecutable_command_is_127_or_126_with_one_line(tier):
+    with corral.Sandbox(tier.policy()) as sb:
+        home = sb.exec(["/bin/sh", "-c", 'printf "#!/no/such/interp\\n" > "$HOME/s.sh"; '
+                        'echo x > "$HOME/plain"; chmod 755 "$HOME/s.sh"; chmod 644 '
+                        '"$HOME/plain"; mkdir "$HOME/dir"; echo "$HOME"']).stdout.strip()
+        cases = [
+            (["no-such-command-h13"], 127,
+             "corral: command not found inside the sandbox: no-such-command-h13"),
+            (["/no/such/dir/cmd", "arg"], 127,
+             "corral: command not found inside the sandbox: /no/such/dir/cmd"),
+            ([f"{home}/plain"], 126,
+             f"corral: cannot execute inside the sandbox: {home}/plain: Permission denied"),
+            ([f"{home}/dir"], 126,
+             f"corral: cannot execute inside the sandbox: {home}/dir: Permission denied"),
+            ([f"{home}/s.sh"], 126,
+             f"corral: {home}/s.sh: its interpreter /no/such/interp is missing inside the "
+             f"sandbox"),
+        ]
+        for argv, code, line in cases:
+            streamed = []
+            r = sb.exec(argv, on_stderr=streamed.append)
+            _one_line(r, line, code)
+            assert b"".join(streamed) == (line + "\n").encode()   # the launcher's is not
+        # the command's own 127, and launcher-like words from the command, stay its own
+        for cmd, code in (("exit 127", 127),
+                          ("echo 'bwrap: execvp sh: No such file or directory' >&2; exit 1", 1),
+                          ("echo 'running container: starting sandbox: error finding "
+                           "executable \"x\" in PATH []: no such file or directory' >&2; "
+                           "exit 128", 128)):
+            streamed = []
+            r = sb.exec(["/bin/sh", "-c", cmd], on_stderr=streamed.append)
+            assert (r.verdict, r.exit_code) == ("error", code), r
+            assert not [e for e in r.events if e["kind"] == "exec"]
+            want = cmd.split("'")[1] + "\n" if "'" in cmd else ""
+            assert r.stderr == want and b"".join(streamed) == want.encode()
+
+
+def test_the_cli_says_command_not_found_once(tier, corral_bin):
+    r = subprocess.run([corral_bin, "run", "--isolation", tier.name, "--",
+                        "no-such-command-h13"], capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in r.stderr.splitlines() if not ln.startswith("corral: unenforced")]
+    assert r.returncode == 127, r
+    assert lines == ["corral: command not found inside the sandbox: no-such-command-h13"]

@@ -150,7 +150,13 @@ def _move_mount(tree_fd: int, dst: str) -> None:
 
 
 def _userns(uid_map: tuple[int, int], gid_map: tuple[int, int]) -> int:
-    """A user namespace mapping uid_map[0] -> uid_map[1] and gid_map[0] -> gid_map[1].
+    """A user namespace mapping uid_map[0] -> uid_map[1] and gid_map[0] -> gid_map[1]."""
+    return userns([uid_map], [gid_map])
+
+
+def userns(uids: list[tuple[int, int]], gids: list[tuple[int, int]]) -> int:
+    """A user namespace where each (inside, host) pair of `uids` and `gids` maps one id;
+    nothing else is mapped.
 
     Returns an O_CLOEXEC fd of it. The namespace comes from a child made with
     clone(CLONE_NEWUSER | CLONE_VM | CLONE_VFORK) that runs no Python and no syscall: its
@@ -184,8 +190,8 @@ def _userns(uid_map: tuple[int, int], gid_map: tuple[int, int]) -> int:
         fds += maps
         signal.pidfd_send_signal(pidfd.value, 0)  # ESRCH if someone reaped our child
         # One write(2) each: the kernel takes a map whole or not at all.
-        os.write(maps[0], f"{uid_map[0]} {uid_map[1]} 1\n".encode())
-        os.write(maps[1], f"{gid_map[0]} {gid_map[1]} 1\n".encode())
+        for fd, pairs in zip(maps, (uids, gids)):
+            os.write(fd, "".join(f"{inside} {host} 1\n" for inside, host in pairs).encode())
         fds.remove(ns)
         return ns
     finally:

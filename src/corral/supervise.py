@@ -82,7 +82,15 @@ def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
     saves copying the page tables as well (about 0.7 ms for a 12 MB supervisor; a fork
     costs more the bigger the host program); the child then needs no setuid of its own.
     The caller then does in the parent whatever must happen before the command runs
-    (bwrap waits for it: see namespace.py)."""
+    (bwrap waits for it: see namespace.py).
+
+    Signals: the child starts with every disposition at its default and nothing blocked,
+    whatever this process ignores or this thread blocks (inherited_signals). The C path
+    resets only SIGPIPE and SIGXFSZ, so when anything else is ignored or blocked (a caller
+    under nohup, say) the Python fork path is taken, which resets them all; nothing is
+    changed in this process itself (dispositions are process-wide: the host program's
+    own SIG_IGN must stay)."""
+    ignored, blocked = inherited_signals()
     if stdout_fd is None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -93,7 +101,7 @@ def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
         ours = []
     fail_r, fail_w = os.pipe()  # CLOEXEC: closes on a successful exec
     try:
-        if child_setup is None and _fork_exec is not None:
+        if child_setup is None and _fork_exec is not None and not (ignored or blocked):
             fds = tuple(sorted({*pass_fds, fail_w}))
             if uid is not None and gid is not None and child_ids.usable():
                 with child_ids(uid, gid):    # and so a vfork: see child_ids
@@ -104,7 +112,7 @@ def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
                                  fds, uid, gid)
         else:
             pid = _py_fork_exec(path, argv, env, stdin_fd, out_w, err_w, fail_w, pass_fds,
-                                child_setup, uid, gid)
+                                child_setup, uid, gid, ignored)
     except BaseException:
         for fd in (*ours, fail_r, fail_w):
             os.close(fd)
@@ -117,28 +125,69 @@ def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
         os.waitpid(pid, 0)
         for fd in ours[0::2]:
             os.close(fd)
+        if report.startswith(b"exec:"):   # a child_setup's own exec of the command failed
+            raise _exec_report(report)
         message, code = _fail_report(report)
         raise SandboxSetupError(f"starting {path} failed: {message}", step="exec",
                                 errno=code)
     return pid, out_r, err_r
 
 
+#: what Python itself ignores (SIGPIPE, SIGXFSZ) and the C fork_exec puts back to default
+#: (restore_signals); as bits of /proc's SigIgn mask (bit n-1 is signal n)
+_PYTHON_IGNORES = 1 << 12 | 1 << 24
+
+
+def inherited_signals() -> tuple[list[int], bool]:
+    """(signals ignored in this process, whether this thread blocks any): what a child
+    would carry across exec, which keeps SIG_IGN dispositions and the signal mask. Python's
+    own SIGPIPE and SIGXFSZ are left out (both paths of spawn reset them). The caller of a
+    library may ignore or block anything (`nohup`, `trap '' INT`, a thread that blocks
+    signals for sigwait); the sandboxed command must start with every signal at its
+    default and none blocked, or SIGINT/SIGHUP would not stop it and a blocked SIGTERM
+    would wait forever. Read from /proc (the kernel's view: C code may have changed a
+    disposition behind Python's back), about 25 us."""
+    fd = os.open("/proc/thread-self/status", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, 8192)
+    finally:
+        os.close(fd)
+    masks = {}
+    for key in (b"SigBlk:", b"SigIgn:"):
+        at = data.find(b"\n" + key)
+        if at < 0:   # not Linux's /proc: assume the worst, the Python path resets both
+            return list(range(1, 65)), True
+        at += len(key) + 1
+        masks[key] = int(data[at:data.index(b"\n", at)], 16)
+    ign = masks[b"SigIgn:"] & ~_PYTHON_IGNORES
+    return [n + 1 for n in range(64) if ign >> n & 1], masks[b"SigBlk:"] != 0
+
+
 def _py_fork_exec(path, argv, env, stdin_fd, out_w, err_w, fail_w, pass_fds, child_setup,
-                  uid, gid) -> int:
+                  uid, gid, ignored=()) -> int:
     envb = {k.encode(): v.encode() for k, v in env.items()}
     argvb = [a.encode() for a in argv]
     pid = os.fork()
     if pid == 0:  # child: no Python-level cleanup may run here, only exec or _exit
         try:
-            # Python ignores SIGPIPE and SIGXFSZ; the sandboxed command gets the defaults
-            # (so `yes | head -1` ends quietly and RLIMIT_FSIZE raises SIGXFSZ), and no
-            # blocked signals
+            # Python ignores SIGPIPE and SIGXFSZ, the caller may ignore more (`ignored`,
+            # see inherited_signals); the sandboxed command gets the defaults (so `yes |
+            # head -1` ends quietly, RLIMIT_FSIZE raises SIGXFSZ, Ctrl-C stops it), and
+            # no blocked signals. Handlers need no reset: exec sets them to default.
             _signal.signal(13, 0)   # SIGPIPE, SIG_DFL
             _signal.signal(25, 0)   # SIGXFSZ, SIG_DFL
+            for sig in ignored:
+                if sig not in (9, 19):   # SIGKILL, SIGSTOP: never ignored
+                    try:
+                        _signal.signal(sig, 0)
+                    except (OSError, ValueError):
+                        pass  # glibc's own (32, 33): not ours to change
             _signal.pthread_sigmask(2, [])  # SIG_SETMASK, nothing blocked
             os.dup2(stdin_fd, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
+            global _child_fail_fd
+            _child_fail_fd = fail_w
             if child_setup is not None:
                 child_setup()  # may use fds of the parent's (cgroup.procs): before closing
             if gid is not None:
@@ -178,6 +227,30 @@ def _c_fork_exec_311(path, argv, env, stdin_fd, out_w, err_w, fail_r, fail_w, pa
         [a.encode() for a in argv], [path.encode()], True, pass_fds, None, envl,
         stdin_fd, -1, -1, out_w, -1, err_w, fail_r, fail_w, True, False, -1,
         gid, groups, uid, -1, None, True)
+
+
+_child_fail_fd = -1
+
+
+def child_fail_fd() -> int:
+    """In a child_setup (the child of spawn's Python fork, or a fork of it): the fd whose
+    closing on exec tells spawn the exec succeeded. A child_setup that execs the command
+    itself keeps it open (close-on-exec) and, if that exec fails, writes
+    `report_exec_failure` there: spawn then raises ExecFailed."""
+    return _child_fail_fd
+
+
+def report_exec_failure(errno: int, interpreter: str | None = None) -> bytes:
+    """What a child_setup writes to child_fail_fd() when its exec of the command failed."""
+    return f"exec:{errno}:".encode() + (interpreter or "").encode(errors="replace")[:256]
+
+
+def _exec_report(report: bytes) -> ExecFailed:
+    """ExecFailed from `exec:ERRNO:INTERPRETER` (a child of ours wrote it before it exec'd
+    anything of the sandbox's; still parsed strictly)."""
+    _, code, interp = report.split(b":", 2)
+    errno = int(code) if code.isdigit() and len(code) <= 4 else 0
+    return ExecFailed(errno, interp[:256].decode(errors="replace") or None)
 
 
 def _fail_report(report: bytes) -> tuple[str, int | None]:
@@ -325,11 +398,19 @@ def kill_pid(pid: int) -> None:
 
 def finish(outcome: Outcome, *, exit_code: int | None, sig: int | None, events: list[dict],
            usage, oom_kills: int, wall: float, cpu: float, memory: int, cap: int,
-           isolation: str):
+           isolation: str, failed: tuple[str, ExecFailed] | None = None):
     """The Result of one command: limit events from what was observed, then the verdict.
-    Shared by every tier (each decodes exit_code and sig its own way)."""
+    Shared by every tier (each decodes exit_code and sig its own way). `failed`: (the
+    command's name, how its exec failed) when it never started (exec_failure words it)."""
     from .result import Result, decide_verdict
 
+    stderr = outcome.stderr.text()
+    if failed is not None:
+        name, e = failed
+        exit_code, line = exec_failure(name, e.errno, e.interpreter)
+        sig, stderr = None, line + "\n"
+        events.append({"kind": "exec", "command": name[:MAX_NAME],
+                       "errno": _errno_name(e.errno), "message": line})
     timed_out = outcome.timed_out
     if sig == 24 and not timed_out:  # SIGXCPU: RLIMIT_CPU, the second layer of cpu_time
         timed_out = "cpu_time"
@@ -352,7 +433,138 @@ def finish(outcome: Outcome, *, exit_code: int | None, sig: int | None, events: 
     verdict = decide_verdict(exit_code=exit_code, signal=sig, oom_kills=oom_kills,
                              timed_out=timed_out)
     return Result(verdict=verdict, exit_code=exit_code, signal=sig,
-                  stdout=outcome.stdout.text(), stderr=outcome.stderr.text(),
+                  stdout=outcome.stdout.text(), stderr=stderr,
                   stdout_truncated=outcome.stdout.truncated,
                   stderr_truncated=outcome.stderr.truncated, usage=usage, events=events,
                   isolation=isolation)
+
+
+# ---- a command that could not be started inside the sandbox ----------------------------
+
+#: exit statuses as shells give them: no such command; found, but it cannot be executed
+NOT_FOUND, CANNOT_EXECUTE = 127, 126
+ENOENT, ENOTDIR = 2, 20
+#: how much of a name from the command line or a #! line a message shows
+MAX_NAME = 200
+
+
+class ExecFailed(Exception):
+    """The sandboxed command's own exec failed inside the sandbox: nothing of it ran.
+    `errno` as execve gave it; `interpreter` is what the file's #! line names, when the
+    file exists and that is what is missing (execve says ENOENT for both)."""
+
+    def __init__(self, errno: int, interpreter: str | None = None) -> None:
+        super().__init__(errno, interpreter)
+        self.errno = errno
+        self.interpreter = interpreter
+
+
+def exec_failure(name: str, errno: int, interpreter: str | None = None) -> tuple[int, str]:
+    """(exit status, the one line for stderr) of a command that could not be exec'd inside
+    the sandbox: the one place, for every tier, that turns an exec failure into words.
+
+     - ENOENT/ENOTDIR, no interpreter: 127, "command not found inside the sandbox"
+     - ENOENT for a file whose #! line names an interpreter the sandbox lacks: 126 (the
+       file is there, as a shell says for a bad interpreter), naming both
+     - anything else (EACCES: not executable, a directory, a noexec mount; ENOEXEC): 126
+    `name` (the caller's argv[0]) and `interpreter` (from a file of the sandbox: hostile)
+    are shown escaped and cut short."""
+    shown = _printable(name)
+    if errno in (ENOENT, ENOTDIR):
+        if interpreter:
+            return CANNOT_EXECUTE, (f"corral: {shown}: its interpreter "
+                                    f"{_printable(interpreter)} is missing inside the sandbox")
+        return NOT_FOUND, f"corral: command not found inside the sandbox: {shown}"
+    why = os.strerror(errno) if errno else "exec failed"
+    return CANNOT_EXECUTE, f"corral: cannot execute inside the sandbox: {shown}: {why}"
+
+
+def _printable(text: str) -> str:
+    """Printable ASCII as is, anything else as a backslash escape; at most MAX_NAME."""
+    out = "".join(c if " " <= c <= "~" and c != "\\" else
+                  c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                  for c in text[:MAX_NAME])
+    return out + ("..." if len(text) > MAX_NAME else "")
+
+
+def _errno_name(code: int) -> str:
+    import errno as _e
+
+    return _e.errorcode.get(code, str(code))
+
+
+def errno_from_message(message: str) -> int | None:
+    """The errno whose strerror text (C locale; any case, as Go prints them) ends
+    `message`: how bwrap and runsc report why their exec of the command failed."""
+    global _STRERRORS
+    if _STRERRORS is None:
+        _STRERRORS = {os.strerror(n).lower(): n for n in range(1, 134)}
+    text = message.strip().lower()
+    for msg, code in _STRERRORS.items():
+        if text.endswith(msg):
+            return code
+    return None
+
+
+_STRERRORS: dict[str, int] | None = None
+
+
+class HeldLine:
+    """on_stderr for a launcher (bwrap, runsc) that writes its own failure to the stderr
+    the command would have used. A first line that may be that message (it starts with
+    `prefix`) is held back instead of streamed, until more output shows it was the
+    command's (`feed`), or the run is over and the tier knows: `release()` passes it on,
+    `replace(line)` says `line` instead. Output that cannot be the message passes at
+    once; a command whose only stderr so far is one line starting with the prefix sees it
+    streamed late (at its next output or its exit). At most LIMIT bytes are held."""
+
+    __slots__ = ("held", "on_data", "passing", "prefix")
+    LIMIT = 4096
+
+    def __init__(self, on_data: Callable[[bytes], None] | None, prefix: bytes) -> None:
+        self.on_data = on_data
+        self.prefix = prefix
+        self.held = b""
+        self.passing = False
+
+    def feed(self, data: bytes) -> None:
+        if self.passing:
+            if self.on_data is not None:
+                self.on_data(data)
+            return
+        held = self.held + data
+        n = min(len(held), len(self.prefix))
+        newline = held.find(b"\n")
+        if (held[:n] == self.prefix[:n] and len(held) <= self.LIMIT
+                and newline in (-1, len(held) - 1)):
+            self.held = held
+            return
+        self.held, self.passing = b"", True
+        if self.on_data is not None:
+            self.on_data(held)
+
+    def line(self) -> bytes | None:
+        """The held line, complete (with its newline), or None."""
+        return self.held if self.held.endswith(b"\n") else None
+
+    def release(self) -> None:
+        held, self.held, self.passing = self.held, b"", True
+        if held and self.on_data is not None:
+            self.on_data(held)
+
+    def replace_with_nothing(self) -> None:
+        self.held, self.passing = b"", True
+
+    def replace(self, line: str) -> None:
+        self.held, self.passing = b"", True
+        if self.on_data is not None:
+            self.on_data((line + "\n").encode())
+
+
+def shebang_interpreter(head: bytes) -> str | None:
+    """The interpreter the #! line at the start of `head` names (the first word after #!),
+    or None when there is none."""
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].split()
+    return words[0].decode(errors="replace") if words else None

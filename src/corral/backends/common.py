@@ -363,3 +363,30 @@ def start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: in
     finally:
         listener.close()
     return Proxy(pid, events_r, err_r)
+
+
+#: read inside the sandbox: the first 256 bytes of the file a command name resolves to
+#: (PATH for a bare name, as execvp looks it up), for interpreter_inside
+_HEAD_SCRIPT = ('p=$1; case $p in */*) ;; *) p=$(command -v -- "$p") || exit 3;; esac; '
+                'exec head -c 256 -- "$p"')
+
+
+def interpreter_inside(sb, name: str) -> str | None:
+    """The interpreter that a file's #! line names, when exec of `name` said ENOENT inside
+    sandbox `sb` although the file is there (what is missing is its interpreter). The file
+    is read by a second, short command in the same sandbox (the only safe view of it: its
+    mounts, its symlinks, its uid); only on that failure path. None if it cannot tell."""
+    from ..supervise import shebang_interpreter
+
+    if getattr(sb, "_looking_up", False):
+        return None   # /bin/sh itself was not found: no second level
+    sb._looking_up = True
+    try:
+        r = sb.exec(["/bin/sh", "-c", _HEAD_SCRIPT, "sh", name], timeout=30)
+    except Exception:  # noqa: BLE001 - a message only: without it, "not found" stays
+        return None
+    finally:
+        sb._looking_up = False
+    if r.verdict != "ok":
+        return None
+    return shebang_interpreter(r.stdout.encode(errors="surrogateescape")[:256])

@@ -39,9 +39,12 @@ Steps of one sandbox, in order (each names what enforces it):
 
 Who is who: inside, the command runs as uid 0 of gVisor's kernel, with no capabilities
 (no CAP_CHOWN, CAP_SYS_ADMIN, CAP_NET_RAW, ... in gVisor's own user namespace). That root
-is not host root: the Sentry runs as the host's nobody in a user namespace of its own, and
-the gofer, which does the file I/O, runs in a user namespace where container uid 0 is the
-run's unprivileged host uid and nothing else is mapped. So gVisor's root can read and write
+is not host root: the Sentry runs in a user namespace of its own as a second unprivileged
+host uid of the run's (runsc always makes it uid 65534 of runsc's own user namespace, so
+runsc runs in one of the sandbox's where 65534 is that uid: enter_userns; no two live
+sandboxes share it, so one Sentry cannot signal or ptrace another's), and the gofer, which
+does the file I/O, runs in a user namespace where container uid 0 is the run's
+unprivileged host uid and nothing else is mapped. So gVisor's root can read and write
 only what that host uid may (other-readable files under the bundle's mounts, the scratch
 tmpfs, the idmapped workspace) and nothing outside the bundle's mounts; host /proc, /sys,
 devices, sockets and other processes are not there at all (gVisor's /proc and /sys are its
@@ -109,10 +112,21 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from ..supervise import decode_status, finish, kill_pid, spawn, supervise
+from ..supervise import (
+    ENOENT,
+    ExecFailed,
+    HeldLine,
+    decode_status,
+    errno_from_message,
+    finish,
+    kill_pid,
+    spawn,
+    supervise,
+)
 from .common import (
     destroy_cgroup,
     egress_files,
+    interpreter_inside,
     is_unenforced,
     mount_workspace,
     run_cgroup,
@@ -136,6 +150,10 @@ PLATFORM_ENV = "CORRAL_GVISOR_PLATFORM"
 DEBUG_ENV = "CORRAL_GVISOR_DEBUG_LOG"
 #: runsc exits 128 when it fails itself (util.Fatalf), before or while starting the command
 RUNSC_FAILED = 128
+#: how runsc's own failure of `runsc run` starts, on its stderr (the command's) and in its log
+RUNSC_FAILED_PREFIX = b"running container: "
+#: the most of runsc's log (--log, per exec) that is read back
+LOG_MAX = 1 << 16
 #: host tasks (threads) gVisor needs beside the sandbox's own: Go runtime threads of the
 #: Sentry and the gofer, and ptrace stub processes and threads
 PIDS_OVERHEAD = 256
@@ -387,7 +405,10 @@ class GvisorSandbox:
     # -- setup ---------------------------------------------------------------------------
     def _setup(self) -> None:
         plan = self.plan
-        self.uid = self.gid = UID_BASE + int.from_bytes(os.urandom(4), "little") % UID_SPAN
+        # the run's uid (the gofer's, and the owner of scratch) and the Sentry's, its own
+        self.uid, self.sentry_uid = free_uids(2)
+        self.gid = self.uid
+        self.userns = runsc_userns(self.uid, self.sentry_uid)
         self.etc, _ = ensure_etc(self.dir.base, prebind=False)   # binds ETC_BINDS itself
         scratch = plan.find(Scratch)[0]
         self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
@@ -401,6 +422,8 @@ class GvisorSandbox:
         self.rootfs = self._make_rootfs()
         self.state = self.dir.sub("runsc", 0o700)   # runsc --root: its container state
         self.bundle = self.dir.sub("bundle", 0o700)
+        #: runsc's log (--log): its own errors, apart from the command's stderr
+        self.log = os.path.join(self.bundle, "runsc.log")
         self.spec = self._spec()
 
     def _unenforced(self, op: Op) -> bool:
@@ -533,7 +556,7 @@ class GvisorSandbox:
     def runsc_argv(self, container_id: str) -> list[str]:
         b = self.backend
         a = [b.runsc or "runsc", f"--root={self.state}", f"--platform={b.platform}",
-             "--ignore-cgroups"]
+             "--ignore-cgroups", f"--log={self.log}", "--log-format=json"]
         if self.plan.find(EgressProxy):
             a.append("--network=sandbox")  # netstack on the veth of gvisor_net
         elif self.plan.find(NoNetwork):
@@ -564,7 +587,7 @@ class GvisorSandbox:
 
             net_path = os.path.join(self.dir.path, f"netns-{self.execs}")
             self.dir.mounts.append(net_path)  # close() and the stale sweep unmount it too
-            net = ProxyNet.create(net_path)
+            net = ProxyNet.create(net_path, owner=self.userns)
         try:
             return self._exec(argv, cid, events, wall, cpu, cap, egress, net, stdin=stdin,
                               on_stdout=on_stdout, on_stderr=on_stderr, tty=tty)
@@ -610,13 +633,14 @@ class GvisorSandbox:
                 import resource
 
                 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-                set_pdeathsig(SIGKILL)
-                if os.getppid() != parent:
-                    os._exit(125)
                 if net is not None:
                     from .gvisor_net import runsc_mount_view
 
                     runsc_mount_view(host_proc)
+                enter_userns(self.userns)   # runsc's nobody is the Sentry's uid there
+                set_pdeathsig(SIGKILL)
+                if os.getppid() != parent:
+                    os._exit(125)
 
             if net is not None:  # the proxy serves the listener before runsc starts
                 from ..grants import proxy_config
@@ -629,6 +653,12 @@ class GvisorSandbox:
             if tty is not None:  # runsc makes the pty and sends us its master
                 console = tty.console_socket(os.path.join(self.dir.path, "console"))
                 argv_runsc[-1:-1] = [f"--console-socket={console}"]
+            try:
+                os.unlink(self.log)   # one exec's errors only
+            except FileNotFoundError:
+                pass
+            # runsc's own failure is written to the stderr the command would have had
+            gate = HeldLine(on_stderr, RUNSC_FAILED_PREFIX)
             started = time.monotonic()
             # runsc's gofer and Sentry are orphaned when a kill ends runsc first; as a
             # subreaper we get them and reap their zombies (a PID 1 may never do it)
@@ -664,7 +694,7 @@ class GvisorSandbox:
                     tty.start()
                 outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
                                     cpu_seconds=cpu_seconds if cg else None,
-                                    output_cap=cap, on_stdout=on_stdout, on_stderr=on_stderr,
+                                    output_cap=cap, on_stdout=on_stdout, on_stderr=gate.feed,
                                     kill=kill, started=started,
                                     extra={proxy.events_r: proxy.lines} if proxy else None)
             finally:
@@ -690,14 +720,26 @@ class GvisorSandbox:
             if cg is not None:
                 events += [{"kind": "teardown", "message": p} for p in destroy_cgroup(cg)]
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
-        if (exit_code == RUNSC_FAILED and not outcome.timed_out and not oom_kills
-                and b"running container" in b"".join(outcome.stderr.chunks)):
-            last = outcome.stderr.text().strip().splitlines()[-1:] or ["no message"]
-            raise SandboxSetupError(f"runsc failed: {last[0]}", step="runsc")
+        failed = None
+        if exit_code == RUNSC_FAILED and not outcome.timed_out and not oom_kills:
+            error = runsc_error(self.log)   # runsc's own word that it failed, or None
+            if error is not None:
+                failed = _exec_failure(error, argv[0])
+                if failed is None:
+                    gate.replace_with_nothing()   # the error below says it, once
+                    raise SandboxSetupError(f"runsc failed: {error}", step="runsc")
+                if failed[1].errno == ENOENT and "failed to load " in error:
+                    failed[1].interpreter = interpreter_inside(self, argv[0])
         events += scratch_events(self.scratch)
-        return finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
-                      oom_kills=oom_kills, wall=wall, cpu=cpu,
-                      memory=plan.find(MemoryLimit)[0].bytes, cap=cap, isolation="gvisor")
+        result = finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
+                        oom_kills=oom_kills, wall=wall, cpu=cpu,
+                        memory=plan.find(MemoryLimit)[0].bytes, cap=cap, isolation="gvisor",
+                        failed=failed)
+        if failed is not None:
+            gate.replace(result.stderr[:-1])
+        else:
+            gate.release()
+        return result
 
     def _forget(self, cid: str, *, emptied: bool) -> list[dict]:
         """Remove what runsc keeps of container `cid` in its state dir; a clean exit leaves
@@ -719,12 +761,120 @@ class GvisorSandbox:
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:
         problems: list[str] = []
+        if getattr(self, "userns", None) is not None:
+            os.close(self.userns)
+            self.userns = None
         if getattr(self, "dir", None) is not None:
             # each exec ended its processes and runsc's state of them; the run dir's removal
             # unmounts scratch, workspace and root and deletes the (empty) state dir
             problems += self.dir.remove()
             self.dir = None
         return problems
+
+
+def runsc_error(log: str) -> str | None:
+    """The last error runsc logged for `runsc run` (--log-format=json: one object per
+    entry, {"msg": ..., "level": "error", ...}), or None: runsc's own, structured word that
+    it failed, apart from the command's stderr (a command may print anything and exit 128
+    itself). runsc's log is written outside the sandbox; still bounded and parsed strictly."""
+    try:
+        with open(log, "rb") as f:
+            text = f.read(LOG_MAX).decode(errors="replace")
+    except FileNotFoundError:
+        return None
+    decoder = json.JSONDecoder()
+    found, at = None, 0
+    while True:
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at >= len(text):
+            return found
+        try:
+            entry, at = decoder.raw_decode(text, at)
+        except ValueError:
+            return found   # cut short at LOG_MAX
+        if (isinstance(entry, dict) and entry.get("level") == "error"
+                and isinstance(entry.get("msg"), str)
+                and entry["msg"].startswith(RUNSC_FAILED_PREFIX.decode())):
+            found = entry["msg"]
+
+
+def _exec_failure(error: str, name: str) -> tuple[str, ExecFailed] | None:
+    """(name, ExecFailed) when runsc's error is that it could not start the command: not
+    found in PATH (`error finding executable "NAME" in PATH [...]: no such file or
+    directory`) or not loadable (`creating process: failed to load PATH: permission
+    denied`); None for any other failure of runsc's."""
+    if ("starting sandbox: error finding executable " not in error
+            and "creating process: failed to load " not in error):
+        return None
+    errno = errno_from_message(error)
+    return (name, ExecFailed(errno)) if errno else None
+
+
+#: the uid runsc 20221219 gives its Sentry (in a user namespace of the Sentry's own that
+#: maps it to the same id one level up: runsc's namespace)
+RUNSC_NOBODY = 65534
+CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x00020000
+MS_REC, MS_SLAVE = 0x4000, 1 << 19
+
+
+def free_uids(n: int) -> list[int]:
+    """n distinct uids of the sandbox range (namespace.UID_BASE, UID_SPAN), none of them
+    any process's now (real, effective, saved or filesystem uid): a live sandbox's run or
+    Sentry uid is never handed out again while one of its processes lives."""
+    used = _uids_in_use()
+    picked: list[int] = []
+    while len(picked) < n:
+        uid = UID_BASE + int.from_bytes(os.urandom(4), "little") % UID_SPAN
+        if uid not in used and uid not in picked:
+            picked.append(uid)
+    return picked
+
+
+def _uids_in_use() -> set[int]:
+    used: set[int] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Uid:"):
+                        used.update(int(u) for u in line.split()[1:])
+                        break
+        except OSError:
+            pass
+    return used
+
+
+def runsc_userns(uid: int, sentry_uid: int) -> int:
+    """The user namespace runsc runs in (an fd of it, kept for the sandbox's life), so that
+    its Sentry has a host uid of its own: runsc 20221219 always runs the Sentry as uid
+    65534 of runsc's own namespace, which here is `sentry_uid` on the host, not the host's
+    nobody shared by every sandbox. Nothing else is mapped but root (runsc itself: host
+    root, with capabilities only over this namespace and those it makes) and the run's uid
+    (the gofer's, container root in the spec's user namespace, one level down)."""
+    from ..idmap import userns
+
+    pairs = [(0, 0), (uid, uid), (RUNSC_NOBODY, sentry_uid)]
+    return userns(pairs, pairs)
+
+
+def enter_userns(fd: int) -> None:
+    """For the runsc process only (between fork and exec): join the sandbox's user
+    namespace, then a mount namespace owned by it (runsc mounts its chroot there; a slave
+    of ours, so nothing reaches the host's mounts). A network namespace runsc joins must be
+    owned by that user namespace too (gvisor_net.ProxyNet.create(owner=...))."""
+    from .._sys import _libc
+
+    for call, args, what in ((_libc.setns, (fd, CLONE_NEWUSER), "setns user namespace"),
+                             (_libc.unshare, (CLONE_NEWNS,), "unshare mount namespace")):
+        if call(*args) != 0:
+            import ctypes
+
+            e = ctypes.get_errno()
+            raise OSError(e, f"{what}: {os.strerror(e)}")
+    mount("none", "/", "", MS_REC | MS_SLAVE, "")
 
 
 def _reap(pids: set[int], timeout: float = 1.0) -> None:

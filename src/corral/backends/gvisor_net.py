@@ -19,7 +19,7 @@ copies lo as a loopback of netstack's own. The only route the sandbox gets is th
 /30; nothing is at its other end but the listener: the proxy netns has no other interface,
 no address, no route and no forwarding. There is no default route and no resolver, and
 neither end has IPv6 (disabled on the veth before it exists, so there is no link-local
-address either). The Sentry (host nobody, in a user namespace of its own, under runsc's
+address either). The Sentry (a host uid of the run's own, in a user namespace, under runsc's
 seccomp filter) holds the AF_PACKET socket, so a Sentry taken over could send any frame
 down the veth; what receives it is a kernel stack with one address, no route, no
 forwarding and one listening socket.
@@ -36,7 +36,7 @@ the Sentry loses every capability at its exec and cannot build its chroot ("erro
 mounts: operation not permitted"; later releases set the uid to the namespace's root).
 Making it work would mean mapping the container's root to host root or dropping the user
 namespace, i.e. a Sentry and gofer running as host root. The veth path keeps runsc's
-default Sentry set-up (host nobody in a user namespace of its own) unchanged.
+default Sentry set-up (an unprivileged uid in a user namespace of its own) unchanged.
 
 Everything here is plain rtnetlink and /proc/sys from a short-lived thread (unshare and
 setns act on the calling thread only): no `ip` binary, no process of our own in either
@@ -164,13 +164,25 @@ class ProxyNet:
         self.listener: socket.socket | None = listener
 
     @classmethod
-    def create(cls, path: str) -> ProxyNet:
+    def create(cls, path: str, owner: int | None = None) -> ProxyNet:
         """Build both namespaces, bind the sandbox's at `path` (a new file), and listen on
-        PROXY_ADDR:PROXY_PORT in the proxy's. Needs root. Raises SandboxSetupError."""
+        PROXY_ADDR:PROXY_PORT in the proxy's. With `owner` (a user namespace fd: the one
+        runsc runs in), the sandbox's netns belongs to that user namespace, or runsc could
+        not join it. Needs root. Raises SandboxSetupError."""
         out: dict = {}
-        t = threading.Thread(target=_build, args=(path, out), name="corral-gvisor-net")
-        t.start()
-        t.join()  # the thread, and with it every namespace switch, ends here
+        sandbox_ns = -1
+        try:
+            if owner is not None:
+                sandbox_ns = _netns_owned_by(owner)
+            t = threading.Thread(target=_build, args=(path, out, sandbox_ns),
+                                 name="corral-gvisor-net")
+            t.start()
+            t.join()  # the thread, and with it every namespace switch, ends here
+        except OSError as e:
+            out["error"] = (e, "netns in the sandbox's user namespace")
+        finally:
+            if sandbox_ns >= 0:
+                os.close(sandbox_ns)
         if "error" in out:
             e, what = out["error"]
             raise SandboxSetupError(f"building the sandbox's network namespaces ({what}): "
@@ -206,9 +218,39 @@ def release(path: str) -> list[str]:
     return problems
 
 
-def _build(path: str, out: dict) -> None:
+def _netns_owned_by(userns_fd: int) -> int:
+    """A new network namespace owned by the user namespace `userns_fd` (an fd of it): a
+    forked child joins that user namespace (a thread cannot: setns(CLONE_NEWUSER) needs a
+    single-threaded process), unshares a network namespace and waits while we open it."""
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: only syscalls, then _exit
+        code = 1
+        try:
+            os.close(ready_r)
+            os.close(hold_w)
+            if _libc.setns(userns_fd, 0x10000000) == 0 and _libc.unshare(CLONE_NEWNET) == 0:
+                os.write(ready_w, b"1")
+                os.read(hold_r, 1)    # until the parent has the namespace open
+                code = 0
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(hold_r)
+    try:
+        if os.read(ready_r, 1) != b"1":
+            raise OSError(1, "the helper could not make the network namespace")
+        return os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(ready_r)
+        os.close(hold_w)   # the child's read returns: it exits
+        os.waitpid(pid, 0)
+
+
+def _build(path: str, out: dict, sandbox_ns: int = -1) -> None:
     """Runs in a throwaway thread: its namespace changes end with it. Cleans up after
-    itself on failure."""
+    itself on failure. `sandbox_ns`: the sandbox's netns, made already (else made here)."""
     step = "unshare"
     proxy_ns = -1
     nl = None
@@ -218,7 +260,10 @@ def _build(path: str, out: dict) -> None:
         _check(_libc.unshare(CLONE_NEWNET), "unshare")       # the proxy's netns
         _no_ipv6_on_new_links()
         proxy_ns = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        _check(_libc.unshare(CLONE_NEWNET), "unshare")       # the sandbox's netns
+        if sandbox_ns >= 0:                                    # the sandbox's netns
+            _check(_libc.setns(sandbox_ns, CLONE_NEWNET), "setns")
+        else:
+            _check(_libc.unshare(CLONE_NEWNET), "unshare")
         _no_ipv6_on_new_links()
         step = "sandbox links"
         nl = _Netlink()

@@ -52,10 +52,21 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from ..supervise import decode_status, finish, kill_pid, spawn, supervise
+from ..supervise import (
+    ENOENT,
+    ExecFailed,
+    HeldLine,
+    decode_status,
+    errno_from_message,
+    finish,
+    kill_pid,
+    spawn,
+    supervise,
+)
 from .common import (
     POOL,
     egress_files,
+    interpreter_inside,
     is_unenforced,
     keep_cgroup,
     mount_workspace,
@@ -421,6 +432,9 @@ class NamespaceSandbox:
 
             proxy = None
             init_pid = init_fd = None
+            status_rest = b""
+            # bwrap's own "execvp" failure goes to the stderr the command would have had
+            gate = HeldLine(on_stderr, EXEC_FAILED_PREFIX)
             try:
                 try:
                     # False, or a broken pipe: bwrap is gone already (it failed), and
@@ -470,12 +484,14 @@ class NamespaceSandbox:
                     tty.start()
                 outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
                                     cpu_seconds=cg.cpu_seconds if cg else None, output_cap=cap,
-                                    on_stdout=on_stdout, on_stderr=on_stderr, kill=kill,
+                                    on_stdout=on_stdout, on_stderr=gate.feed, kill=kill,
                                     started=started,
                                     extra={proxy.events_r: proxy.lines} if proxy else None)
             finally:
                 if init_pid is None:
                     init_fd = _pidfd(_child_pid(status_r, block=False))
+                else:
+                    status_rest = _read_rest(status_r)
                 os.close(status_r)
                 if proxy is not None:
                     events += proxy.stop()
@@ -489,10 +505,22 @@ class NamespaceSandbox:
                 problems = keep_cgroup(cg, self._cgroups)
                 events += [{"kind": "teardown", "message": p} for p in problems]
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
+        failed = None
+        if (init_pid is not None and exit_code == 1 and not outcome.timed_out
+                and not oom_kills and b'"exit-code"' not in status_rest):
+            failed = _exec_failure(gate.line(), argv[0])
+            if failed is not None and failed[1].errno == ENOENT:
+                failed[1].interpreter = interpreter_inside(self, argv[0])
         events += scratch_events(self.scratch)
-        return finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
-                      oom_kills=oom_kills, wall=wall, cpu=cpu,
-                      memory=plan.find(MemoryLimit)[0].bytes, cap=cap, isolation="namespace")
+        result = finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
+                        oom_kills=oom_kills, wall=wall, cpu=cpu,
+                        memory=plan.find(MemoryLimit)[0].bytes, cap=cap,
+                        isolation="namespace", failed=failed)
+        if failed is not None:
+            gate.replace(result.stderr[:-1])
+        else:
+            gate.release()
+        return result
 
     def _tty(self, argv: list[str], term) -> tuple[list[str], int, bytes]:
         """For a tty exec: (argv, the pty slave, bwrap options to add).
@@ -591,6 +619,40 @@ def _child_pid(status_r: int, *, block: bool) -> int | None:
     _, found, rest = data.partition(b'"child-pid":')
     digits = rest.split(b",")[0].split(b"}")[0].strip()
     return int(digits) if found and digits.isdigit() else None
+
+
+#: how bwrap words a failed exec of the command: "bwrap: execvp NAME: STRERROR\n"
+EXEC_FAILED_PREFIX = b"bwrap: execvp "
+
+
+def _read_rest(status_r: int, most: int = 16) -> bytes:
+    """What bwrap wrote to --json-status-fd after the child's pid: `{ "exit-code": N }`
+    once it has exited, if (and only if) bwrap's exec of the command succeeded. bwrap has
+    exited by now, so this never waits; bounded all the same."""
+    os.set_blocking(status_r, False)
+    chunks = []
+    try:
+        for _ in range(most):
+            data = os.read(status_r, 65536)
+            if not data:
+                break
+            chunks.append(data)
+    except BlockingIOError:
+        pass
+    return b"".join(chunks)
+
+
+def _exec_failure(line: bytes | None, name: str) -> tuple[str, ExecFailed] | None:
+    """(name, ExecFailed) when bwrap exited 1 without reporting an exit code (the structured
+    sign that it never exec'd the command: bwrap 0.8+ reports it only after a successful
+    exec) and its last word was "execvp NAME: why"; None for any other failure of bwrap's
+    (a mount, chdir), which keeps its own message. The reason is bwrap's strerror text
+    (C locale: bwrap never calls setlocale)."""
+    want = EXEC_FAILED_PREFIX + name.encode(errors="surrogateescape") + b": "
+    if line is None or not line.startswith(want):
+        return None
+    errno = errno_from_message(line[len(want):].decode(errors="replace"))
+    return (name, ExecFailed(errno)) if errno else None
 
 
 def _pidfd(pid: int | None) -> int | None:

@@ -112,7 +112,19 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from ..supervise import decode_status, finish, spawn, supervise
+from ..supervise import (
+    ENOENT,
+    ExecFailed,
+    Outcome,
+    Stream,
+    child_fail_fd,
+    decode_status,
+    finish,
+    report_exec_failure,
+    shebang_interpreter,
+    spawn,
+    supervise,
+)
 from .common import (
     egress_files,
     is_unenforced,
@@ -587,6 +599,7 @@ class ProcessSandbox:
                 stdin = tty.open()
             stdin_fd = stdin if stdin is not None else os.open(os.devnull, os.O_RDONLY)
             started = time.monotonic()
+            failed = None
             try:
                 # `path` is never exec'd: the reaper and the command's execvpe run inside
                 # child_setup, which does not return
@@ -594,33 +607,20 @@ class ProcessSandbox:
                                           stdin_fd=stdin_fd, pass_fds=(),
                                           child_setup=child.reaper,
                                           stdout_fd=stdin if tty is not None else None)
+            except ExecFailed as e:   # the command never started (the reaper is reaped)
+                failed = (argv[0], e)
             finally:
                 if stdin is None:
                     os.close(stdin_fd)
-            pidfd = os.pidfd_open(pid)
-
-            def kill() -> None:
-                try:  # the reaper kills every process of the run, then exits
-                    _signal.pidfd_send_signal(pidfd, SIGTERM)
-                except ProcessLookupError:
-                    pass
-                if net is not None:
-                    net.cgroup.kill_all()
-                if cg is not None:
-                    cg.kill_all()
-
-            try:
-                if tty is not None:
-                    tty.start()
-                outcome = supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
-                                    cpu_seconds=cg.cpu_seconds if cg else None,
-                                    output_cap=cap, on_stdout=on_stdout, on_stderr=on_stderr,
-                                    kill=kill, started=started,
-                                    extra={proxy.events_r: proxy.lines} if proxy else None)
-            except BaseException:
-                kill()
-                _wait_quietly(pid)
-                raise
+            if failed is None:
+                pidfd = os.pidfd_open(pid)
+                outcome = self._watch(pid, pidfd, out_r, err_r, wall, cpu, cap, cg, net,
+                                      proxy, started, on_stdout, on_stderr, tty)
+            else:
+                outcome = Outcome()
+                outcome.stdout, outcome.stderr = Stream(cap, None), Stream(cap, None)
+                outcome.status = 0
+                outcome.wall_s = time.monotonic() - started
             if proxy is not None:  # before the cgroup kill: its last events
                 events += proxy.stop()
                 proxy = None
@@ -641,9 +641,39 @@ class ProcessSandbox:
                     events.append({"kind": "teardown", "message": str(e)})
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=False)
         events += self._scratch_events()
-        return finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
-                      oom_kills=oom_kills, wall=wall, cpu=cpu,
-                      memory=plan.find(MemoryLimit)[0].bytes, cap=cap, isolation="process")
+        result = finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
+                        oom_kills=oom_kills, wall=wall, cpu=cpu,
+                        memory=plan.find(MemoryLimit)[0].bytes, cap=cap, isolation="process",
+                        failed=failed)
+        if failed is not None and on_stderr is not None:
+            on_stderr(result.stderr.encode())
+        return result
+
+    def _watch(self, pid, pidfd, out_r, err_r, wall, cpu, cap, cg, net, proxy, started,
+               on_stdout, on_stderr, tty=None) -> Outcome:
+        """supervise() the reaper; on the way out of an error, the run is killed."""
+        def kill() -> None:
+            try:  # the reaper kills every process of the run, then exits
+                _signal.pidfd_send_signal(pidfd, SIGTERM)
+            except ProcessLookupError:
+                pass
+            if net is not None:
+                net.cgroup.kill_all()
+            if cg is not None:
+                cg.kill_all()
+
+        try:
+            if tty is not None:
+                tty.start()
+            return supervise(pid, out_r, err_r, timeout=wall, cpu_time=cpu,
+                             cpu_seconds=cg.cpu_seconds if cg else None,
+                             output_cap=cap, on_stdout=on_stdout, on_stderr=on_stderr,
+                             kill=kill, started=started,
+                             extra={proxy.events_r: proxy.lines} if proxy else None)
+        except BaseException:
+            kill()
+            _wait_quietly(pid)
+            raise
 
     def _scratch_events(self) -> list[dict]:
         if not self.dir or self.scratch not in self.dir.mounts:
@@ -854,16 +884,43 @@ class _Child:
         self.seccomp.no_new_privs()
         landlock.restrict_self(self.ruleset_fd)
         self.seccomp.load()
-        os.closerange(3, MAX_FD)
+        fail = child_fail_fd()  # close-on-exec: spawn learns the exec worked when it closes
+        os.closerange(3, fail)
+        os.closerange(fail + 1, MAX_FD)
         try:
             os.execvpe(self.argv[0], self.argv, self.env)
         except OSError as e:
-            msg = f"corral: cannot run {self.argv[0]}: {e.strerror}\n".encode()
+            # nothing of the sandbox's has run in this process: its report is ours
+            code = e.errno or 0
+            interp = _missing_interpreter(self.argv[0], self.env) if code == ENOENT else None
             try:
-                os.write(2, msg)
+                os.write(fail, report_exec_failure(code, interp))
             finally:
-                os._exit(127 if isinstance(e, (FileNotFoundError, NotADirectoryError))
-                         else 126)
+                os._exit(127)
+
+
+def _missing_interpreter(name: str, env: dict[str, str]) -> str | None:
+    """The interpreter a file's #! line names, when execvpe(name) said ENOENT although the
+    file is there (what is missing is its interpreter). Looked up as execvpe does (PATH for
+    a bare name), in the command's own process: Landlock, seccomp and its uid already
+    apply, so this reads only what the command could. At most 256 bytes are read."""
+    if "/" in name:
+        paths = [name]
+    else:
+        paths = [os.path.join(d or ".", name) for d in env.get("PATH", "").split(":")]
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            head = os.read(fd, 256)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return shebang_interpreter(head)
+    return None
 
 
 def _reap(cmd: int, stopping: list) -> int | None:

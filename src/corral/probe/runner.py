@@ -36,6 +36,13 @@ from .cases import Case
 PY = "/usr/bin/python3"
 
 BASE_POLICY = {"limits": {"timeout": "15s"}}
+#: starts argv[1:] as from `nohup` in a shell that trapped SIGINT, with SIGUSR1 and SIGUSR2
+#: blocked (a caller's state that exec keeps): for cases with NOHUP = True
+NOHUP_WRAPPER = ("import os, signal, sys\n"
+                 "for s in (signal.SIGINT, signal.SIGHUP):\n"
+                 "    signal.signal(s, signal.SIG_IGN)\n"
+                 "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})\n"
+                 "os.execvp(sys.argv[1], sys.argv[1:])\n")
 
 # statuses; FAILING: an expected (claimed) case in one of these breaks the claim
 CONTAINED, NOT_CONTAINED, NOT_RUN = "contained", "not-contained", "not-run"
@@ -192,7 +199,8 @@ class Runner:
 
     # --- running -----------------------------------------------------------------
 
-    def run_sandbox(self, tier: str, policy: dict, code: str, tty: bool = False) -> Obs:
+    def run_sandbox(self, tier: str, policy: dict, code: str, tty: bool = False,
+                    nohup: bool = False) -> Obs:
         from ..policy import dump_toml, policy_from_dict
 
         obs = Obs("sandbox", tier, policy)
@@ -203,6 +211,8 @@ class Runner:
                    SSH_AUTH_SOCK=self.cn.agent_path)
         cmd = [sys.executable, "-m", "corral.cli", "run", "--policy", pfile,
                *([] if tty else ["--json"]), "--", PY, "-c", prelude.build(code, self.consts)]
+        if nohup:
+            cmd = [PY, "-c", NOHUP_WRAPPER, *cmd]
         limit = _seconds(policy.get("limits", {}).get("timeout", "60s")) + 30
         self.cn.replant()
         self.cn.sink.take()
@@ -248,7 +258,7 @@ class Runner:
         self._observe(obs)
         return obs
 
-    def run_host(self, code: str, tty: bool = False) -> Obs:
+    def run_host(self, code: str, tty: bool = False, nohup: bool = False) -> Obs:
         """A host control: the same code in a throw-away process as the probe's user, with
         HOME at the fake home; in a mount namespace of its own when root."""
         obs = Obs("host", "host", {})
@@ -259,6 +269,8 @@ class Runner:
         cmd = [PY, "-c", prelude.build(code, self.consts)]
         if os.geteuid() == 0 and shutil.which("unshare"):
             cmd = ["unshare", "--mount", "--propagation", "private", "--"] + cmd
+        if nohup:
+            cmd = [PY, "-c", NOHUP_WRAPPER, *cmd]
         self.cn.replant()
         self.cn.sink.take()
         self.cn.take_dns()
@@ -352,7 +364,7 @@ class Runner:
             code = case.code if ctl == "host" else ctl["code"]
             key = (case.id, code)
             if key not in self._host_controls:
-                obs = self.run_host(code, tty=case.tty)
+                obs = self.run_host(code, tty=case.tty, nohup=case.nohup)
                 self._host_controls[key] = (obs, self.score(case, obs))
             obs, (contained, reason) = self._host_controls[key]
         else:
@@ -361,7 +373,7 @@ class Runner:
             if case.second and "code" not in ctl:
                 obs = self._run_twice(tier, pol, case)
             else:
-                obs = self.run_sandbox(tier, pol, code, tty=case.tty)
+                obs = self.run_sandbox(tier, pol, code, tty=case.tty, nohup=case.nohup)
             if obs.error:
                 return REFUSED if obs.error.get("kind") in ("unsupported", "unavailable") else \
                     INVALID, f"control could not run: {obs.error.get('message')}"
@@ -407,7 +419,7 @@ class Runner:
         if bad:
             return done(bad[0], None, bad[1])
         obs = self._run_twice(tier, pol, case) if case.second else self.run_sandbox(
-            tier, pol, case.code, tty=case.tty)
+            tier, pol, case.code, tty=case.tty, nohup=case.nohup)
         if obs.error:
             kind = obs.error.get("kind")
             status = REFUSED if kind in ("unsupported", "unavailable") else INVALID

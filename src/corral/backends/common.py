@@ -1,7 +1,8 @@
 """Host-side pieces of a sandbox that more than one tier builds the same way.
 
     scratch = setup_scratch(run_dir, size, inodes, uid, gid, enforce=True)
-    src = mount_workspace(run_dir, ws.path, ws.writable, uid, gid)   # owner -> uid:gid
+    fd = open_source(ws.path, ws.rule, directory=True)   # no symbolic link followed
+    src = mount_workspace(run_dir, fd, ws.writable, uid, gid)   # owner -> uid:gid
     events += scratch_events(scratch)                    # after a run: was it full?
     cg = run_cgroup(run_dir, run_id, plan, events, kept=own)   # per exec: the limits' cgroup
     problems = keep_cgroup(cg, own)                      # after it: kept for the next exec
@@ -54,15 +55,36 @@ def setup_scratch(run_dir, size: int, inodes: int, uid: int, gid: int, *,
     return scratch
 
 
-def mount_workspace(run_dir, path: str, writable: bool, uid: int, gid: int) -> str:
-    """An idmapped bind of the workspace (its owner shown as uid:gid; nosuid, nodev) at
-    `<run dir>/workspace`. Returns the mount point. Needs root. The caller's sandbox must
-    refuse set-id modes (see idmap.idmapped_bind's setid_blocked)."""
+def open_source(path: str, rule: str, *, directory: bool = False) -> int:
+    """An O_PATH fd of a host path the plan mounts (the workspace, a ro_bind), opened
+    without following a symbolic link at any component (hostpath.open_nofollow). The
+    tier mounts or grants this fd, never the name again: a path swapped for a link after
+    the policy was checked is refused here, and one swapped after this open does not
+    matter. The caller closes it."""
+    from ..hostpath import LinkInPath, open_nofollow
+
+    try:
+        return open_nofollow(path, directory=directory)
+    except LinkInPath as e:
+        raise SandboxSetupError(f"{path} has a symbolic link in it now ({e.link}; it had "
+                                f"none when the policy was checked), and corral follows "
+                                f"none; name the real path", step="open-host-path",
+                                errno=e.errno, field=rule) from None
+    except OSError as e:
+        raise SandboxSetupError(f"cannot open {path}: {e.strerror}", step="open-host-path",
+                                errno=e.errno, field=rule) from None
+
+
+def mount_workspace(run_dir, fd: int, writable: bool, uid: int, gid: int) -> str:
+    """An idmapped bind of the workspace opened as `fd` (open_source; its owner shown as
+    uid:gid; nosuid, nodev) at `<run dir>/workspace`, a path of corral's own that the
+    tier then binds by name. Returns the mount point. Needs root. The caller's sandbox
+    must refuse set-id modes (see idmap.idmapped_bind's setid_blocked)."""
     from .. import idmap
 
-    st = os.stat(path)
+    st = os.fstat(fd)
     mp = run_dir.sub("workspace", 0o755)
-    idmap.idmapped_bind(path, mp, uid_map=(st.st_uid, uid), gid_map=(st.st_gid, gid),
+    idmap.idmapped_bind(fd, mp, uid_map=(st.st_uid, uid), gid_map=(st.st_gid, gid),
                         readonly=not writable, setid_blocked=True)
     run_dir.mounts.append(mp)
     return mp

@@ -79,6 +79,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import time
 
 from .. import limits, rundir, seccomp
@@ -115,6 +116,7 @@ from .common import (
     egress_files,
     is_unenforced,
     mount_workspace,
+    open_source,
     run_cgroup,
     scratch_events,
     setup_scratch,
@@ -392,10 +394,18 @@ class GvisorSandbox:
         scratch = plan.find(Scratch)[0]
         self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
                                      self.gid, enforce=not self._unenforced(scratch))
+        # the workspace and ro_binds, each opened without following a symbolic link
+        # (common.open_source) and mounted from that fd at a path of the run dir, which
+        # the bundle names: runsc's gofer never looks up the user's path itself
         self.workspace_src = None
         for ws in plan.find(WorkspaceMount):
-            self.workspace_src = mount_workspace(self.dir, ws.path, ws.writable, self.uid,
-                                                 self.gid)
+            fd = open_source(ws.path, ws.rule, directory=True)
+            try:
+                self.workspace_src = mount_workspace(self.dir, fd, ws.writable, self.uid,
+                                                     self.gid)
+            finally:
+                os.close(fd)
+        self.bind_src = self._mount_binds()
         if plan.find(EgressProxy):
             self._setup_egress()
         self.rootfs = self._make_rootfs()
@@ -405,6 +415,32 @@ class GvisorSandbox:
 
     def _unenforced(self, op: Op) -> bool:
         return is_unenforced(self.events, op)
+
+    def _mount_binds(self) -> dict[str, str]:
+        """Each ro_bind, read-only, at `<run dir>/binds/N` (a directory or a file, as it
+        is): {host path: that mount point}."""
+        from .. import idmap
+
+        out: dict[str, str] = {}
+        binds = self.plan.find(ReadOnlyBind)
+        if not binds:
+            return out
+        base = self.dir.sub("binds", 0o755)
+        for i, op in enumerate(binds):
+            fd = open_source(op.path, op.rule)
+            try:
+                mp = os.path.join(base, str(i))
+                if stat.S_ISDIR(os.fstat(fd).st_mode):
+                    os.mkdir(mp, 0o755)
+                else:
+                    os.close(os.open(mp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC,
+                                     0o644))
+                idmap.readonly_bind(fd, mp, field=op.rule)
+                self.dir.mounts.append(mp)
+                out[op.path] = mp
+            finally:
+                os.close(fd)
+        return out
 
     def _setup_egress(self) -> None:
         """The run's CA (its key stays here and in the proxy) when secrets are granted, a
@@ -435,12 +471,17 @@ class GvisorSandbox:
         for d in BASE_DIRS:
             os.makedirs(os.path.join(root, d), 0o755, exist_ok=True)
         os.mkdir(os.path.join(root, "dev", "shm"), 0o755)
-        for op in self.plan.find(ReadOnlyBind):
-            dst = os.path.join(root, op.path.lstrip("/"))
+        # mount points of the binds and of a workspace at its host path (runsc makes those
+        # below /tmp and /scratch itself, in the sandbox's tmpfs mounted there)
+        for dest, src in [*((op.path, self.bind_src[op.path])
+                            for op in self.plan.find(ReadOnlyBind)),
+                          *((op.dest, self.workspace_src)
+                            for op in self.plan.find(WorkspaceMount) if op.dest != WORKSPACE)]:
+            dst = os.path.join(root, dest.lstrip("/"))
             if os.path.lexists(dst):
                 continue
             os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
-            if os.path.isdir(op.path):
+            if os.path.isdir(src):
                 os.mkdir(dst, 0o755)
             else:
                 open(dst, "w").close()
@@ -479,9 +520,9 @@ class GvisorSandbox:
                     bind(os.path.join(self.scratch, "tmp"), "/tmp", True)
                     bind(os.path.join(self.scratch, "shm"), "/dev/shm", True)
                 case WorkspaceMount():
-                    bind(self.workspace_src, WORKSPACE, op.writable)
+                    bind(self.workspace_src, op.dest, op.writable)
                 case ReadOnlyBind():
-                    bind(op.path, op.path)
+                    bind(self.bind_src[op.path], op.path)
                 case Environment():
                     # the proxy is at the veth's far end here, not on the loopback
                     from ..plan import PROXY_URL

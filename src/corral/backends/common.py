@@ -90,6 +90,32 @@ def mount_workspace(run_dir, fd: int, writable: bool, uid: int, gid: int) -> str
     return mp
 
 
+def explain_enoent(sb, argv: list[str], result, on_stderr):
+    """After an exec of argv failed with ENOENT (bwrap's execvp, runsc's load): if the
+    file exists and the interpreter its #! line names is what is missing inside, say so
+    (shebang.py; one more short exec in the same sandbox), as the result's stderr, exit
+    127. `result` may be None (gvisor: runsc failed before any Result): then a Result is
+    made only when there is something to say. Returns the result to report, or None."""
+    from ..result import Result
+    from ..shebang import explain
+
+    if getattr(sb, "_explaining", False):
+        return result          # the diagnosis itself failed: never explain it
+    sb._explaining = True
+    try:
+        why = explain(argv[0], lambda a: sb.exec(a, timeout=10.0))
+    finally:
+        sb._explaining = False
+    if why is None:
+        return result
+    if result is None:
+        result = Result(verdict="error", exit_code=127, signal=None, isolation=sb.backend.name)
+    if on_stderr is not None:
+        on_stderr((why + "\n").encode())
+    result.stderr, result.exit_code, result.verdict = why + "\n", 127, "error"
+    return result
+
+
 def scratch_events(scratch: str) -> list[dict]:
     """"limit" events for a full scratch tmpfs (bytes or inodes)."""
     try:

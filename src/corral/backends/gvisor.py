@@ -114,6 +114,7 @@ from ..supervise import decode_status, finish, kill_pid, spawn, supervise
 from .common import (
     destroy_cgroup,
     egress_files,
+    explain_enoent,
     is_unenforced,
     mount_workspace,
     open_source,
@@ -609,6 +610,16 @@ class GvisorSandbox:
         try:
             return self._exec(argv, cid, events, wall, cpu, cap, egress, net, stdin=stdin,
                               on_stdout=on_stdout, on_stderr=on_stderr)
+        except SandboxSetupError as e:
+            # runsc: "failed to load CMD: no such file or directory": a missing #! interpreter?
+            if e.step != "runsc" or not e.message.endswith(": no such file or directory") \
+                    or "failed to load " not in e.message:
+                raise
+            result = explain_enoent(self, argv, None, on_stderr)
+            if result is None:
+                raise
+            result.events = events
+            return result
         finally:
             if net is not None:
                 problems = net.close()

@@ -57,6 +57,7 @@ from ..supervise import decode_status, finish, kill_pid, spawn, supervise
 from .common import (
     POOL,
     egress_files,
+    explain_enoent,
     is_unenforced,
     keep_cgroup,
     mount_workspace,
@@ -75,6 +76,7 @@ from .etc import HOSTNAME, ensure_etc
 #: --die-with-parent holds whatever was written
 LINE_OPTIONS = ("--hostname", HOSTNAME, "--die-with-parent")
 ESRCH = 3
+ENOENT_TEXT = os.strerror(2)   # bwrap's "execvp CMD: No such file or directory"
 #: sandbox uids, when corral runs as root, are drawn from [UID_BASE, UID_BASE + UID_SPAN):
 #: far above any real account and any subuid range, one per sandbox
 UID_BASE = 1_500_000_000
@@ -504,9 +506,12 @@ class NamespaceSandbox:
                 events += [{"kind": "teardown", "message": p} for p in problems]
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
         events += scratch_events(self.scratch)
-        return finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
-                      oom_kills=oom_kills, wall=wall, cpu=cpu,
-                      memory=plan.find(MemoryLimit)[0].bytes, cap=cap, isolation="namespace")
+        result = finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
+                        oom_kills=oom_kills, wall=wall, cpu=cpu,
+                        memory=plan.find(MemoryLimit)[0].bytes, cap=cap, isolation="namespace")
+        if exit_code == 1 and result.stderr == f"bwrap: execvp {argv[0]}: {ENOENT_TEXT}\n":
+            result = explain_enoent(self, argv, result, on_stderr)   # a missing #! interpreter?
+        return result
 
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:

@@ -83,7 +83,7 @@ import math
 import os
 import time
 
-from .. import landlock, limits, rundir
+from .. import landlock, limits, rundir, shebang
 from .._sys import MS_NODEV, MS_NOSUID, _libc, mount, set_pdeathsig
 from ..errors import BackendUnavailable, SandboxSetupError
 from ..plan import (
@@ -862,7 +862,10 @@ class _Child:
         try:
             os.execvpe(self.argv[0], self.argv, self.env)
         except OSError as e:
-            msg = f"corral: cannot run {self.argv[0]}: {e.strerror}\n".encode()
+            why = shebang.explain_here(self.argv[0], self.env.get("PATH")) if isinstance(
+                e, FileNotFoundError) else None   # the file is there, its #! interpreter not?
+            msg = (f"{why}\n" if why else f"corral: cannot run {self.argv[0]}: "
+                                           f"{e.strerror}\n").encode()
             try:
                 os.write(2, msg)
             finally:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import stat
 import time
 
 from .._sys import MS_NODEV, MS_NOSUID, mount
@@ -88,6 +89,34 @@ def mount_workspace(run_dir, fd: int, writable: bool, uid: int, gid: int) -> str
                         readonly=not writable, setid_blocked=True)
     run_dir.mounts.append(mp)
     return mp
+
+
+def mount_binds(run_dir, binds: list) -> dict[str, str]:
+    """Each ReadOnlyBind op, opened with open_source() and mounted from that fd (read-only,
+    nosuid, nodev, recursive) at `<run dir>/binds/N`, a directory or a file as it is:
+    {host path: that mount point}. Needs root. The tier then binds the mount point, a path
+    of corral's own that the sandbox's unprivileged uid can reach whatever the modes of
+    the bind's parent directories (a checkout in a 0700 `mktemp -d`, say)."""
+    from .. import idmap
+
+    out: dict[str, str] = {}
+    if not binds:
+        return out
+    base = run_dir.sub("binds", 0o755)
+    for i, op in enumerate(binds):
+        fd = open_source(op.path, op.rule)
+        try:
+            mp = os.path.join(base, str(i))
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.mkdir(mp, 0o755)
+            else:
+                os.close(os.open(mp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+            idmap.readonly_bind(fd, mp, field=op.rule)
+            run_dir.mounts.append(mp)
+            out[op.path] = mp
+        finally:
+            os.close(fd)
+    return out
 
 
 def explain_enoent(sb, argv: list[str], result, on_stderr):

@@ -79,7 +79,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import time
 
 from .. import limits, rundir, seccomp
@@ -116,6 +115,7 @@ from .common import (
     egress_files,
     explain_enoent,
     is_unenforced,
+    mount_binds,
     mount_workspace,
     open_source,
     run_cgroup,
@@ -406,7 +406,7 @@ class GvisorSandbox:
                                                      self.gid)
             finally:
                 os.close(fd)
-        self.bind_src = self._mount_binds()
+        self.bind_src = mount_binds(self.dir, plan.find(ReadOnlyBind))
         if plan.find(EgressProxy):
             self._setup_egress()
         self.rootfs = self._make_rootfs()
@@ -416,32 +416,6 @@ class GvisorSandbox:
 
     def _unenforced(self, op: Op) -> bool:
         return is_unenforced(self.events, op)
-
-    def _mount_binds(self) -> dict[str, str]:
-        """Each ro_bind, read-only, at `<run dir>/binds/N` (a directory or a file, as it
-        is): {host path: that mount point}."""
-        from .. import idmap
-
-        out: dict[str, str] = {}
-        binds = self.plan.find(ReadOnlyBind)
-        if not binds:
-            return out
-        base = self.dir.sub("binds", 0o755)
-        for i, op in enumerate(binds):
-            fd = open_source(op.path, op.rule)
-            try:
-                mp = os.path.join(base, str(i))
-                if stat.S_ISDIR(os.fstat(fd).st_mode):
-                    os.mkdir(mp, 0o755)
-                else:
-                    os.close(os.open(mp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC,
-                                     0o644))
-                idmap.readonly_bind(fd, mp, field=op.rule)
-                self.dir.mounts.append(mp)
-                out[op.path] = mp
-            finally:
-                os.close(fd)
-        return out
 
     def _setup_egress(self) -> None:
         """The run's CA (its key stays here and in the proxy) when secrets are granted, a

@@ -6,7 +6,8 @@ Steps of one sandbox, in order (each names what enforces it):
     run's own unprivileged uid; /tmp and /dev/shm are directories of the same tmpfs
  3. the workspace, if any: an idmapped mount (owner -> the run's uid), nosuid, nodev, of
     the directory as opened without following a symbolic link (common.open_source); the
-    ro_binds opened the same way, for bwrap's --ro-bind-fd
+    ro_binds opened the same way and mounted read-only in the run dir (without root:
+    bwrap's --bind-fd / --ro-bind-fd of those fds)
  4. per exec: a cgroup (memory+swap, pids, cpu quota, cpu accounting), reused from earlier
     runs of this process when one with the same limits is idle (limits.py)
  5. bwrap starts as the run's uid (when corral is root) and builds user/mount/pid/net/uts/
@@ -60,6 +61,7 @@ from .common import (
     explain_enoent,
     is_unenforced,
     keep_cgroup,
+    mount_binds,
     mount_workspace,
     open_source,
     run_cgroup,
@@ -158,8 +160,8 @@ class NamespaceBackend:
                     "" if op.writable else ", read-only") + "; opened without following "
                     "a symbolic link, and that fd mounted")
             case ReadOnlyBind():
-                return "kernel", ("read-only bind mount (bwrap --ro-bind-fd) of the path "
-                                  "opened without following a symbolic link")
+                return "kernel", ("read-only bind mount of the path as opened without "
+                                  "following a symbolic link")
             case Environment():
                 return "supervisor", "only corral's base, env.pass and env.set"
             case NoNetwork():
@@ -266,12 +268,14 @@ class NamespaceSandbox:
         self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
                                      self.gid, enforce=self.root and not self._unenforced(scratch))
         # the workspace and ro_binds, each opened without following a symbolic link
-        # (common.open_source) and mounted from that fd: as root, an idmapped clone of the
-        # fd at a path of the run dir; else, and for ro_binds, bwrap's --bind-fd /
-        # --ro-bind-fd, which binds /proc/self/fd/N and dies if the mount is not the fd's
-        # inode. The fds stay open for the sandbox's life (each exec's bwrap gets them).
+        # (common.open_source) and mounted from that fd. As root: a clone of the fd's tree
+        # (idmapped for the workspace) mounted at a path of the run dir, which bwrap binds.
+        # Without root: bwrap's --bind-fd / --ro-bind-fd, which binds /proc/self/fd/N and
+        # dies if the mount is not the fd's inode; those fds stay open for the sandbox's
+        # life (each exec's bwrap gets them).
         self.workspace_src = None
         self.fds: dict[str, int] = {}
+        self.bind_src: dict[str, str] = {}
         for ws in plan.find(WorkspaceMount):
             fd = open_source(ws.path, ws.rule, directory=True)
             if self.root:  # seccomp.py's SETID rules keep set-id files out of it
@@ -282,8 +286,11 @@ class NamespaceSandbox:
                     os.close(fd)
             else:
                 self.fds[WORKSPACE_KEY] = fd
-        for op in plan.find(ReadOnlyBind):
-            self.fds[op.path] = open_source(op.path, op.rule)
+        if self.root:
+            self.bind_src = mount_binds(self.dir, plan.find(ReadOnlyBind))
+        else:
+            for op in plan.find(ReadOnlyBind):
+                self.fds[op.path] = open_source(op.path, op.rule)
         self.ca, self.ca_file, self.upstream_ca = egress_files(self.dir, self.granted,
                                                                self.upstream_ca)
         self.bpf = seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"))
@@ -336,7 +343,10 @@ class NamespaceSandbox:
                         a += ["--bind-fd" if op.writable else "--ro-bind-fd",
                               str(self.fds[WORKSPACE_KEY]), op.dest]
                 case ReadOnlyBind():
-                    a += ["--ro-bind-fd", str(self.fds[op.path]), op.path]
+                    if op.path in self.bind_src:     # mounted from its fd (root)
+                        a += ["--ro-bind", self.bind_src[op.path], op.path]
+                    else:
+                        a += ["--ro-bind-fd", str(self.fds[op.path]), op.path]
                 case Seccomp():
                     pass  # per exec: --seccomp on the gate pipe (exec())
                 case (Environment() | MemoryLimit() | PidsLimit() | CpuQuota() | CpuTime()

@@ -376,9 +376,8 @@ def _paths(raw: Any, path: str) -> tuple[str, ...]:
     out = []
     for i, p in enumerate(raw):
         f = f"{path}[{i}]"
-        check_host_path(p, f)
-        # the binds' order: as given; the plan mounts parents before what lies inside them
-        check_mount_dest(os.path.normpath(p), f, p, sealed=(*_SEALED, "/workspace"))
+        if isinstance(p, str) and p.startswith("/") and "\0" not in p:   # before it exists
+            check_mount_dest(os.path.normpath(p), f, p, sealed=(*_SEALED, "/workspace"))
         out.append(check_mount_source(p, f, "bound"))
     return tuple(out)
 

@@ -42,6 +42,7 @@ class Case:
     second: str | None = None        # a second run in a fresh sandbox (persistence)
     score: Callable | None = None    # score(obs) -> (contained: bool | None, reason)
     tty: bool = False                # run `corral run` (not --json) with a terminal as output
+    refused_by: str | None = None    # contained when corral refuses the policy: this field
     module: str = ""
 
 
@@ -63,6 +64,7 @@ def _check(mod, name: str) -> Case:
                 contained=mod.CONTAINED, policy=dict(getattr(mod, "POLICY", {})),
                 safety=tuple(getattr(mod, "SAFETY", ())), second=getattr(mod, "SECOND", None),
                 score=getattr(mod, "score", None), tty=bool(getattr(mod, "TTY", False)),
+                refused_by=getattr(mod, "REFUSED_BY", None),
                 module=name)
 
 

@@ -376,7 +376,8 @@ def _paths(raw: Any, path: str) -> tuple[str, ...]:
     out = []
     for i, p in enumerate(raw):
         f = f"{path}[{i}]"
-        if isinstance(p, str) and p.startswith("/") and "\0" not in p:   # before it exists
+        if isinstance(p, str) and p.startswith("/") and "\0" not in p and ".." not in \
+                p.split("/"):   # before whether it exists: /scratch need not, on the host
             check_mount_dest(os.path.normpath(p), f, p, sealed=(*_SEALED, "/workspace"))
         out.append(check_mount_source(p, f, "bound"))
     return tuple(out)

@@ -1,7 +1,8 @@
 """The corral demo: run an untrusted script that tries to steal secrets, reach the
 network, delete files and fork-bomb, and show each attempt contained.
 
-Run it with `bash scripts/demo.sh` (which sets everything up first)."""
+Run it with `bash scripts/demo.sh` (which sets everything up first), or
+`python3 examples/demo.py --corral PATH` with a corral installed elsewhere."""
 
 import json
 import os
@@ -15,14 +16,52 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CORRAL = os.path.join(os.path.dirname(HERE), ".venv", "bin", "corral")
 
 
+class Failed(Exception):
+    """corral itself refused or failed: its own message, shown as is."""
+
+
 def corral(*args, **kw):
     return subprocess.run([CORRAL, *args], capture_output=True, text=True, **kw)
 
 
+def run_json(*args, **kw) -> dict:
+    """`corral run --json ARGS`: the Result as a dict, or Failed with corral's own error."""
+    p = corral("run", "--json", *args, **kw)
+    try:
+        doc = json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        doc = None
+    if isinstance(doc, dict) and "verdict" in doc:
+        return doc
+    if isinstance(doc, dict) and "error" in doc:
+        e = doc["error"]
+        raise Failed(f"{e.get('field')}: {e.get('message')}" if e.get("field") else e.get("message"))
+    last = (p.stderr.strip().splitlines() or [f"no output, exit status {p.returncode}"])[-1]
+    raise Failed(last)
+
+
 def main() -> int:
+    global CORRAL
+    if sys.argv[1:2] == ["--corral"] and len(sys.argv) > 2:
+        CORRAL = sys.argv[2]
+    if not os.access(CORRAL, os.X_OK):
+        print(f"demo: {CORRAL} is not there; run bash scripts/demo.sh (it installs corral "
+              f"first) or pass --corral PATH")
+        return 1
+    try:
+        return demo()
+    except Failed as e:
+        print(f"demo: a corral run failed: corral: {e}")
+        return 1
+
+
+def demo() -> int:
     print("== corral doctor")
     doc = corral("doctor", "--json")
-    facts = json.loads(doc.stdout)
+    try:
+        facts = json.loads(doc.stdout)
+    except ValueError:
+        raise Failed((doc.stderr.strip().splitlines() or ["corral doctor gave no report"])[-1])
     print(corral("doctor").stdout)
     if facts["tiers"]["namespace"] is not True or "pids" not in facts["cgroups"]["usable"]:
         print("demo: the namespace tier or the pids cgroup is missing here; the demo needs "
@@ -33,9 +72,9 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="corral-demo-")
     canary = os.path.join(work, "canary")
     open(canary, "w").write("visible")
-    pre = corral("run", "--json", "--", "/bin/sh", "-c",
-                 f"test ! -e {canary} && ! touch /usr/.corral-preflight 2>/dev/null && echo isolated")
-    if "isolated" not in json.loads(pre.stdout).get("stdout", ""):
+    pre = run_json("--", "/bin/sh", "-c",
+                   f"test ! -e {canary} && ! touch /usr/.corral-preflight 2>/dev/null && echo isolated")
+    if "isolated" not in pre["stdout"]:
         print("demo: pre-flight failed: the sandbox can see or write host files; stopping.")
         return 1
 
@@ -53,12 +92,19 @@ def main() -> int:
 
     print("== corral run --pids 64 --memory 256M -- python3 untrusted.py")
     env = dict(os.environ, DEMO_SECRET_TOKEN="sk-demo-0123456789")
-    run = corral("run", "--json", "--pids", "64", "--memory", "256M", "--timeout", "20s",
-                 "--ro-bind", HERE, "--", "/usr/bin/python3", os.path.join(HERE, "untrusted.py"),
-                 home, project, str(port), env=env)
-    result = json.loads(run.stdout)
+    result = run_json("--pids", "64", "--memory", "256M", "--timeout", "20s",
+                      "--ro-bind", HERE, "--", "/usr/bin/python3",
+                      os.path.join(HERE, "untrusted.py"), home, project, str(port), env=env)
     contained = 0
-    lines = [json.loads(x) for x in result["stdout"].splitlines() if x.startswith("{")]
+    lines = []
+    for x in result["stdout"].splitlines():   # the script's report: one JSON object a line
+        try:
+            item = json.loads(x)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and isinstance(item.get("attempt"), str) and isinstance(
+                item.get("outcome"), str):
+            lines.append(item)
     for item in lines:
         allowed = "allowed" in item["attempt"]
         ok = item["outcome"].startswith("failed") != allowed
@@ -79,14 +125,12 @@ def main() -> int:
           f"events: {[e.get('limit') or e['kind'] for e in result['events']]}")
 
     print("== corral run --memory 128M -- python3 -c 'allocate 1 GiB'")
-    oom = corral("run", "--json", "--memory", "128M", "--", "/usr/bin/python3", "-c",
+    r = run_json("--memory", "128M", "--", "/usr/bin/python3", "-c",
                  "b = bytearray(1 << 30); print('allocated')")
-    r = json.loads(oom.stdout)
-    print(f"  verdict {r['verdict']} (exit status of corral: {oom.returncode})")
+    print(f"  verdict {r['verdict']} (exit code {r['exit_code']}, signal {r['signal']})")
     print("== corral run --timeout 1s -- sleep 100")
-    slow = corral("run", "--json", "--timeout", "1s", "--", "sleep", "100")
-    r2 = json.loads(slow.stdout)
-    print(f"  verdict {r2['verdict']} after {r2['usage']['wall_s']:.2f}s (exit status {slow.returncode})")
+    r2 = run_json("--timeout", "1s", "--", "sleep", "100")
+    print(f"  verdict {r2['verdict']} after {r2['usage']['wall_s']:.2f}s")
     shutil.rmtree(work)
     good = (contained == len(lines) and len(lines) >= 9 and intact and not backdoor
             and r["verdict"] == "oom" and r2["verdict"] == "timeout")

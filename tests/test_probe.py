@@ -113,6 +113,22 @@ def test_no_probe_line_is_inconclusive(runner):
     assert (cell.status, cell.contained) == ("inconclusive", None) and cell.failing
 
 
+def test_a_refused_policy_counts_only_for_the_field_the_case_names(runner):
+    """REFUSED_BY: corral refusing the case's policy on that field is containment (after a
+    control that works); a refusal on another field is a broken case, never contained."""
+    link = _case(policy={"filesystem": {"workspace": {"path": "{PROBE_ROOT}/workspace/sub"}}},
+                 code='read_file(".ssh/id_ed25519")', refused_by="filesystem.workspace.path",
+                 control={"where": "host", "code":
+                          'read_file(PROBE_ROOT + "/workspace/sub/.ssh/id_ed25519")'})
+    cell = runner.cell(link, "namespace")
+    assert (cell.status, cell.contained, cell.expected) == ("contained", True, True), cell.reason
+    assert "symbolic link" in cell.reason
+    other = _case(policy={"filesystem": {"ro_binds": ["{PROBE_ROOT}/workspace/sub"]}},
+                  code='read_file(".ssh/id_ed25519")', refused_by="filesystem.workspace.path")
+    cell = runner.cell(other, "namespace")
+    assert (cell.status, cell.contained) == ("invalid", None), cell.reason
+
+
 def test_safety_gate_scores_not_run_without_running(runner):
     gated = _case(code='open(MARKER, "w")', safety=("no_such_property",))
     cell = runner.cell(gated, "namespace")

@@ -25,7 +25,7 @@ RUN_USAGE = """\
 usage: corral run [--policy FILE] [--isolation T] [--timeout D] [--cpu-time D]
                   [--memory SIZE] [--cpus N] [--pids N] [--scratch-size SIZE]
                   [--output-limit SIZE] [--env NAME | --env NAME=VALUE]...
-                  [--workspace PATH[:ro|rw]] [--ro-bind PATH]... [--net none|allow]
+                  [--workspace PATH[:ro|rw][:same]] [--ro-bind PATH]... [--net none|allow]
                   [--allow-domain RULE]... [--deny-domain RULE]... [--allow-private CIDR]...
                   [--nameserver ADDR]... [--secret NAME=SOURCE@HOSTS[/TTL]]...
                   [-t|--tty] [--stdin] [--raw] [--json] -- CMD...
@@ -46,7 +46,9 @@ options (each overrides the policy file):
   --output-limit SIZE    bytes kept per stream                    [limits.output]
   --env NAME             pass the host variable NAME through      [env.pass]
   --env NAME=VALUE       set NAME in the sandbox                  [env.set]
-  --workspace PATH[:M]   mount PATH at /workspace, M = ro (default) or rw
+  --workspace PATH[:M][:same]
+                         mount PATH at /workspace (with :same at PATH itself) and work
+                         there, M = ro (default) or rw        [filesystem.workspace]
   --ro-bind PATH         show host PATH read-only at the same path [filesystem.ro_binds]
   --secret NAME=SOURCE@HOST[,HOST...][/TTL]
                          a credential grant: the sandbox sees a placeholder in $NAME, the
@@ -165,11 +167,13 @@ def parse_run_args(args: list[str], *, want_command: bool) -> RunArgs:
                 r.env_pass.append(v)
         elif name == "--workspace":
             v = value()
+            ws = r.overrides.setdefault("filesystem", {})["workspace"] = {}
+            if v.endswith(":same"):   # PATH[:MODE]:same -> mount_at = "same"
+                v, ws["mount_at"] = v[:-5], "same"
             path, mode = v, "ro"
             if v.endswith((":ro", ":rw")):
                 path, mode = v[:-3], v[-2:]
-            r.overrides.setdefault("filesystem", {})["workspace"] = {
-                "path": os.path.abspath(path), "mode": mode}
+            ws.update(path=os.path.abspath(path), mode=mode)
         elif name == "--net":
             r.overrides.setdefault("network", {})["mode"] = value()
         elif name in ("--allow-domain", "--deny-domain", "--allow-private", "--nameserver"):

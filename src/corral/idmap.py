@@ -64,7 +64,7 @@ import signal
 
 from corral.errors import SandboxSetupError
 
-__all__ = ["idmapped_bind", "supported", "unmount"]
+__all__ = ["idmapped_bind", "readonly_bind", "supported", "unmount"]
 
 STEP = "workspace-idmap"
 FIELD = "filesystem.workspace"
@@ -133,9 +133,15 @@ def _syscall(name: str, *args: object) -> int:
     return _check(_libc().syscall(ctypes.c_long(_NR[name]), *args), name)
 
 
-def _open_tree(path: str) -> int:
-    return _syscall("open_tree", ctypes.c_int(AT_FDCWD), os.fsencode(path),
-                    ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC))
+def _open_tree(src: str | int, flags: int = 0) -> int:
+    """A detached clone of the mount at src: a path, or an fd (an O_PATH fd opened without
+    following links, hostpath.open_nofollow: then no name is looked up here at all)."""
+    if isinstance(src, int):
+        return _syscall("open_tree", ctypes.c_int(src), b"",
+                        ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH
+                                      | flags))
+    return _syscall("open_tree", ctypes.c_int(AT_FDCWD), os.fsencode(src),
+                    ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | flags))
 
 
 def _set_idmap(tree_fd: int, userns_fd: int, attr_set: int) -> None:
@@ -205,6 +211,16 @@ def userns(uids: list[tuple[int, int]], gids: list[tuple[int, int]]) -> int:
             os.close(pidfd.value)
 
 
+def _name(src: str | int) -> str:
+    """A path, or what an fd's /proc link names (for messages: it is never opened)."""
+    if isinstance(src, str):
+        return src
+    try:
+        return os.readlink(f"/proc/self/fd/{src}")
+    except OSError:
+        return f"(fd {src})"
+
+
 def _fstype(path: str) -> str:
     """The filesystem type at path, from /proc/self/mountinfo; "" if unknown."""
     try:
@@ -260,13 +276,15 @@ def _error(e: OSError, call: str, src: str, x: int | None, readonly: bool | None
                              field=FIELD)
 
 
-def idmapped_bind(src: str, dst: str, *, uid_map: tuple[int, int],
+def idmapped_bind(src: str | int, dst: str, *, uid_map: tuple[int, int],
                   gid_map: tuple[int, int], readonly: bool,
                   setid_blocked: bool = False, check_owner: bool = True) -> None:
     """Mount src on dst (an existing empty directory) with uid_map[0] shown as uid_map[1]
     and gid_map[0] as gid_map[1]; nosuid, nodev, and read-only if readonly.
 
-    Typically uid_map = (st.st_uid, X) and gid_map = (st.st_gid, X) for st = os.stat(src).
+    src is a path or, better, an O_PATH fd opened without following links (corral's
+    tiers pass one: hostpath.open_nofollow), so the tree cloned is the one checked.
+    Typically uid_map = (st.st_uid, X) and gid_map = (st.st_gid, X) for st = os.fstat(fd).
     With check_owner (the default) the tree actually opened must be owned by uid_map[0]:
     gid_map[0], so a path swapped between the caller's stat and this call is refused. Raises SandboxSetupError(step="workspace-idmap") with a one-line fix on failure; on
     failure nothing is left mounted.
@@ -279,6 +297,7 @@ def idmapped_bind(src: str, dst: str, *, uid_map: tuple[int, int],
     refuses openat2 and io_uring.
     """
     x = uid_map[1]
+    name = _name(src)   # for messages only
     attr = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if readonly else 0)
     for pair in (uid_map, gid_map):
         if not all(isinstance(i, int) and 0 <= i < 0xFFFFFFFF for i in pair):
@@ -286,7 +305,7 @@ def idmapped_bind(src: str, dst: str, *, uid_map: tuple[int, int],
                                     step=STEP, field=FIELD)
     if not readonly and not setid_blocked and 0 in (uid_map[0], gid_map[0]):
         raise SandboxSetupError(
-            f"a read-write workspace owned by root (uid or gid 0: {src}) would let the sandbox leave "
+            f"a read-write workspace owned by root (uid or gid 0: {name}) would let the sandbox leave "
             "setuid-root files on the host; mount it ro, chown it to a non-root user, or "
             "block set-id modes in the sandbox's seccomp filter",
             step=STEP, errno=_errno.EPERM, field=FIELD)
@@ -294,13 +313,13 @@ def idmapped_bind(src: str, dst: str, *, uid_map: tuple[int, int],
     try:
         tree = _open_tree(src)
     except OSError as e:
-        raise _error(e, call, src, x, readonly) from None
+        raise _error(e, call, name, x, readonly) from None
     try:
         call = "fstat"
         st = os.fstat(tree)
         if check_owner and (st.st_uid, st.st_gid) != (uid_map[0], gid_map[0]):
             raise SandboxSetupError(
-                f"workspace {src} is owned by {st.st_uid}:{st.st_gid}, not "
+                f"workspace {name} is owned by {st.st_uid}:{st.st_gid}, not "
                 f"{uid_map[0]}:{gid_map[0]} as when it was checked; retry, and keep the path "
                 "stable while corral starts", step=STEP, errno=_errno.ESTALE, field=FIELD)
         call = "clone(CLONE_NEWUSER)"
@@ -316,9 +335,40 @@ def idmapped_bind(src: str, dst: str, *, uid_map: tuple[int, int],
         except OSError as e:
             raise _error(e, call, dst, x, readonly) from None
     except OSError as e:
-        raise _error(e, call, src, x, readonly) from None
+        raise _error(e, call, name, x, readonly) from None
     finally:
         os.close(tree)  # a detached tree that was never moved is freed here
+
+
+AT_RECURSIVE = 0x8000
+
+
+def readonly_bind(fd: int, dst: str, *, field: str) -> None:
+    """Mount the tree `fd` names (an O_PATH fd, hostpath.open_nofollow) on dst (an existing
+    empty directory or file), recursively, read-only, nosuid, nodev, with no id mapping:
+    a bind that never looks the source up by name (the gvisor tier's ro_binds; runsc then
+    binds dst, a path of corral's own). Raises SandboxSetupError; leaves nothing mounted
+    on failure."""
+    call = "open_tree"
+    try:
+        tree = _open_tree(fd, AT_RECURSIVE)
+    except OSError as e:
+        raise SandboxSetupError(f"cannot bind {_name(fd)}: {call}: {os.strerror(e.errno)}",
+                                step="ro-bind", errno=e.errno, field=field) from None
+    try:
+        call = "mount_setattr"
+        attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+        _syscall("mount_setattr", ctypes.c_int(tree), b"",
+                 ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), ctypes.byref(attr),
+                 ctypes.c_size_t(ctypes.sizeof(attr)))
+        call = "move_mount"
+        _move_mount(tree, dst)
+    except OSError as e:
+        raise SandboxSetupError(f"cannot bind {_name(fd)} on {dst}: {call}: "
+                                f"{os.strerror(e.errno)}", step="ro-bind", errno=e.errno,
+                                field=field) from None
+    finally:
+        os.close(tree)
 
 
 def unmount(dst: str) -> None:

@@ -174,14 +174,20 @@ class Ruleset:
         #: (path, rights actually granted) of every rule added, for explain and tests
         self.rules: list[tuple[str, int]] = []
 
-    def allow_path(self, path: str, access: int) -> bool:
+    def allow_path(self, path: str | int, access: int) -> bool:
         """Allow `access` beneath `path` (a directory) or on it (a file; only FILE_RIGHTS
         apply there). Rights this ABI does not know are dropped. A missing path is skipped:
-        returns False. Symlinks are followed: the rule lands on their target."""
-        try:
-            pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return False
+        returns False. Symlinks are followed: the rule lands on their target. `path` may be
+        an open (O_PATH) fd instead: the rule lands on what it names, with no lookup (the
+        caller keeps the fd)."""
+        if isinstance(path, int):
+            pfd = os.dup(path)
+            path = f"(fd {path})"
+        else:
+            try:
+                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return False
         try:
             import stat
 

@@ -54,12 +54,13 @@ class Scratch(Op):
 
 
 class WorkspaceMount(Op):
-    path: str
+    path: str            # on the host (no symbolic link in it: see hostpath.py)
     writable: bool
+    dest: str = WORKSPACE   # inside the sandbox: /workspace, or `path` (mount_at = "same")
 
 
 class ReadOnlyBind(Op):
-    path: str
+    path: str            # on the host and inside the sandbox
 
 
 class Environment(Op):
@@ -157,9 +158,25 @@ def build_plan(policy: Policy, host_env: dict[str, str]) -> Plan:
     ops.append(Environment(rule="env", env=tuple(
         policy.sandbox_env(host_env, extra_env).items())))
     ws = policy.filesystem.workspace
+    binds: list[Op] = [ReadOnlyBind(rule="filesystem.ro_binds", path=p)
+                       for p in policy.filesystem.ro_binds]
     if ws is not None:
-        ops.append(WorkspaceMount(rule="filesystem.workspace", path=ws.path,
-                                  writable=ws.mode == "rw"))
-    ops += [ReadOnlyBind(rule="filesystem.ro_binds", path=p) for p in policy.filesystem.ro_binds]
-    return Plan(tier=policy.isolation, ops=tuple(ops), cwd=WORKSPACE if ws else SCRATCH,
+        binds.append(WorkspaceMount(rule="filesystem.workspace", path=ws.path,
+                                    writable=ws.mode == "rw",
+                                    dest=ws_dest(ws)))
+    # a mount lands on top of whatever is at its path: the outer ones first, so a ro_bind
+    # inside a workspace at its host path stays read-only, and a workspace inside a
+    # ro_bind stays visible (stable: at the same path the workspace comes last and wins)
+    binds.sort(key=lambda op: len(_dest(op).rstrip("/").split("/")))
+    ops += binds
+    return Plan(tier=policy.isolation, ops=tuple(ops), cwd=ws_dest(ws) if ws else SCRATCH,
                 explicit=policy.explicit)
+
+
+def _dest(op: Op) -> str:
+    return op.dest if isinstance(op, WorkspaceMount) else op.path
+
+
+def ws_dest(ws) -> str:
+    """Where a policy's workspace is inside the sandbox."""
+    return ws.path if ws.mount_at == "same" else WORKSPACE

@@ -464,15 +464,15 @@ def exec_failure(name: str, errno: int, interpreter: str | None = None) -> tuple
     the sandbox: the one place, for every tier, that turns an exec failure into words.
 
      - ENOENT/ENOTDIR, no interpreter: 127, "command not found inside the sandbox"
-     - ENOENT for a file whose #! line names an interpreter the sandbox lacks: 126 (the
-       file is there, as a shell says for a bad interpreter), naming both
+     - ENOENT for a file whose #! line names an interpreter the sandbox lacks: 127, as
+       bash and dash give for it, naming both
      - anything else (EACCES: not executable, a directory, a noexec mount; ENOEXEC): 126
     `name` (the caller's argv[0]) and `interpreter` (from a file of the sandbox: hostile)
     are shown escaped and cut short."""
     shown = _printable(name)
     if errno in (ENOENT, ENOTDIR):
         if interpreter:
-            return CANNOT_EXECUTE, (f"corral: {shown}: its interpreter "
+            return NOT_FOUND, (f"corral: {shown}: its interpreter "
                                     f"{_printable(interpreter)} is missing inside the sandbox")
         return NOT_FOUND, f"corral: command not found inside the sandbox: {shown}"
     why = os.strerror(errno) if errno else "exec failed"

@@ -1,7 +1,8 @@
 """Host-side pieces of a sandbox that more than one tier builds the same way.
 
     scratch = setup_scratch(run_dir, size, inodes, uid, gid, enforce=True)
-    src = mount_workspace(run_dir, ws.path, ws.writable, uid, gid)   # owner -> uid:gid
+    fd = open_source(ws.path, ws.rule, directory=True)   # no symbolic link followed
+    src = mount_workspace(run_dir, fd, ws.writable, uid, gid)   # owner -> uid:gid
     events += scratch_events(scratch)                    # after a run: was it full?
     cg = run_cgroup(run_dir, run_id, plan, events, kept=own)   # per exec: the limits' cgroup
     problems = keep_cgroup(cg, own)                      # after it: kept for the next exec
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import stat
 import time
 
 from .._sys import MS_NODEV, MS_NOSUID, mount
@@ -54,18 +56,67 @@ def setup_scratch(run_dir, size: int, inodes: int, uid: int, gid: int, *,
     return scratch
 
 
-def mount_workspace(run_dir, path: str, writable: bool, uid: int, gid: int) -> str:
-    """An idmapped bind of the workspace (its owner shown as uid:gid; nosuid, nodev) at
-    `<run dir>/workspace`. Returns the mount point. Needs root. The caller's sandbox must
-    refuse set-id modes (see idmap.idmapped_bind's setid_blocked)."""
+def open_source(path: str, rule: str, *, directory: bool = False) -> int:
+    """An O_PATH fd of a host path the plan mounts (the workspace, a ro_bind), opened
+    without following a symbolic link at any component (hostpath.open_nofollow). The
+    tier mounts or grants this fd, never the name again: a path swapped for a link after
+    the policy was checked is refused here, and one swapped after this open does not
+    matter. The caller closes it."""
+    from ..hostpath import LinkInPath, open_nofollow
+
+    try:
+        return open_nofollow(path, directory=directory)
+    except LinkInPath as e:
+        raise SandboxSetupError(f"{path} has a symbolic link in it now ({e.link}; it had "
+                                f"none when the policy was checked), and corral follows "
+                                f"none; name the real path", step="open-host-path",
+                                errno=e.errno, field=rule) from None
+    except OSError as e:
+        raise SandboxSetupError(f"cannot open {path}: {e.strerror}", step="open-host-path",
+                                errno=e.errno, field=rule) from None
+
+
+def mount_workspace(run_dir, fd: int, writable: bool, uid: int, gid: int) -> str:
+    """An idmapped bind of the workspace opened as `fd` (open_source; its owner shown as
+    uid:gid; nosuid, nodev) at `<run dir>/workspace`, a path of corral's own that the
+    tier then binds by name. Returns the mount point. Needs root. The caller's sandbox
+    must refuse set-id modes (see idmap.idmapped_bind's setid_blocked)."""
     from .. import idmap
 
-    st = os.stat(path)
+    st = os.fstat(fd)
     mp = run_dir.sub("workspace", 0o755)
-    idmap.idmapped_bind(path, mp, uid_map=(st.st_uid, uid), gid_map=(st.st_gid, gid),
+    idmap.idmapped_bind(fd, mp, uid_map=(st.st_uid, uid), gid_map=(st.st_gid, gid),
                         readonly=not writable, setid_blocked=True)
     run_dir.mounts.append(mp)
     return mp
+
+
+def mount_binds(run_dir, binds: list) -> dict[str, str]:
+    """Each ReadOnlyBind op, opened with open_source() and mounted from that fd (read-only,
+    nosuid, nodev, recursive) at `<run dir>/binds/N`, a directory or a file as it is:
+    {host path: that mount point}. Needs root. The tier then binds the mount point, a path
+    of corral's own that the sandbox's unprivileged uid can reach whatever the modes of
+    the bind's parent directories (a checkout in a 0700 `mktemp -d`, say)."""
+    from .. import idmap
+
+    out: dict[str, str] = {}
+    if not binds:
+        return out
+    base = run_dir.sub("binds", 0o755)
+    for i, op in enumerate(binds):
+        fd = open_source(op.path, op.rule)
+        try:
+            mp = os.path.join(base, str(i))
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.mkdir(mp, 0o755)
+            else:
+                os.close(os.open(mp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+            idmap.readonly_bind(fd, mp, field=op.rule)
+            run_dir.mounts.append(mp)
+            out[op.path] = mp
+        finally:
+            os.close(fd)
+    return out
 
 
 def scratch_events(scratch: str) -> list[dict]:

@@ -128,7 +128,9 @@ from .common import (
     egress_files,
     interpreter_inside,
     is_unenforced,
+    mount_binds,
     mount_workspace,
+    open_source,
     run_cgroup,
     scratch_events,
     setup_scratch,
@@ -413,10 +415,18 @@ class GvisorSandbox:
         scratch = plan.find(Scratch)[0]
         self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
                                      self.gid, enforce=not self._unenforced(scratch))
+        # the workspace and ro_binds, each opened without following a symbolic link
+        # (common.open_source) and mounted from that fd at a path of the run dir, which
+        # the bundle names: runsc's gofer never looks up the user's path itself
         self.workspace_src = None
         for ws in plan.find(WorkspaceMount):
-            self.workspace_src = mount_workspace(self.dir, ws.path, ws.writable, self.uid,
-                                                 self.gid)
+            fd = open_source(ws.path, ws.rule, directory=True)
+            try:
+                self.workspace_src = mount_workspace(self.dir, fd, ws.writable, self.uid,
+                                                     self.gid)
+            finally:
+                os.close(fd)
+        self.bind_src = mount_binds(self.dir, plan.find(ReadOnlyBind))
         if plan.find(EgressProxy):
             self._setup_egress()
         self.rootfs = self._make_rootfs()
@@ -458,12 +468,17 @@ class GvisorSandbox:
         for d in BASE_DIRS:
             os.makedirs(os.path.join(root, d), 0o755, exist_ok=True)
         os.mkdir(os.path.join(root, "dev", "shm"), 0o755)
-        for op in self.plan.find(ReadOnlyBind):
-            dst = os.path.join(root, op.path.lstrip("/"))
+        # mount points of the binds and of a workspace at its host path (runsc makes those
+        # below /tmp and /scratch itself, in the sandbox's tmpfs mounted there)
+        for dest, src in [*((op.path, self.bind_src[op.path])
+                            for op in self.plan.find(ReadOnlyBind)),
+                          *((op.dest, self.workspace_src)
+                            for op in self.plan.find(WorkspaceMount) if op.dest != WORKSPACE)]:
+            dst = os.path.join(root, dest.lstrip("/"))
             if os.path.lexists(dst):
                 continue
             os.makedirs(os.path.dirname(dst), 0o755, exist_ok=True)
-            if os.path.isdir(op.path):
+            if os.path.isdir(src):
                 os.mkdir(dst, 0o755)
             else:
                 open(dst, "w").close()
@@ -502,9 +517,9 @@ class GvisorSandbox:
                     bind(os.path.join(self.scratch, "tmp"), "/tmp", True)
                     bind(os.path.join(self.scratch, "shm"), "/dev/shm", True)
                 case WorkspaceMount():
-                    bind(self.workspace_src, WORKSPACE, op.writable)
+                    bind(self.workspace_src, op.dest, op.writable)
                 case ReadOnlyBind():
-                    bind(op.path, op.path)
+                    bind(self.bind_src[op.path], op.path)
                 case Environment():
                     # the proxy is at the veth's far end here, not on the loopback
                     from ..plan import PROXY_URL

@@ -4,7 +4,10 @@ Steps of one sandbox, in order (each names what enforces it):
  1. a run directory on the host, locked for the supervisor's life (rundir.py)
  2. /scratch: a tmpfs mounted by corral on the host with size= and nr_inodes=, owned by the
     run's own unprivileged uid; /tmp and /dev/shm are directories of the same tmpfs
- 3. the workspace, if any: an idmapped mount (owner -> the run's uid), nosuid, nodev
+ 3. the workspace, if any: an idmapped mount (owner -> the run's uid), nosuid, nodev, of
+    the directory as opened without following a symbolic link (common.open_source); the
+    ro_binds opened the same way and mounted read-only in the run dir (without root:
+    bwrap's --bind-fd / --ro-bind-fd of those fds)
  4. per exec: a cgroup (memory+swap, pids, cpu quota, cpu accounting), reused from earlier
     runs of this process when one with the same limits is idle (limits.py)
  5. bwrap starts as the run's uid (when corral is root) and builds user/mount/pid/net/uts/
@@ -31,7 +34,6 @@ from ..errors import BackendUnavailable, SandboxSetupError
 from ..plan import (
     SCRATCH,
     SYSTEM_PATHS,
-    WORKSPACE,
     CpuQuota,
     CpuTime,
     EgressProxy,
@@ -69,7 +71,9 @@ from .common import (
     interpreter_inside,
     is_unenforced,
     keep_cgroup,
+    mount_binds,
     mount_workspace,
+    open_source,
     run_cgroup,
     scratch_events,
     setup_scratch,
@@ -84,12 +88,15 @@ from .etc import HOSTNAME, ensure_etc
 #: --die-with-parent holds whatever was written
 LINE_OPTIONS = ("--hostname", HOSTNAME, "--die-with-parent")
 ESRCH = 3
+ENOENT_TEXT = os.strerror(2)   # bwrap's "execvp CMD: No such file or directory"
 #: sandbox uids, when corral runs as root, are drawn from [UID_BASE, UID_BASE + UID_SPAN):
 #: far above any real account and any subuid range, one per sandbox
 UID_BASE = 1_500_000_000
 UID_SPAN = 1 << 20
 #: what gives a tty exec's command its controlling terminal (see NamespaceSandbox._tty)
 SETSID = "/usr/bin/setsid"
+#: NamespaceSandbox.fds' key of the workspace's fd (the others are ro_binds' paths)
+WORKSPACE_KEY = ""
 def find_bwrap() -> str | None:
     for d in ("/usr/bin", "/usr/local/bin", "/bin"):
         p = os.path.join(d, "bwrap")
@@ -161,10 +168,12 @@ class NamespaceBackend:
             case Scratch():
                 return "kernel", "tmpfs with size= and nr_inodes=, /tmp and /dev/shm on it"
             case WorkspaceMount():
-                return "kernel", "idmapped bind mount, nosuid, nodev" + (
-                    "" if op.writable else ", read-only")
+                return "kernel", ("idmapped bind mount at " + op.dest + ", nosuid, nodev" + (
+                    "" if op.writable else ", read-only") + "; opened without following "
+                    "a symbolic link, and that fd mounted")
             case ReadOnlyBind():
-                return "kernel", "read-only bind mount"
+                return "kernel", ("read-only bind mount of the path as opened without "
+                                  "following a symbolic link")
             case Environment():
                 return "supervisor", "only corral's base, env.pass and env.set"
             case NoNetwork():
@@ -270,12 +279,30 @@ class NamespaceSandbox:
         scratch = plan.find(Scratch)[0]
         self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
                                      self.gid, enforce=self.root and not self._unenforced(scratch))
+        # the workspace and ro_binds, each opened without following a symbolic link
+        # (common.open_source) and mounted from that fd. As root: a clone of the fd's tree
+        # (idmapped for the workspace) mounted at a path of the run dir, which bwrap binds.
+        # Without root: bwrap's --bind-fd / --ro-bind-fd, which binds /proc/self/fd/N and
+        # dies if the mount is not the fd's inode; those fds stay open for the sandbox's
+        # life (each exec's bwrap gets them).
         self.workspace_src = None
+        self.fds: dict[str, int] = {}
+        self.bind_src: dict[str, str] = {}
         for ws in plan.find(WorkspaceMount):
-            self.workspace_src = ws.path
+            fd = open_source(ws.path, ws.rule, directory=True)
             if self.root:  # seccomp.py's SETID rules keep set-id files out of it
-                self.workspace_src = mount_workspace(self.dir, ws.path, ws.writable, self.uid,
-                                                     self.gid)
+                try:
+                    self.workspace_src = mount_workspace(self.dir, fd, ws.writable, self.uid,
+                                                         self.gid)
+                finally:
+                    os.close(fd)
+            else:
+                self.fds[WORKSPACE_KEY] = fd
+        if self.root:
+            self.bind_src = mount_binds(self.dir, plan.find(ReadOnlyBind))
+        else:
+            for op in plan.find(ReadOnlyBind):
+                self.fds[op.path] = open_source(op.path, op.rule)
         self.ca, self.ca_file, self.upstream_ca = egress_files(self.dir, self.granted,
                                                                self.upstream_ca)
         self.bpf = seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"))
@@ -321,10 +348,17 @@ class NamespaceSandbox:
                           "--bind", os.path.join(self.scratch, "tmp"), "/tmp",
                           "--bind", os.path.join(self.scratch, "shm"), "/dev/shm"]
                 case WorkspaceMount():
-                    a += ["--bind" if op.writable else "--ro-bind", self.workspace_src,
-                          WORKSPACE]
+                    if self.workspace_src is not None:   # the idmapped mount (root)
+                        a += ["--bind" if op.writable else "--ro-bind", self.workspace_src,
+                              op.dest]
+                    else:
+                        a += ["--bind-fd" if op.writable else "--ro-bind-fd",
+                              str(self.fds[WORKSPACE_KEY]), op.dest]
                 case ReadOnlyBind():
-                    a += ["--ro-bind", op.path, op.path]
+                    if op.path in self.bind_src:     # mounted from its fd (root)
+                        a += ["--ro-bind", self.bind_src[op.path], op.path]
+                    else:
+                        a += ["--ro-bind-fd", str(self.fds[op.path]), op.path]
                 case Seccomp():
                     pass  # per exec: --seccomp on the gate pipe (exec())
                 case (Environment() | MemoryLimit() | PidsLimit() | CpuQuota() | CpuTime()
@@ -411,7 +445,7 @@ class NamespaceSandbox:
             try:
                 pid, out_r, err_r = spawn(
                     line[0], line, env,
-                    stdin_fd=stdin_fd, pass_fds=tuple(theirs),
+                    stdin_fd=stdin_fd, pass_fds=(*theirs, *self.fds.values()),
                     uid=uid if self.root else None, gid=gid if self.root else None,
                     stdout_fd=stdin if tty is not None else None)
             except BaseException:
@@ -562,6 +596,9 @@ class NamespaceSandbox:
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:
         problems: list[str] = []
+        for fd in getattr(self, "fds", {}).values():
+            os.close(fd)
+        self.fds = {}
         if getattr(self, "dir", None) is not None:
             kept, self._cgroups = self._cgroups, []
             POOL.note(kept)                 # recorded there before this run dir goes

@@ -128,6 +128,7 @@ from ..supervise import (
 from .common import (
     egress_files,
     is_unenforced,
+    open_source,
     run_cgroup,
     scratch_events,
     start_proxy,
@@ -480,6 +481,16 @@ class ProcessSandbox:
         ws = plan.find(WorkspaceMount)
         self.workspace = ws[0].path if ws else None
         self.cwd = self.workspace or self.home
+        # the workspace and ro_binds, each opened without following a symbolic link
+        # (common.open_source): the Landlock rules land on these fds' inodes and the
+        # command's cwd is the workspace's fd, so a path swapped later for a link grants
+        # nothing (its target is not beneath any rule)
+        self.fds: dict[str, int] = {}
+        for op in ws:
+            self.fds[op.path] = open_source(op.path, op.rule, directory=True)
+        for op in plan.find(ReadOnlyBind):
+            self.fds.setdefault(op.path, open_source(op.path, op.rule))
+        self.cwd_fd = self.fds[self.workspace] if self.workspace else None
         if self.egress:
             self._setup_egress()
         self.env = self._env()
@@ -541,10 +552,10 @@ class ProcessSandbox:
                 rs.allow_path(p, rights)
             rs.allow_path(self.scratch, landlock.WRITE_TREE)
             for op in self.plan.find(WorkspaceMount):
-                rs.allow_path(op.path, landlock.WRITE_TREE if op.writable
+                rs.allow_path(self.fds[op.path], landlock.WRITE_TREE if op.writable
                               else landlock.READ_EXEC)
             for op in self.plan.find(ReadOnlyBind):
-                rs.allow_path(op.path, landlock.READ_EXEC)
+                rs.allow_path(self.fds[op.path], landlock.READ_EXEC)
             if self.ca_file:
                 rs.allow_path(self.ca_file, landlock.FS_READ_FILE)
             # with TCP handled (ABI 4+), every bind and every connect but to the proxy's
@@ -586,7 +597,8 @@ class ProcessSandbox:
                 net = _Egress(self, run_id, cg)
                 attach += net.attach
                 env, ruleset = self._env_for_proxy(net.port), net.ruleset
-            child = _Child(argv=list(argv), env=env, cwd=self.cwd, attach=attach,
+            child = _Child(argv=list(argv), env=env, cwd=self.cwd, cwd_fd=self.cwd_fd,
+                           attach=attach,
                            nofile=rl["nofile"], fsize=rl["fsize"],
                            cpu_seconds=math.ceil(cpu) + 1, nproc=nproc,
                            uid=self.uid, gid=self.gid, root=self.root,
@@ -686,6 +698,9 @@ class ProcessSandbox:
         if self._ruleset is not None:
             self._ruleset.close()
             self._ruleset = None
+        for fd in getattr(self, "fds", {}).values():
+            os.close(fd)
+        self.fds = {}
         if self.root and getattr(self, "uid", None):
             _kill_uid(self.uid)  # belt and braces: the uid is this sandbox's alone
             if self.egress and getattr(self, "proxy_uid", None):
@@ -880,7 +895,10 @@ class _Child:
         set_pdeathsig(SIGKILL)
         if os.getppid() != reaper:
             os._exit(125)
-        os.chdir(self.cwd)
+        if self.cwd_fd is not None:
+            os.fchdir(self.cwd_fd)   # the workspace as opened, not its name again
+        else:
+            os.chdir(self.cwd)
         self.seccomp.no_new_privs()
         landlock.restrict_self(self.ruleset_fd)
         self.seccomp.load()

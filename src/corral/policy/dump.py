@@ -31,7 +31,8 @@ def format_value(spec: Spec, value) -> str:
     if spec.kind == "file":
         return _s(value)
     if spec.kind == "workspace":
-        return f"{{ path = {_s(value.path)}, mode = {_s(value.mode)} }}"
+        return (f"{{ path = {_s(value.path)}, mode = {_s(value.mode)}, "
+                f"mount_at = {_s(value.mount_at)} }}")
     raise AssertionError(spec.kind)
 
 

@@ -28,6 +28,7 @@ from .schema import (
     Spec,
     Workspace,
 )
+from .schema import WORKSPACE_AT
 from .units import parse_duration, parse_size
 
 _NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
@@ -37,8 +38,12 @@ _NAME_CHARS = _NAME_START | frozenset("0123456789")
 def _is_env_name(name: object) -> bool:
     return (isinstance(name, str) and name != "" and name[0] in _NAME_START
             and all(c in _NAME_CHARS for c in name))
-#: paths inside the sandbox that corral builds itself; a bind may not cover them
-_RESERVED = ("/proc", "/dev", "/scratch", "/workspace", "/tmp", "/etc", "/sys")
+#: paths inside the sandbox that corral builds itself: a bind or workspace may not replace
+#: one. A path *below* /tmp or /scratch is fine (it is mounted on top of the sandbox's own
+#: tmpfs, at the same path); below the SEALED ones it is not (the host's kernel trees stay
+#: hidden, /etc is corral's minimal one, /workspace holds the workspace)
+_BUILT = ("/", "/tmp", "/proc", "/dev", "/sys", "/etc", "/scratch", "/workspace")
+_SEALED = ("/proc", "/dev", "/sys", "/etc")
 def _keys_below(prefix: str) -> set[str]:
     """The keys directly below a table path: limits -> memory, ...; network -> budget, ..."""
     return {f.path[len(prefix) + 1:].split(".")[0] for f in FIELDS
@@ -134,6 +139,12 @@ def policy_from_dict(data: dict, *, allow_literal: bool = True) -> Policy:
         explicit=frozenset(explicit | ({"secrets"} if data.get("secrets") else set())),
     )
     _check_network(policy)
+    ws = policy.filesystem.workspace
+    if ws is not None and ws.mount_at == "same" and ws.path in policy.filesystem.ro_binds:
+        i = policy.filesystem.ro_binds.index(ws.path)
+        raise PolicyError(f"{ws.path!r} is the workspace itself (mount_at = \"same\"); "
+                          f"drop it from ro_binds or mount the workspace ro",
+                          field=f"filesystem.ro_binds[{i}]")
     return policy
 
 
@@ -326,21 +337,49 @@ def check_host_path(raw: Any, field: str) -> str:
     return real
 
 
+def check_mount_source(raw: Any, field: str, what: str) -> str:
+    """check_host_path() for a path corral mounts (the workspace, a bind): not a system
+    tree, and no symbolic link at any component (corral never follows one: see
+    hostpath.py; the sandbox builder opens the path again without following any)."""
+    from ..hostpath import SYSTEM_TREES, first_link
+
+    real = check_host_path(raw, field)
+    path = os.path.normpath(raw)
+    if real != path:
+        link, target = first_link(path) or (path, real)
+        raise PolicyError(f"{raw!r} has a symbolic link in it ({link} -> {target}), and "
+                          f"corral follows none; name the real path", field=field)
+    if path in SYSTEM_TREES:
+        raise PolicyError(f"{raw!r} is {'the host root, ' if path == '/' else ''}a system "
+                          f"tree, which is never {what} as a whole "
+                          f"({', '.join(SYSTEM_TREES)}); name a directory inside it",
+                          field=field)
+    return real
+
+
+def check_mount_dest(dest: str, field: str, raw: str, *, sealed=_SEALED) -> None:
+    """A path inside the sandbox where a host path is mounted must not replace a path
+    corral builds itself (_BUILT) nor lie inside a sealed one."""
+    if dest in _BUILT:
+        raise PolicyError(f"{raw!r} would replace the sandbox's own {dest} (corral builds "
+                          f"{', '.join(_BUILT)} itself); mount something else or a "
+                          f"directory inside it", field=field)
+    for r in sealed:
+        if dest.startswith(r + "/"):
+            raise PolicyError(f"{raw!r} lies inside {r}, which corral builds itself (the "
+                              f"host's {r} stays hidden); mount something else", field=field)
+
+
 def _paths(raw: Any, path: str) -> tuple[str, ...]:
     if not isinstance(raw, (list, tuple)):
         raise ValueError("expected a list of absolute paths")
     out = []
     for i, p in enumerate(raw):
         f = f"{path}[{i}]"
-        real = check_host_path(p, f)
-        dest = os.path.normpath(p)
-        if dest == "/" or any(dest == r or dest.startswith(r + "/") for r in _RESERVED):
-            raise PolicyError(f"{p!r} would cover a path corral builds itself "
-                              f"({', '.join(_RESERVED)}); bind something else", field=f)
-        if real != dest:
-            raise PolicyError(f"{p!r} is a symbolic link to {real!r}; name the real path",
-                              field=f)
-        out.append(real)
+        if isinstance(p, str) and p.startswith("/") and "\0" not in p and ".." not in \
+                p.split("/"):   # before whether it exists: /scratch need not, on the host
+            check_mount_dest(os.path.normpath(p), f, p, sealed=(*_SEALED, "/workspace"))
+        out.append(check_mount_source(p, f, "bound"))
     return tuple(out)
 
 
@@ -376,20 +415,25 @@ def _workspace(raw: Any, path: str) -> Workspace | None:
     if not isinstance(raw, dict):
         raise ValueError("expected { path = \"/abs/dir\", mode = \"ro\" | \"rw\" }")
     for k in raw:
-        if k not in ("path", "mode"):
-            raise PolicyError(_unknown(k, ("path", "mode")), field=f"{path}.{k}")
+        if k not in ("path", "mode", "mount_at"):
+            raise PolicyError(_unknown(k, ("path", "mode", "mount_at")), field=f"{path}.{k}")
     if "path" not in raw:
         raise PolicyError("missing path; write { path = \"/abs/dir\" }", field=f"{path}.path")
-    real = check_host_path(raw["path"], f"{path}.path")
+    mount_at = raw.get("mount_at", WORKSPACE_AT)
+    if mount_at not in (WORKSPACE_AT, "same"):
+        raise PolicyError(f"{mount_at!r} is not a place; use \"{WORKSPACE_AT}\" (the "
+                          f"default) or \"same\" (its host path)", field=f"{path}.mount_at")
+    field = f"{path}.path"
+    real = check_host_path(raw["path"], field)
     if not os.path.isdir(real):
-        raise PolicyError(f"{raw['path']!r} is not a directory", field=f"{path}.path")
-    if real == "/":
-        raise PolicyError("the host root cannot be a workspace; name a project directory",
-                          field=f"{path}.path")
+        raise PolicyError(f"{raw['path']!r} is not a directory", field=field)
+    real = check_mount_source(raw["path"], field, "a workspace")
+    if mount_at == "same":
+        check_mount_dest(real, field, raw["path"])
     mode = raw.get("mode", "ro")
     if mode not in ("ro", "rw"):
         raise PolicyError(f"{mode!r} is not a mode; use \"ro\" or \"rw\"", field=f"{path}.mode")
-    return Workspace(path=real, mode=mode)
+    return Workspace(path=real, mode=mode, mount_at=mount_at)
 
 
 _CONVERTERS = {

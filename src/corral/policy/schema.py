@@ -43,13 +43,18 @@ class Limits(Record):
     file_size: int = 128 * MiB     # RLIMIT_FSIZE: largest file a process may write
 
 
+#: where the workspace is mounted by default; mount_at = "same" mounts it at its host path
+WORKSPACE_AT = "/workspace"
+
+
 class Workspace(Record):
-    path: str                      # absolute host path, resolved, a directory
+    path: str                      # absolute host path, no symbolic link in it, a directory
     mode: Literal["ro", "rw"] = "ro"
+    mount_at: str = WORKSPACE_AT   # "/workspace" or "same" (its host path)
 
 
 class Filesystem(Record):
-    workspace: Workspace | None = None   # mounted at /workspace; none by default
+    workspace: Workspace | None = None   # mounted at /workspace (or mount_at); none by default
     ro_binds: tuple[str, ...] = ()       # host paths shown read-only at the same path
 
 
@@ -148,12 +153,22 @@ FIELDS: tuple[Spec, ...] = (
     Spec("limits.open_files", "int", "RLIMIT_NOFILE for each process.", 16, 1 << 20),
     Spec("limits.file_size", "size", "RLIMIT_FSIZE: the largest file a process may write "
          "(SIGXFSZ/EFBIG past it).", 1, 1 << 50),
-    Spec("filesystem.workspace", "workspace", "A host directory mounted at /workspace, "
-         "`{ path = \"/abs/dir\", mode = \"ro\" }` or mode \"rw\". Default: none. A workspace "
+    Spec("filesystem.workspace", "workspace", "A host directory mounted at /workspace and "
+         "used as the working directory, `{ path = \"/abs/dir\", mode = \"ro\" }` or mode "
+         "\"rw\"; `mount_at = \"same\"` mounts it at its host path instead (so a venv or "
+         "any tool that recorded absolute paths works inside). Default: none. A workspace "
          "is mounted nosuid and nodev; files written there can never be setuid, setgid or "
-         "device nodes."),
+         "device nodes. The path may not contain a symbolic link at any component (corral "
+         "opens it without following one and mounts what it opened) and may not be a "
+         "system tree (/, /etc, /usr, /var, /boot, /root, /proc, /sys, /dev, /run); with "
+         "\"same\" it may not replace /tmp, /scratch or /workspace nor lie in /proc, /dev, "
+         "/sys or /etc."),
     Spec("filesystem.ro_binds", "paths", "Extra host paths made visible read-only at the "
-         "same path."),
+         "same path. The same rules as for the workspace: no symbolic link in the path, no "
+         "system tree as a whole, nothing that replaces /tmp, /proc, /dev, /sys, /etc, "
+         "/scratch or /workspace or lies inside /proc, /dev, /sys, /etc or /workspace. A "
+         "path below /tmp or /scratch (a CI checkout, a mktemp directory) is mounted on top "
+         "of the sandbox's own tmpfs there."),
     Spec("env.pass", "names", "Host environment variables passed through by name. Nothing "
          "else is inherited."),
     Spec("env.set", "envset", "Variables set in the sandbox, NAME = \"value\". corral sets "

@@ -214,6 +214,10 @@ class Canaries:
         with open(os.path.join(self.root, "owner.pid"), "w") as f:
             f.write(str(os.getpid()))
         self.replant()
+        # a workspace holding the link an earlier read-write run could leave: sub -> the home
+        ws = os.path.join(self.root, "workspace")
+        os.mkdir(ws, 0o755)
+        os.symlink(self.home, os.path.join(ws, "sub"))
         self.sink = Sink(self.sink_host)
         self._start_dns()
         self.tellers = [Teller(self.agent_path, self.token), Teller(self.abstract, self.token)]

@@ -187,8 +187,17 @@ class Runner:
                 missing.append(claim)
         return missing
 
+    @staticmethod
+    def refused_as_claimed(case: Case, ex: dict) -> bool:
+        """The case's attack is a policy corral must refuse (REFUSED_BY), and it does."""
+        r = ex.get("refused") or {}
+        return (not ex.get("runs") and case.refused_by is not None
+                and r.get("kind") == "policy" and r.get("field") == case.refused_by)
+
     def expectation(self, case: Case, tier: str) -> tuple[bool, str]:
         ex = self.explain(self.policy_for(case, tier))
+        if self.refused_as_claimed(case, ex):
+            return True, f"claimed: corral refuses the policy ({case.refused_by})"
         if not ex.get("runs"):
             r = ex.get("refused") or {}
             return False, f"refused by tier: {r.get('field')}: {r.get('message')}"
@@ -406,6 +415,11 @@ class Runner:
 
         pol = self.policy_for(case, tier)
         ex = self.explain(pol)
+        if self.refused_as_claimed(case, ex):   # the control still shows the attack works
+            bad = self.control(case, tier)
+            if bad:
+                return done(bad[0], None, bad[1])
+            return done(CONTAINED, True, f"corral refuses the policy: {ex['refused']['message']}")
         if not ex.get("runs"):
             if ex["refused"].get("kind") not in ("unsupported", "unavailable"):
                 return done(INVALID, None, f"the case's policy is wrong: {why}")

@@ -43,6 +43,7 @@ class Case:
     score: Callable | None = None    # score(obs) -> (contained: bool | None, reason)
     tty: bool = False                # run `corral run` (not --json) with a terminal as output
     nohup: bool = False              # its caller ignores SIGINT/SIGHUP, blocks SIGUSR1/2
+    refused_by: str | None = None    # contained when corral refuses the policy: this field
     module: str = ""
 
 
@@ -64,7 +65,9 @@ def _check(mod, name: str) -> Case:
                 contained=mod.CONTAINED, policy=dict(getattr(mod, "POLICY", {})),
                 safety=tuple(getattr(mod, "SAFETY", ())), second=getattr(mod, "SECOND", None),
                 score=getattr(mod, "score", None), tty=bool(getattr(mod, "TTY", False)),
-                nohup=bool(getattr(mod, "NOHUP", False)), module=name)
+                nohup=bool(getattr(mod, "NOHUP", False)),
+                refused_by=getattr(mod, "REFUSED_BY", None),
+                module=name)
 
 
 def load_cases() -> list[Case]:

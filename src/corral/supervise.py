@@ -562,9 +562,11 @@ class HeldLine:
 
 
 def shebang_interpreter(head: bytes) -> str | None:
-    """The interpreter the #! line at the start of `head` names (the first word after #!),
-    or None when there is none."""
+    """The interpreter the #! line at the start of `head` names, as the kernel reads it:
+    after #! and any blanks, up to the next blank (space or tab) or the end of the line, so
+    a script saved with CRLF names "python3\r" (shown escaped); None when there is none."""
     if not head.startswith(b"#!"):
         return None
-    words = head[2:].split(b"\n", 1)[0].split()
-    return words[0].decode(errors="replace") if words else None
+    line = head[2:].split(b"\n", 1)[0].replace(b"\t", b" ").strip(b" ")
+    word = line.split(b" ", 1)[0]
+    return word.decode(errors="replace") if word else None

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from corral import idmap
 from corral.errors import SandboxSetupError
+from corral.linux import idmap
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="idmapped mounts need root")
 

@@ -22,9 +22,9 @@ import uuid
 
 import pytest
 
-from corral import limits
 from corral.errors import SandboxSetupError
-from corral.limits import RunCgroup, apply_rlimits, detect
+from corral.linux import limits
+from corral.linux.limits import RunCgroup, apply_rlimits, detect
 
 MiB = 1 << 20
 PY = [sys.executable, "-I", "-c"]

@@ -1,4 +1,4 @@
-"""corral.seccomp against the real kernel and real bubblewrap. No mocks.
+"""corral.linux.seccomp against the real kernel and real bubblewrap. No mocks.
 
 tests/syscall_probe.py makes every call the profile has an opinion on, with arguments that
 succeed (or fail past seccomp, e.g. EINVAL on bad magic) for root, and prints
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import seccomp
+from corral.linux import seccomp
 
 PROBE = Path(__file__).with_name("syscall_probe.py")
 PYTHON = "/usr/bin/python3"

@@ -238,7 +238,7 @@ def cmd_run(args: list[str]) -> int:
             raise UsageError("no command given; write corral run [options] -- CMD...",
                              field="CMD")
         policy = effective_policy(r)
-        from .sandbox import Sandbox
+        from .runtime.sandbox import Sandbox
 
         stdin = 0 if r.stdin else None
         on_out = on_err = None
@@ -323,7 +323,7 @@ def cmd_doctor(args: list[str]) -> int:
         sys.stdout.write("usage: corral doctor [--json]\n\nWhat this host supports for "
                          "each tier, and how to fix what is missing.\n")
         return 0
-    from .doctor import report
+    from .runtime.doctor import report
 
     return report(as_json="--json" in args)
 
@@ -345,7 +345,7 @@ def cmd_explain(args: list[str]) -> int:
         if r.help:
             sys.stdout.write(EXPLAIN_USAGE)
             return 0
-        from .explain import explain, render
+        from .runtime.explain import explain, render
 
         d = explain(effective_policy(r))
     except CorralError as e:

@@ -20,9 +20,9 @@ import atexit
 import os
 import time
 
-from .._sys import MS_NODEV, MS_NOSUID, mount
 from ..errors import SandboxSetupError
-from ..supervise import kill_pid
+from ..linux._sys import MS_NODEV, MS_NOSUID, mount
+from ..linux.supervise import kill_pid
 
 #: the directories of the scratch tmpfs: bound at /scratch, /tmp and /dev/shm
 SCRATCH_DIRS = (("home", 0o755), ("tmp", 0o1777), ("shm", 0o1777))
@@ -58,7 +58,7 @@ def mount_workspace(run_dir, path: str, writable: bool, uid: int, gid: int) -> s
     """An idmapped bind of the workspace (its owner shown as uid:gid; nosuid, nodev) at
     `<run dir>/workspace`. Returns the mount point. Needs root. The caller's sandbox must
     refuse set-id modes (see idmap.idmapped_bind's setid_blocked)."""
-    from .. import idmap
+    from ..linux import idmap
 
     st = os.stat(path)
     mp = run_dir.sub("workspace", 0o755)
@@ -99,7 +99,7 @@ def run_cgroup(run_dir, run_id: str, plan, events: list[dict], *, pids=lambda n:
 
     `kept`: the sandbox's own idle cgroups (see CgroupPool), reused first; then one of
     the process's pool; else a new one. Give it back with keep_cgroup()."""
-    from .. import limits
+    from ..linux import limits
     from ..plan import CpuQuota, MemoryLimit, PidsLimit
 
     wanted = {type(op): op for op in (*plan.find(MemoryLimit), *plan.find(PidsLimit),
@@ -211,7 +211,7 @@ class CgroupPool:
         with self._lock:
             self._mine()
             if self._dir is None:
-                from .. import rundir
+                from ..linux import rundir
 
                 self._dir = rundir.RunDir()
             if len(self._noted) > 4 * self.SIZE:
@@ -349,9 +349,9 @@ def start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: in
     """The egress proxy of one exec, serving `listener` (closed here once handed on):
     it joins the cgroup whose cgroup.procs fds are `attach`, dies with the supervisor and
     drops to uid:gid once loaded (egress/boot.py)."""
-    from .. import limits
-    from .._sys import set_pdeathsig
     from ..egress.launch import start_proxy as launch
+    from ..linux import limits
+    from ..linux._sys import set_pdeathsig
 
     def setup() -> None:
         if attach:

@@ -81,9 +81,10 @@ import math
 import os
 import time
 
-from .. import limits, rundir, seccomp
-from .._sys import mount, set_pdeathsig, subreaper_acquire, subreaper_release
 from ..errors import BackendUnavailable, SandboxSetupError
+from ..linux import limits, rundir, seccomp
+from ..linux._sys import mount, set_pdeathsig, subreaper_acquire, subreaper_release
+from ..linux.supervise import decode_status, finish, kill_pid, spawn, supervise
 from ..plan import (
     ETC_BINDS,
     SCRATCH,
@@ -109,7 +110,6 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from ..supervise import decode_status, finish, kill_pid, spawn, supervise
 from .common import (
     destroy_cgroup,
     egress_files,
@@ -341,7 +341,7 @@ class GvisorBackend:
                         why = "only per-process RLIMIT_CPU inside gVisor, not the run's total"
                         missing.append((op, f"{why}: {cg.reason}"))
                 case WorkspaceMount():
-                    from .. import idmap
+                    from ..linux import idmap
 
                     ok = idmap.supported(op.path)
                     if ok is not True:

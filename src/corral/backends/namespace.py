@@ -25,9 +25,10 @@ import os
 import select
 import time
 
-from .. import limits, rundir, seccomp
-from .._sys import real_ids, subreaper_acquire, subreaper_release
 from ..errors import BackendUnavailable, SandboxSetupError
+from ..linux import limits, rundir, seccomp
+from ..linux._sys import real_ids, subreaper_acquire, subreaper_release
+from ..linux.supervise import decode_status, finish, kill_pid, spawn, supervise
 from ..plan import (
     SCRATCH,
     SYSTEM_PATHS,
@@ -52,7 +53,6 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from ..supervise import decode_status, finish, kill_pid, spawn, supervise
 from .common import (
     POOL,
     egress_files,
@@ -159,7 +159,7 @@ class NamespaceBackend:
             case EgressProxy():
                 return "proxy", "egress proxy on 127.0.0.1:3128 inside the namespace"
             case Seccomp():
-                return "kernel", "seccomp deny list (src/corral/seccomp.py)"
+                return "kernel", "seccomp deny list (src/corral/linux/seccomp.py)"
             case Namespaces():
                 return "kernel", "user/mount/pid/net/uts/ipc/cgroup namespaces, no " \
                                  "capabilities, no_new_privs, unprivileged host uid"
@@ -202,7 +202,7 @@ class NamespaceBackend:
                                             f"total: {cg.reason}"))
                 case WorkspaceMount():
                     if self.root:
-                        from .. import idmap
+                        from ..linux import idmap
 
                         ok = idmap.supported(op.path)
                         if ok is not True:

@@ -83,9 +83,10 @@ import math
 import os
 import time
 
-from .. import landlock, limits, rundir
-from .._sys import MS_NODEV, MS_NOSUID, _libc, mount, set_pdeathsig
 from ..errors import BackendUnavailable, SandboxSetupError
+from ..linux import landlock, limits, rundir
+from ..linux._sys import MS_NODEV, MS_NOSUID, _libc, mount, set_pdeathsig
+from ..linux.supervise import decode_status, finish, spawn, supervise
 from ..plan import (
     ETC_BINDS,
     SCRATCH,
@@ -111,7 +112,6 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from ..supervise import decode_status, finish, spawn, supervise
 from .common import (
     egress_files,
     is_unenforced,
@@ -307,7 +307,7 @@ class ProcessBackend:
         if self.abi < 4:
             return (f"this kernel's Landlock (ABI {self.abi} < 4) cannot restrict TCP "
                     f"connects to the proxy's port" + fix)
-        from .. import cgroup_bpf
+        from ..linux import cgroup_bpf
 
         mnt = cgroup_bpf.cgroup2_mount()
         if mnt is None:
@@ -469,7 +469,7 @@ class ProcessSandbox:
         self.env = self._env()
         if not self.egress:  # with a proxy the ruleset names its port: built per exec
             self._ruleset = self._landlock()
-        from .. import process_seccomp
+        from ..linux import process_seccomp
 
         bpf = process_seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"), self.backend.abi,
                                         "allow" if self.egress else "none")
@@ -671,7 +671,7 @@ class _Egress:
     def __init__(self, sb: ProcessSandbox, run_id: str, cg) -> None:
         import socket
 
-        from .. import cgroup_bpf
+        from ..linux import cgroup_bpf
 
         self.sb = sb
         self.ruleset: landlock.Ruleset | None = None
@@ -814,7 +814,7 @@ class _Child:
         if self.attach:
             limits.RunCgroup.attach_self(self.attach)
         if self.bpf_cgroup:
-            from .. import cgroup_bpf
+            from ..linux import cgroup_bpf
 
             if not cgroup_bpf.enforced():  # fail closed: the address rules would not run
                 raise SandboxSetupError(

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 
-from .errors import BackendUnavailable, UnsupportedRule
-from .plan import Plan, build_plan
-from .policy import Policy, load_policy, policy_from_dict
-from .result import Result
+from ..errors import BackendUnavailable, UnsupportedRule
+from ..plan import Plan, build_plan
+from ..policy import Policy, load_policy, policy_from_dict
+from ..result import Result
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def _is_explicit(rule: str, plan: Plan) -> bool:
 def check_tier(tier: str, plan: Plan):
     """(backend, refusals, unenforced) for a tier: refusals are the (op, reason) pairs of
     explicit rules it cannot enforce. Raises BackendUnavailable."""
-    from .backends import get_backend
+    from ..backends import get_backend
 
     backend = get_backend(tier)
     missing = backend.check(plan)
@@ -51,7 +51,7 @@ def check_tier(tier: str, plan: Plan):
 
 
 def _tiers_that_could(rule: str, plan: Plan, skip: str) -> list[str]:
-    from .backends import KNOWN
+    from ..backends import KNOWN
 
     could = []
     for tier in KNOWN:
@@ -73,7 +73,7 @@ def prepare(policy: Policy, host_env: Mapping[str, str] | None = None):
     naming the rule and a tier that could (nothing runs); a default it cannot enforce
     becomes an "unenforced" event. `isolation = "auto"` takes the first tier of
     AUTO_ORDER that is available here and enforces every explicit rule."""
-    from .backends import AUTO_ORDER
+    from ..backends import AUTO_ORDER
 
     plan = build_plan(policy, os.environ if host_env is None else host_env)
     if plan.tier == "auto":
@@ -118,8 +118,8 @@ class Sandbox:
         self._backend, self.plan, self._events = prepare(self.policy, host_env)
         self._granted = []
         if self.policy.secrets:  # read the values now: a missing one is an error, not a run
-            from .grants import resolve
-            from .plan import EgressProxy
+            from ..grants import resolve
+            from ..plan import EgressProxy
 
             (proxy,) = self.plan.find(EgressProxy)
             self._granted = resolve(self.policy, dict(proxy.grants), host_env)
@@ -203,7 +203,7 @@ def _stdin_fd(stdin) -> tuple[int | None, bool]:
         return fd, True
     if isinstance(stdin, int):
         if os.isatty(stdin):
-            from .errors import UsageError
+            from ..errors import UsageError
 
             raise UsageError("stdin is a terminal; a sandbox never gets the caller's "
                              "terminal: pipe the input in instead", field="--stdin")

@@ -111,7 +111,7 @@ def rules(landlock_abi: int, network: str = "none") -> tuple[seccomp.Rule, ...]:
 def compile_bpf(landlock_abi: int, network: str = "none") -> bytes:
     """The whole filter as classic BPF (default ALLOW, native arch only, bad arch kills).
     Raises BackendUnavailable without libseccomp, SandboxSetupError if a rule is refused."""
-    from .errors import SandboxSetupError
+    from ..errors import SandboxSetupError
 
     seccomp._require_x86_64()
     lib = seccomp._libseccomp()

@@ -4,9 +4,9 @@ then a line per rule saying what enforces it. Reads the very plan `corral run` w
 
 from __future__ import annotations
 
-from .errors import BackendUnavailable, UnsupportedRule
-from .plan import EgressProxy, Plan
-from .policy import Policy
+from ..errors import BackendUnavailable, UnsupportedRule
+from ..plan import EgressProxy, Plan
+from ..policy import Policy
 
 OP_RULE_NAMES = {"Namespaces": "isolation", "SystemRoot": "filesystem (root)",
                  "Seccomp": "kernel surface (seccomp)", "NoNetwork": "network (namespace)"}
@@ -24,7 +24,7 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
         refused = e
         import os
 
-        from .plan import build_plan
+        from ..plan import build_plan
 
         plan = build_plan(policy, dict(os.environ))
         backend, _, _ = check_tier(plan.tier if plan.tier != "auto" else "namespace", plan)
@@ -57,7 +57,7 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
 def _network(plan: Plan, policy: Policy, backend) -> dict:
     proxy = plan.find(EgressProxy)
     if not proxy:
-        from .plan import NoNetwork
+        from ..plan import NoNetwork
 
         _, note = backend.describe(plan.find(NoNetwork)[0])
         return {"default_closed": True, "reachable": [], "note": note}

@@ -15,8 +15,8 @@ import select
 import sys
 import time
 
+from ..errors import SandboxSetupError
 from ._sys import child_ids
-from .errors import SandboxSetupError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -318,7 +318,7 @@ def finish(outcome: Outcome, *, exit_code: int | None, sig: int | None, events: 
            isolation: str):
     """The Result of one command: limit events from what was observed, then the verdict.
     Shared by every tier (each decodes exit_code and sig its own way)."""
-    from .result import Result, decide_verdict
+    from ..result import Result, decide_verdict
 
     timed_out = outcome.timed_out
     if sig == 24 and not timed_out:  # SIGXCPU: RLIMIT_CPU, the second layer of cpu_time

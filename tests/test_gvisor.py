@@ -251,7 +251,7 @@ def test_sandbox_root_is_not_host_root(var_tmp):
 # -- what check() refuses ---------------------------------------------------------------------
 
 def test_the_tier_needs_runsc_and_root(monkeypatch):
-    plan = corral.runtime.sandbox.build_plan(corral.runtime.sandbox.coerce_policy(GV), {})
+    plan = corral.runtime.tiers.build_plan(corral.runtime.tiers.coerce_policy(GV), {})
     b = GvisorBackend()
     assert b.check(plan) == []  # everything of the default policy is enforced here
     b.runsc = None

@@ -232,7 +232,7 @@ def test_a_secret_grant_is_injected_over_https(world):
 
 def test_check_explain_and_auto(dnsmasq):
     from corral.runtime.explain import explain
-    from corral.runtime.sandbox import coerce_policy, prepare
+    from corral.runtime.tiers import coerce_policy, prepare
 
     pol = coerce_policy(policy(dnsmasq, ["allowed.test"]))
     backend, plan, _ = prepare(pol)

@@ -289,7 +289,7 @@ def test_no_process_survives_double_forked_daemons_included(contained):
 
 def _plan(extra=None):
     from corral.plan import build_plan
-    from corral.runtime.sandbox import coerce_policy
+    from corral.runtime.tiers import coerce_policy
 
     return build_plan(coerce_policy(policy(extra)), {})
 

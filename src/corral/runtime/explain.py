@@ -1,6 +1,6 @@
 """`corral explain`: the article's three questions for a policy on a tier, on this host,
 then a line per rule saying what enforces it. Reads the very plan `corral run` would run
-(sandbox.prepare), so the two cannot disagree."""
+(tiers.prepare), so the two cannot disagree."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ OP_RULE_NAMES = {"Namespaces": "isolation", "SystemRoot": "filesystem (root)",
 
 
 def explain(policy: Policy, tier: str | None = None) -> dict:
-    from .sandbox import check_tier, prepare
+    from .tiers import check_tier, prepare
 
     if tier is not None:
         policy = policy.replace(isolation=tier)

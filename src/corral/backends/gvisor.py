@@ -110,6 +110,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
+from .base import Backend, LiveSandbox
 from .common import (
     destroy_cgroup,
     egress_files,
@@ -206,7 +207,7 @@ def oci_seccomp() -> dict:
             "syscalls": calls}
 
 
-class GvisorBackend:
+class GvisorBackend(Backend):
     name = "gvisor"
     mechanism = "runsc (gVisor's user-space kernel) + cgroups"
     own_kernel = "user-space"
@@ -365,7 +366,7 @@ class GvisorBackend:
         return GvisorSandbox(self, plan, events, list(granted), upstream_ca)
 
 
-class GvisorSandbox:
+class GvisorSandbox(LiveSandbox):
     def __init__(self, backend: GvisorBackend, plan: Plan, events: list[dict],
                  granted: list | None = None, upstream_ca: str | None = None) -> None:
         self.granted = granted or []

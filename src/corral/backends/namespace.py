@@ -53,6 +53,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
+from .base import Backend, LiveSandbox
 from .common import (
     POOL,
     egress_files,
@@ -118,7 +119,7 @@ def _read_userns_sysctls() -> bool | str:
     return True
 
 
-class NamespaceBackend:
+class NamespaceBackend(Backend):
     name = "namespace"
     mechanism = "bubblewrap + seccomp + cgroups"
     own_kernel = False
@@ -224,7 +225,7 @@ class NamespaceBackend:
         return NamespaceSandbox(self, plan, events, list(granted), upstream_ca)
 
 
-class NamespaceSandbox:
+class NamespaceSandbox(LiveSandbox):
     def __init__(self, backend: NamespaceBackend, plan: Plan, events: list[dict],
                  granted: list | None = None, upstream_ca: str | None = None) -> None:
         self.granted = granted or []

@@ -112,6 +112,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
+from .base import Backend, LiveSandbox
 from .common import (
     egress_files,
     is_unenforced,
@@ -196,7 +197,7 @@ def _others_can_read(path: str) -> str | None:
     return None
 
 
-class ProcessBackend:
+class ProcessBackend(Backend):
     name = "process"
     mechanism = "rlimits + Landlock + seccomp, no namespaces"
     #: explain's summary of the network for an allow policy
@@ -405,7 +406,7 @@ class ProcessBackend:
         return ProcessSandbox(self, plan, events, list(granted), upstream_ca)
 
 
-class ProcessSandbox:
+class ProcessSandbox(LiveSandbox):
     def __init__(self, backend: ProcessBackend, plan: Plan, events: list[dict],
                  granted: list | None = None, upstream_ca: str | None = None) -> None:
         self.granted = granted or []

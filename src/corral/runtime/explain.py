@@ -65,9 +65,7 @@ def _network(plan: Plan, policy: Policy, backend) -> dict:
     return {"default_closed": True,
             "reachable": [f"{r} (via the egress proxy)" for r in n.allow],
             "denied": list(n.deny), "private_allowed": list(n.allow_private),
-            "note": getattr(backend, "egress_note",
-                            "only through the egress proxy on 127.0.0.1:3128; the sandbox has "
-                            "no route and no resolver of its own")}
+            "note": backend.egress_note}
 
 
 def _credentials(plan: Plan, policy: Policy) -> list[dict]:

@@ -25,10 +25,12 @@ class Sandbox:
     """A live sandbox: one policy, a scratch area kept across execs, closed on exit."""
 
     def __init__(self, policy: Policy | dict | str | None = None, *,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, backend=None) -> None:
+        """`backend`: a tier's Backend instance to use instead of the policy's isolation
+        (for tests of the faces with backends.fake.FakeBackend)."""
         self.policy = coerce_policy(policy)
         host_env = os.environ if env is None else env   # read here, by name (env.pass)
-        self._backend, self.plan, self._events = prepare(self.policy, host_env)
+        self._backend, self.plan, self._events = prepare(self.policy, host_env, backend)
         self._granted = []
         if self.policy.secrets:  # read the values now: a missing one is an error, not a run
             from ..grants import resolve

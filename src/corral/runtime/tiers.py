@@ -32,12 +32,16 @@ def _is_explicit(rule: str, plan: Plan) -> bool:
         rule == "network.mode" and any(e.startswith("network.") for e in plan.explicit)))
 
 
-def check_tier(tier: str, plan: Plan):
-    """(backend, refusals, unenforced) for a tier: refusals are the (op, reason) pairs of
-    explicit rules it cannot enforce. Raises BackendUnavailable."""
-    from ..backends import get_backend
+def check_tier(tier, plan: Plan):
+    """(backend, refusals, unenforced) for a tier (a name, or a Backend instance):
+    refusals are the (op, reason) pairs of explicit rules it cannot enforce. Raises
+    BackendUnavailable."""
+    if isinstance(tier, str):
+        from ..backends import get_backend
 
-    backend = get_backend(tier)
+        backend = get_backend(tier)
+    else:
+        backend = tier
     missing = backend.check(plan)
     refusals = [(op, why) for op, why in missing if _is_explicit(op.rule, plan)]
     unenforced = [(op, why) for op, why in missing if not _is_explicit(op.rule, plan)]
@@ -60,17 +64,27 @@ def _tiers_that_could(rule: str, plan: Plan, skip: str) -> list[str]:
     return could
 
 
-def prepare(policy: Policy, host_env: Mapping[str, str] | None = None):
+def prepare(policy: Policy, host_env: Mapping[str, str] | None = None, backend=None):
     """Plan the policy and check it against the tier: (backend, plan, standing events).
 
     A rule the user set explicitly that the tier cannot enforce raises UnsupportedRule
     naming the rule and a tier that could (nothing runs); a default it cannot enforce
     becomes an "unenforced" event. `isolation = "auto"` takes the first tier of
-    AUTO_ORDER that is available here and enforces every explicit rule."""
+    AUTO_ORDER that is available here and enforces every explicit rule.
+
+    `backend`: a Backend instance to use instead of the policy's tier (tests of the faces
+    give a FakeBackend; no policy can name one)."""
     from ..backends import AUTO_ORDER
 
     plan = build_plan(policy, os.environ if host_env is None else host_env)
-    if plan.tier == "auto":
+    if backend is not None:
+        plan = plan.replace(tier=backend.name)
+        backend, refusals, unenforced = check_tier(backend, plan)
+        if refusals:
+            op, reason = refusals[0]
+            raise UnsupportedRule(f"the {backend.name} tier cannot enforce it: {reason}",
+                                  field=op.rule)
+    elif plan.tier == "auto":
         reasons = []
         for tier in AUTO_ORDER:
             try:
@@ -78,7 +92,7 @@ def prepare(policy: Policy, host_env: Mapping[str, str] | None = None):
             except BackendUnavailable as e:
                 reasons.append(f"{tier}: {e.message}")
                 continue
-            skip = getattr(backend, "auto_skip", lambda: None)()
+            skip = backend.auto_skip()
             if skip:
                 reasons.append(f"{tier}: {skip}")
                 continue

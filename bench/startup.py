@@ -75,7 +75,7 @@ def machine() -> dict:
     except OSError:
         pass
     import corral
-    from corral import limits
+    from corral.linux import limits
 
     cg = limits.detect()
     cgroup = f"{cg.version} (as corral uses it)" if cg.version else f"none: {cg.reason}"
@@ -113,9 +113,9 @@ def check_result(r) -> None:
 class Bench:
     def __init__(self, use_runsc: bool) -> None:
         import corral
-        from corral import seccomp
+        from corral.linux import seccomp
         from corral.plan import Environment
-        from corral.sandbox import Sandbox
+        from corral.runtime.sandbox import Sandbox
 
         self.corral = corral
         self.sb = Sandbox()            # default policy; kept open for the whole benchmark

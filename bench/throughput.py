@@ -63,7 +63,7 @@ def _loop_threads(p: int, seconds: float, one) -> tuple[int, int, float, list[st
 class Runner:
     def __init__(self) -> None:
         import corral
-        from corral import seccomp
+        from corral.linux import seccomp
 
         self.corral = corral
         self.seccomp = seccomp

@@ -14,8 +14,8 @@ ALL_TIERS = ("namespace", "gvisor", "process")
 def tier_unavailable(tier: str, policy: dict | None = None) -> str | None:
     """Why `corral explain` says this policy cannot run on this tier here, or None."""
     from corral.errors import BackendUnavailable
-    from corral.explain import explain
     from corral.policy import policy_from_dict
+    from corral.runtime.explain import explain
 
     try:
         d = explain(policy_from_dict(policy or {}), tier)

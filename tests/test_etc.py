@@ -7,9 +7,9 @@ import os
 import pytest
 
 import corral
-from corral import _sys
 from corral.backends import etc
 from corral.backends.etc import FILES, ensure_etc
+from corral.linux import _sys
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="binds and a tmpfs need root")
 

@@ -16,9 +16,9 @@ import pytest
 from conftest import procs_mentioning
 
 import corral
-from corral import limits, rundir
 from corral.backends.gvisor import GvisorBackend, find_runsc
 from corral.errors import BackendUnavailable
+from corral.linux import limits, rundir
 
 PY = "/usr/bin/python3"
 GV = {"isolation": "gvisor"}
@@ -251,7 +251,7 @@ def test_sandbox_root_is_not_host_root(var_tmp):
 # -- what check() refuses ---------------------------------------------------------------------
 
 def test_the_tier_needs_runsc_and_root(monkeypatch):
-    plan = corral.sandbox.build_plan(corral.sandbox.coerce_policy(GV), {})
+    plan = corral.runtime.tiers.build_plan(corral.runtime.tiers.coerce_policy(GV), {})
     b = GvisorBackend()
     assert b.check(plan) == []  # everything of the default policy is enforced here
     b.runsc = None

@@ -18,9 +18,9 @@ import pytest
 from netfix import GRANT_PRIV, PRIV, SRV, TOKEN, queried
 
 import corral
-from corral import limits, rundir
 from corral.backends.gvisor import GvisorBackend, find_runsc
 from corral.backends.gvisor_net import PROXY_ADDR, PROXY_URL, SANDBOX_ADDR
+from corral.linux import limits, rundir
 
 PY = "/usr/bin/python3"
 pytestmark = [
@@ -231,8 +231,8 @@ def test_a_secret_grant_is_injected_over_https(world):
 # -- explain, check, auto -------------------------------------------------------------------
 
 def test_check_explain_and_auto(dnsmasq):
-    from corral.explain import explain
-    from corral.sandbox import coerce_policy, prepare
+    from corral.runtime.explain import explain
+    from corral.runtime.tiers import coerce_policy, prepare
 
     pol = coerce_policy(policy(dnsmasq, ["allowed.test"]))
     backend, plan, _ = prepare(pol)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from corral import idmap
 from corral.errors import SandboxSetupError
+from corral.linux import idmap
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="idmapped mounts need root")
 
@@ -261,7 +261,7 @@ def test_errors_are_one_line_and_leave_nothing_mounted(trees, case):
 
 def test_unprivileged_caller_gets_a_reason():
     code = (f"import sys; sys.path.insert(0, {SRC_DIR!r})\n"
-            "from corral import idmap\nfrom corral.errors import SandboxSetupError\n"
+            "from corral.linux import idmap\nfrom corral.errors import SandboxSetupError\n"
             "print(idmap.supported('/tmp'))\n"
             "try:\n    idmap.idmapped_bind('/tmp', '/tmp', uid_map=(0, 1), gid_map=(0, 1),"
             " readonly=True)\nexcept SandboxSetupError as e:\n    print(e.errno, e.message)")

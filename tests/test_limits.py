@@ -22,9 +22,9 @@ import uuid
 
 import pytest
 
-from corral import limits
 from corral.errors import SandboxSetupError
-from corral.limits import RunCgroup, apply_rlimits, detect
+from corral.linux import limits
+from corral.linux.limits import RunCgroup, apply_rlimits, detect
 
 MiB = 1 << 20
 PY = [sys.executable, "-I", "-c"]
@@ -513,7 +513,7 @@ def test_v2_paths_on_the_unified_mount():
 NOBODY = """
 import os, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from corral import limits
+from corral.linux import limits
 with open("/proc/self/cgroup") as f:
     own = sys.argv[2] + [l for l in f.read().splitlines() if l.startswith("0::")][0][3:]
 print("v1:", limits.detect().reason)
@@ -573,7 +573,7 @@ def test_v2_unprivileged_in_a_delegated_cgroup(tmp_path):
 ENABLE = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from corral import limits
+from corral.linux import limits
 from corral.errors import SandboxSetupError
 try:
     limits._v2_enable(sys.argv[2], ["hugetlb"])

@@ -121,7 +121,7 @@ def test_signal_dispositions_are_the_defaults():
 def _start_by_hand(sb, argv, *, options: int | None, fill_gate: bool):
     """Start bwrap exactly as exec() does, but write only `options` bytes of its --args
     (None: all) and fill the seccomp gate or not. Returns (exit status, stdout, stderr)."""
-    from corral.supervise import spawn
+    from corral.linux.supervise import spawn
 
     live = sb._live
     args_r, args_w = os.pipe()
@@ -192,7 +192,7 @@ def test_a_supervisor_killed_while_starting_leaves_nothing_running(tmp_path, poi
     import time
     import uuid
 
-    from corral import rundir
+    from corral.linux import rundir
 
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -223,7 +223,7 @@ def test_a_supervisor_killed_while_starting_leaves_nothing_running(tmp_path, poi
 # -- cgroup reuse ----------------------------------------------------------------------------
 
 def _v1() -> bool:
-    from corral import limits
+    from corral.linux import limits
 
     return limits.detect().version == "v1"
 
@@ -295,7 +295,7 @@ if how == "fork":
 def test_pooled_cgroups_go_at_exit_and_with_the_sweep_after_a_crash(how):
     import subprocess
 
-    from corral import rundir
+    from corral.linux import rundir
 
     p = subprocess.run([sys.executable, "-c", POOL_SCRIPT, how], capture_output=True,
                        text=True, timeout=60, check=False)
@@ -355,8 +355,8 @@ def test_a_sandbox_left_open_is_closed_at_exit_and_never_by_a_forked_child(how):
 def test_the_pools_record_stays_short_and_lists_what_it_holds():
     import uuid
 
-    from corral import limits
     from corral.backends.common import CgroupPool
+    from corral.linux import limits
 
     pool = CgroupPool()
     made = []

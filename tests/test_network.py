@@ -272,8 +272,8 @@ nameservers = ["127.0.0.1:{dnsmasq['port']}"]
 
 
 def test_explain_names_the_proxy_address_the_sandbox_gets(dnsmasq):
-    from corral.explain import explain
     from corral.policy import policy_from_dict
+    from corral.runtime.explain import explain
 
     pol = policy(dnsmasq, ["allowed.test"])
     note = explain(policy_from_dict(pol))["network"]["note"]

@@ -21,7 +21,7 @@ from netfix import GRANT_PRIV as GRANTED_NET
 from netfix import PRIV, SRV, TOKEN, Proxy, free_port
 
 import corral
-from corral import cgroup_bpf, limits, rundir
+from corral.linux import cgroup_bpf, limits, rundir
 
 PY = "/usr/bin/python3"
 NOBODY = 65534

@@ -17,9 +17,9 @@ import pytest
 from conftest import CORRAL
 
 import corral
-from corral import landlock
 from corral.backends.process import ProcessBackend
 from corral.errors import BackendUnavailable
+from corral.linux import landlock
 
 PY = "/usr/bin/python3"
 NOBODY = 65534
@@ -289,7 +289,7 @@ def test_no_process_survives_double_forked_daemons_included(contained):
 
 def _plan(extra=None):
     from corral.plan import build_plan
-    from corral.sandbox import coerce_policy
+    from corral.runtime.tiers import coerce_policy
 
     return build_plan(coerce_policy(policy(extra)), {})
 

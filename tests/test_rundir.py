@@ -4,7 +4,7 @@ import multiprocessing
 import os
 import time
 
-from corral import rundir
+from corral.linux import rundir
 
 
 def _sweep_forever(base, stop):

@@ -1,4 +1,4 @@
-"""corral.seccomp against the real kernel and real bubblewrap. No mocks.
+"""corral.linux.seccomp against the real kernel and real bubblewrap. No mocks.
 
 tests/syscall_probe.py makes every call the profile has an opinion on, with arguments that
 succeed (or fail past seccomp, e.g. EINVAL on bad magic) for root, and prints
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import seccomp
+from corral.linux import seccomp
 
 PROBE = Path(__file__).with_name("syscall_probe.py")
 PYTHON = "/usr/bin/python3"
@@ -376,7 +376,7 @@ def test_cache_hit_returns_same_program_without_libseccomp(tmp_path):
     assert f.name == f"seccomp-{seccomp.PROFILE_VERSION}-{seccomp.cache_key()}.bpf"
     assert f.read_bytes() == first
     r = _venv_python(
-        "import sys; from corral import seccomp as s\n"
+        "import sys; from corral.linux import seccomp as s\n"
         "data = s.bpf_bytes(sys.argv[1])\n"
         "print(len(data), 'seccomp' in sys.modules)", str(cache))
     assert r.returncode == 0, r.stderr
@@ -430,7 +430,7 @@ def test_bpf_fd(bpf):
 def test_missing_binding_names_the_fix(tmp_path):
     r = _venv_python(
         "import sys; sys.modules['seccomp'] = None\n"
-        "from corral import seccomp as s\n"
+        "from corral.linux import seccomp as s\n"
         "from corral.errors import BackendUnavailable\n"
         "for call in (s.compile_bpf, lambda: s.bpf_bytes(sys.argv[1])):\n"
         "    try:\n"
@@ -550,7 +550,7 @@ SAMPLES = {
 
 def _programs():
     yield "namespace", seccomp.rules(), seccomp.compile_bpf()
-    from corral import process_seccomp
+    from corral.linux import process_seccomp
 
     for net in ("none", "allow"):
         for abi in (1, 4):
@@ -650,7 +650,7 @@ def test_programs_stay_small():
     assert len(ns) <= 4096, len(ns) // 8
     passing = [seccomp.resolve(n) for n in seccomp.passed(seccomp.rules())]
     assert len(seccomp.allow_list_bpf(passing)) // 8 <= 48
-    from corral import process_seccomp
+    from corral.linux import process_seccomp
 
     assert len(process_seccomp.compile_bpf(1, "allow")) // 8 <= 600
 

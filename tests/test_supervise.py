@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from corral import _sys, supervise
 from corral.errors import SandboxSetupError
+from corral.linux import _sys, supervise
 
 UID = 1_500_000_123
 GID = UID + 1      # not the uid: a swapped pair would show
@@ -98,7 +98,7 @@ def test_an_exec_failure_is_reported_with_its_errno(how):
 def test_real_ids_change_this_threads_real_ids_only():
     import threading
 
-    from corral._sys import real_ids
+    from corral.linux._sys import real_ids
 
     seen = {}
     go, done = threading.Event(), threading.Event()
@@ -182,7 +182,7 @@ def test_child_ids_is_not_used_by_a_process_that_is_not_plain_root(state):
     import sys
 
     # corral imported first: the checkout may not be readable by another uid
-    code = (f"import os\nfrom corral import _sys\n{SETUP[state]}\n"
+    code = (f"import os\nfrom corral.linux import _sys\n{SETUP[state]}\n"
             "print(_sys.child_ids.usable())")
     control = subprocess.run([sys.executable, "-c", code.replace(SETUP[state], "pass")],
                              capture_output=True, text=True, check=True).stdout

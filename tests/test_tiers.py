@@ -29,10 +29,10 @@ import pytest
 from conftest import CORRAL
 
 import corral
-from corral import limits
 from corral.errors import BackendUnavailable, UnsupportedRule
-from corral.explain import explain
+from corral.linux import limits
 from corral.policy import policy_from_dict
+from corral.runtime.explain import explain
 
 PY = "/usr/bin/python3"
 NOBODY = 65534

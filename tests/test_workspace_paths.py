@@ -17,9 +17,9 @@ import sys
 import tempfile
 
 import pytest
+from conftest import ALL_TIERS, CORRAL, PY, ROOT, tier_unavailable
 
 import corral
-from conftest import ALL_TIERS, CORRAL, PY, ROOT, tier_unavailable
 from corral.errors import PolicyError, SandboxSetupError
 from corral.policy import load_policy, policy_from_dict
 

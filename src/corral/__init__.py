@@ -15,7 +15,7 @@ from .errors import (
 )
 from .policy import Policy, load_policy
 from .result import Result, Usage
-from .sandbox import Sandbox, run
+from .runtime.sandbox import Sandbox, run
 
 __version__ = "0.1.0"
 __all__ = ["BackendUnavailable", "CorralError", "Policy", "PolicyError", "Result",

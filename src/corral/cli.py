@@ -255,7 +255,7 @@ def cmd_run(args: list[str]) -> int:
         policy = effective_policy(r)
         if r.tty:
             return _run_tty(r, policy)
-        from .sandbox import Sandbox
+        from .runtime.sandbox import Sandbox
 
         if not r.stdin and os.isatty(0):  # the user may think they typed into the sandbox
             sys.stderr.write("corral: stdin is a terminal and is not connected to the "
@@ -293,9 +293,9 @@ def _print_events(events: list[dict], *, output_limit: bool = True) -> None:
 
 def _run_tty(r: RunArgs, policy) -> int:
     """`corral run -t`: the sandbox's own pty, relayed to this process's stdin and stdout
-    (corral.tty); this terminal in raw mode from the start of the command to its end."""
-    from .sandbox import Sandbox
-    from .tty import raw_mode
+    (corral.linux.tty); this terminal in raw mode from the start of the command to its end."""
+    from .linux.tty import raw_mode
+    from .runtime.sandbox import Sandbox
 
     try:
         on_out = None if r.json else _write_fd1
@@ -379,7 +379,7 @@ def cmd_doctor(args: list[str]) -> int:
         sys.stdout.write("usage: corral doctor [--json]\n\nWhat this host supports for "
                          "each tier, and how to fix what is missing.\n")
         return 0
-    from .doctor import report
+    from .runtime.doctor import report
 
     return report(as_json="--json" in args)
 
@@ -401,7 +401,7 @@ def cmd_explain(args: list[str]) -> int:
         if r.help:
             sys.stdout.write(EXPLAIN_USAGE)
             return 0
-        from .explain import explain, render
+        from .runtime.explain import explain, render
 
         d = explain(effective_policy(r))
     except CorralError as e:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 
 class CorralError(Exception):
+    """Every error corral raises: a one-line message, the field it is about, an exit status."""
+
     kind = "error"
     exit_code = 125
 
@@ -31,26 +33,36 @@ class CorralError(Exception):
 
 
 class PolicyError(CorralError, ValueError):
+    """A field of the policy (or a flag) is wrong; the message names it and the fix."""
+
     kind = "policy"
     exit_code = 2
 
 
 class UsageError(CorralError):
+    """The command line itself is wrong."""
+
     kind = "usage"
     exit_code = 2
 
 
 class UnsupportedRule(CorralError):
+    """This tier cannot enforce a rule the user set explicitly; nothing ran."""
+
     kind = "unsupported"
     exit_code = 3
 
 
 class BackendUnavailable(CorralError):
+    """The tier's mechanism is missing on this host; nothing ran."""
+
     kind = "unavailable"
     exit_code = 3
 
 
 class SandboxSetupError(CorralError):
+    """corral failed while building the sandbox: the step, and the errno if one."""
+
     kind = "setup"
     exit_code = 125
 

@@ -13,12 +13,16 @@ VERDICTS = ("ok", "error", "killed", "timeout", "oom")
 
 
 class Usage(Record, mutable=True):
+    """What one command used: wall and CPU seconds, peak memory (None: not measured)."""
+
     wall_s: float = 0.0
     cpu_s: float | None = None
     memory_peak_bytes: int | None = None
 
 
 class Result(Record, mutable=True):
+    """What one command produced: verdict, exit code or signal, output, usage, events."""
+
     verdict: str
     exit_code: int | None
     signal: int | None

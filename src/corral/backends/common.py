@@ -22,9 +22,9 @@ import os
 import stat
 import time
 
-from .._sys import MS_NODEV, MS_NOSUID, mount
 from ..errors import SandboxSetupError
-from ..supervise import kill_pid
+from ..linux._sys import MS_NODEV, MS_NOSUID, mount
+from ..linux.supervise import kill_pid
 
 #: the directories of the scratch tmpfs: bound at /scratch, /tmp and /dev/shm
 SCRATCH_DIRS = (("home", 0o755), ("tmp", 0o1777), ("shm", 0o1777))
@@ -62,7 +62,7 @@ def open_source(path: str, rule: str, *, directory: bool = False) -> int:
     tier mounts or grants this fd, never the name again: a path swapped for a link after
     the policy was checked is refused here, and one swapped after this open does not
     matter. The caller closes it."""
-    from ..hostpath import LinkInPath, open_nofollow
+    from ..linux.hostpath import LinkInPath, open_nofollow
 
     try:
         return open_nofollow(path, directory=directory)
@@ -81,7 +81,7 @@ def mount_workspace(run_dir, fd: int, writable: bool, uid: int, gid: int) -> str
     uid:gid; nosuid, nodev) at `<run dir>/workspace`, a path of corral's own that the
     tier then binds by name. Returns the mount point. Needs root. The caller's sandbox
     must refuse set-id modes (see idmap.idmapped_bind's setid_blocked)."""
-    from .. import idmap
+    from ..linux import idmap
 
     st = os.fstat(fd)
     mp = run_dir.sub("workspace", 0o755)
@@ -97,7 +97,7 @@ def mount_binds(run_dir, binds: list) -> dict[str, str]:
     {host path: that mount point}. Needs root. The tier then binds the mount point, a path
     of corral's own that the sandbox's unprivileged uid can reach whatever the modes of
     the bind's parent directories (a checkout in a 0700 `mktemp -d`, say)."""
-    from .. import idmap
+    from ..linux import idmap
 
     out: dict[str, str] = {}
     if not binds:
@@ -150,7 +150,7 @@ def run_cgroup(run_dir, run_id: str, plan, events: list[dict], *, pids=lambda n:
 
     `kept`: the sandbox's own idle cgroups (see CgroupPool), reused first; then one of
     the process's pool; else a new one. Give it back with keep_cgroup()."""
-    from .. import limits
+    from ..linux import limits
     from ..plan import CpuQuota, MemoryLimit, PidsLimit
 
     wanted = {type(op): op for op in (*plan.find(MemoryLimit), *plan.find(PidsLimit),
@@ -262,7 +262,7 @@ class CgroupPool:
         with self._lock:
             self._mine()
             if self._dir is None:
-                from .. import rundir
+                from ..linux import rundir
 
                 self._dir = rundir.RunDir()
             if len(self._noted) > 4 * self.SIZE:
@@ -400,9 +400,9 @@ def start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: in
     """The egress proxy of one exec, serving `listener` (closed here once handed on):
     it joins the cgroup whose cgroup.procs fds are `attach`, dies with the supervisor and
     drops to uid:gid once loaded (egress/boot.py)."""
-    from .. import limits
-    from .._sys import set_pdeathsig
     from ..egress.launch import start_proxy as launch
+    from ..linux import limits
+    from ..linux._sys import set_pdeathsig
 
     def setup() -> None:
         if attach:
@@ -427,7 +427,7 @@ def interpreter_inside(sb, name: str) -> str | None:
     sandbox `sb` although the file is there (what is missing is its interpreter). The file
     is read by a second, short command in the same sandbox (the only safe view of it: its
     mounts, its symlinks, its uid); only on that failure path. None if it cannot tell."""
-    from ..supervise import shebang_interpreter
+    from ..linux.supervise import shebang_interpreter
 
     if getattr(sb, "_looking_up", False):
         return None   # /bin/sh itself was not found: no second level

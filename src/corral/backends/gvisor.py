@@ -84,9 +84,20 @@ import math
 import os
 import time
 
-from .. import limits, rundir, seccomp
-from .._sys import mount, set_pdeathsig, subreaper_acquire, subreaper_release
 from ..errors import BackendUnavailable, SandboxSetupError
+from ..linux import limits, rundir, seccomp
+from ..linux._sys import mount, set_pdeathsig, subreaper_acquire, subreaper_release
+from ..linux.supervise import (
+    ENOENT,
+    ExecFailed,
+    HeldLine,
+    decode_status,
+    errno_from_message,
+    finish,
+    kill_pid,
+    spawn,
+    supervise,
+)
 from ..plan import (
     ETC_BINDS,
     SCRATCH,
@@ -112,17 +123,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from ..supervise import (
-    ENOENT,
-    ExecFailed,
-    HeldLine,
-    decode_status,
-    errno_from_message,
-    finish,
-    kill_pid,
-    spawn,
-    supervise,
-)
+from .base import Backend, LiveSandbox
 from .common import (
     destroy_cgroup,
     egress_files,
@@ -226,7 +227,7 @@ def oci_seccomp() -> dict:
             "syscalls": calls}
 
 
-class GvisorBackend:
+class GvisorBackend(Backend):
     name = "gvisor"
     mechanism = "runsc (gVisor's user-space kernel) + cgroups"
     own_kernel = "user-space"
@@ -361,7 +362,7 @@ class GvisorBackend:
                         why = "only per-process RLIMIT_CPU inside gVisor, not the run's total"
                         missing.append((op, f"{why}: {cg.reason}"))
                 case WorkspaceMount():
-                    from .. import idmap
+                    from ..linux import idmap
 
                     ok = idmap.supported(op.path)
                     if ok is not True:
@@ -385,7 +386,7 @@ class GvisorBackend:
         return GvisorSandbox(self, plan, events, list(granted), upstream_ca)
 
 
-class GvisorSandbox:
+class GvisorSandbox(LiveSandbox):
     def __init__(self, backend: GvisorBackend, plan: Plan, events: list[dict],
                  granted: list | None = None, upstream_ca: str | None = None) -> None:
         self.granted = granted or []
@@ -621,7 +622,7 @@ class GvisorSandbox:
         # terminal: runsc makes a host pty, the controlling terminal of its sandbox process
         # (so ^C signals the Sentry, which passes it to the foreground group inside), hands
         # the slave to the Sentry as the command's terminal and the master to us
-        # (--console-socket, corral.tty)
+        # (--console-socket, corral.linux.tty)
         spec["process"] = dict(spec["process"], args=list(argv), terminal=tty is not None)
         if net is not None:
             spec["linux"] = dict(spec["linux"], namespaces=[
@@ -869,7 +870,7 @@ def runsc_userns(uid: int, sentry_uid: int) -> int:
     nobody shared by every sandbox. Nothing else is mapped but root (runsc itself: host
     root, with capabilities only over this namespace and those it makes) and the run's uid
     (the gofer's, container root in the spec's user namespace, one level down)."""
-    from ..idmap import userns
+    from ..linux.idmap import userns
 
     pairs = [(0, 0), (uid, uid), (RUNSC_NOBODY, sentry_uid)]
     return userns(pairs, pairs)
@@ -880,7 +881,7 @@ def enter_userns(fd: int) -> None:
     namespace, then a mount namespace owned by it (runsc mounts its chroot there; a slave
     of ours, so nothing reaches the host's mounts). A network namespace runsc joins must be
     owned by that user namespace too (gvisor_net.ProxyNet.create(owner=...))."""
-    from .._sys import _libc
+    from ..linux._sys import _libc
 
     for call, args, what in ((_libc.setns, (fd, CLONE_NEWUSER), "setns user namespace"),
                              (_libc.unshare, (CLONE_NEWNS,), "unshare mount namespace")):

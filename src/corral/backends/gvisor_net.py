@@ -54,8 +54,8 @@ import socket
 import struct
 import threading
 
-from .._sys import mount, umount
 from ..errors import SandboxSetupError
+from ..linux._sys import mount, umount
 from ..plan import PROXY_PORT
 
 CLONE_NEWNET = 0x40000000

@@ -28,9 +28,20 @@ import os
 import select
 import time
 
-from .. import limits, rundir, seccomp
-from .._sys import real_ids, subreaper_acquire, subreaper_release
 from ..errors import BackendUnavailable, SandboxSetupError
+from ..linux import limits, rundir, seccomp
+from ..linux._sys import real_ids, subreaper_acquire, subreaper_release
+from ..linux.supervise import (
+    ENOENT,
+    ExecFailed,
+    HeldLine,
+    decode_status,
+    errno_from_message,
+    finish,
+    kill_pid,
+    spawn,
+    supervise,
+)
 from ..plan import (
     SCRATCH,
     SYSTEM_PATHS,
@@ -54,17 +65,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from ..supervise import (
-    ENOENT,
-    ExecFailed,
-    HeldLine,
-    decode_status,
-    errno_from_message,
-    finish,
-    kill_pid,
-    spawn,
-    supervise,
-)
+from .base import Backend, LiveSandbox
 from .common import (
     POOL,
     egress_files,
@@ -138,7 +139,7 @@ def _read_userns_sysctls() -> bool | str:
     return True
 
 
-class NamespaceBackend:
+class NamespaceBackend(Backend):
     name = "namespace"
     mechanism = "bubblewrap + seccomp + cgroups"
     own_kernel = False
@@ -224,7 +225,7 @@ class NamespaceBackend:
                                             f"total: {cg.reason}"))
                 case WorkspaceMount():
                     if self.root:
-                        from .. import idmap
+                        from ..linux import idmap
 
                         ok = idmap.supported(op.path)
                         if ok is not True:
@@ -246,7 +247,7 @@ class NamespaceBackend:
         return NamespaceSandbox(self, plan, events, list(granted), upstream_ca)
 
 
-class NamespaceSandbox:
+class NamespaceSandbox(LiveSandbox):
     def __init__(self, backend: NamespaceBackend, plan: Plan, events: list[dict],
                  granted: list | None = None, upstream_ca: str | None = None) -> None:
         self.granted = granted or []
@@ -578,7 +579,7 @@ class NamespaceSandbox:
         if self.root:
             devpts = os.path.join(self.dir.path, "pts")
             if devpts not in self.dir.mounts:
-                from ..tty import mount_devpts
+                from ..linux.tty import mount_devpts
 
                 if not os.path.isdir(devpts):
                     os.mkdir(devpts, 0o755)

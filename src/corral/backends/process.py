@@ -84,9 +84,22 @@ import math
 import os
 import time
 
-from .. import landlock, limits, rundir
-from .._sys import MS_NODEV, MS_NOSUID, _libc, mount, set_pdeathsig
 from ..errors import BackendUnavailable, SandboxSetupError
+from ..linux import landlock, limits, rundir
+from ..linux._sys import MS_NODEV, MS_NOSUID, _libc, mount, set_pdeathsig
+from ..linux.supervise import (
+    ENOENT,
+    ExecFailed,
+    Outcome,
+    Stream,
+    child_fail_fd,
+    decode_status,
+    finish,
+    report_exec_failure,
+    shebang_interpreter,
+    spawn,
+    supervise,
+)
 from ..plan import (
     ETC_BINDS,
     SCRATCH,
@@ -112,19 +125,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from ..supervise import (
-    ENOENT,
-    ExecFailed,
-    Outcome,
-    Stream,
-    child_fail_fd,
-    decode_status,
-    finish,
-    report_exec_failure,
-    shebang_interpreter,
-    spawn,
-    supervise,
-)
+from .base import Backend, LiveSandbox
 from .common import (
     egress_files,
     is_unenforced,
@@ -213,7 +214,7 @@ def _others_can_read(path: str) -> str | None:
     return None
 
 
-class ProcessBackend:
+class ProcessBackend(Backend):
     name = "process"
     mechanism = "rlimits + Landlock + seccomp, no namespaces"
     #: explain's summary of the network for an allow policy
@@ -324,7 +325,7 @@ class ProcessBackend:
         if self.abi < 4:
             return (f"this kernel's Landlock (ABI {self.abi} < 4) cannot restrict TCP "
                     f"connects to the proxy's port" + fix)
-        from .. import cgroup_bpf
+        from ..linux import cgroup_bpf
 
         mnt = cgroup_bpf.cgroup2_mount()
         if mnt is None:
@@ -422,7 +423,7 @@ class ProcessBackend:
         return ProcessSandbox(self, plan, events, list(granted), upstream_ca)
 
 
-class ProcessSandbox:
+class ProcessSandbox(LiveSandbox):
     def __init__(self, backend: ProcessBackend, plan: Plan, events: list[dict],
                  granted: list | None = None, upstream_ca: str | None = None) -> None:
         self.granted = granted or []
@@ -496,7 +497,7 @@ class ProcessSandbox:
         self.env = self._env()
         if not self.egress:  # with a proxy the ruleset names its port: built per exec
             self._ruleset = self._landlock()
-        from .. import process_seccomp
+        from ..linux import process_seccomp
 
         bpf = process_seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"), self.backend.abi,
                                         "allow" if self.egress else "none")
@@ -726,7 +727,7 @@ class _Egress:
     def __init__(self, sb: ProcessSandbox, run_id: str, cg) -> None:
         import socket
 
-        from .. import cgroup_bpf
+        from ..linux import cgroup_bpf
 
         self.sb = sb
         self.ruleset: landlock.Ruleset | None = None
@@ -859,7 +860,7 @@ class _Child:
     def command(self) -> None:
         """The sandboxed command's setup, in the reaper's child; ends in execve."""
         os.setsid()  # a session of its own, apart from the reaper's
-        if self.tty:  # fd 0 is the run's pty (corral.tty): its controlling terminal
+        if self.tty:  # fd 0 is the run's pty (corral.linux.tty): its controlling terminal
             import fcntl
 
             fcntl.ioctl(0, TIOCSCTTY, 0)
@@ -873,7 +874,7 @@ class _Child:
         if self.attach:
             limits.RunCgroup.attach_self(self.attach)
         if self.bpf_cgroup:
-            from .. import cgroup_bpf
+            from ..linux import cgroup_bpf
 
             if not cgroup_bpf.enforced():  # fail closed: the address rules would not run
                 raise SandboxSetupError(

@@ -18,6 +18,7 @@ from .schema import (
     SECTIONS,
     SPEC_BY_PATH,
     TIERS,
+    WORKSPACE_AT,
     Budget,
     Env,
     Filesystem,
@@ -28,7 +29,6 @@ from .schema import (
     Spec,
     Workspace,
 )
-from .schema import WORKSPACE_AT
 from .units import parse_duration, parse_size
 
 _NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
@@ -341,7 +341,7 @@ def check_mount_source(raw: Any, field: str, what: str) -> str:
     """check_host_path() for a path corral mounts (the workspace, a bind): not a system
     tree, and no symbolic link at any component (corral never follows one: see
     hostpath.py; the sandbox builder opens the path again without following any)."""
-    from ..hostpath import SYSTEM_TREES, first_link
+    from ..linux.hostpath import SYSTEM_TREES, first_link
 
     real = check_host_path(raw, field)
     path = os.path.normpath(raw)

@@ -96,6 +96,9 @@ class Secret(Record):
 
 
 class Policy(Record):
+    """A validated policy: the tier, limits, filesystem, network, environment and secret
+    grants of a sandbox. Build one with load_policy (TOML) or policy_from_dict."""
+
     isolation: str = "namespace"
     limits: Limits = Default(Limits)
     filesystem: Filesystem = Default(Filesystem)

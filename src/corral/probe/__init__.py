@@ -158,10 +158,10 @@ def main(args: list[str]) -> int:
 def run(cases, tiers, *, progress: bool = False):
     """Plant the canaries, run every case on every tier (one tier after the other, one
     case at a time), remove the canaries. Returns the cells."""
+    import signal
+
     from .canaries import Canaries
     from .runner import Runner
-
-    import signal
 
     def _stop(signum, frame):  # SIGTERM/SIGHUP: leave through the finally below
         raise KeyboardInterrupt

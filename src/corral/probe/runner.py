@@ -160,8 +160,8 @@ class Runner:
         key = json.dumps(policy, sort_keys=True)
         if key not in self._explain_cache:
             from ..errors import CorralError
-            from ..explain import explain
             from ..policy import policy_from_dict
+            from ..runtime.explain import explain
 
             try:
                 self._explain_cache[key] = explain(policy_from_dict(policy))
@@ -449,10 +449,9 @@ class Runner:
 
 def _on_terminal(cmd, env, fds, limit, cwd=None) -> tuple[int | None, str]:
     """Run cmd with stdout and stderr on a new pseudo-terminal; what the terminal got."""
+    import fcntl
     import pty
     import select
-
-    import fcntl
     import termios
 
     def controlling_terminal() -> None:  # as a login shell has it: /dev/tty is this pty

@@ -1,4 +1,4 @@
-from ._net import allow, PROXY
+from ._net import PROXY, allow
 
 ID = "net.deny-case"
 CATEGORY = "network"

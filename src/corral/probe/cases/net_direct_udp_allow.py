@@ -1,4 +1,4 @@
-from ._net import ALLOW, sink_decides as score
+from ._net import ALLOW
 
 ID = "net.direct-udp-allow"
 CATEGORY = "network"

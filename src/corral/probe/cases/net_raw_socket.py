@@ -1,4 +1,3 @@
-from ._net import sink_decides as score
 
 ID = "net.raw-socket"
 CATEGORY = "network"

@@ -15,8 +15,8 @@ import select
 import sys
 import time
 
+from ..errors import SandboxSetupError
 from ._sys import child_ids
-from .errors import SandboxSetupError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def spawn(path: str, argv: list[str], env: dict[str, str], *, stdin_fd: int,
           stdout_fd: int | None = None) -> tuple[int, int, int]:
     """fork + exec. Returns (pid, stdout read fd, stderr read fd).
 
-    With `stdout_fd` (a pty slave: corral.tty) the child's stdout and stderr are that fd,
+    With `stdout_fd` (a pty slave: corral.linux.tty) the child's stdout and stderr are that fd,
     no pipes are made, and both read fds returned are -1.
 
     With `uid`/`gid` the child drops every group and takes uid:gid before exec. Without a
@@ -402,7 +402,7 @@ def finish(outcome: Outcome, *, exit_code: int | None, sig: int | None, events: 
     """The Result of one command: limit events from what was observed, then the verdict.
     Shared by every tier (each decodes exit_code and sig its own way). `failed`: (the
     command's name, how its exec failed) when it never started (exec_failure words it)."""
-    from .result import Result, decide_verdict
+    from ..result import Result, decide_verdict
 
     stderr = outcome.stderr.text()
     if failed is not None:

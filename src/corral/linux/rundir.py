@@ -11,7 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 
-from .errors import SandboxSetupError
+from ..errors import SandboxSetupError
 
 
 def base_dir() -> str:
@@ -188,7 +188,7 @@ def _remove_cgroups(record: str) -> None:
     for version, run_id, h, d in (x for x in lines if len(x) == 4):
         if os.path.isdir(d):
             runs.setdefault((version, run_id), {})[h] = d
-    from .errors import SandboxSetupError
+    from ..errors import SandboxSetupError
     from .limits import RunCgroup
 
     for (version, run_id), dirs in runs.items():

@@ -1,19 +1,19 @@
 """`corral explain`: the article's three questions for a policy on a tier, on this host,
 then a line per rule saying what enforces it. Reads the very plan `corral run` would run
-(sandbox.prepare), so the two cannot disagree."""
+(tiers.prepare), so the two cannot disagree."""
 
 from __future__ import annotations
 
-from .errors import BackendUnavailable, UnsupportedRule
-from .plan import EgressProxy, Plan
-from .policy import Policy
+from ..errors import BackendUnavailable, UnsupportedRule
+from ..plan import EgressProxy, Plan
+from ..policy import Policy
 
 OP_RULE_NAMES = {"Namespaces": "isolation", "SystemRoot": "filesystem (root)",
                  "Seccomp": "kernel surface (seccomp)", "NoNetwork": "network (namespace)"}
 
 
 def explain(policy: Policy, tier: str | None = None) -> dict:
-    from .sandbox import check_tier, prepare
+    from .tiers import check_tier, prepare
 
     if tier is not None:
         policy = policy.replace(isolation=tier)
@@ -24,7 +24,7 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
         refused = e
         import os
 
-        from .plan import build_plan
+        from ..plan import build_plan
 
         plan = build_plan(policy, dict(os.environ))
         backend, _, _ = check_tier(plan.tier if plan.tier != "auto" else "namespace", plan)
@@ -57,7 +57,7 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
 def _network(plan: Plan, policy: Policy, backend) -> dict:
     proxy = plan.find(EgressProxy)
     if not proxy:
-        from .plan import NoNetwork
+        from ..plan import NoNetwork
 
         _, note = backend.describe(plan.find(NoNetwork)[0])
         return {"default_closed": True, "reachable": [], "note": note}
@@ -65,9 +65,7 @@ def _network(plan: Plan, policy: Policy, backend) -> dict:
     return {"default_closed": True,
             "reachable": [f"{r} (via the egress proxy)" for r in n.allow],
             "denied": list(n.deny), "private_allowed": list(n.allow_private),
-            "note": getattr(backend, "egress_note",
-                            "only through the egress proxy on 127.0.0.1:3128; the sandbox has "
-                            "no route and no resolver of its own")}
+            "note": backend.egress_note}
 
 
 def _credentials(plan: Plan, policy: Policy) -> list[dict]:

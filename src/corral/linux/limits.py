@@ -46,8 +46,8 @@ import os
 import resource
 import time
 
-from ._record import Record
-from .errors import SandboxSetupError
+from .._record import Record
+from ..errors import SandboxSetupError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

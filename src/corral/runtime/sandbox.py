@@ -11,115 +11,30 @@ from __future__ import annotations
 
 import os
 
-from .errors import BackendUnavailable, UnsupportedRule
-from .plan import Plan, build_plan
-from .policy import Policy, load_policy, policy_from_dict
-from .result import Result
+from ..plan import Plan
+from ..policy import Policy
+from ..result import Result
+from .tiers import coerce_policy, prepare
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
 
-def coerce_policy(policy: Policy | dict | str | os.PathLike | None) -> Policy:
-    """A Policy from a Policy, a dict in the TOML layout, or a TOML file path."""
-    if policy is None:
-        return Policy()
-    if isinstance(policy, Policy):
-        return policy
-    if isinstance(policy, dict):
-        return policy_from_dict(policy)
-    return load_policy(os.fspath(policy))
-
-
-def _is_explicit(rule: str, plan: Plan) -> bool:
-    return bool(rule) and (rule in plan.explicit or any(
-        e.startswith(rule + ".") for e in plan.explicit) or (
-        rule == "network.mode" and any(e.startswith("network.") for e in plan.explicit)))
-
-
-def check_tier(tier: str, plan: Plan):
-    """(backend, refusals, unenforced) for a tier: refusals are the (op, reason) pairs of
-    explicit rules it cannot enforce. Raises BackendUnavailable."""
-    from .backends import get_backend
-
-    backend = get_backend(tier)
-    missing = backend.check(plan)
-    refusals = [(op, why) for op, why in missing if _is_explicit(op.rule, plan)]
-    unenforced = [(op, why) for op, why in missing if not _is_explicit(op.rule, plan)]
-    return backend, refusals, unenforced
-
-
-def _tiers_that_could(rule: str, plan: Plan, skip: str) -> list[str]:
-    from .backends import KNOWN
-
-    could = []
-    for tier in KNOWN:
-        if tier == skip:
-            continue
-        try:
-            _, refusals, _ = check_tier(tier, plan)
-        except BackendUnavailable:
-            continue
-        if not any(op.rule == rule for op, _ in refusals):
-            could.append(tier)
-    return could
-
-
-def prepare(policy: Policy, host_env: Mapping[str, str] | None = None):
-    """Plan the policy and check it against the tier: (backend, plan, standing events).
-
-    A rule the user set explicitly that the tier cannot enforce raises UnsupportedRule
-    naming the rule and a tier that could (nothing runs); a default it cannot enforce
-    becomes an "unenforced" event. `isolation = "auto"` takes the first tier of
-    AUTO_ORDER that is available here and enforces every explicit rule."""
-    from .backends import AUTO_ORDER
-
-    plan = build_plan(policy, os.environ if host_env is None else host_env)
-    if plan.tier == "auto":
-        reasons = []
-        for tier in AUTO_ORDER:
-            try:
-                backend, refusals, unenforced = check_tier(tier, plan)
-            except BackendUnavailable as e:
-                reasons.append(f"{tier}: {e.message}")
-                continue
-            skip = getattr(backend, "auto_skip", lambda: None)()
-            if skip:
-                reasons.append(f"{tier}: {skip}")
-                continue
-            if not refusals:
-                break
-            reasons.append(f"{tier}: cannot enforce {refusals[0][0].rule}")
-        else:
-            raise BackendUnavailable("no tier here enforces this policy: " + "; ".join(reasons),
-                                     field="isolation")
-    else:
-        backend, refusals, unenforced = check_tier(plan.tier, plan)
-        if refusals:
-            op, reason = refusals[0]
-            could = _tiers_that_could(op.rule, plan, backend.name)
-            hint = (f"; isolation = \"{could[0]}\" could" if could
-                    else "; no tier available here could")
-            raise UnsupportedRule(f"the {backend.name} tier cannot enforce it on this host: "
-                                  f"{reason}{hint}", field=op.rule)
-    events = [{"kind": "unenforced", "rule": op.rule or type(op).__name__,
-               "tier": backend.name, "reason": why} for op, why in unenforced]
-    return backend, plan, events
-
-
 class Sandbox:
     """A live sandbox: one policy, a scratch area kept across execs, closed on exit."""
 
     def __init__(self, policy: Policy | dict | str | None = None, *,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, backend=None) -> None:
+        """`backend`: a tier's Backend instance to use instead of the policy's isolation
+        (for tests of the faces with backends.fake.FakeBackend)."""
         self.policy = coerce_policy(policy)
         host_env = os.environ if env is None else env   # read here, by name (env.pass)
-        self._backend, self.plan, self._events = prepare(self.policy, host_env)
+        self._backend, self.plan, self._events = prepare(self.policy, host_env, backend)
         self._granted = []
         if self.policy.secrets:  # read the values now: a missing one is an error, not a run
-            from .grants import resolve
-            from .plan import EgressProxy
+            from ..grants import resolve
+            from ..plan import EgressProxy
 
             (proxy,) = self.plan.find(EgressProxy)
             self._granted = resolve(self.policy, dict(proxy.grants), host_env)
@@ -144,7 +59,7 @@ class Sandbox:
         """Run argv inside. stdin: None (/dev/null), bytes, or a readable fd (not a tty).
 
         tty=True: the command gets a pseudo-terminal of its own as stdin, stdout, stderr and
-        controlling terminal (see corral.tty); `stdin` (None, bytes, or a readable fd, which
+        controlling terminal (see corral.linux.tty); `stdin` (None, bytes, or a readable fd, which
         may be the caller's terminal) is typed into it, on_stdout gets everything it shows,
         uncapped, and the Result's stdout keeps the first limits.output bytes of that one
         stream (stderr is empty; on_stderr is not called). tty_size: (rows, cols); by
@@ -162,8 +77,8 @@ class Sandbox:
                 os.close(fd)
 
     def _exec_tty(self, argv, stdin, on_output, timeout, size) -> Result:
-        from .plan import OutputCap
-        from .tty import Terminal
+        from ..linux.tty import Terminal
+        from ..plan import OutputCap
 
         cap = self.plan.find(OutputCap)[0].bytes
         term = Terminal(stdin, on_output, cap, size)
@@ -234,7 +149,7 @@ def _stdin_fd(stdin, *, tty: bool = False) -> tuple[int | None, bool]:
         return fd, True
     if isinstance(stdin, int):
         if os.isatty(stdin) and not tty:  # with tty, only its bytes are relayed
-            from .errors import UsageError
+            from ..errors import UsageError
 
             raise UsageError("stdin is a terminal; a sandbox never gets the caller's "
                              "terminal: pipe the input in instead, or use -t/--tty for a "

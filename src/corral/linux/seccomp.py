@@ -46,8 +46,8 @@ from __future__ import annotations
 import errno as _errno
 import os
 
-from ._record import Record
-from .errors import BackendUnavailable, SandboxSetupError
+from .._record import Record
+from ..errors import BackendUnavailable, SandboxSetupError
 
 PROFILE_VERSION = "2"
 ARCH = "x86_64"

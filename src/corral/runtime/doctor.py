@@ -63,15 +63,15 @@ def _cgroup_attach() -> bool | str:
 def _tiers() -> dict:
     """Each tier: True when it can run the default policy here, else why not (and the
     defaults it would leave unenforced)."""
-    from .backends import KNOWN
-    from .errors import BackendUnavailable
-    from .plan import build_plan
-    from .policy import Policy
+    from ..backends import KNOWN
+    from ..errors import BackendUnavailable
+    from ..plan import build_plan
+    from ..policy import Policy
 
     out: dict = {}
     for tier in KNOWN:
         try:
-            from .backends import get_backend
+            from ..backends import get_backend
 
             backend = get_backend(tier)
             missing = backend.check(build_plan(Policy(isolation=tier), {}))
@@ -87,8 +87,8 @@ def _tiers() -> dict:
 
 
 def facts() -> dict:
-    from . import limits
-    from .backends.namespace import find_bwrap, userns_available
+    from ..backends.namespace import find_bwrap, userns_available
+    from ..linux import limits
 
     cg = limits.detect()
     bwrap = find_bwrap()
@@ -97,7 +97,7 @@ def facts() -> dict:
     root = os.geteuid() == 0
     idmap: bool | str = "not needed (not root)"
     if root:
-        from . import idmap as _idmap
+        from ..linux import idmap as _idmap
 
         idmap = _idmap.supported("/tmp")
     runsc = shutil.which("runsc")

@@ -1,0 +1,100 @@
+"""The events a Result carries: what a limit stopped, what a tier could not enforce, what
+went wrong at teardown, what the egress proxy decided, where a secret was sent. This is
+the audit schema.
+
+Each kind is a frozen record; `to_dict()` gives the plain dict that `Result.events` holds
+and `Result.to_json()` prints ("kind" first, then the fields in order, optional fields
+only when set). Build them with the class methods, so each message is written once.
+
+    kind         fields
+    limit        limit, stream (output only), message
+    unenforced   rule, tier, reason
+    teardown     message
+    net          host, port, decision ("allow" | "deny"), reason, bytes_in, bytes_out
+    secret       name, host, port, decision ("injected" | "withheld" | ...), reason
+"""
+
+from __future__ import annotations
+
+from ._record import Record
+
+
+class Event(Record):
+    KIND = ""
+
+    def to_dict(self) -> dict:
+        d = {"kind": self.KIND}
+        for f in self._fields:
+            v = getattr(self, f)
+            if v is not None:
+                d[f] = v
+        return d
+
+
+class LimitEvent(Event):
+    KIND = "limit"
+    limit: str
+    stream: str | None = None
+    message: str = ""
+
+    @classmethod
+    def timeout(cls, seconds: float) -> LimitEvent:
+        return cls("timeout", message=f"wall clock limit of {seconds:g}s reached; every "
+                                      f"process of the run was killed")
+
+    @classmethod
+    def cpu_time(cls, seconds: float) -> LimitEvent:
+        return cls("cpu_time", message=f"CPU time limit of {seconds:g}s reached; every "
+                                       f"process of the run was killed")
+
+    @classmethod
+    def memory(cls, kills: int, limit: int) -> LimitEvent:
+        return cls("memory", message=f"the memory cgroup killed {kills} process(es) at the "
+                                     f"{limit} byte limit")
+
+    @classmethod
+    def output(cls, stream: str, cap: int) -> LimitEvent:
+        return cls("output", stream, f"{stream} past {cap} bytes was dropped")
+
+    @classmethod
+    def scratch_full(cls) -> LimitEvent:
+        return cls("scratch", message="/scratch (with /tmp and /dev/shm) is full")
+
+    @classmethod
+    def scratch_inodes(cls) -> LimitEvent:
+        return cls("scratch_inodes", message="/scratch ran out of inodes")
+
+
+class UnenforcedEvent(Event):
+    KIND = "unenforced"
+    rule: str
+    tier: str
+    reason: str
+
+
+class TeardownEvent(Event):
+    KIND = "teardown"
+    message: str
+
+
+class NetEvent(Event):
+    KIND = "net"
+    host: str
+    port: int
+    decision: str
+    reason: str
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+class SecretEvent(Event):
+    KIND = "secret"
+    name: str
+    host: str
+    port: int
+    decision: str
+    reason: str
+
+
+KINDS = {c.KIND: c for c in (LimitEvent, UnenforcedEvent, TeardownEvent, NetEvent,
+                             SecretEvent)}

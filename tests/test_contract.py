@@ -1,0 +1,68 @@
+"""The tier contract (backends/base.py) and the registry: every tier is a Backend, the
+registry is the one list of tiers, and the fake tier is reachable only from code."""
+
+import subprocess
+
+import pytest
+from conftest import CORRAL
+
+import corral
+from corral.backends import AUTO_ORDER, KNOWN, REGISTRY, get_backend
+from corral.backends.base import Backend, LiveSandbox
+from corral.backends.fake import FakeBackend
+from corral.errors import BackendUnavailable, PolicyError
+from corral.policy import policy_from_dict
+from corral.result import Result
+
+
+def test_the_registry_is_the_one_list_of_tiers():
+    assert KNOWN == ("microvm", "gvisor", "namespace", "process", "wasm")
+    assert AUTO_ORDER == ("microvm", "gvisor", "namespace", "process")
+    assert len({t.name for t in REGISTRY}) == len(REGISTRY)
+
+
+@pytest.mark.parametrize("row", [t for t in REGISTRY if t.target], ids=lambda t: t.name)
+def test_every_tier_is_a_backend_on_the_contract(row):
+    module, _, cls = row.target.partition(":")
+    backend_cls = getattr(__import__(f"corral.backends.{module}", fromlist=[cls]), cls)
+    assert issubclass(backend_cls, Backend)
+    assert backend_cls.name == row.name
+    assert backend_cls.own_kernel in (False, "user-space", True)
+    assert isinstance(backend_cls.mechanism, str) and backend_cls.mechanism
+    assert isinstance(get_backend(row.name).properties, dict)
+    # every method the runtime calls is the tier's own, not the contract's placeholder
+    for method in ("check", "describe", "open"):
+        assert getattr(backend_cls, method) is not getattr(Backend, method), method
+
+
+@pytest.mark.parametrize("tier", ["microvm", "wasm", "nosuch"])
+def test_a_tier_without_a_module_is_unavailable(tier):
+    with pytest.raises(BackendUnavailable, match="not available in this release"):
+        get_backend(tier)
+
+
+def test_the_fake_tier_runs_from_code_with_scripted_results():
+    seen = []
+
+    def handler(argv, stdin):
+        seen.append((argv, stdin))
+        return Result(verdict="error", exit_code=3, signal=None, stdout="out\n",
+                      isolation="fake")
+
+    fake = FakeBackend(handler)
+    chunks = []
+    with corral.Sandbox({"limits": {"timeout": "5s"}}, backend=fake) as sb:
+        assert sb.isolation == "fake"
+        r = sb.exec(["echo", "hi"], stdin=b"in", on_stdout=chunks.append)
+    assert (r.verdict, r.exit_code, r.stdout) == ("error", 3, "out\n")
+    assert seen == [(["echo", "hi"], b"in")] and chunks == [b"out\n"]
+    (live,) = fake.opened
+    assert isinstance(live, LiveSandbox) and live.closed
+
+
+def test_no_policy_can_name_the_fake_tier():
+    with pytest.raises(PolicyError, match="isolation"):
+        policy_from_dict({"isolation": "fake"})
+    r = subprocess.run([CORRAL, "run", "--isolation", "fake", "--", "/bin/true"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "fake" in r.stderr and "isolation" in r.stderr, r

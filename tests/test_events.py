@@ -1,0 +1,49 @@
+"""Typed events give exactly the dicts (keys, order, values) that Result JSON has always
+held, so the JSON a user parses does not change."""
+
+import json
+
+from corral.events import (
+    KINDS,
+    LimitEvent,
+    NetEvent,
+    SecretEvent,
+    TeardownEvent,
+    UnenforcedEvent,
+)
+
+
+def dump(e) -> str:
+    return json.dumps(e.to_dict())
+
+
+def test_limit_events_are_todays_dicts():
+    assert dump(LimitEvent.timeout(2.5)) == json.dumps(
+        {"kind": "limit", "limit": "timeout",
+         "message": "wall clock limit of 2.5s reached; every process of the run was killed"})
+    assert dump(LimitEvent.cpu_time(1)) == json.dumps(
+        {"kind": "limit", "limit": "cpu_time",
+         "message": "CPU time limit of 1s reached; every process of the run was killed"})
+    assert dump(LimitEvent.memory(2, 1 << 20)) == json.dumps(
+        {"kind": "limit", "limit": "memory",
+         "message": "the memory cgroup killed 2 process(es) at the 1048576 byte limit"})
+    assert dump(LimitEvent.output("stderr", 10)) == json.dumps(
+        {"kind": "limit", "limit": "output", "stream": "stderr",
+         "message": "stderr past 10 bytes was dropped"})
+    assert dump(LimitEvent.scratch_full()) == json.dumps(
+        {"kind": "limit", "limit": "scratch", "message": "/scratch (with /tmp and /dev/shm) is full"})
+    assert dump(LimitEvent.scratch_inodes()) == json.dumps(
+        {"kind": "limit", "limit": "scratch_inodes", "message": "/scratch ran out of inodes"})
+
+
+def test_the_other_kinds_are_todays_dicts():
+    assert dump(UnenforcedEvent("limits.memory", "process", "why")) == json.dumps(
+        {"kind": "unenforced", "rule": "limits.memory", "tier": "process", "reason": "why"})
+    assert dump(TeardownEvent("gone")) == json.dumps({"kind": "teardown", "message": "gone"})
+    assert dump(NetEvent("a.test", 443, "deny", "not allowed")) == json.dumps(
+        {"kind": "net", "host": "a.test", "port": 443, "decision": "deny",
+         "reason": "not allowed", "bytes_in": 0, "bytes_out": 0})
+    assert dump(SecretEvent("TOKEN", "a.test", 443, "injected", "granted")) == json.dumps(
+        {"kind": "secret", "name": "TOKEN", "host": "a.test", "port": 443,
+         "decision": "injected", "reason": "granted"})
+    assert set(KINDS) == {"limit", "unenforced", "teardown", "net", "secret"}

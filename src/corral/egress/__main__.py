@@ -144,7 +144,23 @@ def main(argv: list[str] | None = None) -> int:
     import asyncio
     import ssl
 
-    from .server import EgressProxy, raise_nofile
+    from .server import EgressProxy, connections_within, nofile_for, raise_nofile
+
+    # every connection under the cap must get its descriptors: with fewer, the cap would
+    # be the kernel's EMFILE instead of our 503, and accepts would stall. boot.py lifts the
+    # hard limit while it is root; what is left of a lower one lowers the cap (never raises it)
+    nofile = raise_nofile(nofile_for(cfg.max_connections))
+    fit = connections_within(nofile)
+    if fit < 1:
+        print(f"corral-egress: RLIMIT_NOFILE is {nofile}, too low to serve a single "
+              f"connection; raise it to {nofile_for(cfg.max_connections)}", file=sys.stderr)
+        return 2
+    if fit < cfg.max_connections:
+        import dataclasses
+
+        print(f"corral-egress: RLIMIT_NOFILE is {nofile}: at most {fit} connections at once "
+              f"(not {cfg.max_connections})", file=sys.stderr)
+        cfg = dataclasses.replace(cfg, max_connections=fit)
 
     if cfg.secrets:
         _not_dumpable()
@@ -164,8 +180,6 @@ def main(argv: list[str] | None = None) -> int:
         listener = _listen(args.listen)
     name = listener.getsockname()
     print(f"corral-egress: listening on {name[0]}:{name[1]}", file=sys.stderr, flush=True)
-
-    raise_nofile(6 * cfg.max_connections + 256)   # client, upstream, 2 splice pipes
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

@@ -38,7 +38,7 @@ the names one wildcard rule lets through.
 
 A listener on the host's own loopback (the process tier's) can be reached by any local user:
 with cfg.peer_uid set, a connection is accepted only when the socket at its other end
-belongs to that uid (`peer_uid`, from /proc/net/tcp); any other is closed before a byte is
+belongs to that uid (peer.py: one sock_diag lookup, not a scan); any other is closed before a byte is
 read, and reported (at most once a second).
 
 Resource limits, so that a hostile client exhausts only its own proxy: at most
@@ -84,6 +84,7 @@ from .conn import (
 )
 from .decide import Decision, check_address, decide_target
 from .hosts import HostError, IPAddress, host_header_text, parse_host
+from .peer import PeerLookup
 from .secrets import (
     GRANTED,
     ResponseScrubber,
@@ -171,6 +172,7 @@ class EgressProxy:
         self._clients: dict[socket.socket, _Client] = {}
         self._last_overflow_event = 0.0
         self._last_foreign_event = 0.0
+        self._peers = PeerLookup()
         self._grants = cfg.secrets
         self._leaves = None
         self._upstream_tls: ssl.SSLContext | None = None
@@ -255,7 +257,7 @@ class EgressProxy:
         """cfg.peer_uid: is the client's socket that uid's? If not, close it (before a byte is
         read) and report it, at most once a second."""
         try:
-            uid = peer_uid(client)
+            uid = self._peers.uid(client)
         except OSError:
             uid = None
         if uid == self.cfg.peer_uid:
@@ -1314,42 +1316,6 @@ async def _has_more(loop, sock: socket.socket) -> bool:
             return False
 
 
-def peer_uid(client: socket.socket) -> int | None:
-    """The uid owning the other end of a TCP connection on this host's loopback, from the
-    kernel's socket tables (/proc/net/tcp, and tcp6 for an IPv4-mapped dual-stack client):
-    the row whose local address is our peer and whose remote address is us. None if no
-    such socket is open (it closed, or it lives in another network namespace).
-
-    A row's uid is the socket's owner: its creator, or whom root fchown()ed it to. While
-    this end is open, no other socket can hold the same address pair, so the row found is
-    this connection's other end."""
-    import struct
-
-    if client.family != socket.AF_INET:
-        return None
-    here, there = client.getsockname(), client.getpeername()
-
-    def v4(addr) -> str:
-        return f"{struct.unpack('<I', socket.inet_aton(addr[0]))[0]:08X}:{addr[1]:04X}"
-
-    def v6(addr) -> str:
-        words = struct.unpack("<4I", socket.inet_pton(socket.AF_INET6, "::ffff:" + addr[0]))
-        return "".join(f"{w:08X}" for w in words) + f":{addr[1]:04X}"
-
-    for table, fmt in (("/proc/net/tcp", v4), ("/proc/net/tcp6", v6)):
-        want = (fmt(there), fmt(here))
-        try:
-            with open(table) as f:
-                next(f, None)
-                for line in f:
-                    cols = line.split()
-                    if (cols[1], cols[2]) == want:
-                        return int(cols[7])
-        except FileNotFoundError:
-            continue
-    return None
-
-
 def _canon(host: str) -> str:
     try:
         return str(parse_host(host))
@@ -1379,14 +1345,34 @@ async def _send_quiet(loop, sock, data: bytes) -> None:
         pass
 
 
-def raise_nofile(want: int) -> None:
-    """Lift the soft RLIMIT_NOFILE towards `want` (two fds per connection plus slack)."""
+#: fds one client connection can hold: its socket, the upstream's, two splice pipes (2 each)
+FDS_PER_CONNECTION = 6
+#: fds beyond the connections: listener, events, resolver sockets, the netlink socket, ...
+FD_SLACK = 256
+
+
+def nofile_for(max_connections: int) -> int:
+    """The RLIMIT_NOFILE a proxy capped at `max_connections` needs."""
+    return FDS_PER_CONNECTION * max_connections + FD_SLACK
+
+
+def connections_within(nofile: int) -> int:
+    """How many client connections fit in `nofile` descriptors (0: not even one)."""
+    return max(0, (nofile - FD_SLACK) // FDS_PER_CONNECTION)
+
+
+def raise_nofile(want: int) -> int:
+    """Lift the soft RLIMIT_NOFILE towards `want` (up to the hard limit); returns the soft
+    limit now in force."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if soft != resource.RLIM_INFINITY and soft < target:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return want if soft == resource.RLIM_INFINITY else soft
 
 
-__all__ = ["RELAY_BUF", "EgressProxy", "make_resolver", "raise_nofile"]
+__all__ = ["FDS_PER_CONNECTION", "RELAY_BUF", "EgressProxy", "connections_within",
+           "make_resolver", "nofile_for", "raise_nofile"]

@@ -399,6 +399,42 @@ def test_connection_cap(proxy):
     assert curl(p, "http://allowed.test/hello")[0] == 200
 
 
+def test_a_low_fd_limit_lowers_the_cap_instead_of_stalling(tmp_path, dnsmasq, servers):
+    """With fewer fds than its cap needs (6 a connection plus 256), the proxy lowers its cap
+    to what fits and says so, so the connections past it get a 503 at once instead of
+    sitting in the accept queue while accept() fails with EMFILE."""
+    from corral.egress.server import connections_within, nofile_for
+
+    assert connections_within(nofile_for(512)) == 512
+    cfg = {"allow": ["allowed.test"], "allow_private": [PRIV],
+           "nameservers": [f"127.0.0.1:{dnsmasq['port']}"]}
+    p = Proxy(cfg, tmp_path, nofile=nofile_for(20))
+    held = []
+    try:
+        held = [socket.create_connection(("127.0.0.1", p.port), timeout=5) for _ in range(20)]
+        resp = raw(p, b"GET http://allowed.test/hello HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+    finally:
+        for s in held:
+            s.close()
+        p.stop()
+    assert resp.startswith(b"HTTP/1.1 503"), resp
+    assert f"RLIMIT_NOFILE is {nofile_for(20)}: at most 20 connections at once (not 512)" \
+        in p.stderr, p.stderr
+
+
+def test_too_few_fds_for_one_connection_is_an_error(tmp_path):
+    import resource
+
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"allow": ["allowed.test"]}))
+    r = subprocess.run([sys.executable, "-m", "corral.egress", "--config", str(cfg),
+                        "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200)))
+    assert r.returncode == 2
+    assert "RLIMIT_NOFILE is 200, too low to serve a single connection; raise it to 3328" \
+        in r.stderr, r.stderr
+
+
 def test_listen_fd_events_fd_and_exit(dnsmasq, servers):
     """The supervisor's way: inherited listening socket, config on a pipe, events on a pipe;
     the proxy exits when the events pipe's reader goes away, and on SIGTERM."""

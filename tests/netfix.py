@@ -222,8 +222,10 @@ def queried(dnsmasq, name: str) -> bool:
 class Proxy:
     """The egress proxy as its own process on 127.0.0.1:<free port>, events to a file."""
 
-    def __init__(self, cfg: dict, tmp: Path, nofile: int | None = None):
-        """`nofile`: the proxy's RLIMIT_NOFILE (soft and hard) instead of ours."""
+    def __init__(self, cfg: dict, tmp: Path, nofile: int | None = None,
+                 hosts: Path | None = None):
+        """`nofile`: the proxy's RLIMIT_NOFILE (soft and hard) instead of ours; `hosts`: its
+        hosts file instead of /etc/hosts."""
         self.cfg_path = tmp / f"cfg-{id(self)}.json"
         self.events_path = tmp / f"events-{id(self)}.jsonl"
         self.cfg_path.write_text(json.dumps(cfg))
@@ -235,7 +237,8 @@ class Proxy:
 
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "corral.egress", "--config", str(self.cfg_path),
-             "--listen", "127.0.0.1:0", "--events", str(self.events_path)],
+             "--listen", "127.0.0.1:0", "--events", str(self.events_path),
+             *(["--hosts", str(hosts)] if hosts else [])],
             stderr=subprocess.PIPE, text=True, preexec_fn=limit if nofile else None)
         self.stderr = ""
         while "listening on" not in (line := self.proc.stderr.readline()):

@@ -443,3 +443,74 @@ timeout = "120s"
         assert (got["408"], got["503"]) == (admitted, 200 - admitted), (lifts, got)
     else:
         assert got["408"] >= admitted and got["408"] + got["503"] == 200, (lifts, got)
+
+
+@pytest.fixture
+def loopback_index(tmp_path):
+    """A real HTTP server on the host's 127.0.0.1 (a free port): /hello, and a package index
+    at /simple with corraldemo 1.0."""
+    (tmp_path / "simple" / "corraldemo").mkdir(parents=True)
+    (tmp_path / "simple" / "corraldemo" / "corraldemo-1.0-py3-none-any.whl").write_bytes(_wheel())
+    (tmp_path / "simple" / "corraldemo" / "index.html").write_text(
+        '<a href="corraldemo-1.0-py3-none-any.whl">corraldemo-1.0-py3-none-any.whl</a>')
+    (tmp_path / "hello").write_text("hello from the host's loopback\n")
+    port = free_port("127.0.0.1")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", port), functools.partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield port
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_an_allowed_loopback_address_is_reached_through_the_proxy(dnsmasq, loopback_index):
+    """allow 127.0.0.1:PORT (with allow_private): curl, urllib and pip inside reach the
+    host's server there through the proxy, with events. NO_PROXY named 127.0.0.1, so every
+    client went to the sandbox's own loopback, where nothing listens ("No matching
+    distribution", no event)."""
+    port = loopback_index
+    pol = policy(dnsmasq, [f"127.0.0.1:{port}"], allow_private=["127.0.0.1/32"])
+    r = sh(f'echo "no_proxy=$NO_PROXY|$no_proxy"; curl -sS -m 10 http://127.0.0.1:{port}/hello '
+           f"&& {PY} -c \"import urllib.request as u; "
+           f"print(u.urlopen('http://127.0.0.1:{port}/hello').read().decode())\" "
+           f"&& {PY} -m pip install -q --no-cache-dir --disable-pip-version-check "
+           f"--target \"$HOME/lib\" --index-url http://127.0.0.1:{port}/simple "
+           f"--trusted-host 127.0.0.1:{port} corraldemo "
+           f"&& PYTHONPATH=\"$HOME/lib\" {PY} -c 'import corraldemo; print(corraldemo.VALUE)'",
+           {**pol, "limits": {"timeout": "120s"}})
+    lines = r.stdout.splitlines()
+    assert lines[0] == "no_proxy=localhost,::1|localhost,::1", r
+    assert lines[1:3] == ["hello from the host's loopback"] * 2, r
+    assert lines[-1] == "42", r
+    ev = net_events(r)
+    assert len(ev) >= 3 and all((e["host"], e["port"], e["decision"]) == ("127.0.0.1", port,
+                                                                         "allow") for e in ev), ev
+
+
+def test_localhost_resolves_through_the_hosts_file_in_the_proxy(dnsmasq, loopback_index):
+    """allow localhost:PORT: the proxy resolves `localhost` through the host's /etc/hosts
+    (never asking dnsmasq) and reaches the host's server, with allow_private covering
+    127.0.0.1; without it, the resolved loopback address is refused by the address guard."""
+    from ipaddress import ip_address
+
+    from corral.egress import hostsfile
+
+    if ip_address("127.0.0.1") not in hostsfile.load()[0].get("localhost", ()):
+        pytest.skip("this host's /etc/hosts does not map localhost to 127.0.0.1")
+    port = loopback_index
+    cmd = f'echo "no_proxy=$NO_PROXY"; curl -sS -i -m 10 http://localhost:{port}/hello'
+    ok = sh(cmd, policy(dnsmasq, [f"localhost:{port}"], allow_private=["127.0.0.1/32"]))
+    assert ok.stdout.splitlines()[0] == "no_proxy=127.0.0.1,::1", ok
+    assert "hello from the host's loopback" in ok.stdout, ok
+    assert [(e["host"], e["decision"]) for e in net_events(ok)] == [("localhost", "allow")]
+    no = sh(cmd, policy(dnsmasq, [f"localhost:{port}"], allow_private=[]))
+    assert "403" in no.stdout.splitlines()[1], no
+    assert "x-corral-reason: address 127.0.0.1 is loopback" in no.stdout.lower(), no
+    (ev,) = net_events(no)
+    assert (ev["host"], ev["decision"]) == ("localhost", "deny") and "loopback" in ev["reason"]
+    assert not queried(dnsmasq, "localhost")

@@ -7,6 +7,7 @@
 --listen-fd              a listening TCP socket (the supervisor made it inside the sandbox's
                          network namespace); --listen HOST:PORT binds one here instead
 --events-fd / --events   JSON lines, one per decision (default: stdout)
+--hosts FILE             the hosts file names resolve through before DNS (default: /etc/hosts)
 --die-with-parent        PR_SET_PDEATHSIG(SIGTERM): exit when the parent thread exits
 
 When listening it prints ``corral-egress: listening on HOST:PORT`` on stderr. It exits on
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ev_g = p.add_mutually_exclusive_group()
     ev_g.add_argument("--events-fd", type=int)
     ev_g.add_argument("--events")
+    p.add_argument("--hosts", default=None)
     p.add_argument("--die-with-parent", action="store_true")
     args = p.parse_args(argv)
 
@@ -165,8 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.secrets:
         _not_dumpable()
 
+    from . import hostsfile
+
+    hosts, why = hostsfile.load(args.hosts or hostsfile.PATH)
+    if why:
+        print(f"corral-egress: {why}", file=sys.stderr)
     try:
-        proxy = EgressProxy(cfg, emit)
+        proxy = EgressProxy(cfg, emit, hosts=hosts)
     except (ValueError, TypeError, OSError, ssl.SSLError) as e:
         # messages of LeafCache and upstream_context name the field, never key material
         print(f"corral-egress: {e}", file=sys.stderr)

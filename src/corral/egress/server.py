@@ -5,7 +5,8 @@ Every decision comes from the sans-IO core (decide.py, conn.py, tls.py); this la
 1. accepts on a listening socket it is given (one proxy process per sandbox),
 2. parses the request with `ProxyConnection`,
 3. asks `decide_target` **before** any DNS query (a denied name is never looked up),
-4. resolves an allowed name once (A, then AAAA if A has none; dnspython, cfg.nameservers), asks
+4. resolves an allowed name once (the host's /etc/hosts first, hostsfile.py; else A, then AAAA
+   if A has none; dnspython, cfg.nameservers), asks
    `check_address` for every candidate, and connects to a checked address: the address it
    connects to is the address it checked (no second lookup anywhere),
 5. CONNECT: answers 200, then on port 443, or whenever the client's first bytes look like
@@ -38,8 +39,8 @@ the names one wildcard rule lets through.
 
 A listener on the host's own loopback (the process tier's) can be reached by any local user:
 with cfg.peer_uid set, a connection is accepted only when the socket at its other end
-belongs to that uid (peer.py: one sock_diag lookup, not a scan); any other is closed before a byte is
-read, and reported (at most once a second).
+belongs to that uid (peer.py: one sock_diag lookup, not a scan); any other is closed before a
+byte is read, and reported (at most once a second).
 
 Resource limits, so that a hostile client exhausts only its own proxy: at most
 cfg.max_connections client connections (more get 503 and are closed), request heads capped
@@ -65,6 +66,7 @@ from ipaddress import IPv4Address, ip_address
 
 import h11
 
+from . import hostsfile
 from .config import NetConfig
 from .conn import (
     CONNECT_OK,
@@ -164,10 +166,12 @@ def make_resolver(cfg: NetConfig):
 
 
 class EgressProxy:
-    def __init__(self, cfg: NetConfig, emit: Emit, *, resolver=None) -> None:
+    def __init__(self, cfg: NetConfig, emit: Emit, *, resolver=None, hosts=None) -> None:
         self.cfg = cfg
         self._emit_cb = emit
         self._resolver = resolver if resolver is not None else make_resolver(cfg)
+        #: the host's /etc/hosts (hostsfile.py), asked before DNS
+        self._hosts = hosts if hosts is not None else hostsfile.load()[0]
         self._usage: dict[str, _Usage] = {}
         self._clients: dict[socket.socket, _Client] = {}
         self._last_overflow_event = 0.0
@@ -388,6 +392,9 @@ class EgressProxy:
         import dns.name
         import dns.resolver
 
+        known = self._hosts.get(name)
+        if known:                       # the host's /etc/hosts, before any DNS query
+            return list(known)
         qname = dns.name.from_text(name)
 
         async def query(rdtype: str) -> list[IPAddress]:

@@ -49,6 +49,8 @@ def no_proxy(cfg) -> str:
         return any(r.matches_ip(ip_address(name)) for r in cfg.allow)
 
     return ",".join(n for n in LOOPBACK_NAMES if not allowed(n))
+
+
 SCRATCH = "/scratch"
 WORKSPACE = "/workspace"
 

@@ -231,6 +231,7 @@ class EgressProxy:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, sweeper, return_exceptions=True)
+            self._peers.close()
 
     def _report_crash(self, task: asyncio.Task) -> None:
         """A bug in one connection's handler must not pass silently (nor stop the others);

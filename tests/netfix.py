@@ -223,19 +223,31 @@ def queried(dnsmasq, name: str) -> bool:
 class Proxy:
     """The egress proxy as its own process on 127.0.0.1:<free port>, events to a file."""
 
-    def __init__(self, cfg: dict, tmp: Path):
+    def __init__(self, cfg: dict, tmp: Path, nofile: int | None = None,
+                 hosts: Path | None = None):
+        """`nofile`: the proxy's RLIMIT_NOFILE (soft and hard) instead of ours; `hosts`: its
+        hosts file instead of /etc/hosts."""
         self.cfg_path = tmp / f"cfg-{id(self)}.json"
         self.events_path = tmp / f"events-{id(self)}.jsonl"
         self.cfg_path.write_text(json.dumps(cfg))
+
+        def limit() -> None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "corral.egress", "--config", str(self.cfg_path),
-             "--listen", "127.0.0.1:0", "--events", str(self.events_path)],
-            stderr=subprocess.PIPE, text=True)
-        line = self.proc.stderr.readline()
-        assert "listening on" in line, line + self.proc.stderr.read()
+             "--listen", "127.0.0.1:0", "--events", str(self.events_path),
+             *(["--hosts", str(hosts)] if hosts else [])],
+            stderr=subprocess.PIPE, text=True, preexec_fn=limit if nofile else None)
+        self.stderr = ""
+        while "listening on" not in (line := self.proc.stderr.readline()):
+            self.stderr += line                  # what it says before (its fd limit, say)
+            assert line, self.stderr + self.proc.stderr.read()
         self.port = int(line.rsplit(":", 1)[1])
         self.url = f"http://127.0.0.1:{self.port}"
-        self.stderr = line
+        self.stderr += line
 
     def events(self, wait_for: int = 0, timeout: float = 5.0) -> list[dict]:
         deadline = time.monotonic() + timeout

@@ -399,6 +399,107 @@ def test_connection_cap(proxy):
     assert curl(p, "http://allowed.test/hello")[0] == 200
 
 
+def test_a_low_fd_limit_lowers_the_cap_instead_of_stalling(tmp_path, dnsmasq, servers):
+    """With fewer fds than its cap needs (6 a connection plus 256), the proxy lowers its cap
+    to what fits and says so, so the connections past it get a 503 at once instead of
+    sitting in the accept queue while accept() fails with EMFILE."""
+    from corral.egress.server import connections_within, nofile_for
+
+    assert connections_within(nofile_for(512)) == 512
+    cfg = {"allow": ["allowed.test"], "allow_private": [PRIV],
+           "nameservers": [f"127.0.0.1:{dnsmasq['port']}"]}
+    p = Proxy(cfg, tmp_path, nofile=nofile_for(20))
+    held = []
+    try:
+        held = [socket.create_connection(("127.0.0.1", p.port), timeout=5) for _ in range(20)]
+        resp = raw(p, b"GET http://allowed.test/hello HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+    finally:
+        for s in held:
+            s.close()
+        p.stop()
+    assert resp.startswith(b"HTTP/1.1 503"), resp
+    assert f"RLIMIT_NOFILE is {nofile_for(20)}: at most 20 connections at once (not 512)" \
+        in p.stderr, p.stderr
+
+
+def test_too_few_fds_for_one_connection_is_an_error(tmp_path):
+    import resource
+
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({"allow": ["allowed.test"]}))
+    r = subprocess.run([sys.executable, "-m", "corral.egress", "--config", str(cfg),
+                        "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200)))
+    assert r.returncode == 2
+    assert "RLIMIT_NOFILE is 200, too low to serve a single connection; raise it to 3328" \
+        in r.stderr, r.stderr
+
+
+def test_hosts_file_parsed_strictly():
+    from ipaddress import ip_address
+
+    from corral.egress import hostsfile
+
+    table = hostsfile.parse(b"""# comment
+127.0.0.1\tlocalhost   # the usual
+::1 localhost ip6-localhost
+10.0.0.7 Build.Internal. build
+10.0.0.8 build
+::ffff:10.0.0.9 mapped.test
+fe80::1%eth0 zoned.test
+127.1 short.test
+10.0.0.300 bad.test
+10.0.0.5 ok.test bad@name
+10.0.0.6 1.2.3.4
+10.0.0.4 caf\xc3\xa9.test
+10.0.0.3
+notanaddress name.test
+""")
+    a = ip_address
+    assert table == {"localhost": (a("127.0.0.1"), a("::1")), "ip6-localhost": (a("::1"),),
+                     "build.internal": (a("10.0.0.7"),),
+                     "build": (a("10.0.0.7"), a("10.0.0.8")),
+                     "mapped.test": (a("10.0.0.9"),)}
+    with pytest.raises(ValueError):
+        hostsfile.parse(b"#" * (hostsfile.MAX_BYTES + 1))
+
+
+def test_names_in_the_hosts_file_resolve_before_dns(proxy, dnsmasq, servers, tmp_path):
+    """The proxy reads its hosts file (the host's /etc/hosts in a sandbox) once at start and
+    resolves names there before DNS: a name the file maps is never asked of the resolver,
+    and what it maps to still needs allow_private."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"{SRV} fromfile.test allowed.test\n")
+    cfg = {"allow": ["fromfile.test", "allowed.test"],
+           "nameservers": [f"127.0.0.1:{dnsmasq['port']}"]}
+    p = Proxy({**cfg, "allow_private": [PRIV]}, tmp_path, hosts=hosts)
+    q = Proxy(cfg, tmp_path, hosts=hosts)
+    try:
+        status, _, body = curl(p, "http://fromfile.test/host")
+        refused = curl(q, "http://fromfile.test/")
+    finally:
+        p.stop()
+        q.stop()
+    assert (status, body) == (200, b"fromfile.test"), (status, body)
+    assert refused[0] == 403 and f"address {SRV} is loopback" in refused[1]["x-corral-reason"]
+    assert not queried(dnsmasq, "fromfile.test")
+
+
+def test_an_oversized_hosts_file_is_not_used(dnsmasq, servers, tmp_path):
+    from corral.egress import hostsfile
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"{SRV} toobig.test\n" + "#" * hostsfile.MAX_BYTES)
+    p = Proxy({"allow": ["toobig.test"], "allow_private": [PRIV],
+               "nameservers": [f"127.0.0.1:{dnsmasq['port']}"]}, tmp_path, hosts=hosts)
+    try:
+        status = curl(p, "http://toobig.test/")[0]
+    finally:
+        p.stop()
+    assert status == 502 and queried(dnsmasq, "toobig.test")
+    assert f"{hosts} not used: larger than {hostsfile.MAX_BYTES} bytes" in p.stderr
+
+
 def test_listen_fd_events_fd_and_exit(dnsmasq, servers):
     """The supervisor's way: inherited listening socket, config on a pipe, events on a pipe;
     the proxy exits when the events pipe's reader goes away, and on SIGTERM."""

@@ -7,6 +7,7 @@ test_process_network.py."""
 import functools
 import http.server
 import io
+import json
 import os
 import subprocess
 import threading
@@ -301,3 +302,215 @@ def test_a_supervisor_with_fds_past_1024(dnsmasq, servers):
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+STORM = """
+import json, os, select, socket, time, urllib.parse
+u = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
+addr = (u.hostname, u.port)
+GET = b"GET http://allowed.test/ HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\n"
+
+def answer(s):
+    # one request on s; its status line once the whole response is read (keep-alive)
+    s.sendall(GET)
+    data = b""
+    while b"\\r\\n\\r\\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            return data.split(b"\\r\\n")[0].decode() or "closed"
+        data += chunk
+    head, _, body = data.partition(b"\\r\\n\\r\\n")
+    lines = head.split(b"\\r\\n")
+    n = sum(int(v) for k, _, v in (x.partition(b":") for x in lines[1:])
+            if k.strip().lower() == b"content-length")
+    while len(body) < n:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return lines[0].decode()
+
+def request():
+    try:
+        with socket.create_connection(addr, timeout=60) as s:
+            return answer(s)
+    except OSError as e:
+        return type(e).__name__
+
+early = socket.create_connection(addr, timeout=60)     # a client from before the flood
+first = answer(early)
+t0 = time.monotonic()
+held = [socket.create_connection(addr, timeout=60) for _ in range(N)]
+flood_s = time.monotonic() - t0
+during = request()                # accepted after every held one
+on_early = answer(early)          # the client from before the flood is still served
+# every held connection gets an answer: a 503 at once past the cap; an admitted one a 408
+# when the header timeout (10 s) cuts it. Wait for all of them (no answer: "silent")
+seen = {"503": 0, "408": 0, "other": 0, "silent": 0}
+waiting = {s.fileno(): s for s in held}
+poller = select.poll()
+for fd in waiting:
+    poller.register(fd, select.POLLIN)
+deadline = time.monotonic() + 60
+while waiting and time.monotonic() < deadline:
+    for fd, _ in poller.poll(1000):
+        s = waiting.pop(fd)
+        poller.unregister(fd)
+        try:
+            got = s.recv(64, socket.MSG_PEEK)
+        except OSError:
+            got = b""
+        seen["503" if got.startswith(b"HTTP/1.1 503") else
+             "408" if got.startswith(b"HTTP/1.1 408") else "other"] += 1
+seen["silent"] = len(waiting)
+for s in held:
+    s.close()
+for _ in range(200):              # until the proxy has seen the closes
+    after = request()
+    if not after.startswith("HTTP/1.1 503"):
+        break
+    time.sleep(0.05)
+print(json.dumps({"first": first, "during": during, "on_early": on_early, "after": after,
+                  "flood_s": flood_s, **seen}))
+"""
+
+
+def test_the_connection_cap_holds_in_a_storm_and_the_proxy_keeps_serving(dnsmasq, servers):
+    """1500 idle connections against the cap of 512: those past it get a 503 at once (one
+    event a second), a request in the middle of the flood is answered, a client connected
+    before it is still served, and once the flood is let go a new request is served. (On
+    the process tier the proxy's peer-uid check scanned /proc/net/tcp per accepted
+    connection, so a flood stalled its accept loop and it stopped answering at all.)"""
+    pol = {**policy(dnsmasq, ["allowed.test"]),
+           "limits": {"open_files": 4096, "timeout": "180s"}}
+    r = corral.run([PY, "-c", "N = 1500\n" + STORM], policy=pol)
+    assert r.verdict == "ok", r
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["first"] == got["on_early"] == "HTTP/1.1 200 OK", got
+    assert got["after"] == "HTTP/1.1 200 OK", got
+    assert got["other"] == got["silent"] == 0, got
+    # at most 512 open at once: the early client and 511 of the flood. (Were the flood
+    # longer than the header timeout, 10 s, the first ones' slots would go to later ones)
+    if got["flood_s"] < 9:
+        assert got["408"] == 511 and got["503"] == 1500 - 511, got
+        assert got["during"] == "HTTP/1.1 503 Service Unavailable", got
+    else:
+        assert got["408"] >= 511 and got["503"] >= 1, got
+    refusals = [e for e in net_events(r) if e["reason"] == "too many connections"]
+    assert 1 <= len(refusals) <= r.usage.wall_s + 1, refusals
+
+
+def _have_cap_sys_resource() -> bool:
+    with open("/proc/self/status") as f:
+        eff = int(next(x for x in f if x.startswith("CapEff:")).split()[1], 16)
+    return bool(eff >> 24 & 1)
+
+
+def test_the_proxy_fits_its_cap_to_its_fds_when_the_supervisor_has_few(dnsmasq, servers,
+                                                                       tmp_path):
+    """`corral run` with RLIMIT_NOFILE 1024 (soft and hard, a common default) while a
+    connection of the proxy may take 6 fds: the proxy, started as root, lifts its limit to
+    what its cap of 512 needs before it drops to its uid (with CAP_SYS_RESOURCE); where it
+    cannot, it lowers its cap to what fits, 128, so a storm of 200 gets 503s past it
+    instead of the proxy meeting EMFILE with its accept queue full."""
+    import resource
+
+    from corral.egress.server import connections_within
+
+    lifts = _have_cap_sys_resource()
+    pol = tmp_path / "p.toml"
+    pol.write_text(f"""isolation = "{TIER}"
+[network]
+mode = "allow"
+allow = ["allowed.test"]
+allow_private = ["{PRIV}"]
+nameservers = ["127.0.0.1:{dnsmasq['port']}"]
+[limits]
+timeout = "120s"
+""")
+    r = subprocess.run([CORRAL, "run", "--policy", str(pol), "--", PY, "-c",
+                        "N = 200\n" + STORM], capture_output=True, text=True, timeout=300,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                             (1024, 1024)))
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["first"] == got["on_early"] == got["after"] == "HTTP/1.1 200 OK", got
+    assert got["other"] == got["silent"] == 0, got
+    cap = 512 if lifts else connections_within(1024)
+    assert cap == 512 or cap == 128
+    admitted = min(200, cap - 1)         # the early client holds one
+    if got["flood_s"] < 9:               # else the header timeout freed slots (see above)
+        assert (got["408"], got["503"]) == (admitted, 200 - admitted), (lifts, got)
+    else:
+        assert got["408"] >= admitted and got["408"] + got["503"] == 200, (lifts, got)
+
+
+@pytest.fixture
+def loopback_index(tmp_path):
+    """A real HTTP server on the host's 127.0.0.1 (a free port): /hello, and a package index
+    at /simple with corraldemo 1.0."""
+    (tmp_path / "simple" / "corraldemo").mkdir(parents=True)
+    (tmp_path / "simple" / "corraldemo" / "corraldemo-1.0-py3-none-any.whl").write_bytes(_wheel())
+    (tmp_path / "simple" / "corraldemo" / "index.html").write_text(
+        '<a href="corraldemo-1.0-py3-none-any.whl">corraldemo-1.0-py3-none-any.whl</a>')
+    (tmp_path / "hello").write_text("hello from the host's loopback\n")
+    port = free_port("127.0.0.1")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", port), functools.partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield port
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_an_allowed_loopback_address_is_reached_through_the_proxy(dnsmasq, loopback_index):
+    """allow 127.0.0.1:PORT (with allow_private): curl, urllib and pip inside reach the
+    host's server there through the proxy, with events. NO_PROXY named 127.0.0.1, so every
+    client went to the sandbox's own loopback, where nothing listens ("No matching
+    distribution", no event)."""
+    port = loopback_index
+    pol = policy(dnsmasq, [f"127.0.0.1:{port}"], allow_private=["127.0.0.1/32"])
+    r = sh(f'echo "no_proxy=$NO_PROXY|$no_proxy"; curl -sS -m 10 http://127.0.0.1:{port}/hello '
+           f"&& {PY} -c \"import urllib.request as u; "
+           f"print(u.urlopen('http://127.0.0.1:{port}/hello').read().decode())\" "
+           f"&& {PY} -m pip install -q --no-cache-dir --disable-pip-version-check "
+           f"--target \"$HOME/lib\" --index-url http://127.0.0.1:{port}/simple "
+           f"--trusted-host 127.0.0.1:{port} corraldemo "
+           f"&& PYTHONPATH=\"$HOME/lib\" {PY} -c 'import corraldemo; print(corraldemo.VALUE)'",
+           {**pol, "limits": {"timeout": "120s"}})
+    lines = r.stdout.splitlines()
+    assert lines[0] == "no_proxy=localhost,::1|localhost,::1", r
+    assert lines[1:3] == ["hello from the host's loopback"] * 2, r
+    assert lines[-1] == "42", r
+    ev = net_events(r)
+    assert len(ev) >= 3 and all((e["host"], e["port"], e["decision"]) == ("127.0.0.1", port,
+                                                                         "allow") for e in ev), ev
+
+
+def test_localhost_resolves_through_the_hosts_file_in_the_proxy(dnsmasq, loopback_index):
+    """allow localhost:PORT: the proxy resolves `localhost` through the host's /etc/hosts
+    (never asking dnsmasq) and reaches the host's server, with allow_private covering
+    127.0.0.1; without it, the resolved loopback address is refused by the address guard."""
+    from ipaddress import ip_address
+
+    from corral.egress import hostsfile
+
+    if ip_address("127.0.0.1") not in hostsfile.load()[0].get("localhost", ()):
+        pytest.skip("this host's /etc/hosts does not map localhost to 127.0.0.1")
+    port = loopback_index
+    cmd = f'echo "no_proxy=$NO_PROXY"; curl -sS -i -m 10 http://localhost:{port}/hello'
+    ok = sh(cmd, policy(dnsmasq, [f"localhost:{port}"], allow_private=["127.0.0.1/32"]))
+    assert ok.stdout.splitlines()[0] == "no_proxy=127.0.0.1,::1", ok
+    assert "hello from the host's loopback" in ok.stdout, ok
+    assert [(e["host"], e["decision"]) for e in net_events(ok)] == [("localhost", "allow")]
+    no = sh(cmd, policy(dnsmasq, [f"localhost:{port}"], allow_private=[]))
+    assert "403" in no.stdout.splitlines()[1], no
+    assert "x-corral-reason: address 127.0.0.1 is loopback" in no.stdout.lower(), no
+    (ev,) = net_events(no)
+    assert (ev["host"], ev["decision"]) == ("localhost", "deny") and "loopback" in ev["reason"]
+    assert not queried(dnsmasq, "localhost")

@@ -319,7 +319,7 @@ def test_refused_without_root_naming_the_rule_and_a_tier():
     assert "network.mode" in line and "needs root" in line and '"namespace"' in line, line
     r = subprocess.run([CORRAL, "explain", "--isolation", "process", "--allow-domain",
                         "example.org"], capture_output=True, text=True, check=False, timeout=60)
-    assert r.returncode == 0 and "127.0.0.1:P" in r.stdout and "/proc/net/tcp" in r.stdout
+    assert r.returncode == 0 and "127.0.0.1:P" in r.stdout and "sock_diag" in r.stdout
 
 
 # --- the pieces on their own ---------------------------------------------------------------
@@ -340,6 +340,82 @@ def test_proxy_admits_only_the_configured_uid(dnsmasq, servers, tmp_path):
     assert as_nobody.stdout == f"hello from {SRV}\n", as_nobody.stderr
     assert evs[0]["reason"] == "a connection from uid 0, not the sandbox's uid, was refused"
     assert evs[1]["decision"] == "allow" and evs[1]["host"] == "allowed.test"
+
+
+def test_peer_lookup_finds_the_owner_among_many_connections():
+    """peer.PeerLookup (sock_diag) names the owner of the other end: the creator's uid, or
+    whom it was fchown()ed to; a dual-stack client connected to 127.0.0.1 too; the /proc
+    scan (the fallback) agrees."""
+    from corral.egress.peer import PeerLookup, proc_net_tcp_uid
+
+    srv = socket.create_server(("127.0.0.1", 0), backlog=1024)
+    port = srv.getsockname()[1]
+    socks = []
+
+    def connect(family=socket.AF_INET, owner=None, host="127.0.0.1"):
+        c = socket.socket(family)
+        if owner is not None:
+            os.fchown(c.fileno(), owner, owner)
+        c.connect((host, port))
+        a, _ = srv.accept()
+        socks.extend((c, a))
+        return a
+
+    lookup = PeerLookup()
+    try:
+        crowd = [connect() for _ in range(300)]
+        nobody = connect(owner=NOBODY)
+        dual = connect(socket.AF_INET6, owner=NOBODY, host="::ffff:127.0.0.1")
+        assert {lookup.uid(a) for a in crowd} == {0}
+        assert lookup.uid(nobody) == lookup.uid(dual) == NOBODY
+        for a in (nobody, dual, crowd[7]):
+            assert proc_net_tcp_uid(a.getsockname(), a.getpeername()) == lookup.uid(a)
+    finally:
+        lookup.close()
+        for s in socks:
+            s.close()
+        srv.close()
+
+
+def test_admitting_a_connection_costs_the_same_in_a_flood(dnsmasq, servers, tmp_path):
+    """The peer-uid check must not scan every socket of the host per connection: it read
+    /proc/net/tcp whole for each accept, so 1000 connections cost the proxy ~250 MB of reads
+    and a request during the flood waited ~9 s for the accept queue, long enough that
+    clients gave up. Bound the work: the proxy reads (rchar) less than 1 KiB per connection
+    while 1000 connections of the admitted uid arrive, and still answers the next one."""
+    p = Proxy({"allow": ["allowed.test"], "allow_private": [PRIV], "peer_uid": NOBODY,
+               "nameservers": [f"127.0.0.1:{dnsmasq['port']}"]}, tmp_path)
+
+    def rchar() -> int:
+        with open(f"/proc/{p.proc.pid}/io") as f:
+            return int(next(x for x in f if x.startswith("rchar:")).split()[1])
+
+    def connect() -> socket.socket:
+        c = socket.socket()
+        os.fchown(c.fileno(), NOBODY, NOBODY)     # a socket the proxy admits
+        c.settimeout(60)
+        c.connect(("127.0.0.1", p.port))
+        return c
+
+    held: list[socket.socket] = []
+    try:
+        first = connect()
+        held.append(first)
+        first.sendall(b"GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+        assert first.recv(4096).startswith(b"HTTP/1.1 200")    # the proxy is up and serving
+        before = rchar()
+        held += [connect() for _ in range(1000)]
+        last = connect()
+        held.append(last)
+        last.sendall(b"GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+        reply = last.recv(4096)     # past the cap of 512: a 503 once its turn comes
+        read = rchar() - before
+    finally:
+        for s in held:
+            s.close()
+        p.stop()
+    assert reply.startswith(b"HTTP/1.1 503"), reply
+    assert read < 1000 * 1024, f"the proxy read {read} bytes while admitting 1000 connections"
 
 
 def test_cgroup_programs_on_their_own(tmp_path):

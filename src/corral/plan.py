@@ -22,15 +22,35 @@ ETC_BINDS = ("/etc/alternatives", "/etc/ssl", "/etc/ca-certificates", "/etc/ld.s
              "/etc/python3", "/etc/python3.11", "/etc/gitconfig", "/etc/inputrc")
 PROXY_PORT = 3128
 PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"
-#: set in the sandbox when network.mode = "allow", before env.set (which may override them)
+#: set in the sandbox when network.mode = "allow", before env.set (which may override them);
+#: NO_PROXY and no_proxy too, from `no_proxy`
 PROXY_ENV = (
     ("HTTP_PROXY", PROXY_URL), ("HTTPS_PROXY", PROXY_URL),
     ("http_proxy", PROXY_URL), ("https_proxy", PROXY_URL),
-    ("NO_PROXY", "localhost,127.0.0.1,::1"), ("no_proxy", "localhost,127.0.0.1,::1"),
     ("PIP_PROXY", PROXY_URL), ("npm_config_proxy", PROXY_URL),
     ("npm_config_https_proxy", PROXY_URL), ("YARN_HTTP_PROXY", PROXY_URL),
     ("YARN_HTTPS_PROXY", PROXY_URL),
 )
+#: the sandbox's own loopback, which clients reach without the proxy (NO_PROXY) unless the
+#: policy allows it: then it means the host's, which only the proxy can reach
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def no_proxy(cfg) -> str:
+    """NO_PROXY for a sandbox whose proxy enforces `cfg` (egress NetConfig): the names of
+    LOOPBACK_NAMES that no allow rule names, at any port (NO_PROXY has no ports for curl).
+    Inside the sandbox nothing listens on loopback but what the command starts itself; a
+    loopback host the policy allows is the host's, so its requests must go to the proxy."""
+    from ipaddress import ip_address
+
+    def allowed(name: str) -> bool:
+        if name == "localhost":
+            return any(r.matches_name(name) for r in cfg.allow)
+        return any(r.matches_ip(ip_address(name)) for r in cfg.allow)
+
+    return ",".join(n for n in LOOPBACK_NAMES if not allowed(n))
+
+
 SCRATCH = "/scratch"
 WORKSPACE = "/workspace"
 
@@ -145,7 +165,9 @@ def build_plan(policy: Policy, host_env: dict[str, str]) -> Plan:
         from .policy.load import net_config
 
         grants: tuple[tuple[str, str], ...] = ()
-        extra_env += PROXY_ENV
+        cfg = net_config(policy)
+        bypass = no_proxy(cfg)
+        extra_env += [*PROXY_ENV, ("NO_PROXY", bypass), ("no_proxy", bypass)]
         if policy.secrets:
             from .grants import CA_BUNDLE, CA_ENV, placeholder
 
@@ -153,7 +175,7 @@ def build_plan(policy: Policy, host_env: dict[str, str]) -> Plan:
             # not net_config's: the proxy gets upstream_ca with the grants, at open time
             extra_env += [(name, CA_BUNDLE) for name in CA_ENV]
             extra_env += grants
-        ops.append(EgressProxy(rule="network.mode", config_json=net_config(policy).to_json(),
+        ops.append(EgressProxy(rule="network.mode", config_json=cfg.to_json(),
                                grants=grants))
     ops.append(Environment(rule="env", env=tuple(
         policy.sandbox_env(host_env, extra_env).items())))

@@ -15,8 +15,8 @@ What it enforces, and with what:
  - network "allow" (root, cgroup2, bpf(2), Landlock ABI 4+; check() refuses otherwise, naming
    network.mode): per command, the egress proxy listens on the host's 127.0.0.1 at a free
    port P, runs as a uid of its own outside the command's cgroup, and admits a connection
-   only if the socket at the other end belongs to the sandbox's uid (egress peer_uid,
-   /proc/net/tcp). The command gets HTTP(S)_PROXY=http://127.0.0.1:P and three fences:
+   only if the socket at the other end belongs to the sandbox's uid (egress peer_uid:
+   one sock_diag lookup per connection). The command gets HTTP(S)_PROXY=http://127.0.0.1:P and three fences:
    a cgroup v2 directory of its own (`<run cgroup>/sandbox` on cgroup v2 hosts, `<cgroup2
    mount>/corral/<run id>` on hybrid ones) with socket programs (cgroup_bpf.py) that allow
    connect only to 127.0.0.1:P or ::ffff:127.0.0.1:P over TCP and refuse UDP sends, binds
@@ -155,7 +155,7 @@ CAP_SETGID, CAP_SETUID, CAP_SYS_ADMIN = 6, 7, 21
 NETWORK_ALLOW_NOTE = (
     "the egress proxy listens on the host's 127.0.0.1 at a free port P per command and "
     "admits a connection only if the socket at its other end belongs to the sandbox's uid "
-    "(/proc/net/tcp); the command sits in a cgroup v2 directory of its own whose socket "
+    "(the kernel's socket table, sock_diag); the command sits in a cgroup v2 directory of its own whose socket "
     "programs (bpf) let it connect only to 127.0.0.1:P (or ::ffff:127.0.0.1:P) over TCP "
     "and refuse UDP sends, binds and non-TCP inet sockets; Landlock allows TCP connect to "
     "port P only; seccomp allows only inet stream sockets (unix sockets only from "

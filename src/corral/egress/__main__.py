@@ -7,6 +7,7 @@
 --listen-fd              a listening TCP socket (the supervisor made it inside the sandbox's
                          network namespace); --listen HOST:PORT binds one here instead
 --events-fd / --events   JSON lines, one per decision (default: stdout)
+--hosts FILE             the hosts file names resolve through before DNS (default: /etc/hosts)
 --die-with-parent        PR_SET_PDEATHSIG(SIGTERM): exit when the parent thread exits
 
 When listening it prints ``corral-egress: listening on HOST:PORT`` on stderr. It exits on
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ev_g = p.add_mutually_exclusive_group()
     ev_g.add_argument("--events-fd", type=int)
     ev_g.add_argument("--events")
+    p.add_argument("--hosts", default=None)
     p.add_argument("--die-with-parent", action="store_true")
     args = p.parse_args(argv)
 
@@ -144,13 +146,34 @@ def main(argv: list[str] | None = None) -> int:
     import asyncio
     import ssl
 
-    from .server import EgressProxy, raise_nofile
+    from .server import EgressProxy, connections_within, nofile_for, raise_nofile
+
+    # every connection under the cap must get its descriptors: with fewer, the cap would
+    # be the kernel's EMFILE instead of our 503, and accepts would stall. boot.py lifts the
+    # hard limit while it is root; what is left of a lower one lowers the cap (never raises it)
+    nofile = raise_nofile(nofile_for(cfg.max_connections))
+    fit = connections_within(nofile)
+    if fit < 1:
+        print(f"corral-egress: RLIMIT_NOFILE is {nofile}, too low to serve a single "
+              f"connection; raise it to {nofile_for(cfg.max_connections)}", file=sys.stderr)
+        return 2
+    if fit < cfg.max_connections:
+        import dataclasses
+
+        print(f"corral-egress: RLIMIT_NOFILE is {nofile}: at most {fit} connections at once "
+              f"(not {cfg.max_connections})", file=sys.stderr)
+        cfg = dataclasses.replace(cfg, max_connections=fit)
 
     if cfg.secrets:
         _not_dumpable()
 
+    from . import hostsfile
+
+    hosts, why = hostsfile.load(args.hosts or hostsfile.PATH)
+    if why:
+        print(f"corral-egress: {why}", file=sys.stderr)
     try:
-        proxy = EgressProxy(cfg, emit)
+        proxy = EgressProxy(cfg, emit, hosts=hosts)
     except (ValueError, TypeError, OSError, ssl.SSLError) as e:
         # messages of LeafCache and upstream_context name the field, never key material
         print(f"corral-egress: {e}", file=sys.stderr)
@@ -164,8 +187,6 @@ def main(argv: list[str] | None = None) -> int:
         listener = _listen(args.listen)
     name = listener.getsockname()
     print(f"corral-egress: listening on {name[0]}:{name[1]}", file=sys.stderr, flush=True)
-
-    raise_nofile(6 * cfg.max_connections + 256)   # client, upstream, 2 splice pipes
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

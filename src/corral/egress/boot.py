@@ -33,9 +33,9 @@ PRELOAD_GRANTS = (
 )
 
 
-def has_grants(args: list[str]) -> bool:
-    """Does the config (--config-fd, a memfd) hold secret grants? Read with pread, so the
-    proxy still reads it whole from offset 0. Unreadable or unknown: assume it does."""
+def _config(args: list[str]) -> dict | None:
+    """The config (--config-fd, a memfd), read with pread so the proxy still reads it whole
+    from offset 0. None if unreadable or not a JSON object (the proxy then says why)."""
     import json
 
     try:
@@ -43,9 +43,38 @@ def has_grants(args: list[str]) -> bool:
         data, off = b"", 0
         while chunk := os.pread(fd, 1 << 16, off):
             data, off = data + chunk, off + len(chunk)
-        return bool(json.loads(data).get("secrets"))
-    except (ValueError, IndexError, OSError, AttributeError):
-        return True
+        obj = json.loads(data)
+    except (ValueError, IndexError, OSError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def has_grants(args: list[str]) -> bool:
+    """Does the config hold secret grants? Unreadable or unknown: assume it does."""
+    cfg = _config(args)
+    return True if cfg is None else bool(cfg.get("secrets"))
+
+
+def lift_nofile(args: list[str]) -> None:
+    """As root, before the uid switch: lift the hard RLIMIT_NOFILE to what the config's
+    connection cap needs (server.nofile_for), which the unprivileged proxy cannot do itself.
+    Never lowers it; a failure leaves the proxy to lower its cap instead (__main__.py)."""
+    import resource
+
+    from corral.egress.config import NetConfig
+    from corral.egress.server import nofile_for
+
+    cfg = _config(args) or {}
+    cap = cfg.get("max_connections", NetConfig().max_connections)
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        return                               # the proxy refuses the config itself
+    want = nofile_for(cap)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, want))
+        except (OSError, ValueError):
+            pass                             # past fs.nr_open, say
 
 
 def preload(grants: bool = True) -> None:
@@ -72,6 +101,8 @@ def main() -> None:
     assert sep == "--"
     preload(has_grants(args))
     uid, gid = int(uid), int(gid)
+    if os.getuid() == 0:
+        lift_nofile(args)
     if os.getuid() == 0 and uid != 0:
         os.setgroups([])
         os.setresgid(gid, gid, gid)

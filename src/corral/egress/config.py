@@ -144,7 +144,7 @@ class NetConfig:
     ca_cert_pem: str | None = None   # the run CA the proxy terminates TLS with (mitm.make_ca)
     ca_key_pem: str | None = field(default=None, repr=False)   # its private key; never logged
     upstream_ca: str | None = None   # CA file for upstream TLS of granted hosts (default: system)
-    #: accept a client only if its socket belongs to this uid (/proc/net/tcp): for a
+    #: accept a client only if its socket belongs to this uid (peer.py, sock_diag): for a
     #: listener on the host's loopback (the process tier), which any local user could reach
     peer_uid: int | None = None
 

@@ -5,7 +5,8 @@ Every decision comes from the sans-IO core (decide.py, conn.py, tls.py); this la
 1. accepts on a listening socket it is given (one proxy process per sandbox),
 2. parses the request with `ProxyConnection`,
 3. asks `decide_target` **before** any DNS query (a denied name is never looked up),
-4. resolves an allowed name once (A, then AAAA if A has none; dnspython, cfg.nameservers), asks
+4. resolves an allowed name once (the host's /etc/hosts first, hostsfile.py; else A, then AAAA
+   if A has none; dnspython, cfg.nameservers), asks
    `check_address` for every candidate, and connects to a checked address: the address it
    connects to is the address it checked (no second lookup anywhere),
 5. CONNECT: answers 200, then on port 443, or whenever the client's first bytes look like
@@ -38,8 +39,8 @@ the names one wildcard rule lets through.
 
 A listener on the host's own loopback (the process tier's) can be reached by any local user:
 with cfg.peer_uid set, a connection is accepted only when the socket at its other end
-belongs to that uid (`peer_uid`, from /proc/net/tcp); any other is closed before a byte is
-read, and reported (at most once a second).
+belongs to that uid (peer.py: one sock_diag lookup, not a scan); any other is closed before a
+byte is read, and reported (at most once a second).
 
 Resource limits, so that a hostile client exhausts only its own proxy: at most
 cfg.max_connections client connections (more get 503 and are closed), request heads capped
@@ -65,6 +66,7 @@ from ipaddress import IPv4Address, ip_address
 
 import h11
 
+from . import hostsfile
 from .config import NetConfig
 from .conn import (
     CONNECT_OK,
@@ -84,6 +86,7 @@ from .conn import (
 )
 from .decide import Decision, check_address, decide_target
 from .hosts import HostError, IPAddress, host_header_text, parse_host
+from .peer import PeerLookup
 from .secrets import (
     GRANTED,
     ResponseScrubber,
@@ -163,14 +166,17 @@ def make_resolver(cfg: NetConfig):
 
 
 class EgressProxy:
-    def __init__(self, cfg: NetConfig, emit: Emit, *, resolver=None) -> None:
+    def __init__(self, cfg: NetConfig, emit: Emit, *, resolver=None, hosts=None) -> None:
         self.cfg = cfg
         self._emit_cb = emit
         self._resolver = resolver if resolver is not None else make_resolver(cfg)
+        #: the host's /etc/hosts (hostsfile.py), asked before DNS
+        self._hosts = hosts if hosts is not None else hostsfile.load()[0]
         self._usage: dict[str, _Usage] = {}
         self._clients: dict[socket.socket, _Client] = {}
         self._last_overflow_event = 0.0
         self._last_foreign_event = 0.0
+        self._peers = PeerLookup()
         self._grants = cfg.secrets
         self._leaves = None
         self._upstream_tls: ssl.SSLContext | None = None
@@ -227,6 +233,7 @@ class EgressProxy:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, sweeper, return_exceptions=True)
+            self._peers.close()
 
     def _report_crash(self, task: asyncio.Task) -> None:
         """A bug in one connection's handler must not pass silently (nor stop the others);
@@ -257,7 +264,7 @@ class EgressProxy:
         """cfg.peer_uid: is the client's socket that uid's? If not, close it (before a byte is
         read) and report it, at most once a second."""
         try:
-            uid = peer_uid(client)
+            uid = self._peers.uid(client)
         except OSError:
             uid = None
         if uid == self.cfg.peer_uid:
@@ -388,6 +395,9 @@ class EgressProxy:
         import dns.name
         import dns.resolver
 
+        known = self._hosts.get(name)
+        if known:                       # the host's /etc/hosts, before any DNS query
+            return list(known)
         qname = dns.name.from_text(name)
 
         async def query(rdtype: str) -> list[IPAddress]:
@@ -1328,42 +1338,6 @@ async def _has_more(loop, sock: socket.socket) -> bool:
             return False
 
 
-def peer_uid(client: socket.socket) -> int | None:
-    """The uid owning the other end of a TCP connection on this host's loopback, from the
-    kernel's socket tables (/proc/net/tcp, and tcp6 for an IPv4-mapped dual-stack client):
-    the row whose local address is our peer and whose remote address is us. None if no
-    such socket is open (it closed, or it lives in another network namespace).
-
-    A row's uid is the socket's owner: its creator, or whom root fchown()ed it to. While
-    this end is open, no other socket can hold the same address pair, so the row found is
-    this connection's other end."""
-    import struct
-
-    if client.family != socket.AF_INET:
-        return None
-    here, there = client.getsockname(), client.getpeername()
-
-    def v4(addr) -> str:
-        return f"{struct.unpack('<I', socket.inet_aton(addr[0]))[0]:08X}:{addr[1]:04X}"
-
-    def v6(addr) -> str:
-        words = struct.unpack("<4I", socket.inet_pton(socket.AF_INET6, "::ffff:" + addr[0]))
-        return "".join(f"{w:08X}" for w in words) + f":{addr[1]:04X}"
-
-    for table, fmt in (("/proc/net/tcp", v4), ("/proc/net/tcp6", v6)):
-        want = (fmt(there), fmt(here))
-        try:
-            with open(table) as f:
-                next(f, None)
-                for line in f:
-                    cols = line.split()
-                    if (cols[1], cols[2]) == want:
-                        return int(cols[7])
-        except FileNotFoundError:
-            continue
-    return None
-
-
 def _canon(host: str) -> str:
     try:
         return str(parse_host(host))
@@ -1393,14 +1367,34 @@ async def _send_quiet(loop, sock, data: bytes) -> None:
         pass
 
 
-def raise_nofile(want: int) -> None:
-    """Lift the soft RLIMIT_NOFILE towards `want` (two fds per connection plus slack)."""
+#: fds one client connection can hold: its socket, the upstream's, two splice pipes (2 each)
+FDS_PER_CONNECTION = 6
+#: fds beyond the connections: listener, events, resolver sockets, the netlink socket, ...
+FD_SLACK = 256
+
+
+def nofile_for(max_connections: int) -> int:
+    """The RLIMIT_NOFILE a proxy capped at `max_connections` needs."""
+    return FDS_PER_CONNECTION * max_connections + FD_SLACK
+
+
+def connections_within(nofile: int) -> int:
+    """How many client connections fit in `nofile` descriptors (0: not even one)."""
+    return max(0, (nofile - FD_SLACK) // FDS_PER_CONNECTION)
+
+
+def raise_nofile(want: int) -> int:
+    """Lift the soft RLIMIT_NOFILE towards `want` (up to the hard limit); returns the soft
+    limit now in force."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if soft != resource.RLIM_INFINITY and soft < target:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return want if soft == resource.RLIM_INFINITY else soft
 
 
-__all__ = ["RELAY_BUF", "EgressProxy", "make_resolver", "raise_nofile"]
+__all__ = ["FDS_PER_CONNECTION", "RELAY_BUF", "EgressProxy", "connections_within",
+           "make_resolver", "nofile_for", "raise_nofile"]

@@ -708,8 +708,8 @@ def test_runs_unprivileged(dnsmasq, servers):
 def test_boot_preloads_tls_termination_only_for_grants():
     """The proxy loads cryptography (~9 MB a proxy) only when its config has grants; it
     peeks at the config without moving the offset the proxy reads it from."""
+    from corral.backends.host.launch import config_fd
     from corral.egress import boot
-    from corral.egress.launch import config_fd
 
     for cfg, want in (({"allow": ["a.test"]}, False),
                       ({"allow": ["a.test"], "secrets": [{"name": "X"}]}, True)):

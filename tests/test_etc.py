@@ -1,4 +1,4 @@
-"""The sandbox's shared /etc tree (backends/etc.py), on a real tmpfs with real bind mounts:
+"""The sandbox's shared /etc tree (backends/host/etc.py), on a real tmpfs with real bind mounts:
 copies that follow their sources, symlinks into /usr, directories bound once read-only,
 and what must stay out."""
 
@@ -7,8 +7,8 @@ import os
 import pytest
 
 import corral
-from corral.backends import etc
-from corral.backends.etc import FILES, ensure_etc
+from corral.backends.host import etc
+from corral.backends.host.etc import FILES, ensure_etc
 from corral.linux import _sys
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="binds and a tmpfs need root")

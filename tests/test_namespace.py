@@ -233,7 +233,7 @@ needs_v1 = pytest.mark.skipif(not _v1(), reason="run cgroups are reused on cgrou
 
 @needs_v1
 def test_a_sandbox_keeps_its_cgroup_and_the_pool_passes_it_on():
-    from corral.backends.common import POOL
+    from corral.backends.host.cgroups import POOL
 
     burn = "x = b'x' * (64 << 20)\nimport time\nt = time.process_time()\n" \
            "while time.process_time() - t < 0.3: pass"
@@ -271,7 +271,7 @@ def test_an_open_sandboxs_scratch_never_counts_against_another():
 POOL_SCRIPT = """
 import os, sys
 import corral
-from corral.backends.common import POOL
+from corral.backends.host.cgroups import POOL
 
 assert corral.run(["/bin/true"]).verdict == "ok"
 paths = [p for cg in POOL._idle for p in cg.paths] + [POOL._dir.path]
@@ -355,7 +355,7 @@ def test_a_sandbox_left_open_is_closed_at_exit_and_never_by_a_forked_child(how):
 def test_the_pools_record_stays_short_and_lists_what_it_holds():
     import uuid
 
-    from corral.backends.common import CgroupPool
+    from corral.backends.host.cgroups import CgroupPool
     from corral.linux import limits
 
     pool = CgroupPool()

@@ -80,3 +80,8 @@ class Backend:
         Result of it carries (unenforced defaults); `granted`: the secret grants with their
         values (grants.Granted), for the proxy; `upstream_ca`: a PEM file the proxy trusts."""
         raise NotImplementedError
+
+
+def is_unenforced(events: list[dict], op) -> bool:
+    """Whether the standing events say this op's rule is not enforced on this host."""
+    return any(e.get("kind") == "unenforced" and e.get("rule") == op.rule for e in events)

@@ -93,7 +93,6 @@ from ..linux.supervise import (
     HeldLine,
     decode_status,
     errno_from_message,
-    finish,
     kill_pid,
     spawn,
     supervise,
@@ -123,23 +122,13 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox
-from .common import (
-    destroy_cgroup,
-    egress_files,
-    interpreter_inside,
-    is_unenforced,
-    mount_binds,
-    mount_workspace,
-    open_source,
-    run_cgroup,
-    scratch_events,
-    setup_scratch,
-    start_proxy,
-    usage_of,
-)
-from .etc import HOSTNAME, ensure_etc
-from .namespace import UID_BASE, UID_SPAN
+from .base import Backend, LiveSandbox, is_unenforced
+from .host.cgroups import destroy_cgroup, run_cgroup, usage_of
+from .host.etc import HOSTNAME, ensure_etc
+from .host.finish import finish, interpreter_inside
+from .host.ids import free_uids
+from .host.proxy import egress_files, start_proxy
+from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -832,35 +821,6 @@ def _exec_failure(error: str, name: str) -> tuple[str, ExecFailed] | None:
 RUNSC_NOBODY = 65534
 CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x00020000
 MS_REC, MS_SLAVE = 0x4000, 1 << 19
-
-
-def free_uids(n: int) -> list[int]:
-    """n distinct uids of the sandbox range (namespace.UID_BASE, UID_SPAN), none of them
-    any process's now (real, effective, saved or filesystem uid): a live sandbox's run or
-    Sentry uid is never handed out again while one of its processes lives."""
-    used = _uids_in_use()
-    picked: list[int] = []
-    while len(picked) < n:
-        uid = UID_BASE + int.from_bytes(os.urandom(4), "little") % UID_SPAN
-        if uid not in used and uid not in picked:
-            picked.append(uid)
-    return picked
-
-
-def _uids_in_use() -> set[int]:
-    used: set[int] = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"Uid:"):
-                        used.update(int(u) for u in line.split()[1:])
-                        break
-        except OSError:
-            pass
-    return used
 
 
 def runsc_userns(uid: int, sentry_uid: int) -> int:

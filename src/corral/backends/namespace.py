@@ -37,7 +37,6 @@ from ..linux.supervise import (
     HeldLine,
     decode_status,
     errno_from_message,
-    finish,
     kill_pid,
     spawn,
     supervise,
@@ -65,23 +64,13 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox
-from .common import (
-    POOL,
-    egress_files,
-    interpreter_inside,
-    is_unenforced,
-    keep_cgroup,
-    mount_binds,
-    mount_workspace,
-    open_source,
-    run_cgroup,
-    scratch_events,
-    setup_scratch,
-    start_proxy,
-    usage_of,
-)
-from .etc import HOSTNAME, ensure_etc
+from .base import Backend, LiveSandbox, is_unenforced
+from .host import ids
+from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of
+from .host.etc import HOSTNAME, ensure_etc
+from .host.finish import finish, interpreter_inside
+from .host.proxy import egress_files, start_proxy
+from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 
 #: on bwrap's command line, not in its --args: --hostname needs --unshare-uts, which is in
 #: --args, so a bwrap whose supervisor died before writing them stops right away (before
@@ -90,10 +79,6 @@ from .etc import HOSTNAME, ensure_etc
 LINE_OPTIONS = ("--hostname", HOSTNAME, "--die-with-parent")
 ESRCH = 3
 ENOENT_TEXT = os.strerror(2)   # bwrap's "execvp CMD: No such file or directory"
-#: sandbox uids, when corral runs as root, are drawn from [UID_BASE, UID_BASE + UID_SPAN):
-#: far above any real account and any subuid range, one per sandbox
-UID_BASE = 1_500_000_000
-UID_SPAN = 1 << 20
 #: what gives a tty exec's command its controlling terminal (see NamespaceSandbox._tty)
 SETSID = "/usr/bin/setsid"
 #: NamespaceSandbox.fds' key of the workspace's fd (the others are ro_binds' paths)
@@ -273,7 +258,7 @@ class NamespaceSandbox(LiveSandbox):
     def _setup(self) -> None:
         plan = self.plan
         if self.root:
-            self.uid = self.gid = UID_BASE + int.from_bytes(os.urandom(4), "little") % UID_SPAN
+            self.uid = self.gid = ids.pick()
         else:
             self.uid, self.gid = os.getuid(), os.getgid()
         self.etc, self.etc_dirs = ensure_etc(self.dir.base, prebind=self.root)
@@ -502,7 +487,7 @@ class NamespaceSandbox(LiveSandbox):
 
                         config = proxy_config(egress[0].config_json, self.granted, self.ca,
                                               self.upstream_ca)
-                        from ..egress.launch import listen_in_netns
+                        from .host.launch import listen_in_netns
 
                         proxy = start_proxy(config, listen_in_netns(init_pid), attach, uid,
                                             gid)

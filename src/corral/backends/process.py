@@ -94,7 +94,6 @@ from ..linux.supervise import (
     Stream,
     child_fail_fd,
     decode_status,
-    finish,
     report_exec_failure,
     shebang_interpreter,
     spawn,
@@ -125,16 +124,12 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox
-from .common import (
-    egress_files,
-    is_unenforced,
-    open_source,
-    run_cgroup,
-    scratch_events,
-    start_proxy,
-    usage_of,
-)
+from .base import Backend, LiveSandbox, is_unenforced
+from .host import ids
+from .host.cgroups import run_cgroup, usage_of
+from .host.finish import finish
+from .host.proxy import egress_files, start_proxy
+from .host.scratch import open_source, scratch_events
 
 SIGKILL, SIGTERM, SIGXCPU, SIGCHLD = 9, 15, 24, 17
 #: the device files a program expects to open: (path, Landlock rights). /dev/tty opens the
@@ -177,7 +172,7 @@ def _id_range(map_file: str) -> tuple[int, int] | None:
     UID_BASE range when this user namespace maps it (a host, a rootful container), else
     the upper part (32768..65533) of the largest mapped extent (a rootless container maps
     only 65536 ids or so). None when nothing usable is mapped."""
-    from .namespace import UID_BASE, UID_SPAN
+    from .host.ids import UID_BASE, UID_SPAN
 
     try:
         with open(map_file) as f:
@@ -452,7 +447,7 @@ class ProcessSandbox(LiveSandbox):
     def _setup(self) -> None:
         plan = self.plan
         if self.root:
-            pick = int.from_bytes(os.urandom(4), "little")
+            pick = ids.pick(0, 1 << 32)   # one draw: uid and gid at the same offset
             (ubase, uspan), (gbase, gspan) = self.backend.uid_range, self.backend.gid_range
             self.uid, self.gid = ubase + pick % uspan, gbase + pick % gspan
             # the egress proxy gets a uid of its own too: the command cannot signal it

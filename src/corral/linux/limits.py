@@ -341,7 +341,7 @@ class RunCgroup:
         self._emptied = False
         #: OOM kills counted before this run began, and the memory then charged (renew())
         self._oom_base = self._mem_base = 0
-        #: the limits it was made with, for whoever reuses it (backends/common.py)
+        #: the limits it was made with, for whoever reuses it (backends/host/cgroups.py)
         self.key: tuple | None = None
 
     def __repr__(self) -> str:

@@ -396,47 +396,6 @@ def kill_pid(pid: int) -> None:
         pass
 
 
-def finish(outcome: Outcome, *, exit_code: int | None, sig: int | None, events: list[dict],
-           usage, oom_kills: int, wall: float, cpu: float, memory: int, cap: int,
-           isolation: str, failed: tuple[str, ExecFailed] | None = None):
-    """The Result of one command: limit events from what was observed, then the verdict.
-    Shared by every tier (each decodes exit_code and sig its own way). `failed`: (the
-    command's name, how its exec failed) when it never started (exec_failure words it)."""
-    from ..result import Result, decide_verdict
-
-    stderr = outcome.stderr.text()
-    if failed is not None:
-        name, e = failed
-        exit_code, line = exec_failure(name, e.errno, e.interpreter)
-        sig, stderr = None, line + "\n"
-        events.append({"kind": "exec", "command": name[:MAX_NAME],
-                       "errno": _errno_name(e.errno), "message": line})
-    timed_out = outcome.timed_out
-    if sig == 24 and not timed_out:  # SIGXCPU: RLIMIT_CPU, the second layer of cpu_time
-        timed_out = "cpu_time"
-    if timed_out == "timeout":
-        events.append({"kind": "limit", "limit": "timeout",
-                       "message": f"wall clock limit of {wall:g}s reached; every process "
-                                  f"of the run was killed"})
-    elif timed_out == "cpu_time":
-        events.append({"kind": "limit", "limit": "cpu_time",
-                       "message": f"CPU time limit of {cpu:g}s reached; every process of "
-                                  f"the run was killed"})
-    if oom_kills:
-        events.append({"kind": "limit", "limit": "memory",
-                       "message": f"the memory cgroup killed {oom_kills} process(es) at "
-                                  f"the {memory} byte limit"})
-    for name, stream in (("stdout", outcome.stdout), ("stderr", outcome.stderr)):
-        if stream.truncated:
-            events.append({"kind": "limit", "limit": "output", "stream": name,
-                           "message": f"{name} past {cap} bytes was dropped"})
-    verdict = decide_verdict(exit_code=exit_code, signal=sig, oom_kills=oom_kills,
-                             timed_out=timed_out)
-    return Result(verdict=verdict, exit_code=exit_code, signal=sig,
-                  stdout=outcome.stdout.text(), stderr=stderr,
-                  stdout_truncated=outcome.stdout.truncated,
-                  stderr_truncated=outcome.stderr.truncated, usage=usage, events=events,
-                  isolation=isolation)
 
 
 # ---- a command that could not be started inside the sandbox ----------------------------

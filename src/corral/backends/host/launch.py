@@ -18,8 +18,8 @@ import sys
 import threading
 import time
 
-from ..errors import SandboxSetupError
-from ..plan import PROXY_PORT
+from ...errors import SandboxSetupError
+from ...plan import PROXY_PORT
 
 CLONE_NEWNET = 0x40000000
 
@@ -113,7 +113,7 @@ def start_proxy(config_json: str, listener: socket.socket, uid: int, gid: int,
     127.0.0.1:3128, the gvisor tier's veth address). `child_setup` runs between fork and
     exec (join the run's cgroup, parent-death signal); boot.py drops to uid:gid.
     Returns (pid, events read fd, stderr read fd). Closes nothing of the caller's."""
-    from ..linux.supervise import spawn
+    from ...linux.supervise import spawn
 
     cfd = config_fd(config_json)
     try:

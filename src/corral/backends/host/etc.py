@@ -28,7 +28,7 @@ import binascii
 import os
 import stat
 
-from ..plan import ETC_BINDS
+from ...plan import ETC_BINDS
 
 HOSTNAME = "corral"
 VERSION = "3"
@@ -188,7 +188,7 @@ def _bind_ro(src: str, dst: str) -> None:
     """src bound at dst, read-only, nosuid, nodev (once: a mount point is left alone)."""
     if os.path.ismount(dst):
         return
-    from ..linux._sys import MS_NODEV, MS_NOSUID, mount
+    from ...linux._sys import MS_NODEV, MS_NOSUID, mount
 
     MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC = 1, 32, 4096, 16384
     mount(src, dst, "", MS_BIND | MS_REC, "")

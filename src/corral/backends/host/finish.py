@@ -1,0 +1,75 @@
+"""From what was observed to the Result: limit events, the verdict, and what an exec
+failure inside means (a missing #! interpreter is read by a second short command)."""
+
+from __future__ import annotations
+
+from ...linux.supervise import MAX_NAME, ExecFailed, Outcome, _errno_name, exec_failure
+
+#: read inside the sandbox: the first 256 bytes of the file a command name resolves to
+#: (PATH for a bare name, as execvp looks it up), for interpreter_inside
+_HEAD_SCRIPT = ('p=$1; case $p in */*) ;; *) p=$(command -v -- "$p") || exit 3;; esac; '
+                'exec head -c 256 -- "$p"')
+
+
+def interpreter_inside(sb, name: str) -> str | None:
+    """The interpreter that a file's #! line names, when exec of `name` said ENOENT inside
+    sandbox `sb` although the file is there (what is missing is its interpreter). The file
+    is read by a second, short command in the same sandbox (the only safe view of it: its
+    mounts, its symlinks, its uid); only on that failure path. None if it cannot tell."""
+    from ...linux.supervise import shebang_interpreter
+
+    if getattr(sb, "_looking_up", False):
+        return None   # /bin/sh itself was not found: no second level
+    sb._looking_up = True
+    try:
+        r = sb.exec(["/bin/sh", "-c", _HEAD_SCRIPT, "sh", name], timeout=30)
+    except Exception:  # noqa: BLE001 - a message only: without it, "not found" stays
+        return None
+    finally:
+        sb._looking_up = False
+    if r.verdict != "ok":
+        return None
+    return shebang_interpreter(r.stdout.encode(errors="surrogateescape")[:256])
+
+
+def finish(outcome: Outcome, *, exit_code: int | None, sig: int | None, events: list[dict],
+           usage, oom_kills: int, wall: float, cpu: float, memory: int, cap: int,
+           isolation: str, failed: tuple[str, ExecFailed] | None = None):
+    """The Result of one command: limit events from what was observed, then the verdict.
+    Shared by every tier (each decodes exit_code and sig its own way). `failed`: (the
+    command's name, how its exec failed) when it never started (exec_failure words it)."""
+    from ...result import Result, decide_verdict
+
+    stderr = outcome.stderr.text()
+    if failed is not None:
+        name, e = failed
+        exit_code, line = exec_failure(name, e.errno, e.interpreter)
+        sig, stderr = None, line + "\n"
+        events.append({"kind": "exec", "command": name[:MAX_NAME],
+                       "errno": _errno_name(e.errno), "message": line})
+    timed_out = outcome.timed_out
+    if sig == 24 and not timed_out:  # SIGXCPU: RLIMIT_CPU, the second layer of cpu_time
+        timed_out = "cpu_time"
+    if timed_out == "timeout":
+        events.append({"kind": "limit", "limit": "timeout",
+                       "message": f"wall clock limit of {wall:g}s reached; every process "
+                                  f"of the run was killed"})
+    elif timed_out == "cpu_time":
+        events.append({"kind": "limit", "limit": "cpu_time",
+                       "message": f"CPU time limit of {cpu:g}s reached; every process of "
+                                  f"the run was killed"})
+    if oom_kills:
+        events.append({"kind": "limit", "limit": "memory",
+                       "message": f"the memory cgroup killed {oom_kills} process(es) at "
+                                  f"the {memory} byte limit"})
+    for name, stream in (("stdout", outcome.stdout), ("stderr", outcome.stderr)):
+        if stream.truncated:
+            events.append({"kind": "limit", "limit": "output", "stream": name,
+                           "message": f"{name} past {cap} bytes was dropped"})
+    verdict = decide_verdict(exit_code=exit_code, signal=sig, oom_kills=oom_kills,
+                             timed_out=timed_out)
+    return Result(verdict=verdict, exit_code=exit_code, signal=sig,
+                  stdout=outcome.stdout.text(), stderr=stderr,
+                  stdout_truncated=outcome.stdout.truncated,
+                  stderr_truncated=outcome.stderr.truncated, usage=usage, events=events,
+                  isolation=isolation)

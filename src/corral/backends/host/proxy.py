@@ -1,0 +1,107 @@
+"""The egress proxy of one exec, seen from the supervisor: the grants' CA files, starting
+the proxy process on a listener, and its events when it stops.
+
+    ca, ca_file, upstream = egress_files(run_dir, granted, upstream_ca)   # grants' files
+    proxy = start_proxy(config_json, listener, attach, uid, gid)   # per exec, with allow
+    events += proxy.stop()
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ...linux.supervise import kill_pid
+
+
+def egress_files(run_dir, granted: list, upstream_ca: str | None):
+    """The files an egress proxy with secret grants needs, in the run dir, readable by the
+    sandbox's and the proxy's uids: (ca, ca_file, upstream_ca). `ca` is the run's own CA
+    (certificate, key: the key stays here and in the proxy) when secrets are granted, and
+    ca_file the bundle the command trusts; upstream_ca is a copy of the caller's file."""
+    ca = ca_file = None
+    if granted:
+        from ...egress.mitm import make_ca
+        from ...grants import ca_bundle
+
+        ca = make_ca()
+        ca_file = _write_readable(os.path.join(run_dir.path, "ca.pem"), ca_bundle(ca[0]))
+    if upstream_ca:
+        with open(upstream_ca, "rb") as src:
+            data = src.read()
+        upstream_ca = _write_readable(os.path.join(run_dir.path, "upstream-ca.pem"), data)
+    return ca, ca_file, upstream_ca
+
+
+def _write_readable(path: str, data: bytes) -> str:
+    with open(path, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o644)
+    return path
+
+
+class Proxy:
+    """A running egress proxy process of one exec."""
+
+    def __init__(self, pid: int, events_r: int, err_r: int) -> None:
+        from .launch import EventLines
+
+        self.pid, self.events_r, self.err_r = pid, events_r, err_r
+        self.lines = EventLines()
+
+    def stop(self) -> list[dict]:
+        """SIGTERM, collect the remaining events (it writes those of open connections on
+        the way out), reap. Returns its events plus a teardown event if it failed."""
+        import select
+
+        try:
+            os.kill(self.pid, 15)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 3.0
+        open_fds = {self.events_r, self.err_r}
+        poller = select.poll()   # not select(): a busy supervisor has fds past 1024
+        for fd in open_fds:
+            poller.register(fd, select.POLLIN)
+        err = b""
+        while open_fds and time.monotonic() < deadline:
+            wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            for fd, _ in poller.poll(wait_ms):
+                data = os.read(fd, 65536)
+                if not data:
+                    open_fds.discard(fd)
+                    poller.unregister(fd)
+                elif fd == self.events_r:
+                    self.lines(data)
+                else:
+                    err = (err + data)[-4000:]
+        kill_pid(self.pid)
+        _, status = os.waitpid(self.pid, 0)
+        os.close(self.events_r)
+        os.close(self.err_r)
+        events = list(self.lines.events)
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) not in (0, 143) or (
+                os.WIFSIGNALED(status) and os.WTERMSIG(status) not in (9, 15)):
+            last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            events.append({"kind": "teardown", "message": f"the egress proxy failed: {last[0]}"})
+        return events
+
+
+def start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: int) -> Proxy:
+    """The egress proxy of one exec, serving `listener` (closed here once handed on):
+    it joins the cgroup whose cgroup.procs fds are `attach`, dies with the supervisor and
+    drops to uid:gid once loaded (egress/boot.py)."""
+    from ...linux import limits
+    from ...linux._sys import set_pdeathsig
+    from .launch import start_proxy as launch
+
+    def setup() -> None:
+        if attach:
+            limits.RunCgroup.attach_self(attach)
+        set_pdeathsig(9)   # SIGKILL; boot.py's uid switch clears it, and it asks again
+
+    try:
+        pid, events_r, err_r = launch(config_json, listener, uid, gid, setup)
+    finally:
+        listener.close()
+    return Proxy(pid, events_r, err_r)

@@ -11,7 +11,7 @@ from ipaddress import IPv4Address, IPv6Address, ip_address, ip_network
 import h11
 import pytest
 
-from corral.egress.config import Budget, NetConfig, parse_rule
+from corral.egress.config import Budget, NetConfig
 from corral.egress.conn import (
     NEED_DATA,
     PAUSED,
@@ -27,9 +27,10 @@ from corral.egress.conn import (
     forward_request,
 )
 from corral.egress.decide import check_address, decide_target
-from corral.egress.hosts import HostError, classify_ip, parse_host
 from corral.egress.tls import NEED_MORE, ClientHello, TLSError, parse_client_hello
 from corral.errors import PolicyError
+from corral.policy.hosts import HostError, classify_ip, parse_host
+from corral.policy.rules import parse_rule
 
 # --- hosts ----------------------------------------------------------------------------
 
@@ -104,7 +105,7 @@ def test_hosts_with_a_trailing_or_leading_control_character_are_refused(tail):
 
 @pytest.mark.parametrize("tail", NEAR_MISS_TAILS, ids=repr)
 def test_rule_grammar_near_misses(tail):
-    from corral.egress.config import _valid_port
+    from corral.policy.rules import _valid_port
 
     assert _valid_port("443") and not _valid_port("443" + tail)
     # inside a rule a control character is refused; around it, whitespace is trimmed as

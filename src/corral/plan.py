@@ -162,8 +162,6 @@ def build_plan(policy: Policy, host_env: dict[str, str]) -> Plan:
     ]
     extra_env: list[tuple[str, str]] = []
     if policy.network.mode == "allow":
-        from .policy.load import net_config
-
         grants: tuple[tuple[str, str], ...] = ()
         cfg = net_config(policy)
         bypass = no_proxy(cfg)
@@ -202,3 +200,15 @@ def _dest(op: Op) -> str:
 def ws_dest(ws) -> str:
     """Where a policy's workspace is inside the sandbox."""
     return ws.path if ws.mount_at == "same" else WORKSPACE
+
+
+def net_config(p: Policy):
+    """The egress proxy's configuration for this policy (mode must be "allow")."""
+    from .egress.config import NetConfig
+
+    b = p.network.budget
+    return NetConfig.from_dict({
+        "allow": list(p.network.allow), "deny": list(p.network.deny),
+        "allow_private": list(p.network.allow_private),
+        "nameservers": list(p.network.nameservers),
+        "budget": {"bytes_out": b.bytes_out, "bytes_in": b.bytes_in, "requests": b.requests}})

@@ -9,10 +9,11 @@ and the leaf certificates the proxy terminates granted hosts' TLS with. The asyn
 is server.py; the process entry is ``python -m corral.egress`` (__main__.py).
 """
 
-from .config import Budget, Grant, NetConfig, Rule, parse_rule
+from ..policy.hosts import HostError, classify_ip, parse_host
+from ..policy.rules import Rule, parse_rule
+from .config import Budget, Grant, NetConfig
 from .conn import ProxyConnection, ProxyProtocolError
 from .decide import Decision, check_address, decide_target
-from .hosts import HostError, classify_ip, parse_host
 
 __all__ = ["Budget", "Decision", "Grant", "HostError", "NetConfig", "ProxyConnection",
            "ProxyProtocolError", "Rule", "check_address", "classify_ip", "decide_target",

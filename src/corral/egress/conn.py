@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import h11
 
 from ..errors import CorralError
-from .hosts import HostError, host_header_text, parse_host
+from ..policy.hosts import HostError, host_header_text, parse_host
 
 
 class ProxyProtocolError(CorralError):

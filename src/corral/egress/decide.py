@@ -18,8 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
 
-from .config import NetConfig
-from .hosts import (
+from ..policy.hosts import (
     HostError,
     IPAddress,
     canonical_ip,
@@ -29,6 +28,8 @@ from .hosts import (
     is_metadata_name,
     parse_host,
 )
+from ..policy.rules import admits
+from .config import NetConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +59,14 @@ def decide_target(cfg: NetConfig, host: str, port: int) -> Decision:
     if isinstance(h, str):
         if is_metadata_name(h):
             return Decision(False, "metadata name", canon)
-        for i, rule in enumerate(cfg.deny):
-            if rule.matches_name(h) and rule.covers_port(port, deny=True):
+        found = admits(cfg.allow, cfg.deny, h, port)
+        if found is not None:
+            which, i, rule = found
+            if which == "deny":
                 return Decision(False, f"network.deny[{i}] \"{rule.text}\"", canon)
-        for i, rule in enumerate(cfg.allow):
-            if rule.matches_name(h) and rule.covers_port(port, deny=False):
-                key = f"*.{rule.name}" if rule.kind == "suffix" else canon
-                return Decision(True, f"network.allow[{i}] \"{rule.text}\"", canon,
-                                budget_key=key)
+            key = f"*.{rule.name}" if rule.kind == "suffix" else canon
+            return Decision(True, f"network.allow[{i}] \"{rule.text}\"", canon,
+                            budget_key=key)
         return Decision(False, f"not in network.allow; ask for \"{_rule_for(canon, port)}\"",
                         canon)
     for i, rule in enumerate(cfg.deny):

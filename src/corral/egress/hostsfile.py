@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ipaddress import IPv4Address, ip_address
 
-from .hosts import HostError, IPAddress, canonical_ip, parse_host
+from ..policy.hosts import HostError, IPAddress, canonical_ip, parse_host
 
 PATH = "/etc/hosts"
 #: far above any real hosts file, small enough that reading it costs nothing

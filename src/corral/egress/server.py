@@ -66,6 +66,7 @@ from ipaddress import IPv4Address, ip_address
 
 import h11
 
+from ..policy.hosts import HostError, IPAddress, host_header_text, parse_host
 from . import hostsfile
 from .config import NetConfig
 from .conn import (
@@ -85,7 +86,6 @@ from .conn import (
     response_headers,
 )
 from .decide import Decision, check_address, decide_target
-from .hosts import HostError, IPAddress, host_header_text, parse_host
 from .peer import PeerLookup
 from .secrets import (
     GRANTED,

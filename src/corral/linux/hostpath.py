@@ -8,7 +8,7 @@ on the idmapped workspace its owner becomes the sandbox's root (`cat /etc/shadow
 that way). So:
 
  1. at policy load, a path with a symbolic link at any component is refused (links(), with
-    the component named in the error), and so is a system tree (SYSTEM_TREES) as a whole;
+    the component named in the error), and so is a system tree (policy/load.py's SYSTEM_TREES) as a whole;
  2. when a sandbox is built, the path is opened component by component from "/" with
     O_PATH | O_NOFOLLOW (open_nofollow()): every step is relative to the directory fd the
     step before got, and a link at any step is refused. The tiers then use only that fd
@@ -25,7 +25,6 @@ import os
 import stat
 
 #: host trees never bound or used as a workspace whole (a directory inside one may be)
-SYSTEM_TREES = ("/", "/etc", "/usr", "/var", "/boot", "/root", "/proc", "/sys", "/dev", "/run")
 
 
 class LinkInPath(OSError):
@@ -44,20 +43,6 @@ def components(path: str) -> list[str]:
     if ".." in parts:
         raise ValueError(f"{path!r} contains '..'")
     return parts
-
-
-def first_link(path: str) -> tuple[str, str] | None:
-    """(component, its target) of the first symbolic link on the way to `path`, or None.
-    For error messages: it looks by name (lstat), so only open_nofollow() is a guarantee."""
-    cur = ""
-    for name in components(path):
-        cur += "/" + name
-        try:
-            if stat.S_ISLNK(os.lstat(cur).st_mode):
-                return cur, os.readlink(cur)
-        except OSError:
-            return None
-    return None
 
 
 def open_nofollow(path: str, *, directory: bool = False) -> int:

@@ -216,33 +216,25 @@ def _check_network(p: Policy) -> None:
                 raise PolicyError("rules need the egress proxy; set network.mode = \"allow\" "
                                   "(the --allow-domain flag does)", field=f"network.{key}")
         return
-    from ..egress.config import NetConfig, parse_rule
-    from ..egress.decide import decide_target
+    from .hosts import is_metadata_name
+    from .rules import admits, parse_cidr, parse_nameserver, parse_rule
 
-    cfg = NetConfig.from_dict({"allow": list(n.allow), "deny": list(n.deny),
-                               "allow_private": list(n.allow_private),
-                               "nameservers": list(n.nameservers)})
+    allow = [parse_rule(r, f"network.allow[{i}]") for i, r in enumerate(n.allow)]
+    deny = [parse_rule(r, f"network.deny[{i}]") for i, r in enumerate(n.deny)]
+    for i, r in enumerate(n.allow_private):
+        parse_cidr(r, f"network.allow_private[{i}]")
+    for i, r in enumerate(n.nameservers):
+        parse_nameserver(r, f"network.nameservers[{i}]")
     for s in p.secrets:
         for i, h in enumerate(s.hosts):
             f = f"secrets.{s.name}.hosts[{i}]"
             rule = parse_rule(h, f)
             if rule.kind == "host":
                 port = rule.ports[0] if rule.ports else 443
-                if not decide_target(cfg, rule.name, port).allow:
+                found = admits(allow, deny, rule.name, port)
+                if found is None or found[0] == "deny" or is_metadata_name(rule.name):
                     raise PolicyError(f"{h} is not let through by network.allow; add "
                                       f"\"{rule.name}\" to network.allow", field=f)
-
-
-def net_config(p: Policy):
-    """The egress proxy's configuration for this policy (mode must be "allow")."""
-    from ..egress.config import NetConfig
-
-    b = p.network.budget
-    return NetConfig.from_dict({
-        "allow": list(p.network.allow), "deny": list(p.network.deny),
-        "allow_private": list(p.network.allow_private),
-        "nameservers": list(p.network.nameservers),
-        "budget": {"bytes_out": b.bytes_out, "bytes_in": b.bytes_in, "requests": b.requests}})
 
 
 def _unknown(key: str, known) -> str:
@@ -337,12 +329,31 @@ def check_host_path(raw: Any, field: str) -> str:
     return real
 
 
+#: host trees never mounted as a whole (a workspace or a bind inside them is fine)
+SYSTEM_TREES = ("/", "/etc", "/usr", "/var", "/boot", "/root", "/proc", "/sys", "/dev", "/run")
+
+
+def first_link(path: str) -> tuple[str, str] | None:
+    """(component, its target) of the first symbolic link on the way to absolute `path`, or
+    None. For error messages only: it looks by name (lstat); the sandbox builder opens the
+    path again with no link followed (linux/hostpath.py), which is the guarantee."""
+    import stat
+
+    cur = ""
+    for name in (p for p in path.split("/") if p and p != "."):
+        cur += "/" + name
+        try:
+            if stat.S_ISLNK(os.lstat(cur).st_mode):
+                return cur, os.readlink(cur)
+        except OSError:
+            return None
+    return None
+
+
 def check_mount_source(raw: Any, field: str, what: str) -> str:
     """check_host_path() for a path corral mounts (the workspace, a bind): not a system
     tree, and no symbolic link at any component (corral never follows one: see
     hostpath.py; the sandbox builder opens the path again without following any)."""
-    from ..linux.hostpath import SYSTEM_TREES, first_link
-
     real = check_host_path(raw, field)
     path = os.path.normpath(raw)
     if real != path:

@@ -1,0 +1,145 @@
+"""The import graph reads top to bottom: no module imports a layer above its own.
+
+Layers, lowest first (docs/architecture.md):
+
+    0  errors, _record, result, termsafe, events     shared vocabulary
+    1  linux/                                        kernel mechanisms; know no policy
+    1  policy/                                       the language; pure
+    2  egress/                                       the proxy process
+    3  plan, grants                                  policy -> plan; secret values
+    4  backends/ (host/ too), images/ (but install)  tiers and their host pieces; images
+    5  runtime/                                      one sandbox's life; the way in
+    6  cli, probe/, images/install, images/cli       faces
+    -  corral/__init__.py                            the package face (re-exports); only
+                                                     faces may import it
+
+Every import counts, at module level or inside a function (a lazy import is still an
+arrow), read from the source with `ast`.
+"""
+
+import ast
+import os
+
+import pytest
+
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+FACES = 6
+LEAF = {"corral.errors", "corral._record", "corral.result", "corral.termsafe", "corral.events"}
+
+
+def layer(mod: str) -> int | None:
+    parts = mod.split(".")
+    if mod == "corral":
+        return None                      # the package face may re-export anything
+    if mod in LEAF:
+        return 0
+    top = parts[1]
+    if top in ("linux", "policy"):
+        return 1
+    if top == "egress":
+        return 2
+    if mod in ("corral.plan", "corral.grants"):
+        return 3
+    if mod.startswith(("corral.images.install", "corral.images.cli")):
+        return 6
+    if top in ("backends", "images"):
+        return 4
+    if top == "runtime":
+        return 5
+    if top in ("cli", "probe", "__main__"):
+        return 6
+    raise AssertionError(f"{mod} has no layer: add it to tests/test_layering.py and "
+                         f"docs/architecture.md")
+
+
+def modules():
+    for dirpath, _, files in os.walk(os.path.join(SRC, "corral")):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(dirpath, f)
+                rel = os.path.relpath(path, SRC)[:-3].replace(os.sep, ".")
+                is_pkg = rel.endswith(".__init__")
+                yield (rel[:-9] if is_pkg else rel), is_pkg, path
+
+
+def imports(mod: str, is_pkg: bool, path: str):
+    """(imported module, line) for every corral import in the file."""
+    pkg = mod if is_pkg else mod.rpartition(".")[0]
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "corral":
+                    yield a.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "corral":
+                continue
+            for a in node.names:     # `from corral.linux import seccomp` names a module
+                sub = f"{target}.{a.name}"
+                yield (sub if _is_module(sub) else target), node.lineno
+
+
+def _is_module(mod: str) -> bool:
+    base = os.path.join(SRC, *mod.split("."))
+    return os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__init__.py"))
+
+
+ALL = sorted(modules())
+
+
+def test_every_module_has_a_layer():
+    for mod, _, _ in ALL:
+        layer(mod)
+
+
+@pytest.mark.parametrize("mod,is_pkg,path", ALL, ids=[m for m, _, _ in ALL])
+def test_no_import_runs_up(mod, is_pkg, path):
+    mine = layer(mod)
+    if mine is None:
+        return
+    bad = []
+    for target, line in imports(mod, is_pkg, path):
+        theirs = layer(target)
+        if (target == "corral" and mine < FACES) or (theirs is not None and theirs > mine):
+            bad.append(f"{path}:{line}: {mod} (layer {mine}) imports {target} "
+                       f"(layer {theirs})")
+    assert not bad, "\n".join(bad)
+
+
+def _top(mod: str) -> str:
+    return mod.split(".")[1] if "." in mod else mod
+
+
+@pytest.mark.parametrize("mod,is_pkg,path", [m for m in ALL if _top(m[0]) in ("policy", "linux")],
+                         ids=[m for m, _, _ in ALL if _top(m) in ("policy", "linux")])
+def test_policy_and_linux_import_only_the_vocabulary(mod, is_pkg, path):
+    """policy/ is the language: it imports nothing of corral but errors and _record;
+    linux/ wraps kernel mechanisms and knows no Policy, Plan, tier or Result."""
+    own = f"corral.{_top(mod)}"
+    bad = [f"{path}:{line}: {mod} imports {t}" for t, line in imports(mod, is_pkg, path)
+           if not (t == own or t.startswith(own + ".") or t in ("corral.errors",
+                                                                 "corral._record"))]
+    assert not bad, "\n".join(bad)
+
+
+def test_nothing_imports_the_cli():
+    bad = [f"{path}:{line}: {mod}" for mod, is_pkg, path in ALL if mod != "corral.cli"
+           for t, line in imports(mod, is_pkg, path) if t == "corral.cli"]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layering_test_catches_an_upward_import(tmp_path):
+    """The test itself can fail: a policy module importing the plan is caught."""
+    f = tmp_path / "x.py"
+    f.write_text("from ..plan import Plan\n")
+    found = list(imports("corral.policy.x", False, str(f)))
+    assert found == [("corral.plan", 1)]
+    assert layer("corral.plan") > layer("corral.policy.x")

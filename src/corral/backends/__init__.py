@@ -27,5 +27,6 @@ def get_backend(tier: str):
         from .process import ProcessBackend
 
         return ProcessBackend()
-    raise BackendUnavailable(f"tier {tier!r} is not available in this release; "
-                             f"use isolation = \"namespace\"", field="isolation")
+    raise BackendUnavailable(f"tier {tier!r} is not available in this release; use "
+                             f"isolation = \"namespace\", \"gvisor\", \"process\" or "
+                             f"\"auto\"", field="isolation")

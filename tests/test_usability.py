@@ -27,8 +27,9 @@ IS_ROOT = os.geteuid() == 0
 
 
 def cli(*args, env=None, user=None, cwd="/"):
-    kw = dict(user=user, group=user, extra_groups=[]) if user is not None else {}
-    return subprocess.run([CORRAL, *args], capture_output=True, text=True, timeout=120,
+    kw = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
+    return subprocess.run([CORRAL, *args], check=False, capture_output=True, text=True,
+                          timeout=120,
                           env=env or {"PATH": "/usr/bin:/bin"}, cwd=cwd, **kw)
 
 
@@ -161,8 +162,8 @@ def test_help_and_policy_docs_name_every_tier():
     usable.append("auto")
     help_text = cli("run", "--help").stdout
     (line,) = [x for x in help_text.splitlines() if x.strip().startswith("--isolation T")]
-    row = [x for x in (pathlib.Path(ROOT) / "docs" / "policy.md").read_text().splitlines()
-           if x.startswith("| `isolation` |")][0]
+    row = next(x for x in (pathlib.Path(ROOT) / "docs" / "policy.md").read_text().splitlines()
+               if x.startswith("| `isolation` |"))
     for t in usable:
         assert t in line, (t, line)
         assert f"`{t}`" in row, (t, row)
@@ -175,7 +176,7 @@ def test_help_and_policy_docs_name_every_tier():
 def test_on_stdout_gets_bytes_and_text_chunks_decode_like_the_result():
     got = []
     t = corral.TextChunks(got.append)
-    for b in "hé€".encode() + b"\xff" + "ok".encode():   # one byte at a time: split sequences
+    for b in "hé€".encode() + b"\xff" + b"ok":   # one byte at a time: split sequences
         t(bytes([b]))
     t(b"\xe2\x82")                                       # left unfinished
     t.close()
@@ -326,7 +327,7 @@ def test_probe_prints_a_line_per_case_on_a_terminal():
     assert b"[1/2]" not in out                      # progress never goes to stdout
     # not on a terminal: no progress at all
     r = subprocess.run([CORRAL, "probe", "--case", "fs.ssh-key", "--isolation", "namespace"],
-                       capture_output=True, text=True, timeout=300)
+                       check=False, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stderr == ""
 
 

@@ -14,8 +14,9 @@ Sections, each a script of its own writing bench/out/NAME.json and NAME.txt:
   flood       bench/flood.py       1 GiB of output against a 1 MB cap
 
 Then bench/report.py runs in bench/.venv (matplotlib from requirements/bench.lock,
-installed with --require-hashes on first use) and writes docs/benchmarks.md and
-docs/benchmarks-startup.png. Needs root, as corral's own benchmarks do.
+installed with --require-hashes on first use) and writes docs/benchmarks.md,
+docs/benchmarks-startup.png and the README's benchmarks block (the same figures). stderr
+gets a line as each section starts and ends. Needs root, as corral's own benchmarks do.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def git(*a: str) -> str:
 
 def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def progress(line: str) -> None:
+    """One line per section on stderr (stdout carries the sections' own output and is
+    usually piped to a log): where the run is, and how long each part took."""
+    print(f"bench: {line}", file=sys.stderr, flush=True)
 
 
 def run_section(name: str, quick: bool, no_peers: bool) -> dict:
@@ -121,9 +128,13 @@ def main() -> int:
             "src_dirty": bool(dirty), "host": platform.node(),
         })
         meta.setdefault("sections", {})
-        for n in names:
+        for i, n in enumerate(names, 1):
+            progress(f"[{i}/{len(names)}] {n} ({SECTIONS[n]}) started")
             meta["sections"][n] = run_section(n, args.quick, args.no_peers)
             meta["sections"][n]["quick"] = args.quick
+            sec = meta["sections"][n]
+            progress(f"[{i}/{len(names)}] {n} done in {sec['seconds']:.0f} s"
+                     + (f", exit {sec['exit']}" if sec["exit"] else ""))
             with open(meta_path, "w") as f:
                 json.dump(meta, f, indent=1)
         meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
@@ -131,6 +142,7 @@ def main() -> int:
             json.dump(meta, f, indent=1)
 
     py = bench_python()
+    progress("report: docs/benchmarks.md, its plot and the README's benchmarks block")
     print("\n=== report: bench/report.py -> docs/benchmarks.md, docs/benchmarks-startup.png",
           flush=True)
     rc = subprocess.run(check=False, args=[py, os.path.join(HERE, "report.py")], cwd=ROOT).returncode

@@ -332,12 +332,14 @@ def test_resolves_once_and_connects_to_the_checked_address(proxy, servers):
 
 def test_slowloris_is_cut(proxy):
     p = proxy(allow=["allowed.test"], allow_private=[PRIV], header_timeout=1.0)
-    with socket.create_connection(("127.0.0.1", p.port), timeout=5) as s:
+    # the client would trickle for 20 s and wait 30 s: being cut well before that is the
+    # 1 s header timeout, however slow the machine (bounds from the work, not the clock)
+    with socket.create_connection(("127.0.0.1", p.port), timeout=30) as s:
         start = time.monotonic()
         s.sendall(b"GET http://allowed.test/hello HTTP/1.1\r\n")
         got = b""
         try:
-            for _ in range(40):
+            for _ in range(200):
                 s.sendall(b"X")
                 time.sleep(0.1)
         except (BrokenPipeError, ConnectionResetError):
@@ -345,21 +347,21 @@ def test_slowloris_is_cut(proxy):
         got = s.recv(4096)
         elapsed = time.monotonic() - start
     assert got.startswith(b"HTTP/1.1 408") or got == b""
-    assert elapsed < 3.5
-    with socket.create_connection(("127.0.0.1", p.port), timeout=5) as s:   # silent client
+    assert elapsed < 15
+    with socket.create_connection(("127.0.0.1", p.port), timeout=30) as s:  # silent client
         start = time.monotonic()
         assert s.recv(4096).startswith(b"HTTP/1.1 408")
-        assert time.monotonic() - start < 3
+        assert time.monotonic() - start < 15
 
 
 def test_idle_tunnel_is_cut(proxy):
     p = proxy(allow=["allowed.test:80"], allow_private=[PRIV], idle_timeout=1.0)
-    with socket.create_connection(("127.0.0.1", p.port), timeout=5) as s:
+    with socket.create_connection(("127.0.0.1", p.port), timeout=30) as s:
         s.sendall(b"CONNECT allowed.test:80 HTTP/1.1\r\nHost: x\r\n\r\n")
         assert s.recv(4096).startswith(b"HTTP/1.1 200")
         start = time.monotonic()
-        assert s.recv(4096) == b""
-        assert 0.5 < time.monotonic() - start < 4
+        assert s.recv(4096) == b""       # cut after 1 s idle, long before the 30 s wait
+        assert 0.5 < time.monotonic() - start < 15
     assert p.events(1)[0]["decision"] == "allow"
 
 

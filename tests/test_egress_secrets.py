@@ -652,9 +652,12 @@ def test_expired_grant_is_refused_never_sent_without(proxy, world):
     assert seen_by(world, "granted.test", n0) == []
     assert secret_events(p, 1)[0]["reason"] == "grant expired"
     # a grant that runs out while the proxy runs
-    p2 = proxy([grant(expires_at=time.time() + 1.5)])
+    # 5 s for the proxy's start and one MITM'd request, however slow the machine; then
+    # wait for the expiry itself (not a fixed sleep that assumed a fast start)
+    expires = time.time() + 5
+    p2 = proxy([grant(expires_at=expires)])
     assert curl(p2, world, "https://granted.test/basic", "-u", f"x:{PH}", capture=cap)[0] == 200
-    time.sleep(1.6)
+    time.sleep(max(0.0, expires - time.time()) + 0.1)
     status, headers, _ = curl(p2, world, "https://granted.test/basic", "-u", f"x:{PH}",
                               capture=cap)
     assert (status, headers["x-corral-reason"]) == (403, "secret GITHUB_TOKEN: grant expired")

@@ -7,7 +7,7 @@ import corral
 def test_the_public_names():
     assert sorted(corral.__all__) == sorted([
         "BackendUnavailable", "CorralError", "Policy", "PolicyError", "Result",
-        "SandboxSetupError", "Sandbox", "UnsupportedRule", "UsageError", "Usage",
+        "SandboxSetupError", "Sandbox", "TextChunks", "UnsupportedRule", "UsageError", "Usage",
         "load_policy", "run", "__version__"])
 
 

@@ -410,7 +410,9 @@ def test_timeout_fires(tier, cmd):
     assert tier.enforcer("limits.timeout", extra) == "supervisor"
     t = time.monotonic()
     r = tier.argv(cmd, extra)
-    assert r.verdict == "timeout" and time.monotonic() - t < 6
+    # each command lasts 30 s or forever: ending well before that is the kill, however
+    # slow the machine (a bound from the work, not from this machine's start-up time)
+    assert r.verdict == "timeout" and time.monotonic() - t < 20
     assert any(e.get("limit") == "timeout" for e in r.events)
 
 

@@ -15,9 +15,9 @@ from .errors import (
 )
 from .policy import Policy, load_policy
 from .result import Result, Usage
-from .runtime.sandbox import Sandbox, run
+from .runtime.sandbox import Sandbox, TextChunks, run
 
 __version__ = "0.1.0"
 __all__ = ["BackendUnavailable", "CorralError", "Policy", "PolicyError", "Result",
-           "SandboxSetupError", "Sandbox", "UnsupportedRule", "UsageError", "Usage",
+           "SandboxSetupError", "Sandbox", "TextChunks", "UnsupportedRule", "UsageError", "Usage",
            "load_policy", "run", "__version__"]

@@ -1,8 +1,10 @@
 """The `corral` command.
 
-    corral run [options] -- CMD...     run CMD in a sandbox
+    corral run [options] -- CMD...     run CMD in a sandbox (tiers: namespace, gvisor, process)
     corral policy show [options]       print the effective policy as TOML
+    corral explain [options]           what enforces each rule of a policy on a tier
     corral doctor                      what this host supports
+    corral probe [options]             the attack catalogue against each tier
     corral --version
 
 Exit status of `run`: the command's own; 128+N when signal N ended it; 124 on timeout; 137
@@ -27,7 +29,8 @@ usage: corral run [--policy FILE] [--isolation T] [--timeout D] [--cpu-time D]
                   [--output-limit SIZE] [--env NAME | --env NAME=VALUE]...
                   [--workspace PATH[:ro|rw][:same]] [--ro-bind PATH]... [--net none|allow]
                   [--allow-domain RULE]... [--deny-domain RULE]... [--allow-private CIDR]...
-                  [--nameserver ADDR]... [--secret NAME=SOURCE@HOSTS[/TTL]]...
+                  [--nameserver ADDR]... [--upstream-ca FILE]
+                  [--secret NAME=SOURCE@HOSTS[/TTL]]... [--plain-http NAME]...
                   [-t|--tty] [--stdin] [--raw] [--json] -- CMD...
 
 Run CMD in a sandbox: read-only root, no network unless domains are allowed through
@@ -36,7 +39,9 @@ memory, processes, CPU, time and output.
 
 options (each overrides the policy file):
   --policy FILE          a policy in TOML (see docs/policy.md); never read from the workspace
-  --isolation T          the tier: namespace (default)
+  --isolation T          the tier: namespace (default), gvisor, process or auto
+                         (docs/tiers.md; corral explain --isolation T says what each
+                         enforces here)                               [isolation]
   --timeout D            wall clock, e.g. 500ms, 60s, 2m          [limits.timeout]
   --cpu-time D           CPU time of the whole run                [limits.cpu_time]
   --memory SIZE          memory incl. swap, e.g. 512M, 1G         [limits.memory]
@@ -54,12 +59,16 @@ options (each overrides the policy file):
                          a credential grant: the sandbox sees a placeholder in $NAME, the
                          egress proxy sends the value (SOURCE: env:VAR or file:PATH) to
                          these hosts only, for TTL (default 15m)    [secrets.NAME]
+  --plain-http NAME      let the proxy send secret NAME over unencrypted http:// too
+                         (anyone on the path can read it)   [secrets.NAME.plain_http]
   --net none|allow       network mode (default none: loopback only)  [network.mode]
   --allow-domain RULE    let the egress proxy through to RULE: host, *.suffix, IP or
                          CIDR, with an optional :port; implies --net allow [network.allow]
   --deny-domain RULE     refuse RULE even if allowed               [network.deny]
   --allow-private CIDR   let the proxy reach these private addresses [network.allow_private]
   --nameserver ADDR      resolver for the proxy, IP or IP:PORT     [network.nameservers]
+  --upstream-ca FILE     CA file (PEM) the proxy checks granted hosts' TLS against,
+                         instead of the host's trust store       [network.upstream_ca]
   -t, --tty              give CMD a terminal of the sandbox's own, for an interactive
                          shell (corral run -t --timeout 8h -- bash): a new pty as its
                          stdin, stdout, stderr and controlling terminal, never this one.
@@ -112,6 +121,7 @@ class RunArgs:
         self.ro_binds: list[str] = []
         self.net_lists: dict[str, list[str]] = {}
         self.secrets: dict[str, dict] = {}
+        self.plain_http: list[str] = []
         self.stdin = False
         self.tty = False
         self.raw = False
@@ -166,14 +176,11 @@ def parse_run_args(args: list[str], *, want_command: bool) -> RunArgs:
             else:
                 r.env_pass.append(v)
         elif name == "--workspace":
-            v = value()
-            ws = r.overrides.setdefault("filesystem", {})["workspace"] = {}
-            if v.endswith(":same"):   # PATH[:MODE]:same -> mount_at = "same"
-                v, ws["mount_at"] = v[:-5], "same"
-            path, mode = v, "ro"
-            if v.endswith((":ro", ":rw")):
-                path, mode = v[:-3], v[-2:]
-            ws.update(path=os.path.abspath(path), mode=mode)
+            path, mode, mount_at = parse_workspace_flag(value())
+            ws = r.overrides.setdefault("filesystem", {})["workspace"] = {
+                "path": os.path.abspath(path), "mode": mode}
+            if mount_at:
+                ws["mount_at"] = mount_at
         elif name == "--net":
             r.overrides.setdefault("network", {})["mode"] = value()
         elif name in ("--allow-domain", "--deny-domain", "--allow-private", "--nameserver"):
@@ -184,12 +191,34 @@ def parse_run_args(args: list[str], *, want_command: bool) -> RunArgs:
                 r.overrides.setdefault("network", {}).setdefault("mode", "allow")
         elif name == "--secret":
             r.secrets.update(parse_secret_flag(value()))
+        elif name == "--plain-http":
+            r.plain_http.append(value())
+        elif name == "--upstream-ca":
+            r.overrides.setdefault("network", {})["upstream_ca"] = os.path.abspath(value())
         elif name == "--ro-bind":
             r.ro_binds.append(os.path.abspath(value()))
         else:
             raise UsageError(f"unknown option {name}; see corral run --help", field=name)
         i += 1
     return r
+
+
+def parse_workspace_flag(text: str) -> tuple[str, str, str | None]:
+    """PATH[:ro|:rw][:same] -> (path, mode, mount_at). A last `:part` without a slash that
+    is not a mode is refused, naming it, unless the whole text is an existing path (a
+    directory may have a colon in its name)."""
+    mount_at = None
+    if text.endswith(":same") and not os.path.exists(text):   # PATH[:MODE]:same
+        text, mount_at = text[:-5], "same"
+    path, colon, mode = text.rpartition(":")
+    if not colon or "/" in mode or not mode:
+        return text, "ro", mount_at
+    if mode in ("ro", "rw"):
+        return path, mode, mount_at
+    if os.path.exists(text):
+        return text, "ro", mount_at
+    raise UsageError(f'mode "{mode}" is not one of ro, rw (write PATH:ro, PATH:rw or '
+                     f'PATH:rw:same)', field="--workspace")
 
 
 def parse_secret_flag(text: str) -> dict[str, dict]:
@@ -230,6 +259,13 @@ def effective_policy(r: RunArgs):
         data["filesystem"] = fs
     if r.secrets:
         data["secrets"] = {**data.get("secrets", {}), **r.secrets}
+    for name in r.plain_http:
+        secrets = data.get("secrets", {})
+        if not isinstance(secrets.get(name), dict):
+            raise UsageError(f"no secret {name!r} to send over plain HTTP; grant it with "
+                             f"--secret {name}=SOURCE@HOST (or in the policy file) first",
+                             field="--plain-http")
+        data["secrets"] = {**secrets, name: {**secrets[name], "plain_http": True}}
     return policy_from_dict(data, allow_literal=False)
 
 
@@ -287,8 +323,35 @@ def _print_events(events: list[dict], *, output_limit: bool = True) -> None:
         if e["kind"] in ("limit", "teardown", "unenforced") and (
                 output_limit or e.get("limit") != "output"):
             what = e.get("limit") or e.get("rule") or e["kind"]
-            sys.stderr.write(f"corral: {e['kind']} {what}: "
-                             f"{e.get('message') or e.get('reason')}\n")
+            text = e.get("message") or e.get("reason")
+            if _standing(e):
+                if not _due(e):
+                    continue
+                text += " (shown once a day; --json reports it on every run)"
+            sys.stderr.write(f"corral: {e['kind']} {what}: {text}\n")
+
+
+def _standing(e: dict) -> bool:
+    """An unenforced part of the tier itself (e.g. the process tier's missing namespaces):
+    no policy key names it, so no policy changes it, and it is the same on every run."""
+    from .policy.schema import SECTIONS
+
+    rule = e.get("rule") or ""
+    return e["kind"] == "unenforced" and rule.split(".")[0] not in (
+        *SECTIONS, "isolation", "secrets")
+
+
+def _due(e: dict) -> bool:
+    """Whether a standing notice is due on stderr: once a day per host and user."""
+    import zlib
+
+    from .runtime.notices import due
+
+    key = f"{e.get('tier')}-{e['rule']}-{zlib.crc32(str(e.get('reason')).encode()):08x}"
+    try:
+        return due(key)
+    except ValueError:   # a name unfit for a file name: show it every time
+        return True
 
 
 def _run_tty(r: RunArgs, policy) -> int:
@@ -388,8 +451,10 @@ EXPLAIN_USAGE = """\
 usage: corral explain [--policy FILE] [--isolation T] [run options] [--json]
 
 For this policy on this tier on this host: does the code get its own kernel, is the
-network closed by default (and what can it reach), which credentials can it reach; then a
-line per rule saying what enforces it (kernel, proxy, supervisor, or none). It reads the
+network closed by default (what can it reach, which private ranges, and the tier's network
+path: how its traffic leaves), which credentials can it reach, which workspace it sees
+(host path, mode, where inside); then a line per rule saying what enforces it (kernel,
+proxy, supervisor, or none). It reads the
 same plan `corral run` would run. Exit 0 when the policy would run, 3 when it would be
 refused (the refusal is part of the output).
 """

@@ -45,8 +45,9 @@ def get_backend(tier: str):
     tier this release does not have."""
     row = _BY_NAME.get(tier)
     if row is None or row.target is None:
-        raise BackendUnavailable(f"tier {tier!r} is not available in this release; "
-                                 f"use isolation = \"namespace\"", field="isolation")
+        usable = ", ".join(f'"{t.name}"' for t in REGISTRY if t.public and t.target)
+        raise BackendUnavailable(f"tier {tier!r} is not available in this release; use "
+                                 f"isolation = {usable} or \"auto\"", field="isolation")
     module, _, cls = row.target.partition(":")
     # __import__ rather than importlib.import_module: importlib costs `corral run` ~1 ms
     return getattr(__import__(f"{__name__}.{module}", fromlist=[cls]), cls)()

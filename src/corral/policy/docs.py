@@ -33,6 +33,10 @@ included, as TOML that `--policy` reads back.
 TAIL = """
 ## What every sandbox gets, whatever the policy
 
+On the namespace and gvisor tiers. The process tier has no namespaces and differs: a real
+scratch directory is HOME and TMPDIR (there is no /scratch, /tmp or /workspace of its
+own), the host's /proc is visible, Landlock hides the rest (docs/tiers.md).
+
 - A read-only root: the host's `/usr`, `/bin`, `/sbin`, `/lib*`, and a minimal `/etc`
   (generated `passwd`, `group`, `hosts`, `hostname`, `nsswitch.conf`, an empty
   `resolv.conf`, plus the host's CA certificates, `alternatives`, `ld.so.cache` and a few

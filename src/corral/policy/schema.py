@@ -134,8 +134,12 @@ class Spec(Record):
 
 
 FIELDS: tuple[Spec, ...] = (
-    Spec("isolation", "tier", "Isolation tier: namespace (bubblewrap + seccomp + cgroups). "
-         "Other tiers arrive with later releases."),
+    Spec("isolation", "tier", "Isolation tier: `namespace` (bubblewrap + seccomp + cgroups), "
+         "`gvisor` (runsc: a user-space kernel between the code and the host's), `process` "
+         "(rlimits + Landlock + seccomp, no namespaces: the weakest), or `auto` (the first of "
+         "gvisor, namespace, process available here that enforces every rule set "
+         "explicitly). docs/tiers.md compares them; `corral explain --isolation T` says what "
+         "each enforces on this host."),
     Spec("limits.timeout", "duration", "Wall-clock limit for one command; then every process "
          "of the run is killed and the verdict is `timeout`.", 0.001, 7 * 86400),
     Spec("limits.cpu_time", "duration", "CPU time summed over all processes of the run "
@@ -176,10 +180,11 @@ FIELDS: tuple[Spec, ...] = (
          "else is inherited."),
     Spec("env.set", "envset", "Variables set in the sandbox, NAME = \"value\". corral sets "
          "PATH, HOME=/scratch, LANG=C.UTF-8 and TERM=dumb; these override them."),
-    Spec("network.mode", "netmode", "\"none\": a network namespace with only loopback; "
-         "nothing leaves the sandbox. \"allow\": the same empty namespace, plus corral's "
-         "egress proxy on 127.0.0.1:3128 inside it (HTTP_PROXY and friends are set), which "
-         "lets through only what network.allow names."),
+    Spec("network.mode", "netmode", "\"none\": nothing leaves the sandbox (namespace and "
+         "gvisor: a network namespace with only loopback; process: seccomp refuses inet "
+         "sockets). \"allow\": the same, plus one way out, corral's egress proxy (HTTP_PROXY "
+         "and friends are set), which lets through only what network.allow names; where it "
+         "listens depends on the tier (`corral explain` shows the path)."),
     Spec("network.allow", "rules", "Hosts the proxy lets through: `example.com` (that name "
          "only), `*.example.com` (its subdomains, not the name itself), an IP address or CIDR; "
          "each with an optional `:port` (default: 80 and 443). Needs mode = \"allow\"; the "

@@ -29,6 +29,8 @@ says the tier enforces what it relies on.
   --report FILE   write the matrix (cases x tiers) as Markdown (.md) or HTML (.html)
   --list          list the cases and exit
 
+On a terminal, stderr gets a line per case as it finishes ([n/total] tier case status).
+
 Exit status: 0 when every case a tier claims holds; 1 when any does not (not contained,
 invalid control, or not scorable); 2 on usage errors; 3 when a tier named is not
 available here.
@@ -136,7 +138,7 @@ def main(args: list[str]) -> int:
         sys.stderr.write("corral: no tier is available here; see corral doctor\n")
         return BackendUnavailable.exit_code
     try:
-        cells = run(cases, tiers, progress=not opts["json"])
+        cells = run(cases, tiers, progress=sys.stderr.isatty())
     except CorralError as e:
         sys.stderr.write(f"corral: {e}\n")
         return e.exit_code
@@ -157,7 +159,8 @@ def main(args: list[str]) -> int:
 
 def run(cases, tiers, *, progress: bool = False):
     """Plant the canaries, run every case on every tier (one tier after the other, one
-    case at a time), remove the canaries. Returns the cells."""
+    case at a time), remove the canaries. Returns the cells. With `progress`, a line per
+    case on stderr as it finishes (`corral probe` asks for it when stderr is a terminal)."""
     import signal
 
     from .canaries import Canaries
@@ -169,17 +172,20 @@ def run(cases, tiers, *, progress: bool = False):
     old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGHUP)}
     cn = Canaries().plant()
     cells = []
+    total, width = len(cases) * len(tiers), len(str(len(cases) * len(tiers)))
+    idw = max((len(c.id) for c in cases), default=0)
     try:
         runner = Runner(cn)
         for tier in tiers:
             for case in cases:
                 cell = runner.cell(case, tier)
                 cells.append(cell)
-                if progress and sys.stderr.isatty():
-                    sys.stderr.write(f"\r\033[K{tier} {case.id}: {cell.status}")
+                if progress:  # one line per case, as it finishes (stderr: stdout is the report)
+                    mark = " BROKEN" if cell.failing else ""
+                    sys.stderr.write(f"[{len(cells):>{width}}/{total}] {tier:<9} "
+                                     f"{case.id:<{idw}}  {cell.status}{mark} "
+                                     f"({cell.seconds:.1f} s)\n")
                     sys.stderr.flush()
-        if progress and sys.stderr.isatty():
-            sys.stderr.write("\r\033[K")
     finally:
         cn.remove()
         for s, h in old.items():

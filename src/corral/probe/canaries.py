@@ -53,6 +53,7 @@ class Sink:
         self.host = host
         self.data = bytearray()
         self.lock = threading.Lock()
+        self.open_connections = 0           # accepted and not yet read to the end
         self.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.tcp.bind((host, 0))
@@ -84,6 +85,8 @@ class Sink:
                 c, _ = srv.accept()
             except OSError:
                 return
+            with self.lock:
+                self.open_connections += 1
             threading.Thread(target=self._serve, args=(c,), daemon=True).start()
 
     def _serve(self, c) -> None:
@@ -103,6 +106,8 @@ class Sink:
             pass
         finally:
             c.close()
+            with self.lock:
+                self.open_connections -= 1
 
     def _udp(self) -> None:
         while not self._stop:
@@ -111,6 +116,23 @@ class Sink:
             except OSError:
                 return
             self._record(b)
+
+    def quiet(self) -> bool:
+        """Everything sent here so far is recorded: no connection open or waiting to be
+        accepted, no datagram queued."""
+        import select
+
+        with self.lock:
+            if self.open_connections:
+                return False
+        socks = [s for s in (self.tcp, self.tcp6, self.udp) if s is not None]
+        return not select.select(socks, [], [], 0)[0]
+
+    def settle(self, most: float = 10.0) -> None:
+        """Wait until the sink is quiet (twice in a row, 10 ms apart: an accept in flight
+        is neither queued nor counted), at most `most` seconds (a connection a leftover
+        process holds open). A run's last bytes are recorded however slow the machine is."""
+        wait_until(self.quiet, most)
 
     def take(self) -> bytes:
         with self.lock:
@@ -310,6 +332,15 @@ class Canaries:
                 out.append(f"{os.path.relpath(p, self.root)} {what}")
         return out
 
+    def settle(self) -> None:
+        """Wait until the sinks have recorded what a finished run sent them: the TCP/UDP
+        sink is quiet and dnsmasq has read every query waiting for it (it logs a query
+        as it reads it). Waits for the condition, not for a fixed time."""
+        if self.sink is not None:
+            self.sink.settle()
+        if self.dns_port:
+            wait_until(lambda: udp_queued(self.dns_port) == 0, 10.0)
+
     def take_dns(self) -> str:
         try:
             with open(self.dns_log, encoding="utf-8", errors="replace") as f:
@@ -411,6 +442,34 @@ def _force_rmtree(path: str) -> None:
         except OSError:
             pass
     shutil.rmtree(path, onerror=fix)
+
+
+def wait_until(cond, most: float) -> bool:
+    """Poll cond() every 10 ms until it holds twice in a row or `most` seconds pass."""
+    deadline = time.monotonic() + most
+    seen = 0
+    while seen < 2:
+        seen = seen + 1 if cond() else 0
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def udp_queued(port: int) -> int:
+    """Bytes waiting in the receive queues of this host's IPv4 UDP sockets bound to
+    `port` (/proc/net/udp), e.g. queries dnsmasq has not read yet."""
+    queued = 0
+    try:
+        with open("/proc/net/udp") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if int(fields[1].rpartition(":")[2], 16) == port:
+                    queued += int(fields[4].partition(":")[2], 16)
+    except (OSError, ValueError, IndexError, StopIteration):
+        pass
+    return queued
 
 
 def _dns_ready(host: str, port: int, proc) -> bool:

@@ -43,6 +43,11 @@ NOHUP_WRAPPER = ("import os, signal, sys\n"
                  "    signal.signal(s, signal.SIG_IGN)\n"
                  "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})\n"
                  "os.execvp(sys.argv[1], sys.argv[1:])\n")
+#: a positive control shows that the attack works with the rule off; a slow or busy
+#: machine must not stop it first, so its wall clock and CPU time are at least this
+#: (seconds), and a host control may take this long. A control that succeeds takes only
+#: the time it needs; only a broken one waits this long.
+CONTROL_LIMIT_S = 120.0
 
 # statuses; FAILING: an expected (claimed) case in one of these breaks the claim
 CONTAINED, NOT_CONTAINED, NOT_RUN = "contained", "not-contained", "not-run"
@@ -286,7 +291,8 @@ class Runner:
         t0 = time.monotonic()
         if tty:
             try:
-                obs.rc, obs.stdout = _on_terminal(cmd, env, self.cn.passed_fds, 30, cwd=scratch)
+                obs.rc, obs.stdout = _on_terminal(cmd, env, self.cn.passed_fds,
+                                                  CONTROL_LIMIT_S, cwd=scratch)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
             obs.wall = time.monotonic() - t0
@@ -294,14 +300,14 @@ class Runner:
             return obs
         try:
             p = subprocess.run(cmd, env=env, cwd=scratch, stdin=subprocess.DEVNULL,
-                               capture_output=True, pass_fds=self.cn.passed_fds, timeout=30,
-                               start_new_session=True)
+                               capture_output=True, pass_fds=self.cn.passed_fds,
+                               timeout=CONTROL_LIMIT_S, start_new_session=True)
             obs.rc = p.returncode
             obs.stdout = p.stdout.decode(errors="replace")
             obs.stderr = p.stderr.decode(errors="replace")
         except subprocess.TimeoutExpired as e:
             obs.stdout = (e.stdout or b"").decode(errors="replace")
-            obs.crashed = "the host control did not finish within 30s"
+            obs.crashed = f"the host control did not finish within {CONTROL_LIMIT_S:.0f}s"
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         obs.wall = time.monotonic() - t0
@@ -309,7 +315,7 @@ class Runner:
         return obs
 
     def _observe(self, obs: Obs) -> None:
-        time.sleep(0.05)  # let the sink threads record the last bytes
+        self.cn.settle()  # the sinks have recorded the run's last bytes, however slow
         obs.sink = self.cn.sink.take()
         obs.dns = self.cn.take_dns()
         obs.changed = self.cn.changed()
@@ -377,7 +383,7 @@ class Runner:
                 self._host_controls[key] = (obs, self.score(case, obs))
             obs, (contained, reason) = self._host_controls[key]
         else:
-            pol = self.policy_for(case, tier, ctl.get("policy"))
+            pol = control_limits(self.policy_for(case, tier, ctl.get("policy")))
             code = ctl.get("code", case.code)
             if case.second and "code" not in ctl:
                 obs = self._run_twice(tier, pol, case)
@@ -445,6 +451,17 @@ class Runner:
         else:
             status = CONTAINED if contained else NOT_CONTAINED
         return done(status, contained, reason)
+
+
+def control_limits(policy: dict) -> dict:
+    """A control's policy with limits.timeout and limits.cpu_time raised to at least
+    CONTROL_LIMIT_S (a shorter one the case or its control names is raised too: the
+    control must never be the run a slow machine cuts short)."""
+    limits = dict(policy.get("limits", {}))
+    for key in ("timeout", "cpu_time"):
+        if _seconds(limits.get(key, "0s")) < CONTROL_LIMIT_S:
+            limits[key] = f"{CONTROL_LIMIT_S:g}s"
+    return {**policy, "limits": limits}
 
 
 def _on_terminal(cmd, env, fds, limit, cwd=None) -> tuple[int | None, str]:

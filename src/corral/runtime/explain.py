@@ -11,6 +11,21 @@ from ..policy import Policy
 OP_RULE_NAMES = {"Namespaces": "isolation", "SystemRoot": "filesystem (root)",
                  "Seccomp": "kernel surface (seccomp)", "NoNetwork": "network (namespace)"}
 
+#: how the sandbox's traffic leaves, per tier, with network.mode = "allow": the one way out
+NETWORK_PATHS = {
+    "namespace": ("the sandbox's network namespace has only loopback; corral opens a listener "
+                  "on 127.0.0.1:3128 inside it and hands it to the egress proxy, which runs "
+                  "outside: HTTP_PROXY -> 127.0.0.1:3128 in the sandbox's namespace -> the "
+                  "proxy -> the allowed host"),
+    "gvisor": ("gVisor's netstack has one link, a veth whose far end is a network namespace of "
+               "corral's holding nothing but the egress proxy's listener: HTTP_PROXY -> "
+               "{proxy} over the veth -> the proxy -> the allowed host"),
+    "process": ("no network namespace: the egress proxy listens on the host's 127.0.0.1 at a "
+                "port P of its own per command and admits only the sandbox's uid; cgroup "
+                "socket programs (bpf), Landlock and seccomp let the command connect to that "
+                "port only: HTTP_PROXY -> host 127.0.0.1:P -> the proxy -> the allowed host"),
+}
+
 
 def explain(policy: Policy, tier: str | None = None) -> dict:
     from .tiers import check_tier, prepare
@@ -44,6 +59,7 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
         "mechanism": backend.mechanism,
         "own_kernel": backend.own_kernel,
         "network": _network(plan, policy, backend),
+        "workspace": _workspace(policy, backend.name),
         "credentials": _credentials(plan, policy),
         "rules": rules,
         "properties": dict(backend.properties),
@@ -65,7 +81,29 @@ def _network(plan: Plan, policy: Policy, backend) -> dict:
     return {"default_closed": True,
             "reachable": [f"{r} (via the egress proxy)" for r in n.allow],
             "denied": list(n.deny), "private_allowed": list(n.allow_private),
+            "path": _network_path(backend.name),
             "note": backend.egress_note}
+
+
+def _network_path(tier: str) -> str:
+    path = NETWORK_PATHS.get(tier, "through the egress proxy (HTTP_PROXY)")
+    if "{proxy}" in path:
+        from ..backends.gvisor_net import PROXY_URL
+
+        path = path.format(proxy=PROXY_URL.removeprefix("http://"))
+    return path
+
+
+def _workspace(policy: Policy, tier: str) -> dict | None:
+    """The host directory the sandbox sees, its mode, and where it appears inside."""
+    ws = policy.filesystem.workspace
+    if ws is None:
+        return None
+    from ..plan import WORKSPACE
+
+    # the process tier has no mount namespace: the workspace is at its host path
+    same = tier == "process" or getattr(ws, "mount_at", None) == "same"
+    return {"path": ws.path, "mode": ws.mode, "inside": ws.path if same else WORKSPACE}
 
 
 def _credentials(plan: Plan, policy: Policy) -> list[dict]:
@@ -91,9 +129,17 @@ def render(d: dict) -> str:
     reach = ", ".join(net["reachable"]) or "nothing"
     lines.append(f"2. network closed by default? {'yes' if net['default_closed'] else 'NO'}; "
                  f"reachable: {reach}")
+    if "path" in net:
+        private = ", ".join(net["private_allowed"]) or "none (the proxy refuses them)"
+        lines.append(f"   private ranges the proxy may reach: {private}")
+        lines.append(f"   network path ({d['tier']} tier): {net['path']}")
     creds = d["credentials"]
     lines.append("3. credentials it can reach: " + (
         "none" if not creds else "; ".join(f"{c['name']} ({c['how']})" for c in creds)))
+    ws = d.get("workspace")
+    lines.append("workspace: " + ("none" if ws is None else
+                                  f"{ws['path']} ({'read-write' if ws['mode'] == 'rw' else 'read-only'}"
+                                  f", {ws['mode']}) at {ws['inside']}"))
     lines.append("rules:")
     width = max(len(r["rule"]) for r in d["rules"])
     for r in d["rules"]:

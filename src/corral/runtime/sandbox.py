@@ -58,6 +58,13 @@ class Sandbox:
              tty_size: tuple[int, int] | None = None) -> Result:
         """Run argv inside. stdin: None (/dev/null), bytes, or a readable fd (not a tty).
 
+        on_stdout / on_stderr, if given, are called with each chunk of output as it
+        arrives, as **bytes** (up to limits.output per stream, like the Result): a chunk
+        is whatever one read returned, so it may end inside a UTF-8 sequence, and the
+        output need not be text at all. The Result's stdout and stderr are the whole
+        streams decoded as UTF-8 with invalid bytes replaced; wrap a callback in
+        `corral.TextChunks(fn)` to get str chunks decoded the same way as they arrive.
+
         tty=True: the command gets a pseudo-terminal of its own as stdin, stdout, stderr and
         controlling terminal (see corral.linux.tty); `stdin` (None, bytes, or a readable fd, which
         may be the caller's terminal) is typed into it, on_stdout gets everything it shows,
@@ -158,10 +165,36 @@ def _stdin_fd(stdin, *, tty: bool = False) -> tuple[int | None, bool]:
     raise TypeError("stdin must be None, bytes or a file descriptor")
 
 
+class TextChunks:
+    """An on_stdout / on_stderr callback that passes `fn` str instead of bytes: the chunks
+    decoded as UTF-8 incrementally (a sequence split between two chunks is decoded whole
+    once its end arrives; invalid bytes become U+FFFD, as in Result.stdout). Call
+    `close()` after the exec for a sequence the output left unfinished.
+
+        sb.exec(argv, on_stdout=corral.TextChunks(print_text))
+    """
+
+    def __init__(self, fn) -> None:
+        import codecs
+
+        self.fn = fn
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, data: bytes) -> None:
+        text = self._decoder.decode(data)
+        if text:
+            self.fn(text)
+
+    def close(self) -> None:
+        text = self._decoder.decode(b"", final=True)
+        if text:
+            self.fn(text)
+
+
 def run(argv: list[str], policy: Policy | dict | str | None = None, **kw) -> Result:
     """Run one command in a fresh sandbox and return its Result."""
     with Sandbox(policy) as sb:
         return sb.exec(argv, **kw)
 
 
-__all__ = ["Sandbox", "run", "coerce_policy", "prepare", "Plan"]
+__all__ = ["Sandbox", "TextChunks", "run", "coerce_policy", "prepare", "Plan"]

@@ -9,7 +9,7 @@ for _ in range(8):
     os.write(1, chunk)
 os.write(2, b"\nPROBE DENIED flood written\n")
 """
-CONTROL = {'policy': {'limits': {'output': '32M'}}}
+CONTROL = {'policy': {'limits': {'output': '32M', 'timeout': '120s'}}}
 CONTAINED = 'the Result keeps at most 64 KiB, is marked truncated, and the supervisor stays well'
 
 

@@ -1,14 +1,16 @@
 ID = 'dos.pipe-deadlock'
 CATEGORY = 'dos'
-DESCRIPTION = 'fill stderr (4 MiB) before writing a byte of stdout, then block (3 s) past a 1.5 s limit'
+DESCRIPTION = 'fill stderr (1 MiB, 16 pipe buffers) before writing a byte of stdout, then block (4 s) past a 3 s limit'
 CLAIMS = ('rule:limits.timeout', 'rule:limits.output')
-POLICY = {'limits': {'timeout': '1500ms', 'output': '64K'}}
+# the limit leaves time for the writes on a slow machine; the sleep outlasts it, so only
+# the timeout can end the attack (the control, with the limit off, sleeps to its end)
+POLICY = {'limits': {'timeout': '3s', 'output': '64K'}}
 CODE = r"""
-os.write(2, b"e" * (4 << 20))
+os.write(2, b"e" * (1 << 20))
 os.write(1, b"PROBE DENIED stderr drained\n")
-time.sleep(3)
+time.sleep(4)
 """
-CONTROL = {'policy': {'limits': {'timeout': '8s'}}}
+CONTROL = {'policy': {'limits': {'timeout': '120s'}}}
 CONTAINED = 'both streams are drained (stdout arrives) and the timeout still fires'
 
 
@@ -17,6 +19,8 @@ def score(obs):
         return False, "no Result"
     got = "stderr drained" in obs.result["stdout"]
     wall = obs.result["usage"]["wall_s"]
-    if got and obs.verdict == "timeout" and wall < 4:
-        return True, f"stdout arrived after 4 MiB of stderr; timeout at {wall:.1f}s"
+    # verdict timeout: the deadline passed while it slept (how long the kill took is not
+    # judged: a slower machine kills more slowly)
+    if got and obs.verdict == "timeout":
+        return True, f"stdout arrived after 1 MiB of stderr; timeout, ended at {wall:.1f}s"
     return False, f"stdout arrived={got}, verdict {obs.verdict} at {wall:.1f}s"

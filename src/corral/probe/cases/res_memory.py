@@ -13,7 +13,7 @@ try:
 except MemoryError:
     out("DENIED", f"MemoryError after {len(held) * 8} MiB")
 """
-CONTROL = {"policy": {"limits": {"memory": "512M"}}}
+CONTROL = {"policy": {"limits": {"memory": "512M", "timeout": "120s"}}}
 CONTAINED = "the memory cgroup stops it (verdict oom or MemoryError) with the peak at the limit"
 
 

@@ -31,7 +31,7 @@ if pid == 0:    # session leader; the pty's slave is its controlling terminal an
     os.write(1, ("\\nR " + both(0) + "\\n").encode())
     os._exit(0)
 import re, select
-got, deadline = b"", time.monotonic() + 5
+got, deadline = b"", time.monotonic() + 60   # the loop ends when the line arrives
 while not re.search(rb"\\nR [^\\n]*\\n", got) and time.monotonic() < deadline:
     if select.select([master], [], [], 0.2)[0]:
         try:

@@ -249,15 +249,21 @@ class Proxy:
         self.url = f"http://127.0.0.1:{self.port}"
         self.stderr += line
 
-    def events(self, wait_for: int = 0, timeout: float = 5.0) -> list[dict]:
+    def events(self, wait_for: int = 0, timeout: float = 30.0, kind: str | None = None
+               ) -> list[dict]:
+        """The proxy's events so far, once there are at least `wait_for` of them (of `kind`
+        only, if given), or when `timeout` passes: the wait is bounded by what arrives,
+        not by how fast this machine is."""
         deadline = time.monotonic() + timeout
         while True:
             try:
                 evs = [json.loads(x) for x in self.events_path.read_text().splitlines()]
             except FileNotFoundError:
                 evs = []
-            if len(evs) >= wait_for or time.monotonic() > deadline:
+            counted = [e for e in evs if kind is None or e.get("kind") == kind]
+            if len(counted) >= wait_for or time.monotonic() > deadline:
                 return evs
+            time.sleep(0.01)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -383,7 +383,7 @@ def test_300_concurrent_connections(proxy):
 
     results = asyncio.run(main())
     assert all(r.startswith(b"HTTP/1.1 200") and r.endswith(b"slow") for r in results)
-    evs = p.events(320, timeout=10)
+    evs = p.events(320)
     assert len(evs) == 320 and all(e["decision"] == "allow" for e in evs)
 
 

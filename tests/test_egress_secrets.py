@@ -673,7 +673,7 @@ def test_host_header_must_match_the_terminated_host(proxy, world):
                               "-H", f"X-Api-Key: {PH}", capture=proxy.captured)
     assert (status, headers["x-corral-reason"]) == (403, "host header mismatch")
     assert seen_by(world, "granted.test", n0) == []
-    (e,) = [e for e in p.events(1) if e["kind"] == "net"]
+    (e,) = [e for e in p.events(1, kind="net") if e["kind"] == "net"]
     assert (e["decision"], e["reason"]) == ("deny", "host header mismatch")
 
 
@@ -697,13 +697,13 @@ def test_budgets_count_requests_and_bytes_inside_terminated_tls(proxy, world):
                        capture_output=True, text=True, timeout=20, check=False)
     cap += [r.stdout, r.stderr]
     assert r.stdout.split() == ["200", "200", "403"]
-    (e,) = [e for e in p.events(2) if e["kind"] == "net"]
+    (e,) = [e for e in p.events(1, kind="net") if e["kind"] == "net"]
     assert (e["decision"], e["reason"]) == ("deny", "budget: requests")
     p2 = proxy(budget={"bytes_in": 300})
     status, _, _ = curl(p2, world, "https://granted.test/echo", "-H", f"X-Api-Key: {PH}",
                         capture=cap)
     assert status in (0, 200)                  # cut mid-body (or before the head)
-    (e,) = [e for e in p2.events(1) if e["kind"] == "net"]
+    (e,) = [e for e in p2.events(1, kind="net") if e["kind"] == "net"]
     assert (e["decision"], e["reason"], e["bytes_in"]) == ("deny", "budget: bytes_in", 300)
     assert e["bytes_out"] > 0
 
@@ -728,7 +728,7 @@ def test_kept_alive_connection_outlives_the_upstream_one(proxy, world):
     conn.close()
     proxy.captured += bodies
     assert all(PH in b and TOKEN not in b for b in bodies)
-    net = [e for e in p.events(2) if e["kind"] == "net"]
+    net = [e for e in p.events(2, kind="net") if e["kind"] == "net"]
     assert [(e["decision"], e["port"]) for e in net] == [("allow", 8443)]
 
 

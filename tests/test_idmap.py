@@ -27,7 +27,7 @@ X = 2_000_000_000 + os.getpid() % 1_000_000   # the sandbox's host uid (and gid)
 Y = X + 1                                      # some other unprivileged host user
 O = G = 1000                                   # a user-owned workspace
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-SRC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(idmap.__file__)))
+SRC_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(idmap.__file__))))
 
 
 def as_uid(uid: int, code: str, **kw) -> subprocess.CompletedProcess:

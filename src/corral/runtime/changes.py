@@ -98,7 +98,7 @@ class Change(Record):
         if self.type != "file":
             what.append(self.type)
         if self.type == "symlink" and self.target is not None:
-            what.append(f"-> {self.target}")
+            what.append(f"-> {show(self.target)}")
         if self.kind == "modified" and self.old_mode != self.new_mode:
             what.append(f"mode {self.old_mode:o} -> {self.new_mode:o}")
         if self.diff is not None:
@@ -115,7 +115,7 @@ class Change(Record):
             what.append(f"CONFLICT: {self.conflict}")
         if self.refused:
             what.append(f"REFUSED: {self.refused}")
-        return f"{letter} {self.path}" + (f"  ({', '.join(what)})" if what else "")
+        return f"{letter} {show(self.path)}" + (f"  ({', '.join(what)})" if what else "")
 
 
 class Applied(Record):
@@ -124,6 +124,13 @@ class Applied(Record):
     applied: tuple[str, ...] = ()
     conflicts: tuple[tuple[str, str], ...] = ()
     refused: tuple[tuple[str, str], ...] = ()
+
+
+def show(text: str) -> str:
+    """A name from the sandbox as one safe line: control characters, DEL, C1 controls and
+    undecodable bytes (surrogate escapes) written as \\xNN."""
+    return "".join(c if 0x20 <= ord(c) < 0x7F or 0xA0 <= ord(c) < 0xD800
+                   or 0xE000 <= ord(c) else f"\\x{ord(c) & 0xFF:02x}" for c in text)
 
 
 def _size(n: int | None) -> str:
@@ -670,18 +677,17 @@ def _walk_to(root_fd: int, path: str, *, make: tuple[int, int] | None = None
         raise
 
 
-def _select(changes: list[Change], paths) -> list[Change]:
-    """The changes at or below each of `paths` (None: all), with the added directories
-    they need."""
+def _select(changes: list[Change], paths, exact: bool = False) -> list[Change]:
+    """The changes at or below each of `paths` (None: all; exact: at them only), with the
+    added directories they need."""
     if paths is None:
         return changes
     if isinstance(paths, str):
         paths = [paths]
-    want = [p.strip("/") for p in paths]
-    want = [p for p in want if p]
+    want = [p.strip("/") or "." for p in paths]
 
     def picked(path: str) -> bool:
-        return any(path == p or path.startswith(p + "/") for p in want)
+        return any(path == p or not exact and path.startswith(p + "/") for p in want)
 
     chosen = {id(c) for c in changes if picked(c.path)}
     added_dirs = {c.path: c for c in changes if c.kind == "added" and c.type == "dir"}
@@ -695,13 +701,13 @@ def _select(changes: list[Change], paths) -> list[Change]:
     return [c for c in changes if id(c) in chosen]
 
 
-def apply(review, paths=None) -> Applied:
+def apply(review, paths=None, *, exact: bool = False) -> Applied:
     """Copy the changes (selected by `paths`: each a path, meaning it and everything
     below it; None: all) from the upper layer to the host workspace. Changes are listed
     again now; refused ones and conflicts are left and reported; each path is checked
     again as it is written. Deletions first (deepest first), then new directories, then
     files and links, then directory modes (deepest first)."""
-    changes = _select(list_changes(review), paths)
+    changes = _select(list_changes(review), paths, exact)
     host = _host_root(review)
     up = os.open(".", _DIR, dir_fd=review.upper_fd)
     applied: list[str] = []

@@ -116,14 +116,15 @@ class Sandbox:
 
         return list_changes(self._review())
 
-    def apply_changes(self, paths=None):
-        """Copy the changes at or below `paths` (None: all) to the host workspace, except
-        conflicts (the host changed the path while the sandbox ran) and refusals (a link
-        out of the workspace, a device node, FIFO or socket, set-id bits). Returns a
+    def apply_changes(self, paths=None, *, exact: bool = False):
+        """Copy the changes at or below `paths` (None: all; exact=True: only those paths,
+        with the new directories they need) to the host workspace, except conflicts (the
+        host changed the path while the sandbox ran) and refusals (a link out of the
+        workspace, a device node, FIFO or socket, set-id bits). Returns a
         runtime.changes.Applied (applied, conflicts, refused)."""
         from .changes import apply
 
-        return apply(self._review(), paths)
+        return apply(self._review(), paths, exact=exact)
 
     def discard_changes(self) -> None:
         """Forget every change: the workspace looks inside as the host's is (no command

@@ -45,9 +45,12 @@ from ..linux._sys import MS_NODEV, MS_NOSUID, mount, umount
 #: the overlay's options besides the layers: no redirects, no index, no metacopy, no inode
 #: number tricks, so the upper layer is a plain tree plus whiteouts and opaque markers
 OVERLAY_OPTIONS = "redirect_dir=off,index=off,metacopy=off,xino=off"
-#: host changes up to this long before the sandbox opened count as made while it ran:
-#: file ctimes come from the kernel's coarse clock, which may lag time.time_ns() by a tick
-CTIME_SLACK_NS = 50_000_000
+#: clock_gettime's CLOCK_REALTIME_COARSE (Linux; the time module does not name it): the
+#: clock file timestamps come from (or a finer one, never behind it)
+CLOCK_REALTIME_COARSE = 5
+#: host changes up to this long before the sandbox opened count as made while it ran (the
+#: safe side), for filesystems that round timestamps to a few milliseconds
+CTIME_SLACK_NS = 10_000_000
 
 
 class ReviewMount:
@@ -55,8 +58,12 @@ class ReviewMount:
 
     `host_fd`: an O_PATH fd of the host workspace as it was opened (no link followed), kept
     for the sandbox's life: apply works only relative to it. `upper_fd`: an O_PATH fd of
-    the upper directory. `opened_ns`: the wall clock just before the overlay was mounted,
-    less CTIME_SLACK_NS; a host file whose ctime is later changed while the sandbox ran.
+    the upper directory. `opened_ns`: the kernel's coarse wall clock just before the
+    overlay was mounted, less CTIME_SLACK_NS; a host file whose ctime is not before it was
+    changed while the sandbox ran (the kernel stamps ctime on every change from that clock
+    or a finer one, and no process can set it back; a filesystem whose timestamps are
+    coarser than CTIME_SLACK_NS, such as ext4 with 128-byte inodes, could hide a change
+    made in the same second).
     `applied`: {path: (st_ino, st_ctime_ns)} of what apply wrote, so a later apply does not
     take corral's own writes for the host's."""
 
@@ -107,7 +114,7 @@ class ReviewMount:
             if any(c in p for c in ",:\\\n"):   # the option string's separators
                 raise SandboxSetupError(f"corral's run dir path {p!r} has a character an "
                                         f"overlay option cannot hold", step="review-overlay")
-        self.opened_ns = time.time_ns() - CTIME_SLACK_NS
+        self.opened_ns = time.clock_gettime_ns(CLOCK_REALTIME_COARSE) - CTIME_SLACK_NS
         try:
             mount("overlay", self.merged, "overlay", MS_NOSUID | MS_NODEV,
                   f"lowerdir={self.lower},upperdir={self.upper},workdir={self.work},"

@@ -218,6 +218,33 @@ def test_apply_never_follows_a_host_link_swapped_in(ws):
         shutil.rmtree(outside)
 
 
+def test_apply_never_follows_a_host_link_swapped_in_after_the_listing(ws, monkeypatch):
+    """The same swap between apply's own listing and its writes (the race a listing
+    cannot see): the walk from the workspace fd refuses the link, nothing lands outside."""
+    from corral.runtime import changes as ch
+
+    outside = tempfile.mkdtemp(prefix="corral-review-out-", dir="/var/tmp")
+    listed = ch.list_changes
+
+    def list_then_swap(review):
+        out = listed(review)
+        os.rename(os.path.join(ws, "sub"), os.path.join(ws, "sub.real"))
+        os.symlink(outside, os.path.join(ws, "sub"))
+        return out
+
+    try:
+        with corral.Sandbox(review_policy(ws)) as sb:
+            assert sb.exec(["sh", "-c", "echo x > sub/new && echo y >> sub/b"]).exit_code == 0
+            monkeypatch.setattr(ch, "list_changes", list_then_swap)
+            done = sb.apply_changes()
+            assert not done.applied
+            assert {p for p, _ in done.conflicts} == {"sub/new", "sub/b"}
+        assert os.listdir(outside) == []
+        assert read(os.path.join(ws, "sub.real/b")) == b"b\n"
+    finally:
+        shutil.rmtree(outside)
+
+
 def test_a_host_change_during_the_run_is_a_conflict_never_overwritten(ws):
     with corral.Sandbox(review_policy(ws)) as sb:
         r = sb.exec(["sh", "-c", "echo sandbox >> a.txt; chmod 700 keep; echo n > new.txt; "

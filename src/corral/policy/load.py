@@ -438,8 +438,8 @@ def _workspace(raw: Any, path: str) -> Workspace | None:
         check_mount_dest(real, field, raw["path"])
     mode = raw.get("mode", "ro")
     if mode not in WORKSPACE_MODES:
-        raise PolicyError(f"{mode!r} is not a mode; use \"ro\", \"rw\" or \"review\" "
-                          f"(writable inside, changes kept apart until applied)",
+        raise PolicyError(f"{mode!r} is not a mode; use \"ro\" or \"rw\", or \"review\" "
+                          f"(writable inside, the changes kept apart until applied)",
                           field=f"{path}.mode")
     return Workspace(path=real, mode=mode, mount_at=mount_at)
 

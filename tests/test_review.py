@@ -264,6 +264,8 @@ def test_a_host_change_during_the_run_is_a_conflict_never_overwritten(ws):
         assert sb.exec(["sh", "-c", "echo again >> tool.sh"]).exit_code == 0
         again = sb.apply_changes(["tool.sh"])
         assert again.applied == ("tool.sh",) and not again.conflicts
+    with pytest.raises(corral.UsageError):   # closed: its changes went with it
+        sb.changes()
     assert read(os.path.join(ws, "a.txt")) == b"hello\nworld\nhost\n"
     assert not os.path.lexists(os.path.join(ws, "keep"))
     assert read(os.path.join(ws, "new.txt")) == b"n\n"
@@ -287,6 +289,24 @@ def test_discard_empties_the_upper_layer(ws):
         assert sb.exec(["sh", "-c", "echo after > after.txt"]).exit_code == 0
         assert kinds(sb.changes()) == {("added", "after.txt")}
     assert snapshot(ws) == before
+
+
+def test_hard_links_cannot_make_apply_write_more_than_scratch_holds(ws):
+    """600 KiB in one file with 9 more names is 6 MiB to copy out of a 1 MiB scratch:
+    apply copies up to the scratch's size in all and refuses the rest."""
+    with corral.Sandbox(review_policy(ws, scratch="1M")) as sb:
+        r = sb.exec(["sh", "-c", "set -e; head -c 614400 /dev/urandom > h0; "
+                                 "for i in 1 2 3 4 5 6 7 8 9; do ln h0 h$i; done"])
+        assert r.exit_code == 0, r.stderr
+        done = sb.apply_changes()
+        assert 1 <= len(done.applied) <= 2
+        assert len(done.refused) >= 8
+        assert all("scratch size" in why for _, why in done.refused)
+        data, left = sb.changes_patch()
+        assert len(data) < 4 << 20
+    copied = sum(os.path.getsize(os.path.join(ws, f"h{i}")) for i in range(10)
+                 if os.path.exists(os.path.join(ws, f"h{i}")))
+    assert copied <= 1 << 20
 
 
 def test_the_upper_layer_is_capped_by_the_scratch_limit(ws):

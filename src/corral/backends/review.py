@@ -82,6 +82,10 @@ class ReviewMount:
         self.lower = os.path.join(run_dir.path, "review-lower")
         self.merged = os.path.join(run_dir.path, "workspace")
         self.upper_fd = -1
+        #: bytes apply (or a patch) may copy out in all: the scratch tmpfs's size. What
+        #: upper holds is capped by it, but hard links and sparse files could make its
+        #: apparent size far larger on the host
+        self.budget = 0
         self.opened_ns = 0
         self.applied: dict[str, tuple[int, int]] = {}
         self.mounted = False
@@ -89,6 +93,8 @@ class ReviewMount:
     def setup(self) -> None:
         from ..linux import idmap
 
+        st = os.statvfs(os.path.dirname(self.base))
+        self.budget = st.f_blocks * st.f_frsize
         os.mkdir(self.base, 0o711)
         os.mkdir(self.lower, 0o700)
         os.mkdir(self.merged, 0o755)

@@ -58,6 +58,9 @@ SNIFF = 8000
 CHUNK = 1 << 20
 WHITEOUT_RDEV = 0
 OPAQUE_XATTR = "trusted.overlay.opaque"
+#: why a file past ReviewMount.budget is not copied
+OVER_BUDGET = ("past the sandbox's scratch size in bytes copied in all (hard links or "
+               "sparse files?)")
 #: the name apply gives a file before renaming it into place
 TMP_PREFIX = ".corral-apply-"
 
@@ -291,6 +294,19 @@ class _Walk:
 
     def entry(self, up_fd: int, host_fd: int | None, name: str, path: str,
               depth: int) -> None:
+        try:
+            self._entry(up_fd, host_fd, name, path, depth)
+        except OSError as e:
+            # swapped or removed while it was read (a link for a file, a file for a
+            # directory): the sandbox may still be writing, or racing corral
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL):
+                raise
+            self.out.append(Change(path=path, kind="modified", type="file",
+                                   refused="it changed while corral read it; list the "
+                                           "changes again"))
+
+    def _entry(self, up_fd: int, host_fd: int | None, name: str, path: str,
+               depth: int) -> None:
         st = _lstat(name, up_fd)
         if st is None:
             return   # gone since the listing (the sandbox may still be writing)
@@ -601,11 +617,17 @@ def patch(review, paths=None) -> tuple[bytes, list[tuple[str, str]]]:
     up = os.open(".", _DIR, dir_fd=review.upper_fd)
     out: list[bytes] = []
     left: list[tuple[str, str]] = []
+    budget = review.budget
     try:
         for c in changes:
             if c.refused or c.conflict:
                 left.append((c.path, c.refused or c.conflict))
                 continue
+            if c.type == "file" and c.kind != "deleted" and c.new_size is not None:
+                if c.new_size > budget:
+                    left.append((c.path, OVER_BUDGET))
+                    continue
+                budget -= c.new_size
             if c.type not in ("file", "symlink"):
                 if c.type != "dir":
                     left.append((c.path, f"a {c.type}"))
@@ -767,6 +789,7 @@ class _Apply:
         self.review, self.host, self.up = review, host, up
         self.root = os.geteuid() == 0
         self.walk = _Walk(review)   # for its conflict test
+        self.left = review.budget   # bytes still to copy (ReviewMount.budget)
 
     def _note(self, parent: int, name: str, path: str) -> None:
         """Record what apply left at path (and its directory's new ctime), so a later
@@ -890,10 +913,15 @@ class _Apply:
             else:
                 src = _open_file(uname, uparent)
                 try:
-                    mode = _perm(os.fstat(src))
+                    sst = os.fstat(src)
+                    mode = _perm(sst)
                     if mode & (stat.S_ISUID | stat.S_ISGID):
                         tmp = None
                         return ("refused", "set-id bits")
+                    if sst.st_size > self.left:
+                        tmp = None
+                        return ("refused", OVER_BUDGET)
+                    self.left -= sst.st_size
                     dst = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                                   | os.O_CLOEXEC, 0o600, dir_fd=parent)
                     try:

@@ -98,11 +98,15 @@ class Sandbox:
 
     # -- write review (a workspace in mode "review": runtime/changes.py) -----------------
     def _review(self):
+        from ..errors import UsageError
+
+        if self._live is None and self._pid:
+            raise UsageError("the sandbox is closed, and its changes went with it; list "
+                             "and apply them before close() (or the end of `with`)",
+                             field="review")
         self.open()
         review = getattr(self._live, "review", None)
         if review is None:
-            from ..errors import UsageError
-
             raise UsageError("the workspace is not in review mode; set filesystem.workspace "
                              "mode = \"review\" (corral run --workspace PATH:review)",
                              field="filesystem.workspace.mode")

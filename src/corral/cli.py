@@ -405,9 +405,10 @@ def _ask(changes) -> list[str]:
             break
         picked.append(c.path)
     for c in changes:   # deleted directories whose whole content was accepted
-        if c.kind == "deleted" and c.type == "dir" and all(
-                d.path in picked for d in changes
-                if d.kind == "deleted" and d.path.startswith(c.path + "/") and d.type != "dir"):
+        inside = [d.path for d in changes if d.kind == "deleted" and d.type != "dir"
+                  and d.path.startswith(c.path + "/")]
+        if c.kind == "deleted" and c.type == "dir" and inside and all(
+                p in picked for p in inside):
             picked.append(c.path)
     return picked
 

@@ -149,6 +149,22 @@ def test_review_leaves_the_host_untouched_until_apply(tier, ws):
         assert after[rel] == before[rel]
 
 
+def test_a_directory_replaced_inside_is_opaque_its_old_entries_deleted(ws):
+    """rm -rf sub; mkdir sub: the overlay marks the new sub opaque; the host's sub/b is
+    then deleted even though no whiteout names it, and a file recreated as it was is no
+    change at all."""
+    with corral.Sandbox(review_policy(ws)) as sb:
+        r = sb.exec(["sh", "-c", "set -e; cp sub/b /tmp/b; rm -rf sub; mkdir sub; "
+                                 "echo z > sub/z; cp /tmp/b sub/b; rm -rf gone; mkdir gone"])
+        assert r.exit_code == 0, r.stderr
+        assert os.getxattr(os.path.join(sb._live.review.upper, "sub"),
+                           "trusted.overlay.opaque") == b"y"
+        assert kinds(sb.changes()) == {("added", "sub/z"), ("deleted", "gone/g")}
+        sb.apply_changes()
+    assert sorted(os.listdir(os.path.join(ws, "sub"))) == ["b", "z"]
+    assert os.listdir(os.path.join(ws, "gone")) == []
+
+
 def _plant(upper, name, make):
     p = os.path.join(upper, name)
     make(p)

@@ -196,8 +196,8 @@ def test_on_stdout_gets_bytes_and_text_chunks_decode_like_the_result():
 def test_workspace_bad_mode_names_the_mode(tmp_path):
     r = cli("run", "--workspace", f"{tmp_path}:rx", "--", "true")
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr == ('corral: --workspace: mode "rx" is not one of ro, rw (write PATH:ro, '
-                        'PATH:rw or PATH:rw:same)\n')
+    assert r.stderr == ('corral: --workspace: mode "rx" is not one of ro, rw, review (write '
+                        'PATH:ro, PATH:rw, PATH:review or PATH:rw:same)\n')
     shown = cli("policy", "show", "--workspace", f"{tmp_path}:rw").stdout
     assert f'path = "{tmp_path}"' in shown and 'mode = "rw"' in shown
     odd = tmp_path / "a:b"          # a directory with a colon in its name is still a path

@@ -27,7 +27,8 @@ RUN_USAGE = """\
 usage: corral run [--policy FILE] [--isolation T] [--timeout D] [--cpu-time D]
                   [--memory SIZE] [--cpus N] [--pids N] [--scratch-size SIZE]
                   [--output-limit SIZE] [--env NAME | --env NAME=VALUE]...
-                  [--workspace PATH[:ro|rw][:same]] [--ro-bind PATH]... [--net none|allow]
+                  [--workspace PATH[:ro|rw|review][:same]] [--apply | --discard]
+                  [--patch FILE] [--ro-bind PATH]... [--net none|allow]
                   [--allow-domain RULE]... [--deny-domain RULE]... [--allow-private CIDR]...
                   [--nameserver ADDR]... [--upstream-ca FILE]
                   [--secret NAME=SOURCE@HOSTS[/TTL]]... [--plain-http NAME]...
@@ -53,7 +54,14 @@ options (each overrides the policy file):
   --env NAME=VALUE       set NAME in the sandbox                  [env.set]
   --workspace PATH[:M][:same]
                          mount PATH at /workspace (with :same at PATH itself) and work
-                         there, M = ro (default) or rw        [filesystem.workspace]
+                         there, M = ro (default), rw, or review: writable inside,
+                         the writes kept apart; after CMD the changes are listed and,
+                         on a terminal, offered file by file (else kept off the host)
+                                                              [filesystem.workspace]
+  --apply                review: copy every change to the host (conflicts and refused
+                         paths are left and listed)
+  --discard              review: drop the changes
+  --patch FILE           review: write the changes as a git patch (git apply FILE)
   --ro-bind PATH         show host PATH read-only at the same path [filesystem.ro_binds]
   --secret NAME=SOURCE@HOST[,HOST...][/TTL]
                          a credential grant: the sandbox sees a placeholder in $NAME, the
@@ -123,6 +131,8 @@ class RunArgs:
         self.secrets: dict[str, dict] = {}
         self.plain_http: list[str] = []
         self.stdin = False
+        self.apply = self.discard = False   # review mode: what to do with the changes
+        self.patch: str | None = None
         self.tty = False
         self.raw = False
         self.json = False
@@ -157,10 +167,12 @@ def parse_run_args(args: list[str], *, want_command: bool) -> RunArgs:
 
         if name in ("-h", "--help"):
             r.help = True
-        elif name in ("--stdin", "--raw", "--json", "--tty") and not eq:
+        elif name in ("--stdin", "--raw", "--json", "--tty", "--apply", "--discard") and not eq:
             setattr(r, name[2:], True)
         elif name == "-t" and not eq:
             r.tty = True
+        elif name == "--patch":
+            r.patch = value()
         elif name == "--policy":
             r.policy_file = value()
         elif name == "--isolation":
@@ -204,7 +216,7 @@ def parse_run_args(args: list[str], *, want_command: bool) -> RunArgs:
 
 
 def parse_workspace_flag(text: str) -> tuple[str, str, str | None]:
-    """PATH[:ro|:rw][:same] -> (path, mode, mount_at). A last `:part` without a slash that
+    """PATH[:ro|:rw|:review][:same] -> (path, mode, mount_at). A last `:part` without a slash that
     is not a mode is refused, naming it, unless the whole text is an existing path (a
     directory may have a colon in its name)."""
     mount_at = None
@@ -213,12 +225,12 @@ def parse_workspace_flag(text: str) -> tuple[str, str, str | None]:
     path, colon, mode = text.rpartition(":")
     if not colon or "/" in mode or not mode:
         return text, "ro", mount_at
-    if mode in ("ro", "rw"):
+    if mode in ("ro", "rw", "review"):
         return path, mode, mount_at
     if os.path.exists(text):
         return text, "ro", mount_at
-    raise UsageError(f'mode "{mode}" is not one of ro, rw (write PATH:ro, PATH:rw or '
-                     f'PATH:rw:same)', field="--workspace")
+    raise UsageError(f'mode "{mode}" is not one of ro, rw, review (write PATH:ro, PATH:rw, '
+                     f'PATH:review or PATH:rw:same)', field="--workspace")
 
 
 def parse_secret_flag(text: str) -> dict[str, dict]:
@@ -289,6 +301,7 @@ def cmd_run(args: list[str]) -> int:
             raise UsageError("no command given; write corral run [options] -- CMD...",
                              field="CMD")
         policy = effective_policy(r)
+        review = _review_mode(r, policy)
         if r.tty:
             return _run_tty(r, policy)
         from .runtime.sandbox import Sandbox
@@ -306,16 +319,132 @@ def cmd_run(args: list[str]) -> int:
         with _terminate_cleanly():
             with Sandbox(policy) as sb:
                 result = sb.exec(r.command, stdin=stdin, on_stdout=on_out, on_stderr=on_err)
-        for w in writers:
-            if hasattr(w, "finish"):
-                w.finish()
+                for w in writers:
+                    if hasattr(w, "finish"):
+                        w.finish()
+                if review:
+                    review = _review(sb, r)
     except CorralError as e:
         return _fail(e, as_json)
     if r.json:
-        sys.stdout.write(result.to_json() + "\n")
+        if review:
+            import json
+
+            d = json.loads(result.to_json())
+            d["review"] = review
+            sys.stdout.write(json.dumps(d) + "\n")
+        else:
+            sys.stdout.write(result.to_json() + "\n")
     else:
         _print_events(result.events)
     return result.cli_exit_status()
+
+
+def _review_mode(r: RunArgs, policy) -> bool:
+    """Whether the workspace is in review mode; --apply, --discard and --patch need it."""
+    ws = policy.filesystem.workspace
+    on = ws is not None and ws.mode == "review"
+    flag = "--apply" if r.apply else "--discard" if r.discard else "--patch" if r.patch \
+        else None
+    if flag and not on:
+        raise UsageError(f"{flag} is for a workspace in review mode; give --workspace "
+                         f"PATH:review", field=flag)
+    if r.apply and r.discard:
+        raise UsageError("--apply and --discard exclude each other", field="--apply")
+    if on and r.tty:
+        raise UsageError("review mode does not take -t yet; run without it",
+                         field="--tty")
+    return on
+
+
+def _review(sb, r: RunArgs) -> dict:
+    """After the command: list the changes (stderr), write --patch, then apply them
+    (--apply, or those accepted at the terminal), drop them (--discard) or leave the
+    host untouched and say how to apply. Returns the summary for --json."""
+    from .runtime.changes import show
+
+    changes = sb.changes()
+    say = sys.stderr.write
+    out: dict = {"changes": [c.to_dict() for c in changes], "applied": [], "conflicts": [],
+                 "refused": [], "patch": None}
+    if not changes:
+        say("corral: review: the command changed nothing in the workspace\n")
+        return out
+    say(f"corral: review: {len(changes)} change(s) to the workspace, none on the host yet:\n")
+    for c in changes:
+        say(f"  {c.summary()}\n")
+    if r.patch:
+        data, left = sb.changes_patch()
+        with open(r.patch, "wb") as f:
+            f.write(data)
+        out["patch"] = r.patch
+        say(f"corral: review: wrote the patch to {r.patch} (git apply {r.patch})\n")
+        for path, why in left:
+            say(f"corral: review: not in the patch: {show(path)}: {why}\n")
+    paths = None
+    if r.discard:
+        sb.discard_changes()
+        say("corral: review: changes discarded; the host workspace is untouched\n")
+        return out
+    if not r.apply:
+        if r.patch or r.json or r.stdin or not (os.isatty(0) and os.isatty(2)):
+            if not r.patch:
+                say("corral: review: nothing was applied (no terminal to ask on); the host "
+                    "workspace is untouched. Run again with --apply to copy the changes, or "
+                    "--patch FILE to write them as a patch\n")
+            return out
+        paths = _ask(changes)
+        if not paths:
+            say("corral: review: nothing applied; the host workspace is untouched\n")
+            return out
+    done = sb.apply_changes(paths, exact=paths is not None)
+    out.update(applied=list(done.applied), conflicts=[list(x) for x in done.conflicts],
+               refused=[list(x) for x in done.refused])
+    say(f"corral: review: applied {len(done.applied)} change(s) to the host workspace\n")
+    for path, why in done.conflicts:
+        say(f"corral: review: CONFLICT, left: {show(path)}: {why}\n")
+    for path, why in done.refused:
+        say(f"corral: review: REFUSED: {show(path)}: {why}\n")
+    return out
+
+
+def _ask(changes) -> list[str]:
+    """y/n per change on the terminal (a: this and the rest, q: none of the rest). The
+    directories a file needs come with it; a deleted directory goes once everything in
+    it was accepted."""
+    from .termsafe import neutralise
+
+    picked: list[str] = []
+    rest = None
+    for c in changes:
+        if c.refused or c.conflict or c.type == "dir" and c.kind != "modified":
+            continue
+        if rest is None:
+            sys.stderr.write(c.summary() + "\n")
+            if c.diff:
+                sys.stderr.write(neutralise(c.diff if len(c.diff) < 4000 else
+                                            c.diff[:4000] + "\n[...]\n"))
+            sys.stderr.write("apply it? [y]es, [n]o, [a]ll the rest, [q]uit: ")
+            sys.stderr.flush()
+            answer = sys.stdin.readline().strip().lower()
+            if answer in ("a", "all"):
+                rest = True
+            elif answer in ("q", "quit", ""):
+                rest = False
+            if answer not in ("y", "yes") and rest is not True:
+                if rest is False:
+                    break
+                continue
+        elif rest is False:
+            break
+        picked.append(c.path)
+    for c in changes:   # deleted directories whose whole content was accepted
+        inside = [d.path for d in changes if d.kind == "deleted" and d.type != "dir"
+                  and d.path.startswith(c.path + "/")]
+        if c.kind == "deleted" and c.type == "dir" and inside and all(
+                p in picked for p in inside):
+            picked.append(c.path)
+    return picked
 
 
 def _print_events(events: list[dict], *, output_limit: bool = True) -> None:

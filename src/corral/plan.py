@@ -77,6 +77,9 @@ class WorkspaceMount(Op):
     path: str            # on the host (no symbolic link in it: see hostpath.py)
     writable: bool
     dest: str = WORKSPACE   # inside the sandbox: /workspace, or `path` (mount_at = "same")
+    #: mode "review": writable inside through an overlay whose upper layer is in the
+    #: sandbox's scratch; the host directory itself is only read (writable stays False)
+    review: bool = False
 
 
 class ReadOnlyBind(Op):
@@ -183,6 +186,7 @@ def build_plan(policy: Policy, host_env: dict[str, str]) -> Plan:
     if ws is not None:
         binds.append(WorkspaceMount(rule="filesystem.workspace", path=ws.path,
                                     writable=ws.mode == "rw",
+                                    review=ws.mode == "review",
                                     dest=ws_dest(ws)))
     # a mount lands on top of whatever is at its path: the outer ones first, so a ro_bind
     # inside a workspace at its host path stays read-only, and a workspace inside a

@@ -27,6 +27,10 @@ DEFAULT_EGRESS_NOTE = ("only through the egress proxy on 127.0.0.1:3128; the san
 class LiveSandbox:
     """One open sandbox of a tier: a scratch area kept across execs, closed once."""
 
+    #: a workspace in review mode: its backends.review.ReviewMount (the overlay's layers
+    #: and the host workspace's fd, for runtime/changes.py), else None
+    review = None
+
     def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
              on_stderr=None, timeout: float | None = None, tty=None) -> Result:
         """Run argv inside and return its Result. stdin: None (/dev/null) or a readable

@@ -302,6 +302,10 @@ class GvisorBackend(Backend):
                 return "kernel", ("host tmpfs with size= and nr_inodes=, through the gofer; "
                                   "/tmp and /dev/shm on it")
             case WorkspaceMount():
+                if op.review:
+                    return "kernel", ("host overlay (upper layer in scratch, lower a "
+                                      "read-only idmapped clone) bound through the gofer; "
+                                      "writes reach the host only when applied")
                 return "kernel", ("idmapped bind mount through the gofer, nosuid, nodev"
                                   + ("" if op.writable else ", read-only"))
             case ReadOnlyBind():
@@ -438,6 +442,13 @@ class GvisorSandbox(LiveSandbox):
         self.workspace_src = None
         for ws in plan.find(WorkspaceMount):
             fd = open_source(ws.path, ws.rule, directory=True)
+            if ws.review:   # the overlay (backends/review.py) is the gofer's workspace
+                from .host.review import mount_review
+
+                self.review = mount_review(self.dir, fd, self.scratch, self.uid, self.gid,
+                                           ws.path)   # keeps fd
+                self.workspace_src = self.review.merged
+                continue
             try:
                 self.workspace_src = mount_workspace(self.dir, fd, ws.writable, self.uid,
                                                      self.gid)
@@ -534,7 +545,7 @@ class GvisorSandbox(LiveSandbox):
                     bind(os.path.join(self.scratch, "tmp"), "/tmp", True)
                     bind(os.path.join(self.scratch, "shm"), "/dev/shm", True)
                 case WorkspaceMount():
-                    bind(self.workspace_src, op.dest, op.writable)
+                    bind(self.workspace_src, op.dest, op.writable or op.review)
                 case ReadOnlyBind():
                     bind(self.bind_src[op.path], op.path)
                 case Environment():
@@ -793,6 +804,8 @@ class GvisorSandbox(LiveSandbox):
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:
         problems: list[str] = []
+        if self.review is not None:
+            self.review.close()
         if getattr(self, "userns", None) is not None:
             os.close(self.userns)
             self.userns = None

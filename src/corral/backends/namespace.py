@@ -83,6 +83,9 @@ ENOENT_TEXT = os.strerror(2)   # bwrap's "execvp CMD: No such file or directory"
 SETSID = "/usr/bin/setsid"
 #: NamespaceSandbox.fds' key of the workspace's fd (the others are ro_binds' paths)
 WORKSPACE_KEY = ""
+#: why review mode is refused without root (both its mounts need it)
+REVIEW_NEEDS_ROOT = ("a workspace in review mode is an overlay corral mounts on the host, "
+                     "which needs root; run corral as root, or use mode \"ro\" or \"rw\"")
 def find_bwrap() -> str | None:
     for d in ("/usr/bin", "/usr/local/bin", "/bin"):
         p = os.path.join(d, "bwrap")
@@ -154,6 +157,10 @@ class NamespaceBackend(Backend):
             case Scratch():
                 return "kernel", "tmpfs with size= and nr_inodes=, /tmp and /dev/shm on it"
             case WorkspaceMount():
+                if op.review:
+                    return "kernel", (f"overlay at {op.dest} (nosuid, nodev) over a "
+                                      "read-only idmapped clone of the workspace; writes "
+                                      "go to its upper layer in scratch until applied")
                 return "kernel", ("idmapped bind mount at " + op.dest + ", nosuid, nodev" + (
                     "" if op.writable else ", read-only") + "; opened without following "
                     "a symbolic link, and that fd mounted")
@@ -209,7 +216,9 @@ class NamespaceBackend(Backend):
                         missing.append((op, "only per-process RLIMIT_CPU, not the run's "
                                             f"total: {cg.reason}"))
                 case WorkspaceMount():
-                    if self.root:
+                    if op.review and not self.root:
+                        missing.append((op, REVIEW_NEEDS_ROOT))
+                    elif self.root:
                         from ..linux import idmap
 
                         ok = idmap.supported(op.path)
@@ -276,7 +285,13 @@ class NamespaceSandbox(LiveSandbox):
         self.bind_src: dict[str, str] = {}
         for ws in plan.find(WorkspaceMount):
             fd = open_source(ws.path, ws.rule, directory=True)
-            if self.root:  # seccomp.py's SETID rules keep set-id files out of it
+            if ws.review:  # an overlay over it, writes kept in scratch (check(): root)
+                from .host.review import mount_review
+
+                self.review = mount_review(self.dir, fd, self.scratch, self.uid, self.gid,
+                                           ws.path)   # keeps fd
+                self.workspace_src = self.review.merged
+            elif self.root:  # seccomp.py's SETID rules keep set-id files out of it
                 try:
                     self.workspace_src = mount_workspace(self.dir, fd, ws.writable, self.uid,
                                                          self.gid)
@@ -335,7 +350,8 @@ class NamespaceSandbox(LiveSandbox):
                           "--bind", os.path.join(self.scratch, "shm"), "/dev/shm"]
                 case WorkspaceMount():
                     if self.workspace_src is not None:   # the idmapped mount (root)
-                        a += ["--bind" if op.writable else "--ro-bind", self.workspace_src,
+                        rw = op.writable or op.review    # review: the overlay, writable
+                        a += ["--bind" if rw else "--ro-bind", self.workspace_src,
                               op.dest]
                     else:
                         a += ["--bind-fd" if op.writable else "--ro-bind-fd",
@@ -585,6 +601,8 @@ class NamespaceSandbox(LiveSandbox):
         for fd in getattr(self, "fds", {}).values():
             os.close(fd)
         self.fds = {}
+        if self.review is not None:
+            self.review.close()
         if getattr(self, "dir", None) is not None:
             kept, self._cgroups = self._cgroups, []
             POOL.note(kept)                 # recorded there before this run dir goes

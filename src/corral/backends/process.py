@@ -270,6 +270,9 @@ class ProcessBackend(Backend):
                     why = self.network_allow_unusable()
                     if why:
                         missing.append((op, why))
+                case WorkspaceMount() if op.review:
+                    missing.append((op, "a workspace in review mode is an overlay mount, "
+                                        "and the process tier makes no mounts"))
                 case WorkspaceMount():
                     if self.root and op.writable:
                         missing.append((op, ("as root the process tier runs the command as a "

@@ -418,13 +418,19 @@ def _envset(raw: Any, path: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+#: filesystem.workspace.mode: read-only, read-write, or writable with the writes kept in an
+#: overlay until reviewed (runtime/changes.py)
+WORKSPACE_MODES = ("ro", "rw", "review")
+
+
 def _workspace(raw: Any, path: str) -> Workspace | None:
     if raw is None:
         return None
     if isinstance(raw, str):
         raw = {"path": raw}
     if not isinstance(raw, dict):
-        raise ValueError("expected { path = \"/abs/dir\", mode = \"ro\" | \"rw\" }")
+        raise ValueError("expected { path = \"/abs/dir\", mode = \"ro\" | \"rw\" | "
+                         "\"review\" }")
     for k in raw:
         if k not in ("path", "mode", "mount_at"):
             raise PolicyError(_unknown(k, ("path", "mode", "mount_at")), field=f"{path}.{k}")
@@ -442,8 +448,10 @@ def _workspace(raw: Any, path: str) -> Workspace | None:
     if mount_at == "same":
         check_mount_dest(real, field, raw["path"])
     mode = raw.get("mode", "ro")
-    if mode not in ("ro", "rw"):
-        raise PolicyError(f"{mode!r} is not a mode; use \"ro\" or \"rw\"", field=f"{path}.mode")
+    if mode not in WORKSPACE_MODES:
+        raise PolicyError(f"{mode!r} is not a mode; use \"ro\" or \"rw\", or \"review\" "
+                          f"(writable inside, the changes kept apart until applied)",
+                          field=f"{path}.mode")
     return Workspace(path=real, mode=mode, mount_at=mount_at)
 
 

@@ -49,7 +49,7 @@ WORKSPACE_AT = "/workspace"
 
 class Workspace(Record):
     path: str                      # absolute host path, no symbolic link in it, a directory
-    mode: Literal["ro", "rw"] = "ro"
+    mode: Literal["ro", "rw", "review"] = "ro"   # review: writes kept apart (docs/sessions.md)
     mount_at: str = WORKSPACE_AT   # "/workspace" or "same" (its host path)
 
 
@@ -161,8 +161,12 @@ FIELDS: tuple[Spec, ...] = (
     Spec("limits.file_size", "size", "RLIMIT_FSIZE: the largest file a process may write "
          "(SIGXFSZ/EFBIG past it).", 1, 1 << 50),
     Spec("filesystem.workspace", "workspace", "A host directory mounted at /workspace and "
-         "used as the working directory, `{ path = \"/abs/dir\", mode = \"ro\" }` or mode "
-         "\"rw\"; `mount_at = \"same\"` mounts it at its host path instead (so a venv or "
+         "used as the working directory, `{ path = \"/abs/dir\", mode = \"ro\" }`, mode "
+         "\"rw\", or mode \"review\": writable inside, but every write lands in an overlay "
+         "kept in the sandbox's scratch (and counted against limits.scratch), never on the "
+         "host, until the caller accepts it (`sb.changes()`, `sb.apply_changes()`, `corral "
+         "run --apply`; see docs/sessions.md; namespace and gvisor tiers, as root); "
+         "`mount_at = \"same\"` mounts it at its host path instead (so a venv or "
          "any tool that recorded absolute paths works inside). Default: none. A workspace "
          "is mounted nosuid and nodev; files written there can never be setuid, setgid or "
          "device nodes. The path may not contain a symbolic link at any component (corral "

@@ -103,6 +103,52 @@ class Sandbox:
                                              f"kept in the Result (all of it was shown)"})
         return result
 
+    # -- write review (a workspace in mode "review": runtime/changes.py) -----------------
+    def _review(self):
+        from ..errors import UsageError
+
+        if self._live is None and self._pid:
+            raise UsageError("the sandbox is closed, and its changes went with it; list "
+                             "and apply them before close() (or the end of `with`)",
+                             field="review")
+        self.open()
+        review = getattr(self._live, "review", None)
+        if review is None:
+            raise UsageError("the workspace is not in review mode; set filesystem.workspace "
+                             "mode = \"review\" (corral run --workspace PATH:review)",
+                             field="filesystem.workspace.mode")
+        return review
+
+    def changes(self) -> list:
+        """What the sandbox changed in the workspace so far (runtime.changes.Change:
+        added, modified, deleted; mode, sizes, a diff of text files, conflicts and
+        refusals), the host workspace itself untouched."""
+        from .changes import list_changes
+
+        return list_changes(self._review())
+
+    def apply_changes(self, paths=None, *, exact: bool = False):
+        """Copy the changes at or below `paths` (None: all; exact=True: only those paths,
+        with the new directories they need) to the host workspace, except conflicts (the
+        host changed the path while the sandbox ran) and refusals (a link out of the
+        workspace, a device node, FIFO or socket, set-id bits). Returns a
+        runtime.changes.Applied (applied, conflicts, refused)."""
+        from .changes import apply
+
+        return apply(self._review(), paths, exact=exact)
+
+    def discard_changes(self) -> None:
+        """Forget every change: the workspace looks inside as the host's is (no command
+        may be running)."""
+        self._review().discard()
+
+    def changes_patch(self, paths=None) -> tuple[bytes, list]:
+        """The changes as a git-style patch (`git apply` takes it), and [(path, why)] of
+        those it leaves out (refusals, conflicts, directories, files over 64 MiB)."""
+        from .changes import patch
+
+        return patch(self._review(), paths)
+
     def close(self) -> list[str]:
         """Kill what is left, unmount, delete scratch. Returns teardown problems. In a
         forked child of the process that opened it, only forgets it: it is the parent's."""

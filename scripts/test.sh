@@ -13,6 +13,8 @@ if [ "$(id -u)" -eq 0 ]; then
     p=$(dirname "$p")
   done
 fi
+# lint first: a pyflakes error (an undefined name in a path no test reaches) fails the run
+.venv/bin/ruff check src tests bench || { echo "test.sh: ruff check failed" >&2; exit 1; }
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?
 if [ $rc -eq 5 ]; then

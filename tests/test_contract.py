@@ -66,3 +66,31 @@ def test_no_policy_can_name_the_fake_tier():
     r = subprocess.run([CORRAL, "run", "--isolation", "fake", "--", "/bin/true"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "fake" in r.stderr and "isolation" in r.stderr, r
+
+
+def test_close_time_problems_are_kept_on_the_sandbox_and_the_last_result():
+    fake = FakeBackend(close_problems=("umount /x: busy",))
+    with corral.Sandbox(None, backend=fake) as sb:
+        first = sb.exec(["a"])
+        last = sb.exec(["b"])
+    assert sb.teardown_problems == ["umount /x: busy"]
+    assert last.events[-1] == {"kind": "teardown", "message": "umount /x: busy"}
+    assert not [e for e in first.events if e["kind"] == "teardown"]
+    assert sb.close() == []          # closed once: nothing more to report
+
+
+def test_run_returns_the_teardown_problems_in_its_result():
+    from corral.runtime import sandbox
+
+    real = sandbox.Sandbox
+
+    class WithFake(real):
+        def __init__(self, policy=None, **kw):
+            super().__init__(policy, backend=FakeBackend(close_problems=("rm scratch: EBUSY",)))
+
+    sandbox.Sandbox = WithFake
+    try:
+        r = sandbox.run(["x"])
+    finally:
+        sandbox.Sandbox = real
+    assert {"kind": "teardown", "message": "rm scratch: EBUSY"} in r.events

@@ -5,6 +5,7 @@ import json
 
 from corral.events import (
     KINDS,
+    ExecEvent,
     LimitEvent,
     NetEvent,
     SecretEvent,
@@ -46,4 +47,8 @@ def test_the_other_kinds_are_todays_dicts():
     assert dump(SecretEvent("TOKEN", "a.test", 443, "injected", "granted")) == json.dumps(
         {"kind": "secret", "name": "TOKEN", "host": "a.test", "port": 443,
          "decision": "injected", "reason": "granted"})
-    assert set(KINDS) == {"limit", "unenforced", "teardown", "net", "secret"}
+    assert dump(ExecEvent("nosuch", "ENOENT", "corral: command not found inside the sandbox: "
+                      "nosuch")) == json.dumps(
+        {"kind": "exec", "command": "nosuch", "errno": "ENOENT",
+         "message": "corral: command not found inside the sandbox: nosuch"})
+    assert set(KINDS) == {"limit", "exec", "unenforced", "teardown", "net", "secret"}

@@ -10,6 +10,7 @@ only when set). Build them with the class methods, so each message is written on
     limit        limit, stream (output only), message
     unenforced   rule, tier, reason
     teardown     message
+    exec         command, errno (a name such as "ENOENT"), message
     net          host, port, decision ("allow" | "deny"), reason, bytes_in, bytes_out
     secret       name, host, port, decision ("injected" | "withheld" | ...), reason
 """
@@ -57,12 +58,25 @@ class LimitEvent(Event):
         return cls("output", stream, f"{stream} past {cap} bytes was dropped")
 
     @classmethod
+    def terminal_output(cls, cap: int) -> LimitEvent:
+        return cls("output", "stdout", f"terminal output past {cap} bytes was not kept in "
+                                       f"the Result (all of it was shown)")
+
+    @classmethod
     def scratch_full(cls) -> LimitEvent:
         return cls("scratch", message="/scratch (with /tmp and /dev/shm) is full")
 
     @classmethod
     def scratch_inodes(cls) -> LimitEvent:
         return cls("scratch_inodes", message="/scratch ran out of inodes")
+
+
+class ExecEvent(Event):
+    """The command never started: its name, the errno of the failed exec, corral's line."""
+    KIND = "exec"
+    command: str
+    errno: str
+    message: str
 
 
 class UnenforcedEvent(Event):
@@ -96,5 +110,5 @@ class SecretEvent(Event):
     reason: str
 
 
-KINDS = {c.KIND: c for c in (LimitEvent, UnenforcedEvent, TeardownEvent, NetEvent,
+KINDS = {c.KIND: c for c in (LimitEvent, ExecEvent, UnenforcedEvent, TeardownEvent, NetEvent,
                              SecretEvent)}

@@ -34,8 +34,11 @@ class FakeBackend(Backend):
     own_kernel = False
     properties: ClassVar[dict[str, bool]] = {}
 
-    def __init__(self, handler: Handler | None = None) -> None:
+    def __init__(self, handler: Handler | None = None, *,
+                 close_problems: tuple[str, ...] = ()) -> None:
+        """`close_problems`: what each of its sandboxes reports from close()."""
         self.handler = handler or _echo
+        self.close_problems = list(close_problems)
         self.opened: list[FakeSandbox] = []
 
     def check(self, plan: Plan) -> list[tuple[Op, str]]:
@@ -79,4 +82,4 @@ class FakeSandbox(LiveSandbox):
 
     def close(self) -> list[str]:
         self.closed = True
-        return []
+        return list(self.backend.close_problems)

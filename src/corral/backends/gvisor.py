@@ -85,6 +85,7 @@ import os
 import time
 
 from ..errors import BackendUnavailable, SandboxSetupError
+from ..events import TeardownEvent
 from ..linux import limits, rundir, seccomp
 from ..linux._sys import mount, set_pdeathsig, subreaper_acquire, subreaper_release
 from ..linux.supervise import (
@@ -761,7 +762,7 @@ class GvisorSandbox(LiveSandbox):
             for fd in attach:
                 os.close(fd)
             if cg is not None:
-                events += [{"kind": "teardown", "message": p} for p in destroy_cgroup(cg)]
+                events += [TeardownEvent(p).to_dict() for p in destroy_cgroup(cg)]
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
         failed = None
         if exit_code == RUNSC_FAILED and not outcome.timed_out and not oom_kills:

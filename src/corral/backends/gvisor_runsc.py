@@ -8,6 +8,7 @@ import json
 import os
 import time
 
+from ..events import TeardownEvent
 from ..linux._sys import mount
 from ..linux.supervise import (
     ExecFailed,
@@ -166,10 +167,10 @@ def delete_container(runsc: str, state: str, cid: str) -> list[dict]:
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError) as e:
-        return [{"kind": "teardown", "message": f"runsc delete {cid} failed: {e}"}]
+        return [TeardownEvent(f"runsc delete {cid} failed: {e}").to_dict()]
     if p.returncode:
         msg = p.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        return [{"kind": "teardown", "message": f"runsc delete {cid} failed: {msg[0]}"}]
+        return [TeardownEvent(f"runsc delete {cid} failed: {msg[0]}").to_dict()]
     return []
 
 
@@ -186,5 +187,5 @@ def remove_state(state: str, cid: str) -> list[dict]:
                 else:
                     os.unlink(p)
             except OSError as e:
-                events.append({"kind": "teardown", "message": f"remove {p}: {e.strerror}"})
+                events.append(TeardownEvent(f"remove {p}: {e.strerror}").to_dict())
     return events

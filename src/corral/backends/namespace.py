@@ -29,6 +29,7 @@ import select
 import time
 
 from ..errors import BackendUnavailable, SandboxSetupError
+from ..events import TeardownEvent
 from ..linux import limits, rundir, seccomp
 from ..linux._sys import real_ids, subreaper_acquire, subreaper_release
 from ..linux.supervise import (
@@ -539,7 +540,7 @@ class NamespaceSandbox(LiveSandbox):
         finally:
             if cg is not None:
                 problems = keep_cgroup(cg, self._cgroups)
-                events += [{"kind": "teardown", "message": p} for p in problems]
+                events += [TeardownEvent(p).to_dict() for p in problems]
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
         failed = None
         if (init_pid is not None and exit_code == 1 and not outcome.timed_out

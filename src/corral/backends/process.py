@@ -85,6 +85,7 @@ import os
 import time
 
 from ..errors import BackendUnavailable, SandboxSetupError
+from ..events import TeardownEvent
 from ..linux import landlock, limits, rundir
 from ..linux._sys import MS_NODEV, MS_NOSUID, mount
 from ..linux.supervise import (
@@ -360,7 +361,7 @@ class ProcessBackend(Backend):
             case CpuQuota():
                 return "kernel", f"cpu cgroup ({cg}, CFS quota)"
             case CpuTime():
-                return "supervisor", ("the run's cgroup CPU counter, polled; RLIMIT_CPU as a " 
+                return "supervisor", ("the run's cgroup CPU counter, polled; RLIMIT_CPU as a "
                                      "second layer")
             case WallClock():
                 return "supervisor", "wall clock; then the reaper kills every process of the run"
@@ -636,7 +637,7 @@ class ProcessSandbox(LiveSandbox):
                 try:
                     done.destroy()
                 except SandboxSetupError as e:
-                    events.append({"kind": "teardown", "message": str(e)})
+                    events.append(TeardownEvent(str(e)).to_dict())
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=False)
         events += self._scratch_events()
         result = finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,

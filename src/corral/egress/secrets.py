@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from ipaddress import ip_address
 from urllib.parse import quote, unquote_to_bytes
 
+from ..events import SecretEvent
 from . import forms
 from .config import Grant
 
@@ -74,8 +75,7 @@ def make_placeholder(name: str) -> str:
 
 
 def secret_event(name: str, host: str, port: int, decision: str, reason: str) -> dict:
-    return {"kind": "secret", "name": name, "host": host, "port": port,
-            "decision": decision, "reason": reason}
+    return SecretEvent(name, host, port, decision, reason).to_dict()
 
 
 @dataclass(frozen=True, slots=True)

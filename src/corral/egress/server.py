@@ -66,6 +66,7 @@ from ipaddress import IPv4Address, ip_address
 
 import h11
 
+from ..events import NetEvent
 from ..policy.hosts import HostError, IPAddress, host_header_text, parse_host
 from . import hostsfile
 from .config import NetConfig
@@ -291,9 +292,8 @@ class EgressProxy:
 
     def _emit(self, host: str, port: int, allow: bool, reason: str, bytes_in: int = 0,
               bytes_out: int = 0) -> None:
-        self._emit_cb({"kind": "net", "host": host, "port": port,
-                       "decision": "allow" if allow else "deny", "reason": reason,
-                       "bytes_in": bytes_in, "bytes_out": bytes_out})
+        self._emit_cb(NetEvent(host, port, "allow" if allow else "deny", reason, bytes_in,
+                               bytes_out).to_dict())
 
     # --- one client connection -----------------------------------------------------------
 

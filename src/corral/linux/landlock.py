@@ -136,7 +136,7 @@ def abi() -> int:
     global _abi, _abi_error
     if _abi is None:
         if os.uname().machine not in ("x86_64", "aarch64"):
-            _abi, _abi_error = 0, (f"corral knows Landlock's syscall numbers for x86_64 and " 
+            _abi, _abi_error = 0, (f"corral knows Landlock's syscall numbers for x86_64 and "
                                   f"aarch64 only, not {os.uname().machine}")
         else:
             try:

@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import os
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
 from ..errors import PolicyError
 from .schema import (
     FIELDS,
@@ -30,6 +26,10 @@ from .schema import (
     Workspace,
 )
 from .units import parse_duration, parse_size
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 _NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
 _NAME_CHARS = _NAME_START | frozenset("0123456789")

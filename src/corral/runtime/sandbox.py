@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from ..events import LimitEvent, TeardownEvent
 from ..plan import Plan
 from ..policy import Policy
 from ..result import Result
@@ -40,6 +41,11 @@ class Sandbox:
             self._granted = resolve(self.policy, dict(proxy.grants), host_env)
         self._live = None
         self._pid = 0
+        #: the Result of the last exec: close() adds its teardown problems to its events
+        self._last: Result | None = None
+        #: what went wrong when the sandbox was closed (each a sentence); also added to the
+        #: last Result's events as "teardown" events, so run() and the CLI show them
+        self.teardown_problems: list[str] = []
 
     @property
     def isolation(self) -> str:
@@ -76,12 +82,15 @@ class Sandbox:
         fd, close_fd = _stdin_fd(stdin, tty=tty)
         try:
             if not tty:
-                return self._live.exec(list(argv), stdin=fd, on_stdout=on_stdout,
-                                       on_stderr=on_stderr, timeout=timeout)
-            return self._exec_tty(list(argv), fd, on_stdout, timeout, tty_size)
+                result = self._live.exec(list(argv), stdin=fd, on_stdout=on_stdout,
+                                         on_stderr=on_stderr, timeout=timeout)
+            else:
+                result = self._exec_tty(list(argv), fd, on_stdout, timeout, tty_size)
         finally:
             if close_fd:
                 os.close(fd)
+        self._last = result
+        return result
 
     def _exec_tty(self, argv, stdin, on_output, timeout, size) -> Result:
         from ..linux.tty import Terminal
@@ -98,9 +107,7 @@ class Sandbox:
         result.stdout, result.stdout_truncated = text, term.truncated
         result.stderr, result.stderr_truncated = "", False
         if term.truncated:
-            result.events.append({"kind": "limit", "limit": "output", "stream": "stdout",
-                                  "message": f"terminal output past {cap} bytes was not "
-                                             f"kept in the Result (all of it was shown)"})
+            result.events.append(LimitEvent.terminal_output(cap).to_dict())
         return result
 
     # -- write review (a workspace in mode "review": runtime/changes.py) -----------------
@@ -156,7 +163,12 @@ class Sandbox:
         if live is None or self._pid != os.getpid() or live not in _left_open:
             return []   # not open, its parent's, or closed already by the exit hook
         _left_open.discard(live)
-        return live.close()
+        problems = live.close()
+        if problems:
+            self.teardown_problems += problems
+            if self._last is not None:   # kept, never dropped: the last Result carries them
+                self._last.events += [TeardownEvent(p).to_dict() for p in problems]
+        return problems
 
     def __enter__(self) -> Sandbox:
         return self.open()

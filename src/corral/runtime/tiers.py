@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from ..errors import BackendUnavailable, UnsupportedRule
+from ..events import UnenforcedEvent
 from ..plan import Plan, build_plan
 from ..policy import Policy, load_policy, policy_from_dict
 
@@ -111,6 +112,6 @@ def prepare(policy: Policy, host_env: Mapping[str, str] | None = None, backend=N
                     else "; no tier available here could")
             raise UnsupportedRule(f"the {backend.name} tier cannot enforce it on this host: "
                                   f"{reason}{hint}", field=op.rule)
-    events = [{"kind": "unenforced", "rule": op.rule or type(op).__name__,
-               "tier": backend.name, "reason": why} for op, why in unenforced]
+    events = [UnenforcedEvent(op.rule or type(op).__name__, backend.name, why).to_dict()
+              for op, why in unenforced]
     return backend, plan, events

@@ -3,6 +3,7 @@ failure inside means (a missing #! interpreter is read by a second short command
 
 from __future__ import annotations
 
+from ...events import ExecEvent, LimitEvent
 from ...linux.supervise import MAX_NAME, ExecFailed, Outcome, _errno_name, exec_failure
 
 #: read inside the sandbox: the first 256 bytes of the file a command name resolves to
@@ -45,27 +46,19 @@ def finish(outcome: Outcome, *, exit_code: int | None, sig: int | None, events: 
         name, e = failed
         exit_code, line = exec_failure(name, e.errno, e.interpreter)
         sig, stderr = None, line + "\n"
-        events.append({"kind": "exec", "command": name[:MAX_NAME],
-                       "errno": _errno_name(e.errno), "message": line})
+        events.append(ExecEvent(name[:MAX_NAME], _errno_name(e.errno), line).to_dict())
     timed_out = outcome.timed_out
     if sig == 24 and not timed_out:  # SIGXCPU: RLIMIT_CPU, the second layer of cpu_time
         timed_out = "cpu_time"
     if timed_out == "timeout":
-        events.append({"kind": "limit", "limit": "timeout",
-                       "message": f"wall clock limit of {wall:g}s reached; every process "
-                                  f"of the run was killed"})
+        events.append(LimitEvent.timeout(wall).to_dict())
     elif timed_out == "cpu_time":
-        events.append({"kind": "limit", "limit": "cpu_time",
-                       "message": f"CPU time limit of {cpu:g}s reached; every process of "
-                                  f"the run was killed"})
+        events.append(LimitEvent.cpu_time(cpu).to_dict())
     if oom_kills:
-        events.append({"kind": "limit", "limit": "memory",
-                       "message": f"the memory cgroup killed {oom_kills} process(es) at "
-                                  f"the {memory} byte limit"})
+        events.append(LimitEvent.memory(oom_kills, memory).to_dict())
     for name, stream in (("stdout", outcome.stdout), ("stderr", outcome.stderr)):
         if stream.truncated:
-            events.append({"kind": "limit", "limit": "output", "stream": name,
-                           "message": f"{name} past {cap} bytes was dropped"})
+            events.append(LimitEvent.output(name, cap).to_dict())
     verdict = decide_verdict(exit_code=exit_code, signal=sig, oom_kills=oom_kills,
                              timed_out=timed_out)
     return Result(verdict=verdict, exit_code=exit_code, signal=sig,

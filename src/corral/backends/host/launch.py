@@ -19,6 +19,7 @@ import threading
 import time
 
 from ...errors import SandboxSetupError
+from ...events import TeardownEvent
 from ...plan import PROXY_PORT
 
 CLONE_NEWNET = 0x40000000
@@ -103,8 +104,7 @@ class EventLines:
                 try:
                     self.events.append(json.loads(line))
                 except ValueError:
-                    self.events.append({"kind": "teardown",
-                                        "message": "the egress proxy wrote a bad event line"})
+                    self.events.append(TeardownEvent("the egress proxy wrote a bad event line").to_dict())
 
 
 def start_proxy(config_json: str, listener: socket.socket, uid: int, gid: int,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 
+from ...events import TeardownEvent
 from ...linux.supervise import kill_pid
 
 
@@ -83,7 +84,7 @@ class Proxy:
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) not in (0, 143) or (
                 os.WIFSIGNALED(status) and os.WTERMSIG(status) not in (9, 15)):
             last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            events.append({"kind": "teardown", "message": f"the egress proxy failed: {last[0]}"})
+            events.append(TeardownEvent(f"the egress proxy failed: {last[0]}").to_dict())
         return events
 
 

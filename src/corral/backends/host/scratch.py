@@ -14,6 +14,7 @@ import os
 import stat
 
 from ...errors import SandboxSetupError
+from ...events import LimitEvent
 from ...linux._sys import MS_NODEV, MS_NOSUID, mount
 
 #: the directories of the scratch tmpfs: bound at /scratch, /tmp and /dev/shm
@@ -117,9 +118,7 @@ def scratch_events(scratch: str) -> list[dict]:
         return []
     out = []
     if st.f_blocks and st.f_bavail == 0:
-        out.append({"kind": "limit", "limit": "scratch",
-                    "message": "/scratch (with /tmp and /dev/shm) is full"})
+        out.append(LimitEvent.scratch_full().to_dict())
     if st.f_files and st.f_favail == 0:
-        out.append({"kind": "limit", "limit": "scratch_inodes",
-                    "message": "/scratch ran out of inodes"})
+        out.append(LimitEvent.scratch_inodes().to_dict())
     return out

@@ -136,6 +136,7 @@ from .gvisor_runsc import (
 )
 from .host.cgroups import destroy_cgroup, run_cgroup, usage_of
 from .host.etc import HOSTNAME, ensure_etc
+from .host.execlimits import ExecLimits
 from .host.finish import finish, interpreter_inside
 from .host.ids import free_uids
 from .host.proxy import egress_files, start_proxy
@@ -621,9 +622,7 @@ class GvisorSandbox(LiveSandbox):
         self.execs += 1
         cid = f"{self.dir.id}-{self.execs}"
         events = [dict(e) for e in self.events]
-        wall = plan.find(WallClock)[0].seconds if timeout is None else timeout
-        cpu = plan.find(CpuTime)[0].seconds
-        cap = plan.find(OutputCap)[0].bytes
+        lim = ExecLimits.from_plan(plan, timeout)
         egress = plan.find(EgressProxy)
         net = None
         if egress:  # this exec's network namespaces: the sandbox's bound in the run dir
@@ -633,7 +632,7 @@ class GvisorSandbox(LiveSandbox):
             self.dir.mounts.append(net_path)  # close() and the stale sweep unmount it too
             net = ProxyNet.create(net_path, owner=self.userns)
         try:
-            return self._exec(argv, cid, events, wall, cpu, cap, egress, net, stdin=stdin,
+            return self._exec(argv, cid, events, lim, egress, net, stdin=stdin,
                               on_stdout=on_stdout, on_stderr=on_stderr, tty=tty)
         finally:
             if net is not None:
@@ -643,9 +642,10 @@ class GvisorSandbox(LiveSandbox):
                 # a Result is returned already; problems here only delay the run dir's
                 # removal (close() and the sweep unmount what is left)
 
-    def _exec(self, argv, cid, events, wall, cpu, cap, egress, net, *, stdin, on_stdout,
+    def _exec(self, argv, cid, events, lim: ExecLimits, egress, net, *, stdin, on_stdout,
               on_stderr, tty=None) -> Result:
         plan = self.plan
+        wall, cpu, cap = lim.wall, lim.cpu, lim.cap
         spec = dict(self.spec)
         # terminal: runsc makes a host pty, the controlling terminal of its sandbox process
         # (so ^C signals the Sentry, which passes it to the foreground group inside), hands
@@ -777,7 +777,7 @@ class GvisorSandbox(LiveSandbox):
         events += scratch_events(self.scratch)
         result = finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
                         oom_kills=oom_kills, wall=wall, cpu=cpu,
-                        memory=plan.find(MemoryLimit)[0].bytes, cap=cap, isolation="gvisor",
+                        memory=lim.memory, cap=cap, isolation="gvisor",
                         failed=failed)
         if failed is not None:
             gate.replace(result.stderr[:-1])

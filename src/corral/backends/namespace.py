@@ -69,6 +69,7 @@ from .base import Backend, LiveSandbox, is_unenforced
 from .host import ids
 from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of
 from .host.etc import HOSTNAME, ensure_etc
+from .host.execlimits import ExecLimits
 from .host.finish import finish, interpreter_inside
 from .host.proxy import egress_files, start_proxy
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
@@ -414,10 +415,8 @@ class NamespaceSandbox(LiveSandbox):
         plan = self.plan
         self.execs += 1
         events = [dict(e) for e in self.events]
-        wall = plan.find(WallClock)[0].seconds if timeout is None else timeout
-        cpu = plan.find(CpuTime)[0].seconds
-        cap = plan.find(OutputCap)[0].bytes
-        rl = {op.name: op.value for op in plan.find(Rlimit)}
+        lim = ExecLimits.from_plan(plan, timeout)
+        wall, cpu, cap, rl = lim.wall, lim.cpu, lim.cap, lim.rlimits
         cg = run_cgroup(self.dir, f"{self.dir.id}-{self.execs}", plan, self.events,
                         kept=self._cgroups)
         attach: list[int] = []
@@ -551,7 +550,7 @@ class NamespaceSandbox(LiveSandbox):
         events += scratch_events(self.scratch)
         result = finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
                         oom_kills=oom_kills, wall=wall, cpu=cpu,
-                        memory=plan.find(MemoryLimit)[0].bytes, cap=cap,
+                        memory=lim.memory, cap=cap,
                         isolation="namespace", failed=failed)
         if failed is not None:
             gate.replace(result.stderr[:-1])

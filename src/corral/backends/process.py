@@ -124,6 +124,7 @@ from ..result import Result
 from .base import Backend, LiveSandbox, is_unenforced
 from .host import ids
 from .host.cgroups import run_cgroup, usage_of
+from .host.execlimits import ExecLimits
 from .host.finish import finish
 from .host.proxy import egress_files
 from .host.scratch import open_source, scratch_events
@@ -564,11 +565,8 @@ class ProcessSandbox(LiveSandbox):
         plan = self.plan
         self.execs += 1
         events = [dict(e) for e in self.events]
-        wall = plan.find(WallClock)[0].seconds if timeout is None else timeout
-        cpu = plan.find(CpuTime)[0].seconds
-        cap = plan.find(OutputCap)[0].bytes
-        rl = {op.name: op.value for op in plan.find(Rlimit)}
-        pids = plan.find(PidsLimit)[0].count
+        lim = ExecLimits.from_plan(plan, timeout)
+        wall, cpu, cap, rl, pids = lim.wall, lim.cpu, lim.cap, lim.rlimits, lim.pids
         nproc = pids if self.root else _tasks_of_uid(self.uid) + pids
         # root without a pids cgroup: RLIMIT_NPROC only
         run_id = f"{self.dir.id}-{self.execs}"
@@ -642,7 +640,7 @@ class ProcessSandbox(LiveSandbox):
         events += self._scratch_events()
         result = finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
                         oom_kills=oom_kills, wall=wall, cpu=cpu,
-                        memory=plan.find(MemoryLimit)[0].bytes, cap=cap, isolation="process",
+                        memory=lim.memory, cap=cap, isolation="process",
                         failed=failed)
         if failed is not None and on_stderr is not None:
             on_stderr(result.stderr.encode())

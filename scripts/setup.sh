@@ -38,9 +38,12 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   echo "$want" > "$stamp"
 fi
 # a launcher without the `re` import of pip's template, in isolated mode (-I: no PYTHON*
-# variables, no user site, no current directory on sys.path)
-printf '#!%s -I\nimport sys\nfrom corral.cli import main\nsys.exit(main())\n' \
-  "$PWD/.venv/bin/python3" > .venv/bin/corral
+# variables, no user site, no current directory on sys.path) and without the site module
+# (-S, written -IS: a #! line passes one argument; no .pth processing, no sitecustomize; ~2 ms of every start): it puts corral's source
+# and the venv's site-packages on sys.path itself, which is all a .pth here would add
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+printf '#!%s -IS\nimport sys\nsys.path[:0] = [%s, %s]\nfrom corral.cli import main\nsys.exit(main())\n' \
+  "$PWD/.venv/bin/python3" "'$PWD/src'" "'$site'" > .venv/bin/corral
 chmod 755 .venv/bin/corral
 # setuptools' distutils shim costs every start a little and corral does not need it
 rm -f .venv/lib/python3*/site-packages/distutils-precedence.pth

@@ -170,6 +170,9 @@ class _InRoot:
     def open(self, path: str, flags: int, mode: int = 0) -> int:
         return openat2(self.fd, path, flags, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS, mode)
 
+    def check_writable(self, path: str) -> None:
+        pass   # the sandbox's own mounts say (EROFS)
+
     def close(self) -> None:
         os.close(self.fd)
 
@@ -178,25 +181,33 @@ class _InRoot:
 
 
 class _Mounts:
-    """Host directories behind the sandbox's mounts, by where they are mounted inside."""
+    """Host directories behind the sandbox's mounts, by where they are mounted inside, and
+    whether the sandbox may write there."""
 
-    def __init__(self, table: list[tuple[str, int]]) -> None:
+    def __init__(self, table: list[tuple[str, int, bool]]) -> None:
         # the longest mount point first: /scratch/ws before /scratch
         self.table = sorted(table, key=lambda m: -len(m[0]))
 
-    def open(self, path: str, flags: int, mode: int = 0) -> int:
-        for dest, fd in self.table:
+    def _find(self, path: str) -> tuple[str, int, bool, str]:
+        for dest, fd, writable in self.table:
             if path == dest or path.startswith(dest.rstrip("/") + "/"):
-                rest = path[len(dest):].lstrip("/") or "."
-                return openat2(fd, rest, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS, mode)
-        raise FilesError(f"{path} is not under one of the sandbox's mounts this tier "
-                         f"reaches from the host ({', '.join(self.points())})", path=path)
+                return dest, fd, writable, path[len(dest):].lstrip("/") or "."
+        raise FilesError(f"is not under one of the sandbox's mounts this tier reaches "
+                         f"from the host ({', '.join(self.points())})", path=path)
+
+    def open(self, path: str, flags: int, mode: int = 0) -> int:
+        _, fd, _, rest = self._find(path)
+        return openat2(fd, rest, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS, mode)
+
+    def check_writable(self, path: str) -> None:
+        if not self._find(path)[2]:
+            raise OSError(30, "read-only", path)   # EROFS, as the sandbox would get
 
     def points(self) -> list[str]:
-        return sorted(d for d, _ in self.table)
+        return sorted(d for d, _, _ in self.table)
 
     def close(self) -> None:
-        for _, fd in self.table:
+        for _, fd, _ in self.table:
             os.close(fd)
 
     def where(self) -> str:
@@ -214,13 +225,14 @@ class Files:
         self._init(_InRoot(os.dup(root_fd)), uid, gid, cwd, caps)
 
     @classmethod
-    def over_mounts(cls, mounts: Iterable[tuple[str, int]], uid: int, gid: int, *,
+    def over_mounts(cls, mounts: Iterable[tuple[str, int, bool]], uid: int, gid: int, *,
                     cwd: str = "/", caps: Caps | None = None) -> Files:
-        """A view made of (mount point inside, host directory fd) pairs (fds duplicated).
-        Paths outside every mount point are refused, and so is a link leaving its mount."""
+        """A view made of (mount point inside, host directory fd, writable) triples (fds
+        duplicated). Paths outside every mount point are refused, and so is a link leaving
+        its mount; writes where `writable` is False get EROFS, as inside."""
         self = cls.__new__(cls)
-        self._init(_Mounts([(posixpath.normpath(d), os.dup(fd)) for d, fd in mounts]),
-                   uid, gid, cwd, caps)
+        self._init(_Mounts([(posixpath.normpath(d), os.dup(fd), bool(w))
+                            for d, fd, w in mounts]), uid, gid, cwd, caps)
         return self
 
     def _init(self, root, uid: int, gid: int, cwd: str, caps: Caps | None) -> None:
@@ -428,6 +440,7 @@ class Files:
             raise FilesError(f"{source.nbytes} bytes is over the write cap of "
                              f"{self.caps.write}: nothing written", path=p)
         try:
+            self._root.check_writable(p)
             with self._ids():
                 dfd, _ = self._dir(parent, create=True)
             try:
@@ -490,6 +503,7 @@ class Files:
         anything was made, False if it existed already."""
         p = self._abs(path)
         try:
+            self._root.check_writable(p)
             with self._ids():
                 fd, made = self._dir(p, create=True)
             os.close(fd)
@@ -596,6 +610,7 @@ class Files:
         p = self._abs(path)
         parent, name = self._split(p)
         try:
+            self._root.check_writable(p)
             with self._ids():
                 dfd = self._open(parent, _DIR)
                 try:
@@ -638,6 +653,8 @@ class Files:
         po, pn = self._abs(old), self._abs(new)
         (op_, on), (np_, nn) = self._split(po), self._split(pn)
         try:
+            self._root.check_writable(po)
+            self._root.check_writable(pn)
             with self._ids():
                 ofd = self._open(op_, _DIR)
                 try:
@@ -677,6 +694,7 @@ class Files:
         blob = _archive_bytes(tar, self.caps.write, p)
         members = archive.check(blob, self.caps.members, self.caps.write, p)
         try:
+            self._root.check_writable(p)
             with self._ids():
                 dfd, _ = self._dir(p, create=True)
             try:
@@ -923,5 +941,5 @@ def _archive_bytes(tar, cap: int, p: str) -> bytes:
     return blob
 
 
-__all__ = ["open_root", "Caps", "EntryInfo", "FileNotFound", "Files", "FilesError", "FilesystemEvent",
-           "Watcher", "WriteInfo"]
+__all__ = ["Caps", "EntryInfo", "FileNotFound", "Files", "FilesError", "FilesystemEvent",
+           "Watcher", "WriteInfo", "open_root"]

@@ -40,12 +40,12 @@ from .._record import Record
 from ..errors import CorralError
 from ..linux.openat2 import (
     IN_ATTRIB,
-    IN_CLOSE_WRITE,
     IN_CREATE,
     IN_DELETE,
     IN_DELETE_SELF,
     IN_IGNORED,
     IN_ISDIR,
+    IN_MODIFY,
     IN_MOVE_SELF,
     IN_MOVED_FROM,
     IN_MOVED_TO,
@@ -708,17 +708,17 @@ class Files:
 
 
 #: inotify events a watch asks for, and what each is called
-_WATCH_MASK = (IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_DELETE | IN_MOVED_FROM
+_WATCH_MASK = (IN_CREATE | IN_MOVED_TO | IN_MODIFY | IN_DELETE | IN_MOVED_FROM
                | IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF)
-_EVENT_TYPES = ((IN_CREATE | IN_MOVED_TO, "add"), (IN_CLOSE_WRITE, "modify"),
+_EVENT_TYPES = ((IN_CREATE | IN_MOVED_TO, "add"), (IN_MODIFY, "modify"),
                 (IN_DELETE, "remove"), (IN_MOVED_FROM, "rename"), (IN_ATTRIB, "chmod"))
 
 
 class Watcher:
     """Changes under one directory of the sandbox (Files.watch). `get_new_events()` returns
     what happened since the last call without waiting; iterating waits for each next one
-    (`next_events(timeout)` waits at most timeout seconds). "modify" is reported when a
-    writer closes the file. The queue is the kernel's (bounded: past it, an "overflow"
+    (`next_events(timeout)` waits at most timeout seconds). "modify" is a write to the
+    file (back-to-back ones reported once). The queue is the kernel's (bounded: past it, an "overflow"
     event). Ends when stop() is called or the directory goes (its "remove" event last).
 
     The directory is opened like any other path (openat2 inside the root) and watched as
@@ -831,7 +831,9 @@ class Watcher:
             name = posixpath.join(rel, os.fsdecode(raw))
             for bits, kind in _EVENT_TYPES:
                 if mask & bits:
-                    out.append(FilesystemEvent(kind, name, posixpath.join(self.path, name)))
+                    ev = FilesystemEvent(kind, name, posixpath.join(self.path, name))
+                    if not out or out[-1] != ev:
+                        out.append(ev)
                     break
             if (self.recursive and mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO)
                     and wd in self._fds):

@@ -76,6 +76,14 @@ class Sandbox:
             if close_fd:
                 os.close(fd)
 
+    @property
+    def pty(self):
+        """Terminals inside: `sb.pty.create(cols, rows, cmd="bash", on_data=...)`
+        (corral.runtime.pty)."""
+        from .pty import Pty
+
+        return Pty.for_sandbox(self)
+
     def _exec_tty(self, argv, stdin, on_output, timeout, size) -> Result:
         from ..linux.tty import Terminal
         from ..plan import OutputCap

@@ -85,25 +85,21 @@ def test_a_shell_answers_resizes_and_exits(sb):
         t.send_input(b"late")
 
 
-def test_kill_ends_it():
-    why = tier_unavailable("namespace")
-    if why:
-        pytest.skip(why)
-    with corral.Sandbox({"limits": {"timeout": "5m"}}) as sb:
-        screen = Screen()
-        t = _shell(sb, screen)
-        screen.expect(re.escape(PROMPT))
-        t.send_input(b"trap '' HUP INT TERM; echo trapped\r")   # it ignores what it can
-        screen.expect(rb"trapped\r\n")
-        assert t.pid is not None
-        t.kill()
-        r = t.wait(WAIT_S)
-        assert r.verdict == "killed" and r.signal == 9
-        # the sandbox goes on: another terminal in it works
-        screen2 = Screen()
-        t2 = sb.pty.create(80, 24, "echo second-$((40+2))", on_data=screen2.feed)
-        screen2.expect(rb"second-42")
-        assert t2.wait(WAIT_S).exit_code == 0
+def test_kill_ends_it(sb):
+    screen = Screen()
+    t = _shell(sb, screen)
+    screen.expect(re.escape(PROMPT))
+    t.send_input(b"trap '' HUP INT TERM; echo trapped\r")   # it ignores what it can
+    screen.expect(rb"trapped\r\n")
+    assert t.pid is not None
+    t.kill()
+    r = t.wait(WAIT_S)
+    assert r.verdict == "killed" and r.signal == 9
+    # the sandbox goes on: another terminal in it works
+    screen2 = Screen()
+    t2 = sb.pty.create(80, 24, "echo second-$((40+2))", on_data=screen2.feed)
+    screen2.expect(rb"second-42")
+    assert t2.wait(WAIT_S).exit_code == 0
 
 
 def test_command_line_checks_its_input():
@@ -116,3 +112,39 @@ def test_command_line_checks_its_input():
             command_line("bash", env, None)
     with pytest.raises(UsageError, match="cols"):
         corral.Sandbox({"isolation": "namespace"}).pty.create(0, 24)
+
+
+def test_corral_shell_is_a_terminal_in_a_fresh_sandbox():
+    """`corral shell`: the caller's terminal relayed to a pty of the sandbox's own; size
+    changes followed; the shell's exit status is corral's."""
+    why = tier_unavailable("namespace")
+    if why:
+        pytest.skip(why)
+    from test_tty import Term
+
+    t = Term(["shell", "--timeout", "5m", f"--env=PS1={PROMPT.decode()}", "--",
+              "bash", "--norc", "-i"], size=(30, 90))
+    try:
+        t.expect(re.escape(PROMPT))
+        t.send(b'echo "pid:"$$ "size:"$(stty size)\r')
+        m = t.expect(rb"pid:(\d+) size:30 90\r\n")
+        assert int(m.group(1)) < 10
+        t.expect(re.escape(PROMPT))
+        t.resize(37, 111)   # corral gets SIGWINCH before it reads the next keys
+        t.send(b'echo "size:"$(stty size)\r')
+        t.expect(rb"size:37 111\r\n")
+        t.send(b"exit 5\r")
+        assert t.wait() == 5
+    finally:
+        t.close()
+
+
+def test_corral_shell_refuses_a_pipe_and_an_id(corral_bin):
+    import subprocess
+
+    r = subprocess.run([corral_bin, "shell"], stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "needs a terminal" in r.stderr
+    r = subprocess.run([corral_bin, "shell", "sb-123"], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "live sandbox" in r.stderr

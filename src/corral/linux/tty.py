@@ -243,9 +243,9 @@ class Terminal:
             set_window_size(self.master, size)
 
     def session(self) -> int | None:
-        """The host pid of the pty's session leader (TIOCGSID on the master: the command
-        the tier made its controlling process), or None where the tier's pty has none on
-        the host (gVisor's Sentry keeps the session in its own kernel)."""
+        """The host pid of the pty's session leader (TIOCGSID on the master): the command
+        on the namespace tier (setsid --ctty), runsc's sandbox process on gvisor (its
+        console's slave is that process's controlling terminal); None if it has none."""
         if self.master < 0:
             return None
         try:

@@ -78,8 +78,7 @@ def command_line(cmd, env: Mapping[str, str] | None, cwd: str | None) -> list[st
 
 
 class PtyHandle:
-    """One terminal: send_input, resize, kill, wait. `pid`: the host pid of its command
-    where the tier shows one (namespace), else None."""
+    """One terminal: send_input, resize, kill, wait."""
 
     def __init__(self, term, input_w: int, started) -> None:
         self._term = term
@@ -90,6 +89,7 @@ class PtyHandle:
 
     @property
     def pid(self) -> int | None:
+        """The host pid of the terminal's session leader (see kill), or None."""
         return self._term.session()
 
     def send_input(self, data: bytes | str) -> None:
@@ -110,9 +110,11 @@ class PtyHandle:
 
     def kill(self) -> None:
         """End the command: the starter's kill where it has one (a live sandbox's command),
-        else SIGKILL to the terminal's session leader (the command: found with TIOCGSID on
-        the master and signalled through a pidfd, after checking it is still that
-        terminal's session, so a recycled pid is never hit)."""
+        else SIGKILL to the terminal's session leader, found with TIOCGSID on the master
+        and signalled through a pidfd after checking it is still that terminal's session
+        (a recycled pid is never hit). That leader is the command itself on the namespace
+        tier; on gvisor it is runsc's sandbox process, which a tty exec runs for itself
+        alone (so the exec ends, as it should; a live gVisor sandbox must give a kill())."""
         kill = getattr(self._started, "kill", None)
         if kill is not None:
             kill()
@@ -121,9 +123,8 @@ class PtyHandle:
 
         sid = self._term.session()
         if sid is None:
-            raise UsageError("this terminal's command has no session on the host (gVisor "
-                             "keeps it in its own kernel) and its starter no kill(): "
-                             "send it exit, or use a live sandbox's terminal", field="kill")
+            raise UsageError("this terminal has no session on the host and its starter no "
+                         "kill(): send it exit", field="kill")
         try:
             fd = os.pidfd_open(sid)
         except ProcessLookupError:

@@ -416,3 +416,34 @@ def test_a_closed_view_refuses(ns):
     f._init(None, ns.uid, ns.gid, "/", None)
     with pytest.raises(FilesError, match="closed"):
         f.read("/etc/passwd")
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_sandbox_files_reach_scratch_and_workspace(tier, tmp_path):
+    """corral.Sandbox.files today: the mounts that outlive each exec, as the sandbox sees
+    them; a link out of them refused; nothing lands on the host outside the workspace."""
+    policy = {"isolation": tier, "filesystem": {"workspace": {"path": str(tmp_path),
+                                                              "mode": "rw"}}}
+    why = tier_unavailable(tier, policy)
+    if why:
+        pytest.skip(why)
+    import corral
+
+    (tmp_path / "in.txt").write_bytes(b"from the host\n")
+    with corral.Sandbox(policy) as sb:
+        f = sb.files
+        assert f.read("in.txt") == "from the host\n"    # relative to the workspace (cwd)
+        f.write("/scratch/x.bin", b"\0\1\2")
+        f.write("out/y.txt", "made by the API")
+        r = sb.exec(["python3", "-c", "import os; print(open('/scratch/x.bin','rb').read(), "
+                     "open('out/y.txt').read(), os.stat('out/y.txt').st_uid)"])
+        assert r.stdout == "b'\\x00\\x01\\x02' made by the API 0\n", r.stderr
+        assert (tmp_path / "out" / "y.txt").read_text() == "made by the API"
+        assert (tmp_path / "out" / "y.txt").stat().st_uid == os.getuid()  # the owner's
+        sb.exec(["ln", "-s", "/etc", "/scratch/etc"])
+        with pytest.raises(FilesError, match="leads out"):
+            f.read("/scratch/etc/passwd")
+        with pytest.raises(FilesError, match="not under one of the sandbox's mounts"):
+            f.read("/etc/passwd")
+    with pytest.raises(FilesError, match="closed"):
+        f.read("in.txt")

@@ -164,7 +164,7 @@ def test_write_makes_parents_as_the_sandbox_user_and_is_atomic(live):
     assert live.sh("cat /scratch/rel.txt /tmp/x /tmp/y").stdout == "from a file object12"
 
 
-@pytest.mark.parametrize("target", ["/etc/shadow", "../../../../etc/shadow",
+@pytest.mark.parametrize("target", ["/etc/passwd", "/etc/shadow", "../../../../etc/shadow",
                                     "../../../../etc/passwd", "/proc/1/root/etc/passwd"])
 def test_a_planted_link_never_reads_host_content(live, target):
     """A link the sandbox made resolves in the sandbox's own tree (its /etc has no shadow;
@@ -186,29 +186,41 @@ def test_a_planted_link_never_reads_host_content(live, target):
             and not target.startswith("/proc")
 
 
-def test_host_content_under_a_link_stays_out(live, tmp_path):
-    """A link to a host file planted where a host path would be joined: not followed."""
-    secret = tmp_path / "secret"
-    secret.write_text(HOST_MARK)
-    live.sh(f"ln -s {secret} /scratch/s; mkdir -p /scratch/d; ln -s / /scratch/d/up")
-    with pytest.raises(FilesError):
-        live.files.read("/scratch/s")
-    with pytest.raises(FilesError):
-        live.files.read(f"/scratch/d/up{secret}")
-    # writing through the link lands in the sandbox's own /tmp (namespace: it is its
-    # scratch) or is refused (gvisor: the link leaves the mount), never on the host
+def test_host_content_under_a_link_stays_out(live):
+    """Links to host paths the sandbox's user could read and write, were they followed:
+    only the resolution keeps the API inside (a permission check would not)."""
+    import shutil
+    import tempfile
+
+    shared = tempfile.mkdtemp(prefix="corral-files-test-", dir="/dev/shm")
     try:
-        live.files.write(f"/scratch/d/up{tmp_path}/planted", "x")
-        assert live.tier == "namespace"
-        assert live.sh(f"cat {tmp_path}/planted").stdout == "x"
-    except FilesError as e:
-        assert live.tier == "gvisor" and "refused" in str(e)
-    assert not (tmp_path / "planted").exists()
-    # a link at the name itself is replaced, not written through
-    live.sh(f"ln -s {tmp_path}/through /scratch/w")
-    live.files.write("/scratch/w", "mine")
-    assert not (tmp_path / "through").exists()
-    assert live.files.info("/scratch/w").type == "file"
+        os.chmod(shared, 0o777)
+        secret = os.path.join(shared, "secret")
+        with open(secret, "w") as f:
+            f.write(HOST_MARK)
+        os.chmod(secret, 0o666)
+        live.sh(f"ln -s {secret} /scratch/s; mkdir -p /scratch/d; ln -s / /scratch/d/up")
+        with pytest.raises(FilesError):
+            live.files.read("/scratch/s")
+        with pytest.raises(FilesError):
+            live.files.read(f"/scratch/d/up{secret}")
+        # writing through the link lands in the sandbox's own /dev/shm (namespace: on its
+        # scratch) or is refused (gvisor: the link leaves the mount), never on the host
+        try:
+            live.files.write(f"/scratch/d/up{shared}/planted", "x")
+            assert live.tier == "namespace"
+            assert live.sh(f"cat {shared}/planted").stdout == "x"
+        except FilesError as e:
+            assert live.tier == "gvisor" and "refused" in str(e)
+        assert not os.path.exists(os.path.join(shared, "planted"))
+        # a link at the name itself is replaced, not written through
+        live.sh(f"ln -s {secret} /scratch/w")
+        live.files.write("/scratch/w", "mine")
+        with open(secret) as f:
+            assert f.read() == HOST_MARK
+        assert live.files.info("/scratch/w").type == "file"
+    finally:
+        shutil.rmtree(shared)
 
 
 def test_fifos_sockets_and_devices_are_refused(live):

@@ -31,8 +31,8 @@ def _find_pid(argv: bytes, uid: int) -> int | None:
                 if f.read() != argv:
                     continue
             with open(f"/proc/{pid}/status") as f:
-                uids = [ln for ln in f if ln.startswith("Uid:")][0].split()
-        except (OSError, IndexError):
+                uids = next(ln for ln in f if ln.startswith("Uid:")).split()
+        except (OSError, StopIteration):
             continue
         if int(uids[1]) == uid:
             return int(pid)
@@ -89,15 +89,16 @@ class Live:
     # os.stat does not
     def stat(self, *paths: str) -> list[str]:
         """'uid:gid mode(octal) size nlink' of each path, from inside."""
-        r = self.sb.exec(["python3", "-c", "import os, sys\nfor p in sys.argv[1:]:\n"
-                          " s = os.lstat(p); print(f'{s.st_uid}:{s.st_gid} "
-                          "{s.st_mode & 0o7777:o} {s.st_size} {s.st_nlink}')", *paths])
+        code = ("import os, sys\nfor p in sys.argv[1:]:\n s = os.lstat(p); "
+                "print(f'{s.st_uid}:{s.st_gid} {s.st_mode & 0o7777:o} {s.st_size} "
+                "{s.st_nlink}')")
+        r = self.sb.exec(["python3", "-c", code, *paths])
         assert r.exit_code == 0, r.stderr
         return r.stdout.splitlines()
 
     def ls(self, path: str) -> list[str]:
-        r = self.sb.exec(["python3", "-c", "import os, sys; print(*sorted(os.listdir("
-                          "sys.argv[1])))", path])
+        code = "import os, sys; print(*sorted(os.listdir(sys.argv[1])))"
+        r = self.sb.exec(["python3", "-c", code, path])
         assert r.exit_code == 0, r.stderr
         return r.stdout.split()
 
@@ -447,8 +448,9 @@ def test_sandbox_files_reach_scratch_and_workspace(tier, tmp_path):
         assert f.read("in.txt") == "from the host\n"    # relative to the workspace (cwd)
         f.write("/scratch/x.bin", b"\0\1\2")
         f.write("out/y.txt", "made by the API")
-        r = sb.exec(["python3", "-c", "import os; print(open('/scratch/x.bin','rb').read(), "
-                     "open('out/y.txt').read(), os.stat('out/y.txt').st_uid)"])
+        code = ("import os; print(open('/scratch/x.bin','rb').read(), "
+                "open('out/y.txt').read(), os.stat('out/y.txt').st_uid)")
+        r = sb.exec(["python3", "-c", code])
         assert r.stdout == "b'\\x00\\x01\\x02' made by the API 0\n", r.stderr
         assert (tmp_path / "out" / "y.txt").read_text() == "made by the API"
         assert (tmp_path / "out" / "y.txt").stat().st_uid == os.getuid()  # the owner's

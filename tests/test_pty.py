@@ -143,8 +143,8 @@ def test_corral_shell_refuses_a_pipe_and_an_id(corral_bin):
     import subprocess
 
     r = subprocess.run([corral_bin, "shell"], stdin=subprocess.DEVNULL, capture_output=True,
-                       text=True)
+                       text=True, check=False)
     assert r.returncode == 2 and "needs a terminal" in r.stderr
     r = subprocess.run([corral_bin, "shell", "sb-123"], stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, check=False)
     assert r.returncode == 2 and "live sandbox" in r.stderr

@@ -88,7 +88,7 @@ def _stream(blob: bytes, limit: int, p: str):
     elif blob[:6] == b"\xfd7zXZ\x00":
         import lzma
 
-        raw = lzma.LZMAFile(raw, "rb")
+        raw = lzma.LZMAFile(raw, "rb")  # noqa: SIM115 - closed with the BytesIO
     return _Bounded(raw, limit, p)
 
 

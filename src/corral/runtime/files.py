@@ -68,6 +68,7 @@ from ..linux.openat2 import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
+    from typing import Self
 
 #: bytes moved per read()/write() system call
 CHUNK = 1 << 20
@@ -246,7 +247,7 @@ class Files:
         if root is not None:
             root.close()
 
-    def __enter__(self) -> Files:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -862,7 +863,7 @@ class Watcher:
 
     close = stop
 
-    def __enter__(self) -> Watcher:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

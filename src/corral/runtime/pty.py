@@ -29,6 +29,7 @@ from ..errors import UsageError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+    from typing import Self
 
     from ..result import Result
 
@@ -149,7 +150,7 @@ class PtyHandle:
                     self._input_w = -1
         return self._result
 
-    def __enter__(self) -> PtyHandle:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -247,7 +248,7 @@ def _close_after(started, fd: int) -> None:
     def closer():
         try:
             started.wait(None)
-        except BaseException:  # noqa: BLE001 - the handle's wait() reports it
+        except BaseException:  # noqa: BLE001, S110 - the handle's wait() reports it
             pass
         os.close(fd)
     threading.Thread(target=closer, name="corral-pty-close", daemon=True).start()

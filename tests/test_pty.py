@@ -115,15 +115,16 @@ def test_command_line_checks_its_input():
         corral.Sandbox({"isolation": "namespace"}).pty.create(0, 24)
 
 
-def test_corral_shell_is_a_terminal_in_a_fresh_sandbox():
+@pytest.mark.parametrize("tier", ["namespace", "gvisor"])
+def test_corral_shell_is_a_terminal_in_a_fresh_sandbox(tier):
     """`corral shell`: the caller's terminal relayed to a pty of the sandbox's own; size
     changes followed; the shell's exit status is corral's."""
-    why = tier_unavailable("namespace")
+    why = tier_unavailable(tier)
     if why:
         pytest.skip(why)
     from test_tty import Term
 
-    t = Term(["shell", "--timeout", "5m", f"--env=PS1={PROMPT.decode()}", "--",
+    t = Term(["shell", "--isolation", tier, "--timeout", "5m", f"--env=PS1={PROMPT.decode()}", "--",
               "bash", "--norc", "-i"], size=(30, 90))
     try:
         t.expect(re.escape(PROMPT))

@@ -13,10 +13,18 @@ TIOCLINUX stay refused by the tiers' seccomp rules. Input goes through a pipe th
 thread copies to the pty's master (so send_input waits when the terminal is not reading,
 rather than losing keys); output reaches on_data from the relay thread, as it comes.
 
-A terminal is started by a `starter`, a callable (argv, Terminal, timeout) -> Started,
-where Started has wait() -> Result. `for_sandbox` gives one for today's Sandbox: a tty
-exec in a thread of its own. A live sandbox gives its own (a command entered in its
-namespaces with the Terminal; its kill() the command's): see docs/sessions.md.
+A terminal is started by a `starter`, a callable (argv, term, timeout) -> Started:
+ - it runs argv inside with `term` (a linux.tty.Terminal whose stdin is the input pipe) as
+   LiveSandbox.exec(tty=term) does: the tier makes the pty (term.open(devpts), or
+   term.console_socket(dir) for runsc), gives the slave to the command as fds 0-2 and
+   controlling terminal, and calls term.start() once the command runs;
+ - when the command has ended it calls term.finish() and puts its text in the Result's
+   stdout (stderr ""), as Sandbox._exec_tty does;
+ - Started.wait(timeout) -> Result (TimeoutError while it runs; None waits), and
+   optionally Started.kill(), used by PtyHandle.kill instead of the session signal.
+`for_sandbox` gives one for today's Sandbox: a tty exec in a thread of its own. A live
+sandbox gives its own: a command entered in its namespaces with the Terminal, its kill()
+that command's (see docs/sessions.md).
 """
 
 from __future__ import annotations

@@ -104,6 +104,7 @@ usage: corral [--version] [--help] COMMAND ...
 
 commands:
   run      run a command in a sandbox            (corral run --help)
+  shell    an interactive shell in a sandbox     (corral shell --help)
   policy   show the effective policy             (corral policy show --help)
   explain  what enforces each rule of a policy   (corral explain --help)
   doctor   what this host supports and how to fix what is missing
@@ -505,6 +506,86 @@ def _run_tty(r: RunArgs, policy) -> int:
     return result.cli_exit_status()
 
 
+SHELL_USAGE = """\
+usage: corral shell [run options] [-- CMD...]
+
+An interactive shell (bash -i, or CMD) in a fresh sandbox, on a terminal of the sandbox's
+own (sb.pty: docs/sessions.md); this terminal is raw until it ends, its keys and window
+size relayed. The policy options are corral run's; --timeout holds (default 60s: give
+e.g. --timeout 8h). Exit status: the shell's, as corral run's.
+"""
+
+
+def cmd_shell(args: list[str]) -> int:
+    """`corral shell`: sb.pty.create on this terminal. (`corral shell ID`, for a live
+    sandbox, comes with live sandboxes.)"""
+    as_json = False
+    try:
+        r = parse_run_args(args, want_command=True)
+        if r.help:
+            sys.stdout.write(SHELL_USAGE)
+            return 0
+        if r.command and "--" not in args:
+            raise UsageError(f"corral shell {r.command[0]}: attaching to a live sandbox "
+                             "by id is not in this build; corral shell alone opens a "
+                             "fresh one (a command goes after --)", field="ID")
+        if not os.isatty(0):
+            raise UsageError("corral shell needs a terminal on stdin; for a pipe use "
+                             "corral run -- CMD", field="stdin")
+        as_json = r.json
+        policy = effective_policy(r)
+        return _shell(policy, r.command or None, r.json)
+    except CorralError as e:
+        return _fail(e, as_json)
+
+
+def _shell(policy, cmd, as_json: bool) -> int:
+    import _signal
+    import select
+
+    from .linux.tty import raw_mode, window_size
+    from .runtime.sandbox import Sandbox
+
+    with _terminate_cleanly():
+        with Sandbox(policy) as sb:
+            sb.open()   # set-up errors show before the terminal goes raw
+            rows, cols = window_size(0) or (24, 80)
+            with raw_mode(0):
+                term = sb.pty.create(cols, rows, cmd, on_data=None if as_json else _write_fd1)
+
+                def resized(signum, frame):
+                    size = window_size(0)
+                    if size:
+                        term.resize(size[1], size[0])
+                old = _signal.signal(28, resized)   # SIGWINCH
+                try:
+                    reading = True
+                    while True:
+                        try:
+                            result = term.wait(0 if reading else None)
+                            break
+                        except TimeoutError:
+                            pass
+                        if select.select([0], [], [], 0.1)[0]:
+                            try:
+                                data = os.read(0, 65536)
+                            except OSError:
+                                data = b""
+                            try:
+                                if data:
+                                    term.send_input(data)
+                            except BrokenPipeError:
+                                data = b""
+                            reading = bool(data)
+                finally:
+                    _signal.signal(28, old)
+    if as_json:
+        sys.stdout.write(result.to_json() + "\n")
+    else:
+        _print_events(result.events, output_limit=False)
+    return result.cli_exit_status()
+
+
 def _write_fd1(data: bytes) -> None:
     """The terminal's output, from the relay thread: straight to fd 1 (no buffer lock a
     blocked write could hold at exit)."""
@@ -615,7 +696,7 @@ def cmd_probe(args: list[str]) -> int:
     return probe_main(args)
 
 
-COMMANDS = {"run": cmd_run, "policy": cmd_policy, "doctor": cmd_doctor,
+COMMANDS = {"run": cmd_run, "shell": cmd_shell, "policy": cmd_policy, "doctor": cmd_doctor,
             "explain": cmd_explain, "probe": cmd_probe}
 
 

@@ -49,6 +49,7 @@ DRAIN_S = 2.0
 PENDING_MAX = 1 << 16
 TIOCSPTLCK = 0x40045431   # _IOW('T', 0x31, int): unlock the slave
 TIOCGPTN = 0x80045430     # _IOR('T', 0x30, unsigned int): the slave's number
+TIOCGSID = 0x5429         # the session of the terminal (on a master: of its slave)
 SIGWINCH = 28
 
 
@@ -232,6 +233,26 @@ class Terminal:
             self._old_winch = _signal.signal(SIGWINCH, self._resized)
         self._thread = threading.Thread(target=self._relay, name="corral-tty", daemon=True)
         self._thread.start()
+
+    def resize(self, size: tuple[int, int]) -> None:
+        """A new window size (rows, cols), for a terminal not following a caller's: set on
+        the master now if it is there, else when it comes (console_socket). The kernel then
+        signals the sandbox's foreground group (SIGWINCH)."""
+        self.size = size
+        if self.master >= 0:
+            set_window_size(self.master, size)
+
+    def session(self) -> int | None:
+        """The host pid of the pty's session leader (TIOCGSID on the master): the command
+        on the namespace tier (setsid --ctty), runsc's sandbox process on gvisor (its
+        console's slave is that process's controlling terminal); None if it has none."""
+        if self.master < 0:
+            return None
+        try:
+            (sid,) = struct.unpack("i", fcntl.ioctl(self.master, TIOCGSID, b"\0" * 4))
+        except OSError:
+            return None
+        return sid if sid > 0 else None
 
     def _resized(self, signum, frame) -> None:
         size = window_size(self.follow)

@@ -46,6 +46,7 @@ class Sandbox:
         #: what went wrong when the sandbox was closed (each a sentence); also added to the
         #: last Result's events as "teardown" events, so run() and the CLI show them
         self.teardown_problems: list[str] = []
+        self._files = None
 
     @property
     def isolation(self) -> str:
@@ -91,6 +92,32 @@ class Sandbox:
                 os.close(fd)
         self._last = result
         return result
+
+    @property
+    def files(self):
+        """The files API (corral.runtime.files) on what outlives each exec: /scratch, /tmp,
+        /dev/shm and the workspace (namespace and gvisor tiers)."""
+        if self._files is None:
+            from ..backends.host.views import persistent_mounts
+            from .files import Files
+
+            self.open()
+            mounts = persistent_mounts(self._live)
+            try:
+                self._files = Files.over_mounts(mounts, self._live.uid, self._live.gid,
+                                                cwd=self.plan.cwd)
+            finally:
+                for _, fd, _ in mounts:
+                    os.close(fd)
+        return self._files
+
+    @property
+    def pty(self):
+        """Terminals inside: `sb.pty.create(cols, rows, cmd="bash", on_data=...)`
+        (corral.runtime.pty)."""
+        from .pty import Pty
+
+        return Pty.for_sandbox(self)
 
     def _exec_tty(self, argv, stdin, on_output, timeout, size) -> Result:
         from ..linux.tty import Terminal
@@ -159,6 +186,9 @@ class Sandbox:
     def close(self) -> list[str]:
         """Kill what is left, unmount, delete scratch. Returns teardown problems. In a
         forked child of the process that opened it, only forgets it: it is the parent's."""
+        files, self._files = self._files, None
+        if files is not None:
+            files.close()
         live, self._live = self._live, None
         if live is None or self._pid != os.getpid() or live not in _left_open:
             return []   # not open, its parent's, or closed already by the exit hook

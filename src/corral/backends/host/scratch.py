@@ -88,11 +88,11 @@ def mount_binds(run_dir, binds: list) -> dict[str, str]:
     {host path: that mount point}. Needs root. The tier then binds the mount point, a path
     of corral's own that the sandbox's unprivileged uid can reach whatever the modes of
     the bind's parent directories (a checkout in a 0700 `mktemp -d`, say)."""
-    from ...linux import idmap
-
     out: dict[str, str] = {}
     if not binds:
         return out
+    from ...linux import idmap  # not on the path of a run without binds
+
     base = run_dir.sub("binds", 0o755)
     for i, op in enumerate(binds):
         fd = open_source(op.path, op.rule)

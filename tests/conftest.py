@@ -4,6 +4,10 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: tests/fixtures: the network fixtures (netfix) and the syscall probe, importable by name
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+if FIXTURES not in sys.path:
+    sys.path.insert(0, FIXTURES)
 CORRAL = os.path.join(ROOT, ".venv", "bin", "corral")
 PY = "/usr/bin/python3"
 

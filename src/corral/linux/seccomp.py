@@ -22,7 +22,7 @@ always wins over the allow list, whatever the arguments. (libseccomp itself cann
 "allow, except with these arguments" in a filter whose default refuses: an unconditional
 ALLOW of a syscall erases its conditional ERRNO rules, and for overlapping conditional rules
 the one it tests first wins, by an internal order of arguments and operators, not by which
-refuses. tests/test_seccomp.py shows both.) Both parts check the architecture first.
+refuses. tests/linux/test_seccomp.py shows both.) Both parts check the architecture first.
 
 Only x86_64 is written and tested. The filter holds the native architecture only: a 32-bit
 `int 0x80` entry and x32 numbers (nr | 0x40000000; refused by both parts: by our range test

@@ -8,7 +8,7 @@ POLICY = ALLOW
 # Not runnable harmlessly with the probe's parts: the proxy runs in the host's network
 # namespace, so a proxy that failed open would send the request to the real metadata address
 # (off the machine). It needs a metadata stand-in the probe owns: the proxy's upstream side in
-# a network namespace holding 169.254.169.254 (see tests/test_egress_proxy.py, which does it
+# a network namespace holding 169.254.169.254 (see tests/particular/test_egress_proxy.py, which does it
 # for the bare proxy). Until then it reports itself unsupported, everywhere.
 CODE = """
 out("UNSUPPORTED", "needs a metadata stand-in in a network namespace the probe owns")

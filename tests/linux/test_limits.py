@@ -21,6 +21,7 @@ import time
 import uuid
 
 import pytest
+from conftest import ROOT
 
 from corral.errors import SandboxSetupError
 from corral.linux import limits
@@ -28,7 +29,7 @@ from corral.linux.limits import RunCgroup, apply_rlimits, detect
 
 MiB = 1 << 20
 PY = [sys.executable, "-I", "-c"]
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+SRC = os.path.join(ROOT, "src")
 INFO = detect()
 USABLE = INFO.memory and INFO.pids and INFO.cpu
 needs_cgroups = pytest.mark.skipif(not USABLE, reason=f"cgroups not usable: {INFO.reason}")

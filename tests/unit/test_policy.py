@@ -3,6 +3,7 @@
 import tomllib
 
 import pytest
+from conftest import ROOT
 
 from corral.errors import PolicyError
 from corral.policy import FIELDS, Policy, dump_toml, load_policy, policy_from_dict
@@ -147,7 +148,7 @@ def test_docs_policy_md_is_generated_from_the_schema():
 
     from corral.policy.docs import render
 
-    doc = pathlib.Path(__file__).parent.parent / "docs" / "policy.md"
+    doc = pathlib.Path(ROOT) / "docs" / "policy.md"
     assert doc.read_text() == render(), (
         "docs/policy.md is stale: .venv/bin/python -m corral.policy.docs > docs/policy.md")
 

@@ -21,8 +21,9 @@ import ast
 import os
 
 import pytest
+from conftest import ROOT
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+SRC = os.path.join(ROOT, "src")
 
 FACES = 6
 LEAF = {"corral.errors", "corral._record", "corral.result", "corral.termsafe", "corral.events"}

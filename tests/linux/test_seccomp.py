@@ -29,10 +29,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES, ROOT
 
 from corral.linux import seccomp
 
-PROBE = Path(__file__).with_name("syscall_probe.py")
+PROBE = Path(FIXTURES) / "syscall_probe.py"
 PYTHON = "/usr/bin/python3"
 BWRAP_BASE = ["--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
 PRIVILEGED = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
@@ -839,7 +840,7 @@ def test_a_real_workload_runs(name):
     for tool in ("gcc", "git", "node"):
         if not shutil.which(tool):
             pytest.skip(f"{tool} is not installed on this host")
-    venv = Path(__file__).resolve().parent.parent / ".venv"
+    venv = Path(ROOT) / ".venv"
     r = corral.run(["/bin/sh", "-c", WORKLOAD],
                    {"isolation": _tier(name), "limits": {"timeout": "300s"},
                     "filesystem": {"ro_binds": [str(venv)]},

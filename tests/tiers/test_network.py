@@ -21,24 +21,22 @@ from netfix import PRIV, SRV, free_port, queried
 import corral
 
 PY = "/usr/bin/python3"
-TIER = "namespace"
 
 
 @pytest.fixture(autouse=True, scope="module", params=ALL_TIERS)
 def tier(request):
-    """Every test of this file runs once per tier that runs network allow here."""
-    global TIER
+    """Every test of this file runs once per tier that runs network allow here: the tier's
+    name, which each test passes on to policy()."""
     why = tier_unavailable(request.param, {"network": {"mode": "allow", "allow": ["x.test"]}})
     if why:
         pytest.skip(f"{request.param}: {why}")
-    TIER = request.param
     return request.param
 
 
-def policy(dns, allow, **network):
+def policy(tier, dns, allow, **network):
     return {"network": {"mode": "allow", "allow": allow, "allow_private": [PRIV],
                         "nameservers": [f"127.0.0.1:{dns['port']}"], **network},
-            "limits": {"timeout": "30s"}, "isolation": TIER}
+            "limits": {"timeout": "30s"}, "isolation": tier}
 
 
 def sh(cmd, pol):
@@ -51,10 +49,10 @@ def net_events(r):
     return [e for e in r.events if e["kind"] == "net"]
 
 
-def test_allowed_name_through_the_proxy_with_curl_and_urllib(dnsmasq, servers):
+def test_allowed_name_through_the_proxy_with_curl_and_urllib(tier, dnsmasq, servers):
     r = sh("curl -sS -m 10 http://allowed.test/ && "
            f"{PY} -c \"import urllib.request as u; print(u.urlopen('http://allowed.test/host').read().decode())\"",
-           policy(dnsmasq, ["allowed.test"]))
+           policy(tier, dnsmasq, ["allowed.test"]))
     assert r.verdict == "ok", r.stderr
     assert f"hello from {SRV}" in r.stdout and "allowed.test" in r.stdout
     ev = net_events(r)
@@ -63,15 +61,15 @@ def test_allowed_name_through_the_proxy_with_curl_and_urllib(dnsmasq, servers):
     assert set(ev[0]) >= {"kind", "host", "port", "decision", "reason", "bytes_in", "bytes_out"}
 
 
-def test_https_tunnel_and_sni(dnsmasq, servers):
-    r = sh("curl -sS -k -m 10 https://allowed.test/", policy(dnsmasq, ["allowed.test"]))
+def test_https_tunnel_and_sni(tier, dnsmasq, servers):
+    r = sh("curl -sS -k -m 10 https://allowed.test/", policy(tier, dnsmasq, ["allowed.test"]))
     assert f"hello from {SRV}" in r.stdout, r.stderr
     ev = net_events(r)
     assert ev and ev[0]["decision"] == "allow" and ev[0]["port"] == 443
 
 
-def test_denied_name_gets_403_with_the_reason_and_causes_no_dns_query(dnsmasq, servers):
-    r = sh("curl -sS -i -m 10 http://denied.test/", policy(dnsmasq, ["allowed.test"]))
+def test_denied_name_gets_403_with_the_reason_and_causes_no_dns_query(tier, dnsmasq, servers):
+    r = sh("curl -sS -i -m 10 http://denied.test/", policy(tier, dnsmasq, ["allowed.test"]))
     assert "403" in r.stdout.splitlines()[0]
     assert "x-corral-reason: not in network.allow" in r.stdout.lower()
     assert not queried(dnsmasq, "denied.test")
@@ -79,19 +77,19 @@ def test_denied_name_gets_403_with_the_reason_and_causes_no_dns_query(dnsmasq, s
     assert (ev["host"], ev["decision"]) == ("denied.test", "deny")
 
 
-def test_deny_wins_and_ip_literals_are_refused(dnsmasq, servers):
+def test_deny_wins_and_ip_literals_are_refused(tier, dnsmasq, servers):
     n = SRV.split(".")
     as_int = (int(n[0]) << 24) | (int(n[1]) << 16) | (int(n[2]) << 8) | int(n[3])
     r = sh(f"curl -sS -o /dev/null -w '%{{http_code}} ' -m 10 http://bad.allowed.test/; "
            f"curl -sS -o /dev/null -w '%{{http_code}} ' -m 10 http://{as_int}/",
-           policy(dnsmasq, ["*.allowed.test"], deny=["bad.allowed.test"]))
+           policy(tier, dnsmasq, ["*.allowed.test"], deny=["bad.allowed.test"]))
     assert r.stdout.split() == ["403", "403"]
     hosts = {e["host"]: e for e in net_events(r)}
     assert hosts[SRV]["decision"] == "deny"  # reported in standard notation
     assert hosts["bad.allowed.test"]["decision"] == "deny"
 
 
-def test_clients_that_ignore_the_proxy_reach_nothing(dnsmasq, servers):
+def test_clients_that_ignore_the_proxy_reach_nothing(tier, dnsmasq, servers):
     r = corral.run([PY, "-c", f"""
 import socket
 out = []
@@ -105,27 +103,27 @@ try:
 except OSError:
     out.append("noresolve")
 print(" ".join(out))
-"""], policy=policy(dnsmasq, ["allowed.test"]))
+"""], policy=policy(tier, dnsmasq, ["allowed.test"]))
     *conns, dns = r.stdout.split()
     assert dns == "noresolve" and len(conns) == 2, r
     # refused by the kernel: nothing listens (namespace, gvisor) or the socket rules say no
     assert set(conns) <= {"ConnectionRefusedError", "PermissionError"}, r.stdout
-    r = sh(f"curl -sS --noproxy '*' -m 5 http://{SRV}/ 2>&1", policy(dnsmasq, ["allowed.test"]))
+    r = sh(f"curl -sS --noproxy '*' -m 5 http://{SRV}/ 2>&1", policy(tier, dnsmasq, ["allowed.test"]))
     assert "hello" not in r.stdout and "Failed to connect" in r.stdout
 
 
-def test_request_budget_closes_and_reports(dnsmasq, servers):
+def test_request_budget_closes_and_reports(tier, dnsmasq, servers):
     r = sh("for i in 1 2 3; do curl -sS -o /dev/null -w '%{http_code} ' -m 10 "
-           "http://allowed.test/; done", policy(dnsmasq, ["allowed.test"],
+           "http://allowed.test/; done", policy(tier, dnsmasq, ["allowed.test"],
                                                 budget={"requests": 2}))
     codes = r.stdout.split()
     assert codes[:2] == ["200", "200"] and codes[2] != "200"
     assert any("budget" in e["reason"] for e in net_events(r))
 
 
-def test_network_none_has_no_proxy():
+def test_network_none_has_no_proxy(tier):
     r = sh("env | grep -ci proxy; curl -sS -m 3 -x http://127.0.0.1:3128 http://x.test/ 2>&1",
-           {"network": {"mode": "none"}, "isolation": TIER})
+           {"network": {"mode": "none"}, "isolation": tier})
     assert r.stdout.splitlines()[0] == "0" and "Failed to connect" in r.stdout
 
 
@@ -143,7 +141,7 @@ def _wheel(name="corraldemo", version="1.0") -> bytes:
     return buf.getvalue()
 
 
-def test_pip_installs_from_an_index_through_the_proxy(dnsmasq, tmp_path):
+def test_pip_installs_from_an_index_through_the_proxy(tier, dnsmasq, tmp_path):
     (tmp_path / "simple" / "corraldemo").mkdir(parents=True)
     (tmp_path / "simple" / "corraldemo" / "corraldemo-1.0-py3-none-any.whl").write_bytes(_wheel())
     (tmp_path / "simple" / "corraldemo" / "index.html").write_text(
@@ -158,7 +156,7 @@ def test_pip_installs_from_an_index_through_the_proxy(dnsmasq, tmp_path):
                f"--target \"$HOME/lib\" --index-url http://allowed.test:{port}/simple "
                f"--trusted-host allowed.test:{port} corraldemo "
                f"&& PYTHONPATH=\"$HOME/lib\" {PY} -c 'import corraldemo; print(corraldemo.VALUE)'",
-               policy(dnsmasq, [f"allowed.test:{port}"]))
+               policy(tier, dnsmasq, [f"allowed.test:{port}"]))
     finally:
         srv.shutdown()
         srv.server_close()
@@ -188,10 +186,10 @@ def test_policy_flags(tmp_path):
     assert r.returncode == 2 and "network.mode" in r.stderr
 
 
-def test_a_hostile_client_exhausts_only_its_own_proxy(dnsmasq, servers):
+def test_a_hostile_client_exhausts_only_its_own_proxy(tier, dnsmasq, servers):
     """Sandbox A floods its proxy with idle connections (more than the proxy's cap) and
     sends a slowloris head; sandbox B, at the same time, is served normally."""
-    flood = corral.Sandbox({**policy(dnsmasq, ["allowed.test"]),
+    flood = corral.Sandbox({**policy(tier, dnsmasq, ["allowed.test"]),
                             "limits": {"open_files": 4096, "timeout": "30s"}})
     results = {}
 
@@ -218,7 +216,7 @@ print(len(socks), refused)
         t.start()
         import time
         time.sleep(1.5)  # the flood is under way
-        b = sh("curl -sS -m 10 http://allowed.test/", policy(dnsmasq, ["allowed.test"]))
+        b = sh("curl -sS -m 10 http://allowed.test/", policy(tier, dnsmasq, ["allowed.test"]))
         t.join(60)
     assert f"hello from {SRV}" in b.stdout, b
     a = results["a"]
@@ -242,11 +240,11 @@ def _proxies_of(parent: int) -> list[int]:
     return found
 
 
-def test_the_proxy_dies_with_the_supervisor(dnsmasq, servers, tmp_path):
+def test_the_proxy_dies_with_the_supervisor(tier, dnsmasq, servers, tmp_path):
     """SIGKILL to `corral run`: the proxy it started goes too, at once, without waiting
     for the next corral start's sweep (it runs as another uid: its own death signal)."""
     pol = tmp_path / "p.toml"
-    pol.write_text(f"""isolation = "{TIER}"
+    pol.write_text(f"""isolation = "{tier}"
 [network]
 mode = "allow"
 allow = ["allowed.test"]
@@ -272,11 +270,11 @@ nameservers = ["127.0.0.1:{dnsmasq['port']}"]
     assert left == []
 
 
-def test_explain_names_the_proxy_address_the_sandbox_gets(dnsmasq):
+def test_explain_names_the_proxy_address_the_sandbox_gets(tier, dnsmasq):
     from corral.policy import policy_from_dict
     from corral.runtime.explain import explain
 
-    pol = policy(dnsmasq, ["allowed.test"])
+    pol = policy(tier, dnsmasq, ["allowed.test"])
     note = explain(policy_from_dict(pol))["network"]["note"]
     r = sh('echo "$HTTP_PROXY $HTTPS_PROXY $http_proxy"', pol)
     urls = set(r.stdout.split())
@@ -286,7 +284,7 @@ def test_explain_names_the_proxy_address_the_sandbox_gets(dnsmasq):
     assert host in note and (host_port in note or "a port of its own" in note), (note, host_port)
 
 
-def test_a_supervisor_with_fds_past_1024(dnsmasq, servers):
+def test_a_supervisor_with_fds_past_1024(tier, dnsmasq, servers):
     """A service running many sandboxes holds many fds: the run's own fds then sit past
     1024, where select() fails ("filedescriptor out of range"); found by bench/memory.py."""
     import resource
@@ -295,7 +293,7 @@ def test_a_supervisor_with_fds_past_1024(dnsmasq, servers):
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), max(hard, 4096)))
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
-        r = sh("curl -sS -m 10 http://allowed.test/", policy(dnsmasq, ["allowed.test"]))
+        r = sh("curl -sS -m 10 http://allowed.test/", policy(tier, dnsmasq, ["allowed.test"]))
         assert f"hello from {SRV}" in r.stdout, r
         assert [e["decision"] for e in net_events(r)] == ["allow"]
     finally:
@@ -375,13 +373,13 @@ print(json.dumps({"first": first, "during": during, "on_early": on_early, "after
 """
 
 
-def test_the_connection_cap_holds_in_a_storm_and_the_proxy_keeps_serving(dnsmasq, servers):
+def test_the_connection_cap_holds_in_a_storm_and_the_proxy_keeps_serving(tier, dnsmasq, servers):
     """1500 idle connections against the cap of 512: those past it get a 503 at once (one
     event a second), a request in the middle of the flood is answered, a client connected
     before it is still served, and once the flood is let go a new request is served. (On
     the process tier the proxy's peer-uid check scanned /proc/net/tcp per accepted
     connection, so a flood stalled its accept loop and it stopped answering at all.)"""
-    pol = {**policy(dnsmasq, ["allowed.test"]),
+    pol = {**policy(tier, dnsmasq, ["allowed.test"]),
            "limits": {"open_files": 4096, "timeout": "180s"}}
     r = corral.run([PY, "-c", "N = 1500\n" + STORM], policy=pol)
     assert r.verdict == "ok", r
@@ -406,7 +404,7 @@ def _have_cap_sys_resource() -> bool:
     return bool(eff >> 24 & 1)
 
 
-def test_the_proxy_fits_its_cap_to_its_fds_when_the_supervisor_has_few(dnsmasq, servers,
+def test_the_proxy_fits_its_cap_to_its_fds_when_the_supervisor_has_few(tier, dnsmasq, servers,
                                                                        tmp_path):
     """`corral run` with RLIMIT_NOFILE 1024 (soft and hard, a common default) while a
     connection of the proxy may take 6 fds: the proxy, started as root, lifts its limit to
@@ -419,7 +417,7 @@ def test_the_proxy_fits_its_cap_to_its_fds_when_the_supervisor_has_few(dnsmasq, 
 
     lifts = _have_cap_sys_resource()
     pol = tmp_path / "p.toml"
-    pol.write_text(f"""isolation = "{TIER}"
+    pol.write_text(f"""isolation = "{tier}"
 [network]
 mode = "allow"
 allow = ["allowed.test"]
@@ -468,13 +466,13 @@ def loopback_index(tmp_path):
     srv.server_close()
 
 
-def test_an_allowed_loopback_address_is_reached_through_the_proxy(dnsmasq, loopback_index):
+def test_an_allowed_loopback_address_is_reached_through_the_proxy(tier, dnsmasq, loopback_index):
     """allow 127.0.0.1:PORT (with allow_private): curl, urllib and pip inside reach the
     host's server there through the proxy, with events. NO_PROXY named 127.0.0.1, so every
     client went to the sandbox's own loopback, where nothing listens ("No matching
     distribution", no event)."""
     port = loopback_index
-    pol = policy(dnsmasq, [f"127.0.0.1:{port}"], allow_private=["127.0.0.1/32"])
+    pol = policy(tier, dnsmasq, [f"127.0.0.1:{port}"], allow_private=["127.0.0.1/32"])
     r = sh(f'echo "no_proxy=$NO_PROXY|$no_proxy"; curl -sS -m 10 http://127.0.0.1:{port}/hello '
            f"&& {PY} -c \"import urllib.request as u; "
            f"print(u.urlopen('http://127.0.0.1:{port}/hello').read().decode())\" "
@@ -492,7 +490,7 @@ def test_an_allowed_loopback_address_is_reached_through_the_proxy(dnsmasq, loopb
                                                                          "allow") for e in ev), ev
 
 
-def test_localhost_resolves_through_the_hosts_file_in_the_proxy(dnsmasq, loopback_index):
+def test_localhost_resolves_through_the_hosts_file_in_the_proxy(tier, dnsmasq, loopback_index):
     """allow localhost:PORT: the proxy resolves `localhost` through the host's /etc/hosts
     (never asking dnsmasq) and reaches the host's server, with allow_private covering
     127.0.0.1; without it, the resolved loopback address is refused by the address guard."""
@@ -504,11 +502,11 @@ def test_localhost_resolves_through_the_hosts_file_in_the_proxy(dnsmasq, loopbac
         pytest.skip("this host's /etc/hosts does not map localhost to 127.0.0.1")
     port = loopback_index
     cmd = f'echo "no_proxy=$NO_PROXY"; curl -sS -i -m 10 http://localhost:{port}/hello'
-    ok = sh(cmd, policy(dnsmasq, [f"localhost:{port}"], allow_private=["127.0.0.1/32"]))
+    ok = sh(cmd, policy(tier, dnsmasq, [f"localhost:{port}"], allow_private=["127.0.0.1/32"]))
     assert ok.stdout.splitlines()[0] == "no_proxy=127.0.0.1,::1", ok
     assert "hello from the host's loopback" in ok.stdout, ok
     assert [(e["host"], e["decision"]) for e in net_events(ok)] == [("localhost", "allow")]
-    no = sh(cmd, policy(dnsmasq, [f"localhost:{port}"], allow_private=[]))
+    no = sh(cmd, policy(tier, dnsmasq, [f"localhost:{port}"], allow_private=[]))
     assert "403" in no.stdout.splitlines()[1], no
     assert "x-corral-reason: address 127.0.0.1 is loopback" in no.stdout.lower(), no
     (ev,) = net_events(no)

@@ -14,6 +14,9 @@ Result), teardown included, with fresh namespaces every run. Variants (bench/REA
   cli           `.venv/bin/corral run -- cmd` as a subprocess (interpreter start included)
   runsc         `runsc --network=none --platform=ptrace do cmd` (optional; skipped with
                 the error recorded if runsc is missing or fails)
+  interp        `/usr/bin/python3 -I -c pass`: one bare interpreter start, the floor of any
+                Python CLI (measured once per round, shown under /bin/true); issue 14's goal:
+                cli - bwrap <= 1.3x interp
 
 Variants run round robin: every variant once per round, in an order shuffled afresh each
 round (seeded: --seed), so that no variant always follows the same one (a heavy one such
@@ -41,6 +44,8 @@ COMMANDS = {
 RAW_BWRAP_SPAWN = "subprocess.run (fork+exec: user=/group=/extra_groups= rule out vfork)"
 GOAL_INPROC_RATIO = 1.3   # issue 2: in-process <= 1.3x raw bwrap
 GOAL_CLI_EXTRA_MS = 30.0  # issue 2: CLI <= raw bwrap + 30 ms
+GOAL_CLI_INTERP = 1.3     # issue 14: CLI - raw bwrap <= 1.3x a bare interpreter start
+INTERP = ["/usr/bin/python3", "-I", "-c", "pass"]
 
 
 class VariantFailed(Exception):
@@ -164,9 +169,12 @@ class Bench:
         run_checked([self.runsc, "--network=none", "--platform=ptrace", "do", *argv],
                     timeout=60)
 
+    def interp(self, argv: list[str]) -> None:
+        run_checked(INTERP)
+
     def variants(self) -> dict:
         v = {"bare": self.bare, "bwrap": self.bwrap, "corral.run": self.corral_run,
-             "sb.exec": self.sb_exec, "cli": self.cli_run}
+             "sb.exec": self.sb_exec, "cli": self.cli_run, "interp": self.interp}
         if self.runsc:
             v["runsc"] = self.runsc_do
         return v
@@ -213,7 +221,8 @@ def main() -> int:
     elif not bench.runsc:
         errors["runsc"] = "runsc not installed"
     funcs = bench.variants()
-    units = [(v, c) for v in funcs for c in COMMANDS]
+    # the interpreter start does not depend on the command: one unit, under "true"
+    units = [(v, c) for v in funcs for c in COMMANDS if v != "interp" or c == "true"]
     samples: dict[str, list[float]] = {f"{v} {c}": [] for v, c in units}
     warm: dict[str, list[float]] = {k: [] for k in samples}
     total = WARMUP + runs
@@ -259,6 +268,8 @@ def main() -> int:
         print(f"  {'variant':12} {'median ms':>10} {'p95 ms':>10} {'min ms':>10} "
               f"{'x bwrap':>8}")
         for v in funcs:
+            if v == "interp" and c != "true":
+                continue
             s = summary.get(f"{v} {c}")
             if s is None:
                 print(f"  {v:12} {'failed: see below':>41}")
@@ -293,6 +304,17 @@ def main() -> int:
             print(f"  {c:8} {'cli':10} <= bwrap + {GOAL_CLI_EXTRA_MS:g} ms: "
                   f"{s['median_ms']:7.2f} vs {base + GOAL_CLI_EXTRA_MS:7.2f} ms "
                   f"(+{s['median_ms'] - base:.2f} ms)  {'MET' if ok else 'NOT MET'}")
+
+    interp = summary.get("interp true", {}).get("median_ms")
+    base, cli = (summary.get(f"{v} true", {}).get("median_ms") for v in ("bwrap", "cli"))
+    if interp and base and cli:
+        extra = cli - base
+        ok = extra <= GOAL_CLI_INTERP * interp
+        goals.append({"goal": f"cli - bwrap <= {GOAL_CLI_INTERP}x interp", "command": "true",
+                      "value_ms": extra, "limit_ms": GOAL_CLI_INTERP * interp, "met": ok})
+        print(f"  true     cli - bwrap <= {GOAL_CLI_INTERP}x interp: {extra:7.2f} vs "
+              f"{GOAL_CLI_INTERP * interp:7.2f} ms ({extra / interp:.2f}x a bare "
+              f"`python3 -I -c pass`, {interp:.2f} ms)  {'MET' if ok else 'NOT MET'}")
 
     if errors:
         print("\nnot measured:")

@@ -81,6 +81,8 @@ commands:
   explain  what enforces each rule of a policy   (corral explain --help)
   doctor   what this host supports and how to fix what is missing
   probe    run the attack catalogue against each tier (corral probe --help)
+  image    build, import, export and list pinned root images (corral image --help)
+  install  install packages into a new image, in a sandbox (corral install --help)
 
 corral {__version__}
 """
@@ -365,8 +367,21 @@ def cmd_probe(args: list[str]) -> int:
     return probe_main(args)
 
 
+def cmd_image(args: list[str]) -> int:
+    from .images.cli import cmd_image as image_main  # loaded only here, never on run's path
+
+    return image_main(args)
+
+
+def cmd_install(args: list[str]) -> int:
+    from .images.cli import cmd_install as install_main
+
+    return install_main(args)
+
+
 COMMANDS = {"run": cmd_run, "policy": cmd_policy, "doctor": cmd_doctor,
-            "explain": cmd_explain, "probe": cmd_probe}
+            "explain": cmd_explain, "probe": cmd_probe, "image": cmd_image,
+            "install": cmd_install}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from . import __version__
 from .errors import CorralError, UsageError
 
 RUN_USAGE = """\
-usage: corral run [--policy FILE] [--isolation T] [--timeout D] [--cpu-time D]
+usage: corral run [--policy FILE] [--isolation T] [--image NAME] [--timeout D] [--cpu-time D]
                   [--memory SIZE] [--cpus N] [--pids N] [--scratch-size SIZE]
                   [--output-limit SIZE] [--env NAME | --env NAME=VALUE]...
                   [--workspace PATH[:ro|rw]] [--ro-bind PATH]... [--net none|allow]
@@ -37,6 +37,7 @@ memory, processes, CPU, time and output.
 options (each overrides the policy file):
   --policy FILE          a policy in TOML (see docs/policy.md); never read from the workspace
   --isolation T          the tier: namespace (default)
+  --image NAME           the root: host (default), an image name or sha256:... [image]
   --timeout D            wall clock, e.g. 500ms, 60s, 2m          [limits.timeout]
   --cpu-time D           CPU time of the whole run                [limits.cpu_time]
   --memory SIZE          memory incl. swap, e.g. 512M, 1G         [limits.memory]
@@ -144,6 +145,8 @@ def parse_run_args(args: list[str], *, want_command: bool) -> RunArgs:
             r.policy_file = value()
         elif name == "--isolation":
             r.overrides["isolation"] = value()
+        elif name == "--image":
+            r.overrides["image"] = value()
         elif name in _VALUE_FLAGS:
             section, key = _VALUE_FLAGS[name]
             r.overrides.setdefault(section, {})[key] = value()

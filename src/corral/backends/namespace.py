@@ -37,6 +37,7 @@ from ..plan import (
     CpuTime,
     EgressProxy,
     Environment,
+    ImageRoot,
     MemoryLimit,
     Namespaces,
     NoNetwork,
@@ -77,6 +78,13 @@ ESRCH = 3
 #: far above any real account and any subuid range, one per sandbox
 UID_BASE = 1_500_000_000
 UID_SPAN = 1 << 20
+def _image_note(op: ImageRoot) -> str:
+    """explain's note for an image root: which image, and whether the policy pins it."""
+    pin = ("pinned by digest" if op.pinned else
+           f"by name (now {op.digest[:19]}; write image = \"{op.digest}\" to pin it)")
+    return f"image {op.ref}, read-only bind of the store's tree as /, {pin}"
+
+
 def find_bwrap() -> str | None:
     for d in ("/usr/bin", "/usr/local/bin", "/bin"):
         p = os.path.join(d, "bwrap")
@@ -165,6 +173,8 @@ class NamespaceBackend:
                                  "capabilities, no_new_privs, unprivileged host uid"
             case SystemRoot():
                 return "kernel", "read-only binds of /usr, /lib*, a minimal /etc"
+            case ImageRoot():
+                return "kernel", _image_note(op)
         return "none", f"unknown op {type(op).__name__}"
 
     def __init__(self) -> None:
@@ -212,6 +222,13 @@ class NamespaceBackend:
                         missing.append((op, "the egress proxy's socket is made inside the "
                                             "sandbox's network namespace, which needs root; "
                                             "run corral as root"))
+                case ImageRoot():
+                    from ..images.resolve import missing_mount_points
+
+                    for path in missing_mount_points(op, [b.path for b in
+                                                          plan.find(ReadOnlyBind)]):
+                        missing.append((op, f"{path} (filesystem.ro_binds) has no mount "
+                                            f"point in image {op.ref}"))
                 case (Namespaces() | SystemRoot() | Seccomp() | WallClock() | OutputCap()
                       | Rlimit() | Environment() | NoNetwork() | ReadOnlyBind()):
                     pass
@@ -303,6 +320,8 @@ class NamespaceSandbox:
                     for p in self.etc_dirs:
                         a += ["--ro-bind", p, p]
                     a += ["--proc", "/proc", "--dev", "/dev"]
+                case ImageRoot():   # the store's tree, read-only, as / (its /etc too)
+                    a += ["--ro-bind", op.tree, "/", "--proc", "/proc", "--dev", "/dev"]
                 case Scratch():
                     a += ["--bind", os.path.join(self.scratch, "home"), SCRATCH,
                           "--bind", os.path.join(self.scratch, "tmp"), "/tmp",

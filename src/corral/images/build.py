@@ -348,6 +348,10 @@ def write_lock(store, desc: Description, out: str, progress=None) -> dict:
         from .store import remove_tree
 
         remove_tree(work)
+    return _write_lock_file(out, desc, debs)
+
+
+def _write_lock_file(out: str, desc: Description, debs: list[dict]) -> dict:
     lock = {"version": 1, "suite": desc.suite, "mirror": desc.mirror,
             "packages": sorted(desc.packages), "debs": debs,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -375,8 +379,16 @@ def cmd_build(store, args: list[str]) -> int:
     name = name or desc.name or (args[0] if args[0] in CATALOGUE else None)
     if name:
         check_name(name)
-    lock = read_lock(lock_path) if lock_path else None
+    # --lock FILE that does not exist yet: build unpinned, then write what was installed
+    # to FILE (the same lock `corral image lock` would have written, one mmdebstrap run)
+    fresh = bool(lock_path) and not os.path.exists(lock_path)
+    lock = read_lock(lock_path) if lock_path and not fresh else None
     digest = build(store, desc, lock=lock, name=name, progress=progress_printer())
+    if fresh:
+        meta = store.info(digest)
+        base = meta.get("base") or digest
+        debs = store.info(base)["lock"]["debs"] if base != digest else meta["lock"]["debs"]
+        _write_lock_file(lock_path, desc, debs)
     sys.stdout.write(digest + "\n")
     return 0
 

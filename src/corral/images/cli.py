@@ -19,6 +19,7 @@ usage: corral image COMMAND [--state-dir DIR] ...
                                    python, datascience); with --lock, refuse any drift
   lock FILE|NAME [-o LOCKFILE]     resolve every Debian package (version, sha256) and
                                    every wheel (hash) and write the lock
+  tag NAME|DIGEST NEWNAME          give an image another name
   rm NAME|DIGEST...                remove a name (the image goes with its last name)
   gc                               remove unnamed images and leftovers of failed builds
   export NAME|DIGEST FILE.tar      write an OCI image layout tarball
@@ -145,6 +146,12 @@ def cmd_image(args: list[str]) -> int:
             for ref in rest:
                 for what in store.remove(ref):
                     sys.stdout.write(f"removed {what}\n")
+            return 0
+        if sub == "tag":
+            _no_more(rest, "image tag")
+            if len(rest) != 2:
+                raise UsageError("corral image tag NAME|DIGEST NEWNAME", field="NAME")
+            store.tag(rest[1], store.resolve(rest[0], field="NAME"))
             return 0
         if sub == "gc":
             _no_more(rest, "image gc")

@@ -40,7 +40,8 @@ from ..errors import ImageError
 
 #: entries corral mounts on in every image root (namespace: bwrap binds; gvisor: the OCI
 #: mounts); added when absent, so they are part of the tree and of its digest
-MOUNT_POINTS = (("proc", "d", 0o555), ("dev", "d", 0o755), ("tmp", "d", 0o1777),
+MOUNT_POINTS = (("proc", "d", 0o555), ("dev", "d", 0o755), ("dev/shm", "d", 0o755),
+                ("tmp", "d", 0o1777),
                 ("scratch", "d", 0o755), ("workspace", "d", 0o755), ("etc", "d", 0o755),
                 ("etc/corral-ca.pem", "f", 0o644))
 CHUNK = 1 << 20

@@ -93,12 +93,16 @@ def policy_from_dict(data: dict, *, allow_literal: bool = True) -> Policy:
         raise PolicyError("a policy is a table (dict) of sections", field="policy")
     explicit: set[str] = set()
     for key in data:
-        if key not in ("isolation", *SECTIONS, "secrets"):
-            raise PolicyError(_unknown(key, ("isolation", *SECTIONS, "secrets")), field=key)
+        if key not in ("isolation", "image", *SECTIONS, "secrets"):
+            raise PolicyError(_unknown(key, ("isolation", "image", *SECTIONS, "secrets")),
+                              field=key)
     values: dict[str, Any] = {}
     if "isolation" in data:
         values["isolation"] = _convert(SPEC_BY_PATH["isolation"], data["isolation"], "isolation")
         explicit.add("isolation")
+    if "image" in data:
+        values["image"] = _convert(SPEC_BY_PATH["image"], data["image"], "image")
+        explicit.add("image")
     def walk(prefix: str, table: Any) -> None:
         if not isinstance(table, dict):
             raise PolicyError(f"[{prefix}] must be a table", field=prefix)
@@ -126,6 +130,7 @@ def policy_from_dict(data: dict, *, allow_literal: bool = True) -> Policy:
 
     policy = Policy(
         isolation=values.get("isolation", "namespace"),
+        image=values.get("image", "host"),
         limits=pick("limits", Limits),
         filesystem=pick("filesystem", Filesystem),
         env=pick("env", Env, {"pass": "pass_"}),
@@ -293,6 +298,18 @@ def _netmode(raw: Any, path: str) -> str:
     return raw
 
 
+def _image(raw: Any, path: str) -> str:
+    """"host", an image name, or sha256:HEX (the store resolves it when a sandbox opens)."""
+    import re
+
+    if not isinstance(raw, str) or not (
+            raw == "host" or re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", raw)
+            or re.fullmatch(r"sha256:[0-9a-f]{64}", raw)):
+        raise ValueError(f"{raw!r} is not \"host\", an image name (lower-case letters, "
+                         "digits, '.', '_', '-') or sha256: and 64 hex digits")
+    return raw
+
+
 def _file(raw: Any, path: str) -> str:
     real = check_host_path(raw, path)
     if not os.path.isfile(real):
@@ -404,6 +421,7 @@ _CONVERTERS = {
     "envset": _envset,
     "workspace": _workspace,
     "file": _file,
+    "image": _image,
     "rules": _strings,
     "cidrs": _strings,
     "nameservers": _strings,

@@ -92,6 +92,7 @@ class Secret(Record):
 
 class Policy(Record):
     isolation: str = "namespace"
+    image: str = "host"            # "host", an image name, or "sha256:..." (images/store.py)
     limits: Limits = Default(Limits)
     filesystem: Filesystem = Default(Filesystem)
     env: Env = Default(Env)
@@ -128,6 +129,10 @@ class Spec(Record):
 FIELDS: tuple[Spec, ...] = (
     Spec("isolation", "tier", "Isolation tier: namespace (bubblewrap + seccomp + cgroups). "
          "Other tiers arrive with later releases."),
+    Spec("image", "image", "The root the sandbox sees: \"host\" (the host's /usr and a "
+         "minimal /etc, read-only), or an image from `corral image` by name or by "
+         "\"sha256:...\" digest (pinned), bound read-only as `/`. The namespace and gvisor "
+         "tiers can; the process tier cannot change its root and refuses an image."),
     Spec("limits.timeout", "duration", "Wall-clock limit for one command; then every process "
          "of the run is killed and the verdict is `timeout`.", 0.001, 7 * 86400),
     Spec("limits.cpu_time", "duration", "CPU time summed over all processes of the run "

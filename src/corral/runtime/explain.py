@@ -9,6 +9,7 @@ from ..plan import EgressProxy, Plan
 from ..policy import Policy
 
 OP_RULE_NAMES = {"Namespaces": "isolation", "SystemRoot": "filesystem (root)",
+                 "ImageRoot": "image",
                  "Seccomp": "kernel surface (seccomp)", "NoNetwork": "network (namespace)"}
 
 
@@ -45,6 +46,7 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
         "own_kernel": backend.own_kernel,
         "network": _network(plan, policy, backend),
         "credentials": _credentials(plan, policy),
+        "root": _root(plan),
         "rules": rules,
         "properties": dict(backend.properties),
         "runs": refused is None,
@@ -68,6 +70,15 @@ def _network(plan: Plan, policy: Policy, backend) -> dict:
             "note": getattr(backend, "egress_note",
                             "only through the egress proxy on 127.0.0.1:3128; the sandbox has "
                             "no route and no resolver of its own")}
+
+
+def _root(plan: Plan) -> dict:
+    """Which root the run sees, and whether the policy pins it."""
+    from ..plan import ImageRoot
+
+    for op in plan.find(ImageRoot):
+        return {"kind": "image", "ref": op.ref, "digest": op.digest, "pinned": op.pinned}
+    return {"kind": "host", "ref": "host", "digest": "", "pinned": False}
 
 
 def _credentials(plan: Plan, policy: Policy) -> list[dict]:
@@ -96,6 +107,15 @@ def render(d: dict) -> str:
     creds = d["credentials"]
     lines.append("3. credentials it can reach: " + (
         "none" if not creds else "; ".join(f"{c['name']} ({c['how']})" for c in creds)))
+    root = d.get("root") or {}
+    if root.get("kind") == "image":
+        pin = "pinned by digest" if root["pinned"] else "by name, not pinned (the name can " \
+            "move)"
+        lines.append(f"root: image {root['ref']} ({root['digest'] or 'unresolved'}), "
+                     f"read-only; {pin}")
+    else:
+        lines.append("root: the host's /usr and a minimal /etc, read-only; not pinned "
+                     "(whatever the host has installed)")
     lines.append("rules:")
     width = max(len(r["rule"]) for r in d["rules"])
     for r in d["rules"]:

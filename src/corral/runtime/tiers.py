@@ -70,6 +70,10 @@ def prepare(policy: Policy, host_env: Mapping[str, str] | None = None):
     from ..backends import AUTO_ORDER
 
     plan = build_plan(policy, os.environ if host_env is None else host_env)
+    if policy.image != "host":   # the store is read only for a run on an image
+        from ..images.resolve import resolve_plan
+
+        plan = resolve_plan(plan)
     if plan.tier == "auto":
         reasons = []
         for tier in AUTO_ORDER:

@@ -10,7 +10,6 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import CORRAL, ROOT
 
 CACHE = os.environ.get("CORRAL_TEST_CACHE", "/var/cache/corral-test")

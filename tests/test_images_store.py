@@ -10,7 +10,6 @@ import subprocess
 import tarfile
 
 import pytest
-
 from conftest import CORRAL
 
 
@@ -100,7 +99,8 @@ def state(tmp_path):
 
 def corral(state, *args, check=True):
     env = dict(os.environ, CORRAL_STATE_DIR=state)
-    p = subprocess.run([CORRAL, *args], capture_output=True, text=True, env=env, timeout=300)
+    p = subprocess.run([CORRAL, *args], capture_output=True, text=True, env=env, timeout=300,
+                       check=False)
     if check:
         assert p.returncode == 0, (p.returncode, p.stderr)
     return p

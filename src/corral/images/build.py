@@ -29,7 +29,6 @@ import shlex
 import subprocess
 import threading
 import time
-import urllib.parse
 
 from ..errors import ImageError, UsageError
 from .store import check_name
@@ -169,8 +168,8 @@ def debian_base(desc: Description, work: str, pins: list[str] | None, progress=N
             f"--setup-hook=echo \"$1\" > {q(rootpath)}",
             # what dpkg installed, and apt's package lists (their SHA256 fields are signed
             # through the Release file), before mmdebstrap's cleanup removes the lists
-            f"--customize-hook=cp \"$1\"/var/lib/dpkg/status {q(listing)}.status && "
-            f"cat \"$1\"/var/lib/apt/lists/*_Packages > {q(listing)}.packages"]
+            (f"--customize-hook=cp \"$1\"/var/lib/dpkg/status {q(listing)}.status && "
+             f"cat \"$1\"/var/lib/apt/lists/*_Packages > {q(listing)}.packages")]
     if include:
         argv.append("--include=" + ",".join(include))
     argv += [desc.suite, out, desc.mirror]

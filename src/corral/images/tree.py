@@ -266,6 +266,21 @@ class TreeBuilder:
         self.modes[rel] = self.modes.get(trel, 0o644)
         self.layer_paths.add(rel)
 
+    def link_from(self, name: str, src: str, mode: int, size: int) -> None:
+        """A file of the store (a path corral made, not input) as a hard link: the new
+        tree shares its inode; a later layer replaces it by unlinking, never writing."""
+        parts = split_name(name)
+        self._count(name, size)
+        rel = "/".join(parts)
+        fd = self._parent(parts, name)
+        try:
+            self._clear(fd, parts[-1], rel)
+            os.link(src, parts[-1], dst_dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.close(fd)
+        self.modes[rel] = mode
+        self.layer_paths.add(rel)
+
     def whiteout(self, name: str) -> None:
         """An OCI whiteout member: `dir/.wh.NAME` deletes dir/NAME; `dir/.wh..wh..opq`
         empties dir of what lower layers put there."""

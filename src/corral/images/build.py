@@ -90,6 +90,9 @@ class Description:
         self.pip_packages = py.get("packages", [])
         self.index_url = py.get("index_url")
         self.npm_lock = data.get("npm", {}).get("lock")
+        if self.npm_lock:   # refused, not silently skipped
+            raise ImageError("[npm] lock is not supported yet; install npm packages with a "
+                             "[files] entry or leave [npm] out", field="npm.lock")
         self.files = {}
         for dest, src in data.get("files", {}).items():
             if not isinstance(dest, str) or not dest.startswith("/") or not isinstance(src, str):

@@ -50,7 +50,8 @@ def oci_tar(path, layers, env=("PATH=/usr/bin",), workdir="/w", gz=False):
         blobs[d] = data
         return d
 
-    lds = [(blob(layer_bytes(m, gz)), len(layer_bytes(m, gz))) for m in layers]
+    raw = [m if isinstance(m, bytes) else layer_bytes(m, gz) for m in layers]   # bytes: as is
+    lds = [(blob(b), len(b)) for b in raw]
     config = json.dumps({"config": {"Env": list(env), "WorkingDir": workdir}}).encode()
     cd = blob(config)
     man = json.dumps({"schemaVersion": 2, "config": {"digest": cd, "size": len(config)},
@@ -69,14 +70,16 @@ def oci_tar(path, layers, env=("PATH=/usr/bin",), workdir="/w", gz=False):
     return path
 
 
-def docker_tar(path, layers):
-    config = json.dumps({"config": {"Env": ["A=1"]}, "rootfs": {"diff_ids": [
+def docker_tar(path, layers, gz=False, diff_ids=None):
+    """A docker save tarball; diff_ids are the digests of the uncompressed layers (the
+    layers themselves gzipped when gz, as some tools write them)."""
+    config = json.dumps({"config": {"Env": ["A=1"]}, "rootfs": {"diff_ids": diff_ids or [
         "sha256:" + hashlib.sha256(layer_bytes(m)).hexdigest() for m in layers]}}).encode()
     with tarfile.open(path, "w") as tf:
         names = []
         for i, m in enumerate(layers):
             names.append(f"l{i}/layer.tar")
-            _member(tf, names[-1], data=layer_bytes(m))
+            _member(tf, names[-1], data=layer_bytes(m, gz))
         _member(tf, "cfg.json", data=config)
         _member(tf, "manifest.json", data=json.dumps(
             [{"Config": "cfg.json", "RepoTags": ["x:1"], "Layers": names}]).encode())
@@ -176,6 +179,74 @@ def test_docker_save_import(state, tmp_path):
     assert json.loads(corral(state, "image", "show", "dk", "--json").stdout)["env"] == ["A=1"]
 
 
+def test_docker_save_gzipped_layers_are_checked_against_their_uncompressed_diff_ids(
+        state, tmp_path):
+    digest = corral(state, "image", "import", docker_tar(str(tmp_path / "g.tar"), [BASE, TOP],
+                                                         gz=True), "--name", "gz").stdout.strip()
+    assert digest == corral(state, "image", "import", docker_tar(
+        str(tmp_path / "d.tar"), [BASE, TOP])).stdout.strip()
+    # the digest of the gzip bytes is not a diff_id: refused
+    wrong = ["sha256:" + hashlib.sha256(layer_bytes(m, True)).hexdigest() for m in (BASE, TOP)]
+    p = corral(state, "image", "import", docker_tar(str(tmp_path / "w.tar"), [BASE, TOP],
+                                                    gz=True, diff_ids=wrong), check=False)
+    assert p.returncode == 4 and "layer 1 does not match its digest" in p.stderr, p.stderr
+
+
+def _raw_layer(*blocks) -> bytes:
+    """A layer tar from raw header blocks and members (bytes), then the end marker."""
+    return b"".join(blocks) + b"\0" * 1024
+
+
+def _pax(records: dict, kind=tarfile.XHDTYPE) -> bytes:
+    return tarfile.TarInfo._create_pax_generic_header(records, kind, "utf-8")
+
+
+def _plain(name, data=b"x") -> bytes:
+    ti = tarfile.TarInfo(name)
+    ti.size = len(data)
+    return ti.tobuf(tarfile.USTAR_FORMAT) + data + b"\0" * (-len(data) % 512)
+
+
+def _sparse_member() -> bytes:
+    ti = tarfile.TarInfo("holes")
+    ti.type = tarfile.GNUTYPE_SPARSE
+    return ti.tobuf(tarfile.GNU_FORMAT)
+
+
+TAR_BOUNDS = {
+    # tarfile reads a PAX header's body whole: 2 MiB of "comment" is refused unread
+    "pax-header": (_raw_layer(_pax({"comment": "c" * (2 << 20)}), _plain("etc/a")),
+                   "a tar extended header of 2097"),
+    "pax-in-a-row": (_raw_layer(*[_pax({"comment": f"{i}"}) for i in range(12)],
+                                _plain("etc/a")), "tar extended headers in a row"),
+    "global-headers": (_raw_layer(*[_pax({f"k{i}": "g" * 60000}, tarfile.XGLTYPE)
+                                    + _plain(f"etc/f{i}") for i in range(20)]),
+                       "tar global headers over"),
+    "gnu-sparse": (_raw_layer(_sparse_member()), "is a sparse file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAR_BOUNDS))
+def test_tar_header_bounds(state, tmp_path, case):
+    layer, why = TAR_BOUNDS[case]
+    p = corral(state, "image", "import", oci_tar(str(tmp_path / "h.tar"), [BASE, layer]),
+               check=False)
+    assert p.returncode == 4, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and why in lines[0], p.stderr
+    assert os.listdir(os.path.join(state, "images", "trees")) == []
+
+
+def test_tar_header_bounds_spare_ordinary_pax_headers(state, tmp_path):
+    """A long name and a few PAX records per member (what real layers carry) still import."""
+    long = "etc/" + "/".join(["n" * 200] * 3)
+    layer = _raw_layer(_pax({"path": long, "mtime": "1.5"}), _plain("etc/short"),
+                       _pax({"comment": "x" * 30000}), _plain("etc/b", b"bb"))
+    digest = corral(state, "image", "import", oci_tar(str(tmp_path / "ok.tar"),
+                                                      [BASE, layer])).stdout.strip()
+    assert os.path.exists(os.path.join(tree_of(state, digest), long))
+
+
 HOSTILE = {
     "dotdot": ([("etc", "d"), ("../escaped", "f", b"x")], "'..' component"),
     "dotdot-inside": ([("a", "d"), ("a/../../escaped", "f", b"x")], "'..' component"),
@@ -188,6 +259,7 @@ HOSTILE = {
     "hardlink-outside": ([("a", "d"), ("a/pw", "h", b"", None, "../etc/passwd")],
                          "'..' component"),
     "hardlink-missing": ([("pw", "h", b"", None, "etc/passwd")], "not in the tree"),
+    "long-component": ([("etc/" + "n" * 256, "f", b"x")], "component over 255 bytes"),
 }
 
 

@@ -13,17 +13,20 @@ image's env and working directory; importing it gives back the same digest.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
 import os
 import stat
 import tarfile
+import zlib
 
 from ..errors import ImageError
-from .tree import parse_manifest
+from .tree import open_tar, parse_manifest
 
 JSON_MAX = 4 << 20
+OUTER_MEMBERS_MAX = 100_000   # blobs, manifests, configs of one tarball
 LAYER_TYPES = ("application/vnd.oci.image.layer.v1.tar",
                "application/vnd.oci.image.layer.v1.tar+gzip",
                "application/vnd.docker.image.rootfs.diff.tar.gzip",
@@ -58,14 +61,18 @@ class _Outer:
 
     def __init__(self, path: str) -> None:
         try:
-            self.tf = tarfile.open(path, "r:*")
+            self.tf = open_tar(path, "r:*")
+            self.members: dict[str, tarfile.TarInfo] = {}
+            while (m := self.tf.next()) is not None:
+                self.tf.members.clear()   # ours are indexed by name below, and bounded
+                if len(self.members) >= OUTER_MEMBERS_MAX:
+                    raise ImageError(f"{path!r} has more than {OUTER_MEMBERS_MAX} members; "
+                                     "an image layout has a few", field="FILE")
+                self.members[os.path.normpath(m.name).lstrip("/")] = m
         except FileNotFoundError:
             raise ImageError(f"{path!r} does not exist", field="FILE") from None
-        except (tarfile.TarError, OSError) as e:
+        except (tarfile.TarError, OSError, EOFError) as e:
             raise ImageError(f"{path!r} is not a tar archive ({e})", field="FILE") from None
-        self.members: dict[str, tarfile.TarInfo] = {}
-        for m in self.tf.getmembers():
-            self.members[os.path.normpath(m.name).lstrip("/")] = m
 
     def has(self, name: str) -> bool:
         return name in self.members
@@ -134,8 +141,11 @@ def import_tar(store, path: str, name: str | None = None, progress=None) -> str:
                 raise ImageError("manifest.json is not a docker save manifest", field="FILE")
             config = outer.json(man[0].get("Config", ""))
             diff_ids = ((config or {}).get("rootfs") or {}).get("diff_ids") or []
-            layers = [(p, diff_ids[i] if i < len(diff_ids) else None)
-                      for i, p in enumerate(man[0].get("Layers") or [])]
+            layer_paths = man[0].get("Layers") or []
+            if len(diff_ids) != len(layer_paths):
+                raise ImageError(f"the config lists {len(diff_ids)} diff_ids for "
+                                 f"{len(layer_paths)} layers", field="FILE")
+            layers = list(zip(layer_paths, diff_ids))
             source = "docker-save"
         else:
             raise ImageError(f"{path!r} is neither an OCI image layout (oci-layout, "
@@ -145,9 +155,19 @@ def import_tar(store, path: str, name: str | None = None, progress=None) -> str:
             f, size = outer.open(member)
             if progress:
                 progress(f"layer {i}/{len(layers)}: {size} bytes")
+            if source == "docker-save" and f.read(2) == b"\x1f\x8b":
+                # a diff_id is the digest of the uncompressed layer: hash what gzip gives
+                f.seek(0)
+                f = gzip.GzipFile(fileobj=f, mode="rb")
+            else:
+                f.seek(0)
             hs = _Hashing(f)
-            builder.apply_tar(io.BufferedReader(hs, 1 << 16), whiteouts=True)
-            hs.drain()
+            try:
+                builder.apply_tar(io.BufferedReader(hs, 1 << 16), whiteouts=True)
+                hs.drain()
+            except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+                raise ImageError(f"layer {i} is not a readable tar or gzip stream ({e})",
+                                 field="FILE") from None
             if want is not None and "sha256:" + hs.h.hexdigest() != want:
                 raise ImageError(f"layer {i} does not match its digest {want}: the archive is "
                                  "corrupt or was altered", field="FILE")

@@ -70,6 +70,9 @@ def split_name(name: str, what: str = "member") -> list[str]:
         raise ImageError(f"{what} {name!r}: an absolute path; refusing the archive",
                          field="image")
     parts = [p for p in name.split("/") if p not in ("", ".")]
+    if any(len(os.fsencode(p)) > 255 for p in parts):
+        raise ImageError(f"{what} {name[:80]!r}...: a name component over 255 bytes; refusing "
+                         "the archive", field="image")
     if ".." in parts:
         raise ImageError(f"{what} {name!r}: a '..' component leaves the tree; refusing the "
                          "archive", field="image")
@@ -317,11 +320,12 @@ class TreeBuilder:
 
         self.layer_paths = set()
         try:
-            tf = tarfile.open(fileobj=fileobj, mode="r|*")
+            tf = open_tar(fileobj=fileobj, mode="r|*")
         except tarfile.TarError as e:
             raise ImageError(f"not a tar archive ({e})", field="image") from None
         try:
-            for m in tf:
+            while (m := tf.next()) is not None:
+                tf.members.clear()   # tarfile keeps every member it read: not here
                 name = m.name
                 base = name.rstrip("/").rpartition("/")[2]
                 if whiteouts and base.startswith(".wh."):
@@ -420,6 +424,71 @@ class TreeBuilder:
                     os.chmod(p, self.modes.get(rel, 0o755) & 0o555, follow_symlinks=False)
         self.close()
         return manifest, size
+
+
+#: bounds on the headers tarfile reads whole into memory before the member they describe:
+#: one PAX or GNU long-name header, such headers in a row, and every PAX global header
+EXT_HEADER_MAX = 64 << 10
+EXT_HEADERS_IN_A_ROW = 8
+GLOBAL_HEADERS_MAX = 1 << 20
+
+
+def open_tar(*args, **kw):
+    """tarfile.open with the header bounds above (`BoundedTarInfo`)."""
+    import tarfile
+
+    return tarfile.open(*args, tarinfo=_bounded_tarinfo(), **kw)
+
+
+_BOUNDED = None
+
+
+def _bounded_tarinfo():
+    """A TarInfo class that checks an extended header's size (in its 512-byte ustar block,
+    already parsed) before tarfile reads the header's body: tarfile reads a PAX or GNU
+    long-name body whole, and keeps PAX global headers for the rest of the archive.
+    Sparse members are refused (images have none; their maps are unbounded too)."""
+    global _BOUNDED
+    if _BOUNDED is not None:
+        return _BOUNDED
+    import tarfile
+
+    ext = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
+           tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+
+    class BoundedTarInfo(tarfile.TarInfo):
+        def _proc_member(self, tf):
+            state = tf.__dict__.setdefault("_corral_ext", [0, 0])   # in a row, global bytes
+            if self.type in ext:
+                state[0] += 1
+                if self.size > EXT_HEADER_MAX:
+                    raise ImageError(f"a tar extended header of {self.size} bytes at offset "
+                                     f"{self.offset}, over the limit of {EXT_HEADER_MAX}; "
+                                     "refusing the archive", field="image")
+                if state[0] > EXT_HEADERS_IN_A_ROW:
+                    raise ImageError(f"more than {EXT_HEADERS_IN_A_ROW} tar extended headers "
+                                     f"in a row at offset {self.offset}; refusing the archive",
+                                     field="image")
+                if self.type == tarfile.XGLTYPE:
+                    state[1] += self.size
+                    if state[1] > GLOBAL_HEADERS_MAX:
+                        raise ImageError(f"tar global headers over {GLOBAL_HEADERS_MAX} bytes "
+                                         "in all; refusing the archive", field="image")
+            else:
+                state[0] = 0
+                if self.type == tarfile.GNUTYPE_SPARSE:
+                    self._sparse()
+            return super()._proc_member(tf)
+
+        def _sparse(self, *_):
+            raise ImageError(f"member {self.name!r} is a sparse file; images hold only plain "
+                             "files, directories and links: refusing the archive",
+                             field="image")
+
+        _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _sparse
+
+    _BOUNDED = BoundedTarInfo
+    return _BOUNDED
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -231,3 +231,59 @@ def test_pth_file_runs_at_start_up_but_the_run_contains_it(state, index):
     run = corral_in(state, "run", "--image", "ph", "--", "python3", "-c",
                     "import os; print(os.environ.get('PHONEHOME'))")
     assert run.stdout == "net-refused,home-hidden\n", run.stdout
+
+
+def _policy(tmp_path, name, body):
+    p = tmp_path / name
+    p.write_text(body)
+    return str(p)
+
+
+def test_install_section_of_a_policy_installs_once_and_runs_on_the_result(state, index,
+                                                                          tmp_path):
+    pol = _policy(tmp_path, "p.toml", f'image = "base"\n[install]\npackages = ["tinya"]\n'
+                                      f'index_urls = ["{index.url}"]\n')
+    code = "import tinya; print(tinya.A)"
+    ex = json.loads(corral_in(state, "explain", "--policy", pol, "--json").stdout)
+    assert ex["root"]["install"]["installed"] is None   # explain never installs
+    assert "not installed yet" in ex["root"]["install"]["note"]
+    assert "GET" not in index.requests()
+    run = corral_in(state, "run", "--policy", pol, "--", "python3", "-c", code)
+    assert run.stdout == "a+b-here\n", run.stderr
+    assert index.requests().count("GET /files/tinya-2.0") == 1
+    images = {m["digest"]: m for m in json.loads(corral_in(state, "image", "ls", "--json").stdout)}
+    (inst,) = [m for m in images.values() if any(n.startswith("install-") for n in m["names"])]
+    assert inst["source"]["install_key"].startswith(inst["names"][0][len("install-"):])
+    assert [c["name"] for c in inst["sbom"]["components"]] == ["tinya", "tinyb"]
+    # the second run reuses the image: no request to the index, no new image
+    again = corral_in(state, "run", "--policy", pol, "--", "python3", "-c", code)
+    assert again.stdout == "a+b-here\n"
+    assert index.requests().count("GET /files/tinya-2.0") == 1
+    assert len(json.loads(corral_in(state, "image", "ls", "--json").stdout)) == len(images)
+    ex = json.loads(corral_in(state, "explain", "--policy", pol, "--json").stdout)
+    assert ex["root"]["digest"] == inst["digest"] == ex["root"]["install"]["installed"]
+    # the run itself has no network: the index that served the install is out of reach
+    reach = corral_in(state, "run", "--policy", pol, "--", "python3", "-c",
+                      f"import urllib.request; urllib.request.urlopen('{index.url}/', "
+                      "timeout=5)", check=False)
+    assert reach.returncode != 0 and "GET /simple/ " not in index.requests()
+    # other requirements: another key, another install
+    pol2 = _policy(tmp_path, "p2.toml", f'image = "base"\n[install]\npackages = ["tinyb"]\n'
+                                        f'index_urls = ["{index.url}"]\n')
+    corral_in(state, "run", "--policy", pol2, "--", "python3", "-c", "import tinyb")
+    assert len(json.loads(corral_in(state, "image", "ls", "--json").stdout)) == len(images) + 1
+
+
+def test_install_section_refusals(state, index, tmp_path):
+    host = _policy(tmp_path, "h.toml", '[install]\npackages = ["tinya"]\n')
+    p = corral_in(state, "run", "--policy", host, "--", "true", check=False)
+    assert p.returncode == 2 and "[install] needs image" in p.stderr, p.stderr
+    opt = _policy(tmp_path, "o.toml", 'image = "base"\n[install]\npackages = '
+                                      '["--extra-index-url=http://127.0.0.1:1/simple"]\n')
+    p = corral_in(state, "run", "--policy", opt, "--", "true", check=False)
+    assert p.returncode == 2 and "install.packages[0]" in p.stderr, p.stderr
+    squat = _policy(tmp_path, "s.toml", f'image = "base"\n[install]\npackages = ["reqests"]\n'
+                                        f'index_urls = ["{index.url}"]\n')
+    p = corral_in(state, "run", "--policy", squat, "--", "true", check=False)
+    assert p.returncode == 4 and "close to the popular package 'requests'" in p.stderr
+    assert "GET" not in index.requests()

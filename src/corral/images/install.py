@@ -67,8 +67,10 @@ def _index_rules(urls: list[str]) -> tuple[list[str], list[str]]:
 def install(store, base: str, *, requirements: str | None = None, packages=(),
             name: str | None = None, index_urls: list[str] | None = None,
             require_hashes: bool | None = None, allow_names=(), allow_sdist: bool = False,
-            timeout: float = 900.0, nameservers=(), progress=None) -> str:
-    """Install into a new image on `base` (a name or digest); returns its digest."""
+            timeout: float = 900.0, nameservers=(), progress=None,
+            key: str | None = None) -> str:
+    """Install into a new image on `base` (a name or digest); returns its digest. `key`
+    (policy_install.py) is recorded in the image's source."""
     from . import typosquat
     from .store import check_name, remove_tree
 
@@ -143,7 +145,10 @@ def install(store, base: str, *, requirements: str | None = None, packages=(),
             copy_base(builder, store, base_digest)
             builder.apply_dir(os.path.join(layer, "layer"))
             bmeta = store.info(base_digest)
-            meta = {"source": {"kind": "install", "index_urls": urls, "requested": names},
+            source = {"kind": "install", "index_urls": urls, "requested": names}
+            if key:
+                source["install_key"] = key
+            meta = {"source": source,
                     "base": base_digest, "env": bmeta.get("env") or [],
                     "workdir": bmeta.get("workdir") or "", "lock": bmeta.get("lock"),
                     "sbom": sbom}

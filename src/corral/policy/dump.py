@@ -24,7 +24,7 @@ def format_value(spec: Spec, value) -> str:
         return repr(float(value))
     if spec.kind in ("tier", "netmode"):
         return _s(value)
-    if spec.kind in ("paths", "names", "rules", "cidrs", "nameservers"):
+    if spec.kind in ("paths", "names", "rules", "cidrs", "nameservers", "requirements", "urls"):
         return "[" + ", ".join(_s(v) for v in value) + "]"
     if spec.kind == "envset":
         return "{ " + ", ".join(f"{k} = {_s(v)}" for k, v in value) + " }" if value else "{}"

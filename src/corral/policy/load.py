@@ -21,6 +21,7 @@ from .schema import (
     Budget,
     Env,
     Filesystem,
+    Install,
     Limits,
     Network,
     Policy,
@@ -135,10 +136,15 @@ def policy_from_dict(data: dict, *, allow_literal: bool = True) -> Policy:
         filesystem=pick("filesystem", Filesystem),
         env=pick("env", Env, {"pass": "pass_"}),
         network=pick("network", Network, budget=pick("network.budget", Budget)),
+        install=pick("install", Install),
         secrets=_secrets(data.get("secrets", {}), allow_literal),
         explicit=frozenset(explicit | ({"secrets"} if data.get("secrets") else set())),
     )
     _check_network(policy)
+    if policy.install.requested() and policy.image == "host":
+        raise PolicyError("[install] needs image = \"BASE\": the image to install into "
+                          "(e.g. \"python\"); the host's root cannot take packages",
+                          field="install")
     return policy
 
 
@@ -409,6 +415,42 @@ def _workspace(raw: Any, path: str) -> Workspace | None:
     return Workspace(path=real, mode=mode)
 
 
+def _requirements(raw: Any, path: str) -> tuple[str, ...]:
+    """Requirement strings (a name, extras, a version specifier, a marker): never a pip
+    option, and nothing that would end the line pip reads."""
+    import re
+
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError("expected a list of requirement strings")
+    for i, r in enumerate(raw):
+        if not isinstance(r, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*"
+                                                      r"(\[[A-Za-z0-9._, -]*\])?"
+                                                      r"[ A-Za-z0-9<>=!~.,*;:'\"()_+-]*", r):
+            raise PolicyError(f"{r!r} is not a requirement (NAME[extras] and a version, "
+                              "e.g. \"requests==2.32.3\"; no pip options, no URLs)",
+                              field=f"{path}[{i}]")
+    return tuple(raw)
+
+
+def _urls(raw: Any, path: str) -> tuple[str, ...]:
+    from urllib.parse import urlsplit
+
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError("expected a list of http(s) URLs")
+    for i, u in enumerate(raw):
+        ok = False
+        if isinstance(u, str) and not any(c in u for c in " \n\0"):
+            try:
+                parts = urlsplit(u)
+                ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (
+                    parts.port is None or parts.port > 0)
+            except ValueError:   # a port that is not a number
+                ok = False
+        if not ok:
+            raise PolicyError(f"{u!r} is not an http(s) URL", field=f"{path}[{i}]")
+    return tuple(raw)
+
+
 _CONVERTERS = {
     "duration": lambda raw, path: parse_duration(raw),
     "size": lambda raw, path: parse_size(raw),
@@ -425,5 +467,7 @@ _CONVERTERS = {
     "rules": _strings,
     "cidrs": _strings,
     "nameservers": _strings,
+    "requirements": _requirements,
+    "urls": _urls,
 }
 

@@ -18,6 +18,11 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
 
     if tier is not None:
         policy = policy.replace(isolation=tier)
+    install = None
+    if policy.install.requested():   # explain never installs: it says what a run would do
+        from ..images.policy_install import describe
+
+        policy, install = describe(policy)
     refused = None
     try:
         backend, plan, events = prepare(policy)
@@ -46,7 +51,7 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
         "own_kernel": backend.own_kernel,
         "network": _network(plan, policy, backend),
         "credentials": _credentials(plan, policy),
-        "root": _root(plan),
+        "root": dict(_root(plan), **({"install": install} if install else {})),
         "rules": rules,
         "properties": dict(backend.properties),
         "runs": refused is None,
@@ -113,6 +118,8 @@ def render(d: dict) -> str:
             "move)"
         lines.append(f"root: image {root['ref']} ({root['digest'] or 'unresolved'}), "
                      f"read-only; {pin}")
+        if root.get("install"):
+            lines.append(f"install: {root['install']['note']}")
     else:
         lines.append("root: the host's /usr and a minimal /etc, read-only; not pinned "
                      "(whatever the host has installed)")

@@ -27,6 +27,10 @@ class Sandbox:
     def __init__(self, policy: Policy | dict | str | None = None, *,
                  env: Mapping[str, str] | None = None) -> None:
         self.policy = coerce_policy(policy)
+        if self.policy.install.requested():   # [install]: the installed image, made once
+            from ..images.policy_install import resolve_install
+
+            self.policy = resolve_install(self.policy)
         host_env = os.environ if env is None else env   # read here, by name (env.pass)
         self._backend, self.plan, self._events = prepare(self.policy, host_env)
         self._granted = []

@@ -287,3 +287,44 @@ def test_install_section_refusals(state, index, tmp_path):
     p = corral_in(state, "run", "--policy", squat, "--", "true", check=False)
     assert p.returncode == 4 and "close to the popular package 'requests'" in p.stderr
     assert "GET" not in index.requests()
+
+
+def test_an_index_named_by_a_host_name_on_a_private_address_is_reached(state, index,
+                                                                       tmp_path):
+    """An internal index (or a TLS-intercepting mirror) whose name resolves to a private
+    address, with a certificate of its own CA: the proxy's SSRF guard would refuse the
+    address; install opens that one address for the index names only, and --index-ca
+    makes pip check the index's TLS against the given bundle."""
+    import functools
+    import http.server
+    import ssl
+    import threading
+
+    from netfix import TLSServer, free_port, make_cert, start_dnsmasq
+
+    cert, key = make_cert(tmp_path, "index.test")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    got = []
+
+    class Files(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, fmt, *a):
+            got.append(self.requestline)
+
+    srv = TLSServer(("127.0.0.1", free_port()),
+                    functools.partial(Files, directory=index.root), ctx)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    proc, port = start_dnsmasq({"index.test": "127.0.0.1"}, tmp_path / "dns.log")
+    try:
+        url = f"https://index.test:{srv.server_address[1]}/simple"
+        args = ["--index-url", url, "--nameserver", f"127.0.0.1:{port}", "tinyb"]
+        p = install(state, *args)   # pip's own CA store does not know the index's CA
+        assert p.returncode == 4 and "tinyb" in p.stderr, p.stderr
+        p = install(state, "--index-ca", str(cert), "--name", "by-name", *args)
+        assert p.returncode == 0, p.stderr
+        assert any("GET /files/tinyb-1.0-py3-none-any.whl" in r for r in got), got
+    finally:
+        proc.terminate()
+        proc.wait(5)
+        srv.shutdown()
+        srv.server_close()

@@ -285,7 +285,7 @@ def check_drift(lock: dict, debs: list[dict]) -> None:
 
 # -- the commands ------------------------------------------------------------------------------
 def build(store, desc: Description, *, lock: dict | None = None, name: str | None = None,
-          progress=None) -> str:
+          progress=None, index_ca: str | None = None) -> str:
     """Build the image; returns its digest."""
     if lock is not None:
         if lock.get("suite") != desc.suite or sorted(lock.get("packages", [])) != sorted(
@@ -334,7 +334,8 @@ def build(store, desc: Description, *, lock: dict | None = None, name: str | Non
         digest = install(store, digest, requirements=desc.requirements,
                          packages=desc.pip_packages, name=name, index_urls=(
                              [desc.index_url] if desc.index_url else None),
-                         require_hashes=bool(desc.requirements), progress=progress)
+                         require_hashes=bool(desc.requirements), progress=progress,
+                         index_ca=index_ca)
     if progress:
         progress(f"done: {digest}")
     return digest
@@ -372,6 +373,7 @@ def cmd_build(store, args: list[str]) -> int:
 
     name = _take(args, "--name")
     lock_path = _take(args, "--lock")
+    index_ca = _take(args, "--index-ca")
     _no_more(args, "image build")
     if len(args) != 1:
         raise UsageError("corral image build FILE|NAME [--name N] [--lock FILE]", field="FILE")
@@ -385,7 +387,8 @@ def cmd_build(store, args: list[str]) -> int:
     # to FILE (the same lock `corral image lock` would have written, one mmdebstrap run)
     fresh = bool(lock_path) and not os.path.exists(lock_path)
     lock = read_lock(lock_path) if lock_path and not fresh else None
-    digest = build(store, desc, lock=lock, name=name, progress=progress_printer())
+    digest = build(store, desc, lock=lock, name=name, progress=progress_printer(),
+                   index_ca=index_ca)
     if fresh:
         meta = store.info(digest)
         base = meta.get("base") or digest

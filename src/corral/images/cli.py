@@ -14,7 +14,7 @@ usage: corral image COMMAND [--state-dir DIR] ...
 
   ls [--json]                      one image a line: name, digest, size, created
   show NAME|DIGEST [--json]        metadata: source, env, workdir, base, lock, SBOM
-  build FILE|NAME [--name N] [--lock FILE]
+  build FILE|NAME [--name N] [--lock FILE] [--index-ca FILE]
                                    build from a corral-image.toml (or a catalogue name:
                                    python, datascience); with --lock, refuse any drift
   lock FILE|NAME [-o LOCKFILE]     resolve every Debian package (version, sha256) and
@@ -31,7 +31,7 @@ The store is $CORRAL_STATE_DIR/images (default /var/lib/corral/images for root, 
 
 INSTALL_USAGE = """\
 usage: corral install --image BASE [--name NEW] [--index-url URL]... [--allow-name NAME]...
-                      [--allow-sdist] [--timeout D] [--state-dir DIR]
+                      [--allow-sdist] [--timeout D] [--index-ca FILE] [--state-dir DIR]
                       (-r requirements.txt | PACKAGE...)
 
 Install Python packages into a new image: the base plus one layer. pip runs in a sandbox
@@ -39,7 +39,8 @@ on the base image whose network reaches only the package index hosts (PyPI's by 
 or the --index-url hosts), with no secrets, no workspace, and a timeout. Wheels only unless
 --allow-sdist; a requirements file with hashes is installed with --require-hashes. Names
 close to a popular package are refused unless --allow-name NAME. The new image carries an
-SBOM (CycloneDX JSON): corral image show NEW.
+SBOM (CycloneDX JSON): corral image show NEW. --index-ca FILE: a PEM bundle the indexes'
+TLS is checked against (an internal index, a TLS-intercepting mirror) instead of pip's own.
 """
 
 

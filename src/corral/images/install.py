@@ -64,11 +64,50 @@ def _index_rules(urls: list[str]) -> tuple[list[str], list[str]]:
     return allow, private
 
 
+def index_private_addresses(hosts, nameservers=()) -> list[tuple[str, str]]:
+    """(host, CIDR/32 or /128) for each non-global address an index host name resolves to,
+    asked of the resolvers the proxy will ask (nameservers, else the host's). A name that
+    does not resolve is left to pip's own error."""
+    import ipaddress
+
+    import dns.exception
+    import dns.resolver
+
+    if nameservers:
+        r = dns.resolver.Resolver(configure=False)
+        r.nameservers, r.port = [], 53
+        import dns.nameserver
+
+        for ns in nameservers:
+            ip, _, port = ns.rpartition(":") if ns.count(":") == 1 else (ns, "", "")
+            r.nameservers.append(dns.nameserver.Do53Nameserver(ip or ns, int(port or 53)))
+    else:
+        r = dns.resolver.Resolver()
+    r.lifetime = 5.0
+    out = []
+    for host in dict.fromkeys(hosts):
+        try:
+            ipaddress.ip_address(host)
+            continue   # a literal: _index_rules has it
+        except ValueError:
+            pass
+        for rtype in ("A", "AAAA"):
+            try:
+                answer = r.resolve(host, rtype)
+            except (dns.exception.DNSException, OSError):
+                continue
+            for rr in answer:
+                ip = ipaddress.ip_address(rr.address)
+                if not ip.is_global:
+                    out.append((host, f"{ip}/{ip.max_prefixlen}"))
+    return out
+
+
 def install(store, base: str, *, requirements: str | None = None, packages=(),
             name: str | None = None, index_urls: list[str] | None = None,
             require_hashes: bool | None = None, allow_names=(), allow_sdist: bool = False,
             timeout: float = 900.0, nameservers=(), progress=None,
-            key: str | None = None) -> str:
+            key: str | None = None, index_ca: str | None = None) -> str:
     """Install into a new image on `base` (a name or digest); returns its digest. `key`
     (policy_install.py) is recorded in the image's source."""
     from . import typosquat
@@ -94,6 +133,14 @@ def install(store, base: str, *, requirements: str | None = None, packages=(),
     allow, private = _index_rules(urls)
     if urls == [PYPI]:
         allow = [f"{h}:443" for h in PYPI_HOSTS]
+    for host, addr in index_private_addresses([a.rpartition(":")[0] for a in allow],
+                                              nameservers):
+        # an index on a private address (a mirror, an internal index): the proxy's SSRF
+        # guard would refuse it; that one address is opened, for the index names only
+        private.append(addr)
+        if progress:
+            progress(f"install: index host {host} is at {addr}, not a global address; the "
+                     "proxy may reach it for the index hosts only")
     out = store.tempdir("install")
     os.chmod(out, 0o755)
     layer = os.path.join(out, "out")
@@ -109,6 +156,9 @@ def install(store, base: str, *, requirements: str | None = None, packages=(),
             pip += ["--only-binary", ":all:"]
         if require_hashes:
             pip.append("--require-hashes")
+        if index_ca:   # the indexes' TLS is checked against this file instead of pip's own
+            _copy_bounded(index_ca, os.path.join(layer, "index-ca.pem"), "--index-ca")
+            pip += ["--cert", "/workspace/index-ca.pem"]
         script = "mkdir -p /workspace/layer && "
         if req_text:
             script += "cat > /scratch/requirements.txt && "
@@ -159,6 +209,18 @@ def install(store, base: str, *, requirements: str | None = None, packages=(),
             raise
     finally:
         remove_tree(out)
+
+
+def _copy_bounded(src: str, dest: str, field: str, limit: int = 4 << 20) -> None:
+    try:
+        with open(src, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise UsageError(f"cannot read {src!r}: {e.strerror}", field=field) from None
+    if len(data) > limit or b"-----BEGIN CERTIFICATE-----" not in data:
+        raise UsageError(f"{src!r} is not a PEM CA bundle (at most {limit} bytes)", field=field)
+    with open(dest, "wb") as f:
+        f.write(data)
 
 
 def _duration(text: str) -> float:
@@ -252,6 +314,7 @@ def cmd_install(store, args: list[str]) -> int:
     timeout = _take(args, "--timeout")
     sdist = _flag(args, "--allow-sdist")
     nameservers = _take(args, "--nameserver", multi=True)
+    index_ca = _take(args, "--index-ca")
     for a in args:
         if a.startswith("-"):
             raise UsageError(f"unknown option {a}; see corral install --help", field=a)
@@ -261,6 +324,7 @@ def cmd_install(store, args: list[str]) -> int:
     digest = install(store, base, requirements=req, packages=args, name=name,
                      index_urls=urls or None, allow_names=allowed, allow_sdist=sdist,
                      timeout=_duration(timeout) if timeout else 900.0,
-                     nameservers=nameservers, progress=progress_printer())
+                     nameservers=nameservers, progress=progress_printer(),
+                     index_ca=index_ca)
     sys.stdout.write(digest + "\n")
     return 0

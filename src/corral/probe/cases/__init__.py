@@ -42,6 +42,7 @@ class Case:
     second: str | None = None        # a second run in a fresh sandbox (persistence)
     score: Callable | None = None    # score(obs) -> (contained: bool | None, reason)
     tty: bool = False                # run `corral run` (not --json) with a terminal as output
+    install: dict | None = None      # through the install phase (probe/install_phase.py)
     module: str = ""
 
 
@@ -63,7 +64,7 @@ def _check(mod, name: str) -> Case:
                 contained=mod.CONTAINED, policy=dict(getattr(mod, "POLICY", {})),
                 safety=tuple(getattr(mod, "SAFETY", ())), second=getattr(mod, "SECOND", None),
                 score=getattr(mod, "score", None), tty=bool(getattr(mod, "TTY", False)),
-                module=name)
+                install=getattr(mod, "INSTALL", None), module=name)
 
 
 def load_cases() -> list[Case]:

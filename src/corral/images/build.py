@@ -304,6 +304,10 @@ def build(store, desc: Description, *, lock: dict | None = None, name: str | Non
         with open(tar, "rb") as f:
             builder.apply_tar(f, whiteouts=False)
         os.unlink(tar)
+        # apt's auto-installed marks: a build that names only the top packages marks their
+        # dependencies, a build from a lock (every package named) marks none; the same
+        # packages must give the same tree, and a read-only image never autoremoves
+        builder.whiteout("var/lib/apt/.wh.extended_states")
         for dest, src in sorted(desc.files.items()):
             try:
                 with open(src, "rb") as f:

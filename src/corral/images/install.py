@@ -263,7 +263,7 @@ def copy_base(builder, store, digest: str) -> None:
         elif kind == "l":
             builder.add_symlink(rel, data)
         else:
-            builder.link_from(rel, os.path.join(tree, rel), mode, size)
+            builder.link_from(rel, os.path.join(tree, rel), mode, size, data)
 
 
 def _sbom(report_path: str, urls: list[str]) -> dict:

@@ -92,6 +92,8 @@ class TreeBuilder:
         self.bytes = 0
         #: paths created by the layer being applied (opaque whiteouts spare them)
         self.layer_paths: set[str] = set()
+        #: store files linked in: path -> (st_dev, st_ino, size, sha256)
+        self.known: dict[str, tuple] = {}
 
     def close(self) -> None:
         if self.root_fd >= 0:
@@ -269,9 +271,12 @@ class TreeBuilder:
         self.modes[rel] = self.modes.get(trel, 0o644)
         self.layer_paths.add(rel)
 
-    def link_from(self, name: str, src: str, mode: int, size: int) -> None:
+    def link_from(self, name: str, src: str, mode: int, size: int,
+                  sha256: str | None = None) -> None:
         """A file of the store (a path corral made, not input) as a hard link: the new
-        tree shares its inode; a later layer replaces it by unlinking, never writing."""
+        tree shares its inode; a later layer replaces it by unlinking, never writing.
+        `sha256` (from the store's manifest) spares finish() hashing it again while the
+        entry is still that inode."""
         parts = split_name(name)
         self._count(name, size)
         rel = "/".join(parts)
@@ -279,6 +284,9 @@ class TreeBuilder:
         try:
             self._clear(fd, parts[-1], rel)
             os.link(src, parts[-1], dst_dir_fd=fd, follow_symlinks=False)
+            if sha256:
+                st = os.lstat(parts[-1], dir_fd=fd)
+                self.known[rel] = (st.st_dev, st.st_ino, size, sha256)
         finally:
             os.close(fd)
         self.modes[rel] = mode
@@ -414,7 +422,7 @@ class TreeBuilder:
         """(manifest bytes, total file bytes); then every mode on disk becomes read-only
         (write, set-id and sticky bits cleared: `mode & 0o555`); the recorded modes stay in
         the manifest."""
-        manifest, size = manifest_of(self.path, self.modes)
+        manifest, size = manifest_of(self.path, self.modes, self.known)
         for dirpath, dirnames, filenames in os.walk(self.path, topdown=False):
             for n in filenames + dirnames:
                 p = os.path.join(dirpath, n)
@@ -498,9 +506,11 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def manifest_of(path: str, modes: dict[str, int] | None = None) -> tuple[bytes, int]:
+def manifest_of(path: str, modes: dict[str, int] | None = None,
+                known: dict[str, tuple] | None = None) -> tuple[bytes, int]:
     """The manifest of the tree at `path` (see the module docstring) and its file bytes.
-    Modes come from `modes` (recorded at build) where given, else from the disk."""
+    Modes come from `modes` (recorded at build) where given, else from the disk; a file
+    that is still the very inode `known` lists (a store file linked in) keeps its hash."""
     entries: list[tuple[bytes, bytes]] = []
     total = 0
     for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
@@ -514,12 +524,17 @@ def manifest_of(path: str, modes: dict[str, int] | None = None) -> tuple[bytes, 
             elif stat.S_ISDIR(st.st_mode):
                 line = (b"d", mode, 0, b"")
             elif stat.S_ISREG(st.st_mode):
-                h = hashlib.sha256()
-                with open(p, "rb", buffering=0) as f:
-                    while chunk := f.read(CHUNK):
-                        h.update(chunk)
+                k = (known or {}).get(rel)
+                if k is not None and k[:3] == (st.st_dev, st.st_ino, st.st_size):
+                    hexd = k[3]
+                else:
+                    h = hashlib.sha256()
+                    with open(p, "rb", buffering=0) as f:
+                        while chunk := f.read(CHUNK):
+                            h.update(chunk)
+                    hexd = h.hexdigest()
                 total += st.st_size
-                line = (b"f", mode, st.st_size, h.hexdigest().encode())
+                line = (b"f", mode, st.st_size, hexd.encode())
             else:
                 raise ImageError(f"{p}: not a file, directory or link in an image tree",
                                  field="image")

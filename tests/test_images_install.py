@@ -134,7 +134,8 @@ def index(tmp_path):
                                                  "from tinyb import B\nA = 'a+' + B\n"},
                    requires=["tinyb"]),
         make_sdist(str(wheels), "hostile", "1.0",
-                   "open('/workspace/SETUP_PY_RAN', 'w').write('x')\n"
+                   "import os; open(os.environ.get('MARKER', '/workspace/SETUP_PY_RAN'), 'w')"
+                   ".write('x')\n"
                    "from setuptools import setup; setup(name='hostile', version='1.0')\n"),
         make_wheel(str(wheels), "phonehome", "1.0", {
             "phonehome.pth": "import phonehome_boot\n",
@@ -189,10 +190,21 @@ def test_hash_mismatch_refused_and_nothing_stored(state, index, tmp_path):
     assert len(corral_in(state, "image", "ls").stdout.splitlines()) == 1
 
 
-def test_sdist_with_a_hostile_setup_py_is_refused_by_wheels_only(state, index):
+def test_sdist_with_a_hostile_setup_py_is_refused_by_wheels_only(state, index, tmp_path):
     p = install(state, "--index-url", index.url, "hostile")
     assert p.returncode == 4 and "hostile" in p.stderr, p.stderr
     assert "GET /files/hostile" not in index.requests()   # never even fetched
+    # the control: pip on the host, sdists allowed (the host's setuptools), same index:
+    # it fetches the sdist and setup.py runs
+    marker = tmp_path / "setup-ran"
+    c = subprocess.run(["/usr/bin/python3", "-m", "pip", "install", "--no-input",
+                        "--disable-pip-version-check", "--no-cache-dir", "--no-deps",
+                        "--no-build-isolation", "--index-url", index.url, "--target",
+                        str(tmp_path / "site"), "hostile"], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                            "PIP_CONFIG_FILE": os.devnull, "MARKER": str(marker)}, timeout=300)
+    assert marker.exists(), c.stderr[-1000:]
+    assert "GET /files/hostile-1.0.tar.gz" in index.requests()
 
 
 def test_typosquat_refused_unless_allowed(state, index):

@@ -340,3 +340,12 @@ def test_an_index_named_by_a_host_name_on_a_private_address_is_reached(state, in
         proc.wait(5)
         srv.shutdown()
         srv.server_close()
+
+
+def test_the_same_wheels_give_the_same_image(state, index):
+    """Two installs of the same wheels on the same base: the same digest (pip's .pyc files
+    carry no timestamp: SOURCE_DATE_EPOCH makes them hash-checked)."""
+    a = install(state, "--index-url", index.url, "--name", "one", "tinya")
+    b = install(state, "--index-url", index.url, "--name", "two", "tinya")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.stdout.strip() == b.stdout.strip()

@@ -173,7 +173,10 @@ def install(store, base: str, *, requirements: str | None = None, packages=(),
         policy = {"isolation": "namespace", "image": base_digest, "network": network,
                   "filesystem": {"workspace": {"path": layer, "mode": "rw"}},
                   # the proxy takes every request: nothing on the sandbox's loopback
-                  "env": {"set": {"NO_PROXY": "", "no_proxy": "", "PIP_NO_COLOR": "1"}},
+                  "env": {"set": {"NO_PROXY": "", "no_proxy": "", "PIP_NO_COLOR": "1",
+                                  # .pyc files checked by hash, not by a timestamp in
+                                  # their header: the same wheels give the same layer
+                                  "SOURCE_DATE_EPOCH": "1700000000"}},
                   "limits": {"timeout": timeout, "cpu_time": timeout, "memory": "2G",
                              "scratch": "2G", "file_size": "1G", "output": "1M",
                              "open_files": 4096}}

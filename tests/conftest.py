@@ -42,7 +42,7 @@ def procs_mentioning(text: str) -> list[int]:
 
 
 #: the network fixtures (servers, dnsmasq, the grants' world) for every test file
-pytest_plugins = ("netfix",)
+pytest_plugins = ("netfix", "imagefix")
 
 
 @pytest.fixture(scope="session")

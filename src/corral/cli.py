@@ -24,7 +24,7 @@ from . import __version__
 from .errors import CorralError, UsageError
 
 RUN_USAGE = """\
-usage: corral run [--policy FILE] [--isolation T] [--timeout D] [--cpu-time D]
+usage: corral run [--policy FILE] [--isolation T] [--image NAME] [--timeout D] [--cpu-time D]
                   [--memory SIZE] [--cpus N] [--pids N] [--scratch-size SIZE]
                   [--output-limit SIZE] [--env NAME | --env NAME=VALUE]...
                   [--workspace PATH[:ro|rw|review][:same]] [--apply | --discard]
@@ -43,6 +43,7 @@ options (each overrides the policy file):
   --isolation T          the tier: namespace (default), gvisor, process or auto
                          (docs/tiers.md; corral explain --isolation T says what each
                          enforces here)                               [isolation]
+  --image NAME           the root: host (default), an image name or sha256:... [image]
   --timeout D            wall clock, e.g. 500ms, 60s, 2m          [limits.timeout]
   --cpu-time D           CPU time of the whole run                [limits.cpu_time]
   --memory SIZE          memory incl. swap, e.g. 512M, 1G         [limits.memory]
@@ -109,6 +110,8 @@ commands:
   explain  what enforces each rule of a policy   (corral explain --help)
   doctor   what this host supports and how to fix what is missing
   probe    run the attack catalogue against each tier (corral probe --help)
+  image    build, import, export and list pinned root images (corral image --help)
+  install  install packages into a new image, in a sandbox (corral install --help)
 
 corral {__version__}
 """
@@ -178,6 +181,8 @@ def parse_run_args(args: list[str], *, want_command: bool) -> RunArgs:
             r.policy_file = value()
         elif name == "--isolation":
             r.overrides["isolation"] = value()
+        elif name == "--image":
+            r.overrides["image"] = value()
         elif name in _VALUE_FLAGS:
             section, key = _VALUE_FLAGS[name]
             r.overrides.setdefault(section, {})[key] = value()
@@ -696,8 +701,21 @@ def cmd_probe(args: list[str]) -> int:
     return probe_main(args)
 
 
+def cmd_image(args: list[str]) -> int:
+    from .images.cli import cmd_image as image_main  # loaded only here, never on run's path
+
+    return image_main(args)
+
+
+def cmd_install(args: list[str]) -> int:
+    from .images.cli import cmd_install as install_main
+
+    return install_main(args)
+
+
 COMMANDS = {"run": cmd_run, "shell": cmd_shell, "policy": cmd_policy, "doctor": cmd_doctor,
-            "explain": cmd_explain, "probe": cmd_probe}
+            "explain": cmd_explain, "probe": cmd_probe, "image": cmd_image,
+            "install": cmd_install}
 
 
 def main(argv: list[str] | None = None) -> int:

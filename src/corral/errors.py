@@ -5,6 +5,7 @@
     ├── UsageError           exit 2   the command line itself is wrong
     ├── UnsupportedRule      exit 3   this tier cannot enforce a rule the user set explicitly
     ├── BackendUnavailable   exit 3   the tier's mechanism is missing on this host
+    ├── ImageError           exit 4   an image cannot be found, built, imported or installed into
     └── SandboxSetupError    exit 125 corral failed while building the sandbox (step, errno)
 
 No command has run when any of these is raised. Messages are one line and never contain a
@@ -58,6 +59,11 @@ class BackendUnavailable(CorralError):
 
     kind = "unavailable"
     exit_code = 3
+
+
+class ImageError(CorralError):
+    kind = "image"
+    exit_code = 4
 
 
 class SandboxSetupError(CorralError):

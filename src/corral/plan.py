@@ -68,6 +68,15 @@ class SystemRoot(Op):
     """The host's system directories, read-only, and a minimal /etc."""
 
 
+class ImageRoot(Op):
+    """An image from the store as the read-only root, in place of SystemRoot. build_plan
+    names it (`ref`); runtime.tiers resolves it to a digest and tree before any check."""
+    ref: str
+    digest: str = ""
+    tree: str = ""
+    pinned: bool = False     # the policy named the digest itself, not a name
+
+
 class Scratch(Op):
     size: int
     inodes: int
@@ -149,7 +158,8 @@ def build_plan(policy: Policy, host_env: dict[str, str]) -> Plan:
     lim = policy.limits
     ops: list[Op] = [
         Namespaces(rule=""),
-        SystemRoot(rule=""),
+        SystemRoot(rule="") if policy.image == "host" else ImageRoot(rule="image",
+                                                                    ref=policy.image),
         Seccomp(rule=""),
         Scratch(rule="limits.scratch", size=lim.scratch, inodes=lim.scratch_inodes),
         MemoryLimit(rule="limits.memory", bytes=lim.memory),

@@ -7,9 +7,10 @@ Layers, lowest first (docs/architecture.md):
     1  policy/                                       the language; pure
     2  egress/                                       the proxy process
     3  plan, grants                                  policy -> plan; secret values
-    4  backends/ (host/ too), images/ (but install)  tiers and their host pieces; images
+    4  backends/ (host/ too), images/ (store, oci)   tiers and their host pieces; images
+    5  images/build, install, policy_install         image work that runs sandboxes
     5  runtime/                                      one sandbox's life; the way in
-    6  cli, probe/, images/install, images/cli       faces
+    6  cli, probe/, images/cli                       faces
     -  corral/__init__.py                            the package face (re-exports); only
                                                      faces may import it
 
@@ -42,8 +43,11 @@ def layer(mod: str) -> int | None:
         return 2
     if mod in ("corral.plan", "corral.grants"):
         return 3
-    if mod.startswith(("corral.images.install", "corral.images.cli")):
+    if mod.startswith("corral.images.cli"):
         return 6
+    if mod.startswith(("corral.images.build", "corral.images.install",
+                       "corral.images.policy_install")):
+        return 5                         # they run sandboxes: the runtime's peers
     if top in ("backends", "images"):
         return 4
     if top == "runtime":

@@ -105,6 +105,7 @@ from ..plan import (
     CpuTime,
     EgressProxy,
     Environment,
+    ImageRoot,
     MemoryLimit,
     Namespaces,
     NoNetwork,
@@ -334,6 +335,10 @@ class GvisorBackend(Backend):
                                   "unprivileged host uids")
             case SystemRoot():
                 return "kernel", "read-only binds of /usr, /lib*, a minimal /etc"
+            case ImageRoot():
+                from .namespace import _image_note
+
+                return "kernel", _image_note(op).replace("bind of", "OCI root on")
         return "none", f"unknown op {type(op).__name__}"
 
     def __init__(self, platform: str | None = None) -> None:
@@ -395,6 +400,13 @@ class GvisorBackend(Backend):
                     ok = veth_available()
                     if ok is not True:
                         missing.append((op, ok))
+                case ImageRoot():
+                    from ..images.resolve import missing_mount_points
+
+                    for path in missing_mount_points(op, [b.path for b in
+                                                          plan.find(ReadOnlyBind)]):
+                        missing.append((op, f"{path} (filesystem.ro_binds) has no mount "
+                                            f"point in image {op.ref}"))
                 case (Namespaces() | SystemRoot() | Seccomp() | Scratch() | PidsLimit()
                       | WallClock() | OutputCap() | Rlimit() | Environment() | NoNetwork()
                       | ReadOnlyBind()):
@@ -481,6 +493,8 @@ class GvisorSandbox(LiveSandbox):
         """The bundle's root: empty mount points and the host's /bin -> usr/bin style
         symlinks, nothing else. Read-only in the spec; gVisor mounts the rest on it."""
         root = self.dir.sub("rootfs", 0o755)
+        for op in self.plan.find(ImageRoot):
+            return self._image_rootfs(root, op.tree)
         # a mount of its own without nosuid/nodev: the gofer remounts the root read-only
         # from inside its user namespace, which may not drop flags locked on the mount
         # that holds it (/run/corral is a nosuid,nodev tmpfs)
@@ -514,6 +528,17 @@ class GvisorSandbox(LiveSandbox):
                 open(dst, "w").close()
         return root
 
+    def _image_rootfs(self, root: str, tree: str) -> str:
+        """An image's tree as the bundle's root: a read-only bind of the store's tree of its
+        own (the gofer remounts it read-only from its user namespace; see _make_rootfs)."""
+        try:
+            mount(tree, root, "", 0x1000, "")   # MS_BIND
+        except OSError as e:
+            raise SandboxSetupError(f"binding the image tree on {root}: {e.strerror}",
+                                    step="rootfs", errno=e.errno) from None
+        self.dir.mounts.append(root)
+        return root
+
     def _spec(self) -> dict:
         """config.json without the process's args (filled in per exec)."""
         plan = self.plan
@@ -542,6 +567,8 @@ class GvisorSandbox(LiveSandbox):
                     for p in ETC_BINDS:
                         if os.path.exists(p):
                             bind(os.path.realpath(p), p)
+                case ImageRoot():
+                    pass   # the store's tree is the bundle's root (_make_rootfs)
                 case Scratch():
                     bind(os.path.join(self.scratch, "home"), SCRATCH, True)
                     bind(os.path.join(self.scratch, "tmp"), "/tmp", True)

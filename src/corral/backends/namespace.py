@@ -49,6 +49,7 @@ from ..plan import (
     CpuTime,
     EgressProxy,
     Environment,
+    ImageRoot,
     MemoryLimit,
     Namespaces,
     NoNetwork,
@@ -88,6 +89,15 @@ WORKSPACE_KEY = ""
 #: why review mode is refused without root (both its mounts need it)
 REVIEW_NEEDS_ROOT = ("a workspace in review mode is an overlay corral mounts on the host, "
                      "which needs root; run corral as root, or use mode \"ro\" or \"rw\"")
+
+
+def _image_note(op: ImageRoot) -> str:
+    """explain's note for an image root: which image, and whether the policy pins it."""
+    pin = ("pinned by digest" if op.pinned else
+           f"by name (now {op.digest[:19]}; write image = \"{op.digest}\" to pin it)")
+    return f"image {op.ref}, read-only bind of the store's tree as /, {pin}"
+
+
 def find_bwrap() -> str | None:
     for d in ("/usr/bin", "/usr/local/bin", "/bin"):
         p = os.path.join(d, "bwrap")
@@ -182,6 +192,8 @@ class NamespaceBackend(Backend):
                                  "capabilities, no_new_privs, unprivileged host uid"
             case SystemRoot():
                 return "kernel", "read-only binds of /usr, /lib*, a minimal /etc"
+            case ImageRoot():
+                return "kernel", _image_note(op)
         return "none", f"unknown op {type(op).__name__}"
 
     def __init__(self) -> None:
@@ -231,6 +243,13 @@ class NamespaceBackend(Backend):
                         missing.append((op, "the egress proxy's socket is made inside the "
                                             "sandbox's network namespace, which needs root; "
                                             "run corral as root"))
+                case ImageRoot():
+                    from ..images.resolve import missing_mount_points
+
+                    for path in missing_mount_points(op, [b.path for b in
+                                                          plan.find(ReadOnlyBind)]):
+                        missing.append((op, f"{path} (filesystem.ro_binds) has no mount "
+                                            f"point in image {op.ref}"))
                 case (Namespaces() | SystemRoot() | Seccomp() | WallClock() | OutputCap()
                       | Rlimit() | Environment() | NoNetwork() | ReadOnlyBind()):
                     pass
@@ -346,6 +365,8 @@ class NamespaceSandbox(LiveSandbox):
                     for p in self.etc_dirs:
                         a += ["--ro-bind", p, p]
                     a += ["--proc", "/proc", "--dev", "/dev"]
+                case ImageRoot():   # the store's tree, read-only, as / (its /etc too)
+                    a += ["--ro-bind", op.tree, "/", "--proc", "/proc", "--dev", "/dev"]
                 case Scratch():
                     a += ["--bind", os.path.join(self.scratch, "home"), SCRATCH,
                           "--bind", os.path.join(self.scratch, "tmp"), "/tmp",

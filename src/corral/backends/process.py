@@ -105,6 +105,7 @@ from ..plan import (
     CpuTime,
     EgressProxy,
     Environment,
+    ImageRoot,
     MemoryLimit,
     Namespaces,
     NoNetwork,
@@ -291,6 +292,9 @@ class ProcessBackend(Backend):
                                                 f"workspace with 'other' permissions: {why}; "
                                                 f"run corral as the workspace's owner or use "
                                                 f"isolation = \"namespace\"")))
+                case ImageRoot():
+                    missing.append((op, "the process tier has no mount namespace, so it "
+                                        "cannot change the root the command sees"))
                 case (SystemRoot() | Seccomp() | WallClock() | OutputCap() | Rlimit()
                       | Environment() | NoNetwork() | ReadOnlyBind()):
                     pass

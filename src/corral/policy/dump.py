@@ -24,11 +24,11 @@ def format_value(spec: Spec, value) -> str:
         return repr(float(value))
     if spec.kind in ("tier", "netmode"):
         return _s(value)
-    if spec.kind in ("paths", "names", "rules", "cidrs", "nameservers"):
+    if spec.kind in ("paths", "names", "rules", "cidrs", "nameservers", "requirements", "urls"):
         return "[" + ", ".join(_s(v) for v in value) + "]"
     if spec.kind == "envset":
         return "{ " + ", ".join(f"{k} = {_s(v)}" for k, v in value) + " }" if value else "{}"
-    if spec.kind == "file":
+    if spec.kind in ("file", "image"):
         return _s(value)
     if spec.kind == "workspace":
         return (f"{{ path = {_s(value.path)}, mode = {_s(value.mode)}, "
@@ -44,7 +44,8 @@ def get_value(policy: Policy, path: str):
 
 
 def dump_toml(policy: Policy) -> str:
-    lines = [f"isolation = {format_value(FIELDS[0], policy.isolation)}"]
+    lines = [f"isolation = {format_value(FIELDS[0], policy.isolation)}",
+             f"image = {_s(policy.image)}"]
     tables = [s for s in SECTIONS]
     for spec in FIELDS:
         table = spec.path.rsplit(".", 1)[0]

@@ -18,6 +18,7 @@ from .schema import (
     Budget,
     Env,
     Filesystem,
+    Install,
     Limits,
     Network,
     Policy,
@@ -98,12 +99,16 @@ def policy_from_dict(data: dict, *, allow_literal: bool = True) -> Policy:
         raise PolicyError("a policy is a table (dict) of sections", field="policy")
     explicit: set[str] = set()
     for key in data:
-        if key not in ("isolation", *SECTIONS, "secrets"):
-            raise PolicyError(_unknown(key, ("isolation", *SECTIONS, "secrets")), field=key)
+        if key not in ("isolation", "image", *SECTIONS, "secrets"):
+            raise PolicyError(_unknown(key, ("isolation", "image", *SECTIONS, "secrets")),
+                              field=key)
     values: dict[str, Any] = {}
     if "isolation" in data:
         values["isolation"] = _convert(SPEC_BY_PATH["isolation"], data["isolation"], "isolation")
         explicit.add("isolation")
+    if "image" in data:
+        values["image"] = _convert(SPEC_BY_PATH["image"], data["image"], "image")
+        explicit.add("image")
     def walk(prefix: str, table: Any) -> None:
         if not isinstance(table, dict):
             raise PolicyError(f"[{prefix}] must be a table", field=prefix)
@@ -131,10 +136,12 @@ def policy_from_dict(data: dict, *, allow_literal: bool = True) -> Policy:
 
     policy = Policy(
         isolation=values.get("isolation", "namespace"),
+        image=values.get("image", "host"),
         limits=pick("limits", Limits),
         filesystem=pick("filesystem", Filesystem),
         env=pick("env", Env, {"pass": "pass_"}),
         network=pick("network", Network, budget=pick("network.budget", Budget)),
+        install=pick("install", Install),
         secrets=_secrets(data.get("secrets", {}), allow_literal),
         explicit=frozenset(explicit | ({"secrets"} if data.get("secrets") else set())),
     )
@@ -145,6 +152,10 @@ def policy_from_dict(data: dict, *, allow_literal: bool = True) -> Policy:
         raise PolicyError(f"{ws.path!r} is the workspace itself (mount_at = \"same\"); "
                           f"drop it from ro_binds or mount the workspace ro",
                           field=f"filesystem.ro_binds[{i}]")
+    if policy.install.requested() and policy.image == "host":
+        raise PolicyError("[install] needs image = \"BASE\": the image to install into "
+                          "(e.g. \"python\"); the host's root cannot take packages",
+                          field="install")
     return policy
 
 
@@ -293,6 +304,18 @@ def _tier(raw: Any, path: str) -> str:
 def _netmode(raw: Any, path: str) -> str:
     if raw not in ("none", "allow"):
         raise ValueError(f"unknown network mode {raw!r}; use \"none\" or \"allow\"")
+    return raw
+
+
+def _image(raw: Any, path: str) -> str:
+    """"host", an image name, or sha256:HEX (the store resolves it when a sandbox opens)."""
+    import re
+
+    if not isinstance(raw, str) or not (
+            raw == "host" or re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,62}", raw)
+            or re.fullmatch(r"sha256:[0-9a-f]{64}", raw)):
+        raise ValueError(f"{raw!r} is not \"host\", an image name (lower-case letters, "
+                         "digits, '.', '_', '-') or sha256: and 64 hex digits")
     return raw
 
 
@@ -455,6 +478,42 @@ def _workspace(raw: Any, path: str) -> Workspace | None:
     return Workspace(path=real, mode=mode, mount_at=mount_at)
 
 
+def _requirements(raw: Any, path: str) -> tuple[str, ...]:
+    """Requirement strings (a name, extras, a version specifier, a marker): never a pip
+    option, and nothing that would end the line pip reads."""
+    import re
+
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError("expected a list of requirement strings")
+    for i, r in enumerate(raw):
+        if not isinstance(r, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*"
+                                                      r"(\[[A-Za-z0-9._, -]*\])?"
+                                                      r"[ A-Za-z0-9<>=!~.,*;:'\"()_+-]*", r):
+            raise PolicyError(f"{r!r} is not a requirement (NAME[extras] and a version, "
+                              "e.g. \"requests==2.32.3\"; no pip options, no URLs)",
+                              field=f"{path}[{i}]")
+    return tuple(raw)
+
+
+def _urls(raw: Any, path: str) -> tuple[str, ...]:
+    from urllib.parse import urlsplit
+
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError("expected a list of http(s) URLs")
+    for i, u in enumerate(raw):
+        ok = False
+        if isinstance(u, str) and not any(c in u for c in " \n\0"):
+            try:
+                parts = urlsplit(u)
+                ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (
+                    parts.port is None or parts.port > 0)
+            except ValueError:   # a port that is not a number
+                ok = False
+        if not ok:
+            raise PolicyError(f"{u!r} is not an http(s) URL", field=f"{path}[{i}]")
+    return tuple(raw)
+
+
 _CONVERTERS = {
     "duration": lambda raw, path: parse_duration(raw),
     "size": lambda raw, path: parse_size(raw),
@@ -467,8 +526,11 @@ _CONVERTERS = {
     "envset": _envset,
     "workspace": _workspace,
     "file": _file,
+    "image": _image,
     "rules": _strings,
     "cidrs": _strings,
     "nameservers": _strings,
+    "requirements": _requirements,
+    "urls": _urls,
 }
 

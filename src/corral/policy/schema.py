@@ -95,11 +95,27 @@ class Secret(Record):
                 f"ttl={self.ttl!r}, plain_http={self.plain_http!r})")
 
 
+class Install(Record):
+    """[install]: Python packages installed into `image` before the run, once: the result
+    is an image of its own, reused while the base and the requirements stay the same
+    (images/policy_install.py)."""
+    requirements: str | None = None      # a requirements file on the host
+    packages: tuple[str, ...] = ()       # requirement strings, e.g. "requests==2.32.3"
+    index_urls: tuple[str, ...] = ()     # default: PyPI
+    allow_names: tuple[str, ...] = ()    # names the typosquat check lets through
+    timeout: float = 900.0               # of the install phase
+
+    def requested(self) -> bool:
+        return bool(self.requirements or self.packages)
+
+
 class Policy(Record):
     """A validated policy: the tier, limits, filesystem, network, environment and secret
     grants of a sandbox. Build one with load_policy (TOML) or policy_from_dict."""
 
     isolation: str = "namespace"
+    image: str = "host"            # "host", an image name, or "sha256:..." (images/store.py)
+    install: Install = Default(Install)
     limits: Limits = Default(Limits)
     filesystem: Filesystem = Default(Filesystem)
     env: Env = Default(Env)
@@ -127,7 +143,7 @@ class Spec(Record):
     """One key of the schema: where it lives, how it is read, and what it means."""
 
     path: str            # dotted key, e.g. "limits.memory"
-    kind: str            # duration | size | int | float | tier | netmode | paths | names | envset | workspace
+    kind: str            # duration | size | int | float | tier | netmode | paths | names | envset | workspace | requirements | urls
     doc: str
     minimum: float | None = None
     maximum: float | None = None
@@ -140,6 +156,10 @@ FIELDS: tuple[Spec, ...] = (
          "gvisor, namespace, process available here that enforces every rule set "
          "explicitly). docs/tiers.md compares them; `corral explain --isolation T` says what "
          "each enforces on this host."),
+    Spec("image", "image", "The root the sandbox sees: \"host\" (the host's /usr and a "
+         "minimal /etc, read-only), or an image from `corral image` by name or by "
+         "\"sha256:...\" digest (pinned), bound read-only as `/`. The namespace and gvisor "
+         "tiers can; the process tier cannot change its root and refuses an image."),
     Spec("limits.timeout", "duration", "Wall-clock limit for one command; then every process "
          "of the run is killed and the verdict is `timeout`.", 0.001, 7 * 86400),
     Spec("limits.cpu_time", "duration", "CPU time summed over all processes of the run "
@@ -207,7 +227,19 @@ FIELDS: tuple[Spec, ...] = (
          "connection is closed and an event says so.", 0, 1 << 50),
     Spec("network.budget.bytes_in", "size", "Bytes received per domain.", 0, 1 << 50),
     Spec("network.budget.requests", "int", "Requests and tunnels per domain.", 0, 1 << 40),
+    Spec("install.requirements", "file", "A requirements file (pip syntax, `--hash` lines "
+         "for --require-hashes) installed into `image` before the run, by `corral install`'s "
+         "install phase: wheels only, a network that reaches only the index hosts. The result "
+         "is an image, reused while the base image and the requirements are the same."),
+    Spec("install.packages", "requirements", "Requirement strings installed the same way, "
+         "e.g. [\"requests==2.32.3\"]."),
+    Spec("install.index_urls", "urls", "The package indexes (http or https URLs) the install "
+         "phase may reach, the first as --index-url; default: PyPI. No other index is "
+         "reachable, whatever a requirements file says."),
+    Spec("install.allow_names", "requirements", "Names the typosquat check lets through "
+         "(as `corral install --allow-name`)."),
+    Spec("install.timeout", "duration", "Wall clock of the install phase.", 1, 86400),
 )
 
 SPEC_BY_PATH = {s.path: s for s in FIELDS}
-SECTIONS = ("limits", "filesystem", "env", "network")
+SECTIONS = ("limits", "filesystem", "env", "network", "install")

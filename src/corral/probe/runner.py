@@ -412,6 +412,10 @@ class Runner:
         return second
 
     def cell(self, case: Case, tier: str) -> Cell:
+        if case.install is not None:   # through `corral install`, not one `corral run`
+            from .install_phase import cell
+
+            return cell(self, case, tier)
         t0 = time.monotonic()
         expected, why = self.expectation(case, tier)
 

@@ -9,6 +9,7 @@ from ..plan import EgressProxy, Plan
 from ..policy import Policy
 
 OP_RULE_NAMES = {"Namespaces": "isolation", "SystemRoot": "filesystem (root)",
+                 "ImageRoot": "image",
                  "Seccomp": "kernel surface (seccomp)", "NoNetwork": "network (namespace)"}
 
 #: how the sandbox's traffic leaves, per tier, with network.mode = "allow": the one way out
@@ -32,6 +33,11 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
 
     if tier is not None:
         policy = policy.replace(isolation=tier)
+    install = None
+    if policy.install.requested():   # explain never installs: it says what a run would do
+        from ..images.policy_install import describe
+
+        policy, install = describe(policy)
     refused = None
     try:
         backend, plan, events = prepare(policy)
@@ -61,6 +67,7 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
         "network": _network(plan, policy, backend),
         "workspace": _workspace(policy, backend.name),
         "credentials": _credentials(plan, policy),
+        "root": dict(_root(plan), **({"install": install} if install else {})),
         "rules": rules,
         "properties": dict(backend.properties),
         "runs": refused is None,
@@ -106,6 +113,15 @@ def _workspace(policy: Policy, tier: str) -> dict | None:
     return {"path": ws.path, "mode": ws.mode, "inside": ws.path if same else WORKSPACE}
 
 
+def _root(plan: Plan) -> dict:
+    """Which root the run sees, and whether the policy pins it."""
+    from ..plan import ImageRoot
+
+    for op in plan.find(ImageRoot):
+        return {"kind": "image", "ref": op.ref, "digest": op.digest, "pinned": op.pinned}
+    return {"kind": "host", "ref": "host", "digest": "", "pinned": False}
+
+
 def _credentials(plan: Plan, policy: Policy) -> list[dict]:
     creds = []
     for name in policy.env.pass_:
@@ -140,6 +156,17 @@ def render(d: dict) -> str:
     lines.append("workspace: " + ("none" if ws is None else
                                   f"{ws['path']} ({'read-write' if ws['mode'] == 'rw' else 'read-only'}"
                                   f", {ws['mode']}) at {ws['inside']}"))
+    root = d.get("root") or {}
+    if root.get("kind") == "image":
+        pin = "pinned by digest" if root["pinned"] else "by name, not pinned (the name can " \
+            "move)"
+        lines.append(f"root: image {root['ref']} ({root['digest'] or 'unresolved'}), "
+                     f"read-only; {pin}")
+        if root.get("install"):
+            lines.append(f"install: {root['install']['note']}")
+    else:
+        lines.append("root: the host's /usr and a minimal /etc, read-only; not pinned "
+                     "(whatever the host has installed)")
     lines.append("rules:")
     width = max(len(r["rule"]) for r in d["rules"])
     for r in d["rules"]:

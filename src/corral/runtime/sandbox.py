@@ -30,6 +30,10 @@ class Sandbox:
         """`backend`: a tier's Backend instance to use instead of the policy's isolation
         (for tests of the faces with backends.fake.FakeBackend)."""
         self.policy = coerce_policy(policy)
+        if self.policy.install.requested():   # [install]: the installed image, made once
+            from ..images.policy_install import resolve_install
+
+            self.policy = resolve_install(self.policy)
         host_env = os.environ if env is None else env   # read here, by name (env.pass)
         self._backend, self.plan, self._events = prepare(self.policy, host_env, backend)
         self._granted = []

@@ -78,6 +78,10 @@ def prepare(policy: Policy, host_env: Mapping[str, str] | None = None, backend=N
     from ..backends import AUTO_ORDER
 
     plan = build_plan(policy, os.environ if host_env is None else host_env)
+    if policy.image != "host":   # the store is read only for a run on an image
+        from ..images.resolve import resolve_plan
+
+        plan = resolve_plan(plan)
     if backend is not None:
         plan = plan.replace(tier=backend.name)
         backend, refusals, unenforced = check_tier(backend, plan)

@@ -44,6 +44,7 @@ class Case:
     tty: bool = False                # run `corral run` (not --json) with a terminal as output
     nohup: bool = False              # its caller ignores SIGINT/SIGHUP, blocks SIGUSR1/2
     refused_by: str | None = None    # contained when corral refuses the policy: this field
+    install: dict | None = None      # through the install phase (probe/install_phase.py)
     module: str = ""
 
 
@@ -67,7 +68,7 @@ def _check(mod, name: str) -> Case:
                 score=getattr(mod, "score", None), tty=bool(getattr(mod, "TTY", False)),
                 nohup=bool(getattr(mod, "NOHUP", False)),
                 refused_by=getattr(mod, "REFUSED_BY", None),
-                module=name)
+                install=getattr(mod, "INSTALL", None), module=name)
 
 
 def load_cases() -> list[Case]:

@@ -1,0 +1,199 @@
+"""Images and the install phase (issue 15): medians side by side, in one run.
+
+    CORRAL_STATE_DIR=... .venv/bin/python bench/images.py [--image python] [--runs N]
+                                                          [--builds N] [--json FILE]
+
+  startup   corral.run(python3 -c pass) and (/bin/true) on namespace: the host root vs
+            the image (goal: within 5% of each other), round robin, shuffled, warm-up
+            rounds dropped
+  build     `corral image build tests/data/mini-image.toml` into a fresh store: cold
+            (unlocked, writes the lock) then again from that lock (a rebuild: corral has
+            no build cache, so this is a full mmdebstrap run that must give the same digest)
+  install   10 wheels (downloaded once from PyPI with pip download, then served on loopback
+            by http.server) installed by `corral install --image IMAGE` (the sandbox whose
+            network reaches only that index, the layer committed to the store) against
+            `python3 -m pip install --target DIR` on the host from the same index (goal:
+            at most 1.3x)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CORRAL = os.path.join(ROOT, ".venv", "bin", "corral")
+WHEELS = ["six==1.16.0", "idna==3.7", "certifi==2024.7.4", "charset-normalizer==3.3.2",
+          "urllib3==2.2.2", "requests==2.32.3", "attrs==23.2.0", "packaging==24.1",
+          "pyparsing==3.1.2", "tomli==2.0.1"]
+CACHE = os.environ.get("CORRAL_BENCH_CACHE", "/var/cache/corral-bench")
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def startup(image: str, runs: int, seed: int) -> dict:
+    import corral
+
+    variants = {}
+    for cmd in (["/bin/true"], ["/usr/bin/python3", "-c", "pass"]):
+        for root in ("host", image):
+            variants[(root, cmd[0])] = ({"image": root} if root != "host" else {}, cmd)
+    samples = {k: [] for k in variants}
+    rng = random.Random(seed)
+    for rnd in range(runs + 2):
+        for key in rng.sample(list(variants), len(variants)):
+            pol, cmd = variants[key]
+            t0 = time.perf_counter()
+            r = corral.run(cmd, policy=pol)
+            dt = time.perf_counter() - t0
+            if r.exit_code != 0:
+                raise SystemExit(f"{key}: {r.verdict} {r.stderr[-300:]!r}")
+            if rnd >= 2:
+                samples[key].append(dt * 1000)
+    out = {}
+    for cmd in ("/bin/true", "/usr/bin/python3"):
+        h, i = med(samples[("host", cmd)]), med(samples[(image, cmd)])
+        out[cmd] = {"host_ms": h, "image_ms": i, "ratio": i / h, "goal": 1.05,
+                    "samples": {"host": samples[("host", cmd)], "image": samples[(image, cmd)]}}
+    return out
+
+
+def corral_cmd(state: str, *args, timeout=1800) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CORRAL_STATE_DIR=state)
+    return subprocess.run([CORRAL, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def build(builds: int) -> dict:
+    toml = os.path.join(ROOT, "tests", "data", "mini-image.toml")
+    os.makedirs(CACHE, 0o711, exist_ok=True)
+    out = {"cold_s": [], "from_lock_s": [], "same_digest": []}
+    for _ in range(builds):
+        state = tempfile.mkdtemp(prefix="build-", dir=CACHE)
+        os.chmod(state, 0o711)
+        lock = os.path.join(state, "lock.json")
+        try:
+            t0 = time.monotonic()
+            p = corral_cmd(state, "image", "build", toml, "--lock", lock)
+            out["cold_s"].append(time.monotonic() - t0)
+            if p.returncode != 0:
+                raise SystemExit("cold build: " + p.stderr[-500:])
+            t0 = time.monotonic()
+            q = corral_cmd(state, "image", "build", toml, "--lock", lock)
+            out["from_lock_s"].append(time.monotonic() - t0)
+            if q.returncode != 0:
+                raise SystemExit("build from the lock: " + q.stderr[-500:])
+            out["same_digest"].append(p.stdout.strip() == q.stdout.strip())
+        finally:
+            from corral.images.store import remove_tree
+
+            remove_tree(state)
+    out["cold_median_s"], out["from_lock_median_s"] = med(out["cold_s"]), med(out["from_lock_s"])
+    return out
+
+
+def install(image: str, runs: int, seed: int) -> dict:
+    wheels = os.path.join(CACHE, "wheels")
+    if not os.path.isdir(wheels) or len(os.listdir(wheels)) < len(WHEELS):
+        os.makedirs(wheels, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary",
+                        ":all:", "-d", wheels, *WHEELS], check=True, capture_output=True)
+    root = tempfile.mkdtemp(prefix="index-", dir=CACHE)
+    os.chmod(root, 0o755)
+    for f in sorted(os.listdir(wheels)):
+        name = f.split("-")[0].lower().replace("_", "-")
+        d = os.path.join(root, "simple", name)
+        os.makedirs(d, exist_ok=True)
+        shutil.copy(os.path.join(wheels, f), os.path.join(root, f))
+        with open(os.path.join(d, "index.html"), "a") as out:
+            out.write(f'<a href="/{f}">{f}</a>\n')
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = subprocess.Popen(["/usr/bin/python3", "-m", "http.server", "--bind", "127.0.0.1",
+                            "--directory", root, str(port)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    url = f"http://127.0.0.1:{port}/simple"
+    names = [w.split("==")[0] for w in WHEELS]
+    state = os.environ.get("CORRAL_STATE_DIR") or ""
+    samples = {"corral": [], "host": []}
+    rng = random.Random(seed)
+    try:
+        for rnd in range(runs + 1):
+            for v in rng.sample(list(samples), 2):
+                t0 = time.monotonic()
+                if v == "corral":
+                    p = corral_cmd(state, "install", "--image", image, "--index-url", url,
+                                   "--name", "bench-install", *names)
+                else:
+                    target = tempfile.mkdtemp(prefix="target-", dir=CACHE)
+                    p = subprocess.run(["/usr/bin/python3", "-m", "pip", "install", "--no-input",
+                                        "--disable-pip-version-check", "--no-cache-dir",
+                                        "--only-binary", ":all:", "--index-url", url,
+                                        "--target", target, *names],
+                                       env={"PATH": "/usr/bin:/bin", "HOME": target,
+                                            "PIP_CONFIG_FILE": os.devnull},
+                                       capture_output=True, text=True)
+                    shutil.rmtree(target)
+                dt = time.monotonic() - t0
+                if p.returncode != 0:
+                    raise SystemExit(f"{v}: {p.stderr[-500:]}")
+                if rnd >= 1:
+                    samples[v].append(dt)
+        corral_cmd(state, "image", "rm", "bench-install")
+    finally:
+        srv.terminate()
+        shutil.rmtree(root)
+    c, h = med(samples["corral"]), med(samples["host"])
+    return {"corral_s": c, "host_pip_s": h, "ratio": c / h, "goal": 1.3, "samples": samples,
+            "packages": WHEELS}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--image", default="python")
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--install-runs", type=int, default=3)
+    ap.add_argument("--builds", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=15)
+    ap.add_argument("--only", default="startup,build,install")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    only = a.only.split(",")
+    doc = {"loadavg_before": os.getloadavg(), "image": a.image}
+    if "startup" in only:
+        doc["startup"] = startup(a.image, a.runs, a.seed)
+        for cmd, r in doc["startup"].items():
+            print(f"startup {cmd:<18} host {r['host_ms']:7.1f} ms   image {r['image_ms']:7.1f} ms"
+                  f"   image/host {r['ratio']:.3f} (goal <= {r['goal']})", flush=True)
+    if "install" in only:
+        doc["install"] = r = install(a.image, a.install_runs, a.seed)
+        print(f"install 10 wheels        host pip {r['host_pip_s']:6.2f} s   corral install "
+              f"{r['corral_s']:6.2f} s   ratio {r['ratio']:.2f} (goal <= {r['goal']})", flush=True)
+    if "build" in only:
+        doc["build"] = r = build(a.builds)
+        print(f"build mini image         cold {r['cold_median_s']:6.1f} s   again from the lock "
+              f"{r['from_lock_median_s']:6.1f} s   same digest: {r['same_digest']}", flush=True)
+    doc["loadavg_after"] = os.getloadavg()
+    print(f"load average before {doc['loadavg_before']}, after {doc['loadavg_after']} "
+          f"on {os.cpu_count()} CPUs")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

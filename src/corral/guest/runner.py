@@ -11,7 +11,7 @@ bytes of a UTF-8 JSON object with a "type". The host bounds, parses and checks e
 cell's output"); the runner keeps its own frames under MAX_FRAME so an honest runner never
 trips the host's bound.
 
-  host -> runner   {"type": "exec", "id": N, "code": "..."}
+  host -> runner   {"type": "exec", "id": N, "code": "...", "timeout": MS}
                    {"type": "interrupt", "id": N}          (KeyboardInterrupt in cell N)
   runner -> host   {"type": "ready", "version": 1, "python": "3.11.2"}
                    {"type": "stdout" | "stderr", "text": "..."}
@@ -364,13 +364,33 @@ def _run(co, ns):
     return r
 
 
+RUNNER_FILE = "<corral-runner>"     # the host compiles this file under that name
+
+
+def _trim(te):
+    """Drop the runner's own frames from a TracebackException and its chain: those before
+    the cell's first frame, and any after (the SIGINT handler's)."""
+    seen = set()
+    while te is not None and id(te) not in seen:
+        seen.add(id(te))
+        frames = list(te.stack)
+        while frames and not frames[0].filename.startswith("<cell-"):
+            del frames[0]              # the runner's (and ast's, for a parse error)
+        te.stack = traceback.StackSummary.from_list(
+            [f for f in frames if f.filename != RUNNER_FILE])
+        for other in (te.__cause__, te.__context__):
+            if other is not None:
+                _trim(other)
+        te = None
+
+
 def _cell_traceback(e):
-    tb = e.__traceback__
-    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell-"):
-        tb = tb.tb_next             # drop the runner's own frames
-    if isinstance(e, SyntaxError) and tb is None:
-        return traceback.format_exception_only(type(e), e)
-    return traceback.format_exception(type(e), e, tb)
+    te = traceback.TracebackException(type(e), e, e.__traceback__)
+    _trim(te)
+    lines = list(te.format())
+    if not te.stack and lines and lines[0].startswith("Traceback"):
+        lines = lines[1:]              # a SyntaxError in the cell: no frame of its own
+    return lines
 
 
 def _exec_cell(code, filename, ns):
@@ -527,6 +547,7 @@ def main(argv):
             State.out_fd = 1
         emit({"type": "fatal", "message": "%s: %s" % (type(e).__name__, e)})
         _exit(1)
+    del sys.argv[1:]                  # the cells see sys.argv == ["-c"], not our source
     ns = user_namespace()
     requests = queue.SimpleQueue()
     threading.Thread(target=reader, args=(requests,), daemon=True).start()
@@ -543,4 +564,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    main(sys.argv[1:] if sys.argv[:1] == ["-c"] else sys.argv)

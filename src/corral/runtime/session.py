@@ -374,8 +374,9 @@ def check_message(msg: dict) -> str:
 def _runner_argv(language: str, max_frame: int, cwd: str | None) -> list[str]:
     from .. import guest
 
-    if language == "python":
-        return ["python3", "-c", guest.source("runner.py"), str(max_frame), cwd or ""]
+    if language == "python":   # the runner's frames are named <corral-runner> (tracebacks)
+        return ["python3", "-c", "import sys; exec(compile(sys.argv[1], '<corral-runner>', "
+                "'exec'))", guest.source("runner.py"), str(max_frame), cwd or ""]
     if language == "javascript":
         return ["node", "-e", guest.source("runner.js"), "--", str(max_frame), cwd or ""]
     raise ValueError(language)
@@ -478,7 +479,8 @@ class _FramedInterp(_Interp):
     def run(self, code: str, ex: Execution, timeout: float, cb) -> None:
         s = self.session
         cid = s.next_id()
-        data = json.dumps({"type": "exec", "id": cid, "code": code}).encode()
+        data = json.dumps({"type": "exec", "id": cid, "code": code,
+                           "timeout": int(timeout * 1000)}).encode()
         if len(data) > s.max_frame:
             raise ValueError(f"code: {len(data)} bytes, over the {s.max_frame} byte frame "
                              f"limit")
@@ -502,7 +504,8 @@ class _FramedInterp(_Interp):
                                   f"its interrupt (after its timeout of {timeout:g}s): the "
                                   f"{self.ctx.language} interpreter was killed and its "
                                   f"state is lost")
-                        continue
+                        ex.error = ExecutionError("ContextDied", self.dead)
+                        return
                     interrupted = True
                     self._interrupt(cid)
                     deadline = time.monotonic() + s.interrupt_grace
@@ -512,8 +515,9 @@ class _FramedInterp(_Interp):
                     s.keep_log(ex, t, msg["text"], cb)
                     continue
                 if t in ("ready", "fatal") or msg["id"] != cid:
-                    self._die(f"the {self.ctx.language} interpreter sent {t!r} for cell "
-                              f"{msg.get('id')} while cell {cid} ran; it was killed")
+                    self._die(f"the {self.ctx.language} interpreter broke the protocol (it "
+                              f"sent {t!r} for cell {msg.get('id')} while cell {cid} ran); "
+                              f"it was killed")
                     continue
                 if t == "display":
                     s.keep_result(ex, CodeResult(msg["data"], msg["main"]), cb)

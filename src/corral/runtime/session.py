@@ -117,6 +117,9 @@ class Logs:
     def to_dict(self) -> dict:
         return {"stdout": list(self.stdout), "stderr": list(self.stderr)}
 
+    def __repr__(self) -> str:
+        return f"Logs(stdout={self.stdout!r}, stderr={self.stderr!r})"
+
 
 class ExecutionError:
     """The cell's exception: name ("ZeroDivisionError"), value (its message) and traceback

@@ -87,7 +87,8 @@ def time_jupyter(runs: int, warm: int = 20) -> list[float] | str:
         return "bench/.venv is missing: python -m venv bench/.venv && bench/.venv/bin/pip " \
                "install --require-hashes --only-binary=:all: -r requirements/bench.lock"
     p = subprocess.run([BENCH_PY, os.path.abspath(__file__), "--jupyter-child", str(runs),
-                        str(warm)], capture_output=True, text=True, timeout=600)
+                        str(warm)], check=False, capture_output=True, text=True,
+                       timeout=600)
     if p.returncode != 0:
         return "jupyter kernel failed: " + (p.stderr.strip().splitlines() or ["?"])[-1]
     return json.loads(p.stdout.strip().splitlines()[-1])

@@ -13,12 +13,11 @@ import threading
 import zlib
 
 import pytest
+from codechan import local_start
+from conftest import tier_unavailable
 
 import corral
 from corral.runtime.session import CodeSession, ContextError
-
-from codechan import local_start
-from conftest import tier_unavailable
 
 TIERS = ("namespace", "gvisor")
 POLICY = {"limits": {"cpu_time": "10m", "timeout": "60s"}}
@@ -230,7 +229,7 @@ def _matplotlib_in_sandbox() -> tuple[dict, str] | None:
     """(policy, path setup) for a sandbox python that can import matplotlib: the image's
     own, else bench/.venv's site-packages bound read-only as the workspace."""
     if subprocess.run(["/usr/bin/python3", "-c", "import matplotlib"],
-                      capture_output=True).returncode == 0:
+                      check=False, capture_output=True).returncode == 0:
         return {}, ""
     if os.path.isdir(os.path.join(BENCH_SITE, "matplotlib")) and sys.version_info[:2] == (3, 11):
         return ({"filesystem": {"workspace": {"path": BENCH_SITE, "mode": "ro"}}},
@@ -372,7 +371,7 @@ def test_runner_works_on_python_3_8_and_a_real_sigint_interrupts():
 
 def _has_matplotlib(py: str) -> bool:
     return os.access(py, os.X_OK) and subprocess.run(
-        [py, "-c", "import matplotlib"], capture_output=True).returncode == 0
+        [py, "-c", "import matplotlib"], check=False, capture_output=True).returncode == 0
 
 
 @pytest.mark.skipif(not _has_matplotlib(BENCH_PY),

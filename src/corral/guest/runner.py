@@ -525,8 +525,8 @@ def setup(max_frame, cwd):
 
 def user_namespace():
     """A fresh __main__ for the cells (pickling a class defined in a cell works)."""
-    import types
     import builtins
+    import types
 
     mod = types.ModuleType("__main__")
     mod.__dict__["__builtins__"] = builtins

@@ -74,8 +74,20 @@ class CodeResult:
     png (base64), jpeg (base64), pdf (base64), latex, json, javascript; `extra` holds any
     other mime type the interpreter sent, as str."""
 
-    __slots__ = ("text", "html", "markdown", "svg", "png", "jpeg", "pdf", "latex", "json",
-                 "javascript", "is_main_result", "extra")
+    __slots__ = (
+        "extra",
+        "html",
+        "is_main_result",
+        "javascript",
+        "jpeg",
+        "json",
+        "latex",
+        "markdown",
+        "pdf",
+        "png",
+        "svg",
+        "text",
+    )
 
     def __init__(self, data: dict, is_main_result: bool = False) -> None:
         for attr in MIME_ATTRS.values():
@@ -108,7 +120,7 @@ class CodeResult:
 class Logs:
     """The cell's output as the chunks it came in (lists of str)."""
 
-    __slots__ = ("stdout", "stderr")
+    __slots__ = ("stderr", "stdout")
 
     def __init__(self) -> None:
         self.stdout: list[str] = []
@@ -127,7 +139,7 @@ class ExecutionError:
     corral's own: "TimeoutError" (interrupted at the timeout), "ContextDied" (the
     interpreter exited, was killed or broke the protocol; the message says which)."""
 
-    __slots__ = ("name", "value", "traceback_lines")
+    __slots__ = ("name", "traceback_lines", "value")
 
     def __init__(self, name: str, value: str, traceback: list[str] | None = None) -> None:
         self.name, self.value = name, value
@@ -183,7 +195,7 @@ class Execution:
 class Context:
     """A code context as the caller sees it: id, language, cwd (None: the sandbox's)."""
 
-    __slots__ = ("id", "language", "cwd")
+    __slots__ = ("cwd", "id", "language")
 
     def __init__(self, id: str, language: str, cwd: str | None) -> None:
         self.id, self.language, self.cwd = id, language, cwd
@@ -378,8 +390,8 @@ def _runner_argv(language: str, max_frame: int, cwd: str | None) -> list[str]:
     from .. import guest
 
     if language == "python":   # the runner's frames are named <corral-runner> (tracebacks)
-        return ["python3", "-c", "import sys; exec(compile(sys.argv[1], '<corral-runner>', "
-                "'exec'))", guest.source("runner.py"), str(max_frame), cwd or ""]
+        boot = "import sys; exec(compile(sys.argv[1], '<corral-runner>', 'exec'))"
+        return ["python3", "-c", boot, guest.source("runner.py"), str(max_frame), cwd or ""]
     if language == "javascript":
         return ["node", "-e", guest.source("runner.js"), "--", str(max_frame), cwd or ""]
     raise ValueError(language)
@@ -593,6 +605,10 @@ class _BashInterp(_Interp):
             if kind in ("ready", "dead"):
                 return (kind, msg)
 
+    def on_exit(self, how: str) -> None:
+        # bash's stderr tail is the cells' own (and the end lines), not a diagnosis
+        super().on_exit(how.split(": corral-end-")[0])
+
     def on_stdout(self, data: bytes) -> None:
         self._feed("stdout", data)
 
@@ -694,7 +710,7 @@ class _BashInterp(_Interp):
 
 
 class _Callbacks:
-    __slots__ = ("on_stdout", "on_stderr", "on_result", "on_error")
+    __slots__ = ("on_error", "on_result", "on_stderr", "on_stdout")
 
     def __init__(self, on_stdout, on_stderr, on_result, on_error) -> None:
         self.on_stdout, self.on_stderr = on_stdout, on_stderr

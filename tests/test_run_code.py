@@ -260,11 +260,24 @@ def test_a_matplotlib_plot_comes_back_as_png_once(tier):
         assert sb.run_code("len(plt.get_fignums())").text == "0"         # all closed
 
 
-def test_logs_past_the_output_cap_are_dropped_and_flagged():
-    with corral.Sandbox({"limits": {"output": "64K"}, "isolation": "namespace"}) as sb:
-        ex = sb.run_code("for i in range(20000): print('x' * 50)")
+def test_logs_past_the_cap_are_dropped_and_flagged_but_callbacks_see_all():
+    with corral.Sandbox({"limits": {"output": "4M"}, "isolation": "namespace"}) as sb:
+        sb.run_code("1")
+        sb._code.max_log = 64 * 1024
+        seen = []
+        ex = sb.run_code("for i in range(20000): print('x' * 50)", on_stdout=seen.append)
         assert ex.error is None and ex.stdout_truncated
         assert sum(len(t) for t in ex.logs.stdout) == 64 * 1024
+        assert sum(len(t) for t in seen) == 20000 * 51
+
+
+def test_a_context_past_the_exec_output_cap_ends_with_a_clear_error():
+    # the current transport (one Sandbox.exec) streams only limits.output bytes over the
+    # context's life: past it the context must end clearly, not hang
+    with corral.Sandbox({"limits": {"output": "64K"}, "isolation": "namespace"}) as sb:
+        ex = sb.run_code("for i in range(20000): print('x' * 50)", timeout=120)
+        assert ex.error.name == "ContextDied" and "limits.output" in ex.error.value
+        assert sb.run_code("'again'").text == "'again'"      # the default context is remade
 
 
 # --- contexts --------------------------------------------------------------------------

@@ -250,11 +250,24 @@ class ExecChannel(Channel):
         os.set_blocking(w, False)
         self._w = w
         self._wlock = threading.Lock()
+        # Sandbox.exec passes on only the first limits.output bytes of each stream to its
+        # callbacks: past that the interpreter's stream is cut, which must read as an end
+        cap = _plan_value(sandbox, "OutputCap", "bytes", 1 << 20)
+        seen = [0]
+
+        def out(data: bytes) -> None:
+            seen[0] += len(data)
+            on_stdout(data)
+            if seen[0] >= cap:
+                self.kill()
+                on_exit(f"reached limits.output ({cap} bytes) on its output stream, which "
+                        f"bounds a context's whole life until live sandboxes stream it "
+                        f"uncapped: raise limits.output for long sessions")
 
         def body() -> None:
             how = "ended"
             try:
-                res = sandbox.exec(argv, stdin=r, on_stdout=on_stdout, on_stderr=on_stderr,
+                res = sandbox.exec(argv, stdin=r, on_stdout=out, on_stderr=on_stderr,
                                    timeout=lifetime)
                 how = _describe_result(res)
             except BaseException as e:          # noqa: BLE001 - reported, not lost

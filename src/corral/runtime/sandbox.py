@@ -51,6 +51,7 @@ class Sandbox:
         #: last Result's events as "teardown" events, so run() and the CLI show them
         self.teardown_problems: list[str] = []
         self._files = None
+        self._code = None       # the code contexts (runtime.session), made on first use
 
     @property
     def isolation(self) -> str:
@@ -187,12 +188,48 @@ class Sandbox:
 
         return patch(self._review(), paths)
 
+    # --- run_code and code contexts: runtime.session (imported on first use) ---
+
+    def _code_session(self):
+        if self._code is None:
+            from .session import CodeSession
+
+            self.open()
+            self._code = CodeSession(self)
+        return self._code
+
+    def run_code(self, code: str, *, language: str | None = None, context=None,
+                 timeout: float | None = None, on_stdout=None, on_stderr=None,
+                 on_result=None, on_error=None):
+        """Run a cell in a persistent interpreter and return its Execution (results,
+        logs, error, execution_count: E2B's shape). See runtime.session and
+        docs/sessions.md; language "python" (the default), "javascript" or "bash"."""
+        return self._code_session().run_code(
+            code, language=language, context=context, timeout=timeout, on_stdout=on_stdout,
+            on_stderr=on_stderr, on_result=on_result, on_error=on_error)
+
+    def create_context(self, language: str = "python", cwd: str | None = None):
+        return self._code_session().create_context(language, cwd)
+
+    def list_contexts(self) -> list:
+        return self._code_session().list_contexts() if self._code else []
+
+    def restart_context(self, context) -> None:
+        self._code_session().restart_context(context)
+
+    def remove_context(self, context) -> None:
+        self._code_session().remove_context(context)
+
     def close(self) -> list[str]:
         """Kill what is left, unmount, delete scratch. Returns teardown problems. In a
         forked child of the process that opened it, only forgets it: it is the parent's."""
         files, self._files = self._files, None
         if files is not None:
             files.close()
+
+        code, self._code = self._code, None
+        if code is not None and self._pid == os.getpid():
+            code.close()
         live, self._live = self._live, None
         if live is None or self._pid != os.getpid() or live not in _left_open:
             return []   # not open, its parent's, or closed already by the exit hook

@@ -1,0 +1,915 @@
+"""run_code: persistent interpreters ("code contexts") inside a sandbox, E2B-shaped.
+
+    with corral.Sandbox() as sb:
+        sb.run_code("import math; x = 2")
+        ex = sb.run_code("math.sqrt(x)")
+        ex.text                      # '1.4142135623730951' (the last expression's value)
+        ex.logs.stdout, ex.error     # [], None
+
+A context is one long-lived interpreter process inside the sandbox: python (corral's own
+runner, corral.guest.runner, shipped in as `python3 -c SOURCE`), javascript (node, with
+corral.guest.runner.js as `node -e SOURCE`) or bash (a plain bash reading NUL-ended cells).
+Variables, imports, the working directory and (bash) the environment persist between
+cells. Nothing of corral needs to be installed in the image.
+
+Everything the interpreter sends is hostile: it runs the user's code, as the sandbox's
+root, and that code can write anything to any fd or replace the runner. So the host
+bounds every frame (`max_frame`, 16 MiB by default) and what one execution keeps (logs:
+the policy's limits.output per stream; display data: `max_results`), parses strictly
+(an unknown message type, a field of the wrong type, a frame over the bound or bytes that
+are no frame close the context with a clear error), believes nothing it says about anything
+but its own output, and never waits on it without a deadline.
+
+The process transport is a small interface (`Channel`, below): today `ExecChannel` runs
+the interpreter as one `Sandbox.exec` in a thread with a pipe as its stdin; the live
+sandbox's background commands (stdin pipe, streamed output, a real kill and signal) plug in
+through `CodeSession(start=...)`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import codecs
+import json
+import os
+import queue
+import select
+import struct
+import threading
+import time
+import uuid
+
+from ..errors import CorralError
+
+HEADER = struct.Struct(">I")
+MAX_FRAME = 16 << 20           # bytes of JSON per frame, either way
+MAX_RESULTS = 64 << 20         # bytes of display data one execution keeps
+INTERRUPT_GRACE = 5.0          # seconds an interrupted cell has to end before its kill
+START_TIMEOUT = 30.0           # seconds an interpreter has to say it is ready
+LANGUAGES = ("python", "javascript", "bash")
+
+#: Jupyter mime type -> the Result attribute (E2B's names)
+MIME_ATTRS = {
+    "text/plain": "text", "text/html": "html", "text/markdown": "markdown",
+    "image/svg+xml": "svg", "image/png": "png", "image/jpeg": "jpeg",
+    "application/pdf": "pdf", "text/latex": "latex", "application/json": "json",
+    "application/javascript": "javascript",
+}
+BASE64_MIMES = ("image/png", "image/jpeg", "application/pdf")
+
+
+class ContextError(CorralError):
+    """A code context cannot be used: it is dead, removed, or its interpreter is missing."""
+
+    kind = "context"
+    exit_code = 125
+
+
+# --- what run_code returns (the shape of E2B's Execution) ---------------------------------
+
+class CodeResult:
+    """One display result: the last expression's value (is_main_result) or a display()/
+    figure. Each format is an attribute (None when absent): text, html, markdown, svg,
+    png (base64), jpeg (base64), pdf (base64), latex, json, javascript; `extra` holds any
+    other mime type the interpreter sent, as str."""
+
+    __slots__ = (
+        "extra",
+        "html",
+        "is_main_result",
+        "javascript",
+        "jpeg",
+        "json",
+        "latex",
+        "markdown",
+        "pdf",
+        "png",
+        "svg",
+        "text",
+    )
+
+    def __init__(self, data: dict, is_main_result: bool = False) -> None:
+        for attr in MIME_ATTRS.values():
+            setattr(self, attr, None)
+        self.extra = {}
+        for mime, value in data.items():
+            attr = MIME_ATTRS.get(mime)
+            if attr is None:
+                self.extra[mime] = value
+            else:
+                setattr(self, attr, value)
+        self.is_main_result = is_main_result
+
+    def formats(self) -> list[str]:
+        """The formats present besides text (E2B's Result.formats())."""
+        out = [a for a in MIME_ATTRS.values() if a != "text" and getattr(self, a) is not None]
+        return out + list(self.extra)
+
+    def to_dict(self) -> dict:
+        d = {a: getattr(self, a) for a in MIME_ATTRS.values() if getattr(self, a) is not None}
+        if self.extra:
+            d["extra"] = dict(self.extra)
+        d["is_main_result"] = self.is_main_result
+        return d
+
+    def __repr__(self) -> str:
+        return f"CodeResult(formats={['text', *self.formats()]}, main={self.is_main_result})"
+
+
+class Logs:
+    """The cell's output as the chunks it came in (lists of str)."""
+
+    __slots__ = ("stderr", "stdout")
+
+    def __init__(self) -> None:
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+
+    def to_dict(self) -> dict:
+        return {"stdout": list(self.stdout), "stderr": list(self.stderr)}
+
+    def __repr__(self) -> str:
+        return f"Logs(stdout={self.stdout!r}, stderr={self.stderr!r})"
+
+
+class ExecutionError:
+    """The cell's exception: name ("ZeroDivisionError"), value (its message) and traceback
+    (one str, as E2B gives it; `traceback_lines` is the list the interpreter sent).
+    corral's own: "TimeoutError" (interrupted at the timeout), "ContextDied" (the
+    interpreter exited, was killed or broke the protocol; the message says which)."""
+
+    __slots__ = ("name", "traceback_lines", "value")
+
+    def __init__(self, name: str, value: str, traceback: list[str] | None = None) -> None:
+        self.name, self.value = name, value
+        self.traceback_lines = list(traceback or [])
+
+    @property
+    def traceback(self) -> str:
+        return "".join(self.traceback_lines)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "value": self.value, "traceback": self.traceback}
+
+    def __repr__(self) -> str:
+        return f"ExecutionError({self.name!r}, {self.value!r})"
+
+
+class Execution:
+    """What one run_code call produced: results, logs, error, execution_count.
+
+    `exit_code` is the bash cell's exit status (None for python and javascript); the
+    *_truncated flags say the logs or results hit their caps (what came later was dropped
+    here, though the callbacks saw all of it)."""
+
+    def __init__(self) -> None:
+        self.results: list[CodeResult] = []
+        self.logs = Logs()
+        self.error: ExecutionError | None = None
+        self.execution_count: int | None = None
+        self.exit_code: int | None = None
+        self.stdout_truncated = self.stderr_truncated = self.results_truncated = False
+
+    @property
+    def text(self) -> str | None:
+        """The main result's text/plain (E2B's Execution.text)."""
+        for r in self.results:
+            if r.is_main_result:
+                return r.text
+        return None
+
+    def to_dict(self) -> dict:
+        return {"results": [r.to_dict() for r in self.results], "logs": self.logs.to_dict(),
+                "error": self.error.to_dict() if self.error else None,
+                "execution_count": self.execution_count}
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+    def __repr__(self) -> str:
+        return (f"Execution(results={self.results!r}, logs={self.logs.to_dict()!r}, "
+                f"error={self.error!r}, execution_count={self.execution_count})")
+
+
+class Context:
+    """A code context as the caller sees it: id, language, cwd (None: the sandbox's)."""
+
+    __slots__ = ("cwd", "id", "language")
+
+    def __init__(self, id: str, language: str, cwd: str | None) -> None:
+        self.id, self.language, self.cwd = id, language, cwd
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Context) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __repr__(self) -> str:
+        return f"Context(id={self.id!r}, language={self.language!r}, cwd={self.cwd!r})"
+
+
+# --- the transport -------------------------------------------------------------------------
+
+class Channel:
+    """A process inside the sandbox with a byte stream each way: what a context runs on.
+
+    Made by a start function `start(argv, on_stdout, on_stderr, on_exit) -> Channel`;
+    on_stdout/on_stderr get each chunk of bytes of the process's stdout/stderr as it comes
+    (from any thread), on_exit(description) once when it has ended."""
+
+    def send(self, data: bytes, deadline: float) -> None:
+        """Write all of data to the process's stdin by time.monotonic() `deadline`; raises
+        OSError (the process is gone) or TimeoutError (it stopped reading)."""
+        raise NotImplementedError
+
+    def interrupt(self) -> bool:
+        """Deliver SIGINT to the process; False when this channel cannot (the python
+        runner is then interrupted in-band, by a frame)."""
+        return False
+
+    def kill(self) -> None:
+        """End the process now, whatever it does. Idempotent."""
+        raise NotImplementedError
+
+
+class ExecChannel(Channel):
+    """The interpreter as one Sandbox.exec, run in a thread, with a pipe as its stdin.
+
+    Until live sandboxes have background commands this is the transport. Its limits: no
+    signal from the host (interrupts are in-band), and kill() closes the stdin pipe, which
+    the runners answer by exiting at once; a process that survives that (sandboxed code
+    that took over the runner) runs until its exec's wall clock (`lifetime`) or the
+    sandbox closes. The exec also counts against the policy's limits.cpu_time, summed over
+    the context's life."""
+
+    def __init__(self, sandbox, argv, on_stdout, on_stderr, on_exit,
+                 lifetime: float = 7 * 86400.0) -> None:
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        self._w = w
+        self._wlock = threading.Lock()
+        # Sandbox.exec passes on only the first limits.output bytes of each stream to its
+        # callbacks: past that the interpreter's stream is cut, which must read as an end
+        cap = _plan_value(sandbox, "OutputCap", "bytes", 1 << 20)
+        seen = [0]
+
+        def out(data: bytes) -> None:
+            seen[0] += len(data)
+            on_stdout(data)
+            if seen[0] >= cap:
+                self.kill()
+                on_exit(f"reached limits.output ({cap} bytes) on its output stream, which "
+                        f"bounds a context's whole life until live sandboxes stream it "
+                        f"uncapped: raise limits.output for long sessions")
+
+        def body() -> None:
+            how = "ended"
+            try:
+                res = sandbox.exec(argv, stdin=r, on_stdout=out, on_stderr=on_stderr,
+                                   timeout=lifetime)
+                how = _describe_result(res)
+            except BaseException as e:          # noqa: BLE001 - reported, not lost
+                how = f"could not run: {e}"
+            finally:
+                os.close(r)   # only now: exec hands this fd to the process it spawns
+                self._close_w()
+                on_exit(how)
+
+        self.thread = threading.Thread(target=body, name="corral-code", daemon=True)
+        self.thread.start()
+
+    def send(self, data: bytes, deadline: float) -> None:
+        view = memoryview(data)
+        with self._wlock:
+            while view:
+                if self._w < 0:
+                    raise BrokenPipeError("the interpreter's stdin is closed")
+                try:
+                    n = os.write(self._w, view)
+                    view = view[n:]
+                    continue
+                except BlockingIOError:
+                    pass
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the interpreter stopped reading its input")
+                p = select.poll()
+                p.register(self._w, select.POLLOUT)
+                p.poll(min(left, 1.0) * 1000)
+
+    def _close_w(self) -> None:
+        with self._wlock:
+            if self._w >= 0:
+                os.close(self._w)
+                self._w = -1
+
+    def kill(self) -> None:
+        self._close_w()
+
+
+def _describe_result(res) -> str:
+    if res.verdict == "timeout":
+        return "was killed at its wall clock or CPU time limit"
+    if res.verdict == "oom":
+        return "was killed by the memory limit"
+    if res.signal is not None:
+        return f"was killed by signal {res.signal}"
+    tail = res.stderr.strip().splitlines()[-1:] if res.stderr.strip() else []
+    why = f": {tail[0][:300]}" if tail else ""
+    return f"exited with status {res.exit_code}{why}"
+
+
+class ProtocolError(Exception):
+    """The interpreter sent something that is not a valid message."""
+
+
+class FrameReader:
+    """Length-prefixed JSON frames from bytes as they come; strict and bounded."""
+
+    def __init__(self, max_frame: int) -> None:
+        self.max_frame = max_frame
+        self.buf = bytearray()
+
+    def feed(self, data: bytes) -> list[dict]:
+        self.buf += data
+        out = []
+        while len(self.buf) >= HEADER.size:
+            (n,) = HEADER.unpack_from(self.buf)
+            if n > self.max_frame:
+                raise ProtocolError(f"a frame claims {n} bytes, over the {self.max_frame} "
+                                    f"byte limit")
+            if len(self.buf) < HEADER.size + n:
+                break
+            body = bytes(self.buf[HEADER.size:HEADER.size + n])
+            del self.buf[:HEADER.size + n]
+            try:
+                msg = json.loads(body.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                raise ProtocolError(f"a frame of {n} bytes is not UTF-8 JSON") from None
+            if not isinstance(msg, dict):
+                raise ProtocolError("a frame is not a JSON object")
+            out.append(msg)
+        return out
+
+
+#: per message type, the exact fields besides "type" and their types
+_SCHEMA = {
+    "ready": {"version": int, "python": str},
+    "ready-js": {"version": int, "node": str},
+    "stdout": {"text": str},
+    "stderr": {"text": str},
+    "display": {"id": int, "data": dict, "main": bool},
+    "error": {"id": int, "name": str, "value": str, "traceback": list},
+    "end": {"id": int, "count": int},
+    "fatal": {"message": str},
+}
+
+
+def check_message(msg: dict) -> str:
+    """The message's type, after checking it has exactly its fields, of their types."""
+    kind = msg.get("type")
+    key = "ready-js" if kind == "ready" and "node" in msg else kind
+    fields = _SCHEMA.get(key) if isinstance(kind, str) else None
+    if fields is None:
+        raise ProtocolError(f"unknown message type {str(kind)[:40]!r}")
+    if set(msg) != {"type", *fields}:
+        raise ProtocolError(f"a {kind!r} message has the fields {sorted(msg)[:10]}, "
+                            f"not {sorted(['type', *fields])}")
+    for name, typ in fields.items():
+        v = msg[name]
+        if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+            raise ProtocolError(f"{kind}.{name} is not a {typ.__name__}")
+    if kind == "error" and not all(isinstance(x, str) for x in msg["traceback"]):
+        raise ProtocolError("error.traceback is not a list of strings")
+    if kind == "display":
+        for mime, value in msg["data"].items():
+            if mime == "application/json":
+                continue                       # any JSON value
+            if not isinstance(value, str):
+                raise ProtocolError(f"display data {mime[:60]!r} is not a string")
+            if mime in BASE64_MIMES:
+                try:
+                    base64.b64decode(value, validate=True)
+                except (binascii.Error, ValueError):
+                    raise ProtocolError(f"display data {mime} is not base64") from None
+    return kind
+
+
+# --- the interpreters ------------------------------------------------------------------
+
+def _runner_argv(language: str, max_frame: int, cwd: str | None) -> list[str]:
+    from .. import guest
+
+    if language == "python":   # the runner's frames are named <corral-runner> (tracebacks)
+        boot = "import sys; exec(compile(sys.argv[1], '<corral-runner>', 'exec'))"
+        return ["python3", "-c", boot, guest.source("runner.py"), str(max_frame), cwd or ""]
+    if language == "javascript":
+        return ["node", "-e", guest.source("runner.js"), "--", str(max_frame), cwd or ""]
+    raise ValueError(language)
+
+
+_BASH_LOOP = r"""exec 3<&0 </dev/null
+__corral_cwd=$1
+if [ -n "$__corral_cwd" ]; then cd -- "$__corral_cwd" || exit 97; fi
+unset __corral_cwd
+set --
+printf 'corral-bash-ready\n'
+while IFS= read -r -d '' -u 3 __corral_msg; do
+  __corral_nonce=${__corral_msg%%$'\n'*}
+  eval "${__corral_msg#*$'\n'}" </dev/null
+  __corral_status=$?
+  printf '\n%s %d\n' "$__corral_nonce" "$__corral_status"
+  printf '\n%s\n' "$__corral_nonce" >&2
+done
+"""
+
+
+class _Interp:
+    """One context's interpreter process and the messages it sent, for one language."""
+
+    def __init__(self, session: CodeSession, ctx: Context) -> None:
+        self.session, self.ctx = session, ctx
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.dead: str | None = None            # why it is gone, once it is
+        self.running = 0                        # the cell id being run, 0 between cells
+        self.lock = threading.Lock()            # one cell at a time
+        self.channel: Channel | None = None
+
+    # called from the channel's thread
+    def _die(self, why: str) -> None:
+        if self.dead is None:
+            self.dead = why
+            self.q.put(("dead", why))
+            ch = self.channel
+            if ch is not None:
+                ch.kill()
+
+    def on_exit(self, how: str) -> None:
+        self._die(f"the {self.ctx.language} interpreter {how}")
+
+    def close(self, why: str) -> None:
+        self._die(why)
+
+
+class _FramedInterp(_Interp):
+    """python and javascript: corral's runner, speaking frames."""
+
+    def start(self) -> None:
+        s = self.session
+        self.reader = FrameReader(s.max_frame)
+        self.stderr_tail = bytearray()
+        self.channel = s.start(_runner_argv(self.ctx.language, s.max_frame, self.ctx.cwd),
+                               self.on_stdout, self.on_stderr, self.on_exit)
+        kind, msg = self._next(time.monotonic() + s.start_timeout, "start")
+        if kind == "msg" and msg["type"] == "ready":
+            return
+        if kind == "msg" and msg["type"] == "fatal":
+            self.close(f"the {self.ctx.language} interpreter could not start: "
+                       f"{msg['message'][:300]}")
+        elif kind == "msg":
+            self.close(f"the {self.ctx.language} interpreter sent {msg['type']!r} before "
+                       f"'ready'")
+        raise ContextError(self._start_failure(), field="context")
+
+    def _start_failure(self) -> str:
+        why = self.dead or "it did not start"
+        if "status 127" in why:
+            prog = "python3" if self.ctx.language == "python" else "node"
+            why = f"{prog} is not in the sandbox's image (exit 127): {why}"
+        return f"{self.ctx.language} context: {why}"
+
+    def on_stdout(self, data: bytes) -> None:
+        if self.dead is not None:
+            return
+        try:
+            for msg in self.reader.feed(data):
+                check_message(msg)
+                self.q.put(("msg", msg))
+        except ProtocolError as e:
+            self._die(f"the {self.ctx.language} interpreter broke the protocol ({e}); "
+                      f"it was killed")
+
+    def on_stderr(self, data: bytes) -> None:
+        # the runner's own stderr (user code's goes through frames): kept for diagnostics
+        self.stderr_tail = (self.stderr_tail + data)[-4096:]
+
+    def _next(self, deadline: float, what: str):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return ("timeout", None)
+        try:
+            return self.q.get(timeout=left)
+        except queue.Empty:
+            return ("timeout", None)
+
+    def run(self, code: str, ex: Execution, timeout: float, cb) -> None:
+        s = self.session
+        cid = s.next_id()
+        data = json.dumps({"type": "exec", "id": cid, "code": code,
+                           "timeout": int(timeout * 1000)}).encode()
+        if len(data) > s.max_frame:
+            raise ValueError(f"code: {len(data)} bytes, over the {s.max_frame} byte frame "
+                             f"limit")
+        self.running = cid
+        try:
+            self.channel.send(HEADER.pack(len(data)) + data, time.monotonic() + timeout)
+        except (OSError, TimeoutError) as e:
+            self._die(f"the {self.ctx.language} interpreter does not take input ({e}); it "
+                      f"was killed")
+        deadline = time.monotonic() + timeout
+        interrupted = False
+        try:
+            while True:
+                kind, msg = self._next(deadline, "cell")
+                if kind == "dead":
+                    ex.error = ExecutionError("ContextDied", msg)
+                    return
+                if kind == "timeout":
+                    if interrupted:
+                        self._die(f"the cell did not stop within {s.interrupt_grace:g}s of "
+                                  f"its interrupt (after its timeout of {timeout:g}s): the "
+                                  f"{self.ctx.language} interpreter was killed and its "
+                                  f"state is lost")
+                        ex.error = ExecutionError("ContextDied", self.dead)
+                        return
+                    interrupted = True
+                    self._interrupt(cid)
+                    deadline = time.monotonic() + s.interrupt_grace
+                    continue
+                t = msg["type"]
+                if t in ("stdout", "stderr"):
+                    s.keep_log(ex, t, msg["text"], cb)
+                    continue
+                if t in ("ready", "fatal") or msg["id"] != cid:
+                    self._die(f"the {self.ctx.language} interpreter broke the protocol (it "
+                              f"sent {t!r} for cell {msg.get('id')} while cell {cid} ran); "
+                              f"it was killed")
+                    continue
+                if t == "display":
+                    s.keep_result(ex, CodeResult(msg["data"], msg["main"]), cb)
+                elif t == "error":
+                    if ex.error is None:
+                        err = ExecutionError(msg["name"][:200], msg["value"][:100_000],
+                                             msg["traceback"])
+                        if interrupted and err.name == "KeyboardInterrupt":
+                            err.name = "TimeoutError"
+                            err.value = (f"the cell ran past its timeout of {timeout:g}s "
+                                         f"and was interrupted")
+                        ex.error = err
+                        if cb.on_error:
+                            cb.on_error(err)
+                elif t == "end":
+                    ex.execution_count = msg["count"]
+                    return
+        finally:
+            self.running = 0
+
+    def _interrupt(self, cid: int) -> None:
+        if self.channel.interrupt():
+            return
+        data = json.dumps({"type": "interrupt", "id": cid}).encode()
+        try:
+            self.channel.send(HEADER.pack(len(data)) + data, time.monotonic() + 1.0)
+        except (OSError, TimeoutError):
+            pass    # the grace period's end kills it
+
+
+class _BashInterp(_Interp):
+    """bash: one `bash --noprofile --norc` reading NUL-ended cells; each cell ends with a
+    line carrying a random nonce and the exit status on stdout (and the nonce on stderr),
+    which is how the host knows the cell is over. A bash cell cannot be interrupted without
+    losing the shell's state: at its timeout the context is killed."""
+
+    READY = b"corral-bash-ready\n"
+
+    def start(self) -> None:
+        s = self.session
+        self.out = bytearray()
+        self.err = bytearray()
+        self.ready = False
+        self.nonce = None
+        self.dec = {"stdout": codecs.getincrementaldecoder("utf-8")("replace"),
+                    "stderr": codecs.getincrementaldecoder("utf-8")("replace")}
+        self.done = {"stdout": False, "stderr": False}
+        self.status = None
+        self.olock = threading.Lock()
+        argv = ["bash", "--noprofile", "--norc", "-c", _BASH_LOOP, "corral-bash",
+                self.ctx.cwd or ""]
+        self.channel = s.start(argv, self.on_stdout, self.on_stderr, self.on_exit)
+        kind, _ = self._wait_ready(time.monotonic() + s.start_timeout)
+        if kind != "ready":
+            why = self.dead or "it did not start"
+            if "status 127" in why:
+                why = f"bash is not in the sandbox's image (exit 127): {why}"
+            elif "status 97" in why:
+                why = f"cannot cd to {self.ctx.cwd!r}: {why}"
+            self.close(why)
+            raise ContextError(f"bash context: {why}", field="context")
+
+    def _wait_ready(self, deadline):
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                kind, msg = self.q.get(timeout=max(left, 0.001))
+            except queue.Empty:
+                return ("timeout", None)
+            if kind in ("ready", "dead"):
+                return (kind, msg)
+
+    def on_exit(self, how: str) -> None:
+        # bash's stderr tail is the cells' own (and the end lines), not a diagnosis
+        super().on_exit(how.split(": corral-end-")[0])
+
+    def on_stdout(self, data: bytes) -> None:
+        self._feed("stdout", data)
+
+    def on_stderr(self, data: bytes) -> None:
+        self._feed("stderr", data)
+
+    def _feed(self, stream: str, data: bytes) -> None:
+        with self.olock:
+            if self.dead is not None:
+                return
+            buf = self.out if stream == "stdout" else self.err
+            buf += data
+            if not self.ready:
+                if stream == "stdout":
+                    if buf.startswith(self.READY):
+                        del buf[:len(self.READY)]
+                        self.ready = True
+                        self.q.put(("ready", None))
+                    elif len(buf) >= len(self.READY) or not self.READY.startswith(bytes(buf)):
+                        self._die("bash printed something else than its ready line")
+                return
+            if self.nonce is None or self.done[stream]:
+                del buf[:]        # between cells (a background job's output): dropped
+                return
+            mark = b"\n" + self.nonce + (b" " if stream == "stdout" else b"\n")
+            at = buf.find(mark)
+            if at < 0:
+                cut = len(buf) - (len(mark) - 1)    # a mark may be cut across chunks
+                if cut > 0:
+                    self._text(stream, bytes(buf[:cut]))
+                    del buf[:cut]
+                return
+            if stream == "stdout":
+                nl = buf.find(b"\n", at + len(mark))
+                if nl < 0:
+                    if len(buf) - at > len(mark) + 8:
+                        self._die("bash's end-of-cell line is malformed")
+                    return
+                status = bytes(buf[at + len(mark):nl])
+                if not status.isdigit() or len(status) > 3:
+                    self._die("bash's end-of-cell line is malformed")
+                    return
+                self.status = int(status)
+            self._text(stream, bytes(buf[:at]), final=True)
+            del buf[:]
+            self.done[stream] = True
+            if all(self.done.values()):
+                self.q.put(("end", self.status))
+
+    def _text(self, stream: str, data: bytes, final: bool = False) -> None:
+        text = self.dec[stream].decode(data, final)
+        if text:
+            self.q.put((stream, text))
+
+    def run(self, code: str, ex: Execution, timeout: float, cb) -> None:
+        s = self.session
+        if "\0" in code:
+            raise ValueError("code: a bash cell cannot contain a NUL character")
+        nonce = ("corral-end-" + uuid.uuid4().hex).encode()
+        with self.olock:
+            self.nonce = nonce
+            self.done = {"stdout": False, "stderr": False}
+            self.status = None
+        data = nonce + b"\n" + code.encode("utf-8", "surrogateescape") + b"\0"
+        try:
+            self.channel.send(data, time.monotonic() + timeout)
+        except (OSError, TimeoutError) as e:
+            self._die(f"bash does not take input ({e}); it was killed")
+        deadline = time.monotonic() + timeout
+        self.session.count[self.ctx.id] = self.session.count.get(self.ctx.id, 0) + 1
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    kind, msg = self.q.get(timeout=max(left, 0.0001))
+                except queue.Empty:
+                    self._die(f"the bash cell ran past its timeout of {timeout:g}s; bash "
+                              f"cannot be interrupted without losing its state, so the "
+                              f"context was killed")
+                    ex.error = ExecutionError("TimeoutError", self.dead)
+                    return
+                if kind == "dead":
+                    ex.error = ExecutionError("ContextDied", msg)
+                    return
+                if kind in ("stdout", "stderr"):
+                    s.keep_log(ex, kind, msg, cb)
+                elif kind == "end":
+                    ex.exit_code = msg
+                    ex.execution_count = self.session.count[self.ctx.id]
+                    if msg != 0:
+                        ex.error = ExecutionError("ExitStatus", f"the cell exited with "
+                                                                f"status {msg}")
+                        if cb.on_error:
+                            cb.on_error(ex.error)
+                    return
+        finally:
+            with self.olock:
+                self.nonce = None
+
+
+class _Callbacks:
+    __slots__ = ("on_error", "on_result", "on_stderr", "on_stdout")
+
+    def __init__(self, on_stdout, on_stderr, on_result, on_error) -> None:
+        self.on_stdout, self.on_stderr = on_stdout, on_stderr
+        self.on_result, self.on_error = on_result, on_error
+
+
+class CodeSession:
+    """The code contexts of one sandbox. Sandbox.run_code and friends delegate here.
+
+    `start(argv, on_stdout, on_stderr, on_exit) -> Channel` runs an interpreter process;
+    the default runs it as an ExecChannel on `sandbox`."""
+
+    def __init__(self, sandbox, *, start=None, max_frame: int = MAX_FRAME,
+                 max_results: int = MAX_RESULTS, max_log: int | None = None,
+                 default_timeout: float | None = None) -> None:
+        self.sandbox = sandbox
+        self.start = start or (lambda argv, o, e, x: ExecChannel(sandbox, argv, o, e, x))
+        self.max_frame, self.max_results = max_frame, max_results
+        self.max_log = max_log if max_log is not None else _plan_value(sandbox, "OutputCap",
+                                                                        "bytes", 1 << 20)
+        self.default_timeout = (default_timeout if default_timeout is not None
+                                else _plan_value(sandbox, "WallClock", "seconds", 60.0))
+        self.interrupt_grace = INTERRUPT_GRACE
+        self.start_timeout = START_TIMEOUT
+        self.contexts: dict[str, _Interp] = {}
+        self.defaults: dict[str, str] = {}       # language -> id of its default context
+        self.count: dict[str, int] = {}          # bash contexts' execution counts
+        self._ids = 0
+        self._lock = threading.Lock()
+
+    def next_id(self) -> int:
+        with self._lock:
+            self._ids += 1
+            return self._ids
+
+    # --- contexts ---
+
+    def create_context(self, language: str = "python", cwd: str | None = None) -> Context:
+        if language not in LANGUAGES:
+            raise ContextError(f"unknown language {language!r}; use one of "
+                               f"{', '.join(LANGUAGES)}", field="language")
+        if cwd is not None and (not isinstance(cwd, str) or "\0" in cwd or not cwd):
+            raise ContextError("cwd must be a non-empty path inside the sandbox",
+                               field="cwd")
+        ctx = Context(uuid.uuid4().hex[:16], language, cwd)
+        interp = self._spawn(ctx)
+        with self._lock:
+            self.contexts[ctx.id] = interp
+        return ctx
+
+    def _spawn(self, ctx: Context) -> _Interp:
+        interp = (_BashInterp if ctx.language == "bash" else _FramedInterp)(self, ctx)
+        interp.start()
+        return interp
+
+    def list_contexts(self) -> list[Context]:
+        with self._lock:
+            return [i.ctx for i in self.contexts.values()]
+
+    def _get(self, ctx: Context | str) -> _Interp:
+        cid = ctx.id if isinstance(ctx, Context) else ctx
+        interp = self.contexts.get(cid)
+        if interp is None:
+            raise ContextError(f"no code context {str(cid)[:40]!r} in this sandbox (removed, "
+                               f"or never created here)", field="context")
+        return interp
+
+    def restart_context(self, ctx: Context | str) -> None:
+        """A fresh interpreter for the context (same id, language, cwd); its state is gone."""
+        old = self._get(ctx)
+        old.close("the context was restarted")
+        with old.lock:
+            new = self._spawn(old.ctx)
+            with self._lock:
+                self.contexts[old.ctx.id] = new
+            self.count.pop(old.ctx.id, None)
+
+    def remove_context(self, ctx: Context | str) -> None:
+        interp = self._get(ctx)
+        with self._lock:
+            self.contexts.pop(interp.ctx.id, None)
+            for lang, cid in list(self.defaults.items()):
+                if cid == interp.ctx.id:
+                    del self.defaults[lang]
+        interp.close("the context was removed")
+
+    def close(self) -> None:
+        with self._lock:
+            interps, self.contexts = list(self.contexts.values()), {}
+            self.defaults.clear()
+        for i in interps:
+            i.close("the sandbox was closed")
+
+    # --- run_code ---
+
+    def run_code(self, code: str, *, language: str | None = None,
+                 context: Context | str | None = None, timeout: float | None = None,
+                 on_stdout=None, on_stderr=None, on_result=None, on_error=None) -> Execution:
+        if not isinstance(code, str):
+            raise TypeError("code must be a str")
+        if context is not None and language is not None:
+            interp = self._get(context)
+            if interp.ctx.language != language:
+                raise ContextError(f"language {language!r} given with a {interp.ctx.language}"
+                                   f" context; give one or the other", field="language")
+        if context is not None:
+            interp = self._get(context)
+            if interp.dead is not None:
+                raise ContextError(f"code context {interp.ctx.id} is dead ({interp.dead}); "
+                                   f"restart_context() it or create another",
+                                   field="context")
+        else:
+            interp = self._default(language or "python")
+        if timeout is None:
+            timeout = self.default_timeout
+        if not timeout or timeout <= 0:
+            raise ContextError("timeout must be a positive number of seconds",
+                               field="timeout")
+        ex = Execution()
+        cb = _Callbacks(on_stdout, on_stderr, on_result, on_error)
+        with interp.lock:
+            if interp.dead is not None:
+                ex.error = ExecutionError("ContextDied", interp.dead)
+                return ex
+            ok = False
+            try:
+                interp.run(code, ex, float(timeout), cb)
+                ok = True
+            finally:
+                if not ok:   # a callback raised, or ^C in the caller: the cell is unknown
+                    interp.close("run_code was abandoned while a cell ran; the context "
+                                 "was killed")
+        return ex
+
+    def _default(self, language: str) -> _Interp:
+        """The language's default context: made on first use, and made again when its
+        interpreter died (an explicit context stays dead until restarted)."""
+        if language not in LANGUAGES:
+            raise ContextError(f"unknown language {language!r}; use one of "
+                               f"{', '.join(LANGUAGES)}", field="language")
+        cid = self.defaults.get(language)
+        interp = self.contexts.get(cid) if cid else None
+        if interp is None:
+            ctx = self.create_context(language)
+            self.defaults[language] = ctx.id
+            return self.contexts[ctx.id]
+        if interp.dead is not None:
+            self.restart_context(interp.ctx)
+            return self.contexts[interp.ctx.id]
+        return interp
+
+    # --- bounded keeping ---
+
+    def keep_log(self, ex: Execution, stream: str, text: str, cb: _Callbacks) -> None:
+        fn = cb.on_stdout if stream == "stdout" else cb.on_stderr
+        if fn is not None:
+            fn(text)
+        logs = ex.logs.stdout if stream == "stdout" else ex.logs.stderr
+        used = getattr(ex, "_" + stream, 0)
+        if used >= self.max_log:
+            setattr(ex, stream + "_truncated", True)
+            return
+        if used + len(text) > self.max_log:
+            text = text[:self.max_log - used]
+            setattr(ex, stream + "_truncated", True)
+        setattr(ex, "_" + stream, used + len(text))
+        logs.append(text)
+
+    def keep_result(self, ex: Execution, result: CodeResult, cb: _Callbacks) -> None:
+        size = sum(len(v) if isinstance(v, str) else len(json.dumps(v))
+                   for v in result.to_dict().values() if not isinstance(v, bool))
+        used = getattr(ex, "_results", 0)
+        if used + size > self.max_results:
+            ex.results_truncated = True
+            return
+        ex._results = used + size
+        ex.results.append(result)
+        if cb.on_result is not None:
+            cb.on_result(result)
+
+
+def _plan_value(sandbox, op: str, attr: str, default):
+    plan = getattr(sandbox, "plan", None)
+    if plan is None:
+        return default
+    from .. import plan as plan_mod
+
+    found = plan.find(getattr(plan_mod, op))
+    return getattr(found[0], attr) if found else default

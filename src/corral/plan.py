@@ -226,3 +226,11 @@ def net_config(p: Policy):
         "allow_private": list(p.network.allow_private),
         "nameservers": list(p.network.nameservers),
         "budget": {"bytes_out": b.bytes_out, "bytes_in": b.bytes_in, "requests": b.requests}})
+
+
+#: every kind of op a plan can hold: each tier's match over a plan's ops handles all of
+#: them and ends in assert_never (backends/base.py), which a type checker holds against
+#: this union; adding an op here without a case in every tier is an error
+AnyOp = (Namespaces | SystemRoot | ImageRoot | Scratch | WorkspaceMount | ReadOnlyBind
+         | Environment | MemoryLimit | PidsLimit | CpuQuota | CpuTime | WallClock | OutputCap
+         | Rlimit | Seccomp | NoNetwork | EgressProxy)

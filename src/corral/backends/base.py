@@ -26,6 +26,17 @@ DEFAULT_EGRESS_NOTE = ("only through the egress proxy on 127.0.0.1:3128; the san
                        "route and no resolver of its own")
 
 
+if TYPE_CHECKING:
+    from typing import assert_never
+else:
+    def assert_never(op) -> None:
+        """The end of every match over a plan's ops: an op no case handled is a bug, and the
+        tier stops there rather than run without it (the type checker proves, with the
+        Op union in plan.py, that no case is missing)."""
+        raise AssertionError(f"unhandled op {op!r}: every tier must handle every op "
+                             f"(see backends/base.py)")
+
+
 class LiveSandbox:
     """One open sandbox of a tier: a scratch area kept across execs, closed once."""
 

@@ -122,7 +122,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox, is_unenforced
+from .base import Backend, LiveSandbox, assert_never, is_unenforced
 from .gvisor_runsc import (
     RUNSC_FAILED,
     RUNSC_FAILED_PREFIX,
@@ -339,7 +339,8 @@ class GvisorBackend(Backend):
                 from .namespace import _image_note
 
                 return "kernel", _image_note(op).replace("bind of", "OCI root on")
-        return "none", f"unknown op {type(op).__name__}"
+            case _:
+                assert_never(op)
 
     def __init__(self, platform: str | None = None) -> None:
         self.runsc = find_runsc()
@@ -412,7 +413,7 @@ class GvisorBackend(Backend):
                       | ReadOnlyBind()):
                     pass
                 case _:
-                    missing.append((op, f"the gvisor tier does not know {type(op).__name__}"))
+                    assert_never(op)
         return missing
 
     def open(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None
@@ -604,7 +605,7 @@ class GvisorSandbox(LiveSandbox):
                       | OutputCap()):
                     pass  # below, runsc flags, the cgroup or the supervisor
                 case _:
-                    raise AssertionError(f"unhandled op {op!r}")
+                    assert_never(op)
         no_caps: dict = {k: [] for k in ("bounding", "effective", "inheritable",
                                          "permitted", "ambient")}
         linux: dict = {

@@ -66,7 +66,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox, is_unenforced
+from .base import Backend, LiveSandbox, assert_never, is_unenforced
 from .host import ids
 from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of
 from .host.etc import HOSTNAME, ensure_etc
@@ -194,7 +194,8 @@ class NamespaceBackend(Backend):
                 return "kernel", "read-only binds of /usr, /lib*, a minimal /etc"
             case ImageRoot():
                 return "kernel", _image_note(op)
-        return "none", f"unknown op {type(op).__name__}"
+            case _:
+                assert_never(op)
 
     def __init__(self) -> None:
         self.bwrap = find_bwrap()
@@ -254,7 +255,7 @@ class NamespaceBackend(Backend):
                       | Rlimit() | Environment() | NoNetwork() | ReadOnlyBind()):
                     pass
                 case _:
-                    missing.append((op, f"the namespace tier does not know {type(op).__name__}"))
+                    assert_never(op)
         return missing
 
     def open(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None
@@ -390,7 +391,7 @@ class NamespaceSandbox(LiveSandbox):
                       | WallClock() | OutputCap() | Rlimit()):
                     pass  # enforced by the supervisor, the cgroup or rlimits, not by bwrap
                 case _:
-                    raise AssertionError(f"unhandled op {op!r}")
+                    assert_never(op)
         a += ["--remount-ro", "/", "--chdir", self.plan.cwd]
         return a
 

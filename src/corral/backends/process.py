@@ -122,7 +122,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox, is_unenforced
+from .base import Backend, LiveSandbox, assert_never, is_unenforced
 from .host import ids
 from .host.cgroups import run_cgroup, usage_of
 from .host.execlimits import ExecLimits
@@ -299,7 +299,7 @@ class ProcessBackend(Backend):
                       | Environment() | NoNetwork() | ReadOnlyBind()):
                     pass
                 case _:
-                    missing.append((op, f"the process tier does not know {type(op).__name__}"))
+                    assert_never(op)
         return missing
 
     def network_allow_unusable(self) -> str | None:
@@ -407,7 +407,8 @@ class ProcessBackend(Backend):
                                   "minimal /etc, /proc and /dev/null and friends; home "
                                   "directories and the rest of the host are unreadable "
                                   "(names and sizes stay visible to stat)")
-        return "none", f"unknown op {type(op).__name__}"
+            case _:
+                assert_never(op)
 
     def open(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None
              ) -> ProcessSandbox:

@@ -244,7 +244,6 @@ class ForwardMixin(RelayMixin):
             return
 
 
-
 #: response bodies at least this large (Content-Length) are spliced, not parsed
 PASSTHROUGH_MIN = 1 << 20
 
@@ -260,7 +259,6 @@ def _passthrough_length(req: HttpRequest, resp) -> int | None:
     except ValueError:
         return None
     return n if n >= PASSTHROUGH_MIN else None
-
 
 
 __all__ = ["PASSTHROUGH_MIN", "ForwardMixin"]

@@ -52,9 +52,10 @@ class _Cut(Exception):
         self.reason = reason
 
 
-
 @dataclass
 class _Client:
+    """One client connection: its task, and when it last moved a byte (for the idle sweep)."""
+
     task: asyncio.Task | None = None
     last_active: float = field(default_factory=time.monotonic)
     idle_cut: bool = False
@@ -248,11 +249,11 @@ async def _has_more(loop, sock: socket.socket) -> bool:
 
 
 def _canon(host: str) -> str:
+    """A host for an event: canonical, else a printable, bounded spelling of what was sent."""
     try:
         return str(parse_host(host))
     except HostError:
         return "".join(c if 0x20 < ord(c) < 0x7F else "?" for c in host)[:255]
-
 
 
 def _shutdown(s: socket.socket) -> None:
@@ -268,7 +269,6 @@ async def _send_quiet(loop, sock, data: bytes) -> None:
             await loop.sock_sendall(sock, data)
     except (OSError, TimeoutError):
         pass
-
 
 
 __all__ = ["RELAY_BUF", "Emit", "RelayMixin"]

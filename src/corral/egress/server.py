@@ -493,7 +493,6 @@ def _nodelay(s: socket.socket) -> None:
         pass
 
 
-
 #: fds one client connection can hold: its socket, the upstream's, two splice pipes (2 each)
 FDS_PER_CONNECTION = 6
 #: fds beyond the connections: listener, events, resolver sockets, the netlink socket, ...

@@ -478,5 +478,4 @@ def _ssl_reason(e: BaseException) -> str:
     return type(e).__name__
 
 
-
 __all__ = ["TerminateMixin"]

@@ -165,3 +165,17 @@ def test_guest_code_imports_nothing_of_corral():
     bad = [f"{path}:{line}: {t}" for mod, is_pkg, path in ALL if mod.startswith("corral.guest")
            for t, line in imports(mod, is_pkg, path)]
     assert not bad, "\n".join(bad)
+
+
+def test_the_proxy_pieces_never_import_the_server():
+    """egress/server.py mixes in relay, forward and terminate and uses budget; none of them
+    imports server back, and budget.py (pure) imports nothing of corral but the config."""
+    pieces = {f"corral.egress.{m}" for m in ("relay", "forward", "terminate", "budget")}
+    found = {mod: [t for t, _ in imports(mod, is_pkg, path)]
+             for mod, is_pkg, path in ALL if mod in pieces}
+    assert set(found) == pieces
+    bad = [f"{mod} imports {t}" for mod, ts in found.items() for t in ts
+           if t == "corral.egress.server"]
+    bad += [f"corral.egress.budget imports {t}" for t in found["corral.egress.budget"]
+            if t != "corral.egress.config"]
+    assert not bad, "\n".join(bad)

@@ -1,6 +1,7 @@
 """The asyncio egress proxy: moves bytes, resolves each allowed name once, decides nothing.
 
-Every decision comes from the sans-IO core (decide.py, conn.py, tls.py); this layer only
+Every decision comes from the sans-IO core (decide.py, conn.py, tls.py, budget.py); this
+layer only
 
 1. accepts on a listening socket it is given (one proxy process per sandbox),
 2. parses the request with `ProxyConnection`,
@@ -11,31 +12,25 @@ Every decision comes from the sans-IO core (decide.py, conn.py, tls.py); this la
    connects to is the address it checked (no second lookup anywhere),
 5. CONNECT: answers 200, then on port 443, or whenever the client's first bytes look like
    TLS, reads the whole ClientHello and requires its SNI to equal the CONNECT host before a
-   single byte goes upstream; then relays both ways,
-6. plain HTTP: sends the request in origin-form to the pinned address with
-   ``Connection: close`` (one upstream connection per request; the client may keep its
-   connection alive) and streams the response back through h11,
-7. counts bytes and requests per canonical host against cfg.budget, and cuts a connection
-   that would exceed them,
+   single byte goes upstream; then relays both ways (relay.py's pumps, splice(2)),
+6. plain HTTP: hands each request to forward.py (origin-form to the pinned address, the
+   response streamed back through h11),
+7. counts bytes and requests per budget key against cfg.budget (budget.py decides, relay.py
+   counts), and cuts a connection that would exceed them,
 8. emits one event per decision: at once for a denial, when the connection (or, for plain
    HTTP, the request) ends for an allowed one. A connection cut by a budget or an SNI
    check ends with a "deny" event carrying the bytes that did pass. Connections refused
    for the connection cap give at most one event a second (host "", port 0).
 
 Secret grants (secrets.py, mitm.py): a CONNECT to a host:port some grant names, whose client
-speaks TLS, is *terminated*: after the SNI check the proxy completes the handshake with a
-leaf minted by the run CA (ALPN http/1.1 only), opens its own TLS to the pinned address
-(SNI and certificate check for the CONNECT host, against cfg.upstream_ca or the system
-store), and runs HTTP/1.1 (h11) on both decrypted streams, with keep-alive to the upstream:
-each request goes through `inject` (refused whole, 403, when a placeholder would leak), and
-each response through a `ResponseScrubber`. Every other CONNECT stays a byte tunnel.
-Plain-HTTP requests go through `inject` too (plain_http grants only), and responses from
-granted hosts are scrubbed. On a terminated connection, bytes are counted decrypted (HTTP
-bytes to and from the upstream), and each request after the first takes one more request
-from the budget.
+speaks TLS, is *terminated* after the SNI check (terminate.py): HTTP/1.1 on both decrypted
+streams, each request through `inject`, each response through a `ResponseScrubber`. Every
+other CONNECT stays a byte tunnel. Plain-HTTP requests go through `inject` too (plain_http
+grants only), and responses from granted hosts are scrubbed (forward.py).
 
-Budgets are counted per `Decision.budget_key`: the canonical host, or "*.suffix" for all
-the names one wildcard rule lets through.
+`EgressProxy` is one class split by concern over mixins: TerminateMixin (terminate.py),
+ForwardMixin (forward.py) and RelayMixin (relay.py: per-connection state, the byte pumps,
+the flow's event). This module imports them; they import nothing of it.
 
 A listener on the host's own loopback (the process tier's) can be reached by any local user:
 with cfg.peer_uid set, a connection is accepted only when the socket at its other end
@@ -52,23 +47,17 @@ cfg.dns_timeout upstream.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import errno
-import fcntl
 import os
 import socket
 import ssl
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from ipaddress import IPv4Address, ip_address
 
-import h11
-
-from ..events import NetEvent
-from ..policy.hosts import HostError, IPAddress, host_header_text, parse_host
+from ..policy.hosts import HostError, IPAddress, parse_host
 from . import hostsfile
+from .budget import Budgets
 from .config import NetConfig
 from .conn import (
     CONNECT_OK,
@@ -78,74 +67,27 @@ from .conn import (
     HttpRequest,
     ProxyConnection,
     ProxyProtocolError,
-    RequestData,
-    RequestEnd,
     deny_response,
     error_response,
-    forward_request,
-    inner_request,
-    response_headers,
 )
 from .decide import Decision, check_address, decide_target
+from .forward import ForwardMixin
 from .peer import PeerLookup
-from .secrets import (
-    GRANTED,
-    ResponseScrubber,
-    ScrubError,
-    grants_for,
-    inject,
-    readable_accept_encoding,
-    scrub_map,
-    secret_event,
+from .relay import (
+    RELAY_BUF,
+    Emit,
+    RelayMixin,
+    _canon,
+    _Client,
+    _Cut,
+    _Flow,
+    _Refused,
+    _send_quiet,
+    _shutdown,
 )
+from .secrets import ResponseScrubber, grants_for, scrub_map
+from .terminate import TerminateMixin
 from .tls import MAX_HELLO, NEED_MORE, TLSError, looks_like_tls, parse_client_hello
-
-RELAY_BUF = 256 * 1024
-Emit = Callable[[dict], None]
-
-
-class _Refused(Exception):
-    """A request ends here with `status` and `reason` sent to the client."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
-class _Cut(Exception):
-    """An allowed connection is cut for `reason` (budget, SNI); the event becomes a deny."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass
-class _Usage:
-    bytes_out: int = 0
-    bytes_in: int = 0
-    requests: int = 0
-
-
-@dataclass
-class _Client:
-    task: asyncio.Task | None = None
-    last_active: float = field(default_factory=time.monotonic)
-    idle_cut: bool = False
-
-
-@dataclass
-class _Flow:
-    """One decision being carried out: counts for its event."""
-
-    host: str
-    port: int
-    reason: str
-    key: str                 # budget key (decide.Decision.budget_key)
-    bytes_in: int = 0
-    bytes_out: int = 0
-    cut: str | None = None
 
 
 def make_resolver(cfg: NetConfig):
@@ -166,14 +108,17 @@ def make_resolver(cfg: NetConfig):
     return r
 
 
-class EgressProxy:
+class EgressProxy(TerminateMixin, ForwardMixin, RelayMixin):
+    """One sandbox's proxy: accepts, decides (through the core), resolves once,
+    connects, and tunnels; plain HTTP and terminated TLS come from the mixins."""
+
     def __init__(self, cfg: NetConfig, emit: Emit, *, resolver=None, hosts=None) -> None:
         self.cfg = cfg
         self._emit_cb = emit
         self._resolver = resolver if resolver is not None else make_resolver(cfg)
         #: the host's /etc/hosts (hostsfile.py), asked before DNS
         self._hosts = hosts if hosts is not None else hostsfile.load()[0]
-        self._usage: dict[str, _Usage] = {}
+        self._budgets = Budgets(cfg.budget)
         self._clients: dict[socket.socket, _Client] = {}
         self._last_overflow_event = 0.0
         self._last_foreign_event = 0.0
@@ -290,10 +235,6 @@ class EgressProxy:
                     st.idle_cut = True
                     st.task.cancel()
 
-    def _emit(self, host: str, port: int, allow: bool, reason: str, bytes_in: int = 0,
-              bytes_out: int = 0) -> None:
-        self._emit_cb(NetEvent(host, port, "allow" if allow else "deny", reason, bytes_in,
-                               bytes_out).to_dict())
 
     # --- one client connection -----------------------------------------------------------
 
@@ -361,7 +302,7 @@ class EgressProxy:
         d = decide_target(self.cfg, host, port)
         if not d.allow:
             raise _Refused(403, d.reason)
-        exceeded = self._take_request(d.budget_key)
+        exceeded = self._budgets.take_request(d.budget_key)
         if exceeded:
             raise _Refused(403, exceeded)
         if d.ip is not None:
@@ -378,17 +319,6 @@ class EgressProxy:
         sock = await self._connect(addrs, port)
         return d, sock, addrs
 
-    def _take_request(self, host: str) -> str | None:
-        b = self.cfg.budget
-        u = self._usage.setdefault(host, _Usage())
-        if b.requests is not None and u.requests >= b.requests:
-            return "budget: requests"
-        if b.bytes_out is not None and u.bytes_out >= b.bytes_out:
-            return "budget: bytes_out"
-        if b.bytes_in is not None and u.bytes_in >= b.bytes_in:
-            return "budget: bytes_in"
-        u.requests += 1
-        return None
 
     async def _resolve(self, name: str) -> list[IPAddress]:
         import dns.exception
@@ -555,815 +485,11 @@ class EgressProxy:
         if str(sni) != d.host:
             raise _Cut("sni mismatch")
 
-    async def _pump(self, src, dst, flow: _Flow, direction: str, st: _Client,
-                    length: int | None = None) -> None:
-        """Relay src -> dst until EOF (then half-close dst), or exactly `length` bytes."""
-        if _HAVE_SPLICE:
-            await self._splice_pump(src, dst, flow, direction, st, length)
-        else:
-            await self._copy_pump(src, dst, flow, direction, st, length)
-
-    async def _splice_pump(self, src, dst, flow: _Flow, direction: str, st: _Client,
-                           length: int | None) -> None:
-        """Zero-copy relay: socket -> pipe -> socket with non-blocking splice(2), waiting on
-        the event loop only when both ends would block."""
-        loop = asyncio.get_running_loop()
-        try:
-            pr, pw = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:                                # out of fds: copy instead
-            await self._copy_pump(src, dst, flow, direction, st, length)
-            return
-        try:
-            try:
-                fcntl.fcntl(pw, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
-            except OSError:
-                pass
-            cap = fcntl.fcntl(pw, fcntl.F_GETPIPE_SZ)
-            sfd, dfd = src.fileno(), dst.fileno()
-            in_pipe = 0
-            eof = False
-            left = length
-            flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
-            while True:
-                progress = False
-                want_read = False
-                if not eof and in_pipe < cap and left != 0:
-                    n_max = cap - in_pipe if left is None else min(cap - in_pipe, left)
-                    room = self._room(flow.key, direction)
-                    if room is not None:
-                        if room == 0:
-                            if await _has_more(loop, src):
-                                raise _Cut(f"budget: {direction}")
-                            eof = True
-                            n_max = 0
-                        n_max = min(n_max, room)
-                    if n_max:
-                        try:
-                            n = os.splice(sfd, pw, n_max, flags=flags)
-                        except BlockingIOError:
-                            want_read = True
-                        else:
-                            if n == 0:
-                                eof = True
-                            else:
-                                in_pipe += n
-                                if left is not None:
-                                    left -= n
-                                self._count(flow, direction, n)
-                                progress = True
-                want_write = False
-                if in_pipe:
-                    try:
-                        m = os.splice(pr, dfd, in_pipe, flags=flags)
-                    except BlockingIOError:
-                        want_write = True
-                    else:
-                        in_pipe -= m
-                        progress = progress or m > 0
-                if in_pipe == 0 and (eof or left == 0):
-                    if eof and length is None:
-                        _shutdown(dst)
-                    if eof and left:
-                        raise ConnectionError("upstream closed early")
-                    return
-                if progress:
-                    st.last_active = time.monotonic()
-                    continue
-                if not (want_read or want_write):
-                    await asyncio.sleep(0)
-                    continue
-                await _wait_fds(loop, sfd if want_read else None, dfd if want_write else None)
-        finally:
-            os.close(pr)
-            os.close(pw)
-
-    async def _copy_pump(self, src, dst, flow: _Flow, direction: str, st: _Client,
-                         length: int | None) -> None:
-        loop = asyncio.get_running_loop()
-        buf = bytearray(RELAY_BUF)
-        view = memoryview(buf)
-        left = length
-        while left is None or left > 0:
-            n = await loop.sock_recv_into(src, view if left is None else view[:left])
-            st.last_active = time.monotonic()
-            if n == 0:
-                if left:
-                    raise ConnectionError("upstream closed early")
-                _shutdown(dst)
-                return
-            if left is not None:
-                left -= n
-            await self._send(dst, view[:n], flow, direction, st)
-
-    async def _send(self, dst, data, flow: _Flow, direction: str, st: _Client) -> None:
-        """Send and count; never lets more than the budget through."""
-        if not data:
-            return
-        room = self._room(flow.key, direction)
-        n = len(data)
-        if room is not None and n > room:
-            if room > 0:
-                await asyncio.get_running_loop().sock_sendall(dst, data[:room])
-                self._count(flow, direction, room)
-            raise _Cut(f"budget: {direction}")
-        await asyncio.get_running_loop().sock_sendall(dst, data)
-        st.last_active = time.monotonic()
-        self._count(flow, direction, n)
-
-    def _room(self, key: str, direction: str) -> int | None:
-        limit = getattr(self.cfg.budget, direction)
-        if limit is None:
-            return None
-        return max(0, limit - getattr(self._usage.setdefault(key, _Usage()), direction))
-
-    def _count(self, flow: _Flow, direction: str, n: int) -> None:
-        u = self._usage.setdefault(flow.key, _Usage())
-        setattr(u, direction, getattr(u, direction) + n)
-        setattr(flow, direction, getattr(flow, direction) + n)
-
-    def _end(self, flow: _Flow) -> None:
-        if flow.cut is not None:
-            self._emit(flow.host, flow.port, False, flow.cut, flow.bytes_in, flow.bytes_out)
-        else:
-            self._emit(flow.host, flow.port, True, flow.reason, flow.bytes_in, flow.bytes_out)
-
-    # --- terminated TLS for granted hosts ---------------------------------------------
-
-    async def _granted_hello(self, client, up, first: bytes, d: Decision, port: int,
-                             st: _Client) -> tuple[bool, bytes]:
-        """On a tunnel to a granted host:port: (True, the checked ClientHello and whatever
-        followed it) when the client speaks TLS, else (False, what the client sent so far),
-        and the tunnel stays plain. Raises _Cut like _check_client_hello."""
-        loop = asyncio.get_running_loop()
-        buf = bytearray(first)
-        if not buf and port != 443:
-            # a protocol whose server speaks first (ssh) is not TLS: do not wait for the client
-            if await _first_readable(loop, client, up) is up:
-                return False, b""
-            data = await loop.sock_recv(client, RELAY_BUF)
-            st.last_active = time.monotonic()
-            if not data:
-                return False, b""
-            buf += data
-        if port != 443 and not looks_like_tls(bytes(buf[:2])):
-            return False, bytes(buf)
-        await self._check_client_hello(client, buf, d, st)
-        return True, bytes(buf)
-
-    async def _mitm(self, client, up, hello: bytes, d: Decision, addrs: list[IPAddress],
-                    flow: _Flow, st: _Client):
-        """Terminate the client's TLS with a leaf for d.host, open TLS to the pinned upstream,
-        and relay HTTP/1.1 requests through inject() and responses through the scrubber.
-        `up` stays the caller's to close; reconnections made here are closed here."""
-        port = flow.port
-        assert self._leaves is not None and self._upstream_tls is not None
-        ctls = _TLS(client, self._leaves.server_context(d.host), st, server_side=True)
-        ctls.feed(hello)
-        try:
-            async with asyncio.timeout(self.cfg.header_timeout):
-                await ctls.handshake()
-        except (ssl.SSLError, ConnectionError, OSError, TimeoutError) as e:
-            flow.cut = f"tls: the sandbox's handshake failed ({_ssl_reason(e)})"
-            return
-        sock = up                                  # the upstream socket in use
-        utls: _TLS | None = None
-        upc: h11.Connection | None = None
-        up_error: str | None = None
-        try:
-            utls = await self._upstream_handshake(up, d, st)
-        except _Refused as r:
-            up_error = r.reason
-        upc = h11.Connection(h11.CLIENT)
-        cconn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.cfg.max_header_bytes)
-        host_header = host_header_text(parse_host(d.host), port, default_port=443).encode()
-        used: set[str] = set()
-        echoes: dict[bytes, bytes] = {}
-        first = True
-        try:
-            while True:
-                try:
-                    ev = await self._tls_head(cconn, ctls, st, first)
-                except TimeoutError:
-                    await ctls.send_quiet(error_response(408, "request head timeout"))
-                    return
-                except h11.RemoteProtocolError:
-                    await ctls.send_quiet(error_response(400, "bad request inside the tunnel"))
-                    return
-                if not isinstance(ev, h11.Request):
-                    return
-                try:
-                    req = inner_request(ev, d.host, port)
-                except ProxyProtocolError as e:
-                    if e.status == 403:
-                        flow.cut = e.message
-                    await ctls.send_quiet(deny_response(e.message) if e.status == 403
-                                          else error_response(e.status, e.message))
-                    return
-                if not first:
-                    exceeded = self._take_request(flow.key)
-                    if exceeded:
-                        flow.cut = exceeded
-                        await ctls.send_quiet(deny_response(exceeded))
-                        return
-                first = False
-                if up_error is not None:
-                    flow.cut = up_error
-                    await ctls.send_quiet(error_response(502, up_error))
-                    return
-                inj = inject(self._grants, d.host, port, "https", req.method, req.path,
-                             req.headers, time.time())
-                if inj.denied is not None:
-                    self._emit_cb(inj.denied)
-                    await ctls.send_quiet(deny_response(inj.reason or "secret"))
-                    return
-                if utls is not None and utls.peer_closed():   # an idle keep-alive ended
-                    utls = None
-                if utls is None:                      # the upstream closed the last one
-                    if sock is not up:
-                        sock.close()
-                    sock = await self._connect(addrs, port)
-                    try:
-                        utls = await self._upstream_handshake(sock, d, st)
-                    except _Refused as r:
-                        flow.cut = r.reason
-                        await ctls.send_quiet(error_response(502, r.reason))
-                        return
-                    upc = h11.Connection(h11.CLIENT)
-                assert upc is not None
-                for name in inj.used:
-                    if name not in used:
-                        used.add(name)
-                        self._emit_cb(secret_event(name, d.host, port, "inject", GRANTED))
-                for k, v in inj.echoes.items():
-                    echoes[k] = v
-                    if len(echoes) > 64:
-                        echoes.pop(next(iter(echoes)))
-                req = dataclasses.replace(req, headers=tuple(readable_accept_encoding(
-                    inj.headers)), path=inj.target)
-                scrubber = ResponseScrubber(self._scrub_base, echoes)
-                keep = await self._mitm_exchange(cconn, ctls, upc, utls, req, host_header,
-                                                 scrubber, flow, st)
-                if upc.our_state is h11.DONE and upc.their_state is h11.DONE:
-                    upc.start_next_cycle()
-                else:
-                    await utls.close()
-                    utls = None
-                if not keep:
-                    return
-                if cconn.our_state is h11.DONE and cconn.their_state is h11.DONE:
-                    cconn.start_next_cycle()
-                else:
-                    return
-        except _Cut as c:
-            flow.cut = c.reason
-            return
-        except _Refused as r:                     # a reconnect failed
-            flow.cut = r.reason
-            await ctls.send_quiet(error_response(r.status, r.reason))
-            return
-        finally:
-            if utls is not None:
-                await utls.close()
-            await ctls.close()
-            if sock is not up:
-                sock.close()
-
-    async def _upstream_handshake(self, up, d: Decision, st: _Client) -> _TLS:
-        assert self._upstream_tls is not None
-        utls = _TLS(up, self._upstream_tls, st, server_side=False, server_hostname=d.host)
-        try:
-            async with asyncio.timeout(self.cfg.connect_timeout):
-                await utls.handshake()
-        except ssl.SSLCertVerificationError as e:
-            raise _Refused(502, f"upstream tls: {e.verify_message or 'certificate verify failed'}"
-                           ) from None
-        except TimeoutError:
-            raise _Refused(504, "upstream tls: timeout") from None
-        except (ssl.SSLError, ConnectionError, OSError) as e:
-            raise _Refused(502, f"upstream tls: {_ssl_reason(e)}") from None
-        return utls
-
-    async def _tls_head(self, cconn: h11.Connection, ctls: _TLS, st: _Client, first: bool):
-        """The next h11 event of the client (a request head): header_timeout from the first
-        request, or from the first byte of a later one."""
-        loop = asyncio.get_running_loop()
-        limit = self.cfg.header_timeout
-        async with asyncio.timeout(limit if first else None) as tm:
-            while True:
-                ev = cconn.next_event()
-                if ev is not h11.NEED_DATA:
-                    return ev
-                data = await ctls.recv()
-                if tm.when() is None:
-                    tm.reschedule(loop.time() + limit)
-                cconn.receive_data(data)
-
-    async def _mitm_exchange(self, cconn: h11.Connection, ctls: _TLS, upc: h11.Connection,
-                             utls: _TLS, req: HttpRequest, host_header: bytes,
-                             scrubber: ResponseScrubber, flow: _Flow, st: _Client) -> bool:
-        """One request and its response on a terminated connection. False when the client
-        connection must end (a cut, a broken upstream, a response already started)."""
-        started = False
-        try:
-            if cconn.they_are_waiting_for_100_continue:
-                await ctls.sendall(cconn.send(
-                    h11.InformationalResponse(status_code=100, headers=[])) or b"")
-            head = upc.send(forward_request(req, host_header, keep_alive=True)) or b""
-            await self._tls_send(utls, head, flow)
-            while True:                                   # request body
-                try:
-                    ev = cconn.next_event()
-                except h11.RemoteProtocolError:           # the client broke off its body
-                    return False
-                if ev is h11.NEED_DATA:
-                    cconn.receive_data(await ctls.recv())
-                elif isinstance(ev, h11.Data):
-                    await self._tls_send(utls, upc.send(h11.Data(data=ev.data)) or b"", flow)
-                elif isinstance(ev, h11.EndOfMessage):
-                    await self._tls_send(utls, upc.send(h11.EndOfMessage()) or b"", flow)
-                    break
-                else:
-                    return False
-            pending = bytearray()
-            while True:                                   # response
-                ev = upc.next_event()
-                if ev is h11.NEED_DATA:
-                    if pending:
-                        await ctls.sendall(bytes(pending))
-                        pending.clear()
-                    data = await utls.recv()
-                    room = self._room(flow.key, "bytes_in")
-                    if room is not None and len(data) > room:
-                        self._count(flow, "bytes_in", room)
-                        raise _Cut("budget: bytes_in")
-                    self._count(flow, "bytes_in", len(data))
-                    upc.receive_data(data)
-                    continue
-                if isinstance(ev, h11.InformationalResponse):
-                    if ev.status_code != 101:
-                        pending += cconn.send(h11.InformationalResponse(
-                            status_code=ev.status_code,
-                            headers=scrubber.start(response_headers(ev.headers),
-                                                   has_body=False))) or b""
-                    continue
-                if isinstance(ev, h11.Response):
-                    has_body = not (req.method == b"HEAD" or ev.status_code in (204, 304))
-                    headers = scrubber.start(response_headers(ev.headers), has_body=has_body)
-                    started = True
-                    pending += cconn.send(h11.Response(
-                        status_code=ev.status_code, reason=scrubber.scrub(bytes(ev.reason)),
-                        headers=headers)) or b""
-                elif isinstance(ev, h11.Data):
-                    for piece in scrubber.feed(bytes(ev.data)):
-                        pending += cconn.send(h11.Data(data=piece)) or b""
-                elif isinstance(ev, h11.EndOfMessage):
-                    tail = scrubber.end()
-                    if tail:
-                        pending += cconn.send(h11.Data(data=tail)) or b""
-                    pending += cconn.send(h11.EndOfMessage()) or b""
-                    await ctls.sendall(bytes(pending))
-                    return True
-                else:                                     # ConnectionClosed, PAUSED
-                    if not started:
-                        flow.cut = "bad response from upstream"
-                        await ctls.send_quiet(error_response(502, "bad response from upstream"))
-                    return False
-                if len(pending) >= RELAY_BUF:
-                    await ctls.sendall(bytes(pending))
-                    pending.clear()
-        except ScrubError as e:                       # fail closed: cut, never pass
-            flow.cut = str(e)
-            if not started:
-                await ctls.send_quiet(error_response(502, str(e)))
-            return False
-        except h11.ProtocolError:
-            flow.cut = "bad response from upstream"
-            if not started:
-                await ctls.send_quiet(error_response(502, "bad response from upstream"))
-            return False
-        except _Cut as c:
-            if not started:
-                await ctls.send_quiet(deny_response(c.reason))
-            raise
-        except (ConnectionError, OSError, ssl.SSLError):
-            if not started:
-                await ctls.send_quiet(error_response(502, "upstream connection failed"))
-            return False
-
-    async def _tls_send(self, utls: _TLS, data: bytes, flow: _Flow) -> None:
-        """Send decrypted bytes upstream within the bytes_out budget."""
-        if not data:
-            return
-        room = self._room(flow.key, "bytes_out")
-        if room is not None and len(data) > room:
-            raise _Cut("budget: bytes_out")
-        await utls.sendall(data)
-        self._count(flow, "bytes_out", len(data))
-
-    # --- plain HTTP -------------------------------------------------------------------
-
-    async def _http(self, client, conn: ProxyConnection, req: HttpRequest, st: _Client,
-                    used: set[str]) -> bool:
-        """Forward one request; True when the client connection may carry another."""
-        loop = asyncio.get_running_loop()
-        scrubber: ResponseScrubber | None = None
-        if self._grants:
-            canon = _canon(req.host)
-            inj = inject(self._grants, canon, req.port, "http", req.method, req.path,
-                         req.headers, time.time())
-            if inj.denied is not None:
-                self._emit_cb(inj.denied)
-                await _send_quiet(loop, client, deny_response(inj.reason or "secret"))
-                return False
-            if grants_for(self._grants, canon, req.port):
-                req = dataclasses.replace(req, headers=tuple(readable_accept_encoding(
-                    inj.headers)), path=inj.target)
-                scrubber = ResponseScrubber(self._scrub_base, inj.echoes)
-            for name in inj.used:
-                if name not in used:
-                    used.add(name)
-                    self._emit_cb(secret_event(name, canon, req.port, "inject", GRANTED))
-        try:
-            d, up, _ = await self._open(req.host, req.port)
-        except _Refused as r:
-            self._emit(_canon(req.host), req.port, False, r.reason)
-            await _send_quiet(loop, client, error_response(r.status, r.reason) if r.status != 403
-                              else deny_response(r.reason))
-            return False
-        flow = _Flow(d.host, req.port, d.reason, d.budget_key)
-        started = False
-        try:
-            if conn.client_waits_for_100:
-                await loop.sock_sendall(client, conn.send(
-                    h11.InformationalResponse(status_code=100, headers=[])))
-            upc = h11.Connection(h11.CLIENT)
-            await self._send(up, upc.send(forward_request(req)), flow, "bytes_out", st)
-            while True:                                   # request body
-                ev = conn.next_event()
-                if ev is NEED_DATA:
-                    data = await loop.sock_recv(client, RELAY_BUF)
-                    st.last_active = time.monotonic()
-                    conn.receive_data(data)
-                elif isinstance(ev, RequestData):
-                    await self._send(up, upc.send(h11.Data(data=ev.data)), flow, "bytes_out", st)
-                elif isinstance(ev, RequestEnd):
-                    await self._send(up, upc.send(h11.EndOfMessage()), flow, "bytes_out", st)
-                    break
-                else:
-                    return False
-            pending = bytearray()                         # coalesced writes to the client
-            while True:                                   # response
-                ev = upc.next_event()
-                if ev is h11.NEED_DATA:
-                    if pending:
-                        await loop.sock_sendall(client, pending)
-                        pending.clear()
-                    data = await loop.sock_recv(up, RELAY_BUF)
-                    st.last_active = time.monotonic()
-                    room = self._room(flow.key, "bytes_in")
-                    if room is not None and len(data) > room:
-                        upc.receive_data(data[:room])
-                        self._count(flow, "bytes_in", room)
-                        flow.cut = "budget: bytes_in"
-                        if pending:
-                            await loop.sock_sendall(client, pending)
-                        await self._relay_response_events(upc, conn, client, started,
-                                                          scrubber)
-                        return False
-                    self._count(flow, "bytes_in", len(data))
-                    upc.receive_data(data)
-                    continue
-                if isinstance(ev, h11.InformationalResponse):
-                    if ev.status_code != 101:
-                        pending += conn.send(ev)
-                    continue
-                if isinstance(ev, h11.Response):
-                    if scrubber is not None:
-                        has_body = not (req.method == b"HEAD" or ev.status_code in (204, 304))
-                        headers = scrubber.start(response_headers(ev.headers),
-                                                 has_body=has_body)
-                        started = True
-                        pending += conn.send(h11.Response(
-                            status_code=ev.status_code, reason=scrubber.scrub(bytes(ev.reason)),
-                            headers=headers))
-                        continue
-                    started = True
-                    length = _passthrough_length(req, ev)
-                    if length is not None:
-                        if pending:
-                            await loop.sock_sendall(client, pending)
-                        await self._passthrough(upc, conn, client, up, ev, length, flow, st)
-                        return False
-                    pending += conn.send(h11.Response(
-                        status_code=ev.status_code, reason=ev.reason,
-                        headers=response_headers(ev.headers)))
-                elif isinstance(ev, h11.Data):
-                    if scrubber is not None:
-                        for piece in scrubber.feed(bytes(ev.data)):
-                            pending += conn.send(h11.Data(data=piece))
-                    else:
-                        pending += conn.send(h11.Data(data=ev.data))
-                elif isinstance(ev, h11.EndOfMessage):
-                    if scrubber is not None:
-                        tail = scrubber.end()
-                        if tail:
-                            pending += conn.send(h11.Data(data=tail))
-                    pending += conn.send(h11.EndOfMessage())
-                    await loop.sock_sendall(client, pending)
-                    break
-                else:
-                    return False
-                if len(pending) >= RELAY_BUF:
-                    await loop.sock_sendall(client, pending)
-                    pending.clear()
-                st.last_active = time.monotonic()
-        except _Cut as c:
-            flow.cut = c.reason
-            if not started:
-                await _send_quiet(loop, client, deny_response(c.reason))
-            return False
-        except ProxyProtocolError:
-            return False
-        except ScrubError as e:                       # fail closed: cut, never pass
-            flow.cut = str(e)
-            if not started:
-                await _send_quiet(loop, client, error_response(502, str(e)))
-            return False
-        except h11.ProtocolError:
-            flow.cut = "bad response from upstream"
-            if not started:
-                await _send_quiet(loop, client, error_response(
-                    502, "bad response from upstream"))
-            return False
-        except (ConnectionError, OSError):
-            if not started:
-                await _send_quiet(loop, client, error_response(502, "upstream connection failed"))
-            return False
-        finally:
-            up.close()
-            self._end(flow)
-        return conn.keep_alive
-
-    async def _passthrough(self, upc, conn: ProxyConnection, client, up, resp, length: int,
-                           flow: _Flow, st: _Client) -> None:
-        """A large Content-Length body: head through h11 (with Connection: close), what h11
-        already buffered, then the rest spliced socket to socket."""
-        loop = asyncio.get_running_loop()
-        await loop.sock_sendall(client, conn.send_passthrough(h11.Response(
-            status_code=resp.status_code, reason=resp.reason,
-            headers=response_headers(resp.headers))))
-        sent = 0
-        while True:
-            ev = upc.next_event()
-            if isinstance(ev, h11.Data):
-                await loop.sock_sendall(client, ev.data)
-                sent += len(ev.data)
-            else:
-                break
-        if length > sent:
-            await self._pump(up, client, flow, "bytes_in", st, length=length - sent)
-
-    async def _relay_response_events(self, upc, conn, client, started: bool,
-                                     scrubber: ResponseScrubber | None = None) -> None:
-        """Forward whatever complete events h11 can still give (the budgeted remainder;
-        through the scrubber, whose held-back tail is then dropped)."""
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                ev = upc.next_event()
-                if isinstance(ev, h11.Response):
-                    headers = response_headers(ev.headers)
-                    if scrubber is not None:
-                        headers = scrubber.start(headers, has_body=True)
-                    await loop.sock_sendall(client, conn.send(h11.Response(
-                        status_code=ev.status_code, headers=headers,
-                        reason=ev.reason if scrubber is None else scrubber.scrub(ev.reason))))
-                elif isinstance(ev, h11.Data):
-                    pieces = [ev.data] if scrubber is None else list(scrubber.feed(ev.data))
-                    for piece in pieces:
-                        await loop.sock_sendall(client, conn.send(h11.Data(data=piece)))
-                else:
-                    return
-        except (h11.ProtocolError, ScrubError, OSError):
-            return
-
-
-class _TLS:
-    """TLS on a non-blocking socket: an ssl.SSLObject on memory BIOs (the ssl module's own
-    sans-IO interface), driven by the event loop. Used for both sides of a terminated
-    connection; `feed` takes bytes already read from the socket (the ClientHello)."""
-
-    def __init__(self, sock: socket.socket, ctx: ssl.SSLContext, st: _Client, *,
-                 server_side: bool, server_hostname: str | None = None) -> None:
-        self.sock, self.st = sock, st
-        self.inb, self.outb = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self.obj = ctx.wrap_bio(self.inb, self.outb, server_side=server_side,
-                                server_hostname=server_hostname)
-        self.closed = False
-
-    def feed(self, data: bytes) -> None:
-        self.inb.write(data)
-
-    async def _flush(self) -> None:
-        data = self.outb.read()
-        if data:
-            await asyncio.get_running_loop().sock_sendall(self.sock, data)
-            self.st.last_active = time.monotonic()
-
-    async def _fill(self) -> None:
-        data = await asyncio.get_running_loop().sock_recv(self.sock, RELAY_BUF)
-        self.st.last_active = time.monotonic()
-        if data:
-            self.inb.write(data)
-        else:
-            self.inb.write_eof()
-
-    async def handshake(self) -> None:
-        while True:
-            try:
-                self.obj.do_handshake()
-                break
-            except ssl.SSLWantReadError:
-                await self._flush()
-                if self.inb.eof:
-                    raise ConnectionError("eof in the TLS handshake") from None
-                await self._fill()
-        await self._flush()
-
-    async def recv(self, n: int = RELAY_BUF) -> bytes:
-        """Decrypted bytes; b"" at the end (close_notify or a bare EOF: the HTTP framing
-        above says whether that was early)."""
-        while True:
-            try:
-                data = self.obj.read(n)
-            except ssl.SSLWantReadError:
-                await self._flush()
-                if self.inb.eof:
-                    return b""
-                await self._fill()
-                continue
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                return b""
-            if self.outb.pending:
-                await self._flush()
-            return data
-
-    def peer_closed(self) -> bool:
-        """Between requests on a kept-alive upstream: has the server closed it (EOF or
-        close_notify waiting on the socket, or anything else it sent unasked)?"""
-        try:
-            data = self.sock.recv(RELAY_BUF, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            return False
-        except OSError:
-            return True
-        if not data:
-            return True
-        self.inb.write(data)
-        try:
-            self.obj.read(1)
-        except ssl.SSLWantReadError:
-            return False                 # a TLS record without data (a session ticket)
-        except ssl.SSLError:
-            return True
-        return True                      # response bytes nobody asked for
-
-    async def sendall(self, data: bytes) -> None:
-        view = memoryview(data)
-        for i in range(0, len(view), RELAY_BUF):
-            self.obj.write(view[i:i + RELAY_BUF])      # a memory BIO takes it all
-            await self._flush()
-
-    async def send_quiet(self, data: bytes) -> None:
-        try:
-            async with asyncio.timeout(5):
-                await self.sendall(data)
-        except (OSError, ssl.SSLError, TimeoutError):
-            pass
-
-    async def close(self) -> None:
-        """Send close_notify (best effort)."""
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            self.obj.unwrap()
-        except (ssl.SSLError, ValueError):
-            pass
-        try:
-            async with asyncio.timeout(1):
-                await self._flush()
-        except (OSError, TimeoutError):
-            pass
-
-
-async def _first_readable(loop, a: socket.socket, b: socket.socket) -> socket.socket:
-    """Whichever of two sockets becomes readable first (a when both are)."""
-    fut = loop.create_future()
-
-    def ready(sock) -> None:
-        if not fut.done():
-            fut.set_result(sock)
-
-    loop.add_reader(a.fileno(), ready, a)
-    loop.add_reader(b.fileno(), ready, b)
-    try:
-        return await fut
-    finally:
-        loop.remove_reader(a.fileno())
-        loop.remove_reader(b.fileno())
-
-
-def _ssl_reason(e: BaseException) -> str:
-    """One short line for an event: the OpenSSL reason, never data."""
-    if isinstance(e, ssl.SSLError) and e.reason:
-        return e.reason.lower().replace("_", " ")
-    if isinstance(e, TimeoutError):
-        return "timeout"
-    if isinstance(e, ConnectionError):
-        return "connection closed"
-    return type(e).__name__
-
-
-#: response bodies at least this large (Content-Length) are spliced, not parsed
-PASSTHROUGH_MIN = 1 << 20
-
-
-def _passthrough_length(req: HttpRequest, resp) -> int | None:
-    if req.method == b"HEAD" or resp.status_code in (204, 304) or resp.status_code < 200:
-        return None
-    lengths = [v for k, v in resp.headers if k == b"content-length"]
-    if len(lengths) != 1 or any(k == b"transfer-encoding" for k, _ in resp.headers):
-        return None
-    try:
-        n = int(lengths[0])
-    except ValueError:
-        return None
-    return n if n >= PASSTHROUGH_MIN else None
-
-
-_HAVE_SPLICE = hasattr(os, "splice")
-_PIPE_SIZE = 1 << 20
-
-
-async def _wait_fds(loop, read_fd: int | None, write_fd: int | None) -> None:
-    """Until read_fd is readable or write_fd writable (at least one is given)."""
-    fut = loop.create_future()
-
-    def wake() -> None:
-        if not fut.done():
-            fut.set_result(None)
-
-    if read_fd is not None:
-        loop.add_reader(read_fd, wake)
-    if write_fd is not None:
-        loop.add_writer(write_fd, wake)
-    try:
-        await fut
-    finally:
-        if read_fd is not None:
-            loop.remove_reader(read_fd)
-        if write_fd is not None:
-            loop.remove_writer(write_fd)
-
-
-async def _has_more(loop, sock: socket.socket) -> bool:
-    """Wait until sock is readable; True if it has data (False at EOF or on error)."""
-    while True:
-        try:
-            return bool(sock.recv(1, socket.MSG_PEEK))
-        except BlockingIOError:
-            await _wait_fds(loop, sock.fileno(), None)
-        except OSError:
-            return False
-
-
-def _canon(host: str) -> str:
-    try:
-        return str(parse_host(host))
-    except HostError:
-        return "".join(c if 0x20 < ord(c) < 0x7F else "?" for c in host)[:255]
-
 
 def _nodelay(s: socket.socket) -> None:
     try:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except OSError:
-        pass
-
-
-def _shutdown(s: socket.socket) -> None:
-    try:
-        s.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-
-
-async def _send_quiet(loop, sock, data: bytes) -> None:
-    try:
-        async with asyncio.timeout(5):
-            await loop.sock_sendall(sock, data)
-    except (OSError, TimeoutError):
         pass
 
 

@@ -1,0 +1,274 @@
+"""Per-connection state and the byte pumps every path of the proxy shares.
+
+- `_Client` is one client connection (its task, when it last moved a byte: the idle sweep
+  of server.py reads it); `_Flow` is one decision being carried out (a CONNECT tunnel, a
+  plain-HTTP request, a terminated connection): its host, budget key, the bytes that
+  passed and, when it was cut, why.
+- `_Refused` ends a request with a status and reason sent to the client; `_Cut` cuts an
+  allowed connection (budget, SNI), whose event then becomes a deny.
+- `RelayMixin` moves bytes within the budgets (budget.py decides how many may go; this
+  only asks and counts): `_pump` relays one direction with splice(2), socket -> pipe ->
+  socket, or by copying where splice is missing or no pipe can be had; `_send` sends one
+  buffer; either cuts (`_Cut("budget: ...")`) rather than let a byte past the budget. The
+  CONNECT tunnel (server.py) and plain-HTTP forwarding (forward.py) use them; terminated
+  TLS (terminate.py) counts decrypted bytes through `_count`. `_end` emits a flow's one
+  event.
+
+The proxy class (server.EgressProxy) mixes RelayMixin in and provides `_budgets` (a
+budget.Budgets) and `_emit_cb` (where events go).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..events import NetEvent
+from ..policy.hosts import HostError, parse_host
+from .budget import Budgets
+
+RELAY_BUF = 256 * 1024
+Emit = Callable[[dict], None]
+
+
+class _Refused(Exception):
+    """A request ends here with `status` and `reason` sent to the client."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+class _Cut(Exception):
+    """An allowed connection is cut for `reason` (budget, SNI); the event becomes a deny."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class _Client:
+    """One client connection: its task, and when it last moved a byte (for the idle sweep)."""
+
+    task: asyncio.Task | None = None
+    last_active: float = field(default_factory=time.monotonic)
+    idle_cut: bool = False
+
+
+@dataclass
+class _Flow:
+    """One decision being carried out: counts for its event."""
+
+    host: str
+    port: int
+    reason: str
+    key: str                 # budget key (decide.Decision.budget_key)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    cut: str | None = None
+
+
+class RelayMixin:
+    """The byte pumps and the flow's event, for server.EgressProxy."""
+
+    _budgets: Budgets
+    _emit_cb: Emit
+
+    def _emit(self, host: str, port: int, allow: bool, reason: str, bytes_in: int = 0,
+              bytes_out: int = 0) -> None:
+        self._emit_cb(NetEvent(host, port, "allow" if allow else "deny", reason, bytes_in,
+                               bytes_out).to_dict())
+
+    async def _pump(self, src, dst, flow: _Flow, direction: str, st: _Client,
+                    length: int | None = None) -> None:
+        """Relay src -> dst until EOF (then half-close dst), or exactly `length` bytes."""
+        if _HAVE_SPLICE:
+            await self._splice_pump(src, dst, flow, direction, st, length)
+        else:
+            await self._copy_pump(src, dst, flow, direction, st, length)
+
+    async def _splice_pump(self, src, dst, flow: _Flow, direction: str, st: _Client,
+                           length: int | None) -> None:
+        """Zero-copy relay: socket -> pipe -> socket with non-blocking splice(2), waiting on
+        the event loop only when both ends would block."""
+        loop = asyncio.get_running_loop()
+        try:
+            pr, pw = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:                                # out of fds: copy instead
+            await self._copy_pump(src, dst, flow, direction, st, length)
+            return
+        try:
+            try:
+                fcntl.fcntl(pw, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+            except OSError:
+                pass
+            cap = fcntl.fcntl(pw, fcntl.F_GETPIPE_SZ)
+            sfd, dfd = src.fileno(), dst.fileno()
+            in_pipe = 0
+            eof = False
+            left = length
+            flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+            while True:
+                progress = False
+                want_read = False
+                if not eof and in_pipe < cap and left != 0:
+                    n_max = cap - in_pipe if left is None else min(cap - in_pipe, left)
+                    room = self._budgets.room(flow.key, direction)
+                    if room is not None:
+                        if room == 0:
+                            if await _has_more(loop, src):
+                                raise _Cut(f"budget: {direction}")
+                            eof = True
+                            n_max = 0
+                        n_max = min(n_max, room)
+                    if n_max:
+                        try:
+                            n = os.splice(sfd, pw, n_max, flags=flags)
+                        except BlockingIOError:
+                            want_read = True
+                        else:
+                            if n == 0:
+                                eof = True
+                            else:
+                                in_pipe += n
+                                if left is not None:
+                                    left -= n
+                                self._count(flow, direction, n)
+                                progress = True
+                want_write = False
+                if in_pipe:
+                    try:
+                        m = os.splice(pr, dfd, in_pipe, flags=flags)
+                    except BlockingIOError:
+                        want_write = True
+                    else:
+                        in_pipe -= m
+                        progress = progress or m > 0
+                if in_pipe == 0 and (eof or left == 0):
+                    if eof and length is None:
+                        _shutdown(dst)
+                    if eof and left:
+                        raise ConnectionError("upstream closed early")
+                    return
+                if progress:
+                    st.last_active = time.monotonic()
+                    continue
+                if not (want_read or want_write):
+                    await asyncio.sleep(0)
+                    continue
+                await _wait_fds(loop, sfd if want_read else None, dfd if want_write else None)
+        finally:
+            os.close(pr)
+            os.close(pw)
+
+    async def _copy_pump(self, src, dst, flow: _Flow, direction: str, st: _Client,
+                         length: int | None) -> None:
+        loop = asyncio.get_running_loop()
+        buf = bytearray(RELAY_BUF)
+        view = memoryview(buf)
+        left = length
+        while left is None or left > 0:
+            n = await loop.sock_recv_into(src, view if left is None else view[:left])
+            st.last_active = time.monotonic()
+            if n == 0:
+                if left:
+                    raise ConnectionError("upstream closed early")
+                _shutdown(dst)
+                return
+            if left is not None:
+                left -= n
+            await self._send(dst, view[:n], flow, direction, st)
+
+    async def _send(self, dst, data, flow: _Flow, direction: str, st: _Client) -> None:
+        """Send and count; never lets more than the budget through."""
+        if not data:
+            return
+        room = self._budgets.room(flow.key, direction)
+        n = len(data)
+        if room is not None and n > room:
+            if room > 0:
+                await asyncio.get_running_loop().sock_sendall(dst, data[:room])
+                self._count(flow, direction, room)
+            raise _Cut(f"budget: {direction}")
+        await asyncio.get_running_loop().sock_sendall(dst, data)
+        st.last_active = time.monotonic()
+        self._count(flow, direction, n)
+
+    def _count(self, flow: _Flow, direction: str, n: int) -> None:
+        self._budgets.count(flow.key, direction, n)
+        setattr(flow, direction, getattr(flow, direction) + n)
+
+    def _end(self, flow: _Flow) -> None:
+        if flow.cut is not None:
+            self._emit(flow.host, flow.port, False, flow.cut, flow.bytes_in, flow.bytes_out)
+        else:
+            self._emit(flow.host, flow.port, True, flow.reason, flow.bytes_in, flow.bytes_out)
+
+
+_HAVE_SPLICE = hasattr(os, "splice")
+_PIPE_SIZE = 1 << 20
+
+
+async def _wait_fds(loop, read_fd: int | None, write_fd: int | None) -> None:
+    """Until read_fd is readable or write_fd writable (at least one is given)."""
+    fut = loop.create_future()
+
+    def wake() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    if read_fd is not None:
+        loop.add_reader(read_fd, wake)
+    if write_fd is not None:
+        loop.add_writer(write_fd, wake)
+    try:
+        await fut
+    finally:
+        if read_fd is not None:
+            loop.remove_reader(read_fd)
+        if write_fd is not None:
+            loop.remove_writer(write_fd)
+
+
+async def _has_more(loop, sock: socket.socket) -> bool:
+    """Wait until sock is readable; True if it has data (False at EOF or on error)."""
+    while True:
+        try:
+            return bool(sock.recv(1, socket.MSG_PEEK))
+        except BlockingIOError:
+            await _wait_fds(loop, sock.fileno(), None)
+        except OSError:
+            return False
+
+
+def _canon(host: str) -> str:
+    """A host for an event: canonical, else a printable, bounded spelling of what was sent."""
+    try:
+        return str(parse_host(host))
+    except HostError:
+        return "".join(c if 0x20 < ord(c) < 0x7F else "?" for c in host)[:255]
+
+
+def _shutdown(s: socket.socket) -> None:
+    try:
+        s.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+async def _send_quiet(loop, sock, data: bytes) -> None:
+    try:
+        async with asyncio.timeout(5):
+            await loop.sock_sendall(sock, data)
+    except (OSError, TimeoutError):
+        pass
+
+
+__all__ = ["RELAY_BUF", "Emit", "RelayMixin"]

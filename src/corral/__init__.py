@@ -9,6 +9,7 @@ from .errors import (
                      BackendUnavailable,
                      CorralError,
                      PolicyError,
+                     SandboxClosed,
                      SandboxSetupError,
                      UnsupportedRule,
                      UsageError,
@@ -19,5 +20,5 @@ from .runtime.sandbox import Sandbox, run
 
 __version__ = "0.1.0"
 __all__ = ["BackendUnavailable", "CorralError", "Policy", "PolicyError", "Result",
-           "SandboxSetupError", "Sandbox", "UnsupportedRule", "UsageError", "Usage",
+           "SandboxClosed", "SandboxSetupError", "Sandbox", "UnsupportedRule", "UsageError", "Usage",
            "load_policy", "run", "__version__"]

@@ -41,6 +41,17 @@ class Sandbox:
         self._live = None
         self._pid = 0
 
+    @classmethod
+    def create(cls, policy: Policy | dict | str | None = None, *, timeout: float = 300,
+               metadata: Mapping[str, str] | None = None,
+               env: Mapping[str, str] | None = None, backend=None):
+        """A live sandbox: one set of namespaces kept for many commands (sb.commands),
+        ended by sb.kill(), by its timeout (seconds) or when its init dies. See
+        runtime/live.py and docs/sessions.md."""
+        from .live import Live
+
+        return Live(policy, timeout=timeout, metadata=metadata, env=env, backend=backend)
+
     @property
     def isolation(self) -> str:
         return self._backend.name

@@ -249,11 +249,6 @@ class NamespaceLive(NamespaceSandbox):
             poller = select.poll()
             poller.register(target.pidfd, select.POLLIN)
             poller.poll(2000)
-            try:
-                os.waitid(os.P_PIDFD, target.pidfd, os.WEXITED | os.WNOHANG)
-            except ChildProcessError:
-                pass   # bwrap's monitor reaped it
-            target.close()
         if self.bwrap_pid:
             kill_pid(self.bwrap_pid)
             try:
@@ -261,6 +256,12 @@ class NamespaceLive(NamespaceSandbox):
             except ChildProcessError:
                 pass
             self.bwrap_pid = 0
+        if target is not None:
+            try:   # bwrap's monitor reaps it, unless it went first: then it is ours
+                os.waitid(os.P_PIDFD, target.pidfd, os.WEXITED | os.WNOHANG)
+            except ChildProcessError:
+                pass
+            target.close()
         if self._status_r >= 0:
             _read_rest(self._status_r)
             os.close(self._status_r)
@@ -284,13 +285,9 @@ class NamespaceLive(NamespaceSandbox):
 
 
 def _alive(pidfd: int) -> bool:
-    import _signal
-
-    try:
-        _signal.pidfd_send_signal(pidfd, 0)
-        return True
-    except ProcessLookupError:
-        return False
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return not poller.poll(0)
 
 
 def _check_hierarchy(cg) -> None:

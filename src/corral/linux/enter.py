@@ -38,6 +38,7 @@ import _signal
 import ctypes
 import os
 import resource
+import select
 
 from ..errors import SandboxSetupError
 from . import _sys
@@ -104,11 +105,13 @@ class Target:
         self.last_cap = _last_cap()
 
     def alive(self) -> bool:
-        try:
-            _signal.pidfd_send_signal(self.pidfd, 0)
-            return True
-        except ProcessLookupError:
+        """Whether init has not exited (a pidfd is readable once it has, zombie or not:
+        a signal to a zombie would still succeed)."""
+        if self.pidfd < 0:
             return False
+        poller = select.poll()
+        poller.register(self.pidfd, select.POLLIN)
+        return not poller.poll(0)
 
     def close(self) -> None:
         for fd in (self.pidfd, self.root_fd):

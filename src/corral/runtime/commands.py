@@ -117,6 +117,7 @@ class CommandHandle:
         self._thread: threading.Thread | None = None
         #: the sandbox's teardown event, when the sandbox ended while this ran
         self._end_event: dict | None = None
+        self._killed = False
 
     # -- the public face --
     @property
@@ -134,6 +135,7 @@ class CommandHandle:
         """SIGKILL the command and every process it started (its cgroup)."""
         started = self._started
         if started is not None and self.running:
+            self._killed = True
             started.cgroup.kill_all()
 
     def send_stdin(self, data: bytes | str) -> None:
@@ -186,6 +188,12 @@ class CommandHandle:
         self._done.set()
 
     def _watch(self) -> None:
+        try:
+            self._result = self._supervise()
+        finally:
+            self._done.set()
+
+    def _supervise(self):
         owner, s = self._owner, self._started
         plan = owner.plan
         cap = plan.find(OutputCap)[0].bytes
@@ -195,6 +203,7 @@ class CommandHandle:
             wall = NO_DEADLINE_S if self.background else plan.find(WallClock)[0].seconds
         net_from = owner._net_mark()
         outcome = None
+        usage, oom_kills = None, 0
         try:
             outcome = supervise(s.pid, s.out_r, s.err_r, timeout=wall, cpu_time=cpu,
                                 cpu_seconds=s.cgroup.cpu_seconds, output_cap=cap,
@@ -202,17 +211,21 @@ class CommandHandle:
                                 kill=s.cgroup.kill_all, started=time.monotonic())
         finally:
             self.close_stdin()
-            usage, oom_kills = _usage(outcome, s.cgroup) if outcome else (None, 0)
-            owner._command_ended(self)
+            if outcome is not None:
+                usage, oom_kills = _usage(outcome, s.cgroup)
+            stray = (outcome is not None and not outcome.timed_out and not self._killed
+                     and not oom_kills and os.WIFSIGNALED(outcome.status or 0)
+                     and os.WTERMSIG(outcome.status) == 9)
+            owner._command_ended(self, stray)
         events = owner._events_copy() + owner._net_since(net_from)
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=False)
-        self._result = finish(outcome, exit_code=exit_code, sig=sig, events=events,
-                              usage=usage, oom_kills=oom_kills, wall=wall, cpu=cpu,
-                              memory=plan.find(MemoryLimit)[0].bytes, cap=cap,
-                              isolation=owner.isolation)
+        result = finish(outcome, exit_code=exit_code, sig=sig, events=events,
+                        usage=usage, oom_kills=oom_kills, wall=wall, cpu=cpu,
+                        memory=plan.find(MemoryLimit)[0].bytes, cap=cap,
+                        isolation=owner.isolation)
         if self._end_event is not None:
-            self._result.events.append(dict(self._end_event))
-        self._done.set()
+            result.events.append(dict(self._end_event))
+        return result
 
 
 def _usage(outcome, cg):

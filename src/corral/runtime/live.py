@@ -27,7 +27,8 @@ import time
 from .._record import Default, Record
 from ..errors import SandboxClosed, UsageError
 from .commands import CommandInfo, Commands
-from .sandbox import Sandbox, _left_open
+from . import sandbox as _sandbox
+from .sandbox import Sandbox
 
 #: bounds of a sandbox's timeout (seconds) and of its metadata
 MAX_TIMEOUT_S = 7 * 86400
@@ -100,12 +101,11 @@ class Live(Sandbox):
         self._live = self._backend.open_live(self.plan, self._events, self._granted,
                                              self.policy.network.upstream_ca)
         self._pid = os.getpid()
-        from .sandbox import _close_at_exit
-
-        _close_at_exit(self._live)
+        _sandbox._close_at_exit(self._live)
         self.id = self._live.dir.id
         self.created = time.time()
         self._ends = time.monotonic() + timeout
+        self._ends_wall = self.created + timeout
         self._last_use = time.monotonic()
         idle = getattr(self.policy.limits, "idle_timeout", None)
         self.idle_timeout = float(idle) if idle else None
@@ -124,7 +124,7 @@ class Live(Sandbox):
     @property
     def ends(self) -> float:
         """When (time.time()) its timeout passes."""
-        return time.time() + (self._ends - time.monotonic())
+        return self._ends_wall
 
     def set_timeout(self, seconds: float) -> None:
         """End the sandbox `seconds` from now (longer or shorter than before)."""
@@ -132,6 +132,7 @@ class Live(Sandbox):
         with self._lock:
             self._check_open()
             self._ends = time.monotonic() + seconds
+            self._ends_wall = time.time() + seconds
             self._last_use = time.monotonic()
         self._wake()
 
@@ -148,7 +149,7 @@ class Live(Sandbox):
                              memory_peak_bytes=u.memory_peak_bytes,
                              memory_bytes=_memory_now(cg))
             return SandboxInfo(id=self.id, state=self.state, isolation=self.isolation,
-                               created=self.created, ends=round(self.ends, 3),
+                               created=self.created, ends=self.ends,
                                policy_digest=policy_digest(self.policy),
                                idle_timeout=self.idle_timeout, metadata=dict(self.metadata),
                                usage=usage, ended_by=self._ended)
@@ -242,13 +243,20 @@ class Live(Sandbox):
             self._running.append(handle)
         return started
 
-    def _command_ended(self, handle) -> None:
+    def _command_ended(self, handle, sigkilled: bool = False) -> None:
+        """`sigkilled`: it died of a SIGKILL nobody of ours sent: perhaps the pid
+        namespace going down, whose init exits only after every process in it did."""
+        live = self._live
+        if self._ended is None and live is not None and not _init_alive(live, sigkilled):
+            self._end("init", _INIT_EXITED)    # before it leaves _running: its Result says so
         with self._lock:
             self._last_use = time.monotonic()
             if handle in self._running:
                 self._running.remove(handle)
             if self._ended is not None:
                 return    # the cgroups went with the sandbox
+            if self.idle_timeout:
+                self._wake()     # the idle clock starts again
             cg = handle._started.cgroup
             if cg.pids():
                 self._lingering.append((handle, cg))
@@ -275,6 +283,7 @@ class Live(Sandbox):
 
     # -- the end --------------------------------------------------------------------------
     def _end(self, why: str, message: str) -> list[str]:
+        """End it (once): under the lock, so whoever calls next finds it all gone."""
         with self._lock:
             if self._ended is not None or self._pid != os.getpid():
                 return []
@@ -283,14 +292,14 @@ class Live(Sandbox):
             event = {"kind": "teardown", "message": message}
             for h in self._running:      # their Results say why they ended
                 h._end_event = event
-        self._wake()
-        problems = []
-        if live is not None and live in _left_open:
-            _left_open.discard(live)
-            problems = live.close()
-        self.events.append(event)
-        self.events += [{"kind": "teardown", "message": p} for p in problems]
-        return problems
+            self._wake()
+            problems = []
+            if live is not None and live in _sandbox._left_open:
+                _sandbox._left_open.discard(live)
+                problems = live.close()
+            self.events.append(event)
+            self.events += [{"kind": "teardown", "message": p} for p in problems]
+            return problems
 
     def _wake(self) -> None:
         try:
@@ -362,6 +371,19 @@ class Live(Sandbox):
             self._lingering = still
 
 
+def _init_alive(live, wait: bool) -> bool:
+    if not wait:
+        return live.alive()
+    target = live.target
+    if target is None:
+        return False
+    poller = select.poll()
+    poller.register(target.pidfd, select.POLLIN)
+    return not poller.poll(INIT_EXIT_WAIT_MS)
+
+
+#: how long a command's end waits for init's, when the command died of a stray SIGKILL
+INIT_EXIT_WAIT_MS = 250
 _INIT_EXITED = ("the sandbox's init (pid 1 inside) exited: a process inside killed it or "
                 "the holder it waits for; every process, mount and cgroup of the sandbox "
                 "was removed")

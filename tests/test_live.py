@@ -267,3 +267,25 @@ def test_one_shot_sandbox_and_exec_are_unchanged():
         sb.exec(["sh", "-c", "echo x > /scratch/f; sleep 300 > /dev/null 2>&1 &"])
         assert sb.exec(["cat", "/scratch/f"]).stdout == "x\n"
         assert "sleep 300" not in sb.exec(["ps", "-e", "-o", "args"]).stdout
+
+
+def test_pool_claims_distinct_never_used_sandboxes():
+    with corral.Pool(size=2, timeout=60) as pool:
+        _wait_for(lambda: pool.ready() == 2, "two ready sandboxes")
+        a, b = pool.claim(), pool.claim()
+        c = pool.claim()     # made behind the first claims
+        try:
+            ids = {a.id, b.id, c.id}
+            assert len(ids) == 3
+            for sb in (a, b, c):
+                info = sb.get_info()
+                assert info.usage["commands"] == 0 and info.state == "running"
+                assert 50 < info.ends - time.time() <= 60
+                # nothing of anyone else's: a fresh scratch
+                assert sb.commands.run("ls -A /scratch").stdout == ""
+            a.commands.run("touch /scratch/mine")
+            assert b.commands.run("ls -A /scratch").stdout == ""
+        finally:
+            for sb in (a, b, c):
+                sb.kill()
+    assert pool.ready() == 0

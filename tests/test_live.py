@@ -289,3 +289,103 @@ def test_pool_claims_distinct_never_used_sandboxes():
             for sb in (a, b, c):
                 sb.kill()
     assert pool.ready() == 0
+
+
+# ---- supervisor processes, connect, the CLI ------------------------------------------
+
+def _cli(*args, input=None, timeout=120):
+    import subprocess
+
+    from conftest import CORRAL
+
+    return subprocess.run([CORRAL, *args], capture_output=True, text=True, input=input,
+                          timeout=timeout)
+
+
+def test_connect_from_another_process_and_the_sandbox_outlives_its_creator():
+    import subprocess
+    import sys
+
+    make = ("import corral\n"
+            "sb = corral.Sandbox.create(timeout=60, detached=True, metadata={'k': 'v'})\n"
+            "sb.commands.run('echo from-creator > /scratch/note')\n"
+            "sb.commands.run(['sleep', '302'], background=True)\n"
+            "print(sb.id)\n")
+    p = subprocess.run([sys.executable, "-c", make], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    sid = p.stdout.strip()             # its creator has exited
+    sb = corral.Sandbox.connect(sid)
+    try:
+        assert sb.get_info().metadata == {"k": "v"}
+        assert sb.commands.run("cat /scratch/note").stdout == "from-creator\n"
+        assert any(c.cmd == ("sleep", "302") for c in sb.commands.list())
+        got = []
+        h = sb.commands.run("read x; echo \"[$x]\"; exit 4", background=True,
+                            on_stdout=got.append)
+        h.send_stdin("typed\n")
+        r = h.wait(60)
+        assert (r.exit_code, r.stdout, b"".join(got)) == (4, "[typed]\n", b"[typed]\n")
+        r = sb.commands.run("sleep 30", timeout=0.5)
+        assert r.verdict == "timeout"
+    finally:
+        sb.kill()
+    with pytest.raises(SandboxClosed):
+        corral.Sandbox.connect(sid)
+    with pytest.raises(UsageError):
+        corral.Sandbox.connect("../../etc")
+
+
+def test_cli_create_ls_exec_kill():
+    p = _cli("sandbox", "create", "--timeout", "60", "--memory", "256M")
+    assert p.returncode == 0, p.stderr
+    sid = p.stdout.strip()
+    try:
+        assert sid in _cli("sandbox", "ls").stdout
+        p = _cli("sandbox", "exec", sid, "--", "sh", "-c",
+                 "echo kept > /scratch/x; sleep 300 > /dev/null 2>&1 &")
+        assert p.returncode == 0, p.stderr
+        p = _cli("sandbox", "exec", sid, "--", "sh", "-c", "cat /scratch/x; ps -e -o args")
+        assert p.stdout.startswith("kept\n") and "sleep 300" in p.stdout.splitlines(), p
+        assert _cli("sandbox", "exec", sid, "--", "sh", "-c", "exit 7").returncode == 7
+        p = _cli("sandbox", "exec", sid, "--stdin", "--", "cat", input="piped")
+        assert p.stdout == "piped"
+        p = _cli("sandbox", "exec", sid, "--timeout", "1s", "--", "sleep", "30")
+        assert p.returncode == 124 and "timeout" in p.stderr
+        info = corral.Sandbox.connect(sid).get_info()
+        assert info.usage["commands"] == 5
+    finally:
+        assert _cli("sandbox", "kill", sid).returncode == 0
+    assert sid not in _cli("sandbox", "ls").stdout
+    p = _cli("sandbox", "exec", sid, "--", "true")
+    assert p.returncode == 125 and "no live sandbox" in p.stderr
+    assert _cli("sandbox", "exec", "not-an-id", "--", "true").returncode == 2
+
+
+def test_a_sigkilled_supervisor_leaves_nothing_after_the_sweep():
+    import signal
+
+    from corral.linux import rundir
+    from corral.runtime import registry
+
+    p = _cli("sandbox", "create", "--timeout", "120")
+    assert p.returncode == 0, p.stderr
+    sid = p.stdout.strip()
+    entry = registry.read_entry(sid)
+    base = rundir.base_dir()
+    run_dir = os.path.join(base, sid)
+    uid = os.stat(os.path.join(run_dir, "scratch")).st_uid
+    with open(os.path.join(run_dir, "cgroups")) as f:
+        cgroups = [line.split()[3] for line in f if line.strip()]
+    corral.Sandbox.connect(sid).commands.run(["sleep", "303"], background=True)
+    assert _procs_of_uid(uid) and cgroups and _mounts_below(run_dir)
+    os.kill(entry["pid"], signal.SIGKILL)
+    _wait_for(lambda: not os.path.exists(f"/proc/{entry['pid']}"), "the supervisor's end")
+    _wait_for(lambda: _procs_of_uid(uid) == [], "bwrap and every process inside to die")
+    # (another corral process on this host may sweep it first: either way it goes)
+    rundir.sweep_stale(base)
+    assert not os.path.exists(run_dir) and _mounts_below(run_dir) == []
+    assert not any(map(os.path.exists, cgroups))
+    assert registry.read_entry(sid) is None
+    assert not os.path.exists(os.path.join(base, rundir.REGISTRY, sid + ".json"))
+    assert sid not in _cli("sandbox", "ls").stdout

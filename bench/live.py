@@ -33,7 +33,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "src"))
 
-import corral  # noqa: E402
+import corral
 
 GOALS = {"create_ms": 15.0, "claim_ms": 1.0}
 

@@ -28,7 +28,7 @@ import select
 import time
 
 from ..errors import SandboxSetupError
-from ..linux import enter, limits
+from ..linux import enter
 from ..linux._sys import subreaper_acquire, subreaper_release
 from ..linux.supervise import kill_pid, spawn
 from ..plan import CpuTime, EgressProxy, Environment, Rlimit
@@ -39,16 +39,22 @@ from .namespace import NamespaceSandbox, _child_pid, _confine, _read_rest, _writ
 HOLDER = ("/usr/bin/sleep", "infinity")
 #: idle command cgroups a live sandbox keeps for its next commands
 KEEP_CGROUPS = 4
+#: corral's own processes in a live sandbox's cgroup beyond a one-shot run's (bwrap and
+#: its init count there too): the holder, the entrant waiting for the next command and
+#: one on its way out; added to limits.pids so the commands keep the policy's count
+OWN_PIDS = 3
 
 
 class Started:
     """A command just started inside: its host pid (our child), the read ends of its
     stdout and stderr, and its cgroup."""
 
-    __slots__ = ("pid", "out_r", "err_r", "cgroup", "ns_pid")
+    __slots__ = ("before_wait", "cgroup", "err_r", "ns_pid", "out_r", "pid")
 
-    def __init__(self, pid: int, out_r: int, err_r: int, cgroup) -> None:
+    def __init__(self, pid: int, out_r: int, err_r: int, cgroup, before_wait=None) -> None:
         self.pid, self.out_r, self.err_r, self.cgroup = pid, out_r, err_r, cgroup
+        #: to call before reaping pid (supervise's before_wait): the entrant's own reaping
+        self.before_wait = before_wait
         self.ns_pid = _ns_pid(pid)
 
 
@@ -75,6 +81,7 @@ class NamespaceLive(NamespaceSandbox):
         self.proxy = None
         self._status_r = -1
         self._free: list = []     # emptied command cgroups
+        self._next = None         # (Entrant, its cgroup) for the next command
         self._cmds = 0
         self._subreaper = False
         self._init_fd = -1
@@ -93,7 +100,8 @@ class NamespaceLive(NamespaceSandbox):
                         int(plan.find(CpuTime)[0].seconds) + 1)
         self.env = dict(plan.find(Environment)[0].env)
         self.program = enter.Program(self.bpf)
-        cg = self.sandbox_cg = run_cgroup(self.dir, f"{self.dir.id}-live", plan, self.events)
+        cg = self.sandbox_cg = run_cgroup(self.dir, f"{self.dir.id}-live", plan, self.events,
+                                          pids=lambda n: n + OWN_PIDS)
         if cg is None:
             raise SandboxSetupError("a live sandbox needs a cgroup of its own (every command "
                                     "gets a child of it) and this host has none usable; "
@@ -182,29 +190,44 @@ class NamespaceLive(NamespaceSandbox):
     # -- commands -------------------------------------------------------------------------
     def start(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
               cpu_seconds: float | None = None) -> Started:
-        """Start argv inside, in a cgroup of its own (a child of the sandbox's). Raises
-        supervise.ExecFailed when its exec failed inside (nothing ran), SandboxSetupError
-        when the sandbox cannot be entered (it is gone)."""
+        """Start argv inside, in a cgroup of its own (a child of the sandbox's), through
+        the entrant prepared ahead (prepare()) or a new one. Raises supervise.ExecFailed
+        when its exec failed inside (nothing ran), SandboxSetupError when the sandbox
+        cannot be entered (it is gone)."""
         if self.target is None or not self.target.alive():
             raise SandboxSetupError("the sandbox is not running", step="enter")
-        cg = self._cgroup()
-        attach = cg.attach_fds()
+        if self._next is None:
+            self.prepare()
+        (entrant, cg), self._next = self._next, None
         nofile, fsize, cpu = self.rlimits
         if cpu_seconds is not None:
             cpu = int(cpu_seconds) + 1
         try:
-            pid, out_r, err_r = enter.spawn_in(self.target, argv, env, cwd=cwd,
-                                               stdin_fd=stdin_fd, attach=attach,
-                                               rlimits=(nofile, fsize, cpu),
-                                               program=self.program)
+            pid, out_r, err_r = entrant.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
+                                              rlimits=(nofile, fsize, cpu))
         except BaseException:
-            for fd in attach:
-                os.close(fd)
+            entrant.close()
+            cg.kill_all()
             self.release(cg)
             raise
-        for fd in attach:
-            os.close(fd)
-        return Started(pid, out_r, err_r, cg)
+        return Started(pid, out_r, err_r, cg, entrant.reap)
+
+    def prepare(self) -> None:
+        """Fork the next command's entrant ahead (linux/enter.Entrant): in its cgroup and
+        the sandbox's namespaces, waiting. A no-op if one is ready."""
+        if self._next is not None or self.target is None:
+            return
+        cg = self._cgroup()
+        attach = cg.attach_fds()
+        try:
+            entrant = enter.Entrant(self.target, attach, self.program)
+        except BaseException:
+            self.release(cg)
+            raise
+        finally:
+            for fd in attach:
+                os.close(fd)
+        self._next = (entrant, cg)
 
     def _cgroup(self):
         while self._free:
@@ -235,6 +258,9 @@ class NamespaceLive(NamespaceSandbox):
         """Kill init (the whole pid namespace goes with it), reap bwrap, stop the proxy,
         remove every cgroup, the mounts and the run dir. Idempotent."""
         problems: list[str] = []
+        if self._next is not None:
+            (entrant, _), self._next = self._next, None
+            entrant.close()       # its cgroup goes with the sandbox's
         target, self.target = self.target, None
         if target is None and self._init_fd >= 0:   # failed before the Target was made
             target = enter.Target.__new__(enter.Target)

@@ -208,7 +208,8 @@ class CommandHandle:
             outcome = supervise(s.pid, s.out_r, s.err_r, timeout=wall, cpu_time=cpu,
                                 cpu_seconds=s.cgroup.cpu_seconds, output_cap=cap,
                                 on_stdout=self._on_stdout, on_stderr=self._on_stderr,
-                                kill=s.cgroup.kill_all, started=time.monotonic())
+                                kill=s.cgroup.kill_all, started=time.monotonic(),
+                                before_wait=s.before_wait)
         finally:
             self.close_stdin()
             if outcome is not None:

@@ -26,8 +26,8 @@ import time
 
 from .._record import Default, Record
 from ..errors import SandboxClosed, UsageError
-from .commands import CommandInfo, Commands
 from . import sandbox as _sandbox
+from .commands import CommandInfo, Commands
 from .sandbox import Sandbox
 
 #: bounds of a sandbox's timeout (seconds) and of its metadata
@@ -241,6 +241,7 @@ class Live(Sandbox):
                 raise
             self._started_count += 1
             self._running.append(handle)
+        self._wake()      # the watchdog prepares the next command's entrant
         return started
 
     def _command_ended(self, handle, sigkilled: bool = False) -> None:
@@ -326,6 +327,7 @@ class Live(Sandbox):
                     deadline = min(deadline, self._last_use + self.idle_timeout)
                 if self._lingering:
                     deadline = min(deadline, now + LINGER_CHECK_S)
+                self._prepare()
                 for fd, _ in poller.poll(max(0, int((deadline - now) * 1000) + 1)):
                     if self._ended is not None:
                         return
@@ -356,6 +358,15 @@ class Live(Sandbox):
                     self._sweep_lingering()
         finally:
             os.close(pidfd)
+
+    def _prepare(self) -> None:
+        """The next command's entrant, forked here (off the commands' own path)."""
+        with self._lock:
+            if self._ended is None and self._live is not None:
+                try:
+                    self._live.prepare()
+                except Exception:  # noqa: BLE001 - the next command makes its own and says why
+                    pass
 
     def _sweep_lingering(self) -> None:
         with self._lock:

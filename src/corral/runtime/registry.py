@@ -24,7 +24,7 @@ from ..errors import SandboxClosed, UsageError
 from ..linux import rundir
 
 MAX_ENTRY = 64 * 1024
-ID_RE = re.compile(r"[0-9a-f]{%d}" % rundir.ID_LEN)
+ID_RE = re.compile(f"[0-9a-f]{{{rundir.ID_LEN}}}")
 
 
 def registry_dir(base: str | None = None, *, create: bool = False) -> str:

@@ -210,17 +210,35 @@ class Server:
 
             timeout = self.sb.plan.find(WallClock)[0].seconds
 
+        # output may come before run() returns: the command's thread waits for "started";
+        # this thread's own (an exec failure, reported inside run()) is sent after it
+        said_started = threading.Event()
+        me, early = threading.get_ident(), []
+
+        def send(ev: str, data: bytes) -> None:
+            frame = {"ev": ev, "data": b64(data)}
+            if not said_started.is_set() and threading.get_ident() == me:
+                early.append(frame)
+                return
+            said_started.wait()
+            send_frame(conn, frame, lock)
+
         def out(data: bytes) -> None:
-            send_frame(conn, {"ev": "out", "data": b64(data)}, lock)
+            send("out", data)
 
         def err(data: bytes) -> None:
-            send_frame(conn, {"ev": "err", "data": b64(data)}, lock)
+            send("err", data)
 
         h = self.sb.commands.run(cmd, env=env, cwd=cwd, timeout=timeout, on_stdout=out,
                                  on_stderr=err, background=True)
         if not with_stdin:
             h.close_stdin()
-        send_frame(conn, {"ev": "started", "pid": h.pid}, lock)
+        try:
+            send_frame(conn, {"ev": "started", "pid": h.pid}, lock)
+            for frame in early:
+                send_frame(conn, frame, lock)
+        finally:
+            said_started.set()
         reader = threading.Thread(target=self._client_input, args=(conn, h), daemon=True)
         reader.start()
         result = h.wait()

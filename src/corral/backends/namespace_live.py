@@ -250,6 +250,14 @@ class NamespaceLive(NamespaceSandbox):
             return []
         return destroy_cgroup(cg)
 
+    def drop_entrant(self) -> None:
+        """Let the prepared entrant go (an idle sandbox need not keep one)."""
+        if self._next is not None:
+            (entrant, cg), self._next = self._next, None
+            entrant.close()
+            cg.kill_all()
+            self.release(cg)
+
     def alive(self) -> bool:
         return self.target is not None and self.target.alive()
 

@@ -212,6 +212,8 @@ class CommandHandle:
                                 before_wait=s.before_wait)
         finally:
             self.close_stdin()
+            if s.before_wait is not None:
+                s.before_wait()      # the entrant, if supervise() did not get to it
             if outcome is not None:
                 usage, oom_kills = _usage(outcome, s.cgroup)
             stray = (outcome is not None and not outcome.timed_out and not self._killed

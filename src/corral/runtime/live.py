@@ -37,6 +37,10 @@ MAX_METADATA_TEXT = 1024
 #: how often a sandbox with processes left behind by finished commands looks whether
 #: they are gone (their cgroup then goes back to the pool)
 LINGER_CHECK_S = 1.0
+#: the next command's entrant (a forked copy of this process, ~3 MB of it its own once it
+#: ran) is kept ready while the sandbox is in use: until this long after the last call or
+#: command, then let go (an idle sandbox costs only bwrap, its init and the holder)
+ENTRANT_KEEP_S = 10.0
 
 
 class SandboxInfo(Record):
@@ -327,7 +331,11 @@ class Live(Sandbox):
                     deadline = min(deadline, self._last_use + self.idle_timeout)
                 if self._lingering:
                     deadline = min(deadline, now + LINGER_CHECK_S)
-                self._prepare()
+                if now - self._last_use < ENTRANT_KEEP_S or self._running:
+                    self._prepare()
+                    deadline = min(deadline, self._last_use + ENTRANT_KEEP_S)
+                else:
+                    self._drop_entrant()
                 for fd, _ in poller.poll(max(0, int((deadline - now) * 1000) + 1)):
                     if self._ended is not None:
                         return
@@ -367,6 +375,11 @@ class Live(Sandbox):
                     self._live.prepare()
                 except Exception:  # noqa: BLE001 - the next command makes its own and says why
                     pass
+
+    def _drop_entrant(self) -> None:
+        with self._lock:
+            if self._ended is None and self._live is not None:
+                self._live.drop_entrant()
 
     def _sweep_lingering(self) -> None:
         with self._lock:

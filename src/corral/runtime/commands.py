@@ -192,6 +192,7 @@ class CommandHandle:
             self._result = self._supervise()
         finally:
             self._done.set()
+            self._owner._wake()   # after the Result: the next entrant (a fork) comes now
 
     def _supervise(self):
         owner, s = self._owner, self._started

@@ -245,7 +245,9 @@ class Live(Sandbox):
                 raise
             self._started_count += 1
             self._running.append(handle)
-        self._wake()      # the watchdog prepares the next command's entrant
+        if handle.background:
+            self._wake()  # the watchdog prepares the next command's entrant now; for a
+            # foreground command it does once the command is over (a fork holds the GIL)
         return started
 
     def _command_ended(self, handle, sigkilled: bool = False) -> None:

@@ -393,3 +393,30 @@ def test_a_sigkilled_supervisor_leaves_nothing_after_the_sweep():
     assert registry.read_entry(sid) is None
     assert not os.path.exists(os.path.join(base, rundir.REGISTRY, sid + ".json"))
     assert sid not in _cli("sandbox", "ls").stdout
+
+
+def test_per_command_output_and_cpu_limits_sandbox_wide_memory():
+    policy = {"limits": {"output": "1K", "cpu_time": "1s", "memory": "96M"}}
+    with corral.Sandbox.create(policy, timeout=120) as sb:
+        r = sb.commands.run("head -c 5000 /dev/zero | tr '\\0' x")
+        assert len(r.stdout) == 1024 and r.stdout_truncated, r
+        assert any(e.get("limit") == "output" for e in r.events)
+        r = sb.commands.run("while :; do :; done", timeout=120)
+        assert r.verdict == "timeout" and any(e.get("limit") == "cpu_time" for e in r.events), r
+        # each command's own CPU counter: the next one starts from zero
+        assert sb.commands.run("true").verdict == "ok"
+        hold = ("import sys, time\nb = bytearray(40 << 20)\nb[::4096] = b'x' * len(b[::4096])\n"
+                "print('held', flush=True)\ntime.sleep(300)\n")
+        got = []
+        h = sb.commands.run(["python3", "-c", hold], background=True, on_stdout=got.append)
+        _wait_for(lambda: b"held" in b"".join(got) or not h.running, "40 MB held")
+        assert h.running
+        # alone it fits (70 MB < 96 MB); with the other's 40 MB it does not, and the OOM
+        # killer takes the largest process of the sandbox: this one
+        take = "b = bytearray(70 << 20); b[::4096] = b'x' * len(b[::4096]); print('took')"
+        r = sb.commands.run(["python3", "-c", take], timeout=60)
+        assert r.verdict == "oom" and "took" not in r.stdout, r
+        assert any(e.get("limit") == "memory" for e in r.events)
+        assert h.running
+        h.kill()
+        assert sb.commands.run(["python3", "-c", take], timeout=60).stdout == "took\n"

@@ -420,3 +420,31 @@ def test_per_command_output_and_cpu_limits_sandbox_wide_memory():
         assert h.running
         h.kill()
         assert sb.commands.run(["python3", "-c", take], timeout=60).stdout == "took\n"
+
+
+def test_a_command_on_a_terminal_slave_has_it_as_controlling_terminal(sb):
+    """The hook sb.pty builds on: tty_fd= gives the command a terminal of the caller's
+    (here a host pty pair) as stdio and controlling terminal."""
+    master, slave = os.openpty()
+    try:
+        h = sb.commands.run("test -t 0 && test -t 1 && echo is-a-tty; python3 -c "
+                            "\"import os; os.tcgetpgrp(0) == os.getpgrp() and print('has-ctty')\"",
+                            background=True, tty_fd=slave)
+        os.close(slave)
+        slave = -1
+        r = h.wait(60)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:   # EIO: every slave is closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert r.verdict == "ok", r
+        assert b"is-a-tty" in out and b"has-ctty" in out, out
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)

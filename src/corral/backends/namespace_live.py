@@ -189,11 +189,23 @@ class NamespaceLive(NamespaceSandbox):
 
     # -- commands -------------------------------------------------------------------------
     def start(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
-              cpu_seconds: float | None = None) -> Started:
+              cpu_seconds: float | None = None, tty_fd: int | None = None) -> Started:
         """Start argv inside, in a cgroup of its own (a child of the sandbox's), through
         the entrant prepared ahead (prepare()) or a new one. Raises supervise.ExecFailed
         when its exec failed inside (nothing ran), SandboxSetupError when the sandbox
-        cannot be entered (it is gone)."""
+        cannot be entered (it is gone).
+
+        `tty_fd`: a terminal's slave as its stdin, stdout, stderr and controlling terminal
+        (util-linux setsid --ctty runs first, as namespace.py's tty exec does); the
+        Started's out_r and err_r are then -1 (read the master)."""
+        if tty_fd is not None:
+            from .namespace import SETSID
+
+            if not os.access(SETSID, os.X_OK):
+                raise SandboxSetupError(f"a terminal needs util-linux's {SETSID}",
+                                        step="tty")
+            argv = [SETSID, "--ctty", "--", *argv]
+            stdin_fd = tty_fd
         if self.target is None or not self.target.alive():
             raise SandboxSetupError("the sandbox is not running", step="enter")
         if self._next is None:
@@ -204,7 +216,8 @@ class NamespaceLive(NamespaceSandbox):
             cpu = int(cpu_seconds) + 1
         try:
             pid, out_r, err_r = entrant.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
-                                              rlimits=(nofile, fsize, cpu))
+                                              rlimits=(nofile, fsize, cpu),
+                                              stdout_fd=tty_fd)
         except BaseException:
             entrant.close()
             cg.kill_all()

@@ -208,7 +208,8 @@ class Entrant:
                     os._exit(0)       # never used
                 stdin_fd, out_w, err_w, fail_w, req_fd = fds
                 with open(req_fd, "rb") as f:
-                    argvb, envb, names, cwdb, nofile, fsize, cpu = marshal.loads(f.read())
+                    (argvb, envb, names, cwdb, nofile, fsize, cpu,
+                     new_session) = marshal.loads(f.read())
                 _rlimits(nofile, fsize, cpu)
                 err_r, err_w2 = os.pipe()
                 envl = [k + b"=" + v for k, v in envb.items()]
@@ -216,7 +217,7 @@ class Entrant:
                 # every other fd closed, SIGPIPE and SIGXFSZ back to default
                 b = _posixsubprocess.fork_exec(   # pass_fds must hold the error pipe
                     argvb, names, True, (err_w2,), cwdb, envl, stdin_fd, -1, -1, out_w, -1, err_w,
-                    err_r, err_w2, True, True, -1, None, None, None, -1, None, True)
+                    err_r, err_w2, True, new_session, -1, None, None, None, -1, None, True)
                 os.close(err_w2)
                 child_err = _read_small(err_r, 300)
                 if child_err:
@@ -284,8 +285,11 @@ class Entrant:
             self._reap()
 
     def start(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
-              rlimits: tuple[int, int, int | None]) -> tuple[int, int, int]:
-        """Start argv (see spawn_in)."""
+              rlimits: tuple[int, int, int | None], stdout_fd: int | None = None
+              ) -> tuple[int, int, int]:
+        """Start argv (see spawn_in). `stdout_fd` (a terminal's slave): the command's
+        stdout and stderr, no pipes made (both read fds returned are -1), and no session
+        of its own (its first program makes one and takes the terminal: setsid --ctty)."""
         self._wait_ready()
         argvb = [a.encode() for a in argv]
         envb = {k.encode(): v.encode() for k, v in env.items()}
@@ -293,19 +297,27 @@ class Entrant:
         names = ([argvb[0]] if b"/" in argvb[0] else
                  [os.path.join(d.encode(), argvb[0]) for d in path.split(":") if d])
         req = os.memfd_create("corral-request", os.MFD_CLOEXEC)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
+        if stdout_fd is None:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            ours = [out_w, err_w]
+        else:
+            out_r = err_r = -1
+            out_w = err_w = stdout_fd
+            ours = []
         fail_r, fail_w = os.pipe()
         try:
-            _write_all(req, marshal.dumps((argvb, envb, names, cwd.encode(), *rlimits)))
+            _write_all(req, marshal.dumps((argvb, envb, names, cwd.encode(), *rlimits,
+                                           stdout_fd is None)))
             os.lseek(req, 0, os.SEEK_SET)
             socket.send_fds(self.sock, [b"x"], [stdin_fd, out_w, err_w, fail_w, req])
         except BaseException:
             for fd in (out_r, err_r, fail_r):
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
             raise
         finally:
-            for fd in (req, out_w, err_w, fail_w):
+            for fd in (req, *ours, fail_w):
                 os.close(fd)
         try:
             got = self.sock.recv(1100)
@@ -321,8 +333,9 @@ class Entrant:
         if report or not b:
             if b:
                 os.waitpid(b, 0)
-            os.close(out_r)
-            os.close(err_r)
+            for fd in (out_r, err_r):
+                if fd >= 0:
+                    os.close(fd)
             if report.startswith(b"exec:"):
                 raise _exec_report(report)
             if report.startswith(b"cwd:"):

@@ -255,7 +255,8 @@ class Commands:
 
     def run(self, cmd, *, env: dict[str, str] | None = None, cwd: str | None = None,
             stdin: bytes | int | None = None, timeout: float | None = None,
-            on_stdout=None, on_stderr=None, background: bool = False):
+            on_stdout=None, on_stderr=None, background: bool = False,
+            tty_fd: int | None = None):
         """Run a command line (str, by /bin/sh -c) or an argv list inside.
 
         Foreground (default): waits and returns its Result; stdin None (/dev/null),
@@ -264,7 +265,11 @@ class Commands:
         (send_stdin/close_stdin; `stdin` bytes are written to it first); timeout
         defaults to none (it runs until it exits or the sandbox ends).
         on_stdout/on_stderr get each chunk of bytes as it arrives, from the caller's
-        thread (foreground) or the handle's (background)."""
+        thread (foreground) or the handle's (background).
+
+        tty_fd (for sb.pty): a terminal's slave, the command's stdin, stdout, stderr and
+        controlling terminal; its output is then read from the master by the caller (the
+        Result's stdout and stderr are empty), `stdin` must be None."""
         owner = self._owner
         owner._check_open()
         argv = argv_of(cmd)
@@ -273,9 +278,14 @@ class Commands:
         timeout = _seconds(timeout, "timeout")
         handle = CommandHandle(owner, argv, timeout=timeout, on_stdout=on_stdout,
                                on_stderr=on_stderr, background=background)
-        stdin_fd, close_fd, stdin_w = _stdin(stdin, background)
+        if tty_fd is not None:
+            if stdin is not None:
+                raise UsageError("stdin goes through the terminal with tty_fd", field="stdin")
+            stdin_fd, close_fd, stdin_w = tty_fd, False, -1
+        else:
+            stdin_fd, close_fd, stdin_w = _stdin(stdin, background)
         try:
-            started = owner._start_command(handle, argv, run_env, cwd, stdin_fd)
+            started = owner._start_command(handle, argv, run_env, cwd, stdin_fd, tty_fd)
         except ExecFailed as e:
             if stdin_w >= 0:
                 os.close(stdin_w)

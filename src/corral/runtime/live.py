@@ -230,14 +230,15 @@ class Live(Sandbox):
     def _net_since(self, mark: int) -> list[dict]:
         return [dict(e) for e in self._net[mark:]]
 
-    def _start_command(self, handle, argv, env, cwd, stdin_fd):
+    def _start_command(self, handle, argv, env, cwd, stdin_fd, tty_fd=None):
         with self._lock:
             self._check_open()
             self._last_use = time.monotonic()
             from ..errors import SandboxSetupError
 
             try:
-                started = self._live.start(argv, env, cwd=cwd, stdin_fd=stdin_fd)
+                started = self._live.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
+                                           tty_fd=tty_fd)
             except SandboxSetupError:
                 if not self._live.alive():
                     self._end("init", _INIT_EXITED)

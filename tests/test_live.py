@@ -448,3 +448,49 @@ def test_a_command_on_a_terminal_slave_has_it_as_controlling_terminal(sb):
         os.close(master)
         if slave >= 0:
             os.close(slave)
+
+
+def test_network_allow_one_proxy_for_the_sandbox_events_in_each_result():
+    policy = {"network": {"mode": "allow", "allow": ["allowed.invalid"]}}
+    if tier_unavailable("namespace", policy):
+        pytest.skip(tier_unavailable("namespace", policy))
+    fetch = ("import urllib.request as u, urllib.error as e\n"
+             "try:\n    u.urlopen('http://{}/', timeout=30)\n"
+             "except e.HTTPError as x:\n    print(x.code)\n")
+    with corral.Sandbox.create(policy, timeout=120) as sb:
+        proxy = sb._live.proxy
+        assert proxy is not None
+        for host in ("denied-one.invalid", "denied-two.invalid"):
+            r = sb.commands.run(["python3", "-c", fetch.format(host)], timeout=60)
+            assert r.stdout == "403\n", r
+            nets = [e for e in r.events if e["kind"] == "net"]
+            assert [(e["host"], e["decision"]) for e in nets] == [(host, "deny")], r.events
+        assert sb._live.proxy is proxy      # one proxy for the sandbox's life
+        pid = proxy.pid
+    assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_destroying_a_cgroup_kills_and_removes_its_children():
+    """RunCgroup.child(): a live sandbox's command cgroups go with the sandbox's, even
+    with processes still in them (cgroup v1 lists only a cgroup's own processes)."""
+    import subprocess
+
+    from corral.linux import limits
+
+    if limits.detect().version is None:
+        pytest.skip("no usable cgroups")
+    parent = limits.RunCgroup.create(f"t{os.getpid()}-live", memory=64 << 20, pids=32,
+                                     cpus=None)
+    child = parent.child("c1")
+    fds = child.attach_fds()
+    p = subprocess.Popen(["sleep", "300"], preexec_fn=lambda: limits.RunCgroup.attach_self(fds))
+    for fd in fds:
+        os.close(fd)
+    try:
+        assert child.pids() == [p.pid] and parent.pids() == []
+        parent.destroy()
+        assert p.wait(30) == -9
+        assert not any(map(os.path.exists, (*parent.paths, *child.paths)))
+    finally:
+        p.kill()
+        p.wait()

@@ -228,7 +228,38 @@ class Live(Sandbox):
         return len(self._net)
 
     def _net_since(self, mark: int) -> list[dict]:
+        """The proxy's events since `mark`, with what it has written so far (the
+        watchdog reads them as they come; this catches up at a command's end)."""
+        self._read_net(block=False)
         return [dict(e) for e in self._net[mark:]]
+
+    def _read_net(self, block: bool = True) -> bool:
+        """Read the proxy's events fd once (all there is, when not blocking). False at
+        its end."""
+        with self._lock:
+            live = self._live
+            proxy = live.proxy if live is not None else None
+            if proxy is None:
+                return False
+            fd = proxy.events_r
+            if not block:
+                os.set_blocking(fd, False)
+            try:
+                while True:
+                    try:
+                        data = os.read(fd, 65536)
+                    except BlockingIOError:
+                        return True
+                    if not data:
+                        return False
+                    n = len(proxy.lines.events)
+                    proxy.lines(data)
+                    self._net += proxy.lines.events[n:]
+                    if block:
+                        return True
+            finally:
+                if not block:
+                    os.set_blocking(fd, True)
 
     def _start_command(self, handle, argv, env, cwd, stdin_fd, tty_fd=None):
         with self._lock:
@@ -348,12 +379,7 @@ class Live(Sandbox):
                     if fd == self._wake_r:
                         os.read(self._wake_r, 512)
                     elif proxy is not None and fd == proxy.events_r:
-                        data = os.read(fd, 65536)
-                        if data:
-                            n = len(proxy.lines.events)
-                            proxy.lines(data)
-                            self._net += proxy.lines.events[n:]
-                        else:
+                        if not self._read_net(block=False):
                             poller.unregister(fd)
                 now = time.monotonic()
                 if self._ended is not None:

@@ -365,7 +365,9 @@ class Live(Sandbox):
                     deadline = min(deadline, self._last_use + self.idle_timeout)
                 if self._lingering:
                     deadline = min(deadline, now + LINGER_CHECK_S)
-                if now - self._last_use < ENTRANT_KEEP_S or self._running:
+                if self._running:
+                    self._prepare()
+                elif now - self._last_use < ENTRANT_KEEP_S:
                     self._prepare()
                     deadline = min(deadline, self._last_use + ENTRANT_KEEP_S)
                 else:

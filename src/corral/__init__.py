@@ -9,6 +9,7 @@ from .errors import (
                      BackendUnavailable,
                      CorralError,
                      PolicyError,
+                     SandboxClosed,
                      SandboxSetupError,
                      UnsupportedRule,
                      UsageError,
@@ -18,6 +19,16 @@ from .result import Result, Usage
 from .runtime.sandbox import Sandbox, TextChunks, run
 
 __version__ = "0.1.0"
-__all__ = ["BackendUnavailable", "CorralError", "Policy", "PolicyError", "Result",
-           "SandboxSetupError", "Sandbox", "TextChunks", "UnsupportedRule", "UsageError", "Usage",
+
+
+def __getattr__(name: str):
+    # imported on first use: live sandboxes are not on `corral run`'s start-up path
+    if name == "Pool":
+        from .runtime.pool import Pool
+
+        return Pool
+    raise AttributeError(f"module 'corral' has no attribute {name!r}")
+
+__all__ = ["BackendUnavailable", "CorralError", "Policy", "PolicyError", "Pool", "Result",
+           "SandboxClosed", "SandboxSetupError", "Sandbox", "TextChunks", "UnsupportedRule", "UsageError", "Usage",
            "load_policy", "run", "__version__"]

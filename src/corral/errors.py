@@ -6,7 +6,8 @@
     ├── UnsupportedRule      exit 3   this tier cannot enforce a rule the user set explicitly
     ├── BackendUnavailable   exit 3   the tier's mechanism is missing on this host
     ├── ImageError           exit 4   an image cannot be found, built, imported or installed into
-    └── SandboxSetupError    exit 125 corral failed while building the sandbox (step, errno)
+    ├── SandboxSetupError    exit 125 corral failed while building the sandbox (step, errno)
+    └── SandboxClosed        exit 125 a live sandbox has ended (killed, timed out, its init died)
 
 No command has run when any of these is raised. Messages are one line and never contain a
 secret value.
@@ -86,3 +87,11 @@ class SandboxSetupError(CorralError):
 
     def __str__(self) -> str:
         return f"setup step {self.step}: {self.message}"
+
+
+class SandboxClosed(CorralError):
+    """A live sandbox has ended (killed, timed out, idle, or its init died): nothing more
+    runs in it."""
+
+    kind = "closed"
+    exit_code = 125

@@ -6,8 +6,8 @@ import corral
 
 def test_the_public_names():
     assert sorted(corral.__all__) == sorted([
-        "BackendUnavailable", "CorralError", "Policy", "PolicyError", "Result",
-        "SandboxSetupError", "Sandbox", "TextChunks", "UnsupportedRule", "UsageError", "Usage",
+        "BackendUnavailable", "CorralError", "Policy", "PolicyError", "Pool", "Result",
+        "SandboxClosed", "SandboxSetupError", "Sandbox", "TextChunks", "UnsupportedRule", "UsageError", "Usage",
         "load_policy", "run", "__version__"])
 
 

@@ -98,6 +98,19 @@ class Backend:
         values (grants.Granted), for the proxy; `upstream_ca`: a PEM file the proxy trusts."""
         raise NotImplementedError
 
+    def open_live(self, plan: Plan, events: list[dict], granted=(),
+                  upstream_ca: str | None = None):
+        """A sandbox kept running for many commands (runtime/live.py): an object with
+        `start(argv, env, cwd=, stdin_fd=)`, `release(cgroup)`, `alive()`, `close()`,
+        `dir` (its RunDir), `target` (linux.enter.Target), `uid`, `gid`, `env`,
+        `scratch`, `proxy` (see backends/namespace_live.py). Tiers that cannot keep one
+        refuse, naming the tier that can."""
+        from ..errors import BackendUnavailable
+
+        raise BackendUnavailable(f"the {self.name} tier cannot keep a live sandbox "
+                                 f"(Sandbox.create); use isolation = \"namespace\"",
+                                 field="isolation")
+
 
 def is_unenforced(events: list[dict], op) -> bool:
     """Whether the standing events say this op's rule is not enforced on this host."""

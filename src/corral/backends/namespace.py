@@ -262,6 +262,12 @@ class NamespaceBackend(Backend):
              ) -> NamespaceSandbox:
         return NamespaceSandbox(self, plan, events, list(granted), upstream_ca)
 
+    def open_live(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None):
+        """One bwrap for the sandbox's life, commands entered from the host side."""
+        from .namespace_live import NamespaceLive
+
+        return NamespaceLive(self, plan, events, list(granted), upstream_ca)
+
 
 class NamespaceSandbox(LiveSandbox):
     def __init__(self, backend: NamespaceBackend, plan: Plan, events: list[dict],

@@ -479,6 +479,25 @@ class RunCgroup:
             else:
                 _write(os.path.join(d, "cpu.max"), f"{quota} {CFS_PERIOD_US}")
 
+    def child(self, name: str) -> RunCgroup:
+        """A cgroup below this one in each of its hierarchies, with no limits of its own
+        (this one's bind it and its siblings together): one command of a live sandbox,
+        with its own CPU counter, OOM counter and kill. Removed with destroy(), or with
+        this one's."""
+        _check_run_id(name)
+        dirs: dict[str, str] = {}
+        made: dict[str, str] = {}
+        try:
+            for h, d in self._dirs.items():
+                if d not in made:
+                    made[d] = self._mkdir_run(d, name)
+                dirs[h] = made[d]
+        except BaseException:
+            for d in made.values():
+                _rmdir(d)
+            raise
+        return RunCgroup(f"{self.run_id}.{name}", self.version, dirs)
+
     # -- attaching --
 
     @property
@@ -679,11 +698,28 @@ class RunCgroup:
         """Kill everything in the run, then remove its directories. Idempotent."""
         if self._destroyed:
             return
+        for child in self._children():   # a live sandbox's commands (child())
+            child.destroy()
         if not self._emptied:
             self.kill_all()
         for d in self.paths:
             _rmdir_tree(d)
         self._destroyed = True
+
+    def _children(self) -> list[RunCgroup]:
+        """The cgroups below this one, by name, each with its directory per hierarchy."""
+        found: dict[str, dict[str, str]] = {}
+        for h, d in self._dirs.items():
+            try:
+                entries = [e for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise _error("list", d, e) from None
+            for e in entries:
+                found.setdefault(e.name, {})[h] = e.path
+        return [RunCgroup(f"{self.run_id}.{n}", self.version, dirs)
+                for n, dirs in sorted(found.items())]
 
     @classmethod
     def sweep_stale(cls, is_dead: Callable[[str], bool], *,

@@ -61,6 +61,10 @@ def _ensure_base(base: str) -> None:
 
 #: a run directory's name: this many hex digits
 ID_LEN = 12
+#: the directory of <base> where live sandboxes with a supervisor of their own are
+#: registered, one `<run dir id>.json` each (runtime/registry.py); the sweep removes the
+#: entry of a dead run dir with it
+REGISTRY = "sandboxes"
 #: the name prefix of a run directory being made (RunDir.__init__)
 STAGING = ".new-"
 #: a staging directory this old was left by a supervisor that died while making it
@@ -246,6 +250,10 @@ def sweep_stale(base: str | None = None) -> list[str]:
             dead.append(name)
             _remove_cgroups(os.path.join(path, "cgroups"))
             _remove_tree(path, _mounts_below(path))
+            try:
+                os.unlink(os.path.join(base, REGISTRY, name + ".json"))
+            except OSError:
+                pass
         finally:
             os.close(fd)
     if dead:

@@ -284,10 +284,12 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
               on_stdout: Callable[[bytes], None] | None = None,
               on_stderr: Callable[[bytes], None] | None = None,
               kill: Callable[[], None], started: float,
-              extra: dict[int, Callable[[bytes], None]] | None = None) -> Outcome:
+              extra: dict[int, Callable[[bytes], None]] | None = None,
+              before_wait: Callable[[], None] | None = None) -> Outcome:
     """Watch the process until it and its output are done, enforcing the limits.
     `extra` fds (e.g. the egress proxy's events) are read along the way; they do not keep
-    the watch going, and stay open for the caller."""
+    the watch going, and stay open for the caller. `before_wait`: called once the process
+    has exited, before it is reaped (a live sandbox's entrant: linux/enter.py)."""
     out = Outcome()
     extra = dict(extra or {})
     out.stdout = Stream(output_cap, on_stdout)
@@ -315,6 +317,8 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
                     wait = min(wait, next_poll - now)
             for fd, _ in sel.poll(max(wait, 0)):
                 if fd == pidfd:
+                    if before_wait is not None:
+                        before_wait()
                     _, status = os.waitpid(pid, 0)
                     out.status = status
                     sel.unregister(pidfd)

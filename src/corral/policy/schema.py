@@ -41,6 +41,7 @@ class Limits(Record):
     output: int = 1 * MiB          # bytes kept per stream (stdout, stderr)
     open_files: int = 256          # RLIMIT_NOFILE per process
     file_size: int = 128 * MiB     # RLIMIT_FSIZE: largest file a process may write
+    idle_timeout: float = 0.0      # a live sandbox ends after this long unused; 0: never
 
 
 #: where the workspace is mounted by default; mount_at = "same" mounts it at its host path
@@ -180,6 +181,9 @@ FIELDS: tuple[Spec, ...] = (
     Spec("limits.open_files", "int", "RLIMIT_NOFILE for each process.", 16, 1 << 20),
     Spec("limits.file_size", "size", "RLIMIT_FSIZE: the largest file a process may write "
          "(SIGXFSZ/EFBIG past it).", 1, 1 << 50),
+    Spec("limits.idle_timeout", "duration", "A live sandbox (Sandbox.create) ends after "
+         "this long with no command running and no call made to it; 0 (the default) "
+         "never: only its own timeout ends it. One-shot runs ignore it.", 0, 7 * 86400),
     Spec("filesystem.workspace", "workspace", "A host directory mounted at /workspace and "
          "used as the working directory, `{ path = \"/abs/dir\", mode = \"ro\" }`, mode "
          "\"rw\", or mode \"review\": writable inside, but every write lands in an overlay "

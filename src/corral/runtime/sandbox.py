@@ -53,6 +53,32 @@ class Sandbox:
         self._files = None
         self._code = None       # the code contexts (runtime.session), made on first use
 
+    @classmethod
+    def create(cls, policy: Policy | dict | str | None = None, *, timeout: float = 300,
+               metadata: Mapping[str, str] | None = None,
+               env: Mapping[str, str] | None = None, backend=None, detached: bool = False):
+        """A live sandbox: one set of namespaces kept for many commands (sb.commands),
+        ended by sb.kill(), by its timeout (seconds) or when its init dies. See
+        runtime/live.py and docs/sessions.md. detached=True: a supervisor process of its
+        own keeps it (it outlives this process; others reach it with connect(id))."""
+        if detached:
+            from .remote import connect
+            from .supervisor import start_detached
+
+            return connect(start_detached(coerce_policy(policy), timeout=timeout,
+                                          metadata=metadata, env=env))
+        from .live import Live
+
+        return Live(policy, timeout=timeout, metadata=metadata, env=env, backend=backend)
+
+    @staticmethod
+    def connect(sandbox_id: str):
+        """A live sandbox that a supervisor process keeps (created with detached=True or
+        by `corral sandbox create`), from any process of the same uid on this host."""
+        from .remote import connect
+
+        return connect(sandbox_id)
+
     @property
     def isolation(self) -> str:
         return self._backend.name

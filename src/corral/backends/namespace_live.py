@@ -1,0 +1,377 @@
+"""The namespace tier's live sandbox: one bwrap for the sandbox's whole life, commands
+entered into it from the host side (linux/enter.py).
+
+    live = NamespaceLive(backend, plan, events)      # bwrap + its init running, ready
+    cmd = live.start(argv, env, cwd="/scratch", stdin_fd=fd)   # a Started: pid, pipes, cgroup
+    ...                                              # the runtime supervises it
+    live.release(cmd.cgroup)                         # emptied: kept for the next command
+    live.close()                                     # every process, mount, cgroup gone
+
+What runs: bwrap (the supervisor's child, --die-with-parent) builds the namespaces exactly
+as for a one-shot exec (namespace.py: the same options, the same gate: cgroup and rlimits
+set before the namespaces exist, the seccomp program written only once bwrap reported its
+child), then its own init (pid 1 inside; it reaps orphans) runs a holder, `sleep
+infinity`, whose exit ends init and with it the pid namespace. Nothing of corral's runs
+inside: the holder only keeps init alive. Both run as the sandbox's root (uid 0 of its
+user namespace) and a command can kill them; the runtime sees init's pidfd become
+readable and closes the sandbox with a teardown event.
+
+Cgroups: the sandbox's own (memory, pids, cpu quota: sandbox-wide) holds bwrap and init;
+each command gets a child cgroup of it (no limits of its own; CPU accounting, its own
+kill, its own OOM counter), so the sandbox's limits bind the sum of every command.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+from ..errors import SandboxSetupError
+from ..linux import enter
+from ..linux._sys import subreaper_acquire, subreaper_release
+from ..linux.supervise import kill_pid, spawn
+from ..plan import CpuTime, EgressProxy, Environment, Rlimit
+from .host.cgroups import destroy_cgroup, run_cgroup
+from .host.proxy import start_proxy
+from .namespace import NamespaceSandbox, _child_pid, _confine, _read_rest, _write_all
+
+#: what bwrap's init runs for the sandbox's life: it blocks forever and uses no CPU
+HOLDER = ("/usr/bin/sleep", "infinity")
+#: idle command cgroups a live sandbox keeps for its next commands
+KEEP_CGROUPS = 4
+#: corral's own processes in a live sandbox's cgroup beyond a one-shot run's (bwrap and
+#: its init count there too): the holder, the entrant waiting for the next command and
+#: one on its way out; added to limits.pids so the commands keep the policy's count
+OWN_PIDS = 3
+
+
+class Started:
+    """A command just started inside: its host pid (our child), the read ends of its
+    stdout and stderr, and its cgroup."""
+
+    __slots__ = ("before_wait", "cgroup", "err_r", "ns_pid", "out_r", "pid")
+
+    def __init__(self, pid: int, out_r: int, err_r: int, cgroup, before_wait=None) -> None:
+        self.pid, self.out_r, self.err_r, self.cgroup = pid, out_r, err_r, cgroup
+        #: to call before reaping pid (supervise's before_wait): the entrant's own reaping
+        self.before_wait = before_wait
+        self.ns_pid = _ns_pid(pid)
+
+
+def _ns_pid(pid: int) -> int:
+    """The pid inside the sandbox (the last NSpid field), or the host pid if unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return pid
+
+
+class NamespaceLive(NamespaceSandbox):
+    """A namespace-tier sandbox kept running; see the module's docstring."""
+
+    def __init__(self, backend, plan, events, granted=None, upstream_ca=None) -> None:
+        self.bwrap_pid = 0
+        self.init_pid = 0
+        self.target = None
+        self.sandbox_cg = None
+        self.proxy = None
+        self._status_r = -1
+        self._free: list = []     # emptied command cgroups
+        self._next = None         # (Entrant, its cgroup) for the next command
+        self._cmds = 0
+        self._subreaper = False
+        self._init_fd = -1
+        super().__init__(backend, plan, events, granted, upstream_ca)  # closes on failure
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- start ----------------------------------------------------------------------------
+    def _start(self) -> None:
+        plan = self.plan
+        rl = {op.name: op.value for op in plan.find(Rlimit)}
+        self.rlimits = (rl["nofile"], rl["fsize"],
+                        int(plan.find(CpuTime)[0].seconds) + 1)
+        self.env = dict(plan.find(Environment)[0].env)
+        self.program = enter.Program(self.bpf)
+        cg = self.sandbox_cg = run_cgroup(self.dir, f"{self.dir.id}-live", plan, self.events,
+                                          pids=lambda n: n + OWN_PIDS)
+        if cg is None:
+            raise SandboxSetupError("a live sandbox needs a cgroup of its own (every command "
+                                    "gets a child of it) and this host has none usable; "
+                                    "see `corral doctor`", step="cgroup")
+        _check_hierarchy(cg)
+        attach = cg.attach_fds()
+        uid, gid = self.uid, self.gid
+        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        args_r, args_w = os.pipe()
+        status_r, status_w = os.pipe()
+        gate_r, gate_w = os.pipe()
+        ours, theirs = [args_w, gate_w], [args_r, status_w, gate_r]
+        try:
+            line, blob = self.bwrap_line(list(HOLDER), args_r=args_r, gate_r=gate_r,
+                                         status_w=status_w)
+            subreaper_acquire()
+            self._subreaper = True
+            try:
+                pid, out_r, err_r = spawn(line[0], line, {}, stdin_fd=devnull,
+                                          pass_fds=(*theirs, *self.fds.values()),
+                                          uid=uid if self.root else None,
+                                          gid=gid if self.root else None)
+            finally:
+                for fd in theirs:
+                    os.close(fd)
+                theirs = []
+            self.bwrap_pid = pid
+            self._status_r = status_r
+            os.close(out_r)
+            try:
+                if not _confine(pid, attach, nofile=rl["nofile"], fsize=rl["fsize"],
+                                cpu_seconds=None, as_ids=(uid, gid) if self.root else None):
+                    raise SandboxSetupError("bubblewrap exited at once", step="bwrap")
+                _write_all(args_w, blob)
+                os.close(args_w)
+                ours.remove(args_w)
+                init = _child_pid(status_r, block=True)
+                if init is None:
+                    raise SandboxSetupError("bubblewrap failed: " + _err_text(err_r),
+                                            step="bwrap")
+                self.init_pid = init
+                self._init_fd = os.pidfd_open(init)
+                os.write(gate_w, self.bpf)
+                os.close(gate_w)    # bwrap reads its program up to EOF
+                ours.remove(gate_w)
+            except BrokenPipeError:
+                raise SandboxSetupError("bubblewrap failed: " + _err_text(err_r),
+                                        step="bwrap") from None
+            finally:
+                os.close(err_r)
+            egress = plan.find(EgressProxy)
+            if egress:
+                from ..grants import proxy_config
+                from .host.launch import listen_in_netns
+
+                config = proxy_config(egress[0].config_json, self.granted, self.ca,
+                                      self.upstream_ca)
+                self.proxy = start_proxy(config, listen_in_netns(init), attach, uid, gid)
+            self._wait_holder()
+            self.target = enter.Target(init, pidfd=self._init_fd)
+            self._init_fd = -1
+        finally:
+            for fd in (*ours, *theirs, *attach):
+                os.close(fd)
+            os.close(devnull)
+
+    def _wait_holder(self) -> None:
+        """Return once init's child (the holder) runs, so that a command entered next sees
+        the finished root (bwrap builds it before it forks init; init forks the holder
+        right away: this is bounded polling of /proc, a few ms at most)."""
+        deadline = time.monotonic() + 10
+        path = f"/proc/{self.init_pid}/task/{self.init_pid}/children"
+        while time.monotonic() < deadline:
+            try:
+                with open(path, "rb") as f:
+                    if f.read().strip():
+                        return
+            except OSError as e:
+                raise SandboxSetupError(f"reading {path}: {e.strerror}", step="bwrap") from None
+            if not _alive(self._init_fd):
+                raise SandboxSetupError("the sandbox's init exited at once", step="bwrap")
+            time.sleep(0.0005)
+        raise SandboxSetupError("the sandbox's init did not start its holder",
+                                step="bwrap")
+
+    # -- commands -------------------------------------------------------------------------
+    def start(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
+              cpu_seconds: float | None = None, tty_fd: int | None = None) -> Started:
+        """Start argv inside, in a cgroup of its own (a child of the sandbox's), through
+        the entrant prepared ahead (prepare()) or a new one. Raises supervise.ExecFailed
+        when its exec failed inside (nothing ran), SandboxSetupError when the sandbox
+        cannot be entered (it is gone).
+
+        `tty_fd`: a terminal's slave as its stdin, stdout, stderr and controlling terminal
+        (util-linux setsid --ctty runs first, as namespace.py's tty exec does); the
+        Started's out_r and err_r are then -1 (read the master)."""
+        if tty_fd is not None:
+            from .namespace import SETSID
+
+            if not os.access(SETSID, os.X_OK):
+                raise SandboxSetupError(f"a terminal needs util-linux's {SETSID}",
+                                        step="tty")
+            argv = [SETSID, "--ctty", "--", *argv]
+            stdin_fd = tty_fd
+        if self.target is None or not self.target.alive():
+            raise SandboxSetupError("the sandbox is not running", step="enter")
+        if self._next is None:
+            self.prepare()
+        (entrant, cg), self._next = self._next, None
+        nofile, fsize, cpu = self.rlimits
+        if cpu_seconds is not None:
+            cpu = int(cpu_seconds) + 1
+        try:
+            pid, out_r, err_r = entrant.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
+                                              rlimits=(nofile, fsize, cpu),
+                                              stdout_fd=tty_fd)
+        except BaseException:
+            entrant.close()
+            cg.kill_all()
+            self.release(cg)
+            raise
+        return Started(pid, out_r, err_r, cg, entrant.reap)
+
+    def prepare(self) -> None:
+        """Fork the next command's entrant ahead (linux/enter.Entrant): in its cgroup and
+        the sandbox's namespaces, waiting. A no-op if one is ready."""
+        if self._next is not None or self.target is None:
+            return
+        cg = self._cgroup()
+        attach = cg.attach_fds()
+        try:
+            entrant = enter.Entrant(self.target, attach, self.program)
+        except BaseException:
+            self.release(cg)
+            raise
+        finally:
+            for fd in attach:
+                os.close(fd)
+        self._next = (entrant, cg)
+
+    def _cgroup(self):
+        while self._free:
+            cg = self._free.pop()
+            try:
+                if cg.renew(max_residue=None):
+                    return cg
+            except SandboxSetupError:
+                pass
+            destroy_cgroup(cg)
+        self._cmds += 1
+        return self.sandbox_cg.child(f"c{self._cmds}")
+
+    def release(self, cg) -> list[str]:
+        """A command's cgroup once it is empty (kill_all() done): kept for reuse or
+        removed. Returns teardown problems."""
+        if self.target is not None and len(self._free) < KEEP_CGROUPS and cg._emptied \
+                and cg.version == "v1":
+            self._free.append(cg)
+            return []
+        return destroy_cgroup(cg)
+
+    def drop_entrant(self) -> None:
+        """Let the prepared entrant go (an idle sandbox need not keep one)."""
+        if self._next is not None:
+            (entrant, cg), self._next = self._next, None
+            entrant.close()
+            cg.kill_all()
+            self.release(cg)
+
+    def alive(self) -> bool:
+        return self.target is not None and self.target.alive()
+
+    # -- teardown -------------------------------------------------------------------------
+    def close(self) -> list[str]:
+        """Kill init (the whole pid namespace goes with it), reap bwrap, stop the proxy,
+        remove every cgroup, the mounts and the run dir. Idempotent."""
+        problems: list[str] = []
+        if self._next is not None:
+            (entrant, _), self._next = self._next, None
+            entrant.close()       # its cgroup goes with the sandbox's
+        target, self.target = self.target, None
+        if target is None and self._init_fd >= 0:   # failed before the Target was made
+            target = enter.Target.__new__(enter.Target)
+            target.pidfd, target.root_fd, self._init_fd = self._init_fd, -1, -1
+        if target is not None:
+            try:
+                import _signal
+
+                _signal.pidfd_send_signal(target.pidfd, 9)
+            except ProcessLookupError:
+                pass
+            poller = select.poll()
+            poller.register(target.pidfd, select.POLLIN)
+            poller.poll(2000)
+        if self.bwrap_pid:
+            kill_pid(self.bwrap_pid)
+            try:
+                os.waitpid(self.bwrap_pid, 0)
+            except ChildProcessError:
+                pass
+            self.bwrap_pid = 0
+        if target is not None:
+            try:   # bwrap's monitor reaps it, unless it went first: then it is ours
+                os.waitid(os.P_PIDFD, target.pidfd, os.WEXITED | os.WNOHANG)
+            except ChildProcessError:
+                pass
+            target.close()
+        if self._status_r >= 0:
+            _read_rest(self._status_r)
+            os.close(self._status_r)
+            self._status_r = -1
+        if self.proxy is not None:
+            proxy, self.proxy = self.proxy, None
+            for e in proxy.stop():
+                if e.get("kind") == "teardown":
+                    problems.append(e.get("message", "the egress proxy failed"))
+        free, self._free = self._free, []
+        for cg in free:
+            problems += destroy_cgroup(cg)
+        if self.sandbox_cg is not None:
+            cg, self.sandbox_cg = self.sandbox_cg, None
+            problems += destroy_cgroup(cg)   # children (commands still listed) first
+        if self._subreaper:
+            self._subreaper = False
+            subreaper_release()
+        problems += super().close()
+        return problems
+
+
+def _alive(pidfd: int) -> bool:
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return not poller.poll(0)
+
+
+def _check_hierarchy(cg) -> None:
+    """Fail closed when the memory cgroup is not hierarchical (cgroup v1 with
+    use_hierarchy = 0): the sandbox's memory limit would not cover its commands."""
+    if cg.version != "v1":
+        return
+    d = cg._dirs.get("memory")
+    if d is None:
+        return
+    path = os.path.join(d, "memory.use_hierarchy")
+    try:
+        with open(path) as f:
+            on = f.read().strip() == "1"
+        if not on:
+            with open(path, "w") as f:
+                f.write("1")
+            on = True
+    except OSError as e:
+        raise SandboxSetupError(f"{path}: {e.strerror}; a live sandbox needs a "
+                                f"hierarchical memory cgroup", step="cgroup",
+                                errno=e.errno) from None
+
+
+def _err_text(err_r: int) -> str:
+    """The last line bwrap wrote to its stderr (it has exited or is about to)."""
+    poller = select.poll()
+    poller.register(err_r, select.POLLIN)
+    data = b""
+    deadline = time.monotonic() + 2
+    while len(data) < 8192 and time.monotonic() < deadline:
+        if not poller.poll(200):
+            continue
+        chunk = os.read(err_r, 4096)
+        if not chunk:
+            break
+        data += chunk
+    lines = data.decode(errors="replace").strip().splitlines()
+    return lines[-1][:300] if lines else "no message"

@@ -1,0 +1,400 @@
+"""Starting a command inside a running sandbox from the host side, as `runc exec` and
+nsenter do: nothing inside the sandbox is asked to start it.
+
+    target = Target(init_pid)                 # pidfd + root dirfd of the sandbox's pid 1
+    entrant = Entrant(target, cg.attach_fds(), Program(bpf))   # forked ahead, waiting
+    pid, out_r, err_r = entrant.start(argv, env, cwd="/scratch", stdin_fd=0,
+                                      rlimits=(256, 1 << 27, 31))
+    ...                                       # supervise(pid, ..., before_wait=entrant.reap)
+    target.close()
+
+The supervisor (maybe multithreaded, and a child subreaper for as long as a live sandbox
+runs) forks a child A ahead of the command. A is single-threaded, which setns(CLONE_NEWUSER)
+requires. A closes every fd it inherited (it may wait long: a copy of a pipe's write end
+would keep a reader from seeing EOF), drops its supplementary groups (as host root; inside,
+setgroups is denied), joins the command's cgroup, then joins every namespace of the target
+with ONE setns(pidfd, flags) (Linux 5.8+: the user namespace first and the rest atomically,
+so no half-entered state exists). It then confines itself exactly as the command will be:
+the sandbox's root (fchdir to /proc/INIT/root, opened while the pidfd showed init alive,
+then chroot "."), uid and gid 0 of the sandbox's user namespace (the sandbox's host uid),
+no capabilities (the bounding set emptied, then capset of zeros: an exec as uid 0 gains
+nothing from an empty bounding set), signals at their defaults, no_new_privs, the seccomp
+program. All of this happens before the command is asked for, so none of it (nor the fork,
+nor the cgroup move, which on cgroup v1 waits for an RCU grace period) is on the command's
+own path.
+
+For the command, A receives argv, env, cwd and rlimits (a memfd) and its stdio (SCM_RIGHTS),
+sets the rlimits and starts it with CPython's vfork + exec (_posixsubprocess, as subprocess
+does: no page tables copied; a session of its own, the working directory as the command's
+own uid without capabilities, every other fd closed). setns(CLONE_NEWPID) moved only A's
+children, so the command (B) is in the sandbox's pid namespace. A reports B's pid and
+exits; its exit hands B to the nearest child subreaper, the supervisor, which reaps A
+first (Entrant.reap, supervise's before_wait) and then waits for B like any child.
+
+A failure before exec is written to a close-on-exec pipe (`py:ERRNO:message`,
+`exec:ERRNO:` when the command's own exec failed, `cwd:ERRNO:` for its working directory);
+a failure before A was ready comes on its socket.
+"""
+
+from __future__ import annotations
+
+import _signal
+import ctypes
+import marshal
+import os
+import resource
+import select
+import socket
+
+try:
+    import _posixsubprocess
+except ImportError:  # pragma: no cover - not CPython
+    _posixsubprocess = None
+
+from ..errors import SandboxSetupError, UsageError
+from . import _sys
+from .supervise import _exec_report, _fail_report, inherited_signals, report_exec_failure
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+#: every namespace bwrap makes for a sandbox
+ALL_NAMESPACES = (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS
+                  | CLONE_NEWIPC | CLONE_NEWCGROUP)
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+
+_libc = _sys._libc
+_libc.setns.argtypes = (ctypes.c_int, ctypes.c_int)
+_libc.syscall.restype = ctypes.c_long
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 63
+
+
+class Target:
+    """A running sandbox to enter: a pidfd of its pid 1 (as the host sees it) and an
+    O_PATH fd of that process's root directory, both opened once and checked against
+    each other (the pidfd still live after the root was opened, so a recycled pid is
+    never entered). Raises ProcessLookupError if it is gone."""
+
+    def __init__(self, init_pid: int, flags: int = ALL_NAMESPACES, *,
+                 pidfd: int | None = None) -> None:
+        """`pidfd`: one opened earlier (taken over); open the Target only once the
+        sandbox's root is finished (bwrap's init has forked the command): the root fd
+        is the root init has at that moment."""
+        self.pid = init_pid
+        self.flags = flags
+        self.pidfd = os.pidfd_open(init_pid) if pidfd is None else pidfd
+        try:
+            self.root_fd = os.open(f"/proc/{init_pid}/root",
+                                   os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            _signal.pidfd_send_signal(self.pidfd, 0)   # still the same process
+        except BaseException:
+            os.close(self.pidfd)
+            raise
+        self.last_cap = _last_cap()
+
+    def alive(self) -> bool:
+        """Whether init has not exited (a pidfd is readable once it has, zombie or not:
+        a signal to a zombie would still succeed)."""
+        if self.pidfd < 0:
+            return False
+        poller = select.poll()
+        poller.register(self.pidfd, select.POLLIN)
+        return not poller.poll(0)
+
+    def close(self) -> None:
+        for fd in (self.pidfd, self.root_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.pidfd = self.root_fd = -1
+
+
+class Program:
+    """A seccomp program held in memory for a child to load (one prctl)."""
+
+    def __init__(self, bpf: bytes) -> None:
+        if not bpf or len(bpf) % 8:
+            raise ValueError("not a classic BPF program")
+        self.buf = ctypes.create_string_buffer(bpf, len(bpf))
+        self.prog = _SockFprog(len(bpf) // 8, ctypes.addressof(self.buf))
+        self.addr = ctypes.addressof(self.prog)
+
+
+class Entrant:
+    """A child forked ahead of a command (A of the module's docstring): it has dropped its
+    groups, joined the command's cgroup and every namespace of the target, and waits on a
+    socket for one command, which it then clones (B) and leaves. Preparing one takes the
+    fork, the cgroup move (a cgroup v1 write waits for an RCU grace period) and the setns
+    off the command's own start. `start()` once; `close()` if it is never used.
+
+    If this process dies, A's end of the socket reads EOF and A exits."""
+
+    def __init__(self, target: Target, attach: list[int], program: Program) -> None:
+        if _posixsubprocess is None or _sys._CAPS is None:
+            raise SandboxSetupError(f"entering a sandbox needs CPython on x86_64 or "
+                                    f"aarch64, not {os.uname().machine}", step="enter")
+        ignored, _ = inherited_signals()
+        caps = list(range(target.last_cap + 1))
+        zero_caps = (ctypes.c_uint32 * 6)()
+        header = (ctypes.c_uint32 * 2)(_sys._CAP_V3, 0)
+        libc, flags = _libc, target.flags
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = ours
+        a = os.fork()
+        if a == 0:  # A: _exit on any failure, never return
+            fail_w = -1
+            try:
+                ours.close()
+                # nothing else of this process's: A may wait long, and a copy of a pipe's
+                # write end (a command's stdin) would keep its reader from seeing EOF
+                _close_all_but((0, 1, 2, theirs.fileno(), target.pidfd, target.root_fd,
+                                *attach))
+                os.setgroups([])
+                for fd in attach:
+                    os.write(fd, b"0")
+                    os.close(fd)
+                if libc.setns(target.pidfd, flags) != 0:
+                    e = ctypes.get_errno()
+                    raise OSError(e, f"setns: {os.strerror(e)}")
+                # A confines itself as the command will be (ahead of it, too), then
+                # vforks it (B: no page tables copied) and leaves: B inherits all of it
+                os.fchdir(target.root_fd)
+                os.chroot(".")
+                os.close(target.root_fd)
+                os.close(target.pidfd)
+                os.setresgid(0, 0, 0)
+                os.setresuid(0, 0, 0)
+                for cap in caps:
+                    libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+                libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+                if libc.syscall(_sys._CAPS[1], header, zero_caps) != 0:
+                    e = ctypes.get_errno()
+                    raise OSError(e, f"capset: {os.strerror(e)}")
+                for sig in ignored:   # SIG_IGN survives exec; the command gets defaults
+                    if sig not in (9, 19):
+                        try:
+                            _signal.signal(sig, 0)
+                        except (OSError, ValueError):
+                            pass
+                _signal.pthread_sigmask(2, [])
+                if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+                    e = ctypes.get_errno()
+                    raise OSError(e, f"no_new_privs: {os.strerror(e)}")
+                if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, program.addr, 0, 0) != 0:
+                    e = ctypes.get_errno()
+                    raise OSError(e, f"seccomp: {os.strerror(e)}")
+                theirs.send(b"r")     # ready: entered and confined
+                msg, fds, _, _ = socket.recv_fds(theirs, 64, 5)
+                if not msg or len(fds) != 5:
+                    os._exit(0)       # never used
+                stdin_fd, out_w, err_w, fail_w, req_fd = fds
+                with open(req_fd, "rb") as f:
+                    (argvb, envb, names, cwdb, nofile, fsize, cpu,
+                     new_session) = marshal.loads(f.read())
+                _rlimits(nofile, fsize, cpu)
+                err_r, err_w2 = os.pipe()
+                envl = [k + b"=" + v for k, v in envb.items()]
+                # vfork + exec (CPython's C code, as subprocess): setsid, chdir, stdio,
+                # every other fd closed, SIGPIPE and SIGXFSZ back to default
+                b = _posixsubprocess.fork_exec(   # pass_fds must hold the error pipe
+                    argvb, names, True, (err_w2,), cwdb, envl, stdin_fd, -1, -1, out_w, -1, err_w,
+                    err_r, err_w2, True, new_session, -1, None, None, None, -1, None, True)
+                os.close(err_w2)
+                child_err = _read_small(err_r, 300)
+                if child_err:
+                    os.waitpid(b, 0)
+                    _, _, rest = child_err.partition(b":")
+                    code, _, why = rest.partition(b":")
+                    try:
+                        errno_ = int(code, 16)
+                    except ValueError:
+                        errno_ = 0
+                    if why == b"noexec":    # before exec: the working directory
+                        os.write(fail_w, f"cwd:{errno_}:".encode())
+                        os._exit(127)
+                    os.write(fail_w, report_exec_failure(errno_ or 2))
+                    os._exit(127)
+                # its parent (this process) exits now: B is reparented to the nearest
+                # child subreaper, the supervisor (a live sandbox is one for its life)
+                theirs.send(str(b).encode())
+                os._exit(0)
+            except BaseException as e:  # noqa: BLE001 - reported to the supervisor, then die
+                try:
+                    code = getattr(e, "errno", 0) or 0
+                    report = f"py:{code}:{e}".encode()[:1000]
+                    if fail_w >= 0:
+                        os.write(fail_w, report)
+                    else:
+                        theirs.send(b"e" + report)
+                finally:
+                    os._exit(127)
+        theirs.close()
+        self.pid = a
+        self._ready = False
+
+    def _wait_ready(self) -> None:
+        if self._ready:
+            return
+        msg = self.sock.recv(1100)
+        if msg != b"r":
+            self._reap()
+            if msg.startswith(b"e"):
+                message, code = _fail_report(msg[1:])
+                raise SandboxSetupError(f"entering the sandbox failed: {message}",
+                                        step="enter", errno=code)
+            raise SandboxSetupError("entering the sandbox failed", step="enter")
+        self._ready = True
+
+    def _reap(self) -> None:
+        self.reap()
+        self.sock.close()
+
+    def reap(self) -> None:
+        """Wait for A's exit, after start(): only then is the command (which A's exit
+        hands to this process, the nearest child subreaper) this process's child."""
+        if self.pid:
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+            self.pid = 0
+
+    def close(self) -> None:
+        """Let an unused one go (it exits at EOF), and reap it."""
+        if self.pid:
+            self.sock.shutdown(socket.SHUT_RDWR)
+            self._reap()
+
+    def start(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
+              rlimits: tuple[int, int, int | None], stdout_fd: int | None = None
+              ) -> tuple[int, int, int]:
+        """Start argv (see spawn_in). `stdout_fd` (a terminal's slave): the command's
+        stdout and stderr, no pipes made (both read fds returned are -1), and no session
+        of its own (its first program makes one and takes the terminal: setsid --ctty)."""
+        self._wait_ready()
+        argvb = [a.encode() for a in argv]
+        envb = {k.encode(): v.encode() for k, v in env.items()}
+        path = env.get("PATH", "/usr/bin:/bin")
+        names = ([argvb[0]] if b"/" in argvb[0] else
+                 [os.path.join(d.encode(), argvb[0]) for d in path.split(":") if d])
+        req = os.memfd_create("corral-request", os.MFD_CLOEXEC)
+        if stdout_fd is None:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            ours = [out_w, err_w]
+        else:
+            out_r = err_r = -1
+            out_w = err_w = stdout_fd
+            ours = []
+        fail_r, fail_w = os.pipe()
+        try:
+            _write_all(req, marshal.dumps((argvb, envb, names, cwd.encode(), *rlimits,
+                                           stdout_fd is None)))
+            os.lseek(req, 0, os.SEEK_SET)
+            socket.send_fds(self.sock, [b"x"], [stdin_fd, out_w, err_w, fail_w, req])
+        except BaseException:
+            for fd in (out_r, err_r, fail_r):
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        finally:
+            for fd in (req, *ours, fail_w):
+                os.close(fd)
+        try:
+            got = self.sock.recv(1100)
+            b = int(got) if got.isdigit() and len(got) < 12 else 0
+            if b:   # A is on its way out; reap_entrant() once the command exits
+                self.sock.close()
+                report = b""
+            else:
+                self._reap()
+                report = _read_small(fail_r)
+        finally:
+            os.close(fail_r)
+        if report or not b:
+            if b:
+                os.waitpid(b, 0)
+            for fd in (out_r, err_r):
+                if fd >= 0:
+                    os.close(fd)
+            if report.startswith(b"exec:"):
+                raise _exec_report(report)
+            if report.startswith(b"cwd:"):
+                code = report[4:].rstrip(b":")
+                why = os.strerror(int(code)) if code.isdigit() and len(code) < 5 else "?"
+                raise UsageError(f"cannot use {cwd!r} as the working directory inside the "
+                                 f"sandbox: {why}", field="cwd")
+            if not report and got.startswith(b"e"):
+                report = got[1:]
+            message, code = _fail_report(report) if report else ("no report", None)
+            raise SandboxSetupError(f"entering the sandbox failed: {message}", step="enter",
+                                    errno=code)
+        return b, out_r, err_r
+
+
+def spawn_in(target: Target, argv: list[str], env: dict[str, str], *, cwd: str,
+             stdin_fd: int, attach: list[int], rlimits: tuple[int, int, int | None],
+             program: Program) -> tuple[int, int, int]:
+    """Start argv inside `target` (see the module's docstring). Returns (pid as the host
+    sees it, stdout read fd, stderr read fd); the pid is this process's child.
+    `rlimits`: (RLIMIT_NOFILE, RLIMIT_FSIZE, RLIMIT_CPU seconds or None). Raises
+    ExecFailed when the command's own exec failed (nothing of it ran; the child is
+    reaped), SandboxSetupError for any other failure."""
+    entrant = Entrant(target, attach, program)
+    started = entrant.start(argv, env, cwd=cwd, stdin_fd=stdin_fd, rlimits=rlimits)
+    entrant.reap()
+    return started
+
+
+def _close_all_but(keep) -> None:
+    lo = 0
+    for fd in sorted(set(keep)):
+        if fd > lo:
+            os.closerange(lo, fd)
+        lo = fd + 1
+    os.closerange(lo, 1 << 16)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _rlimits(nofile: int, fsize: int, cpu: int | None) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    if cpu is not None:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+
+
+def _read_small(fd: int, most: int = 1000) -> bytes:
+    chunks = []
+    n = 0
+    while n < most:
+        data = os.read(fd, most - n)
+        if not data:
+            break
+        chunks.append(data)
+        n += len(data)
+    return b"".join(chunks)

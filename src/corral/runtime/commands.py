@@ -1,0 +1,325 @@
+"""Commands of a live sandbox: `sb.commands.run(...)`, background handles, `list()`.
+
+    r = sb.commands.run("echo hi > /scratch/a; cat /scratch/a")        # a Result
+    h = sb.commands.run(["python3", "-m", "http.server", "8000"], background=True,
+                        on_stdout=print)
+    h.pid                                  # its pid inside the sandbox
+    h.send_stdin(b"..."); h.close_stdin()
+    h.kill(); r = h.wait()                 # its own Result, verdict "killed"
+
+Each command is started from the host into the sandbox's namespaces (linux/enter.py) in a
+cgroup of its own below the sandbox's: its timeout, cpu_time and output cap are its own,
+while memory, pids and scratch hold for the sandbox as a whole. A foreground command's
+default timeout is the policy's limits.timeout; a background command's is the sandbox's
+life. A process a command leaves behind (`server > log 2>&1 &`) keeps running after it in
+that cgroup until it exits or the sandbox ends; one that still holds the command's stdout
+or stderr is killed DRAIN_GRACE_S after the command exits (supervise.py).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from .._record import Record
+from ..backends.host.finish import finish
+from ..errors import UsageError
+from ..linux.supervise import ExecFailed, Outcome, Stream, decode_status, supervise
+from ..plan import CpuTime, MemoryLimit, OutputCap, WallClock
+
+#: bounds on what a caller hands in (a command line, its environment)
+MAX_ARGV_BYTES = 1 << 20
+MAX_ENV = 1024
+#: a background command without a timeout runs until the sandbox ends; supervise() still
+#: needs a deadline: this far away (epoll's millisecond timeout must fit in an int)
+NO_DEADLINE_S = 1e6
+
+
+class CommandInfo(Record):
+    """One entry of `sb.commands.list()`: a command still running, or a process a
+    finished command left behind (`detached`)."""
+
+    pid: int                     # inside the sandbox (the command's, or the first left)
+    cmd: tuple[str, ...]
+    background: bool
+    started: float               # time.time()
+    detached: bool = False
+    pids: tuple[int, ...] = ()   # host pids of every process in its cgroup
+
+
+def argv_of(cmd) -> list[str]:
+    """A shell command line (run by /bin/sh -c) or an argv list, checked."""
+    if isinstance(cmd, str):
+        argv = ["/bin/sh", "-c", cmd]
+    elif isinstance(cmd, (list, tuple)) and cmd and all(isinstance(a, str) for a in cmd):
+        argv = list(cmd)
+    else:
+        raise UsageError("cmd must be a command line (str) or a non-empty list of str",
+                         field="cmd")
+    if any("\0" in a for a in argv) or sum(len(a) for a in argv) > MAX_ARGV_BYTES:
+        raise UsageError(f"cmd may not contain NUL bytes nor exceed {MAX_ARGV_BYTES} bytes",
+                         field="cmd")
+    return argv
+
+
+def env_of(base: dict[str, str], extra) -> dict[str, str]:
+    env = dict(base)
+    if extra is None:
+        return env
+    if not isinstance(extra, dict) or len(extra) > MAX_ENV:
+        raise UsageError(f"env must be a dict of at most {MAX_ENV} str: str",
+                         field="env")
+    for k, v in extra.items():
+        if not (isinstance(k, str) and isinstance(v, str) and k and "=" not in k
+                and "\0" not in k + v):
+            raise UsageError(f"env: {k!r} is not NAME (no '=', no NUL) = str value",
+                             field="env")
+        env[k] = v
+    return env
+
+
+def _seconds(value, field: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+            or value > NO_DEADLINE_S:
+        raise UsageError(f"{field} must be seconds > 0 (at most {NO_DEADLINE_S:g}), "
+                         f"not {value!r}", field=field)
+    return float(value)
+
+
+class CommandHandle:
+    """A command started inside a live sandbox. Background commands are watched by a
+    thread of their own; `wait()` returns the command's Result once it has exited."""
+
+    def __init__(self, owner, argv: list[str], *, timeout: float | None, on_stdout,
+                 on_stderr, background: bool) -> None:
+        self._owner = owner
+        self.cmd = tuple(argv)
+        self.background = background
+        self.started = time.time()
+        self.pid = 0            # inside the sandbox
+        self.host_pid = 0
+        self._timeout = timeout
+        self._on_stdout, self._on_stderr = on_stdout, on_stderr
+        self._stdin_w = -1
+        self._stdin_lock = threading.Lock()
+        self._result = None
+        self._done = threading.Event()
+        self._started = None
+        self._thread: threading.Thread | None = None
+        #: the sandbox's teardown event, when the sandbox ended while this ran
+        self._end_event: dict | None = None
+        self._killed = False
+
+    # -- the public face --
+    @property
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    def wait(self, timeout: float | None = None):
+        """The command's Result, once it has exited (with every output chunk passed to the
+        callbacks). Raises TimeoutError if `timeout` seconds pass first (it keeps running)."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"command {self.pid} still running after {timeout}s")
+        return self._result
+
+    def kill(self) -> None:
+        """SIGKILL the command and every process it started (its cgroup)."""
+        started = self._started
+        if started is not None and self.running:
+            self._killed = True
+            started.cgroup.kill_all()
+
+    def send_stdin(self, data: bytes | str) -> None:
+        """Write to the command's stdin (a pipe; a background command's only). Blocks
+        while the pipe is full. Raises BrokenPipeError once the command closed it."""
+        if isinstance(data, str):
+            data = data.encode()
+        with self._stdin_lock:
+            if self._stdin_w < 0:
+                raise BrokenPipeError("the command's stdin is closed")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._stdin_w, view):]
+
+    def close_stdin(self) -> None:
+        with self._stdin_lock:
+            if self._stdin_w >= 0:
+                os.close(self._stdin_w)
+                self._stdin_w = -1
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else self._result.verdict
+        return f"<CommandHandle pid={self.pid} {state} {list(self.cmd)!r:.60}>"
+
+    # -- the owner's side --
+    def _run(self, started, stdin_w: int = -1) -> None:
+        self._started = started
+        self.host_pid, self.pid = started.pid, started.ns_pid
+        self._stdin_w = stdin_w
+        if self.background:
+            self._thread = threading.Thread(target=self._watch, daemon=True,
+                                            name=f"corral-cmd-{self.pid}")
+            self._thread.start()
+        else:
+            self._watch()
+
+    def _failed(self, e: ExecFailed) -> None:
+        """Its exec failed inside: the Result says so (127/126), nothing ran."""
+        plan = self._owner.plan
+        cap = plan.find(OutputCap)[0].bytes
+        out = Outcome()
+        out.status = 0
+        out.stdout, out.stderr = Stream(cap, None), Stream(cap, None)
+        self._result = finish(out, exit_code=None, sig=None, events=self._owner._events_copy(),
+                              usage=_usage(out, None), oom_kills=0, wall=0, cpu=0,
+                              memory=plan.find(MemoryLimit)[0].bytes, cap=cap,
+                              isolation=self._owner.isolation, failed=(self.cmd[0], e))
+        if self._on_stderr is not None:
+            self._on_stderr(self._result.stderr.encode())
+        self._done.set()
+
+    def _watch(self) -> None:
+        try:
+            self._result = self._supervise()
+        finally:
+            self._done.set()
+            self._owner._wake()   # after the Result: the next entrant (a fork) comes now
+
+    def _supervise(self):
+        owner, s = self._owner, self._started
+        plan = owner.plan
+        cap = plan.find(OutputCap)[0].bytes
+        cpu = plan.find(CpuTime)[0].seconds
+        wall = self._timeout
+        if wall is None:
+            wall = NO_DEADLINE_S if self.background else plan.find(WallClock)[0].seconds
+        net_from = owner._net_mark()
+        outcome = None
+        usage, oom_kills = None, 0
+        try:
+            outcome = supervise(s.pid, s.out_r, s.err_r, timeout=wall, cpu_time=cpu,
+                                cpu_seconds=s.cgroup.cpu_seconds, output_cap=cap,
+                                on_stdout=self._on_stdout, on_stderr=self._on_stderr,
+                                kill=s.cgroup.kill_all, started=time.monotonic(),
+                                before_wait=s.before_wait)
+        finally:
+            self.close_stdin()
+            if s.before_wait is not None:
+                s.before_wait()      # the entrant, if supervise() did not get to it
+            if outcome is not None:
+                usage, oom_kills = _usage(outcome, s.cgroup)
+            stray = (outcome is not None and not outcome.timed_out and not self._killed
+                     and not oom_kills and os.WIFSIGNALED(outcome.status or 0)
+                     and os.WTERMSIG(outcome.status) == 9)
+            owner._command_ended(self, stray)
+        events = owner._events_copy() + owner._net_since(net_from)
+        exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=False)
+        result = finish(outcome, exit_code=exit_code, sig=sig, events=events,
+                        usage=usage, oom_kills=oom_kills, wall=wall, cpu=cpu,
+                        memory=plan.find(MemoryLimit)[0].bytes, cap=cap,
+                        isolation=owner.isolation)
+        if self._end_event is not None:
+            result.events.append(dict(self._end_event))
+        return result
+
+
+def _usage(outcome, cg):
+    from ..result import Usage
+
+    usage = Usage(wall_s=round(outcome.wall_s, 6))
+    if cg is None:
+        return usage, 0
+    try:
+        u = cg.usage()
+    except OSError:
+        return usage, 0
+    usage.cpu_s = round(u.cpu_s, 6) if u.cpu_s is not None else None
+    usage.memory_peak_bytes = u.memory_peak_bytes
+    return usage, u.oom_kills or 0
+
+
+class Commands:
+    """`sb.commands` of a live sandbox."""
+
+    def __init__(self, owner) -> None:
+        self._owner = owner
+
+    def run(self, cmd, *, env: dict[str, str] | None = None, cwd: str | None = None,
+            stdin: bytes | int | None = None, timeout: float | None = None,
+            on_stdout=None, on_stderr=None, background: bool = False,
+            tty_fd: int | None = None):
+        """Run a command line (str, by /bin/sh -c) or an argv list inside.
+
+        Foreground (default): waits and returns its Result; stdin None (/dev/null),
+        bytes, or a readable fd; timeout defaults to the policy's limits.timeout.
+        background=True: returns a CommandHandle at once; its stdin is a pipe
+        (send_stdin/close_stdin; `stdin` bytes are written to it first); timeout
+        defaults to none (it runs until it exits or the sandbox ends).
+        on_stdout/on_stderr get each chunk of bytes as it arrives, from the caller's
+        thread (foreground) or the handle's (background).
+
+        tty_fd (for sb.pty): a terminal's slave, the command's stdin, stdout, stderr and
+        controlling terminal; its output is then read from the master by the caller (the
+        Result's stdout and stderr are empty), `stdin` must be None."""
+        owner = self._owner
+        owner._check_open()
+        argv = argv_of(cmd)
+        run_env = env_of(owner._command_env(), env)
+        cwd = owner._command_cwd(cwd)
+        timeout = _seconds(timeout, "timeout")
+        handle = CommandHandle(owner, argv, timeout=timeout, on_stdout=on_stdout,
+                               on_stderr=on_stderr, background=background)
+        if tty_fd is not None:
+            if stdin is not None:
+                raise UsageError("stdin goes through the terminal with tty_fd", field="stdin")
+            stdin_fd, close_fd, stdin_w = tty_fd, False, -1
+        else:
+            stdin_fd, close_fd, stdin_w = _stdin(stdin, background)
+        try:
+            started = owner._start_command(handle, argv, run_env, cwd, stdin_fd, tty_fd)
+        except ExecFailed as e:
+            if stdin_w >= 0:
+                os.close(stdin_w)
+            handle._failed(e)
+            return handle if background else handle._result
+        except BaseException:
+            if stdin_w >= 0:
+                os.close(stdin_w)
+            raise
+        finally:
+            if close_fd:
+                os.close(stdin_fd)
+        handle._run(started, stdin_w)
+        if background and isinstance(stdin, (bytes, bytearray, memoryview)):
+            try:   # after _run: its thread drains the output meanwhile
+                handle.send_stdin(bytes(stdin))
+            except BrokenPipeError:
+                pass
+        return handle if background else handle._result
+
+    def list(self) -> list[CommandInfo]:
+        """The commands running now, then processes finished commands left behind."""
+        return self._owner._list_commands()
+
+
+def _stdin(stdin, background: bool) -> tuple[int, bool, int]:
+    """(fd for the command's stdin, whether to close it here, our write end or -1)."""
+    if background:
+        if isinstance(stdin, int) and not isinstance(stdin, bool):
+            return stdin, False, -1
+        if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
+            raise TypeError("stdin must be None, bytes or a file descriptor")
+        r, w = os.pipe()
+        return r, True, w
+    from .sandbox import _stdin_fd
+
+    fd, close = _stdin_fd(stdin)
+    if fd is None:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), True, -1
+    return fd, close, -1
+
+
+__all__ = ["CommandHandle", "CommandInfo", "Commands"]

@@ -1,0 +1,459 @@
+"""Live sandboxes: one set of namespaces kept for many commands, until killed or timed out.
+
+    sb = corral.Sandbox.create({"limits": {"memory": "1G"}}, timeout=600)
+    sb.commands.run("echo hi > /scratch/a")
+    srv = sb.commands.run("python3 -m http.server 8000", background=True)
+    print(sb.commands.run("curl -s 127.0.0.1:8000/a").stdout)
+    sb.set_timeout(60)            # 60 s from now
+    sb.get_info()                 # state, created, ends, policy digest, usage so far
+    sb.kill()
+
+The sandbox ends itself when its timeout passes, when it has been idle for
+limits.idle_timeout (if the policy sets one: no command running and no call made), and when
+its init exits (a process inside killed it, or the holder it waits for): every process,
+mount, cgroup and the egress proxy go, a teardown event says why (`sb.events`,
+get_info().ended_by), and any later call raises SandboxClosed. The process that created
+it supervises it (bwrap is its child); a sandbox meant to outlive that process is created
+by a supervisor process of its own (runtime/supervisor.py, `corral sandbox create`).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+
+from .._record import Default, Record
+from ..errors import SandboxClosed, UsageError
+from . import sandbox as _sandbox
+from .commands import CommandInfo, Commands
+from .sandbox import Sandbox
+
+#: bounds of a sandbox's timeout (seconds) and of its metadata
+MAX_TIMEOUT_S = 7 * 86400
+MAX_METADATA = 64
+MAX_METADATA_TEXT = 1024
+#: how often a sandbox with processes left behind by finished commands looks whether
+#: they are gone (their cgroup then goes back to the pool)
+LINGER_CHECK_S = 1.0
+#: the next command's entrant (a forked copy of this process, ~3 MB of it its own once it
+#: ran) is kept ready while the sandbox is in use: until this long after the last call or
+#: command, then let go (an idle sandbox costs only bwrap, its init and the holder)
+ENTRANT_KEEP_S = 10.0
+
+
+class SandboxInfo(Record):
+    """What `sb.get_info()` returns."""
+
+    id: str
+    state: str                     # "running" | "ended"
+    isolation: str
+    created: float                 # time.time()
+    ends: float                    # time.time() when its timeout passes
+    policy_digest: str             # "sha256:" + hex of the canonical policy TOML
+    idle_timeout: float | None = None
+    metadata: dict = Default(dict)
+    usage: dict = Default(dict)    # cpu_s, memory_bytes, memory_peak_bytes, commands, running
+    ended_by: str | None = None    # "killed" | "timeout" | "idle" | "init"
+
+
+def _check_timeout(seconds, field: str = "timeout") -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+            or not 0 < seconds <= MAX_TIMEOUT_S:
+        raise UsageError(f"{field} must be seconds in (0, {MAX_TIMEOUT_S}], not {seconds!r}",
+                         field=field)
+    return float(seconds)
+
+
+def _check_metadata(metadata) -> dict[str, str]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict) or len(metadata) > MAX_METADATA or not all(
+            isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 128
+            and len(v) <= MAX_METADATA_TEXT for k, v in metadata.items()):
+        raise UsageError(f"metadata must be a dict of at most {MAX_METADATA} str keys "
+                         f"(1-128 chars) to str values (at most {MAX_METADATA_TEXT})",
+                         field="metadata")
+    return dict(metadata)
+
+
+def policy_digest(policy) -> str:
+    import hashlib
+
+    from ..policy.dump import dump_toml
+
+    return "sha256:" + hashlib.sha256(dump_toml(policy).encode()).hexdigest()
+
+
+class Live(Sandbox):
+    """A live sandbox (see the module's docstring). Made by `Sandbox.create`."""
+
+    def __init__(self, policy=None, *, timeout: float = 300, metadata=None, env=None,
+                 backend=None) -> None:
+        timeout = _check_timeout(timeout)
+        self.metadata = _check_metadata(metadata)
+        super().__init__(policy, env=env, backend=backend)
+        self._lock = threading.RLock()
+        self._running: list = []
+        self._lingering: list = []       # (CommandHandle, cgroup) of finished commands
+        self._ended: str | None = None
+        self._net: list[dict] = []
+        self._started_count = 0
+        #: the sandbox's own events: why it ended, and teardown problems
+        self.events: list[dict] = []
+        self._live = self._backend.open_live(self.plan, self._events, self._granted,
+                                             self.policy.network.upstream_ca)
+        self._pid = os.getpid()
+        _sandbox._close_at_exit(self._live)
+        self.id = self._live.dir.id
+        self.created = time.time()
+        self._ends = time.monotonic() + timeout
+        self._ends_wall = self.created + timeout
+        self._last_use = time.monotonic()
+        idle = getattr(self.policy.limits, "idle_timeout", None)
+        self.idle_timeout = float(idle) if idle else None
+        self.commands = Commands(self)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._watchdog = threading.Thread(target=self._watch, daemon=True,
+                                          name=f"corral-live-{self.id}")
+        self._watchdog.start()
+
+    # -- the public face ------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        return "ended" if self._ended else "running"
+
+    @property
+    def ends(self) -> float:
+        """When (time.time()) its timeout passes."""
+        return self._ends_wall
+
+    def set_timeout(self, seconds: float) -> None:
+        """End the sandbox `seconds` from now (longer or shorter than before)."""
+        seconds = _check_timeout(seconds)
+        with self._lock:
+            self._check_open()
+            self._ends = time.monotonic() + seconds
+            self._ends_wall = time.time() + seconds
+            self._last_use = time.monotonic()
+        self._wake()
+
+    def get_info(self) -> SandboxInfo:
+        with self._lock:
+            if self._ended is None:
+                self._last_use = time.monotonic()
+            usage = {"commands": self._started_count, "running": len(self._running)}
+            live = self._live
+            cg = getattr(live, "sandbox_cg", None) if live is not None else None
+            if cg is not None:
+                u = cg.usage()
+                usage.update(cpu_s=None if u.cpu_s is None else round(u.cpu_s, 6),
+                             memory_peak_bytes=u.memory_peak_bytes,
+                             memory_bytes=_memory_now(cg))
+            return SandboxInfo(id=self.id, state=self.state, isolation=self.isolation,
+                               created=self.created, ends=self.ends,
+                               policy_digest=policy_digest(self.policy),
+                               idle_timeout=self.idle_timeout, metadata=dict(self.metadata),
+                               usage=usage, ended_by=self._ended)
+
+    def kill(self) -> list[str]:
+        """End the sandbox now: every process, mount, cgroup and the proxy go. Returns
+        teardown problems (also in sb.events). Idempotent."""
+        return self._end("killed", "the sandbox was killed")
+
+    def close(self) -> list[str]:
+        return self.kill()
+
+    def open(self) -> Live:
+        self._check_open()
+        return self
+
+    def exec(self, argv, *, stdin=None, timeout=None, on_stdout=None, on_stderr=None,
+             tty: bool = False, tty_size=None):
+        """Sandbox.exec on a live sandbox: argv runs in it (sb.commands.run)."""
+        if tty:
+            raise UsageError("a terminal in a live sandbox comes from sb.pty, not exec(tty=True)",
+                             field="tty")
+        return self.commands.run(list(argv), stdin=stdin, timeout=timeout,
+                                 on_stdout=on_stdout, on_stderr=on_stderr)
+
+    def __repr__(self) -> str:
+        return f"<corral live sandbox {self.id} {self.state}>"
+
+    # -- for helpers (files, pty, run_code) -----------------------------------------------
+    def enter_target(self):
+        """The running sandbox as a linux.enter.Target: `pidfd` and `root_fd` (an O_PATH
+        fd of /proc/INIT/root) of its init, valid while the sandbox runs. Do not close
+        them. Raises SandboxClosed."""
+        with self._lock:
+            self._check_open()
+            return self._live.target
+
+    @property
+    def ids(self) -> tuple[int, int]:
+        """The sandbox's (uid, gid) on the host: uid 0 inside maps to it."""
+        return self._live.uid, self._live.gid
+
+    # -- commands' side -------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._ended is not None:
+            why = {"killed": "it was killed", "timeout": "its timeout passed",
+                   "idle": "it was idle past limits.idle_timeout",
+                   "init": "its init exited (killed from inside)"}.get(self._ended,
+                                                                       self._ended)
+            raise SandboxClosed(f"sandbox {self.id} has ended: {why}")
+        if self._pid != os.getpid():
+            raise SandboxClosed(f"sandbox {self.id} belongs to process {self._pid}")
+
+    def _command_env(self) -> dict[str, str]:
+        return self._live.env
+
+    def _command_cwd(self, cwd) -> str:
+        if cwd is None:
+            return self.plan.cwd
+        if not isinstance(cwd, str) or "\0" in cwd or not 0 < len(cwd) <= 4096:
+            raise UsageError("cwd must be a path (str, no NUL, at most 4096 bytes)",
+                             field="cwd")
+        return cwd if cwd.startswith("/") else os.path.join(self.plan.cwd, cwd)
+
+    def _events_copy(self) -> list[dict]:
+        from ..backends.host.scratch import scratch_events
+
+        live = self._live
+        return [dict(e) for e in self._events] + (scratch_events(live.scratch) if live else [])
+
+    def _net_mark(self) -> int:
+        return len(self._net)
+
+    def _net_since(self, mark: int) -> list[dict]:
+        """The proxy's events since `mark`, with what it has written so far (the
+        watchdog reads them as they come; this catches up at a command's end)."""
+        self._read_net(block=False)
+        return [dict(e) for e in self._net[mark:]]
+
+    def _read_net(self, block: bool = True) -> bool:
+        """Read the proxy's events fd once (all there is, when not blocking). False at
+        its end."""
+        with self._lock:
+            live = self._live
+            proxy = live.proxy if live is not None else None
+            if proxy is None:
+                return False
+            fd = proxy.events_r
+            if not block:
+                os.set_blocking(fd, False)
+            try:
+                while True:
+                    try:
+                        data = os.read(fd, 65536)
+                    except BlockingIOError:
+                        return True
+                    if not data:
+                        return False
+                    n = len(proxy.lines.events)
+                    proxy.lines(data)
+                    self._net += proxy.lines.events[n:]
+                    if block:
+                        return True
+            finally:
+                if not block:
+                    os.set_blocking(fd, True)
+
+    def _start_command(self, handle, argv, env, cwd, stdin_fd, tty_fd=None):
+        with self._lock:
+            self._check_open()
+            self._last_use = time.monotonic()
+            from ..errors import SandboxSetupError
+
+            try:
+                started = self._live.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
+                                           tty_fd=tty_fd)
+            except SandboxSetupError:
+                if not self._live.alive():
+                    self._end("init", _INIT_EXITED)
+                    self._check_open()
+                raise
+            self._started_count += 1
+            self._running.append(handle)
+        if handle.background:
+            self._wake()  # the watchdog prepares the next command's entrant now; for a
+            # foreground command it does once the command is over (a fork holds the GIL)
+        return started
+
+    def _command_ended(self, handle, sigkilled: bool = False) -> None:
+        """`sigkilled`: it died of a SIGKILL nobody of ours sent: perhaps the pid
+        namespace going down, whose init exits only after every process in it did."""
+        live = self._live
+        if self._ended is None and live is not None and not _init_alive(live, sigkilled):
+            self._end("init", _INIT_EXITED)    # before it leaves _running: its Result says so
+        with self._lock:
+            self._last_use = time.monotonic()
+            if handle in self._running:
+                self._running.remove(handle)
+            if self._ended is not None:
+                return    # the cgroups went with the sandbox
+            if self.idle_timeout:
+                self._wake()     # the idle clock starts again
+            cg = handle._started.cgroup
+            if cg.pids():
+                self._lingering.append((handle, cg))
+                self._wake()
+                return
+            cg.kill_all()       # empty: only marks it emptied
+            self.events += [{"kind": "teardown", "message": p} for p in self._live.release(cg)]
+
+    def _list_commands(self) -> list[CommandInfo]:
+        with self._lock:
+            self._check_open()
+            out = [CommandInfo(pid=h.pid, cmd=h.cmd, background=h.background,
+                               started=h.started, pids=tuple(h._started.cgroup.pids()))
+                   for h in self._running]
+            for h, cg in self._lingering:
+                pids = tuple(cg.pids())
+                if pids:
+                    from ..backends.namespace_live import _ns_pid
+
+                    out.append(CommandInfo(pid=_ns_pid(pids[0]), cmd=h.cmd,
+                                           background=h.background, started=h.started,
+                                           detached=True, pids=pids))
+            return out
+
+    # -- the end --------------------------------------------------------------------------
+    def _end(self, why: str, message: str) -> list[str]:
+        """End it (once): under the lock, so whoever calls next finds it all gone."""
+        with self._lock:
+            if self._ended is not None or self._pid != os.getpid():
+                return []
+            self._ended = why
+            live, self._live = self._live, None
+            event = {"kind": "teardown", "message": message}
+            for h in self._running:      # their Results say why they ended
+                h._end_event = event
+            self._wake()
+            problems = []
+            if live is not None and live in _sandbox._left_open:
+                _sandbox._left_open.discard(live)
+                problems = live.close()
+            self.events.append(event)
+            self.events += [{"kind": "teardown", "message": p} for p in problems]
+            return problems
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _watch(self) -> None:
+        """The sandbox's own thread: its timeout, its idle timeout, its init's exit, the
+        proxy's events, and processes left by finished commands."""
+        live = self._live
+        pidfd = os.dup(live.target.pidfd)
+        proxy = live.proxy
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        if proxy is not None:
+            poller.register(proxy.events_r, select.POLLIN)
+        try:
+            while self._ended is None:
+                now = time.monotonic()
+                deadline = self._ends
+                if self.idle_timeout and not self._running:
+                    deadline = min(deadline, self._last_use + self.idle_timeout)
+                if self._lingering:
+                    deadline = min(deadline, now + LINGER_CHECK_S)
+                if self._running:
+                    self._prepare()
+                elif now - self._last_use < ENTRANT_KEEP_S:
+                    self._prepare()
+                    deadline = min(deadline, self._last_use + ENTRANT_KEEP_S)
+                else:
+                    self._drop_entrant()
+                for fd, _ in poller.poll(max(0, int((deadline - now) * 1000) + 1)):
+                    if self._ended is not None:
+                        return
+                    if fd == pidfd:
+                        self._end("init", _INIT_EXITED)
+                        return
+                    if fd == self._wake_r:
+                        os.read(self._wake_r, 512)
+                    elif proxy is not None and fd == proxy.events_r:
+                        if not self._read_net(block=False):
+                            poller.unregister(fd)
+                now = time.monotonic()
+                if self._ended is not None:
+                    return
+                if now >= self._ends:
+                    self._end("timeout", "the sandbox's timeout passed; every process, "
+                                         "mount and cgroup of it was removed")
+                elif (self.idle_timeout and not self._running
+                      and now >= self._last_use + self.idle_timeout):
+                    self._end("idle", f"the sandbox was idle for {self.idle_timeout:g}s "
+                                      f"(limits.idle_timeout); it was removed")
+                elif self._lingering:
+                    self._sweep_lingering()
+        finally:
+            os.close(pidfd)
+
+    def _prepare(self) -> None:
+        """The next command's entrant, forked here (off the commands' own path)."""
+        with self._lock:
+            if self._ended is None and self._live is not None:
+                try:
+                    self._live.prepare()
+                except Exception:  # noqa: BLE001 - the next command makes its own and says why
+                    pass
+
+    def _drop_entrant(self) -> None:
+        with self._lock:
+            if self._ended is None and self._live is not None:
+                self._live.drop_entrant()
+
+    def _sweep_lingering(self) -> None:
+        with self._lock:
+            if self._ended is not None:
+                return
+            still = []
+            for h, cg in self._lingering:
+                if cg.pids():
+                    still.append((h, cg))
+                else:
+                    cg.kill_all()
+                    self._live.release(cg)
+            self._lingering = still
+
+
+def _init_alive(live, wait: bool) -> bool:
+    if not wait:
+        return live.alive()
+    target = live.target
+    if target is None:
+        return False
+    poller = select.poll()
+    poller.register(target.pidfd, select.POLLIN)
+    return not poller.poll(INIT_EXIT_WAIT_MS)
+
+
+#: how long a command's end waits for init's, when the command died of a stray SIGKILL
+INIT_EXIT_WAIT_MS = 250
+_INIT_EXITED = ("the sandbox's init (pid 1 inside) exited: a process inside killed it or "
+                "the holder it waits for; every process, mount and cgroup of the sandbox "
+                "was removed")
+
+
+def _memory_now(cg) -> int | None:
+    d = cg._dirs.get("memory") or cg._dirs.get("cgroup2")
+    if d is None:
+        return None
+    name = "memory.usage_in_bytes" if cg.version == "v1" else "memory.current"
+    try:
+        with open(os.path.join(d, name)) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+__all__ = ["Live", "SandboxInfo", "policy_digest"]

@@ -1,0 +1,496 @@
+"""Live sandboxes on the namespace tier: one set of namespaces for many commands, each
+command entered from the host (runtime/live.py, backends/namespace_live.py,
+linux/enter.py). Real bwrap, real namespaces, real cgroups."""
+
+from __future__ import annotations
+
+import os
+import socket
+import textwrap
+import threading
+import time
+
+import pytest
+from conftest import tier_unavailable
+from netfix import free_port
+
+import corral
+from corral.errors import BackendUnavailable, SandboxClosed, UsageError
+
+pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
+                                reason=f"namespace tier: {tier_unavailable('namespace')}")
+
+SYSCALLS = textwrap.dedent("""
+    import ctypes, errno
+    libc = ctypes.CDLL(None, use_errno=True)
+    out = []
+    for nr in (250, 435):   # keyctl (refused: EPERM), clone3 (ENOSYS: libc falls back)
+        rc = libc.syscall(nr, 0, 0, 0, 0, 0)
+        out.append(errno.errorcode[ctypes.get_errno()] if rc == -1 else "allowed")
+    print(" ".join(out))
+""")
+
+
+@pytest.fixture
+def sb():
+    s = corral.Sandbox.create(timeout=120)
+    yield s
+    s.kill()
+
+
+def _wait_for(pred, what: str, seconds: float = 30.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def _procs_of_uid(uid: int) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            found.append(int(pid))
+                        break
+        except OSError:
+            pass
+    return found
+
+
+def _mounts_below(path: str) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [ln.split()[4] for ln in f if ln.split()[4].startswith(path)]
+
+
+def test_state_survives_between_commands_variables_do_not(sb):
+    assert sb.commands.run("echo kept > /scratch/a; export X=1; echo $X").stdout == "1\n"
+    r = sb.commands.run('cat /scratch/a; echo "X=${X:-unset}"')
+    assert r.stdout == "kept\nX=unset\n", r
+    # a process a command leaves behind (output redirected) and a background command
+    sb.commands.run("sleep 300 > /dev/null 2>&1 &")
+    h = sb.commands.run(["sleep", "301"], background=True)
+    ps = sb.commands.run("ps -e -o args").stdout.splitlines()
+    assert "sleep 300" in ps and "sleep 301" in ps, ps
+    assert h.running and h.pid in [c.pid for c in sb.commands.list()]
+    assert any(c.detached and c.cmd[-1].startswith("sleep 300") for c in sb.commands.list())
+
+
+def test_a_command_is_inside_every_namespace_without_capabilities(sb):
+    r = sb.commands.run("hostname; echo $$; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' "
+                        "/proc/self/status; cat /proc/net/dev | tail -n +3 | cut -d: -f1; "
+                        "id -u; pwd")
+    lines = [ln.split() for ln in r.stdout.splitlines()]
+    assert lines[0] == ["corral"], r
+    assert int(lines[1][0]) < 50, r          # a pid of the sandbox's own namespace
+    assert ["CapEff:", "0000000000000000"] in lines and ["CapBnd:", "0000000000000000"] in lines
+    assert ["NoNewPrivs:", "1"] in lines and ["Seccomp:", "2"] in lines
+    assert ["lo"] in lines and len([x for x in lines if len(x) == 1 and x[0].isalpha()
+                                    and x[0] not in ("corral", "lo")]) == 0, r
+    assert lines[-2:] == [["0"], ["/scratch"]], r
+    # commands share one pid namespace: each sees the other's process
+    h = sb.commands.run(["sleep", "299"], background=True)
+    assert str(h.pid) in sb.commands.run("ps -e -o pid").stdout.split()
+    h.kill()
+
+
+def test_seccomp_refuses_as_in_one_shot_runs(sb):
+    live = sb.commands.run(["/usr/bin/python3", "-c", SYSCALLS])
+    once = corral.run(["/usr/bin/python3", "-c", SYSCALLS])
+    assert live.stdout == once.stdout == "EPERM ENOSYS\n", (live, once)
+
+
+def test_background_server_reachable_inside_never_from_the_host(sb):
+    port = free_port()
+    srv = sb.commands.run(["python3", "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                           "--directory", "/scratch"], background=True)
+    sb.commands.run("echo served > /scratch/page")
+    fetch = ("import sys, time, urllib.request as u\n"
+             "for _ in range(200):\n"
+             "    try:\n"
+             f"        print(u.urlopen('http://127.0.0.1:{port}/page').read().decode(), end='')\n"
+             "        sys.exit(0)\n"
+             "    except OSError:\n"
+             "        time.sleep(0.05)\n"
+             "sys.exit(1)\n")
+    r = sb.commands.run(["python3", "-c", fetch], timeout=60)
+    assert r.stdout == "served\n", r
+    with pytest.raises(OSError):   # the host's 127.0.0.1 is another network namespace
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    assert srv.running
+    srv.kill()
+    assert srv.wait(30).verdict == "killed"
+
+
+def test_per_command_timeout_kills_only_that_command(sb):
+    bg = sb.commands.run(["sleep", "300"], background=True)
+    r = sb.commands.run("sleep 60 & sleep 61; echo never", timeout=1)
+    assert r.verdict == "timeout" and "never" not in r.stdout, r
+    assert any(e.get("limit") == "timeout" for e in r.events)
+    ps = sb.commands.run("ps -e -o args").stdout.splitlines()
+    assert "sleep 300" in ps and "sleep 60" not in ps and "sleep 61" not in ps, ps
+    assert bg.running
+
+
+def test_background_handle_stdin_streams_and_its_own_result(sb):
+    got = []
+    h = sb.commands.run("while read l; do echo \"got $l\"; done; echo bye >&2; exit 3",
+                        background=True, on_stdout=got.append)
+    h.send_stdin("a\n")
+    _wait_for(lambda: b"".join(got) == b"got a\n", "the first line streamed back")
+    h.send_stdin(b"b\n")
+    h.close_stdin()
+    r = h.wait(30)
+    assert (r.verdict, r.exit_code, r.stdout, r.stderr) == ("error", 3, "got a\ngot b\n", "bye\n")
+    assert b"".join(got) == b"got a\ngot b\n"
+    with pytest.raises(BrokenPipeError):
+        h.send_stdin("late")
+
+
+def test_foreground_stdin_env_cwd_and_exec_failure(sb):
+    sb.commands.run("mkdir -p /scratch/d")
+    r = sb.commands.run("cat; echo \"$GREETING\"; pwd", stdin=b"in\n", env={"GREETING": "hi"},
+                        cwd="d")
+    assert r.stdout == "in\nhi\n/scratch/d\n", r
+    r = sb.commands.run(["no-such-command"])
+    assert (r.exit_code, r.verdict) == (127, "error") and "not found" in r.stderr, r
+    with pytest.raises(UsageError, match="working directory"):
+        sb.commands.run("true", cwd="/no/such/dir")
+    assert sb.commands.run("echo still").stdout == "still\n"
+    with pytest.raises(UsageError):
+        sb.commands.run("true", env={"A=B": "x"})
+    with pytest.raises(UsageError):
+        sb.commands.run([])
+
+
+def test_sandbox_wide_pids_limit_holds_across_commands():
+    with corral.Sandbox.create({"limits": {"pids": 24}}, timeout=120) as sb:
+        hold = sb.commands.run("for i in $(seq 16); do sleep 300 & done; wait",
+                               background=True)
+        _wait_for(lambda: sb.commands.run("ps -e -o args").stdout.splitlines().count("sleep 300") == 16,
+                  "16 sleepers")
+        r = sb.commands.run("for i in $(seq 12); do sleep 1 & done; wait")
+        assert "fork" in r.stderr.lower() or "resource" in r.stderr.lower(), r
+        assert hold.running
+
+
+def test_sandbox_timeout_leaves_nothing_behind():
+    sb = corral.Sandbox.create(timeout=2)
+    sb.commands.run("sleep 300 > /dev/null 2>&1 &")
+    bg = sb.commands.run(["sleep", "301"], background=True)
+    run_dir = sb._live.dir.path
+    cgroups = sb._live.sandbox_cg.paths
+    uid = sb.ids[0]
+    assert _procs_of_uid(uid) and _mounts_below(run_dir) and all(map(os.path.isdir, cgroups))
+    _wait_for(lambda: sb.state == "ended", "the timeout")
+    assert sb.get_info().ended_by == "timeout"
+    assert any("timeout" in e["message"] for e in sb.events)
+    assert bg.wait(30).verdict == "killed"
+    left = _procs_of_uid(uid)
+    assert left == [], left
+    assert _mounts_below(run_dir) == [] and not os.path.exists(run_dir)
+    assert not any(map(os.path.exists, cgroups))
+    with pytest.raises(SandboxClosed, match="timeout"):
+        sb.commands.run("true")
+
+
+def test_killing_init_from_inside_closes_the_sandbox_with_an_event(sb):
+    # init (pid 1) ignores signals from inside its own namespace: SIGKILL does nothing
+    r = sb.commands.run("kill -KILL 1; echo rc=$?")
+    assert r.stdout == "rc=0\n" and sb.state == "running"
+    # killing what init waits for ends init, and the namespace with every process in it
+    run_dir = sb._live.dir.path
+    r = sb.commands.run("kill -KILL -1; sleep 5; echo survived")
+    assert r.verdict == "killed" and "survived" not in r.stdout, r
+    assert any(e["kind"] == "teardown" and "init" in e["message"] for e in r.events), r
+    assert sb.state == "ended" and sb.get_info().ended_by == "init"
+    assert not os.path.exists(run_dir)
+    with pytest.raises(SandboxClosed, match="init"):
+        sb.commands.run("true")
+
+
+def test_idle_timeout_ends_an_unused_sandbox():
+    sb = corral.Sandbox.create({"limits": {"idle_timeout": "1s"}}, timeout=120)
+    try:
+        assert sb.get_info().idle_timeout == 1
+        h = sb.commands.run(["sleep", "2"], background=True)   # running: not idle
+        assert h.wait(30).verdict == "ok"
+        assert sb.state == "running"
+        _wait_for(lambda: sb.state == "ended", "the idle timeout")
+        assert sb.get_info().ended_by == "idle"
+    finally:
+        sb.kill()
+
+
+def test_set_timeout_get_info_kill(sb):
+    info = sb.get_info()
+    assert info.id == sb.id and info.state == "running" and info.isolation == "namespace"
+    assert info.policy_digest.startswith("sha256:") and len(info.policy_digest) == 71
+    assert 110 < info.ends - info.created <= 120
+    sb.set_timeout(600)
+    assert sb.get_info().ends - time.time() > 590
+    sb.commands.run("head -c 1000000 /dev/zero > /scratch/z")
+    u = sb.get_info().usage
+    assert u["commands"] == 1 and u["memory_peak_bytes"] > 1_000_000, u
+    with pytest.raises(UsageError):
+        sb.set_timeout(0)
+    assert sb.kill() == []
+    assert sb.get_info().state == "ended"
+    with pytest.raises(SandboxClosed):
+        sb.set_timeout(10)
+
+
+def test_concurrent_foreground_commands(sb):
+    results = {}
+
+    def one(i):
+        results[i] = sb.commands.run(f"sleep 0.3; echo {i}").stdout
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {i: f"{i}\n" for i in range(4)}
+
+
+def test_the_process_tier_refuses_a_live_sandbox():
+    with pytest.raises(BackendUnavailable, match="live sandbox"):
+        corral.Sandbox.create({"isolation": "process"})
+
+
+def test_one_shot_sandbox_and_exec_are_unchanged():
+    with corral.Sandbox() as sb:
+        sb.exec(["sh", "-c", "echo x > /scratch/f; sleep 300 > /dev/null 2>&1 &"])
+        assert sb.exec(["cat", "/scratch/f"]).stdout == "x\n"
+        assert "sleep 300" not in sb.exec(["ps", "-e", "-o", "args"]).stdout
+
+
+def test_pool_claims_distinct_never_used_sandboxes():
+    with corral.Pool(size=2, timeout=60) as pool:
+        _wait_for(lambda: pool.ready() == 2, "two ready sandboxes")
+        a, b = pool.claim(), pool.claim()
+        c = pool.claim()     # made behind the first claims
+        try:
+            ids = {a.id, b.id, c.id}
+            assert len(ids) == 3
+            for sb in (a, b, c):
+                info = sb.get_info()
+                assert info.usage["commands"] == 0 and info.state == "running"
+                assert 50 < info.ends - time.time() <= 60
+                # nothing of anyone else's: a fresh scratch
+                assert sb.commands.run("ls -A /scratch").stdout == ""
+            a.commands.run("touch /scratch/mine")
+            assert b.commands.run("ls -A /scratch").stdout == ""
+        finally:
+            for sb in (a, b, c):
+                sb.kill()
+    assert pool.ready() == 0
+
+
+# ---- supervisor processes, connect, the CLI ------------------------------------------
+
+def _cli(*args, input=None, timeout=120):
+    import subprocess
+
+    from conftest import CORRAL
+
+    return subprocess.run([CORRAL, *args], check=False, capture_output=True, text=True, input=input,
+                          timeout=timeout)
+
+
+def test_connect_from_another_process_and_the_sandbox_outlives_its_creator():
+    import subprocess
+    import sys
+
+    make = ("import corral\n"
+            "sb = corral.Sandbox.create(timeout=60, detached=True, metadata={'k': 'v'})\n"
+            "sb.commands.run('echo from-creator > /scratch/note')\n"
+            "sb.commands.run(['sleep', '302'], background=True)\n"
+            "print(sb.id)\n")
+    p = subprocess.run([sys.executable, "-c", make], check=False, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    sid = p.stdout.strip()             # its creator has exited
+    sb = corral.Sandbox.connect(sid)
+    try:
+        assert sb.get_info().metadata == {"k": "v"}
+        assert sb.commands.run("cat /scratch/note").stdout == "from-creator\n"
+        assert any(c.cmd == ("sleep", "302") for c in sb.commands.list())
+        got = []
+        h = sb.commands.run("read x; echo \"[$x]\"; exit 4", background=True,
+                            on_stdout=got.append)
+        h.send_stdin("typed\n")
+        r = h.wait(60)
+        assert (r.exit_code, r.stdout, b"".join(got)) == (4, "[typed]\n", b"[typed]\n")
+        r = sb.commands.run("sleep 30", timeout=0.5)
+        assert r.verdict == "timeout"
+        r = sb.commands.run(["no-such-command"])
+        assert r.exit_code == 127 and "not found" in r.stderr, r
+    finally:
+        sb.kill()
+    with pytest.raises(SandboxClosed):
+        corral.Sandbox.connect(sid)
+    with pytest.raises(UsageError):
+        corral.Sandbox.connect("../../etc")
+
+
+def test_cli_create_ls_exec_kill():
+    p = _cli("sandbox", "create", "--timeout", "60", "--memory", "256M")
+    assert p.returncode == 0, p.stderr
+    sid = p.stdout.strip()
+    try:
+        assert sid in _cli("sandbox", "ls").stdout
+        p = _cli("sandbox", "exec", sid, "--", "sh", "-c",
+                 "echo kept > /scratch/x; sleep 300 > /dev/null 2>&1 &")
+        assert p.returncode == 0, p.stderr
+        p = _cli("sandbox", "exec", sid, "--", "sh", "-c", "cat /scratch/x; ps -e -o args")
+        assert p.stdout.startswith("kept\n") and "sleep 300" in p.stdout.splitlines(), p
+        assert _cli("sandbox", "exec", sid, "--", "sh", "-c", "exit 7").returncode == 7
+        p = _cli("sandbox", "exec", sid, "--stdin", "--", "cat", input="piped")
+        assert p.stdout == "piped"
+        p = _cli("sandbox", "exec", sid, "--timeout", "1s", "--", "sleep", "30")
+        assert p.returncode == 124 and "timeout" in p.stderr
+        info = corral.Sandbox.connect(sid).get_info()
+        assert info.usage["commands"] == 5
+    finally:
+        assert _cli("sandbox", "kill", sid).returncode == 0
+    assert sid not in _cli("sandbox", "ls").stdout
+    p = _cli("sandbox", "exec", sid, "--", "true")
+    assert p.returncode == 125 and "no live sandbox" in p.stderr
+    assert _cli("sandbox", "exec", "not-an-id", "--", "true").returncode == 2
+
+
+def test_a_sigkilled_supervisor_leaves_nothing_after_the_sweep():
+    import signal
+
+    from corral.linux import rundir
+    from corral.runtime import registry
+
+    p = _cli("sandbox", "create", "--timeout", "120")
+    assert p.returncode == 0, p.stderr
+    sid = p.stdout.strip()
+    entry = registry.read_entry(sid)
+    base = rundir.base_dir()
+    run_dir = os.path.join(base, sid)
+    uid = os.stat(os.path.join(run_dir, "scratch")).st_uid
+    with open(os.path.join(run_dir, "cgroups")) as f:
+        cgroups = [line.split()[3] for line in f if line.strip()]
+    corral.Sandbox.connect(sid).commands.run(["sleep", "303"], background=True)
+    assert _procs_of_uid(uid) and cgroups and _mounts_below(run_dir)
+    os.kill(entry["pid"], signal.SIGKILL)
+    _wait_for(lambda: not os.path.exists(f"/proc/{entry['pid']}"), "the supervisor's end")
+    _wait_for(lambda: _procs_of_uid(uid) == [], "bwrap and every process inside to die")
+    # (another corral process on this host may sweep it first: either way it goes)
+    rundir.sweep_stale(base)
+    assert not os.path.exists(run_dir) and _mounts_below(run_dir) == []
+    assert not any(map(os.path.exists, cgroups))
+    assert registry.read_entry(sid) is None
+    assert not os.path.exists(os.path.join(base, rundir.REGISTRY, sid + ".json"))
+    assert sid not in _cli("sandbox", "ls").stdout
+
+
+def test_per_command_output_and_cpu_limits_sandbox_wide_memory():
+    policy = {"limits": {"output": "1K", "cpu_time": "1s", "memory": "96M"}}
+    with corral.Sandbox.create(policy, timeout=120) as sb:
+        r = sb.commands.run("head -c 5000 /dev/zero | tr '\\0' x")
+        assert len(r.stdout) == 1024 and r.stdout_truncated, r
+        assert any(e.get("limit") == "output" for e in r.events)
+        r = sb.commands.run("while :; do :; done", timeout=120)
+        assert r.verdict == "timeout" and any(e.get("limit") == "cpu_time" for e in r.events), r
+        # each command's own CPU counter: the next one starts from zero
+        assert sb.commands.run("true").verdict == "ok"
+        hold = ("import sys, time\nb = bytearray(40 << 20)\nb[::4096] = b'x' * len(b[::4096])\n"
+                "print('held', flush=True)\ntime.sleep(300)\n")
+        got = []
+        h = sb.commands.run(["python3", "-c", hold], background=True, on_stdout=got.append)
+        _wait_for(lambda: b"held" in b"".join(got) or not h.running, "40 MB held")
+        assert h.running
+        # alone it fits (70 MB < 96 MB); with the other's 40 MB it does not, and the OOM
+        # killer takes the largest process of the sandbox: this one
+        take = "b = bytearray(70 << 20); b[::4096] = b'x' * len(b[::4096]); print('took')"
+        r = sb.commands.run(["python3", "-c", take], timeout=60)
+        assert r.verdict == "oom" and "took" not in r.stdout, r
+        assert any(e.get("limit") == "memory" for e in r.events)
+        assert h.running
+        h.kill()
+        assert sb.commands.run(["python3", "-c", take], timeout=60).stdout == "took\n"
+
+
+def test_a_command_on_a_terminal_slave_has_it_as_controlling_terminal(sb):
+    """The hook sb.pty builds on: tty_fd= gives the command a terminal of the caller's
+    (here a host pty pair) as stdio and controlling terminal."""
+    master, slave = os.openpty()
+    try:
+        h = sb.commands.run("test -t 0 && test -t 1 && echo is-a-tty; python3 -c "
+                            "\"import os; os.tcgetpgrp(0) == os.getpgrp() and print('has-ctty')\"",
+                            background=True, tty_fd=slave)
+        os.close(slave)
+        slave = -1
+        r = h.wait(60)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:   # EIO: every slave is closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert r.verdict == "ok", r
+        assert b"is-a-tty" in out and b"has-ctty" in out, out
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+
+
+def test_network_allow_one_proxy_for_the_sandbox_events_in_each_result():
+    policy = {"network": {"mode": "allow", "allow": ["allowed.invalid"]}}
+    if tier_unavailable("namespace", policy):
+        pytest.skip(tier_unavailable("namespace", policy))
+    fetch = ("import urllib.request as u, urllib.error as e\n"
+             "try:\n    u.urlopen('http://{}/', timeout=30)\n"
+             "except e.HTTPError as x:\n    print(x.code)\n")
+    with corral.Sandbox.create(policy, timeout=120) as sb:
+        proxy = sb._live.proxy
+        assert proxy is not None
+        for host in ("denied-one.invalid", "denied-two.invalid"):
+            r = sb.commands.run(["python3", "-c", fetch.format(host)], timeout=60)
+            assert r.stdout == "403\n", r
+            nets = [e for e in r.events if e["kind"] == "net"]
+            assert [(e["host"], e["decision"]) for e in nets] == [(host, "deny")], r.events
+        assert sb._live.proxy is proxy      # one proxy for the sandbox's life
+        pid = proxy.pid
+    assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_destroying_a_cgroup_kills_and_removes_its_children():
+    """RunCgroup.child(): a live sandbox's command cgroups go with the sandbox's, even
+    with processes still in them (cgroup v1 lists only a cgroup's own processes)."""
+    import subprocess
+
+    from corral.linux import limits
+
+    if limits.detect().version is None:
+        pytest.skip("no usable cgroups")
+    parent = limits.RunCgroup.create(f"t{os.getpid()}-live", memory=64 << 20, pids=32,
+                                     cpus=None)
+    child = parent.child("c1")
+    fds = child.attach_fds()
+    p = subprocess.Popen(["sleep", "300"], preexec_fn=lambda: limits.RunCgroup.attach_self(fds))
+    for fd in fds:
+        os.close(fd)
+    try:
+        assert child.pids() == [p.pid] and parent.pids() == []
+        parent.destroy()
+        assert p.wait(30) == -9
+        assert not any(map(os.path.exists, (*parent.paths, *child.paths)))
+    finally:
+        p.kill()
+        p.wait()

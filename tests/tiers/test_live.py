@@ -494,3 +494,30 @@ def test_destroying_a_cgroup_kills_and_removes_its_children():
     finally:
         p.kill()
         p.wait()
+
+
+def test_files_on_a_live_sandbox_see_its_own_tree_and_never_the_hosts():
+    """sb.files on a live sandbox works on its running tree (init's root): a file a command
+    wrote is read back, one written from the host is seen by the next command, and a link
+    planted inside to a host path resolves inside the sandbox, never on the host."""
+    import secrets
+
+    host_secret = f"/var/tmp/corral-live-files-{secrets.token_hex(4)}"
+    with open(host_secret, "w") as f:
+        f.write("HOST ONLY\n")
+    try:
+        with corral.Sandbox.create({"limits": {"timeout": "30s"}}, timeout=60) as sb:
+            assert sb.commands.run("echo made inside > /scratch/a").verdict == "ok"
+            assert sb.files.read("/scratch/a") == "made inside\n"
+            data = os.urandom(1 << 20)
+            sb.files.write("/tmp/b.bin", data)
+            r = sb.commands.run("sha256sum /tmp/b.bin; stat -c %u /tmp/b.bin")
+            import hashlib
+            assert r.stdout.split()[0] == hashlib.sha256(data).hexdigest(), r
+            assert r.stdout.split()[-1] == "0", r          # owned by the sandbox's root
+            sb.commands.run(f"ln -s {host_secret} /scratch/leak; ln -s /etc/shadow /scratch/sh")
+            for link in ("/scratch/leak", "/scratch/sh"):
+                with pytest.raises(FileNotFoundError):
+                    sb.files.read(link)
+    finally:
+        os.unlink(host_secret)

@@ -164,7 +164,23 @@ class Live(Sandbox):
         return self._end("killed", "the sandbox was killed")
 
     def close(self) -> list[str]:
+        files, self._files = self._files, None
+        if files is not None:
+            files.close()
         return self.kill()
+
+    @property
+    def files(self):
+        """The files API (corral.runtime.files) on the running sandbox's whole tree, as its
+        init sees it: every path resolved by the kernel inside /proc/INIT/root
+        (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), as the sandbox's user."""
+        if self._files is None:
+            from .files import Files
+
+            target = self.enter_target()
+            uid, gid = self.ids
+            self._files = Files(target.root_fd, uid, gid, cwd=self.plan.cwd)
+        return self._files
 
     def open(self) -> Live:
         self._check_open()

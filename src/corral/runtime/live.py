@@ -26,6 +26,7 @@ import time
 
 from .._record import Default, Record
 from ..errors import SandboxClosed, UsageError
+from ..events import TeardownEvent
 from . import sandbox as _sandbox
 from .commands import CommandInfo, Commands
 from .sandbox import Sandbox
@@ -318,7 +319,7 @@ class Live(Sandbox):
                 self._wake()
                 return
             cg.kill_all()       # empty: only marks it emptied
-            self.events += [{"kind": "teardown", "message": p} for p in self._live.release(cg)]
+            self.events += [TeardownEvent(p).to_dict() for p in self._live.release(cg)]
 
     def _list_commands(self) -> list[CommandInfo]:
         with self._lock:
@@ -344,7 +345,7 @@ class Live(Sandbox):
                 return []
             self._ended = why
             live, self._live = self._live, None
-            event = {"kind": "teardown", "message": message}
+            event = TeardownEvent(message).to_dict()
             for h in self._running:      # their Results say why they ended
                 h._end_event = event
             self._wake()
@@ -353,7 +354,7 @@ class Live(Sandbox):
                 _sandbox._left_open.discard(live)
                 problems = live.close()
             self.events.append(event)
-            self.events += [{"kind": "teardown", "message": p} for p in problems]
+            self.events += [TeardownEvent(p).to_dict() for p in problems]
             return problems
 
     def _wake(self) -> None:

@@ -112,6 +112,9 @@ commands:
   probe    run the attack catalogue against each tier (corral probe --help)
   image    build, import, export and list pinned root images (corral image --help)
   install  install packages into a new image, in a sandbox (corral install --help)
+  serve    the HTTP service for remote sandboxes (corral serve --help)
+  token    create, list and revoke the service's bearer tokens (corral token --help)
+  mcp      an MCP server on stdio for coding assistants (corral mcp --help)
 
 corral {__version__}
 """
@@ -713,9 +716,18 @@ def cmd_install(args: list[str]) -> int:
     return install_main(args)
 
 
+def cmd_service(name: str):
+    def run(args: list[str]) -> int:   # loaded only here: fastapi, uvicorn, mcp stay off run's path
+        from .service.cli import main as service_main
+
+        return service_main(name, args)
+    return run
+
+
 COMMANDS = {"run": cmd_run, "shell": cmd_shell, "policy": cmd_policy, "doctor": cmd_doctor,
             "explain": cmd_explain, "probe": cmd_probe, "image": cmd_image,
-            "install": cmd_install}
+            "install": cmd_install, "serve": cmd_service("serve"),
+            "token": cmd_service("token"), "mcp": cmd_service("mcp")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import BackendUnavailable, CorralError, PolicyError, UnsupportedRule, UsageError
-from .ceiling import Exceeds, check, narrow
+from .ceiling import Exceeds, requested
 from .registry import Registry
 from .tokens import Token, TokenStore
 
@@ -410,33 +410,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
 
 
 def _requested(raw: dict, token: Token):
-    """The policy a request asks for, within the token's ceiling (Exceeds otherwise), with
-    the ceiling's isolation and limits where the request leaves them out, the secrets'
-    sources filled in from the ceiling and its deny rules added."""
-    from ..policy.load import merge, policy_from_dict
-
-    ceiling = token.ceiling_policy()
-    base = {k: token.ceiling[k] for k in ("isolation", "limits", "image") if k in token.ceiling}
-    data = merge(base, raw) if base else dict(raw)
-    secrets = data.get("secrets")
-    if secrets is not None:
-        if not isinstance(secrets, dict):
-            raise PolicyError("[secrets] must be a table of secret names", field="secrets")
-        own = {s.name: s for s in ceiling.secrets}
-        filled = {}
-        for name, table in secrets.items():
-            if isinstance(table, dict) and ({"from", "value"} & set(table)):
-                raise ApiError(400, "policy", "a secret's source and value are the server's: "
-                               "name the secret and its hosts only", f"secrets.{name}")
-            if name not in own:
-                raise Exceeds(f"secrets.{name}", f"the secret {name} is not within this "
-                              "token's ceiling")
-            filled[name] = {**(table if isinstance(table, dict) else {}),
-                            "from": own[name].source}
-        data["secrets"] = filled
-    policy = policy_from_dict(data, allow_literal=False)
-    check(policy, ceiling)
-    return narrow(policy, ceiling)
+    return requested(raw, token.ceiling)
 
 
 def _view(e) -> dict:

@@ -53,6 +53,41 @@ def check(request, ceiling) -> None:
     _image(request, ceiling)
 
 
+def requested(raw: dict, ceiling_data: dict):
+    """The policy a request (`raw`, a dict in the TOML layout) asks for, checked against a
+    ceiling (`ceiling_data`, the same layout): the ceiling's isolation, image and limits
+    where the request leaves them out; each secret names hosts (and a ttl) only, its source
+    the ceiling's; the ceiling's deny rules added. PolicyError for a bad request, Exceeds
+    for one beyond the ceiling."""
+    from ..errors import PolicyError
+    from ..policy.load import merge, policy_from_dict
+
+    if not isinstance(raw, dict):
+        raise PolicyError("a policy is a table (JSON object) of sections", field="policy")
+    ceiling = policy_from_dict(ceiling_data, allow_literal=False)
+    base = {k: ceiling_data[k] for k in ("isolation", "limits", "image") if k in ceiling_data}
+    data = merge(base, raw) if base else dict(raw)
+    secrets = data.get("secrets")
+    if secrets is not None:
+        if not isinstance(secrets, dict):
+            raise PolicyError("[secrets] must be a table of secret names", field="secrets")
+        own = {s.name: s for s in ceiling.secrets}
+        filled = {}
+        for name, table in secrets.items():
+            if isinstance(table, dict) and ({"from", "value"} & set(table)):
+                raise PolicyError("a secret's source and value are the server's: name the "
+                                  "secret and its hosts only", field=f"secrets.{name}")
+            if name not in own:
+                raise Exceeds(f"secrets.{name}", f"the secret {name} is not within this "
+                              "token's ceiling")
+            filled[name] = {**(table if isinstance(table, dict) else {}),
+                            "from": own[name].source}
+        data["secrets"] = filled
+    policy = policy_from_dict(data, allow_literal=False)
+    check(policy, ceiling)
+    return narrow(policy, ceiling)
+
+
 def narrow(request, ceiling):
     """The policy the service runs: the request with the ceiling's deny rules added (deny
     only narrows, and wins over allow)."""

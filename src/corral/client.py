@@ -24,8 +24,7 @@ from typing import Any
 
 import httpx
 
-from .errors import (BackendUnavailable, CorralError, PolicyError, UnsupportedRule,
-                     UsageError)
+from .errors import BackendUnavailable, CorralError, PolicyError, UnsupportedRule, UsageError
 from .result import Result
 
 DEFAULT_URL = "http://127.0.0.1:8787"

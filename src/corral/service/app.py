@@ -13,7 +13,7 @@ import base64
 import logging
 import threading
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -195,8 +195,9 @@ def _status_of(e: CorralError) -> int:
 
 def _policy_view(policy) -> dict:
     """The effective policy as JSON, secrets by name and hosts only (never a source)."""
-    from ..policy.dump import dump_toml
     import tomllib
+
+    from ..policy.dump import dump_toml
 
     data = tomllib.loads(dump_toml(policy))
     for name, table in (data.get("secrets") or {}).items():
@@ -272,6 +273,8 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
                            "authorization", {"WWW-Authenticate": "Bearer"})
         return t
 
+    Auth = Annotated[Token, Depends(auth)]
+
     def entry(sid: str, token: Token):
         e = registry.get(token.name, sid)
         if e is None:
@@ -307,7 +310,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
                                  media_type="text/plain; version=0.0.4")
 
     @app.post("/sandboxes", status_code=201, tags=["sandboxes"])
-    def create(body: CreateBody, token: Token = Depends(auth)):
+    def create(body: CreateBody, token: Auth):
         if token.max_sandboxes is not None and registry.count(token.name) >= token.max_sandboxes:
             raise ApiError(429, "rate", f"this token holds {token.max_sandboxes} sandboxes, "
                            "its max_sandboxes; kill one first", "max_sandboxes",
@@ -322,22 +325,22 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
         return _view(e)
 
     @app.get("/sandboxes", tags=["sandboxes"])
-    def list_(token: Token = Depends(auth)):
+    def list_(token: Auth):
         return {"sandboxes": [_view(e) for e in registry.list(token.name)]}
 
     @app.get("/sandboxes/{sid}", tags=["sandboxes"])
-    def get(sid: str, token: Token = Depends(auth)):
+    def get(sid: str, token: Auth):
         return _view(entry(sid, token))
 
     @app.delete("/sandboxes/{sid}", tags=["sandboxes"])
-    def kill(sid: str, token: Token = Depends(auth)):
+    def kill(sid: str, token: Auth):
         if not registry.remove(token.name, sid):
             raise ApiError(404, "not_found", f"no sandbox {sid!r}", "sandbox_id")
         log.info("sandbox %s killed", sid)
         return {"killed": sid}
 
     @app.post("/sandboxes/{sid}/exec", tags=["commands"])
-    def exec_(sid: str, body: ExecBody, token: Token = Depends(auth)):
+    def exec_(sid: str, body: ExecBody, token: Auth):
         if (body.argv is None) == (body.cmd is None):
             raise ApiError(400, "usage", "give argv (a list) or cmd (a shell line), one of "
                            "them", "argv")
@@ -351,7 +354,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
         return result.to_dict()
 
     @app.post("/sandboxes/{sid}/run_code", tags=["code"])
-    def run_code(sid: str, body: CodeBody, token: Token = Depends(auth)):
+    def run_code(sid: str, body: CodeBody, token: Auth):
         e = entry(sid, token)
         with _Busy(token), e.lock:
             t0 = time.monotonic()
@@ -360,8 +363,8 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
         return ex.to_dict()
 
     @app.get("/sandboxes/{sid}/files", tags=["files"])
-    def read(sid: str, path: str, encoding: Literal["utf-8", "base64"] = "utf-8",
-             token: Token = Depends(auth)):
+    def read(sid: str, path: str, token: Auth,
+             encoding: Literal["utf-8", "base64"] = "utf-8"):
         e = entry(sid, token)
         with e.lock:
             data = e.sandbox.files.read(path, format="bytes")
@@ -372,7 +375,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
                 "content": data.decode("utf-8", errors="replace")}
 
     @app.put("/sandboxes/{sid}/files", tags=["files"])
-    def write(sid: str, body: WriteBody, token: Token = Depends(auth)):
+    def write(sid: str, body: WriteBody, token: Auth):
         e = entry(sid, token)
         if body.encoding == "base64":
             try:
@@ -386,7 +389,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
         return info.to_dict()
 
     @app.get("/sandboxes/{sid}/files/list", tags=["files"])
-    def list_files(sid: str, path: str = ".", depth: int = 1, token: Token = Depends(auth)):
+    def list_files(sid: str, token: Auth, path: str = ".", depth: int = 1):
         if not 1 <= depth <= 16:
             raise ApiError(400, "invalid", "depth is from 1 to 16", "depth")
         e = entry(sid, token)
@@ -395,13 +398,13 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
         return {"entries": [x.to_dict() for x in entries]}
 
     @app.get("/sandboxes/{sid}/explain", tags=["explain"])
-    def explain_sandbox(sid: str, token: Token = Depends(auth)):
+    def explain_sandbox(sid: str, token: Auth):
         from ..runtime.explain import explain
 
         return explain(entry(sid, token).policy)
 
     @app.post("/explain", tags=["explain"])
-    def explain_policy(body: ExplainBody, token: Token = Depends(auth)):
+    def explain_policy(body: ExplainBody, token: Auth):
         from ..runtime.explain import explain
 
         return explain(_requested(body.policy, token))

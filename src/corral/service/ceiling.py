@@ -22,6 +22,7 @@ the first rule the request loosens out (or None).
 from __future__ import annotations
 
 import os
+
 from ..policy.rules import DEFAULT_PORTS, parse_cidr, parse_rule
 
 #: how strong each tier is; "auto" may pick any, so it counts as the weakest

@@ -66,9 +66,10 @@ def build(ceiling_data: dict | None = None, *, opener=None):
         "stay within the server's policy (a wider one is refused naming the rule). Fields "
         "left out take the server's. The sandbox lives until kill_sandbox or the session's "
         "end."))
-    def create_sandbox(policy: Annotated[dict[str, Any], Field(
-            description="a corral policy as JSON; {} for the server's own")] = {}) -> dict[str, Any]:
-        e = guard(lambda: registry.create(OWNER, requested(policy, ceiling_data)))
+    def create_sandbox(policy: Annotated[dict[str, Any] | None, Field(
+            description="a corral policy as JSON; omitted: the server's own")] = None,
+                       ) -> dict[str, Any]:
+        e = guard(lambda: registry.create(OWNER, requested(policy or {}, ceiling_data)))
         return {"sandbox_id": e.id, "isolation": e.sandbox.isolation}
 
     @server.tool(description=(

@@ -206,6 +206,25 @@ def _policy_view(policy) -> dict:
     return data
 
 
+def auth(request: Request) -> Token:
+    """The live token a request carries (401 otherwise): read from the state dir each time,
+    so a revocation counts from the next request."""
+    h = request.headers.get("authorization", "")
+    scheme, _, value = h.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise ApiError(401, "auth", "missing bearer token: send Authorization: Bearer "
+                       "TOKEN (corral token create)", "authorization",
+                       {"WWW-Authenticate": "Bearer"})
+    t = request.app.state.tokens.verify(value.strip())
+    if t is None:
+        raise ApiError(401, "auth", "the token is not valid (unknown or revoked)",
+                       "authorization", {"WWW-Authenticate": "Bearer"})
+    return t
+
+
+Auth = Annotated[Token, Depends(auth)]
+
+
 def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BODY_MAX):
     """The ASGI app. `opener(policy) -> sandbox` (registry.open_sandbox by default)."""
     tokens = TokenStore(state_dir)
@@ -227,6 +246,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
         "`Authorization: Bearer TOKEN` (corral token create)."),
         lifespan=_lifespan)
     app.state.registry = registry
+    app.state.tokens = tokens
 
     @app.exception_handler(ApiError)
     async def _api_error(request, e: ApiError):
@@ -258,22 +278,6 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
             metrics.requests[response.status_code] = metrics.requests.get(
                 response.status_code, 0) + 1
         return response
-
-    # -- auth ---------------------------------------------------------------------------------
-    def auth(request: Request) -> Token:
-        h = request.headers.get("authorization", "")
-        scheme, _, value = h.partition(" ")
-        if scheme.lower() != "bearer" or not value.strip():
-            raise ApiError(401, "auth", "missing bearer token: send Authorization: Bearer "
-                           "TOKEN (corral token create)", "authorization",
-                           {"WWW-Authenticate": "Bearer"})
-        t = tokens.verify(value.strip())
-        if t is None:
-            raise ApiError(401, "auth", "the token is not valid (unknown or revoked)",
-                           "authorization", {"WWW-Authenticate": "Bearer"})
-        return t
-
-    Auth = Annotated[Token, Depends(auth)]
 
     def entry(sid: str, token: Token):
         e = registry.get(token.name, sid)

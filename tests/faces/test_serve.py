@@ -22,6 +22,9 @@ pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
                                 reason=f"namespace tier: {tier_unavailable('namespace')}")
 
 
+SECRET = "s3cr3t-value-never-on-the-wire"
+
+
 def _token(state, name, *extra):
     out = subprocess.run([CORRAL, "token", "create", "--name", name, "--state-dir", state,
                           *extra], capture_output=True, text=True, check=True)
@@ -47,8 +50,10 @@ class Server:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.logf = open(self.log, "wb")
+        env = dict(os.environ, CORRAL_TEST_SECRET=SECRET)   # the server's own secret
         self.proc = subprocess.Popen([CORRAL, "serve", "--port", str(self.port), "--state-dir",
-                                      self.state], stdout=self.logf, stderr=subprocess.STDOUT)
+                                      self.state], stdout=self.logf, stderr=subprocess.STDOUT,
+                                     env=env)
         for _ in range(600):
             try:
                 if httpx.get(self.url + "/health", timeout=5).status_code == 200:
@@ -85,6 +90,11 @@ def server(tmp_path_factory):
     s.tokens["b"] = _token(s.state, "b")
     s.tokens["net"] = _token(s.state, "net", "--ceiling", str(ceiling))
     s.tokens["one"] = _token(s.state, "one", "--max-sandboxes", "1")
+    s.tokens["busy"] = _token(s.state, "busy", "--max-concurrent", "1")
+    sec = tmp / "secret.toml"
+    sec.write_text('[network]\nmode = "allow"\nallow = ["api.example.com"]\n'
+                   '[secrets.GH]\nfrom = "env:CORRAL_TEST_SECRET"\nhosts = ["api.example.com"]\n')
+    s.tokens["sec"] = _token(s.state, "sec", "--ceiling", str(sec))
     s.start()
     yield s
     s.stop()
@@ -320,3 +330,65 @@ def test_sigterm_kills_every_sandbox(tmp_path):
     # uvicorn re-raises the SIGTERM it drained on: systemd counts that as a clean stop
     assert s.proc.returncode in (0, -signal.SIGTERM), s.log.read_text()
     assert "1 sandbox(es) killed" in s.log.read_text()
+
+
+def test_max_concurrent_is_429_with_retry_after(server):
+    """max-concurrent 1: while one command of the token runs, another (in another of its
+    sandboxes) is 429."""
+    import threading
+
+    with server.http(server.tokens["busy"]) as h, server.http(server.tokens["busy"]) as h2:
+        a, b = _create(h), _create(h)
+        try:
+            first = {}
+
+            def long():
+                for _ in range(1000):       # the probe below may hold the one slot a moment
+                    first["r"] = h.post(f"/sandboxes/{a}/exec", json={"cmd": "sleep 10"})
+                    if first["r"].status_code != 429:
+                        return
+
+            t = threading.Thread(target=long)
+            t.start()
+            refused = None
+            while t.is_alive() and refused is None:   # bounded by the long command's life
+                r = h2.post(f"/sandboxes/{b}/exec", json={"cmd": "true"})
+                if r.status_code == 429:
+                    refused = r
+            t.join()
+            assert refused is not None, f"no 429 while a command ran: {first}"
+            _err(refused, 429, "rate", "max_concurrent")
+            assert int(refused.headers["retry-after"]) > 0
+            assert first["r"].status_code == 200 and first["r"].json()["verdict"] == "ok"
+        finally:
+            h.delete(f"/sandboxes/{a}")
+            h.delete(f"/sandboxes/{b}")
+
+
+def test_secret_values_never_cross_the_api(server):
+    with server.http(server.tokens["sec"]) as h:
+        r = h.post("/sandboxes", json={"policy": {
+            "network": {"mode": "allow", "allow": ["api.example.com"]},
+            "secrets": {"GH": {"hosts": ["api.example.com"]}}}})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        try:
+            assert r.json()["policy"]["secrets"] == {"GH": {"hosts": ["api.example.com"],
+                                                            "ttl": "900s",
+                                                            "plain_http": False}}
+            assert SECRET not in r.text and "CORRAL_TEST_SECRET" not in r.text
+            for path in (f"/sandboxes/{sid}", "/sandboxes", f"/sandboxes/{sid}/explain"):
+                got = h.get(path).text
+                assert SECRET not in got and "CORRAL_TEST_SECRET" not in got, path
+            ex = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "echo $GH; env"}).json()
+            assert ex["verdict"] == "ok" and ex["stdout"].split()[0]   # a placeholder
+            assert SECRET not in json.dumps(ex)
+            # a request naming the value or a source of its own: refused, nothing made
+            for table in ({"value": SECRET, "hosts": ["api.example.com"]},
+                          {"from": "env:HOME", "hosts": ["api.example.com"]}):
+                _err(h.post("/sandboxes", json={"policy": {
+                    "network": {"mode": "allow", "allow": ["api.example.com"]},
+                    "secrets": {"GH": table}}}), 400, "policy", "secrets.GH")
+            assert len(h.get("/sandboxes").json()["sandboxes"]) == 1
+        finally:
+            h.delete(f"/sandboxes/{sid}")

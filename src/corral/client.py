@@ -64,22 +64,25 @@ def _raise(r: httpx.Response) -> None:
         return
     try:
         err = r.json()["error"]
-        kind, field, message = err.get("kind", "http"), err.get("field"), err.get("message", "")
     except (ValueError, KeyError, TypeError):
-        kind, field, message = "http", None, r.text[:500]
+        err = {"kind": "http", "field": None, "message": r.text[:500]}
+    _raise_error(r.status_code, err, r.headers.get("retry-after"))
+
+
+def _raise_error(status: int, err: dict, retry: str | None = None) -> None:
+    kind, field, message = err.get("kind", "http"), err.get("field"), err.get("message", "")
     if kind == "files":
         from .runtime.files import FileNotFound, FilesError
 
-        cls = FileNotFound if r.status_code == 404 else FilesError
+        cls = FileNotFound if status == 404 else FilesError
         raise cls(message, path=field or "")
     same = {"policy": PolicyError, "usage": UsageError, "unsupported": UnsupportedRule,
             "unavailable": BackendUnavailable}.get(kind)
     if same is not None:
         raise same(message, field=field)
-    retry = r.headers.get("retry-after")
     cls = {401: AuthError, 403: CeilingError, 404: NotFound, 429: RateLimited}.get(
-        r.status_code, ApiError)
-    raise cls(r.status_code, kind, message, field,
+        status, ApiError)
+    raise cls(status, kind, message, field,
               float(retry) if retry and retry.isdigit() else None)
 
 
@@ -144,10 +147,35 @@ class Commands:
     def __init__(self, sb: Sandbox) -> None:
         self._sb = sb
 
-    def run(self, cmd, *, stdin: str | None = None, timeout: float | None = None) -> Result:
-        """Run `cmd` (a shell line as str, or an argv list) and wait: a corral Result."""
+    def run(self, cmd, *, stdin: str | None = None, timeout: float | None = None,
+            on_stdout=None, on_stderr=None) -> Result:
+        """Run `cmd` (a shell line as str, or an argv list) and wait: a corral Result.
+        on_stdout / on_stderr, if given, are called with each chunk of output (str) as it
+        arrives (the service streams it as NDJSON)."""
         body = _argv_or_cmd(cmd) | {"stdin": stdin, "timeout": timeout}
-        return _result(self._sb._call("POST", "exec", json=body))
+        if on_stdout is None and on_stderr is None:
+            return _result(self._sb._call("POST", "exec", json=body))
+        import json
+
+        sb = self._sb
+        with sb._http.stream("POST", f"/sandboxes/{sb.id}/exec", params={"stream": "ndjson"},
+                             json=body) as r:
+            if r.status_code >= 400:
+                r.read()
+                _raise(r)
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                item = json.loads(line)
+                if "stdout" in item and on_stdout is not None:
+                    on_stdout(item["stdout"])
+                elif "stderr" in item and on_stderr is not None:
+                    on_stderr(item["stderr"])
+                elif "result" in item:
+                    return _result(item["result"])
+                elif "error" in item:
+                    _raise_error(500, item["error"])
+        raise ApiError(502, "stream", "the output stream ended without a result")
 
 
 class Files:

@@ -392,3 +392,25 @@ def test_secret_values_never_cross_the_api(server):
             assert len(h.get("/sandboxes").json()["sandboxes"]) == 1
         finally:
             h.delete(f"/sandboxes/{sid}")
+
+
+def test_streamed_output_arrives_before_the_command_ends(server):
+    """The command waits (up to its timeout) for a file that only the first chunk of its
+    output, seen by the client, makes: it ends "ok" only if that chunk arrived while it
+    ran."""
+    with client.Sandbox.create(api_url=server.url, api_key=server.tokens["a"]) as sb:
+        other = client.Sandbox.connect(sb.id, api_url=server.url, api_key=server.tokens["a"])
+        seen = []
+
+        def on_stdout(text):
+            seen.append(text)
+            if len(seen) == 1:
+                other.files.write("/scratch/go", "")
+
+        r = sb.commands.run("echo first; while [ ! -e /scratch/go ]; do sleep 0.05; done; "
+                            "echo second >&2; echo third", timeout=60, on_stdout=on_stdout,
+                            on_stderr=lambda t: seen.append("err:" + t))
+        other._http.close()
+        assert r.verdict == "ok", r
+        assert "".join(s for s in seen if not s.startswith("err:")) == "first\nthird\n"
+        assert "err:second\n" in seen and r.stdout == "first\nthird\n"

@@ -343,19 +343,64 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
         log.info("sandbox %s killed", sid)
         return {"killed": sid}
 
-    @app.post("/sandboxes/{sid}/exec", tags=["commands"])
-    def exec_(sid: str, body: ExecBody, token: Auth):
+    @app.post("/sandboxes/{sid}/exec", tags=["commands"], responses={200: {"content": {
+        "application/x-ndjson": {}}, "description": "the Result; with stream=ndjson, one "
+        "JSON object a line: {\"stdout\": text} and {\"stderr\": text} chunks as they "
+        "come, then {\"result\": Result}"}})
+    def exec_(sid: str, body: ExecBody, token: Auth,
+              stream: Literal["none", "ndjson"] = "none"):
         if (body.argv is None) == (body.cmd is None):
             raise ApiError(400, "usage", "give argv (a list) or cmd (a shell line), one of "
                            "them", "argv")
         argv = body.argv if body.argv is not None else ["/bin/sh", "-c", body.cmd]
         e = entry(sid, token)
         stdin = body.stdin.encode() if body.stdin is not None else None
+        if stream == "ndjson":
+            return _stream(e, token, argv, stdin, body.timeout)
         with _Busy(token), e.lock:
             t0 = time.monotonic()
             result = e.sandbox.exec(argv, stdin=stdin, timeout=body.timeout)
         metrics.run(result.verdict, time.monotonic() - t0)
         return result.to_dict()
+
+    def _stream(e, token, argv, stdin, timeout):
+        """The command's output as NDJSON lines while it runs, then its Result."""
+        import json
+        import queue
+
+        from fastapi.responses import StreamingResponse
+
+        from ..runtime.sandbox import TextChunks
+
+        busy_slot = _Busy(token)
+        busy_slot.__enter__()       # 429 now, before the 200 and its stream begin
+        q: queue.Queue = queue.Queue(maxsize=256)   # a slow reader slows the command's reads
+
+        def run():
+            try:
+                with e.lock:
+                    t0 = time.monotonic()
+                    r = e.sandbox.exec(
+                        argv, stdin=stdin, timeout=timeout,
+                        on_stdout=TextChunks(lambda t: q.put({"stdout": t})),
+                        on_stderr=TextChunks(lambda t: q.put({"stderr": t})))
+                metrics.run(r.verdict, time.monotonic() - t0)
+                q.put({"result": r.to_dict()})
+            except CorralError as err:
+                q.put({"error": err.to_dict()})
+            except Exception as err:   # noqa: BLE001 - the stream must end with a line
+                q.put({"error": {"kind": "internal", "field": None, "message": str(err)}})
+            finally:
+                busy_slot.__exit__(None, None, None)
+                q.put(None)
+
+        threading.Thread(target=run, daemon=True, name=f"exec-{e.id}").start()
+
+        def lines():
+            while (item := q.get()) is not None:
+                yield json.dumps(item) + "\n"
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
 
     @app.post("/sandboxes/{sid}/run_code", tags=["code"])
     def run_code(sid: str, body: CodeBody, token: Auth):
@@ -370,7 +415,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
     def read(sid: str, path: str, token: Auth,
              encoding: Literal["utf-8", "base64"] = "utf-8"):
         e = entry(sid, token)
-        with e.lock:
+        with e.files_lock:
             data = e.sandbox.files.read(path, format="bytes")
         if encoding == "base64":
             return {"path": path, "encoding": "base64",
@@ -388,7 +433,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
                 raise ApiError(400, "invalid", "content is not base64", "content") from None
         else:
             data = body.content.encode()
-        with e.lock:
+        with e.files_lock:
             info = e.sandbox.files.write(body.path, data)
         return info.to_dict()
 
@@ -397,7 +442,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
         if not 1 <= depth <= 16:
             raise ApiError(400, "invalid", "depth is from 1 to 16", "depth")
         e = entry(sid, token)
-        with e.lock:
+        with e.files_lock:
             entries = e.sandbox.files.list(path, depth=depth)
         return {"entries": [x.to_dict() for x in entries]}
 

@@ -31,7 +31,8 @@ class Entry:
         self.sandbox = sandbox
         self.policy = policy
         self.created = time.time()
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()          # commands and code, one at a time
+        self.files_lock = threading.Lock()    # files calls: they need not wait for a command
 
 
 class Registry:
@@ -79,5 +80,5 @@ class Registry:
 
 
 def _close(e: Entry) -> None:
-    with e.lock:
+    with e.lock, e.files_lock:
         e.sandbox.close()

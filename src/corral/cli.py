@@ -113,6 +113,9 @@ commands:
   image    build, import, export and list pinned root images (corral image --help)
   install  install packages into a new image, in a sandbox (corral install --help)
   sandbox  live sandboxes: create, ls, exec, kill  (corral sandbox --help)
+  serve    the HTTP service for remote sandboxes (corral serve --help)
+  token    create, list and revoke the service's bearer tokens (corral token --help)
+  mcp      an MCP server on stdio for coding assistants (corral mcp --help)
 
 corral {__version__}
 """
@@ -825,9 +828,18 @@ def cmd_sandbox(args: list[str]) -> int:
         return _fail(e, as_json)
 
 
+def cmd_service(name: str):
+    def run(args: list[str]) -> int:   # loaded only here: fastapi, uvicorn, mcp stay off run's path
+        from .service.cli import main as service_main
+
+        return service_main(name, args)
+    return run
+
+
 COMMANDS = {"run": cmd_run, "shell": cmd_shell, "policy": cmd_policy, "doctor": cmd_doctor,
             "explain": cmd_explain, "probe": cmd_probe, "image": cmd_image,
-            "install": cmd_install, "sandbox": cmd_sandbox}
+            "install": cmd_install, "sandbox": cmd_sandbox, "serve": cmd_service("serve"),
+            "token": cmd_service("token"), "mcp": cmd_service("mcp")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ Layers, lowest first (docs/architecture.md):
     5  images/build, install, policy_install         image work that runs sandboxes
     5  runtime/                                      one sandbox's life; the way in
     6  cli, probe/, images/cli                       faces
+    6  service/, client                              corral serve, its SDK and MCP: faces
     -  corral/__init__.py                            the package face (re-exports); only
                                                      faces may import it
 
@@ -53,7 +54,7 @@ def layer(mod: str) -> int | None:
         return 4
     if top == "runtime":
         return 5
-    if top in ("cli", "probe", "__main__"):
+    if top in ("cli", "probe", "__main__", "service", "client"):
         return 6
     raise AssertionError(f"{mod} has no layer: add it to tests/test_layering.py and "
                          f"docs/architecture.md")

@@ -1,0 +1,180 @@
+"""Bearer tokens for `corral serve`, stored hashed in corral's state directory.
+
+    STATE/service/tokens.json   {"tokens": [{name, sha256, created, ceiling, max_sandboxes,
+                                             max_concurrent, revoked}]}   mode 0600
+
+A token is "corral_" and 32 random bytes in URL-safe base64: high entropy, so one sha256 is
+as good as a slow hash and lets the service look a token up at once. Only the hash is
+written; the token itself is printed once by `corral token create` and never logged.
+`verify` compares hashes with hmac.compare_digest. STATE is $CORRAL_STATE_DIR (or
+--state-dir), else /var/lib/corral for root, else ~/.local/share/corral, like the image
+store. The file is replaced atomically (a temporary file in the same directory, fsync,
+rename) under an flock, and opened with O_NOFOLLOW: a link planted in its place is refused,
+never followed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import time
+
+from ..errors import UsageError
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+PREFIX = "corral_"
+FILE_MAX = 16 << 20
+
+
+def state_dir(explicit: str | None = None) -> str:
+    if explicit:
+        return os.path.abspath(explicit)
+    from ..images.store import state_dir as default
+
+    return default()
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Token:
+    """One token's record (never the token itself)."""
+
+    def __init__(self, d: dict) -> None:
+        self.name: str = d["name"]
+        self.sha256: str = d["sha256"]
+        self.created: float = d.get("created", 0.0)
+        #: the ceiling policy as a dict in the TOML layout ({}: corral's defaults)
+        self.ceiling: dict = d.get("ceiling") or {}
+        self.max_sandboxes: int | None = d.get("max_sandboxes")
+        self.max_concurrent: int | None = d.get("max_concurrent")
+        self.revoked: bool = bool(d.get("revoked"))
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "sha256": self.sha256, "created": self.created,
+                "ceiling": self.ceiling, "max_sandboxes": self.max_sandboxes,
+                "max_concurrent": self.max_concurrent, "revoked": self.revoked}
+
+    def ceiling_policy(self):
+        from ..policy.load import policy_from_dict
+
+        return policy_from_dict(self.ceiling, allow_literal=False)
+
+
+class TokenStore:
+    def __init__(self, state: str | None = None) -> None:
+        self.dir = os.path.join(state_dir(state), "service")
+        self.path = os.path.join(self.dir, "tokens.json")
+
+    def _ensure(self) -> None:
+        os.makedirs(self.dir, 0o700, exist_ok=True)
+        st = os.lstat(self.dir)
+        import stat
+
+        if not stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{self.dir} is not a directory (a link?): refusing it",
+                             field="--state-dir")
+        os.chmod(self.dir, 0o700)
+
+    def _lock(self):
+        import fcntl
+
+        self._ensure()
+        fd = os.open(os.path.join(self.dir, ".tokens.lock"),
+                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
+    def load(self) -> list[Token]:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise UsageError(f"cannot read {self.path}: {e.strerror} (a link is refused)",
+                             field="--state-dir") from None
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(FILE_MAX + 1)
+        if len(raw) > FILE_MAX:
+            raise UsageError(f"{self.path} is over {FILE_MAX} bytes", field="--state-dir")
+        try:
+            data = json.loads(raw)
+            return [Token(d) for d in data["tokens"]]
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"{self.path} is not a corral token file", field="--state-dir") \
+                from None
+
+    def _save(self, tokens: list[Token]) -> None:
+        tmp = os.path.join(self.dir, f".tokens.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"tokens": [t.to_dict() for t in tokens]}, f, indent=1)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)   # rename replaces a link itself, never its target
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
+    def create(self, name: str, *, ceiling: dict | None = None,
+               max_sandboxes: int | None = None, max_concurrent: int | None = None) -> str:
+        """Record a new token and return it (the only time it exists in clear)."""
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise UsageError(f"{name!r} is not a token name: letters, digits, '.', '_', '-', "
+                             "at most 63", field="--name")
+        for field, v in (("--max-sandboxes", max_sandboxes), ("--max-concurrent",
+                                                                 max_concurrent)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise UsageError("must be a whole number of at least 1", field=field)
+        token = PREFIX + secrets.token_urlsafe(32)
+        fd = self._lock()
+        try:
+            tokens = self.load()
+            if any(t.name == name and not t.revoked for t in tokens):
+                raise UsageError(f"a token named {name!r} exists; revoke it first or pick "
+                                 "another name", field="--name")
+            tokens = [t for t in tokens if t.name != name]
+            tokens.append(Token({"name": name, "sha256": digest(token), "created": time.time(),
+                                 "ceiling": ceiling or {}, "max_sandboxes": max_sandboxes,
+                                 "max_concurrent": max_concurrent}))
+            self._save(tokens)
+        finally:
+            os.close(fd)
+        return token
+
+    def revoke(self, name: str) -> None:
+        fd = self._lock()
+        try:
+            tokens = self.load()
+            hit = [t for t in tokens if t.name == name and not t.revoked]
+            if not hit:
+                raise UsageError(f"no live token named {name!r}; corral token ls lists them",
+                                 field="NAME")
+            for t in hit:
+                t.revoked = True
+            self._save(tokens)
+        finally:
+            os.close(fd)
+
+    def verify(self, token: str) -> Token | None:
+        """The live token record `token` belongs to, or None. Read from disk each time, so a
+        revocation takes effect on the next request."""
+        if not isinstance(token, str) or not token.startswith(PREFIX) or len(token) > 256:
+            return None
+        want = digest(token)
+        found = None
+        for t in self.load():
+            if hmac.compare_digest(t.sha256, want) and not t.revoked:
+                found = t
+        return found

@@ -1,0 +1,96 @@
+"""`corral mcp` over stdio, driven by the official MCP SDK's client: the tools and their
+schemas, code and commands in a real namespace sandbox, a file written and read back, a
+request beyond the server's policy refused, and every sandbox gone with the session."""
+
+import asyncio
+
+import pytest
+from conftest import CORRAL, procs_mentioning, tier_unavailable
+
+pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
+                                reason=f"namespace tier: {tier_unavailable('namespace')}")
+
+TOOLS = {"create_sandbox", "run_command", "run_code", "read_file", "write_file", "list_files",
+         "explain_policy", "recent_denials", "kill_sandbox"}
+
+
+def _session(args, body):
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    async def main():
+        async with Client(StdioServerParameters(command=CORRAL, args=["mcp", *args])) as c:
+            return await body(c)
+
+    return asyncio.run(asyncio.wait_for(main(), 300))
+
+
+def test_tools_and_their_schemas():
+    async def body(c):
+        return {t.name: t for t in (await c.list_tools()).tools}
+
+    tools = _session([], body)
+    assert set(tools) == TOOLS
+    rc = tools["run_command"].input_schema
+    assert rc["required"] == ["command"]
+    assert "seconds" in rc["properties"]["timeout"]["description"]
+    assert tools["run_code"].input_schema["properties"]["language"]["enum"] == [
+        "python", "javascript", "bash"]
+    assert tools["list_files"].input_schema["properties"]["depth"]["maximum"] == 8
+    for t in tools.values():
+        assert len(t.description) > 30, t.name
+
+
+def test_run_code_files_and_a_refusal(tmp_path):
+    policy = tmp_path / "p.toml"
+    policy.write_text('[limits]\nmemory = "256M"\n')
+    marker = f"corral-mcp-{tmp_path.name}"
+
+    async def body(c):
+        out = {}
+        r = await c.call_tool("run_code", {"code": "import sys\nx = 6 * 7\nx"})
+        out["code"] = r.structured_content
+        r = await c.call_tool("run_code", {"code": "x + 1"})
+        out["again"] = r.structured_content
+        r = await c.call_tool("write_file", {"path": "/scratch/m.txt", "content": marker})
+        assert not r.is_error, r.content
+        r = await c.call_tool("run_command", {"command": "cat /scratch/m.txt; echo; id -u"})
+        out["cmd"] = r.structured_content
+        r = await c.call_tool("read_file", {"path": "/scratch/m.txt"})
+        out["read"] = r.structured_content
+        r = await c.call_tool("list_files", {"path": "/scratch"})
+        out["ls"] = r.structured_content
+        r = await c.call_tool("create_sandbox", {"policy": {"limits": {"memory": "1G"}}})
+        out["refused"] = (r.is_error, r.content[0].text)
+        r = await c.call_tool("create_sandbox", {"policy": {"network": {
+            "mode": "allow", "allow": ["example.com"]}}})
+        out["refused_net"] = (r.is_error, r.content[0].text)
+        r = await c.call_tool("explain_policy", {})
+        out["explain"] = r.structured_content
+        r = await c.call_tool("create_sandbox", {})
+        sid = r.structured_content["sandbox_id"]
+        r = await c.call_tool("run_command", {"command": "cat /scratch/m.txt",
+                                              "sandbox_id": sid})
+        out["other"] = r.structured_content
+        r = await c.call_tool("kill_sandbox", {"sandbox_id": sid})
+        r = await c.call_tool("run_command", {"command": "true", "sandbox_id": sid})
+        out["killed"] = r.is_error
+        # a command that lingers, to see the session's end end it
+        r = await c.call_tool("run_command", {"command": f"echo {marker}-live"})
+        return out
+
+    out = _session(["--policy", str(policy)], body)
+    assert out["code"]["results"][0]["text"] == "42" and out["code"]["error"] is None
+    assert out["again"]["results"][0]["text"] == "43"
+    assert out["cmd"]["stdout"].split()[0] == marker
+    assert out["cmd"]["verdict"] == "ok"
+    assert out["read"]["content"] == marker
+    assert [e["name"] for e in out["ls"]["entries"]] == ["m.txt"]
+    is_error, text = out["refused"]
+    assert is_error and "limits.memory" in text
+    is_error, text = out["refused_net"]
+    assert is_error and "network.mode" in text
+    assert out["explain"]["runs"] is True
+    assert out["other"]["verdict"] == "error"          # another sandbox: not the file
+    assert out["killed"] is True
+    assert procs_mentioning(marker) == []

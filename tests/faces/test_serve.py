@@ -1,0 +1,416 @@
+"""`corral serve` for real: uvicorn in a subprocess on 127.0.0.1, tokens made with
+`corral token`, real namespace-tier sandboxes behind it, spoken to with httpx and the SDK
+(corral.client)."""
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import time
+
+import httpx
+import pytest
+from conftest import CORRAL, tier_unavailable
+
+from corral import client
+from corral.runtime.files import FileNotFound
+
+pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
+                                reason=f"namespace tier: {tier_unavailable('namespace')}")
+
+
+SECRET = "s3cr3t-value-never-on-the-wire"
+
+
+def _token(state, name, *extra):
+    out = subprocess.run([CORRAL, "token", "create", "--name", name, "--state-dir", state,
+                          *extra], capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    assert lines and lines[-1].startswith("corral_")
+    return lines[-1]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, tmp_path):
+        self.state = str(tmp_path / "state")
+        self.log = tmp_path / "serve.log"
+        self.tmp = tmp_path
+        self.tokens = {}
+
+    def start(self):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.logf = open(self.log, "wb")
+        env = dict(os.environ, CORRAL_TEST_SECRET=SECRET)   # the server's own secret
+        self.proc = subprocess.Popen([CORRAL, "serve", "--port", str(self.port), "--state-dir",
+                                      self.state], stdout=self.logf, stderr=subprocess.STDOUT,
+                                     env=env)
+        for _ in range(600):
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            assert self.proc.poll() is None, self.log.read_text()
+            time.sleep(0.05)
+        raise AssertionError("corral serve did not come up: " + self.log.read_text())
+
+    def http(self, token=None):
+        h = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=h, timeout=120)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.logf.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    s = Server(tmp)
+    ceiling = tmp / "ceiling.toml"
+    ceiling.write_text('[network]\nmode = "allow"\nallow = ["*.example.com"]\n'
+                       '[limits]\nmemory = "256M"\n')
+    s.tokens["a"] = _token(s.state, "a")
+    s.tokens["b"] = _token(s.state, "b")
+    s.tokens["net"] = _token(s.state, "net", "--ceiling", str(ceiling))
+    s.tokens["one"] = _token(s.state, "one", "--max-sandboxes", "1")
+    s.tokens["busy"] = _token(s.state, "busy", "--max-concurrent", "1")
+    sec = tmp / "secret.toml"
+    sec.write_text('[network]\nmode = "allow"\nallow = ["api.example.com"]\n'
+                   '[secrets.GH]\nfrom = "env:CORRAL_TEST_SECRET"\nhosts = ["api.example.com"]\n')
+    s.tokens["sec"] = _token(s.state, "sec", "--ceiling", str(sec))
+    s.start()
+    yield s
+    s.stop()
+
+
+def _create(http, policy=None):
+    r = http.post("/sandboxes", json={"policy": policy or {}})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def _err(r, status, kind=None, field=None):
+    assert r.status_code == status, r.text
+    e = r.json()["error"]
+    assert set(e) == {"kind", "field", "message"} and e["message"]
+    if kind:
+        assert e["kind"] == kind, e
+    if field:
+        assert e["field"] == field, e
+    return e
+
+
+def test_health_openapi_and_metrics_need_no_token(server):
+    with server.http() as h:
+        assert h.get("/health").json()["ok"] is True
+        doc = h.get("/openapi.json").json()
+        assert doc["openapi"].startswith("3.1")
+        for path in ("/sandboxes", "/sandboxes/{sid}", "/sandboxes/{sid}/exec",
+                     "/sandboxes/{sid}/files", "/sandboxes/{sid}/files/list",
+                     "/sandboxes/{sid}/run_code", "/sandboxes/{sid}/explain", "/explain"):
+            assert path in doc["paths"], path
+        assert h.get("/docs").status_code == 200
+        m = h.get("/metrics")
+        assert m.status_code == 200 and "corral_sandboxes_live" in m.text
+
+
+@pytest.mark.parametrize("auth", [None, "Bearer", "Bearer corral_wrong", "Basic abc",
+                                  "Bearer " + "corral_" + "x" * 43])
+def test_no_or_wrong_token_is_401(server, auth):
+    headers = {"Authorization": auth} if auth else {}
+    for method, path in (("GET", "/sandboxes"), ("POST", "/sandboxes"),
+                         ("GET", "/sandboxes/sb_0/files?path=x"), ("POST", "/explain")):
+        r = httpx.request(method, server.url + path, headers=headers, json={}, timeout=30)
+        _err(r, 401, "auth", "authorization")
+        assert r.headers["www-authenticate"] == "Bearer"
+
+
+def test_a_revoked_token_is_401(server):
+    tok = _token(server.state, "gone")
+    with server.http(tok) as h:
+        assert h.get("/sandboxes").status_code == 200
+        subprocess.run([CORRAL, "token", "revoke", "gone", "--state-dir", server.state],
+                       check=True, capture_output=True)
+        _err(h.get("/sandboxes"), 401, "auth")
+
+
+def test_another_tokens_sandbox_is_404(server):
+    with server.http(server.tokens["a"]) as a, server.http(server.tokens["b"]) as b:
+        sid = _create(a)
+        try:
+            _err(b.get(f"/sandboxes/{sid}"), 404, "not_found")
+            _err(b.post(f"/sandboxes/{sid}/exec", json={"cmd": "true"}), 404)
+            _err(b.get(f"/sandboxes/{sid}/files", params={"path": "/etc/hostname"}), 404)
+            _err(b.delete(f"/sandboxes/{sid}"), 404)
+            assert sid not in [s["id"] for s in b.get("/sandboxes").json()["sandboxes"]]
+            # and it is still a's, alive
+            assert a.post(f"/sandboxes/{sid}/exec", json={"cmd": "echo $((6*7))"}).json()[
+                "stdout"] == "42\n"
+        finally:
+            a.delete(f"/sandboxes/{sid}")
+
+
+@pytest.mark.parametrize("policy,field", [
+    ({"network": {"mode": "allow", "allow": ["evil.com"]}}, "network.allow"),
+    ({"network": {"mode": "allow", "allow_private": ["10.0.0.0/8"]}}, "network.allow_private"),
+    ({"network": {"mode": "allow"}, "secrets": {"GH": {"hosts": ["x.example.com"]}}},
+     "secrets.GH"),
+    ({"filesystem": {"workspace": {"path": "/tmp"}}}, "filesystem.workspace"),
+    ({"limits": {"memory": "1G"}}, "limits.memory"),
+    ({"isolation": "process"}, "isolation"),
+])
+def test_beyond_the_ceiling_is_403_naming_the_rule(server, policy, field):
+    with server.http(server.tokens["net"]) as h:
+        _err(h.post("/sandboxes", json={"policy": policy}), 403, "ceiling", field)
+        assert h.get("/sandboxes").json()["sandboxes"] == []   # nothing was made
+
+
+def test_within_the_ceiling_takes_its_limits(server):
+    with server.http(server.tokens["net"]) as h:
+        r = h.post("/sandboxes", json={"policy": {"network": {"mode": "allow",
+                                                               "allow": ["a.example.com"]}}})
+        assert r.status_code == 201, r.text
+        try:
+            assert r.json()["policy"]["limits"]["memory"] == "256M"
+        finally:
+            h.delete(f"/sandboxes/{r.json()['id']}")
+
+
+def test_bad_requests_are_json_errors(server):
+    with server.http(server.tokens["a"]) as h:
+        _err(h.post("/sandboxes", json={"policy": {"limits": {"memory": "lots"}}}), 400,
+             "policy", "limits.memory")
+        _err(h.post("/sandboxes", json={"nope": 1}), 422, "invalid")
+        _err(h.post("/sandboxes", content=b"{not json", headers={
+            "content-type": "application/json"}), 422)
+        _err(h.get("/nowhere"), 404)
+
+
+def test_max_sandboxes_is_429_with_retry_after(server):
+    with server.http(server.tokens["one"]) as h:
+        sid = _create(h)
+        try:
+            r = h.post("/sandboxes", json={"policy": {}})
+            _err(r, 429, "rate", "max_sandboxes")
+            assert int(r.headers["retry-after"]) > 0
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+        h.delete(f"/sandboxes/{_create(h)}")   # room again once one is killed
+
+
+def test_a_body_over_the_cap_is_413_and_writes_nothing(server):
+    with server.http(server.tokens["a"]) as h:
+        sid = _create(h)
+        try:
+            big = "x" * (17 << 20)
+            r = h.put(f"/sandboxes/{sid}/files", json={"path": "/scratch/big", "content": big})
+            _err(r, 413, "too_large", "body")
+            _err(h.get(f"/sandboxes/{sid}/files", params={"path": "/scratch/big"}), 404,
+                 "files")
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+
+
+def test_tokens_are_hashed_on_disk_and_in_no_log(server):
+    path = os.path.join(server.state, "service", "tokens.json")
+    st = os.stat(path)
+    assert stat.S_IMODE(st.st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    with open(path) as f:
+        raw = f.read()
+    data = json.loads(raw)
+    import hashlib
+
+    for tok in server.tokens.values():
+        assert tok not in raw and tok[7:] not in raw
+        assert hashlib.sha256(tok.encode()).hexdigest() in [t["sha256"] for t in
+                                                            data["tokens"]]
+    with server.http(server.tokens["a"]) as h:   # make sure the log has requests in it
+        h.get("/sandboxes")
+    log = server.log.read_text()
+    assert "GET /sandboxes" in log
+    for tok in server.tokens.values():
+        assert tok not in log and tok[7:] not in log
+
+
+def test_sdk_round_trip(server, monkeypatch):
+    monkeypatch.setenv("CORRAL_API_URL", server.url)
+    monkeypatch.setenv("CORRAL_API_KEY", server.tokens["a"])
+    with client.Sandbox.create(policy={"limits": {"timeout": "30s"}}) as sb:
+        r = sb.commands.run("echo hello; echo oops >&2; exit 3")
+        assert (r.verdict, r.exit_code, r.stdout, r.stderr) == ("error", 3, "hello\n", "oops\n")
+        assert sb.exec(["cat"], stdin="fed").stdout == "fed"
+        sb.files.write("/scratch/notes/a.txt", "kept between calls")
+        sb.files.write("/scratch/bin.dat", b"\x00\xff")
+        assert sb.files.read("/scratch/notes/a.txt") == "kept between calls"
+        assert sb.files.read("/scratch/bin.dat", format="bytes") == b"\x00\xff"
+        assert sb.exec("cat /scratch/notes/a.txt").stdout == "kept between calls"
+        names = {e["name"] for e in sb.files.list("/scratch/notes")}
+        assert names == {"a.txt"}
+        assert sb.run_code("x = 6 * 7\nx").text == "42"
+        assert sb.run_code("x + 1").text == "43"             # the interpreter persists
+        assert sb.run_code("1/0").error["name"] == "ZeroDivisionError"
+        with pytest.raises(FileNotFound):
+            sb.files.read("/scratch/none")
+        assert sb.id in [s["id"] for s in client.Sandbox.list()]
+        again = client.Sandbox.connect(sb.id)
+        assert again.exec("echo $HOME").stdout.strip() == "/scratch"
+        again._http.close()
+        sid = sb.id
+    with pytest.raises(client.NotFound):
+        client.Sandbox.connect(sid)             # killed at the end of `with`
+
+
+def test_sdk_errors_are_corrals_classes(server):
+    with pytest.raises(client.AuthError) as e:
+        client.Sandbox.create(api_url=server.url, api_key="corral_nope")
+    assert e.value.status == 401
+    with pytest.raises(client.CeilingError) as e:
+        client.Sandbox.create(policy={"isolation": "process"}, api_url=server.url,
+                              api_key=server.tokens["a"])
+    assert e.value.field == "isolation"
+    from corral.errors import PolicyError
+
+    with pytest.raises(PolicyError):
+        client.Sandbox.create(policy={"limits": {"memory": -1}}, api_url=server.url,
+                              api_key=server.tokens["a"])
+
+
+def test_async_sdk_round_trip(server):
+    async def main():
+        async with await client.AsyncSandbox.create(api_url=server.url,
+                                                    api_key=server.tokens["b"]) as sb:
+            await sb.files.write("/scratch/x", "async")
+            assert await sb.files.read("/scratch/x") == "async"
+            assert (await sb.exec("cat /scratch/x")).stdout == "async"
+            assert (await sb.run_code("'a' * 3")).text == "'aaa'"
+            assert [e["name"] for e in await sb.files.list("/scratch")] == ["x"]
+
+    asyncio.run(main())
+
+
+def test_the_sandbox_behind_the_service_is_one(server):
+    """A command run through the service is contained like `corral run`'s: no network, a
+    read-only root, nothing of the server's environment."""
+    with client.Sandbox.create(api_url=server.url, api_key=server.tokens["a"]) as sb:
+        r = sb.exec(["/bin/sh", "-c", "touch /etc/x; echo $?; env | grep -c CORRAL_; "
+                     "cat /proc/net/dev | grep -c :"])
+        touched, corral_env, links = r.stdout.split()
+        assert touched != "0" and corral_env == "0" and links == "1"   # lo only
+
+
+def test_sigterm_kills_every_sandbox(tmp_path):
+    s = Server(tmp_path)
+    tok = _token(s.state, "t")
+    s.start()
+    with s.http(tok) as h:
+        sid = _create(h)
+        marker = f"corral-serve-test-{os.getpid()}-{sid}"
+        r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": f"echo {marker}"})
+        assert r.json()["stdout"].strip() == marker
+        assert h.get("/health").json()["sandboxes"] == 1
+    s.stop()
+    # uvicorn re-raises the SIGTERM it drained on: systemd counts that as a clean stop
+    assert s.proc.returncode in (0, -signal.SIGTERM), s.log.read_text()
+    assert "1 sandbox(es) killed" in s.log.read_text()
+
+
+def test_max_concurrent_is_429_with_retry_after(server):
+    """max-concurrent 1: while one command of the token runs, another (in another of its
+    sandboxes) is 429."""
+    import threading
+
+    with server.http(server.tokens["busy"]) as h, server.http(server.tokens["busy"]) as h2:
+        a, b = _create(h), _create(h)
+        try:
+            first = {}
+
+            def long():
+                for _ in range(1000):       # the probe below may hold the one slot a moment
+                    first["r"] = h.post(f"/sandboxes/{a}/exec", json={"cmd": "sleep 10"})
+                    if first["r"].status_code != 429:
+                        return
+
+            t = threading.Thread(target=long)
+            t.start()
+            refused = None
+            while t.is_alive() and refused is None:   # bounded by the long command's life
+                r = h2.post(f"/sandboxes/{b}/exec", json={"cmd": "true"})
+                if r.status_code == 429:
+                    refused = r
+            t.join()
+            assert refused is not None, f"no 429 while a command ran: {first}"
+            _err(refused, 429, "rate", "max_concurrent")
+            assert int(refused.headers["retry-after"]) > 0
+            assert first["r"].status_code == 200 and first["r"].json()["verdict"] == "ok"
+        finally:
+            h.delete(f"/sandboxes/{a}")
+            h.delete(f"/sandboxes/{b}")
+
+
+def test_secret_values_never_cross_the_api(server):
+    with server.http(server.tokens["sec"]) as h:
+        r = h.post("/sandboxes", json={"policy": {
+            "network": {"mode": "allow", "allow": ["api.example.com"]},
+            "secrets": {"GH": {"hosts": ["api.example.com"]}}}})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        try:
+            assert r.json()["policy"]["secrets"] == {"GH": {"hosts": ["api.example.com"],
+                                                            "ttl": "900s",
+                                                            "plain_http": False}}
+            assert SECRET not in r.text and "CORRAL_TEST_SECRET" not in r.text
+            for path in (f"/sandboxes/{sid}", "/sandboxes", f"/sandboxes/{sid}/explain"):
+                got = h.get(path).text
+                assert SECRET not in got and "CORRAL_TEST_SECRET" not in got, path
+            ex = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "echo $GH; env"}).json()
+            assert ex["verdict"] == "ok" and ex["stdout"].split()[0]   # a placeholder
+            assert SECRET not in json.dumps(ex)
+            # a request naming the value or a source of its own: refused, nothing made
+            for table in ({"value": SECRET, "hosts": ["api.example.com"]},
+                          {"from": "env:HOME", "hosts": ["api.example.com"]}):
+                _err(h.post("/sandboxes", json={"policy": {
+                    "network": {"mode": "allow", "allow": ["api.example.com"]},
+                    "secrets": {"GH": table}}}), 400, "policy", "secrets.GH")
+            assert len(h.get("/sandboxes").json()["sandboxes"]) == 1
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+
+
+def test_streamed_output_arrives_before_the_command_ends(server):
+    """The command waits (up to its timeout) for a file that only the first chunk of its
+    output, seen by the client, makes: it ends "ok" only if that chunk arrived while it
+    ran."""
+    with client.Sandbox.create(api_url=server.url, api_key=server.tokens["a"]) as sb:
+        other = client.Sandbox.connect(sb.id, api_url=server.url, api_key=server.tokens["a"])
+        seen = []
+
+        def on_stdout(text):
+            seen.append(text)
+            if len(seen) == 1:
+                other.files.write("/scratch/go", "")
+
+        r = sb.commands.run("echo first; while [ ! -e /scratch/go ]; do sleep 0.05; done; "
+                            "echo second >&2; echo third", timeout=60, on_stdout=on_stdout,
+                            on_stderr=lambda t: seen.append("err:" + t))
+        other._http.close()
+        assert r.verdict == "ok", r
+        assert "".join(s for s in seen if not s.startswith("err:")) == "first\nthird\n"
+        assert "err:second\n" in seen and r.stdout == "first\nthird\n"

@@ -16,7 +16,7 @@ from corral.result import Result
 
 
 def test_the_registry_is_the_one_list_of_tiers():
-    assert KNOWN == ("microvm", "gvisor", "namespace", "process", "wasm")
+    assert KNOWN == ("namespace", "gvisor", "process", "microvm", "wasm")
     assert AUTO_ORDER == ("microvm", "gvisor", "namespace", "process")
     assert len({t.name for t in REGISTRY}) == len(REGISTRY)
 

@@ -23,17 +23,18 @@ class Tier:
 
 
 REGISTRY = (
-    Tier("microvm", None, auto=0),
-    Tier("gvisor", "gvisor:GvisorBackend", auto=1),
     Tier("namespace", "namespace:NamespaceBackend", auto=2),
+    Tier("gvisor", "gvisor:GvisorBackend", auto=1),
     Tier("process", "process:ProcessBackend", auto=3),
+    Tier("microvm", None, auto=0),
     Tier("wasm", None),  # computation only: used when asked for, never by auto
     # scripted results for tests of the faces' own logic; no policy can name it
     Tier("fake", "fake:FakeBackend", public=False),
 )
 _BY_NAME = {t.name: t for t in REGISTRY}
 
-#: the tiers a policy may name, in the registry's order
+#: the tiers a policy may name, in the registry's order: the order in which a refusal
+#: names "a tier that could" (the default tier first)
 KNOWN = tuple(t.name for t in REGISTRY if t.public)
 #: the order `isolation = "auto"` tries
 AUTO_ORDER = tuple(t.name for t in sorted((t for t in REGISTRY if t.auto is not None),

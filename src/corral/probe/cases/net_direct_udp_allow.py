@@ -1,4 +1,5 @@
 from ._net import ALLOW
+from ._net import sink_decides as score  # score: the runner reads it
 
 ID = "net.direct-udp-allow"
 CATEGORY = "network"

@@ -1,3 +1,4 @@
+from ._net import sink_decides as score  # score: the runner reads it
 
 ID = "net.raw-socket"
 CATEGORY = "network"

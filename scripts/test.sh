@@ -15,10 +15,25 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 # lint first: a pyflakes error (an undefined name in a path no test reaches) fails the run
 .venv/bin/ruff check src tests bench || { echo "test.sh: ruff check failed" >&2; exit 1; }
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
-rc=$?
-if [ $rc -eq 5 ]; then
-  echo "test.sh: pytest collected no tests; that is a failure" >&2
-  exit 1
+# With arguments: those tests only. Without: the default suite (not marked slow), then the
+# slow group (the whole probe catalogue, real pip installs, two image builds), each with
+# its slowest tests listed. "No tests ran" (pytest's 5) is a failure in either.
+run() {
+  .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+  local rc=$?
+  if [ $rc -eq 5 ]; then
+    echo "test.sh: pytest collected no tests ($*); that is a failure" >&2
+    return 1
+  fi
+  return $rc
+}
+if [ $# -gt 0 ]; then
+  run "$@"
+  exit $?
 fi
-exit $rc
+run -m "not slow" --durations=15
+rc=$?
+run -m slow --durations=10
+rc2=$?
+[ $rc -ne 0 ] && exit $rc
+exit $rc2

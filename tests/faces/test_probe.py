@@ -33,6 +33,7 @@ def full():
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow   # the whole catalogue on every tier: minutes
 def test_every_claim_holds_on_every_tier_here(full):
     p, doc = full
     broken = [f"{c['tier']} {c['id']}: {c['status']}: {c['reason']}"
@@ -43,6 +44,7 @@ def test_every_claim_holds_on_every_tier_here(full):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_catalogue_shape_and_coverage(full):
     _, doc = full
     ids = {c["id"] for c in doc["cases"]}

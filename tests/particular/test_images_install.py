@@ -15,7 +15,8 @@ import zipfile
 import pytest
 from imagefix import corral_in
 
-pytestmark = pytest.mark.timeout(600)
+# real pip installs through the install phase: minutes, so in the slow group (CI runs it)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def make_wheel(d, name, version, files, requires=()):

@@ -14,7 +14,7 @@ from corral.probe.canaries import Canaries
 from corral.probe.cases import load_cases
 from corral.probe.runner import Runner
 
-pytestmark = [pytest.mark.timeout(900),
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="the probe's tiers need root here")]
 
 CASES = {c.id: c for c in load_cases() if c.install is not None}

@@ -41,6 +41,22 @@ def procs_mentioning(text: str) -> list[int]:
     return found
 
 
+def procs_of_uid(uid: int) -> list[int]:
+    """Host processes whose real uid is `uid`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            found.append(int(pid))
+                        break
+        except OSError:
+            pass
+    return found
+
+
 #: the network fixtures (servers, dnsmasq, the grants' world) for every test file
 pytest_plugins = ("netfix", "imagefix")
 

@@ -13,7 +13,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import procs_mentioning
+from conftest import procs_mentioning, procs_of_uid
 
 import corral
 from corral.backends.gvisor import GvisorBackend, find_runsc
@@ -53,19 +53,6 @@ def mountinfo():
 # procs_mentioning (conftest): runsc, its gofer, its Sentry and the Sentry's ptrace stubs
 # all carry --root=<run dir>/runsc on their command lines
 
-
-def procs_of_uid(uid):
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/status") as f:
-                    for line in f:
-                        if line.startswith("Uid:") and int(line.split()[1]) == uid:
-                            found.append(int(pid))
-            except OSError:
-                pass
-    return found
 
 
 # -- the kernel and the filesystem ---------------------------------------------------------

@@ -15,6 +15,7 @@ import textwrap
 import time
 
 import pytest
+from conftest import procs_of_uid
 from netfix import GRANT_PRIV, PRIV, SRV, TOKEN, queried
 
 import corral
@@ -69,12 +70,6 @@ def procs_mentioning(text):
             return text.encode() in f.read()
     return procs_where(pred)
 
-
-def procs_of_uid(uid):
-    def pred(pid):
-        with open(f"/proc/{pid}/status") as f:
-            return any(line.startswith("Uid:") and int(line.split()[1]) == uid for line in f)
-    return procs_where(pred)
 
 
 def procs_in_netns(inode):

@@ -14,7 +14,7 @@ import tempfile
 import textwrap
 
 import pytest
-from conftest import CORRAL
+from conftest import CORRAL, procs_of_uid
 
 import corral
 from corral.backends.process import ProcessBackend
@@ -259,19 +259,6 @@ def test_exit_codes_signals_and_missing_commands():
     assert r.exit_code == 126 and "Permission denied" in r.stderr
 
 
-def _procs_of_uid(uid):
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/status") as f:
-                    for line in f:
-                        if line.startswith("Uid:") and int(line.split()[1]) == uid:
-                            found.append(int(pid))
-            except OSError:
-                pass
-    return found
-
 
 @needs_root
 def test_no_process_survives_double_forked_daemons_included(contained):
@@ -280,9 +267,9 @@ def test_no_process_survives_double_forked_daemons_included(contained):
                      "(nohup sleep 301 >/dev/null 2>&1 &); (sleep 302 &) ; echo spawned")])
         uid = int(r.stdout.split()[0])
         assert "spawned" in r.stdout and r.ok
-        assert _procs_of_uid(uid) == []
+        assert procs_of_uid(uid) == []
         assert sb.exec(["/bin/sh", "-c", "echo again"]).stdout == "again\n"
-    assert _procs_of_uid(uid) == []
+    assert procs_of_uid(uid) == []
 
 
 # -- check() --------------------------------------------------------------------------------------

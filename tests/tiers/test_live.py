@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import tier_unavailable
+from conftest import procs_of_uid, tier_unavailable
 from netfix import free_port
 
 import corral
@@ -47,20 +47,6 @@ def _wait_for(pred, what: str, seconds: float = 30.0):
         time.sleep(0.05)
     raise AssertionError(f"gave up waiting for {what}")
 
-
-def _procs_of_uid(uid: int) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                for line in f:
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) == uid:
-                            found.append(int(pid))
-                        break
-        except OSError:
-            pass
-    return found
 
 
 def _mounts_below(path: str) -> list[str]:
@@ -186,12 +172,12 @@ def test_sandbox_timeout_leaves_nothing_behind():
     run_dir = sb._live.dir.path
     cgroups = sb._live.sandbox_cg.paths
     uid = sb.ids[0]
-    assert _procs_of_uid(uid) and _mounts_below(run_dir) and all(map(os.path.isdir, cgroups))
+    assert procs_of_uid(uid) and _mounts_below(run_dir) and all(map(os.path.isdir, cgroups))
     _wait_for(lambda: sb.state == "ended", "the timeout")
     assert sb.get_info().ended_by == "timeout"
     assert any("timeout" in e["message"] for e in sb.events)
     assert bg.wait(30).verdict == "killed"
-    left = _procs_of_uid(uid)
+    left = procs_of_uid(uid)
     assert left == [], left
     assert _mounts_below(run_dir) == [] and not os.path.exists(run_dir)
     assert not any(map(os.path.exists, cgroups))
@@ -382,10 +368,10 @@ def test_a_sigkilled_supervisor_leaves_nothing_after_the_sweep():
     with open(os.path.join(run_dir, "cgroups")) as f:
         cgroups = [line.split()[3] for line in f if line.strip()]
     corral.Sandbox.connect(sid).commands.run(["sleep", "303"], background=True)
-    assert _procs_of_uid(uid) and cgroups and _mounts_below(run_dir)
+    assert procs_of_uid(uid) and cgroups and _mounts_below(run_dir)
     os.kill(entry["pid"], signal.SIGKILL)
     _wait_for(lambda: not os.path.exists(f"/proc/{entry['pid']}"), "the supervisor's end")
-    _wait_for(lambda: _procs_of_uid(uid) == [], "bwrap and every process inside to die")
+    _wait_for(lambda: procs_of_uid(uid) == [], "bwrap and every process inside to die")
     # (another corral process on this host may sweep it first: either way it goes)
     rundir.sweep_stale(base)
     assert not os.path.exists(run_dir) and _mounts_below(run_dir) == []

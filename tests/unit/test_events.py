@@ -52,3 +52,20 @@ def test_the_other_kinds_are_todays_dicts():
         {"kind": "exec", "command": "nosuch", "errno": "ENOENT",
          "message": "corral: command not found inside the sandbox: nosuch"})
     assert set(KINDS) == {"limit", "exec", "unenforced", "teardown", "net", "secret"}
+
+
+def test_the_proxys_event_lines_are_parsed_strictly_and_bounded():
+    from corral.backends.host.launch import EventLines
+
+    lines = EventLines()
+    good = json.dumps(NetEvent("a.test", 443, "deny", "x").to_dict()).encode()
+    lines(good[:10])                      # split across reads
+    lines(good[10:] + b"\n" + b"not json\n" + b'{"kind": "nosuch"}\n' + b"[1, 2]\n")
+    assert lines.events[0]["host"] == "a.test"
+    assert [e["kind"] for e in lines.events[1:]] == ["teardown"] * 3
+    lines(b"x" * (EventLines.MAX_LINE + 1))   # a line that never ends is not kept
+    assert lines.buf == b"" and lines.events[-1]["kind"] == "teardown"
+    for _ in range(EventLines.MAX_EVENTS):
+        lines(good + b"\n")
+    assert len(lines.events) == EventLines.MAX_EVENTS and lines.dropped == 5
+    assert "5 further events" in lines.dropped_event()[0]["message"]

@@ -88,23 +88,53 @@ def config_fd(config_json: str) -> int:
 
 
 class EventLines:
-    """Collects the proxy's JSON-lines events as they arrive."""
+    """Collects the proxy's JSON-lines events as they arrive, bounded: the proxy is
+    corral's own, but it handles hostile traffic, so what it writes is parsed as if it
+    were not. A line longer than MAX_LINE, or one that is not a JSON object of a known
+    kind, becomes a teardown event; past MAX_EVENTS (one per proxy decision: a sandbox
+    that makes a million requests) events are only counted (`dropped`)."""
+
+    MAX_LINE = 64 << 10
+    MAX_EVENTS = 10_000
 
     def __init__(self) -> None:
         self.buf = b""
         self.events: list[dict] = []
+        self.dropped = 0
 
     def __call__(self, data: bytes) -> None:
         import json
 
+        from ...events import KINDS
+
         self.buf += data
         *lines, self.buf = self.buf.split(b"\n")
+        if len(self.buf) > self.MAX_LINE:   # a line that never ends: what came of it goes
+            self.buf = b""
+            lines.append(b"-")               # counted as one bad line
         for line in lines:
-            if line.strip():
-                try:
-                    self.events.append(json.loads(line))
-                except ValueError:
-                    self.events.append(TeardownEvent("the egress proxy wrote a bad event line").to_dict())
+            if not line.strip():
+                continue
+            if len(self.events) >= self.MAX_EVENTS:
+                self.dropped += 1
+                continue
+            try:
+                ev = json.loads(line) if len(line) <= self.MAX_LINE else None
+            except ValueError:
+                ev = None
+            if isinstance(ev, dict) and ev.get("kind") in KINDS:
+                self.events.append(ev)
+            else:
+                self.events.append(TeardownEvent("the egress proxy wrote a bad event line"
+                                                 ).to_dict())
+
+    def dropped_event(self) -> list[dict]:
+        """[a teardown event saying how many events were dropped], or []."""
+        if not self.dropped:
+            return []
+        return [TeardownEvent(f"{self.dropped} further events of the egress proxy were "
+                              f"dropped (at most {self.MAX_EVENTS} are kept per exec)"
+                              ).to_dict()]
 
 
 def start_proxy(config_json: str, listener: socket.socket, uid: int, gid: int,

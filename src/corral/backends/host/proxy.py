@@ -80,7 +80,7 @@ class Proxy:
         _, status = os.waitpid(self.pid, 0)
         os.close(self.events_r)
         os.close(self.err_r)
-        events = list(self.lines.events)
+        events = list(self.lines.events) + self.lines.dropped_event()
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) not in (0, 143) or (
                 os.WIFSIGNALED(status) and os.WTERMSIG(status) not in (9, 15)):
             last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]

@@ -31,8 +31,9 @@ from ..errors import SandboxSetupError
 from ..linux import enter
 from ..linux._sys import subreaper_acquire, subreaper_release
 from ..linux.supervise import kill_pid, spawn
-from ..plan import CpuTime, EgressProxy, Environment, Rlimit
+from ..plan import EgressProxy, Environment
 from .host.cgroups import destroy_cgroup, run_cgroup
+from .host.execlimits import ExecLimits
 from .host.proxy import start_proxy
 from .namespace import NamespaceSandbox, _child_pid, _confine, _read_rest, _write_all
 
@@ -96,9 +97,8 @@ class NamespaceLive(NamespaceSandbox):
     # -- start ----------------------------------------------------------------------------
     def _start(self) -> None:
         plan = self.plan
-        rl = {op.name: op.value for op in plan.find(Rlimit)}
-        self.rlimits = (rl["nofile"], rl["fsize"],
-                        int(plan.find(CpuTime)[0].seconds) + 1)
+        lim = ExecLimits.from_plan(plan)
+        self.rlimits = (lim.rlimits["nofile"], lim.rlimits["fsize"], int(lim.cpu) + 1)
         self.env = dict(plan.find(Environment)[0].env)
         self.program = enter.Program(self.bpf)
         cg = self.sandbox_cg = run_cgroup(self.dir, f"{self.dir.id}-live", plan, self.events,
@@ -133,7 +133,8 @@ class NamespaceLive(NamespaceSandbox):
             self._status_r = status_r
             os.close(out_r)
             try:
-                if not _confine(pid, attach, nofile=rl["nofile"], fsize=rl["fsize"],
+                if not _confine(pid, attach, nofile=lim.rlimits["nofile"],
+                                fsize=lim.rlimits["fsize"],
                                 cpu_seconds=None, as_ids=(uid, gid) if self.root else None):
                     raise SandboxSetupError("bubblewrap exited at once", step="bwrap")
                 _write_all(args_w, blob)

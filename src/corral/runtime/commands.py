@@ -23,10 +23,10 @@ import threading
 import time
 
 from .._record import Record
+from ..backends.host.execlimits import ExecLimits
 from ..backends.host.finish import finish
 from ..errors import UsageError
 from ..linux.supervise import ExecFailed, Outcome, Stream, decode_status, supervise
-from ..plan import CpuTime, MemoryLimit, OutputCap, WallClock
 
 #: bounds on what a caller hands in (a command line, its environment)
 MAX_ARGV_BYTES = 1 << 20
@@ -168,14 +168,14 @@ class CommandHandle:
 
     def _failed(self, e: ExecFailed) -> None:
         """Its exec failed inside: the Result says so (127/126), nothing ran."""
-        plan = self._owner.plan
-        cap = plan.find(OutputCap)[0].bytes
+        lim = ExecLimits.from_plan(self._owner.plan)
+        cap = lim.cap
         out = Outcome()
         out.status = 0
         out.stdout, out.stderr = Stream(cap, None), Stream(cap, None)
         self._result = finish(out, exit_code=None, sig=None, events=self._owner._events_copy(),
                               usage=_usage(out, None), oom_kills=0, wall=0, cpu=0,
-                              memory=plan.find(MemoryLimit)[0].bytes, cap=cap,
+                              memory=lim.memory, cap=cap,
                               isolation=self._owner.isolation, failed=(self.cmd[0], e))
         if self._on_stderr is not None:
             self._on_stderr(self._result.stderr.encode())
@@ -190,12 +190,10 @@ class CommandHandle:
 
     def _supervise(self):
         owner, s = self._owner, self._started
-        plan = owner.plan
-        cap = plan.find(OutputCap)[0].bytes
-        cpu = plan.find(CpuTime)[0].seconds
-        wall = self._timeout
-        if wall is None:
-            wall = NO_DEADLINE_S if self.background else plan.find(WallClock)[0].seconds
+        lim = ExecLimits.from_plan(owner.plan, self._timeout)
+        cap, cpu, wall = lim.cap, lim.cpu, lim.wall
+        if self._timeout is None and self.background:
+            wall = NO_DEADLINE_S
         net_from = owner._net_mark()
         outcome = None
         usage, oom_kills = None, 0
@@ -219,7 +217,7 @@ class CommandHandle:
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=False)
         result = finish(outcome, exit_code=exit_code, sig=sig, events=events,
                         usage=usage, oom_kills=oom_kills, wall=wall, cpu=cpu,
-                        memory=plan.find(MemoryLimit)[0].bytes, cap=cap,
+                        memory=lim.memory, cap=cap,
                         isolation=owner.isolation)
         if self._end_event is not None:
             result.events.append(dict(self._end_event))

@@ -240,7 +240,7 @@ def test_sandbox_root_is_not_host_root(var_tmp):
 def test_the_tier_needs_runsc_and_root(monkeypatch):
     plan = corral.runtime.tiers.build_plan(corral.runtime.tiers.coerce_policy(GV), {})
     b = GvisorBackend()
-    assert b.check(plan) == []  # everything of the default policy is enforced here
+    assert b.check(plan).gaps == ()  # everything of the default policy is enforced here
     b.runsc = None
     with pytest.raises(BackendUnavailable, match="apt-get install runsc"):
         b.check(plan)

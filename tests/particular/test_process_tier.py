@@ -283,7 +283,9 @@ def _plan(extra=None):
 
 def test_check_names_what_the_tier_cannot_do():
     b = ProcessBackend()
-    missing = {type(op).__name__: why for op, why in b.check(_plan())}
+    check = b.check(_plan())
+    assert check.tier == "process" and not check.refused   # the defaults only: none refused
+    missing = {type(g.op).__name__: g.reason for g in check.gaps}
     assert "PID" in missing.pop("Namespaces")
     if ROOT:
         assert missing == {}  # cgroups and a tmpfs are usable as root here

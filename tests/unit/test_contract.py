@@ -94,3 +94,81 @@ def test_run_returns_the_teardown_problems_in_its_result():
     finally:
         sandbox.Sandbox = real
     assert {"kind": "teardown", "message": "rm scratch: EBUSY"} in r.events
+
+
+# -- check() -> TierCheck -> open(plan, check) ---------------------------------------------
+
+def _plan(data):
+    from corral.plan import build_plan
+
+    return build_plan(policy_from_dict(data), {})
+
+
+def test_a_tier_check_splits_refusals_from_defaults_by_what_the_policy_set():
+    from corral.backends.base import TierCheck
+    from corral.plan import MemoryLimit, Namespaces, PidsLimit, Scratch
+
+    plan = _plan({"limits": {"memory": "256M"}})
+    (mem,), (pids,), (scratch,), (ns,) = (plan.find(t) for t in (MemoryLimit, PidsLimit,
+                                                                 Scratch, Namespaces))
+    check = TierCheck.of("fake", plan, [(mem, "no memory cgroup"), (scratch, "no tmpfs"),
+                                        (ns, "no namespaces")])
+    assert [(g.rule, g.explicit) for g in check.gaps] == [
+        ("limits.memory", True), ("limits.scratch", False), ("Namespaces", False)]
+    assert [g.op for g in check.refused] == [mem]
+    assert [g.op for g in check.unenforced] == [scratch, ns]
+    assert not check.enforces(mem) and not check.enforces(scratch) and check.enforces(pids)
+    assert check.gap(scratch).reason == "no tmpfs" and check.gap(pids) is None
+    # the events are today's dicts, key for key and in order: the Result JSON is unchanged
+    assert [list(e.items()) for e in check.events()] == [
+        [("kind", "unenforced"), ("rule", "limits.scratch"), ("tier", "fake"),
+         ("reason", "no tmpfs")],
+        [("kind", "unenforced"), ("rule", "Namespaces"), ("tier", "fake"),
+         ("reason", "no namespaces")]]
+    assert check.events() is not check.events()      # fresh dicts for every Result
+
+
+def test_open_takes_only_its_own_tiers_check_with_nothing_refused():
+    from corral.backends.base import TierCheck
+    from corral.plan import MemoryLimit
+
+    plan = _plan({"limits": {"memory": "256M"}})
+    fake = FakeBackend()
+    fake.open(plan, fake.check(plan)).close()
+    with pytest.raises(AssertionError, match="own check"):
+        fake.open(plan, TierCheck.of("namespace", plan, []))
+    (mem,) = plan.find(MemoryLimit)
+    with pytest.raises(AssertionError, match="nothing refused"):
+        fake.open(plan, TierCheck.of("fake", plan, [(mem, "no memory cgroup")]))
+    assert fake.opened[1:] == []
+
+
+class _Gappy(FakeBackend):
+    """A tier that cannot enforce the memory limit here: the runtime must refuse a policy
+    that sets one, and run the default with an "unenforced" event in every Result."""
+
+    def check(self, plan):
+        from corral.backends.base import TierCheck
+        from corral.plan import MemoryLimit
+
+        return TierCheck.of(self.name, plan, [(op, "no usable memory cgroup: test")
+                                              for op in plan.find(MemoryLimit)])
+
+
+def test_the_runtime_runs_a_default_unenforced_and_says_so_in_each_result():
+    with corral.Sandbox(None, backend=_Gappy()) as sb:
+        results = [sb.exec(["a"]), sb.exec(["b"])]
+    for r in results:
+        assert r.events == [{"kind": "unenforced", "rule": "limits.memory", "tier": "fake",
+                             "reason": "no usable memory cgroup: test"}]
+    assert results[0].events is not results[1].events
+
+
+def test_the_runtime_refuses_an_explicit_rule_the_tier_cannot_enforce():
+    from corral.errors import UnsupportedRule
+
+    gappy = _Gappy()
+    with pytest.raises(UnsupportedRule) as e:
+        corral.Sandbox({"limits": {"memory": "256M"}}, backend=gappy)
+    assert e.value.field == "limits.memory" and "no usable memory cgroup" in e.value.message
+    assert gappy.opened == []      # nothing was opened

@@ -2,14 +2,21 @@
 `doctor` and the probe may use of one.
 
 A tier is a `Backend` subclass in a module of its own plus one row in the registry
-(`backends/__init__.py`). The backend says, per op of a plan, whether it can enforce that op
-on this host (`check`) and how it does (`describe`), then opens live sandboxes (`open`) that
-run commands (`LiveSandbox.exec`) until closed. Nothing outside a tier's module reaches past
-these names.
+(`backends/__init__.py`). The backend says which ops of a plan it cannot enforce on this
+host (`check`, a typed `TierCheck` of `Gap`s) and how it enforces the others (`describe`),
+then opens live sandboxes (`open(plan, check)`, on that very check) that run commands
+(`LiveSandbox.exec`) until closed. Nothing outside a tier's module reaches past these names.
+
+    check = backend.check(plan)          # TierCheck(tier, gaps): each Gap an op and why not
+    check.refused                        # gaps in rules the policy set: runtime refuses
+    check.events()                       # one "unenforced" event per default left out
+    live = backend.open(plan, check)     # the tier sets up what check.enforces(op)
 """
 
 from __future__ import annotations
 
+from .._record import Record
+from ..events import UnenforcedEvent
 from ..plan import Op, Plan
 from ..result import Result
 
@@ -81,9 +88,10 @@ class Backend:
         """Why `isolation = "auto"` should pass this tier over on this host, or None."""
         return None
 
-    def check(self, plan: Plan) -> list[tuple[Op, str]]:
-        """The ops this tier cannot enforce on this host, each with the reason and fix.
-        Raises BackendUnavailable when the tier cannot run here at all."""
+    def check(self, plan: Plan) -> TierCheck:
+        """What this tier cannot enforce of the plan on this host: a TierCheck (build it
+        with `TierCheck.of(self.name, plan, [(op, reason and fix), ...])`), which `open`
+        then takes. Raises BackendUnavailable when the tier cannot run here at all."""
         raise NotImplementedError
 
     def describe(self, op: Op) -> tuple[str, str]:
@@ -91,14 +99,16 @@ class Backend:
         of "kernel", "supervisor", "proxy", "none"."""
         raise NotImplementedError
 
-    def open(self, plan: Plan, events: list[dict], granted=(), upstream_ca: str | None = None
+    def open(self, plan: Plan, check: TierCheck, granted=(), upstream_ca: str | None = None
              ) -> LiveSandbox:
-        """A live sandbox for a plan this tier checked. `events`: the standing events every
-        Result of it carries (unenforced defaults); `granted`: the secret grants with their
-        values (grants.Granted), for the proxy; `upstream_ca`: a PEM file the proxy trusts."""
+        """A live sandbox for a plan and this tier's check of it (`check.admit(self.name)`
+        first): `check.enforces(op)` says which ops to set up, `check.events()` are the
+        standing events every Result of it carries (the defaults left unenforced);
+        `granted`: the secret grants with their values (grants.Granted), for the proxy;
+        `upstream_ca`: a PEM file the proxy trusts."""
         raise NotImplementedError
 
-    def open_live(self, plan: Plan, events: list[dict], granted=(),
+    def open_live(self, plan: Plan, check: TierCheck, granted=(),
                   upstream_ca: str | None = None):
         """A sandbox kept running for many commands (runtime/live.py): an object with
         `start(argv, env, cwd=, stdin_fd=)`, `release(cgroup)`, `alive()`, `close()`,
@@ -112,6 +122,77 @@ class Backend:
                                  field="isolation")
 
 
-def is_unenforced(events: list[dict], op) -> bool:
-    """Whether the standing events say this op's rule is not enforced on this host."""
-    return any(e.get("kind") == "unenforced" and e.get("rule") == op.rule for e in events)
+def is_explicit(rule: str, plan: Plan) -> bool:
+    """Whether the policy set this rule (or a rule under it) itself, rather than leaving
+    it at its default."""
+    return bool(rule) and (rule in plan.explicit or any(
+        e.startswith(rule + ".") for e in plan.explicit) or (
+        rule == "network.mode" and any(e.startswith("network.") for e in plan.explicit)))
+
+
+class Gap(Record):
+    """One op of a plan that a tier cannot enforce on this host."""
+
+    op: Op
+    #: why not, and the fix ("no usable memory cgroup: ...")
+    reason: str
+    #: the policy set this rule itself: the run is refused (nothing runs); else the rule
+    #: is a default, and the run goes ahead with an "unenforced" event saying so
+    explicit: bool = False
+    #: the tiers that could enforce it on this host, in the registry's order: filled by
+    #: runtime.tiers for a refusal (asking every other tier costs a run's start, so a
+    #: default left unenforced does not ask)
+    could: tuple = ()
+
+    @property
+    def rule(self) -> str:
+        """The policy rule ("limits.memory"), or the op's type for an op of the tier
+        itself ("Namespaces")."""
+        return self.op.rule or type(self.op).__name__
+
+
+class TierCheck(Record):
+    """A tier's answer to `check(plan)`, which its `open(plan, check)` takes: the ops it
+    cannot enforce here, each a Gap. Read by the runtime (refuse or run), explain (the
+    "none" rows), doctor and the tier itself (what to leave out at set-up)."""
+
+    tier: str
+    gaps: tuple = ()
+
+    @classmethod
+    def of(cls, tier: str, plan: Plan, missing) -> TierCheck:
+        """From a tier's (op, reason) pairs, each marked explicit or default by the plan."""
+        return cls(tier, tuple(Gap(op, why, is_explicit(op.rule, plan)) for op, why in missing))
+
+    @property
+    def refused(self) -> tuple:
+        """The gaps in rules the policy set: the tier must not run this plan."""
+        return tuple(g for g in self.gaps if g.explicit)
+
+    @property
+    def unenforced(self) -> tuple:
+        """The gaps in defaults: the run goes ahead, and every Result says so."""
+        return tuple(g for g in self.gaps if not g.explicit)
+
+    def gap(self, op: Op) -> Gap | None:
+        for g in self.gaps:
+            if g.op is op or g.op == op:
+                return g
+        return None
+
+    def enforces(self, op: Op) -> bool:
+        return self.gap(op) is None
+
+    def events(self) -> list[dict]:
+        """The standing events of every Result of a sandbox opened on this check: one
+        "unenforced" event per default left unenforced (fresh dicts on every call)."""
+        return [UnenforcedEvent(g.rule, self.tier, g.reason).to_dict()
+                for g in self.gaps if not g.explicit]
+
+    def admit(self, tier: str) -> TierCheck:
+        """The check, for `tier`'s open(): a check of another tier, or one that refuses
+        the plan, is a bug in the caller, and nothing is opened on it."""
+        if self.tier != tier or self.refused:
+            raise AssertionError(f"the {tier} tier was opened on {self!r}: open() takes "
+                                 f"that tier's own check, with nothing refused")
+        return self

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from ..plan import Op, Plan
 from ..result import Result
-from .base import Backend, LiveSandbox
+from .base import Backend, LiveSandbox, TierCheck
 
 #: handler(argv, stdin bytes or None) -> Result
 Handler = Callable[[list[str], "bytes | None"], Result]
@@ -41,15 +41,15 @@ class FakeBackend(Backend):
         self.close_problems = list(close_problems)
         self.opened: list[FakeSandbox] = []
 
-    def check(self, plan: Plan) -> list[tuple[Op, str]]:
-        return []
+    def check(self, plan: Plan) -> TierCheck:
+        return TierCheck.of(self.name, plan, [])
 
     def describe(self, op: Op) -> tuple[str, str]:
         return "none", "the fake tier enforces nothing"
 
-    def open(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None
+    def open(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None
              ) -> FakeSandbox:
-        sb = FakeSandbox(self, list(events))
+        sb = FakeSandbox(self, check.admit(self.name).events())
         self.opened.append(sb)
         return sb
 

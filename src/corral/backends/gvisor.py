@@ -122,7 +122,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox, assert_never, is_unenforced
+from .base import Backend, LiveSandbox, TierCheck, assert_never
 from .gvisor_runsc import (
     RUNSC_FAILED,
     RUNSC_FAILED_PREFIX,
@@ -357,7 +357,7 @@ class GvisorBackend(Backend):
             self._platform = "systrap" if "systrap" in offered else DEFAULT_PLATFORM
         return self._platform
 
-    def check(self, plan: Plan) -> list[tuple[Op, str]]:
+    def check(self, plan: Plan) -> TierCheck:
         if self.runsc is None:
             raise BackendUnavailable("runsc (gVisor) is not installed; apt-get install runsc, "
                                      "or use isolation = \"namespace\"", field="isolation")
@@ -414,15 +414,15 @@ class GvisorBackend(Backend):
                     pass
                 case _:
                     assert_never(op)
-        return missing
+        return TierCheck.of(self.name, plan, missing)
 
-    def open(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None
+    def open(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None
              ) -> GvisorSandbox:
-        return GvisorSandbox(self, plan, events, list(granted), upstream_ca)
+        return GvisorSandbox(self, plan, check.admit(self.name), list(granted), upstream_ca)
 
 
 class GvisorSandbox(LiveSandbox):
-    def __init__(self, backend: GvisorBackend, plan: Plan, events: list[dict],
+    def __init__(self, backend: GvisorBackend, plan: Plan, check: TierCheck,
                  granted: list | None = None, upstream_ca: str | None = None) -> None:
         self.granted = granted or []
         self.upstream_ca = upstream_ca
@@ -430,7 +430,8 @@ class GvisorSandbox(LiveSandbox):
         self.ca_file: str | None = None
         self.backend = backend
         self.plan = plan
-        self.events = events  # standing events (e.g. unenforced defaults), copied per exec
+        self.check = check   # what it leaves unenforced here (backends/base.py)
+        self.events = check.events()   # standing events, copied per exec
         self.execs = 0
         rundir.sweep_if_due()
         self.dir = rundir.RunDir()
@@ -480,7 +481,7 @@ class GvisorSandbox(LiveSandbox):
         self.spec = self._spec()
 
     def _unenforced(self, op: Op) -> bool:
-        return is_unenforced(self.events, op)
+        return not self.check.enforces(op)
 
     def _setup_egress(self) -> None:
         """The run's CA (its key stays here and in the proxy) when secrets are granted, a
@@ -689,7 +690,7 @@ class GvisorSandbox(LiveSandbox):
             json.dump(spec, f)
         os.replace(tmp, os.path.join(self.bundle, "config.json"))
         # without a pids cgroup, RLIMIT_NPROC inside gVisor still holds
-        cg = run_cgroup(self.dir, cid, plan, self.events,
+        cg = run_cgroup(self.dir, cid, plan, self.check,
                         pids=lambda n: n * PIDS_PER_TASK + PIDS_OVERHEAD)
         attach: list[int] = []
         proxy = None

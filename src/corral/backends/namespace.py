@@ -66,7 +66,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox, assert_never, is_unenforced
+from .base import Backend, LiveSandbox, TierCheck, assert_never
 from .host import ids
 from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of
 from .host.etc import HOSTNAME, ensure_etc
@@ -201,7 +201,7 @@ class NamespaceBackend(Backend):
         self.bwrap = find_bwrap()
         self.root = os.geteuid() == 0
 
-    def check(self, plan: Plan) -> list[tuple[Op, str]]:
+    def check(self, plan: Plan) -> TierCheck:
         if self.bwrap is None:
             raise BackendUnavailable("bubblewrap (bwrap) is not installed; "
                                      "apt-get install bubblewrap", field="isolation")
@@ -256,21 +256,21 @@ class NamespaceBackend(Backend):
                     pass
                 case _:
                     assert_never(op)
-        return missing
+        return TierCheck.of(self.name, plan, missing)
 
-    def open(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None
+    def open(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None
              ) -> NamespaceSandbox:
-        return NamespaceSandbox(self, plan, events, list(granted), upstream_ca)
+        return NamespaceSandbox(self, plan, check.admit(self.name), list(granted), upstream_ca)
 
-    def open_live(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None):
+    def open_live(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None):
         """One bwrap for the sandbox's life, commands entered from the host side."""
         from .namespace_live import NamespaceLive
 
-        return NamespaceLive(self, plan, events, list(granted), upstream_ca)
+        return NamespaceLive(self, plan, check.admit(self.name), list(granted), upstream_ca)
 
 
 class NamespaceSandbox(LiveSandbox):
-    def __init__(self, backend: NamespaceBackend, plan: Plan, events: list[dict],
+    def __init__(self, backend: NamespaceBackend, plan: Plan, check: TierCheck,
                  granted: list | None = None, upstream_ca: str | None = None) -> None:
         self.granted = granted or []
         self.upstream_ca = upstream_ca
@@ -278,7 +278,8 @@ class NamespaceSandbox(LiveSandbox):
         self.ca_file: str | None = None
         self.backend = backend
         self.plan = plan
-        self.events = events  # standing events (e.g. unenforced defaults), copied per exec
+        self.check = check   # what it leaves unenforced here (backends/base.py)
+        self.events = check.events()   # standing events, copied per exec
         self.root = backend.root
         self.execs = 0
         #: emptied cgroups of earlier execs, for the next ones (common.CgroupPool)
@@ -343,7 +344,7 @@ class NamespaceSandbox(LiveSandbox):
         self._args_blob = ("\0".join(self.argv_prefix[1:]) + "\0").encode()
 
     def _unenforced(self, op: Op) -> bool:
-        return is_unenforced(self.events, op)
+        return not self.check.enforces(op)
 
     def _bwrap_args(self) -> list[str]:
         a = [self.backend.bwrap or "bwrap"]
@@ -445,7 +446,7 @@ class NamespaceSandbox(LiveSandbox):
         events = [dict(e) for e in self.events]
         lim = ExecLimits.from_plan(plan, timeout)
         wall, cpu, cap, rl = lim.wall, lim.cpu, lim.cap, lim.rlimits
-        cg = run_cgroup(self.dir, f"{self.dir.id}-{self.execs}", plan, self.events,
+        cg = run_cgroup(self.dir, f"{self.dir.id}-{self.execs}", plan, self.check,
                         kept=self._cgroups)
         attach: list[int] = []
         try:

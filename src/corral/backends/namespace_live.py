@@ -1,7 +1,7 @@
 """The namespace tier's live sandbox: one bwrap for the sandbox's whole life, commands
 entered into it from the host side (linux/enter.py).
 
-    live = NamespaceLive(backend, plan, events)      # bwrap + its init running, ready
+    live = NamespaceLive(backend, plan, check)       # bwrap + its init running, ready
     cmd = live.start(argv, env, cwd="/scratch", stdin_fd=fd)   # a Started: pid, pipes, cgroup
     ...                                              # the runtime supervises it
     live.release(cmd.cgroup)                         # emptied: kept for the next command
@@ -75,7 +75,7 @@ def _ns_pid(pid: int) -> int:
 class NamespaceLive(NamespaceSandbox):
     """A namespace-tier sandbox kept running; see the module's docstring."""
 
-    def __init__(self, backend, plan, events, granted=None, upstream_ca=None) -> None:
+    def __init__(self, backend, plan, check, granted=None, upstream_ca=None) -> None:
         self.bwrap_pid = 0
         self.init_pid = 0
         self.target = None
@@ -87,7 +87,7 @@ class NamespaceLive(NamespaceSandbox):
         self._cmds = 0
         self._subreaper = False
         self._init_fd = -1
-        super().__init__(backend, plan, events, granted, upstream_ca)  # closes on failure
+        super().__init__(backend, plan, check, granted, upstream_ca)  # closes on failure
         try:
             self._start()
         except BaseException:
@@ -101,7 +101,7 @@ class NamespaceLive(NamespaceSandbox):
         self.rlimits = (lim.rlimits["nofile"], lim.rlimits["fsize"], int(lim.cpu) + 1)
         self.env = dict(plan.find(Environment)[0].env)
         self.program = enter.Program(self.bpf)
-        cg = self.sandbox_cg = run_cgroup(self.dir, f"{self.dir.id}-live", plan, self.events,
+        cg = self.sandbox_cg = run_cgroup(self.dir, f"{self.dir.id}-live", plan, self.check,
                                           pids=lambda n: n + OWN_PIDS)
         if cg is None:
             raise SandboxSetupError("a live sandbox needs a cgroup of its own (every command "

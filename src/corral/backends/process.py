@@ -122,7 +122,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox, assert_never, is_unenforced
+from .base import Backend, LiveSandbox, TierCheck, assert_never
 from .host import ids
 from .host.cgroups import run_cgroup, usage_of
 from .host.execlimits import ExecLimits
@@ -221,7 +221,7 @@ class ProcessBackend(Backend):
         self.gid_range = _id_range("/proc/self/gid_map") if self.root else None
 
     # -- what this tier can enforce here -------------------------------------------------
-    def check(self, plan: Plan) -> list[tuple[Op, str]]:
+    def check(self, plan: Plan) -> TierCheck:
         if self.abi < 1:
             raise BackendUnavailable(
                 f"Landlock is unavailable ({landlock.unavailable_reason()}); without it the "
@@ -300,7 +300,7 @@ class ProcessBackend(Backend):
                     pass
                 case _:
                     assert_never(op)
-        return missing
+        return TierCheck.of(self.name, plan, missing)
 
     def network_allow_unusable(self) -> str | None:
         """Why `network.mode = "allow"` cannot be enforced here, or None. It needs root (a
@@ -410,13 +410,13 @@ class ProcessBackend(Backend):
             case _:
                 assert_never(op)
 
-    def open(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None
+    def open(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None
              ) -> ProcessSandbox:
-        return ProcessSandbox(self, plan, events, list(granted), upstream_ca)
+        return ProcessSandbox(self, plan, check.admit(self.name), list(granted), upstream_ca)
 
 
 class ProcessSandbox(LiveSandbox):
-    def __init__(self, backend: ProcessBackend, plan: Plan, events: list[dict],
+    def __init__(self, backend: ProcessBackend, plan: Plan, check: TierCheck,
                  granted: list | None = None, upstream_ca: str | None = None) -> None:
         self.granted = granted or []
         self.upstream_ca = upstream_ca
@@ -425,7 +425,8 @@ class ProcessSandbox(LiveSandbox):
         self.egress = plan.find(EgressProxy)
         self.backend = backend
         self.plan = plan
-        self.events = events
+        self.check = check   # what it leaves unenforced here (backends/base.py)
+        self.events = check.events()   # standing events, copied per exec
         self.root = backend.root
         self.execs = 0
         self._ruleset: landlock.Ruleset | None = None
@@ -502,7 +503,7 @@ class ProcessSandbox(LiveSandbox):
                                                                self.upstream_ca)
 
     def _unenforced(self, op: Op) -> bool:
-        return is_unenforced(self.events, op)
+        return not self.check.enforces(op)
 
     def _env(self) -> dict[str, str]:
         """The plan's environment, with the sandbox paths of the other tiers (/scratch,
@@ -575,7 +576,7 @@ class ProcessSandbox(LiveSandbox):
         nproc = pids if self.root else _tasks_of_uid(self.uid) + pids
         # root without a pids cgroup: RLIMIT_NPROC only
         run_id = f"{self.dir.id}-{self.execs}"
-        cg = run_cgroup(self.dir, run_id, plan, self.events)
+        cg = run_cgroup(self.dir, run_id, plan, self.check)
         attach: list[int] = []
         pidfd = -1
         net: _Egress | None = None

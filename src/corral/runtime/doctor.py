@@ -74,15 +74,15 @@ def _tiers() -> dict:
             from ..backends import get_backend
 
             backend = get_backend(tier)
-            missing = backend.check(build_plan(Policy(isolation=tier), {}))
+            check = backend.check(build_plan(Policy(isolation=tier), {}))
         except BackendUnavailable as e:
             out[tier] = e.message
             continue
         except Exception as e:  # noqa: BLE001 - doctor reports, it does not crash
             out[tier] = f"check failed: {type(e).__name__}: {e}"
             continue
-        out[tier] = True if not missing else "usable; unenforced here: " + ", ".join(
-            sorted({op.rule or type(op).__name__ for op, _ in missing}))
+        out[tier] = True if not check.gaps else "usable; unenforced here: " + ", ".join(
+            sorted({g.rule for g in check.gaps}))
     return out
 
 

@@ -40,7 +40,7 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
         policy, install = describe(policy)
     refused = None
     try:
-        backend, plan, events = prepare(policy)
+        backend, plan, check = prepare(policy)
     except UnsupportedRule as e:  # explain still describes what would happen, and why not
         refused = e
         import os
@@ -48,15 +48,15 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
         from ..plan import build_plan
 
         plan = build_plan(policy, dict(os.environ))
-        backend, _, _ = check_tier(plan.tier if plan.tier != "auto" else "namespace", plan)
-    missing = dict((id(op), why) for op, why in backend.check(plan))
+        backend, check = check_tier(plan.tier if plan.tier != "auto" else "namespace", plan)
     rules = []
     for op in plan.ops:
         rule = op.rule or OP_RULE_NAMES.get(type(op).__name__, type(op).__name__)
         if not op.rule and getattr(op, "name", None) == "core":
             rule = "core dumps"
-        if id(op) in missing:
-            rules.append({"rule": rule, "enforced_by": "none", "note": missing[id(op)]})
+        gap = check.gap(op)
+        if gap is not None:
+            rules.append({"rule": rule, "enforced_by": "none", "note": gap.reason})
         else:
             by, note = backend.describe(op)
             rules.append({"rule": rule, "enforced_by": by, "note": note})

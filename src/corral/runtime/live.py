@@ -103,7 +103,7 @@ class Live(Sandbox):
         self._started_count = 0
         #: the sandbox's own events: why it ended, and teardown problems
         self.events: list[dict] = []
-        self._live = self._backend.open_live(self.plan, self._events, self._granted,
+        self._live = self._backend.open_live(self.plan, self._check, self._granted,
                                              self.policy.network.upstream_ca)
         self._pid = os.getpid()
         _sandbox._close_at_exit(self._live)
@@ -239,7 +239,7 @@ class Live(Sandbox):
         from ..backends.host.scratch import scratch_events
 
         live = self._live
-        return [dict(e) for e in self._events] + (scratch_events(live.scratch) if live else [])
+        return self._check.events() + (scratch_events(live.scratch) if live else [])
 
     def _net_mark(self) -> int:
         return len(self._net)

@@ -35,7 +35,7 @@ class Sandbox:
 
             self.policy = resolve_install(self.policy)
         host_env = os.environ if env is None else env   # read here, by name (env.pass)
-        self._backend, self.plan, self._events = prepare(self.policy, host_env, backend)
+        self._backend, self.plan, self._check = prepare(self.policy, host_env, backend)
         self._granted = []
         if self.policy.secrets:  # read the values now: a missing one is an error, not a run
             from ..grants import resolve
@@ -85,7 +85,7 @@ class Sandbox:
 
     def open(self) -> Sandbox:
         if self._live is None:
-            self._live = self._backend.open(self.plan, self._events, self._granted,
+            self._live = self._backend.open(self.plan, self._check, self._granted,
                                             self.policy.network.upstream_ca)
             self._pid = os.getpid()
             _close_at_exit(self._live)

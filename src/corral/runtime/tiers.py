@@ -1,13 +1,13 @@
-"""Tier choice: plan a policy, check every op against a tier, refuse an explicit rule the
-tier cannot enforce (naming a tier that could), and turn a default it cannot enforce into
-an "unenforced" event. `Sandbox`, `explain` and `doctor` all decide through here."""
+"""Tier choice: plan a policy, check it against a tier (the tier's TierCheck, see
+backends/base.py), refuse an explicit rule the tier cannot enforce (naming a tier that
+could), and hand the check on: the defaults it leaves unenforced become "unenforced"
+events in every Result. `Sandbox` and `explain` decide through here."""
 
 from __future__ import annotations
 
 import os
 
 from ..errors import BackendUnavailable, UnsupportedRule
-from ..events import UnenforcedEvent
 from ..plan import Plan, build_plan
 from ..policy import Policy, load_policy, policy_from_dict
 
@@ -27,29 +27,21 @@ def coerce_policy(policy: Policy | dict | str | os.PathLike | None) -> Policy:
     return load_policy(os.fspath(policy))
 
 
-def _is_explicit(rule: str, plan: Plan) -> bool:
-    return bool(rule) and (rule in plan.explicit or any(
-        e.startswith(rule + ".") for e in plan.explicit) or (
-        rule == "network.mode" and any(e.startswith("network.") for e in plan.explicit)))
-
-
 def check_tier(tier, plan: Plan):
-    """(backend, refusals, unenforced) for a tier (a name, or a Backend instance):
-    refusals are the (op, reason) pairs of explicit rules it cannot enforce. Raises
-    BackendUnavailable."""
+    """(backend, its TierCheck of the plan) for a tier (a name, or a Backend instance).
+    Raises BackendUnavailable."""
     if isinstance(tier, str):
         from ..backends import get_backend
 
         backend = get_backend(tier)
     else:
         backend = tier
-    missing = backend.check(plan)
-    refusals = [(op, why) for op, why in missing if _is_explicit(op.rule, plan)]
-    unenforced = [(op, why) for op, why in missing if not _is_explicit(op.rule, plan)]
-    return backend, refusals, unenforced
+    return backend, backend.check(plan)
 
 
-def _tiers_that_could(rule: str, plan: Plan, skip: str) -> list[str]:
+def tiers_that_could(rule: str, plan: Plan, skip: str) -> tuple[str, ...]:
+    """The tiers available here, other than `skip`, that would not refuse this rule of
+    the plan, in the registry's order."""
     from ..backends import KNOWN
 
     could = []
@@ -57,16 +49,17 @@ def _tiers_that_could(rule: str, plan: Plan, skip: str) -> list[str]:
         if tier == skip:
             continue
         try:
-            _, refusals, _ = check_tier(tier, plan)
+            _, check = check_tier(tier, plan)
         except BackendUnavailable:
             continue
-        if not any(op.rule == rule for op, _ in refusals):
+        if not any(g.rule == rule for g in check.refused):
             could.append(tier)
-    return could
+    return tuple(could)
 
 
 def prepare(policy: Policy, host_env: Mapping[str, str] | None = None, backend=None):
-    """Plan the policy and check it against the tier: (backend, plan, standing events).
+    """Plan the policy and check it against the tier: (backend, plan, its TierCheck, which
+    the backend's open() takes).
 
     A rule the user set explicitly that the tier cannot enforce raises UnsupportedRule
     naming the rule and a tier that could (nothing runs); a default it cannot enforce
@@ -84,16 +77,16 @@ def prepare(policy: Policy, host_env: Mapping[str, str] | None = None, backend=N
         plan = resolve_plan(plan)
     if backend is not None:
         plan = plan.replace(tier=backend.name)
-        backend, refusals, unenforced = check_tier(backend, plan)
-        if refusals:
-            op, reason = refusals[0]
-            raise UnsupportedRule(f"the {backend.name} tier cannot enforce it: {reason}",
-                                  field=op.rule)
+        backend, check = check_tier(backend, plan)
+        if check.refused:
+            gap = check.refused[0]
+            raise UnsupportedRule(f"the {backend.name} tier cannot enforce it: {gap.reason}",
+                                  field=gap.op.rule)
     elif plan.tier == "auto":
         reasons = []
         for tier in AUTO_ORDER:
             try:
-                backend, refusals, unenforced = check_tier(tier, plan)
+                backend, check = check_tier(tier, plan)
             except BackendUnavailable as e:
                 reasons.append(f"{tier}: {e.message}")
                 continue
@@ -101,21 +94,19 @@ def prepare(policy: Policy, host_env: Mapping[str, str] | None = None, backend=N
             if skip:
                 reasons.append(f"{tier}: {skip}")
                 continue
-            if not refusals:
+            if not check.refused:
                 break
-            reasons.append(f"{tier}: cannot enforce {refusals[0][0].rule}")
+            reasons.append(f"{tier}: cannot enforce {check.refused[0].op.rule}")
         else:
             raise BackendUnavailable("no tier here enforces this policy: " + "; ".join(reasons),
                                      field="isolation")
     else:
-        backend, refusals, unenforced = check_tier(plan.tier, plan)
-        if refusals:
-            op, reason = refusals[0]
-            could = _tiers_that_could(op.rule, plan, backend.name)
-            hint = (f"; isolation = \"{could[0]}\" could" if could
+        backend, check = check_tier(plan.tier, plan)
+        if check.refused:
+            gap = check.refused[0]
+            gap = gap.replace(could=tiers_that_could(gap.rule, plan, backend.name))
+            hint = (f"; isolation = \"{gap.could[0]}\" could" if gap.could
                     else "; no tier available here could")
             raise UnsupportedRule(f"the {backend.name} tier cannot enforce it on this host: "
-                                  f"{reason}{hint}", field=op.rule)
-    events = [UnenforcedEvent(op.rule or type(op).__name__, backend.name, why).to_dict()
-              for op, why in unenforced]
-    return backend, plan, events
+                                  f"{gap.reason}{hint}", field=gap.op.rule)
+    return backend, plan, check

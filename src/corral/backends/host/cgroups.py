@@ -2,7 +2,7 @@
 exec, reused across sandboxes through the process's pool (cgroup v1), and the usage read
 from them.
 
-    cg = run_cgroup(run_dir, run_id, plan, events, kept=own)   # per exec: the limits' cgroup
+    cg = run_cgroup(run_dir, run_id, plan, check, kept=own)    # per exec: the limits' cgroup
     problems = keep_cgroup(cg, own)                      # after it: kept for the next exec
     POOL.note(own); run_dir.remove(); POOL.give(own)     # at close (cgroup v1 reuse)
     usage, oom_kills = usage_of(outcome, cg)
@@ -14,14 +14,14 @@ import atexit
 import os
 
 from ...errors import SandboxSetupError
-from ..base import is_unenforced
 
 
-def run_cgroup(run_dir, run_id: str, plan, events: list[dict], *, pids=lambda n: n,
+def run_cgroup(run_dir, run_id: str, plan, check, *, pids=lambda n: n,
                kept: list | None = None):
-    """The cgroup of one exec with the plan's memory, pids and cpu limits (those not
-    unenforced here), noted in the run dir for the stale sweep; None when there is none
-    to set. `pids` maps the policy's count to the cgroup's (gvisor adds its own threads).
+    """The cgroup of one exec with the plan's memory, pids and cpu limits (those that
+    `check`, the tier's backends.base.TierCheck, says it enforces here), noted in the run
+    dir for the stale sweep; None when there is none to set. `pids` maps the policy's
+    count to the cgroup's (gvisor adds its own threads).
     Without a usable pids controller the pids limit is left to the tier's RLIMIT_NPROC
     (check() has already reported it where that is not enough).
 
@@ -31,7 +31,7 @@ def run_cgroup(run_dir, run_id: str, plan, events: list[dict], *, pids=lambda n:
     from ...plan import CpuQuota, MemoryLimit, PidsLimit
 
     wanted = {type(op): op for op in (*plan.find(MemoryLimit), *plan.find(PidsLimit),
-                                      *plan.find(CpuQuota)) if not is_unenforced(events, op)}
+                                      *plan.find(CpuQuota)) if check.enforces(op)}
     info = limits.detect()
     if not info.pids:
         wanted.pop(PidsLimit, None)

@@ -57,6 +57,28 @@ def procs_of_uid(uid: int) -> list[int]:
     return found
 
 
+def mountinfo() -> list[str]:
+    """This process's mount table, a line a mount."""
+    with open("/proc/self/mountinfo") as f:
+        return f.read().splitlines()
+
+
+def sh(cmd: str, policy: dict | None = None, **kw):
+    """corral.run of `/bin/sh -c cmd`; the Result is checked to come from the tier the
+    policy names (when it names one)."""
+    import corral
+
+    r = corral.run(["/bin/sh", "-c", cmd], policy=policy, **kw)
+    if policy and policy.get("isolation", "auto") != "auto":
+        assert r.isolation == policy["isolation"], r
+    return r
+
+
+def net_events(r) -> list[dict]:
+    """The egress proxy's "net" events of a Result."""
+    return [e for e in r.events if e["kind"] == "net"]
+
+
 #: the network fixtures (servers, dnsmasq, the grants' world) for every test file
 pytest_plugins = ("netfix", "imagefix")
 

@@ -1,9 +1,10 @@
 """What is particular to the gvisor tier, tested under real runsc: gVisor's own kernel,
 /proc and /sys, runsc's processes and state, the sandbox's root against the host, what
-check() refuses, teardown when the supervisor dies. The containment every tier shares
-(limits, network none, env, workspace, ro_binds) is tested for all tiers in
-test_tiers.py; network allow in test_gvisor_network.py. gVisor's ptrace platform is slow
-to start (~0.2 s a run), so the tests share runs where they can."""
+check() refuses, what auto skips, teardown when the supervisor dies. The containment every
+tier shares (limits, network none and allow, env, workspace, ro_binds) is tested for all
+tiers in tests/tiers (test_tiers.py, test_network.py); what only gvisor's network does, in
+test_gvisor_network.py. gVisor's ptrace platform is slow to start (~0.2 s a run), so the
+tests share runs where they can."""
 
 import json
 import os
@@ -13,7 +14,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import procs_mentioning, procs_of_uid
+from conftest import mountinfo, procs_mentioning, procs_of_uid
 
 import corral
 from corral.backends.gvisor import GvisorBackend, find_runsc
@@ -43,11 +44,6 @@ def run(code_or_argv, pol=None, **kw):
 
 def sh(cmd, pol=None, **kw):
     return run(["/bin/sh", "-c", cmd], pol, **kw)
-
-
-def mountinfo():
-    with open("/proc/self/mountinfo") as f:
-        return f.read().splitlines()
 
 
 # procs_mentioning (conftest): runsc, its gofer, its Sentry and the Sentry's ptrace stubs
@@ -250,6 +246,22 @@ def test_the_tier_needs_runsc_and_root(monkeypatch):
         b.check(plan)
     with pytest.raises(BackendUnavailable, match="no platform"):
         GvisorBackend(platform="nosuch").check(plan)
+
+
+def test_auto_passes_over_a_runsc_that_breaks_statx_with_network_allow_or_without():
+    """Debian 12's runsc refuses the statx flag coreutils use (auto_skip): asked for by name
+    the tier runs, but `isolation = "auto"` picks another, with or without a proxy."""
+    from corral.runtime.tiers import coerce_policy, prepare
+
+    skip = GvisorBackend().auto_skip()
+    for network in ({}, {"network": {"mode": "allow", "allow": ["allowed.test"],
+                                     "nameservers": ["127.0.0.1:53"]}}):
+        pol = coerce_policy({**GV, **network})
+        backend, _, check = prepare(pol)
+        assert backend.name == check.tier == "gvisor" and not check.refused
+        backend, _, check = prepare(pol.replace(isolation="auto"))
+        assert backend.name == check.tier
+        assert (backend.name != "gvisor") if skip else (backend.name == "gvisor"), skip
 
 
 # -- teardown when the supervisor dies --------------------------------------------------------

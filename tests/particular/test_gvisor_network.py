@@ -1,10 +1,14 @@
-"""network.mode = "allow" on the gvisor tier, with real parts: real runsc, the real proxy, a
-real dnsmasq and real HTTP(S) servers on loopback /24s of the tests' own (the fixtures of
-test_egress_proxy.py and test_egress_secrets.py), real clients inside (curl, urllib, ip).
+"""network.mode = "allow" as only the gvisor tier does it, with real parts: real runsc, the
+real proxy, a real dnsmasq and real HTTP(S) servers on loopback /24s of the tests' own, real
+clients inside (curl, ip, Python sockets).
 
 The sandbox's netstack gets one veth whose far end, in a namespace of corral's own, holds
-only the proxy's listener (backends/gvisor_net.py). The only traffic is on 127.0.0.0/8 and
-inside those namespaces."""
+only the proxy's listener (backends/gvisor_net.py). What is particular here, and so not in
+the shared suite (tests/tiers/test_network.py, which runs the allowlist, denials, budgets,
+secret grants and explain's claims on every tier, gvisor included): the veth's shape seen
+from inside (two links, one /30 address, netlink refusing changes), a network namespace
+per exec bound in the run dir and gone after it, and the sweep that unmounts a binding a
+killed supervisor left. The only traffic is on 127.0.0.0/8 and inside those namespaces."""
 
 import json
 import os
@@ -15,12 +19,12 @@ import textwrap
 import time
 
 import pytest
-from conftest import procs_of_uid
-from netfix import GRANT_PRIV, PRIV, SRV, TOKEN, queried
+from conftest import mountinfo, net_events, procs_mentioning, procs_of_uid, sh
+from netfix import SRV, allow_policy, queried
 
 import corral
-from corral.backends.gvisor import GvisorBackend, find_runsc
-from corral.backends.gvisor_net import PROXY_ADDR, PROXY_URL, SANDBOX_ADDR
+from corral.backends.gvisor import find_runsc
+from corral.backends.gvisor_net import PROXY_ADDR, SANDBOX_ADDR
 from corral.linux import limits, rundir
 
 PY = "/usr/bin/python3"
@@ -31,25 +35,7 @@ pytestmark = [
 
 
 def policy(dns, allow, **network):
-    return {"isolation": "gvisor",
-            "network": {"mode": "allow", "allow": allow, "allow_private": [PRIV],
-                        "nameservers": [f"127.0.0.1:{dns['port']}"], **network},
-            "limits": {"timeout": "30s"}}
-
-
-def sh(cmd, pol, **kw):
-    r = corral.run(["/bin/sh", "-c", cmd], policy=pol, **kw)
-    assert r.isolation == "gvisor"
-    return r
-
-
-def net_events(r):
-    return [e for e in r.events if e["kind"] == "net"]
-
-
-def mountinfo():
-    with open("/proc/self/mountinfo") as f:
-        return f.read().splitlines()
+    return allow_policy("gvisor", dns, allow, **network)
 
 
 def procs_where(pred):
@@ -62,14 +48,6 @@ def procs_where(pred):
             except OSError:
                 pass
     return found
-
-
-def procs_mentioning(text):
-    def pred(pid):
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return text.encode() in f.read()
-    return procs_where(pred)
-
 
 
 def procs_in_netns(inode):
@@ -86,35 +64,6 @@ def cgroups_of(run_id):
         if os.path.isdir(parent):
             left += [n for n in os.listdir(parent) if n.split("-")[0] == run_id]
     return left
-
-
-# -- through the proxy ----------------------------------------------------------------------
-
-def test_allowed_name_through_the_proxy_with_curl_and_urllib(dnsmasq, servers):
-    r = sh("echo $HTTP_PROXY; curl -sS -m 10 http://allowed.test/ && "
-           f"{PY} -c \"import urllib.request as u; print(u.urlopen('http://allowed.test/host').read().decode())\" && "
-           "curl -sS -k -m 10 https://allowed.test/",
-           policy(dnsmasq, ["allowed.test"]))
-    assert r.verdict == "ok", r.stderr
-    lines = r.stdout.splitlines()
-    assert lines[0] == PROXY_URL
-    assert lines[1:] == [f"hello from {SRV}", "allowed.test", f"hello from {SRV}"], r.stdout
-    ev = net_events(r)
-    assert [(e["host"], e["port"], e["decision"]) for e in ev] == [
-        ("allowed.test", 80, "allow"), ("allowed.test", 80, "allow"),
-        ("allowed.test", 443, "allow")]
-    assert all(e["bytes_in"] > 0 and e["bytes_out"] > 0 for e in ev)
-    assert set(ev[0]) >= {"kind", "host", "port", "decision", "reason", "bytes_in", "bytes_out"}
-
-
-def test_denied_name_gets_403_with_the_reason_and_causes_no_dns_query(dnsmasq, servers):
-    r = sh("curl -sS -i -m 10 http://denied.test/", policy(dnsmasq, ["allowed.test"]))
-    assert "403" in r.stdout.splitlines()[0], r
-    assert "x-corral-reason: not in network.allow" in r.stdout.lower()
-    assert not queried(dnsmasq, "denied.test")
-    (ev,) = net_events(r)
-    assert (ev["host"], ev["decision"]) == ("denied.test", "deny")
-    assert ev["reason"].startswith("not in network.allow")
 
 
 # -- nothing but the proxy ------------------------------------------------------------------
@@ -195,52 +144,6 @@ def test_only_the_proxy_listener_is_reachable(dnsmasq, servers):
         ("Permission denied", "Operation not permitted")) for x in lines) == 2, r.stdout
     assert not any(x.startswith("default") for x in lines), r.stdout
     assert not net_events(r)
-
-
-# -- secret grants --------------------------------------------------------------------------
-
-def test_a_secret_grant_is_injected_over_https(world):
-    pol = {"isolation": "gvisor",
-           "network": {"mode": "allow", "allow": ["granted.test", "other.test"],
-                       "allow_private": [GRANT_PRIV],
-                       "nameservers": [f"127.0.0.1:{world['dns']}"],
-                       "upstream_ca": str(world["test_ca"])},
-           "secrets": {"GITHUB_TOKEN": {"value": TOKEN, "hosts": ["granted.test"]}},
-           "limits": {"timeout": "30s"}}
-    r = sh('echo "env=$GITHUB_TOKEN $SSL_CERT_FILE"; grep -c "BEGIN CERTIFICATE" /etc/corral-ca.pem; '
-           'curl -sS -m 10 -H "Authorization: Bearer $GITHUB_TOKEN" https://granted.test/echo',
-           pol)
-    assert r.verdict == "ok", r.stderr
-    first, count, body = r.stdout.split("\n", 2)
-    ph, ca = first.split("=", 1)[1].split()
-    assert ph.startswith("corral_GITHUB_TOKEN_") and ca == "/etc/corral-ca.pem"
-    assert int(count) >= 1
-    seen = [rec for rec in world["log"] if rec["path"] == "/echo"][-1]
-    assert ("authorization", f"Bearer {TOKEN}") in [(k.lower(), v) for k, v in seen["headers"]]
-    assert ph in body and TOKEN not in body          # the echo came back scrubbed
-    kinds = [(e["kind"], e.get("decision")) for e in r.events]
-    assert ("secret", "inject") in kinds and ("net", "allow") in kinds
-    assert TOKEN not in json.dumps(r.to_dict())
-
-
-# -- explain, check, auto -------------------------------------------------------------------
-
-def test_check_explain_and_auto(dnsmasq):
-    from corral.runtime.explain import explain
-    from corral.runtime.tiers import coerce_policy, prepare
-
-    pol = coerce_policy(policy(dnsmasq, ["allowed.test"]))
-    backend, plan, _ = prepare(pol)
-    assert backend.name == "gvisor" and GvisorBackend().check(plan) == []
-    d = explain(pol)
-    assert d["runs"] and d["network"]["reachable"] == ["allowed.test (via the egress proxy)"]
-    assert PROXY_URL in d["network"]["note"] and "proxy" in d["network"]["note"]
-    (rule,) = [x for x in d["rules"] if x["rule"] == "network.mode"]
-    assert rule["enforced_by"] == "proxy" and PROXY_URL in rule["note"]
-    # auto still passes this runsc over when it breaks statx, with allow or without
-    backend, _, _ = prepare(pol.replace(isolation="auto"))
-    skip = GvisorBackend().auto_skip()
-    assert (backend.name != "gvisor") if skip else (backend.name == "gvisor")
 
 
 # -- nothing left behind --------------------------------------------------------------------

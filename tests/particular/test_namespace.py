@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import procs_mentioning
+from conftest import mountinfo, procs_mentioning, sh
 
 import corral
 
@@ -17,19 +17,10 @@ PY = "/usr/bin/python3"
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="these tests exercise the root path")
 
 
-def mountinfo():
-    with open("/proc/self/mountinfo") as f:
-        return f.read().splitlines()
-
-
 def run(code_or_argv, policy=None, **kw):
     argv = [PY, "-c", textwrap.dedent(code_or_argv)] if isinstance(code_or_argv, str) \
         else code_or_argv
     return corral.run(argv, policy=policy, **kw)
-
-
-def sh(cmd, policy=None, **kw):
-    return corral.run(["/bin/sh", "-c", cmd], policy=policy, **kw)
 
 
 # -- the filesystem -----------------------------------------------------------------------

@@ -1,8 +1,13 @@
 """The network allowlist end to end, in every tier that has it: real sandboxes, the real
 proxy, a real dnsmasq and real HTTP(S) servers on a loopback /24 of the test's own, real
-clients inside (curl, urllib, pip). The only traffic is on 127.0.0.0/8. How each tier
-keeps the sandbox on the proxy's path (its own tests): test_gvisor_network.py and
-test_process_network.py."""
+clients inside (curl, urllib, pip), secret grants over HTTPS. The only traffic is on
+127.0.0.0/8. Each test runs once per tier whose `explain` says it runs this policy here;
+the address a tier gives the sandbox for the proxy is read from explain too.
+
+What is particular to one tier's way of keeping the sandbox on the proxy's path stays with
+that tier (tests/particular): gVisor's one veth into a namespace holding only the proxy
+(test_gvisor_network.py); the process tier's proxy on the host's own loopback, which the
+kernel's socket rules and a peer-uid check guard (test_process_network.py)."""
 
 import functools
 import http.server
@@ -15,8 +20,8 @@ import time
 import zipfile
 
 import pytest
-from conftest import ALL_TIERS, CORRAL, tier_unavailable
-from netfix import PRIV, SRV, free_port, queried
+from conftest import ALL_TIERS, CORRAL, net_events, sh, tier_unavailable
+from netfix import PRIV, SRV, TOKEN, allow_policy, free_port, grant_policy, queried
 
 import corral
 
@@ -26,55 +31,43 @@ PY = "/usr/bin/python3"
 @pytest.fixture(autouse=True, scope="module", params=ALL_TIERS)
 def tier(request):
     """Every test of this file runs once per tier that runs network allow here: the tier's
-    name, which each test passes on to policy()."""
+    name, which each test passes on to allow_policy()."""
     why = tier_unavailable(request.param, {"network": {"mode": "allow", "allow": ["x.test"]}})
     if why:
         pytest.skip(f"{request.param}: {why}")
     return request.param
 
 
-def policy(tier, dns, allow, **network):
-    return {"network": {"mode": "allow", "allow": allow, "allow_private": [PRIV],
-                        "nameservers": [f"127.0.0.1:{dns['port']}"], **network},
-            "limits": {"timeout": "30s"}, "isolation": tier}
-
-
-def sh(cmd, pol):
-    r = corral.run(["/bin/sh", "-c", cmd], policy=pol)
-    assert r.isolation == pol.get("isolation", "namespace")
-    return r
-
-
-def net_events(r):
-    return [e for e in r.events if e["kind"] == "net"]
-
-
 def test_allowed_name_through_the_proxy_with_curl_and_urllib(tier, dnsmasq, servers):
     r = sh("curl -sS -m 10 http://allowed.test/ && "
            f"{PY} -c \"import urllib.request as u; print(u.urlopen('http://allowed.test/host').read().decode())\"",
-           policy(tier, dnsmasq, ["allowed.test"]))
+           allow_policy(tier, dnsmasq, ["allowed.test"]))
     assert r.verdict == "ok", r.stderr
     assert f"hello from {SRV}" in r.stdout and "allowed.test" in r.stdout
     ev = net_events(r)
     assert len(ev) == 2 and all(e["decision"] == "allow" and e["host"] == "allowed.test"
-                                and e["port"] == 80 and e["bytes_in"] > 0 for e in ev)
+                                and e["port"] == 80 and e["bytes_in"] > 0
+                                and e["bytes_out"] > 0 for e in ev), ev
     assert set(ev[0]) >= {"kind", "host", "port", "decision", "reason", "bytes_in", "bytes_out"}
 
 
 def test_https_tunnel_and_sni(tier, dnsmasq, servers):
-    r = sh("curl -sS -k -m 10 https://allowed.test/", policy(tier, dnsmasq, ["allowed.test"]))
+    r = sh("curl -sS -k -m 10 https://allowed.test/", allow_policy(tier, dnsmasq, ["allowed.test"]))
     assert f"hello from {SRV}" in r.stdout, r.stderr
     ev = net_events(r)
-    assert ev and ev[0]["decision"] == "allow" and ev[0]["port"] == 443
+    assert [(e["host"], e["port"], e["decision"]) for e in ev] == [
+        ("allowed.test", 443, "allow")], ev
+    assert ev[0]["bytes_in"] > 0 and ev[0]["bytes_out"] > 0, ev
 
 
 def test_denied_name_gets_403_with_the_reason_and_causes_no_dns_query(tier, dnsmasq, servers):
-    r = sh("curl -sS -i -m 10 http://denied.test/", policy(tier, dnsmasq, ["allowed.test"]))
+    r = sh("curl -sS -i -m 10 http://denied.test/", allow_policy(tier, dnsmasq, ["allowed.test"]))
     assert "403" in r.stdout.splitlines()[0]
-    assert "x-corral-reason: not in network.allow" in r.stdout.lower()
+    assert 'x-corral-reason: not in network.allow; ask for "denied.test"' in r.stdout.lower()
     assert not queried(dnsmasq, "denied.test")
     (ev,) = net_events(r)
     assert (ev["host"], ev["decision"]) == ("denied.test", "deny")
+    assert ev["reason"].startswith("not in network.allow"), ev
 
 
 def test_deny_wins_and_ip_literals_are_refused(tier, dnsmasq, servers):
@@ -82,7 +75,7 @@ def test_deny_wins_and_ip_literals_are_refused(tier, dnsmasq, servers):
     as_int = (int(n[0]) << 24) | (int(n[1]) << 16) | (int(n[2]) << 8) | int(n[3])
     r = sh(f"curl -sS -o /dev/null -w '%{{http_code}} ' -m 10 http://bad.allowed.test/; "
            f"curl -sS -o /dev/null -w '%{{http_code}} ' -m 10 http://{as_int}/",
-           policy(tier, dnsmasq, ["*.allowed.test"], deny=["bad.allowed.test"]))
+           allow_policy(tier, dnsmasq, ["*.allowed.test"], deny=["bad.allowed.test"]))
     assert r.stdout.split() == ["403", "403"]
     hosts = {e["host"]: e for e in net_events(r)}
     assert hosts[SRV]["decision"] == "deny"  # reported in standard notation
@@ -103,18 +96,19 @@ try:
 except OSError:
     out.append("noresolve")
 print(" ".join(out))
-"""], policy=policy(tier, dnsmasq, ["allowed.test"]))
+"""], policy=allow_policy(tier, dnsmasq, ["allowed.test"]))
     *conns, dns = r.stdout.split()
     assert dns == "noresolve" and len(conns) == 2, r
     # refused by the kernel: nothing listens (namespace, gvisor) or the socket rules say no
     assert set(conns) <= {"ConnectionRefusedError", "PermissionError"}, r.stdout
-    r = sh(f"curl -sS --noproxy '*' -m 5 http://{SRV}/ 2>&1", policy(tier, dnsmasq, ["allowed.test"]))
+    r = sh(f"curl -sS --noproxy '*' -m 5 http://{SRV}/ 2>&1",
+           allow_policy(tier, dnsmasq, ["allowed.test"]))
     assert "hello" not in r.stdout and "Failed to connect" in r.stdout
 
 
 def test_request_budget_closes_and_reports(tier, dnsmasq, servers):
     r = sh("for i in 1 2 3; do curl -sS -o /dev/null -w '%{http_code} ' -m 10 "
-           "http://allowed.test/; done", policy(tier, dnsmasq, ["allowed.test"],
+           "http://allowed.test/; done", allow_policy(tier, dnsmasq, ["allowed.test"],
                                                 budget={"requests": 2}))
     codes = r.stdout.split()
     assert codes[:2] == ["200", "200"] and codes[2] != "200"
@@ -156,7 +150,7 @@ def test_pip_installs_from_an_index_through_the_proxy(tier, dnsmasq, tmp_path):
                f"--target \"$HOME/lib\" --index-url http://allowed.test:{port}/simple "
                f"--trusted-host allowed.test:{port} corraldemo "
                f"&& PYTHONPATH=\"$HOME/lib\" {PY} -c 'import corraldemo; print(corraldemo.VALUE)'",
-               policy(tier, dnsmasq, [f"allowed.test:{port}"]))
+               allow_policy(tier, dnsmasq, [f"allowed.test:{port}"]))
     finally:
         srv.shutdown()
         srv.server_close()
@@ -165,10 +159,6 @@ def test_pip_installs_from_an_index_through_the_proxy(tier, dnsmasq, tmp_path):
 
 
 def test_policy_flags(tmp_path):
-    import subprocess
-
-    from conftest import CORRAL
-
     r = subprocess.run([CORRAL, "policy", "show", "--allow-domain", "pypi.org",
                         "--deny-domain", "x.pypi.org", "--allow-private", "10.0.0.0/8",
                         "--nameserver", "127.0.0.1:5353"], capture_output=True, text=True)
@@ -189,7 +179,7 @@ def test_policy_flags(tmp_path):
 def test_a_hostile_client_exhausts_only_its_own_proxy(tier, dnsmasq, servers):
     """Sandbox A floods its proxy with idle connections (more than the proxy's cap) and
     sends a slowloris head; sandbox B, at the same time, is served normally."""
-    flood = corral.Sandbox({**policy(tier, dnsmasq, ["allowed.test"]),
+    flood = corral.Sandbox({**allow_policy(tier, dnsmasq, ["allowed.test"]),
                             "limits": {"open_files": 4096, "timeout": "30s"}})
     results = {}
 
@@ -216,7 +206,7 @@ print(len(socks), refused)
         t.start()
         import time
         time.sleep(1.5)  # the flood is under way
-        b = sh("curl -sS -m 10 http://allowed.test/", policy(tier, dnsmasq, ["allowed.test"]))
+        b = sh("curl -sS -m 10 http://allowed.test/", allow_policy(tier, dnsmasq, ["allowed.test"]))
         t.join(60)
     assert f"hello from {SRV}" in b.stdout, b
     a = results["a"]
@@ -271,17 +261,49 @@ nameservers = ["127.0.0.1:{dnsmasq['port']}"]
 
 
 def test_explain_names_the_proxy_address_the_sandbox_gets(tier, dnsmasq):
+    """explain runs the policy on this tier, says what is reachable and that the proxy
+    enforces network.mode, and names the address the sandbox's HTTP_PROXY then has (a
+    fixed one: namespace 127.0.0.1:3128, gvisor the veth's far end; or "a port of its
+    own" per command, on the process tier)."""
     from corral.policy import policy_from_dict
     from corral.runtime.explain import explain
 
-    pol = policy(tier, dnsmasq, ["allowed.test"])
-    note = explain(policy_from_dict(pol))["network"]["note"]
+    pol = allow_policy(tier, dnsmasq, ["allowed.test"])
+    d = explain(policy_from_dict(pol))
+    assert d["runs"] and d["tier"] == tier, d
+    assert d["network"]["reachable"] == ["allowed.test (via the egress proxy)"], d["network"]
+    (rule,) = [x for x in d["rules"] if x["rule"] == "network.mode"]
+    assert rule["enforced_by"] == "proxy", rule
+    note = d["network"]["note"]
     r = sh('echo "$HTTP_PROXY $HTTPS_PROXY $http_proxy"', pol)
     urls = set(r.stdout.split())
     assert len(urls) == 1, r.stdout
     host_port = urls.pop().removeprefix("http://")
     host = host_port.rsplit(":", 1)[0]
     assert host in note and (host_port in note or "a port of its own" in note), (note, host_port)
+
+
+def test_a_secret_grant_is_injected_over_https(tier, world):
+    """The sandbox sees a placeholder and a CA bundle with the run's CA (named by
+    SSL_CERT_FILE and friends); the proxy terminates TLS to granted.test and sends the real
+    value there; the echo comes back scrubbed; the value is nowhere in the Result."""
+    r = sh('echo "env=$GITHUB_TOKEN $SSL_CERT_FILE $CURL_CA_BUNDLE"; '
+           'grep -c "BEGIN CERTIFICATE" "$SSL_CERT_FILE"; '
+           'curl -sS -m 10 -H "Authorization: Bearer $GITHUB_TOKEN" https://granted.test/echo',
+           grant_policy(tier, world))
+    assert r.verdict == "ok", r.stderr
+    first, count, body = r.stdout.split("\n", 2)
+    ph, ca, curl_ca = first.split("=", 1)[1].split()
+    assert ph.startswith("corral_GITHUB_TOKEN_") and TOKEN not in ph, first
+    assert ca == curl_ca and os.path.isabs(ca) and int(count) >= 1, r.stdout
+    if tier != "process":   # the process tier has no mount namespace: a run dir's file
+        assert ca == "/etc/corral-ca.pem", ca
+    seen = [rec for rec in world["log"] if rec["path"] == "/echo"][-1]
+    assert ("authorization", f"Bearer {TOKEN}") in [(k.lower(), v) for k, v in seen["headers"]]
+    assert ph in body and TOKEN not in body          # the echo came back scrubbed
+    kinds = [(e["kind"], e.get("decision")) for e in r.events]
+    assert ("secret", "inject") in kinds and ("net", "allow") in kinds, r.events
+    assert TOKEN not in json.dumps(r.to_dict())
 
 
 def test_a_supervisor_with_fds_past_1024(tier, dnsmasq, servers):
@@ -293,7 +315,7 @@ def test_a_supervisor_with_fds_past_1024(tier, dnsmasq, servers):
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), max(hard, 4096)))
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
-        r = sh("curl -sS -m 10 http://allowed.test/", policy(tier, dnsmasq, ["allowed.test"]))
+        r = sh("curl -sS -m 10 http://allowed.test/", allow_policy(tier, dnsmasq, ["allowed.test"]))
         assert f"hello from {SRV}" in r.stdout, r
         assert [e["decision"] for e in net_events(r)] == ["allow"]
     finally:
@@ -379,7 +401,7 @@ def test_the_connection_cap_holds_in_a_storm_and_the_proxy_keeps_serving(tier, d
     before it is still served, and once the flood is let go a new request is served. (On
     the process tier the proxy's peer-uid check scanned /proc/net/tcp per accepted
     connection, so a flood stalled its accept loop and it stopped answering at all.)"""
-    pol = {**policy(tier, dnsmasq, ["allowed.test"]),
+    pol = {**allow_policy(tier, dnsmasq, ["allowed.test"]),
            "limits": {"open_files": 4096, "timeout": "180s"}}
     r = corral.run([PY, "-c", "N = 1500\n" + STORM], policy=pol)
     assert r.verdict == "ok", r
@@ -472,7 +494,7 @@ def test_an_allowed_loopback_address_is_reached_through_the_proxy(tier, dnsmasq,
     client went to the sandbox's own loopback, where nothing listens ("No matching
     distribution", no event)."""
     port = loopback_index
-    pol = policy(tier, dnsmasq, [f"127.0.0.1:{port}"], allow_private=["127.0.0.1/32"])
+    pol = allow_policy(tier, dnsmasq, [f"127.0.0.1:{port}"], allow_private=["127.0.0.1/32"])
     r = sh(f'echo "no_proxy=$NO_PROXY|$no_proxy"; curl -sS -m 10 http://127.0.0.1:{port}/hello '
            f"&& {PY} -c \"import urllib.request as u; "
            f"print(u.urlopen('http://127.0.0.1:{port}/hello').read().decode())\" "
@@ -502,11 +524,11 @@ def test_localhost_resolves_through_the_hosts_file_in_the_proxy(tier, dnsmasq, l
         pytest.skip("this host's /etc/hosts does not map localhost to 127.0.0.1")
     port = loopback_index
     cmd = f'echo "no_proxy=$NO_PROXY"; curl -sS -i -m 10 http://localhost:{port}/hello'
-    ok = sh(cmd, policy(tier, dnsmasq, [f"localhost:{port}"], allow_private=["127.0.0.1/32"]))
+    ok = sh(cmd, allow_policy(tier, dnsmasq, [f"localhost:{port}"], allow_private=["127.0.0.1/32"]))
     assert ok.stdout.splitlines()[0] == "no_proxy=127.0.0.1,::1", ok
     assert "hello from the host's loopback" in ok.stdout, ok
     assert [(e["host"], e["decision"]) for e in net_events(ok)] == [("localhost", "allow")]
-    no = sh(cmd, policy(tier, dnsmasq, [f"localhost:{port}"], allow_private=[]))
+    no = sh(cmd, allow_policy(tier, dnsmasq, [f"localhost:{port}"], allow_private=[]))
     assert "403" in no.stdout.splitlines()[1], no
     assert "x-corral-reason: address 127.0.0.1 is loopback" in no.stdout.lower(), no
     (ev,) = net_events(no)

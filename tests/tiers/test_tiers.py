@@ -26,10 +26,10 @@ import textwrap
 import time
 
 import pytest
-from conftest import CORRAL
+from conftest import ALL_TIERS, CORRAL, tier_unavailable
 
 import corral
-from corral.errors import BackendUnavailable, UnsupportedRule
+from corral.errors import UnsupportedRule
 from corral.linux import limits
 from corral.policy import policy_from_dict
 from corral.runtime.explain import explain
@@ -37,16 +37,7 @@ from corral.runtime.explain import explain
 PY = "/usr/bin/python3"
 NOBODY = 65534
 ROOT = os.geteuid() == 0
-ALL_TIERS = ("namespace", "gvisor", "process")
 ENFORCERS = ("kernel", "proxy", "supervisor")
-
-
-def _available(tier):
-    try:
-        explain(policy_from_dict({}), tier)
-    except BackendUnavailable as e:
-        return e.message
-    return None
 
 
 class Tier:
@@ -91,7 +82,7 @@ class Tier:
 
 @pytest.fixture(scope="module", params=ALL_TIERS)
 def tier(request):
-    why = _available(request.param)
+    why = tier_unavailable(request.param)
     if why:
         pytest.skip(f"the {request.param} tier is not available here: {why}")
     return Tier(request.param)
@@ -621,7 +612,7 @@ def test_explain_and_run_agree_on_refusals(tier, extra):
         assert rule["enforced_by"] == "none"
         # the refusal names a tier that could, and that tier does
         could = ran.message.rsplit('isolation = "', 1)[-1].split('"')[0]
-        if "could" in ran.message and could in ALL_TIERS and not _available(could):
+        if "could" in ran.message and could in ALL_TIERS and not tier_unavailable(could):
             assert explain(policy_from_dict(tier.policy(extra)), could)["runs"]
 
 

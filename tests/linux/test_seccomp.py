@@ -1,7 +1,7 @@
 """corral.linux.seccomp against the real kernel and real bubblewrap. No mocks.
 
-tests/syscall_probe.py makes every call the profile has an opinion on, with arguments that
-succeed (or fail past seccomp, e.g. EINVAL on bad magic) for root, and prints
+tests/fixtures/syscall_probe.py makes every call the profile has an opinion on, with
+arguments that succeed (or fail past seccomp, e.g. EINVAL on bad magic) for root, and prints
 {case: errno or 0}. It runs in three bwraps, each with a fresh workdir:
 
   control        root with all capabilities in the initial user namespace, fresh mount,
@@ -108,8 +108,9 @@ DENIED = {
 }
 
 # Socket families on the namespace tier: unix, inet, inet6 and NETLINK_ROUTE only. Kept
-# apart from DENIED and ALLOWED, which tests/test_process_tier.py expects to hold there
-# too: the process tier has socket rules of its own (process_seccomp.py, all EPERM).
+# apart from DENIED and ALLOWED, which tests/particular/test_process_tier.py expects to
+# hold there too: the process tier has socket rules of its own (process_seccomp.py, all
+# EPERM).
 SOCKET_DENIED = {
     "socket_vsock": EAFNOSUPPORT, "socket_vsock_high_bits": EAFNOSUPPORT,
     "socket_packet": EAFNOSUPPORT, "socket_netlink_uevent": EPROTONOSUPPORT,

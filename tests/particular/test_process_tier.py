@@ -381,8 +381,9 @@ def test_without_root_explicit_limits_are_refused_with_exit_3():
 
 
 def test_the_namespace_tiers_syscall_errnos_hold_here_too():
-    """tests/syscall_probe.py in the process tier: each call the seccomp profile refuses
-    gets its errno (the ioctl cases need a terminal, which Landlock leaves out of reach)."""
+    """tests/fixtures/syscall_probe.py in the process tier: each call the seccomp profile
+    refuses gets its errno (the ioctl cases need a terminal, which Landlock leaves out of
+    reach)."""
     from linux.test_seccomp import ALLOWED, DENIED, PROBE  # tests/linux/test_seccomp.py
 
     # the probe's source on stdin: a bind of tests/ would be refused for a checkout under

@@ -55,7 +55,7 @@ def settle(root):
     ran, the safe side): the fixture's files are then older than any sandbox of the test."""
     newest = max(os.lstat(os.path.join(r, n)).st_ctime_ns
                  for r, ds, fs in os.walk(root) for n in [*ds, *fs, "."])
-    # CLOCK_REALTIME_COARSE, and well past backends/review.py's CTIME_SLACK_NS (10 ms)
+    # CLOCK_REALTIME_COARSE, and well past backends/host/review.py's CTIME_SLACK_NS (10 ms)
     while time.clock_gettime_ns(5) <= newest + 100_000_000:
         time.sleep(0.005)
 

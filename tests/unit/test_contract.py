@@ -21,6 +21,14 @@ def test_the_registry_is_the_one_list_of_tiers():
     assert len({t.name for t in REGISTRY}) == len(REGISTRY)
 
 
+def test_the_names_a_policy_accepts_are_the_registrys_public_tiers():
+    """policy/ is a pure leaf and cannot read the registry: its list of tier names must be
+    the registry's public rows (plus "auto"), and the fake tier in neither."""
+    from corral.policy import TIERS
+
+    assert set(TIERS) == {*KNOWN, "auto"} and "fake" not in TIERS
+
+
 @pytest.mark.parametrize("row", [t for t in REGISTRY if t.target], ids=lambda t: t.name)
 def test_every_tier_is_a_backend_on_the_contract(row):
     module, _, cls = row.target.partition(":")

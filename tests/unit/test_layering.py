@@ -56,7 +56,7 @@ def layer(mod: str) -> int | None:
         return 5
     if top in ("cli", "probe", "__main__", "service", "client"):
         return 6
-    raise AssertionError(f"{mod} has no layer: add it to tests/test_layering.py and "
+    raise AssertionError(f"{mod} has no layer: add it to tests/unit/test_layering.py and "
                          f"docs/architecture.md")
 
 

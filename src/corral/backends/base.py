@@ -47,7 +47,7 @@ else:
 class LiveSandbox:
     """One open sandbox of a tier: a scratch area kept across execs, closed once."""
 
-    #: a workspace in review mode: its backends.review.ReviewMount (the overlay's layers
+    #: a workspace in review mode: its backends.host.review.ReviewMount (the overlay's layers
     #: and the host workspace's fd, for runtime/changes.py), else None
     review = None
 

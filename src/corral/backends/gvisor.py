@@ -453,12 +453,12 @@ class GvisorSandbox(LiveSandbox):
         self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
                                      self.gid, enforce=not self._unenforced(scratch))
         # the workspace and ro_binds, each opened without following a symbolic link
-        # (common.open_source) and mounted from that fd at a path of the run dir, which
+        # (host/scratch.open_source) and mounted from that fd at a path of the run dir, which
         # the bundle names: runsc's gofer never looks up the user's path itself
         self.workspace_src = None
         for ws in plan.find(WorkspaceMount):
             fd = open_source(ws.path, ws.rule, directory=True)
-            if ws.review:   # the overlay (backends/review.py) is the gofer's workspace
+            if ws.review:   # the overlay (backends/host/review.py) is the gofer's workspace
                 from .host.review import mount_review
 
                 self.review = mount_review(self.dir, fd, self.scratch, self.uid, self.gid,

@@ -5,7 +5,7 @@ Steps of one sandbox, in order (each names what enforces it):
  2. /scratch: a tmpfs mounted by corral on the host with size= and nr_inodes=, owned by the
     run's own unprivileged uid; /tmp and /dev/shm are directories of the same tmpfs
  3. the workspace, if any: an idmapped mount (owner -> the run's uid), nosuid, nodev, of
-    the directory as opened without following a symbolic link (common.open_source); the
+    the directory as opened without following a symbolic link (host/scratch.open_source); the
     ro_binds opened the same way and mounted read-only in the run dir (without root:
     bwrap's --bind-fd / --ro-bind-fd of those fds)
  4. per exec: a cgroup (memory+swap, pids, cpu quota, cpu accounting), reused from earlier
@@ -186,7 +186,7 @@ class NamespaceBackend(Backend):
             case EgressProxy():
                 return "proxy", "egress proxy on 127.0.0.1:3128 inside the namespace"
             case Seccomp():
-                return "kernel", "seccomp allow list and refusals (src/corral/seccomp.py)"
+                return "kernel", "seccomp allow list and refusals (src/corral/linux/seccomp.py)"
             case Namespaces():
                 return "kernel", "user/mount/pid/net/uts/ipc/cgroup namespaces, no " \
                                  "capabilities, no_new_privs, unprivileged host uid"
@@ -282,7 +282,7 @@ class NamespaceSandbox(LiveSandbox):
         self.events = check.events()   # standing events, copied per exec
         self.root = backend.root
         self.execs = 0
-        #: emptied cgroups of earlier execs, for the next ones (common.CgroupPool)
+        #: emptied cgroups of earlier execs, for the next ones (host/cgroups.CgroupPool)
         self._cgroups: list = []
         rundir.sweep_if_due()
         self.dir = rundir.RunDir()
@@ -304,7 +304,7 @@ class NamespaceSandbox(LiveSandbox):
         self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
                                      self.gid, enforce=self.root and not self._unenforced(scratch))
         # the workspace and ro_binds, each opened without following a symbolic link
-        # (common.open_source) and mounted from that fd. As root: a clone of the fd's tree
+        # (host/scratch.open_source) and mounted from that fd. As root: a clone of the fd's tree
         # (idmapped for the workspace) mounted at a path of the run dir, which bwrap binds.
         # Without root: bwrap's --bind-fd / --ro-bind-fd, which binds /proc/self/fd/N and
         # dies if the mount is not the fd's inode; those fds stay open for the sandbox's

@@ -476,7 +476,7 @@ class ProcessSandbox(LiveSandbox):
         self.workspace = ws[0].path if ws else None
         self.cwd = self.workspace or self.home
         # the workspace and ro_binds, each opened without following a symbolic link
-        # (common.open_source): the Landlock rules land on these fds' inodes and the
+        # (host/scratch.open_source): the Landlock rules land on these fds' inodes and the
         # command's cwd is the workspace's fd, so a path swapped later for a link grants
         # nothing (its target is not beneath any rule)
         self.fds: dict[str, int] = {}

@@ -13,7 +13,7 @@ they moved, and cut the connection when there is no room.
 - `room(key, direction)`: how many more bytes may go that way (0 when spent).
 - `count(key, direction, n)`: n bytes went that way.
 
-No sockets, no asyncio, no clock (tests/test_egress_budget.py drives it with tables).
+No sockets, no asyncio, no clock (tests/unit/test_egress_budget.py drives it with tables).
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ class ReviewMount:
 
 def mount_review(run_dir, fd: int, scratch: str, uid: int, gid: int, path: str
                  ) -> ReviewMount:
-    """The review overlay of the workspace opened as `fd` (common.open_source), mounted
+    """The review overlay of the workspace opened as `fd` (host/scratch.open_source), mounted
     at `<run dir>/workspace`; the ReviewMount keeps `fd` (and closes it in close()).
     Needs root."""
     review = ReviewMount(run_dir, fd, path, scratch, uid, gid)

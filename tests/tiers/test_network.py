@@ -281,6 +281,7 @@ def test_explain_names_the_proxy_address_the_sandbox_gets(tier, dnsmasq):
     host_port = urls.pop().removeprefix("http://")
     host = host_port.rsplit(":", 1)[0]
     assert host in note and (host_port in note or "a port of its own" in note), (note, host_port)
+    assert host in rule["note"], (rule, host_port)   # the network.mode row names it too
 
 
 def test_a_secret_grant_is_injected_over_https(tier, world):

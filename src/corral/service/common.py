@@ -1,0 +1,132 @@
+"""What the service's routes share: the JSON error, the bearer-token dependency, the
+service's state (tokens, sandboxes, metrics, in-flight counts) as a dependency, and the
+views of a sandbox and its policy. The routes live in routes/, one module a resource."""
+
+from __future__ import annotations
+
+import threading
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse
+
+from ..errors import BackendUnavailable, CorralError, PolicyError, UnsupportedRule, UsageError
+from .ceiling import requested
+from .tokens import Token
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, kind: str, message: str, field: str | None = None,
+                 headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message, self.field = status, kind, message, field
+        self.headers = headers or {}
+
+
+def error(status: int, kind: str, message: str, field: str | None = None,
+          headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"kind": kind, "field": field, "message": message}},
+                        status_code=status, headers=headers)
+
+
+def status_of(e: CorralError) -> int:
+    """The HTTP status of one of corral's errors."""
+    from ..runtime.files import FileNotFound, FilesError
+    from ..runtime.session import ContextError
+
+    if isinstance(e, FileNotFound):
+        return 404
+    if isinstance(e, (PolicyError, UsageError, FilesError)):
+        return 400
+    if isinstance(e, (UnsupportedRule, BackendUnavailable)):
+        return 422
+    if isinstance(e, ContextError):
+        return 409
+    return 500
+
+
+class Service:
+    """The state one app holds: its token store, its sandboxes, its metrics and each
+    token's operations in flight (for max_concurrent)."""
+
+    def __init__(self, tokens, registry, metrics) -> None:
+        self.tokens, self.registry, self.metrics = tokens, registry, metrics
+        self.busy: dict[str, int] = {}
+        self.busy_mu = threading.Lock()
+        self.draining = False
+
+    def entry(self, sid: str, token: Token):
+        e = self.registry.get(token.name, sid)
+        if e is None:
+            raise ApiError(404, "not_found", f"no sandbox {sid!r}", "sandbox_id")
+        return e
+
+    def slot(self, token: Token) -> Busy:
+        return Busy(self, token)
+
+
+class Busy:
+    """One operation of a token in flight; over its max_concurrent: 429."""
+
+    def __init__(self, svc: Service, token: Token) -> None:
+        self.svc, self.token = svc, token
+
+    def __enter__(self):
+        svc = self.svc
+        with svc.busy_mu:
+            n = svc.busy.get(self.token.name, 0)
+            if self.token.max_concurrent is not None and n >= self.token.max_concurrent:
+                raise ApiError(429, "rate", f"this token has {n} operations running, its "
+                               f"max_concurrent", "max_concurrent", {"Retry-After": "1"})
+            svc.busy[self.token.name] = n + 1
+        return self
+
+    def __exit__(self, *exc):
+        with self.svc.busy_mu:
+            self.svc.busy[self.token.name] -= 1
+
+
+def service(request: Request) -> Service:
+    return request.app.state.service
+
+
+def auth(request: Request) -> Token:
+    """The live token a request carries (401 otherwise): read from the state dir each time,
+    so a revocation counts from the next request."""
+    h = request.headers.get("authorization", "")
+    scheme, _, value = h.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise ApiError(401, "auth", "missing bearer token: send Authorization: Bearer "
+                       "TOKEN (corral token create)", "authorization",
+                       {"WWW-Authenticate": "Bearer"})
+    t = request.app.state.service.tokens.verify(value.strip())
+    if t is None:
+        raise ApiError(401, "auth", "the token is not valid (unknown or revoked)",
+                       "authorization", {"WWW-Authenticate": "Bearer"})
+    return t
+
+
+Auth = Annotated[Token, Depends(auth)]
+Svc = Annotated[Service, Depends(service)]
+
+
+def requested_policy(raw: dict, token: Token):
+    return requested(raw, token.ceiling)
+
+
+def policy_view(policy) -> dict:
+    """The effective policy as JSON, secrets by name and hosts only (never a source)."""
+    import tomllib
+
+    from ..policy.dump import dump_toml
+
+    data = tomllib.loads(dump_toml(policy))
+    for name, table in (data.get("secrets") or {}).items():
+        data["secrets"][name] = {k: v for k, v in table.items() if k in ("hosts", "ttl",
+                                                                          "plain_http")}
+    return data
+
+
+def view(e) -> dict:
+    return {"id": e.id, "isolation": e.sandbox.isolation, "created": e.created,
+            "policy": policy_view(e.policy)}

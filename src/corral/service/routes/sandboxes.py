@@ -1,0 +1,62 @@
+"""Sandboxes: create (within the token's ceiling), list, get, kill."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..common import ApiError, Auth, Svc, requested_policy, view
+
+log = logging.getLogger("corral.serve")
+router = APIRouter(tags=["sandboxes"])
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateBody(Strict):
+    policy: dict[str, Any] = Field(default_factory=dict, description=(
+        "a policy in the TOML layout as JSON (docs/policy.md); fields left out take the "
+        "token's ceiling's isolation and limits. A secret names only hosts and ttl: its "
+        "source is the server's (the ceiling's), never sent"))
+
+
+@router.post("/sandboxes", status_code=201)
+def create(body: CreateBody, token: Auth, svc: Svc):
+    if svc.draining:
+        raise ApiError(503, "draining", "the service is shutting down: no new sandboxes",
+                       None, {"Retry-After": "5"})
+    reg = svc.registry
+    if token.max_sandboxes is not None and reg.count(token.name) >= token.max_sandboxes:
+        raise ApiError(429, "rate", f"this token holds {token.max_sandboxes} sandboxes, "
+                       "its max_sandboxes; kill one first", "max_sandboxes",
+                       {"Retry-After": "5"})
+    policy = requested_policy(body.policy, token)
+    with svc.slot(token):
+        e = reg.create(token.name, policy)
+    with svc.metrics.mu:
+        svc.metrics.created += 1
+    log.info("sandbox %s created for token %s (%s)", e.id, token.name, e.sandbox.isolation)
+    return view(e)
+
+
+@router.get("/sandboxes")
+def list_(token: Auth, svc: Svc):
+    return {"sandboxes": [view(e) for e in svc.registry.list(token.name)]}
+
+
+@router.get("/sandboxes/{sid}")
+def get(sid: str, token: Auth, svc: Svc):
+    return view(svc.entry(sid, token))
+
+
+@router.delete("/sandboxes/{sid}")
+def kill(sid: str, token: Auth, svc: Svc):
+    if not svc.registry.remove(token.name, sid):
+        raise ApiError(404, "not_found", f"no sandbox {sid!r}", "sandbox_id")
+    log.info("sandbox %s killed", sid)
+    return {"killed": sid}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -30,8 +30,11 @@ log = logging.getLogger("corral.serve")
 BODY_MAX = 16 << 20          # bytes of one request body (a file write's content included)
 
 
-def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BODY_MAX):
-    """The ASGI app. `opener(policy) -> sandbox` (registry.open_sandbox by default)."""
+def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BODY_MAX,
+               sweep: bool = True):
+    """The ASGI app. `opener(policy, timeout=, metadata=) -> sandbox` (registry.open_sandbox,
+    a live sandbox, by default). `sweep`: at start-up, remove what a previous run left
+    (its sandboxes' run directories, mounts and cgroups, if it died without its end)."""
     from .routes import ROUTERS
 
     registry = Registry(opener) if opener is not None else Registry()
@@ -39,7 +42,10 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
 
     @asynccontextmanager
     async def _lifespan(app):
+        if sweep:
+            _sweep()
         yield
+        svc.draining = True
         n = registry.close_all()     # the service's end is every sandbox's end
         log.info("corral serve: shut down, %d sandbox(es) killed", n)
 
@@ -74,16 +80,48 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
         kind = {404: "not_found", 405: "method"}.get(e.status_code, "http")
         return error(e.status_code, kind, str(e.detail), None)
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
-        response = await call_next(request)
-        svc.metrics.response(response.status_code)
-        return response
-
     for router in ROUTERS:
         app.include_router(router)
 
-    return BodyCap(app, body_max) if body_max else app
+    wrapped = Counted(BodyCap(app, body_max) if body_max else app, svc.metrics)
+    wrapped.state = app.state          # create_app(...).state.service, as on the app
+    return wrapped
+
+
+class Counted:
+    """ASGI middleware: counts responses by status (GET /metrics). Pure ASGI (no
+    BaseHTTPMiddleware): streams and a client's disconnect pass through untouched."""
+
+    def __init__(self, app, metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counting(msg):
+            if msg["type"] == "http.response.start":
+                self.metrics.response(msg["status"])
+            await send(msg)
+
+        return await self.app(scope, receive, counting)
+
+
+def _sweep() -> None:
+    """What sandboxes of a dead process left (this service's last run, killed without its
+    end): removed, and the log says so, either way."""
+    from ..linux.rundir import sweep_stale
+
+    try:
+        dead = sweep_stale()
+    except OSError as e:
+        log.warning("corral serve: sweep: could not look for sandboxes left over: %s", e)
+        return
+    if dead:
+        log.info("corral serve: sweep: removed %d sandbox(es) left over by a process that "
+                 "died: %s", len(dead), " ".join(sorted(dead)))
+    else:
+        log.info("corral serve: sweep: nothing left over")
 
 
 def _version() -> str:
@@ -92,10 +130,31 @@ def _version() -> str:
     return __version__
 
 
-def serve(host: str, port: int, state_dir: str | None, *, log_level: str = "info") -> int:
+#: SIGTERM: how long running requests (foreground commands, cells) get to finish
+DRAIN_S = 30.0
+
+
+def serve(host: str, port: int, state_dir: str | None, *, log_level: str = "info",
+          drain: float = DRAIN_S) -> int:
+    """Run the service until SIGTERM or SIGINT, then drain: no new sandboxes (503), the
+    requests in flight get `drain` seconds to finish, then whatever still runs is
+    cancelled (a foreground command is killed with its request), and every sandbox is
+    killed."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     app = create_app(state_dir)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    svc = app.state.service
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if not svc.draining:
+                svc.draining = True
+                log.info("corral serve: signal %d: draining (no new sandboxes; requests "
+                         "in flight have %gs, then every sandbox is killed)", sig, drain)
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=drain)
+    Server(config).run()
     return 0

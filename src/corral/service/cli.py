@@ -16,7 +16,7 @@ docs at /docs, /health and /metrics. Every other route needs Authorization: Bear
 
 TOKEN_USAGE = """\
 usage: corral token create --name N [--ceiling POLICY_FILE] [--max-sandboxes K]
-                           [--max-concurrent C] [--state-dir DIR]
+                           [--max-concurrent C] [--apply-changes] [--state-dir DIR]
        corral token ls [--state-dir DIR]
        corral token revoke NAME [--state-dir DIR]
 
@@ -24,7 +24,9 @@ Bearer tokens for corral serve and corral mcp, stored hashed in the state direct
 ($CORRAL_STATE_DIR, else /var/lib/corral for root, else ~/.local/share/corral). create
 prints the token once, alone on the last line of stdout. --ceiling: a policy file (TOML)
 that the token's sandboxes cannot exceed (default: corral's default policy: no network,
-no secrets, no workspace, the default limits, namespace tier).
+no secrets, no workspace, the default limits, namespace tier). --apply-changes: the
+token may apply a review-mode sandbox's changes to the host's workspace (give it to a
+person's review tool, never to an agent; without it apply is 403).
 """
 
 MCP_USAGE = """\
@@ -95,6 +97,8 @@ def serve(args: list[str]) -> int:
 def token(args: list[str]) -> int:
     from .tokens import TokenStore
 
+    may_apply = "--apply-changes" in args
+    args = [x for x in args if x != "--apply-changes"]
     a = Args(args, {"--name", "--ceiling", "--max-sandboxes", "--max-concurrent",
                     "--state-dir"}, TOKEN_USAGE)
     if not a.rest:
@@ -114,7 +118,8 @@ def token(args: list[str]) -> int:
         tok = store.create(a.opts["--name"], ceiling=ceiling,
                            max_sandboxes=_int(a.opts.get("--max-sandboxes"), "--max-sandboxes"),
                            max_concurrent=_int(a.opts.get("--max-concurrent"),
-                                               "--max-concurrent"))
+                                               "--max-concurrent"),
+                           apply_changes=may_apply)
         sys.stderr.write(f"corral token: created {a.opts['--name']!r}; the token follows, "
                          "shown only now\n")
         sys.stdout.write(tok + "\n")
@@ -128,6 +133,8 @@ def token(args: list[str]) -> int:
                 limits.append(f"max-sandboxes={t.max_sandboxes}")
             if t.max_concurrent is not None:
                 limits.append(f"max-concurrent={t.max_concurrent}")
+            if t.apply_changes:
+                limits.append("apply-changes")
             state = "revoked" if t.revoked else "live"
             when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.created))
             ceil = "ceiling" if t.ceiling else "default-ceiling"

@@ -7,10 +7,18 @@ from __future__ import annotations
 import threading
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends
 from fastapi.responses import JSONResponse
+from starlette.requests import HTTPConnection
 
-from ..errors import BackendUnavailable, CorralError, PolicyError, UnsupportedRule, UsageError
+from ..errors import (
+    BackendUnavailable,
+    CorralError,
+    PolicyError,
+    SandboxClosed,
+    UnsupportedRule,
+    UsageError,
+)
 from .ceiling import requested
 from .tokens import Token
 
@@ -40,7 +48,9 @@ def status_of(e: CorralError) -> int:
         return 400
     if isinstance(e, (UnsupportedRule, BackendUnavailable)):
         return 422
-    if isinstance(e, ContextError):
+    if isinstance(e, (ContextError, SandboxClosed)):
+        return 409
+    if getattr(e, "kind", None) == "review":      # runtime.changes.ReviewError
         return 409
     return 500
 
@@ -86,11 +96,11 @@ class Busy:
             self.svc.busy[self.token.name] -= 1
 
 
-def service(request: Request) -> Service:
+def service(request: HTTPConnection) -> Service:
     return request.app.state.service
 
 
-def auth(request: Request) -> Token:
+def auth(request: HTTPConnection) -> Token:
     """The live token a request carries (401 otherwise): read from the state dir each time,
     so a revocation counts from the next request."""
     h = request.headers.get("authorization", "")
@@ -128,5 +138,13 @@ def policy_view(policy) -> dict:
 
 
 def view(e) -> dict:
-    return {"id": e.id, "isolation": e.sandbox.isolation, "created": e.created,
-            "policy": policy_view(e.policy)}
+    """A sandbox as the API shows it: id, isolation, created, policy, and what the live
+    sandbox's get_info() says (state, ends, usage, metadata, ended_by)."""
+    d = {"id": e.id, "isolation": e.sandbox.isolation, "created": e.created,
+         "policy": policy_view(e.policy)}
+    get_info = getattr(e.sandbox, "get_info", None)
+    if get_info is not None:
+        info = get_info().to_dict()
+        info.pop("id", None)
+        d.update(info)
+    return d

@@ -23,6 +23,16 @@ class CreateBody(Strict):
         "a policy in the TOML layout as JSON (docs/policy.md); fields left out take the "
         "token's ceiling's isolation and limits. A secret names only hosts and ttl: its "
         "source is the server's (the ceiling's), never sent"))
+    timeout: float = Field(300, gt=0, le=7 * 86400, description=(
+        "seconds the sandbox lives (then every process of it is killed); "
+        "POST .../timeout changes it"))
+    metadata: dict[str, str] | None = Field(None, description=(
+        "at most 64 str keys (1-128 chars) to str values (at most 1024): yours, shown "
+        "back in get and list"))
+
+
+class TimeoutBody(Strict):
+    timeout: float = Field(..., gt=0, le=7 * 86400, description="seconds from now")
 
 
 @router.post("/sandboxes", status_code=201)
@@ -37,7 +47,7 @@ def create(body: CreateBody, token: Auth, svc: Svc):
                        {"Retry-After": "5"})
     policy = requested_policy(body.policy, token)
     with svc.slot(token):
-        e = reg.create(token.name, policy)
+        e = reg.create(token.name, policy, timeout=body.timeout, metadata=body.metadata)
     with svc.metrics.mu:
         svc.metrics.created += 1
     log.info("sandbox %s created for token %s (%s)", e.id, token.name, e.sandbox.isolation)
@@ -52,6 +62,14 @@ def list_(token: Auth, svc: Svc):
 @router.get("/sandboxes/{sid}")
 def get(sid: str, token: Auth, svc: Svc):
     return view(svc.entry(sid, token))
+
+
+@router.post("/sandboxes/{sid}/timeout")
+def set_timeout(sid: str, body: TimeoutBody, token: Auth, svc: Svc):
+    """End the sandbox `timeout` seconds from now (longer or shorter than before)."""
+    e = svc.entry(sid, token)
+    e.sandbox.set_timeout(body.timeout)
+    return view(e)
 
 
 @router.delete("/sandboxes/{sid}")

@@ -7,11 +7,13 @@ import sys
 from ..errors import CorralError, UsageError
 
 SERVE_USAGE = """\
-usage: corral serve [--host ADDR] [--port N] [--state-dir DIR]
+usage: corral serve [--host ADDR] [--port N] [--state-dir DIR] [--drain-timeout S]
 
 The HTTP service (docs/service.md): sandboxes over a JSON API, OpenAPI at /openapi.json,
 docs at /docs, /health and /metrics. Every other route needs Authorization: Bearer TOKEN
-(corral token create). Listens on 127.0.0.1:8787 by default.
+(corral token create). Listens on 127.0.0.1:8787 by default. On SIGTERM it drains: no
+new sandboxes, requests in flight get --drain-timeout seconds (default 30) to finish, then
+every sandbox is killed. At start it sweeps what a previous run that died left behind.
 """
 
 TOKEN_USAGE = """\
@@ -79,7 +81,7 @@ def main(name: str, args: list[str]) -> int:
 
 
 def serve(args: list[str]) -> int:
-    a = Args(args, {"--host", "--port", "--state-dir"}, SERVE_USAGE)
+    a = Args(args, {"--host", "--port", "--state-dir", "--drain-timeout"}, SERVE_USAGE)
     if a.rest:
         raise UsageError(f"unexpected {a.rest[0]!r}", field="serve")
     host = a.opts.get("--host", "127.0.0.1")
@@ -89,9 +91,17 @@ def serve(args: list[str]) -> int:
     if host not in ("127.0.0.1", "::1", "localhost"):
         sys.stderr.write(f"corral serve: warning: listening on {host}, beyond loopback, "
                          "without TLS: put it behind a TLS reverse proxy (docs/service.md)\n")
+    from .app import DRAIN_S
     from .app import serve as run
 
-    return run(host, port, a.opts.get("--state-dir"))
+    drain = a.opts.get("--drain-timeout")
+    try:
+        drain_s = DRAIN_S if drain is None else float(drain)
+    except ValueError:
+        drain_s = -1.0
+    if not 0 <= drain_s <= 3600:
+        raise UsageError("--drain-timeout is seconds from 0 to 3600", field="--drain-timeout")
+    return run(host, port, a.opts.get("--state-dir"), drain=drain_s)
 
 
 def token(args: list[str]) -> int:

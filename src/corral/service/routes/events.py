@@ -23,7 +23,9 @@ KEEPALIVE_S = 15.0
 
 @router.get("/sandboxes/{sid}/events", responses={200: {"content": {
     "text/event-stream": {}}, "description": "Server-Sent Events"}})
-async def events(sid: str, token: Auth, svc: Svc, request: Request, since: int | None = None):
+async def events(sid: str, token: Auth, svc: Svc, request: Request, since: int | None = None,
+                 follow: bool = True):
+    """follow=false: the events so far, then `end`."""
     e = svc.entry(sid, token)
     last = request.headers.get("last-event-id")
     if since is None and last is not None:
@@ -34,17 +36,18 @@ async def events(sid: str, token: Auth, svc: Svc, request: Request, since: int |
                 from None
     if since is not None and since < 0:
         raise ApiError(400, "invalid", "since is an event number from 0", "since")
-    return StreamingResponse(_stream(svc, e, since or 0), media_type="text/event-stream",
+    return StreamingResponse(_stream(svc, e, since or 0, follow), media_type="text/event-stream",
                              headers={"Cache-Control": "no-store",
                                       "X-Accel-Buffering": "no"})
 
 
-async def _stream(svc, e, seq: int):
+async def _stream(svc, e, seq: int, follow: bool = True):
     log, sb = e.events, e.sandbox
     quiet = time.monotonic()
     while True:
         log.pull(sb)
-        ended = log.closed or svc.draining or getattr(sb, "state", "running") == "ended"
+        ended = (not follow or log.closed or svc.draining
+                 or getattr(sb, "state", "running") == "ended")
         for n, kind, data in log.since(seq):
             seq = n + 1
             quiet = time.monotonic()

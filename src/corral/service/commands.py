@@ -7,7 +7,10 @@ A *foreground* command (POST .../exec without background) is started the same wa
 the policy's limits.timeout as its deadline and its stdin closed after what the request
 gave; the route waits for it and kills it when the client goes away (routes/commands.py).
 A background command runs on until it exits, is killed or the sandbox ends, whoever
-listens. Ended commands are kept for their Result (`wait`), the last KEEP_ENDED of them.
+listens. Ended commands are kept for their Result (`wait`), the last KEEP_ENDED of them;
+the output chunks of all but the last KEEP_CHUNKS are let go (an output stream of such a
+command gives its Result alone, whose stdout and stderr hold the same text): a sandbox's
+memory here is bounded by about (KEEP_ENDED + KEEP_CHUNKS) x 2 x limits.output.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import threading
 
 from .notify import Notifier
 
-KEEP_ENDED = 64
+KEEP_ENDED = 16
+KEEP_CHUNKS = 4
 
 
 class Cmd:
@@ -27,6 +31,7 @@ class Cmd:
         self.handle = None
         self.pid = 0
         self.chunks: list[tuple[str, str]] = []     # ("stdout" | "stderr", text)
+        self.trimmed = False                         # chunks let go (the Result has them)
         self.result = None
         self.done = threading.Event()
         self.notifier = Notifier()
@@ -39,7 +44,11 @@ class Cmd:
 
     def output_since(self, i: int) -> list[tuple[str, str]]:
         with self._mu:
-            return self.chunks[i:]
+            return [] if self.trimmed else self.chunks[i:]
+
+    def trim(self) -> None:
+        with self._mu:
+            self.chunks, self.trimmed = [], True
 
     def info(self) -> dict:
         h = self.handle
@@ -104,6 +113,10 @@ class CommandTable:
                 c = self._by_pid.get(old)
                 if c is not None and c.done.is_set():
                     del self._by_pid[old]
+            if len(self._ended) > KEEP_CHUNKS:
+                c = self._by_pid.get(self._ended[-KEEP_CHUNKS - 1])
+                if c is not None and c.done.is_set():
+                    c.trim()
 
     def get(self, pid: int) -> Cmd | None:
         with self._mu:

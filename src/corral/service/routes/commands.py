@@ -69,7 +69,7 @@ def _cmd(svc, e, pid: int):
     c = e.commands.get(pid)
     if c is None:
         raise ApiError(404, "not_found", f"no command {pid} in sandbox {e.id} (ended "
-                       "commands are kept for their Result, the last 64)", "pid")
+                       "commands are kept for their Result, the last 16)", "pid")
     return c
 
 

@@ -160,9 +160,9 @@ class Files:
 
 
 class PtyHandle:
-    """A terminal on the service over a WebSocket (runtime.pty.PtyHandle's face): pid,
-    send_input, resize, kill, wait. Output reaches on_data (bytes) from a thread of its
-    own, as it comes."""
+    """A terminal on the service over a WebSocket (runtime.pty.PtyHandle's face): pid (its
+    command's, inside the sandbox: the host's pids stay on the host), send_input, resize,
+    kill, wait. Output reaches on_data (bytes) from a thread of its own, as it comes."""
 
     def __init__(self, ws, on_data) -> None:
         self._ws = ws

@@ -471,6 +471,7 @@ class _LivePty:
             term.finish(errors=False)
             raise
         term.start()
+        self.pid_inside = self._handle.pid
 
     def kill(self) -> None:
         self._handle.kill()

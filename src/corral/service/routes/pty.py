@@ -45,7 +45,7 @@ async def _refuse(ws: WebSocket, status: int, kind: str, message: str, field=Non
 async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str | None = None,
               cwd: str | None = None, timeout: float | None = None):
     try:
-        token = auth(ws)
+        token = await run_in_threadpool(auth, ws)     # reads the token file
         svc = service(ws)
         e = svc.entry(sid, token)
     except ApiError as err:
@@ -70,7 +70,7 @@ async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str 
     reader = asyncio.ensure_future(_input(ws, term))
     finished = False
     try:
-        await ws.send_text(json.dumps({"type": "started", "pid": term.pid}))
+        await ws.send_text(json.dumps({"type": "started", "pid": term.pid_inside}))
         while True:
             getter = asyncio.ensure_future(out.get())
             await asyncio.wait({getter, done, reader}, return_when=asyncio.FIRST_COMPLETED)
@@ -88,8 +88,8 @@ async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str 
                 await ws.send_text(json.dumps({"type": "exit", "result": result.to_dict()}))
                 await ws.close(1000)
                 return
-    except (WebSocketDisconnect, RuntimeError):
-        pass
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        pass      # the client went away (uvicorn's ClientDisconnected is an OSError)
     finally:
         reader.cancel()
         if not finished:
@@ -97,7 +97,7 @@ async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str 
             e.events.add("pty.ended", {"by": "disconnect"})
             try:
                 await ws.close(1000)
-            except RuntimeError:
+            except (WebSocketDisconnect, RuntimeError, OSError):
                 pass
 
 

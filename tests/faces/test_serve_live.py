@@ -300,7 +300,7 @@ def test_events_stream_as_sse_until_the_sandbox_ends(server):
     assert kinds[:3] == ["sandbox.created", "command.started", "command.ended"], kinds
     assert got[2]["data"]["exit_code"] == 3
     assert [e["id"] for e in got] == list(range(len(got)))
-    past = sb.events                 # the events so far, without following
+    past = list(sb.stream_events(follow=False))      # those so far, without following
     assert [e["kind"] for e in past][:3] == kinds[:3]
     sb.kill()
     assert done.wait(60), "the stream did not end with the sandbox"
@@ -313,7 +313,8 @@ def test_a_denied_connection_is_a_network_event(server):
                                api_key=server.tokens["net"]) as sb:
         r = sb.commands.run("curl -s -m 20 http://denied.invalid/", timeout=60)
         assert "blocked" in r.stdout, r
-        net = _until(lambda: [e for e in sb.events if e["kind"] == "network"],
+        net = _until(lambda: [e for e in sb.stream_events(follow=False)
+                              if e["kind"] == "network"],
                      "the proxy's event arrives")
         assert net[0]["data"]["host"] == "denied.invalid"
         assert net[0]["data"]["decision"] == "deny" and "network.allow" in \

@@ -379,14 +379,10 @@ class Sandbox:
         self._call("POST", "changes/discard")
 
     # -- events --
-    @property
-    def events(self) -> list[dict]:
-        """The sandbox's events so far ({id, kind, data} each; see stream_events)."""
-        return list(self.stream_events(follow=False))
-
     def stream_events(self, since: int = 0, *, follow: bool = True):
         """The sandbox's events as they come (SSE): dicts {id, kind, data}, until the
-        sandbox ends (follow=False: those so far)."""
+        sandbox ends (follow=False: those so far). Not the in-process `sb.events` (a list
+        of the sandbox's own teardown events): those come here as kind "sandbox"."""
         with self._http.stream("GET", f"/sandboxes/{self.id}/events",
                                params={"since": since, "follow": follow},
                                timeout=httpx.Timeout(None, connect=30)) as r:

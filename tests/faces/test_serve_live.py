@@ -85,6 +85,28 @@ def sb(server):
         yield s
 
 
+def test_every_new_route_is_in_the_openapi_document_with_its_errors(server):
+    doc = httpx.get(server.url + "/openapi.json").json()
+    paths = doc["paths"]
+    for path, method in [("/sandboxes/{sid}/timeout", "post"),
+                         ("/sandboxes/{sid}/commands", "get"),
+                         ("/sandboxes/{sid}/commands/{pid}", "get"),
+                         ("/sandboxes/{sid}/commands/{pid}/stdin", "post"),
+                         ("/sandboxes/{sid}/commands/{pid}/kill", "post"),
+                         ("/sandboxes/{sid}/commands/{pid}/wait", "get"),
+                         ("/sandboxes/{sid}/commands/{pid}/output", "get"),
+                         ("/sandboxes/{sid}/changes", "get"),
+                         ("/sandboxes/{sid}/changes/diff", "get"),
+                         ("/sandboxes/{sid}/changes/apply", "post"),
+                         ("/sandboxes/{sid}/changes/discard", "post"),
+                         ("/sandboxes/{sid}/events", "get")]:
+        op = paths[path][method]
+        assert {"200", "401", "404"} <= set(op["responses"]), (path, op["responses"])
+    assert "403" in paths["/sandboxes/{sid}/changes/apply"]["post"]["responses"]
+    assert "503" in paths["/sandboxes"]["post"]["responses"]
+    assert "/pty" in doc["info"]["description"]
+
+
 # -- background commands, set_timeout, get_info --------------------------------------------
 def test_background_command_stdin_output_wait_and_list(sb):
     seen = []

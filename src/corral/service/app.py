@@ -51,7 +51,9 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
 
     app = FastAPI(title="corral", version=_version(), description=(
         "Self-hosted sandboxes for code that AI assistants write. Authenticate with "
-        "`Authorization: Bearer TOKEN` (corral token create)."),
+        "`Authorization: Bearer TOKEN` (corral token create). The terminal is a WebSocket "
+        "at `/sandboxes/{sid}/pty` (OpenAPI does not describe WebSockets: see "
+        "docs/service.md for its frames)."),
         lifespan=_lifespan)
     app.state.service = svc
     app.state.registry = registry

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.requests import HTTPConnection
 
 from ..errors import (
@@ -21,6 +22,35 @@ from ..errors import (
 )
 from .ceiling import requested
 from .tokens import Token
+
+
+class ErrorDetail(BaseModel):
+    kind: str
+    field: str | None = None
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error's body."""
+
+    error: ErrorDetail
+
+
+def errors(*statuses: int) -> dict:
+    """OpenAPI `responses` for these error statuses, each the JSON error body."""
+    what = {400: "a bad request (field names it)", 401: "no valid bearer token",
+            403: "beyond the token's ceiling (field names the rule)",
+            404: "no such sandbox, command or file (or another token's)",
+            409: "the sandbox ended, a command still running, a closed stdin, a review "
+                 "that cannot be read", 413: "the body is over the cap",
+            422: "the body does not match the schema, or the tier cannot enforce the "
+                 "policy", 429: "a token's limit (Retry-After)",
+            503: "the service is shutting down"}
+    return {s: {"model": ErrorBody, "description": what[s]} for s in statuses}
+
+
+#: what every route behind a token may answer
+COMMON_ERRORS = errors(400, 401, 404, 409, 413, 422, 429)
 
 
 class ApiError(Exception):

@@ -16,10 +16,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..common import ApiError, Auth, Svc
+from ..common import COMMON_ERRORS, ApiError, Auth, Svc, errors
 
 log = logging.getLogger("corral.serve")
-router = APIRouter(tags=["changes"])
+router = APIRouter(tags=["changes"], responses=COMMON_ERRORS)
 
 
 class ApplyBody(BaseModel):
@@ -52,7 +52,7 @@ def diff(sid: str, token: Auth, svc: Svc, path: Annotated[list[str] | None, Quer
             "omitted": [{"path": p, "why": why} for p, why in omitted]}
 
 
-@router.post("/sandboxes/{sid}/changes/apply")
+@router.post("/sandboxes/{sid}/changes/apply", responses=errors(403))
 def apply(sid: str, body: ApplyBody, token: Auth, svc: Svc):
     """Copy the changes onto the host's workspace, except conflicts and refusals. Only a
     token created with --apply-changes may (403 otherwise)."""

@@ -8,9 +8,9 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..common import Auth, Svc
+from ..common import COMMON_ERRORS, Auth, Svc
 
-router = APIRouter(tags=["code"])
+router = APIRouter(tags=["code"], responses=COMMON_ERRORS)
 
 
 class CodeBody(BaseModel):

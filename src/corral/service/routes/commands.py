@@ -20,9 +20,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from ..common import ApiError, Auth, Svc
+from ..common import COMMON_ERRORS, ApiError, Auth, Svc
 
-router = APIRouter(tags=["commands"])
+router = APIRouter(tags=["commands"], responses=COMMON_ERRORS)
 
 #: how long one wait for a change (output, the end, a disconnect) lasts at most
 WAKE_S = 15.0

@@ -11,9 +11,9 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from ..common import ApiError, Auth, Svc
+from ..common import COMMON_ERRORS, ApiError, Auth, Svc
 
-router = APIRouter(tags=["events"])
+router = APIRouter(tags=["events"], responses=COMMON_ERRORS)
 
 #: how often an open stream looks for the proxy's and the sandbox's new events (they are
 #: lists the live sandbox appends to, with no wake-up of their own)

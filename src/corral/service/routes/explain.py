@@ -7,9 +7,9 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..common import Auth, Svc, requested_policy
+from ..common import COMMON_ERRORS, Auth, Svc, errors, requested_policy
 
-router = APIRouter(tags=["explain"])
+router = APIRouter(tags=["explain"], responses=COMMON_ERRORS)
 
 
 class ExplainBody(BaseModel):
@@ -24,7 +24,7 @@ def explain_sandbox(sid: str, token: Auth, svc: Svc):
     return explain(svc.entry(sid, token).policy)
 
 
-@router.post("/explain")
+@router.post("/explain", responses=errors(403))
 def explain_policy(body: ExplainBody, token: Auth):
     from ...runtime.explain import explain
 

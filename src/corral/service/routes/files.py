@@ -8,9 +8,9 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict
 
-from ..common import ApiError, Auth, Svc
+from ..common import COMMON_ERRORS, ApiError, Auth, Svc
 
-router = APIRouter(tags=["files"])
+router = APIRouter(tags=["files"], responses=COMMON_ERRORS)
 
 
 class WriteBody(BaseModel):

@@ -8,10 +8,10 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..common import ApiError, Auth, Svc, requested_policy, view
+from ..common import COMMON_ERRORS, ApiError, Auth, Svc, errors, requested_policy, view
 
 log = logging.getLogger("corral.serve")
-router = APIRouter(tags=["sandboxes"])
+router = APIRouter(tags=["sandboxes"], responses=COMMON_ERRORS)
 
 
 class Strict(BaseModel):
@@ -35,7 +35,7 @@ class TimeoutBody(Strict):
     timeout: float = Field(..., gt=0, le=7 * 86400, description="seconds from now")
 
 
-@router.post("/sandboxes", status_code=201)
+@router.post("/sandboxes", status_code=201, responses=errors(403, 503))
 def create(body: CreateBody, token: Auth, svc: Svc):
     if svc.draining:
         raise ApiError(503, "draining", "the service is shutting down: no new sandboxes",

@@ -7,16 +7,18 @@ import sys
 from ..errors import CorralError, UsageError
 
 SERVE_USAGE = """\
-usage: corral serve [--host ADDR] [--port N] [--state-dir DIR]
+usage: corral serve [--host ADDR] [--port N] [--state-dir DIR] [--drain-timeout S]
 
 The HTTP service (docs/service.md): sandboxes over a JSON API, OpenAPI at /openapi.json,
 docs at /docs, /health and /metrics. Every other route needs Authorization: Bearer TOKEN
-(corral token create). Listens on 127.0.0.1:8787 by default.
+(corral token create). Listens on 127.0.0.1:8787 by default. On SIGTERM it drains: no
+new sandboxes, requests in flight get --drain-timeout seconds (default 30) to finish, then
+every sandbox is killed. At start it sweeps what a previous run that died left behind.
 """
 
 TOKEN_USAGE = """\
 usage: corral token create --name N [--ceiling POLICY_FILE] [--max-sandboxes K]
-                           [--max-concurrent C] [--state-dir DIR]
+                           [--max-concurrent C] [--apply-changes] [--state-dir DIR]
        corral token ls [--state-dir DIR]
        corral token revoke NAME [--state-dir DIR]
 
@@ -24,7 +26,9 @@ Bearer tokens for corral serve and corral mcp, stored hashed in the state direct
 ($CORRAL_STATE_DIR, else /var/lib/corral for root, else ~/.local/share/corral). create
 prints the token once, alone on the last line of stdout. --ceiling: a policy file (TOML)
 that the token's sandboxes cannot exceed (default: corral's default policy: no network,
-no secrets, no workspace, the default limits, namespace tier).
+no secrets, no workspace, the default limits, namespace tier). --apply-changes: the
+token may apply a review-mode sandbox's changes to the host's workspace (give it to a
+person's review tool, never to an agent; without it apply is 403).
 """
 
 MCP_USAGE = """\
@@ -77,7 +81,7 @@ def main(name: str, args: list[str]) -> int:
 
 
 def serve(args: list[str]) -> int:
-    a = Args(args, {"--host", "--port", "--state-dir"}, SERVE_USAGE)
+    a = Args(args, {"--host", "--port", "--state-dir", "--drain-timeout"}, SERVE_USAGE)
     if a.rest:
         raise UsageError(f"unexpected {a.rest[0]!r}", field="serve")
     host = a.opts.get("--host", "127.0.0.1")
@@ -87,14 +91,24 @@ def serve(args: list[str]) -> int:
     if host not in ("127.0.0.1", "::1", "localhost"):
         sys.stderr.write(f"corral serve: warning: listening on {host}, beyond loopback, "
                          "without TLS: put it behind a TLS reverse proxy (docs/service.md)\n")
+    from .app import DRAIN_S
     from .app import serve as run
 
-    return run(host, port, a.opts.get("--state-dir"))
+    drain = a.opts.get("--drain-timeout")
+    try:
+        drain_s = DRAIN_S if drain is None else float(drain)
+    except ValueError:
+        drain_s = -1.0
+    if not 0 <= drain_s <= 3600:
+        raise UsageError("--drain-timeout is seconds from 0 to 3600", field="--drain-timeout")
+    return run(host, port, a.opts.get("--state-dir"), drain=drain_s)
 
 
 def token(args: list[str]) -> int:
     from .tokens import TokenStore
 
+    may_apply = "--apply-changes" in args
+    args = [x for x in args if x != "--apply-changes"]
     a = Args(args, {"--name", "--ceiling", "--max-sandboxes", "--max-concurrent",
                     "--state-dir"}, TOKEN_USAGE)
     if not a.rest:
@@ -114,7 +128,8 @@ def token(args: list[str]) -> int:
         tok = store.create(a.opts["--name"], ceiling=ceiling,
                            max_sandboxes=_int(a.opts.get("--max-sandboxes"), "--max-sandboxes"),
                            max_concurrent=_int(a.opts.get("--max-concurrent"),
-                                               "--max-concurrent"))
+                                               "--max-concurrent"),
+                           apply_changes=may_apply)
         sys.stderr.write(f"corral token: created {a.opts['--name']!r}; the token follows, "
                          "shown only now\n")
         sys.stdout.write(tok + "\n")
@@ -128,6 +143,8 @@ def token(args: list[str]) -> int:
                 limits.append(f"max-sandboxes={t.max_sandboxes}")
             if t.max_concurrent is not None:
                 limits.append(f"max-concurrent={t.max_concurrent}")
+            if t.apply_changes:
+                limits.append("apply-changes")
             state = "revoked" if t.revoked else "live"
             when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.created))
             ceil = "ceiling" if t.ceiling else "default-ceiling"

@@ -1,7 +1,8 @@
 """Bearer tokens for `corral serve`, stored hashed in corral's state directory.
 
     STATE/service/tokens.json   {"tokens": [{name, sha256, created, ceiling, max_sandboxes,
-                                             max_concurrent, revoked}]}   mode 0600
+                                             max_concurrent, revoked, apply_changes}]}
+                                                                          mode 0600
 
 A token is "corral_" and 32 random bytes in URL-safe base64: high entropy, so one sha256 is
 as good as a slow hash and lets the service look a token up at once. Only the hash is
@@ -54,11 +55,15 @@ class Token:
         self.max_sandboxes: int | None = d.get("max_sandboxes")
         self.max_concurrent: int | None = d.get("max_concurrent")
         self.revoked: bool = bool(d.get("revoked"))
+        #: may apply a review-mode sandbox's changes to the host (corral token create
+        #: --apply-changes); an agent's token should not
+        self.apply_changes: bool = d.get("apply_changes") is True
 
     def to_dict(self) -> dict:
         return {"name": self.name, "sha256": self.sha256, "created": self.created,
                 "ceiling": self.ceiling, "max_sandboxes": self.max_sandboxes,
-                "max_concurrent": self.max_concurrent, "revoked": self.revoked}
+                "max_concurrent": self.max_concurrent, "revoked": self.revoked,
+                "apply_changes": self.apply_changes}
 
     def ceiling_policy(self):
         from ..policy.load import policy_from_dict
@@ -128,7 +133,8 @@ class TokenStore:
             raise
 
     def create(self, name: str, *, ceiling: dict | None = None,
-               max_sandboxes: int | None = None, max_concurrent: int | None = None) -> str:
+               max_sandboxes: int | None = None, max_concurrent: int | None = None,
+               apply_changes: bool = False) -> str:
         """Record a new token and return it (the only time it exists in clear)."""
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             raise UsageError(f"{name!r} is not a token name: letters, digits, '.', '_', '-', "
@@ -147,7 +153,8 @@ class TokenStore:
             tokens = [t for t in tokens if t.name != name]
             tokens.append(Token({"name": name, "sha256": digest(token), "created": time.time(),
                                  "ceiling": ceiling or {}, "max_sandboxes": max_sandboxes,
-                                 "max_concurrent": max_concurrent}))
+                                 "max_concurrent": max_concurrent,
+                                 "apply_changes": bool(apply_changes)}))
             self._save(tokens)
         finally:
             os.close(fd)

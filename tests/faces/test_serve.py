@@ -262,11 +262,11 @@ def test_sdk_round_trip(server, monkeypatch):
         assert sb.files.read("/scratch/notes/a.txt") == "kept between calls"
         assert sb.files.read("/scratch/bin.dat", format="bytes") == b"\x00\xff"
         assert sb.exec("cat /scratch/notes/a.txt").stdout == "kept between calls"
-        names = {e["name"] for e in sb.files.list("/scratch/notes")}
+        names = {e.name for e in sb.files.list("/scratch/notes")}
         assert names == {"a.txt"}
         assert sb.run_code("x = 6 * 7\nx").text == "42"
         assert sb.run_code("x + 1").text == "43"             # the interpreter persists
-        assert sb.run_code("1/0").error["name"] == "ZeroDivisionError"
+        assert sb.run_code("1/0").error.name == "ZeroDivisionError"
         with pytest.raises(FileNotFound):
             sb.files.read("/scratch/none")
         assert sb.id in [s["id"] for s in client.Sandbox.list()]
@@ -301,7 +301,7 @@ def test_async_sdk_round_trip(server):
             assert await sb.files.read("/scratch/x") == "async"
             assert (await sb.exec("cat /scratch/x")).stdout == "async"
             assert (await sb.run_code("'a' * 3")).text == "'aaa'"
-            assert [e["name"] for e in await sb.files.list("/scratch")] == ["x"]
+            assert [e.name for e in await sb.files.list("/scratch")] == ["x"]
 
     asyncio.run(main())
 

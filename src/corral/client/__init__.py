@@ -19,19 +19,20 @@ for what the service refuses: `.status` is the HTTP status, `.kind` and `.field`
 the service's error body. AsyncSandbox is the same with `await`.
 """
 
+from ..runtime.session import Context, Execution
 from ._common import (
     ApiError,
     AuthError,
     CeilingError,
     CommandInfo,
-    Execution,
     NotFound,
     RateLimited,
     SandboxInfo,
 )
-from .aio import AsyncCommandHandle, AsyncPtyHandle, AsyncSandbox
-from .sync import CommandHandle, PtyHandle, Sandbox
+from .aio import AsyncCommandHandle, AsyncPtyHandle, AsyncSandbox, AsyncWatcher
+from .sync import CommandHandle, PtyHandle, Sandbox, Watcher
 
-__all__ = ["ApiError", "AsyncCommandHandle", "AsyncPtyHandle", "AsyncSandbox", "AuthError",
-           "CeilingError", "CommandHandle", "CommandInfo", "Execution", "NotFound",
-           "PtyHandle", "RateLimited", "Sandbox", "SandboxInfo"]
+__all__ = ["ApiError", "AsyncCommandHandle", "AsyncPtyHandle", "AsyncSandbox",
+           "AsyncWatcher", "AuthError", "CeilingError", "CommandHandle", "CommandInfo",
+           "Context", "Execution", "NotFound", "PtyHandle", "RateLimited", "Sandbox",
+           "SandboxInfo", "Watcher"]

@@ -68,6 +68,10 @@ def _raise_error(status: int, err: dict, retry: str | None = None) -> None:
 
         cls = FileNotFound if status == 404 else FilesError
         raise cls(message, path=field or "")
+    if kind == "context":
+        from ..runtime.session import ContextError
+
+        raise ContextError(message, field=field)
     if kind == "review":
         from ..runtime.changes import ReviewError
 
@@ -99,29 +103,6 @@ def _argv_or_cmd(cmd) -> dict:
     return {"cmd": cmd} if isinstance(cmd, str) else {"argv": list(cmd)}
 
 
-class Execution:
-    """run_code's result, the in-process Execution's shape: results (dicts with text and
-    other formats), logs (stdout, stderr lists), error (name, value, traceback) or None,
-    execution_count; `.text` is the main result's text."""
-
-    def __init__(self, d: dict) -> None:
-        self.results: list[dict] = d.get("results", [])
-        self.logs: dict = d.get("logs", {"stdout": [], "stderr": []})
-        self.error: dict | None = d.get("error")
-        self.execution_count: int | None = d.get("execution_count")
-
-    @property
-    def text(self) -> str | None:
-        for r in self.results:
-            if r.get("is_main_result"):
-                return r.get("text")
-        return None
-
-    def to_dict(self) -> dict:
-        return {"results": self.results, "logs": self.logs, "error": self.error,
-                "execution_count": self.execution_count}
-
-
 def _result(d: dict) -> Result:
     from ..result import Usage
 
@@ -130,18 +111,144 @@ def _result(d: dict) -> Result:
     return Result(**d)
 
 
-def _file_content(d: dict, format: str):
-    data = base64.b64decode(d["content"])
-    return data if format == "bytes" else data.decode("utf-8", errors="replace")
+def execution_of(d: dict):
+    """The in-process Execution (runtime.session) from its JSON: results as CodeResult
+    (text, html, png, ... attributes), logs.stdout / logs.stderr, error an ExecutionError
+    (name, value, traceback) or None, execution_count, exit_code, the *_truncated flags."""
+    from ..runtime.session import Execution
+
+    ex = Execution()
+    ex.results = [code_result_of(r) for r in d.get("results", ())]
+    logs = d.get("logs") or {}
+    ex.logs.stdout = list(logs.get("stdout", ()))
+    ex.logs.stderr = list(logs.get("stderr", ()))
+    ex.error = execution_error_of(d["error"]) if d.get("error") else None
+    ex.execution_count = d.get("execution_count")
+    ex.exit_code = d.get("exit_code")
+    for flag in ("stdout_truncated", "stderr_truncated", "results_truncated"):
+        setattr(ex, flag, bool(d.get(flag, False)))
+    return ex
 
 
-def _write_body(path: str, data) -> dict:
+def code_result_of(d: dict):
+    from ..runtime.session import MIME_ATTRS, CodeResult
+
+    r = CodeResult({}, bool(d.get("is_main_result", False)))
+    for attr in MIME_ATTRS.values():
+        if d.get(attr) is not None:
+            setattr(r, attr, d[attr])
+    r.extra = dict(d.get("extra") or {})
+    return r
+
+
+def execution_error_of(d: dict):
+    from ..runtime.session import ExecutionError
+
+    tb = d.get("traceback") or ""
+    return ExecutionError(d.get("name", ""), d.get("value", ""), [tb] if tb else [])
+
+
+def context_of(d: dict):
+    from ..runtime.session import Context
+
+    return Context(d["id"], d["language"], d.get("cwd"))
+
+
+def context_id(context) -> str | None:
+    """A Context (in-process or from here) or its id, as the id."""
+    if context is None or isinstance(context, str):
+        return context
+    return context.id
+
+
+def code_body(code: str, language, context, timeout) -> dict:
+    if not isinstance(code, str):
+        raise TypeError("code must be a str")
+    return {"code": code, "language": language, "context": context_id(context),
+            "timeout": timeout}
+
+
+def code_line(line: str, on_stdout, on_stderr, on_result, on_error):
+    """One NDJSON line of a cell's stream: calls back (str, CodeResult, ExecutionError as
+    in-process), returns the Execution at its end (None before), raises for a failure."""
+    import json
+
+    item = json.loads(line)
+    kind, data = item.get("type"), item.get("data")
+    if kind == "stdout":
+        if on_stdout is not None:
+            on_stdout(data)
+    elif kind == "stderr":
+        if on_stderr is not None:
+            on_stderr(data)
+    elif kind == "result":
+        if on_result is not None:
+            on_result(code_result_of(data))
+    elif kind == "error":
+        if on_error is not None:
+            on_error(execution_error_of(data))
+    elif kind == "end":
+        return execution_of(data)
+    elif kind == "failed":
+        _raise_error(500, data or {})
+    return None
+
+
+# -- files -------------------------------------------------------------------------------------
+def entry_of(d: dict):
+    from ..runtime.files import EntryInfo
+
+    return rec(EntryInfo, d)
+
+
+def write_info_of(d: dict):
+    from ..runtime.files import WriteInfo
+
+    return rec(WriteInfo, d)
+
+
+def check_format(format: str, path) -> None:
+    if format not in ("text", "bytes", "stream"):
+        from ..runtime.files import FilesError
+
+        raise FilesError(f'format {format!r} is not "text", "bytes" or "stream"',
+                         path=str(path))
+
+
+def as_bytes(data) -> bytes:
+    """str (UTF-8) or bytes-like as bytes; a file object's whole content."""
+    if hasattr(data, "read"):
+        data = data.read()
     if isinstance(data, str):
-        data = data.encode()
-    return {"path": path, "content": base64.b64encode(bytes(data)).decode(),
-            "encoding": "base64"}
+        return data.encode("utf-8")
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError("data is str, bytes-like, or a readable file object")
 
 
+def batch_body(files) -> dict:
+    """write_files' [{"path", "data"}] (or (path, data) pairs) as the batch's JSON."""
+    out = []
+    for f in files:
+        path, data = (f["path"], f["data"]) if isinstance(f, dict) else f
+        out.append({"path": path, "content": base64.b64encode(as_bytes(data)).decode(),
+                    "encoding": "base64"})
+    return {"files": out}
+
+
+def watch_line(line: str):
+    """One NDJSON line of a watch: ("event", FilesystemEvent), ("watching", path) or
+    ("end", why)."""
+    import json
+
+    from ..runtime.watch import FilesystemEvent
+
+    item = json.loads(line)
+    if "watching" in item:
+        return "watching", item["watching"]
+    if "end" in item:
+        return "end", item["end"]
+    return "event", rec(FilesystemEvent, item)
 
 
 def rec(cls, d: dict):

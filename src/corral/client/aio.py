@@ -13,25 +13,34 @@ from ..result import Result
 from ._common import (
     ApiError,
     CommandInfo,
-    Execution,
     SandboxInfo,
     _config,
-    _file_content,
     _raise,
     _raise_error,
     _result,
-    _write_body,
     applied_of,
+    as_bytes,
+    batch_body,
     changes_of,
+    check_format,
+    code_body,
+    code_line,
+    context_id,
+    context_of,
+    entry_of,
     exec_body,
+    execution_of,
     info_of,
     line_item,
     patch_of,
     rec,
     sse_events,
     stdin_body,
+    watch_line,
+    write_info_of,
     ws_url,
 )
+from .sync import CHUNK
 
 
 class AsyncCommandHandle:
@@ -120,19 +129,175 @@ class AsyncCommands:
 
 
 class AsyncFiles:
+    """The sync Files' names and shapes as coroutines; read(format="stream") gives an
+    async iterator of byte chunks, watch() an AsyncWatcher."""
+
     def __init__(self, sb: AsyncSandbox) -> None:
         self._sb = sb
 
     async def read(self, path: str, format: str = "text"):
-        d = await self._sb._call("GET", "files", params={"path": path, "encoding": "base64"})
-        return _file_content(d, format)
+        check_format(format, path)
+        sb = self._sb
+        req = sb._http.build_request("GET", f"/sandboxes/{sb.id}/files/content",
+                                     params={"path": path},
+                                     timeout=httpx.Timeout(None, connect=30))
+        r = await sb._http.send(req, stream=True)
+        if r.status_code >= 400:
+            await r.aread()
+            await r.aclose()
+            _raise(r)
+        if format == "stream":
+            return _achunks(r)
+        try:
+            data = await r.aread()
+        finally:
+            await r.aclose()
+        return data if format == "bytes" else data.decode("utf-8", errors="replace")
 
-    async def write(self, path: str, data) -> dict:
-        return await self._sb._call("PUT", "files", json=_write_body(path, data))
+    async def write(self, path: str, data, *, extract: bool = False):
+        if extract:
+            return await self.write_archive(path, data)
+        return write_info_of(await self._sb._call("PUT", "files/content",
+                                                  params={"path": path},
+                                                  content=as_bytes(data)))
 
-    async def list(self, path: str = ".", depth: int = 1) -> list[dict]:
+    async def write_files(self, files) -> list:
+        d = await self._sb._call("POST", "files/batch", json=batch_body(files))
+        return [write_info_of(w) for w in d["written"]]
+
+    async def write_archive(self, path: str, tar):
+        return write_info_of(await self._sb._call("PUT", "files/archive",
+                                                  params={"path": path},
+                                                  content=as_bytes(tar)))
+
+    async def list(self, path: str = ".", depth: int = 1) -> list:
         d = await self._sb._call("GET", "files/list", params={"path": path, "depth": depth})
-        return d["entries"]
+        return [entry_of(x) for x in d["entries"]]
+
+    async def info(self, path: str):
+        return entry_of(await self._sb._call("GET", "files/info", params={"path": path}))
+
+    async def exists(self, path: str) -> bool:
+        return (await self._sb._call("GET", "files/exists", params={"path": path}))["exists"]
+
+    async def remove(self, path: str) -> None:
+        await self._sb._call("DELETE", "files", params={"path": path})
+
+    async def rename(self, old: str, new: str):
+        return entry_of(await self._sb._call("POST", "files/rename",
+                                             json={"old": old, "new": new}))
+
+    async def make_dir(self, path: str) -> bool:
+        return (await self._sb._call("POST", "files/mkdir", json={"path": path}))["made"]
+
+    async def watch(self, path: str, *, recursive: bool = False) -> AsyncWatcher:
+        """Changes in a directory from now on (set up when this returns)."""
+        w = AsyncWatcher()
+        await w._start(self._sb, path, recursive)
+        return w
+
+
+async def _achunks(r: httpx.Response):
+    try:
+        async for chunk in r.aiter_bytes(CHUNK):
+            yield chunk
+    finally:
+        await r.aclose()
+
+
+class AsyncWatcher:
+    """The sync Watcher's face with await: `await next_events(timeout)`, `await
+    get_new_events()`, `async for ev in w`, `await stop()`."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.why: str | None = None
+        self._q: asyncio.Queue = asyncio.Queue()
+
+    async def _start(self, sb: AsyncSandbox, path: str, recursive: bool) -> None:
+        self.recursive = recursive
+        req = sb._http.build_request("GET", f"/sandboxes/{sb.id}/files/watch",
+                                     params={"path": path, "recursive": recursive},
+                                     timeout=httpx.Timeout(None, connect=30))
+        self._r = r = await sb._http.send(req, stream=True)
+        if r.status_code >= 400:
+            await r.aread()
+            await r.aclose()
+            _raise(r)
+        self._lines = r.aiter_lines()
+        try:
+            kind, value = await _next_watch_line(self._lines)
+        except BaseException:
+            await r.aclose()
+            raise
+        if kind != "watching":
+            await r.aclose()
+            raise ApiError(502, "stream", "the watch stream did not start with its path")
+        self.path: str = value
+        self._task = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                kind, value = await _next_watch_line(self._lines)
+                if kind == "end":
+                    self.why = value
+                    return
+                self._q.put_nowait(value)
+        except Exception:  # noqa: BLE001 - the stream broke or was closed by stop()
+            return
+        finally:
+            self._q.put_nowait(None)
+
+    async def next_events(self, timeout: float | None = None) -> list:
+        if self.done:
+            return []
+        try:
+            item = (self._q.get_nowait() if timeout == 0 else
+                    await asyncio.wait_for(self._q.get(), timeout))
+        except (asyncio.QueueEmpty, TimeoutError):
+            return []
+        out = []
+        while True:
+            if item is None:
+                self.done = True
+                return out
+            out.append(item)
+            try:
+                item = self._q.get_nowait()
+            except asyncio.QueueEmpty:
+                return out
+
+    async def get_new_events(self) -> list:
+        return await self.next_events(0)
+
+    def __aiter__(self):
+        return self._iter()
+
+    async def _iter(self):
+        while not self.done:
+            for ev in await self.next_events(None):
+                yield ev
+
+    async def stop(self) -> None:
+        self.done = True
+        self._task.cancel()
+        await self._r.aclose()
+
+    close = stop
+
+    async def __aenter__(self) -> AsyncWatcher:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.stop()
+
+
+async def _next_watch_line(lines):
+    while True:
+        line = await lines.__anext__()
+        if line:
+            return watch_line(line)
 
 
 class AsyncPtyHandle:
@@ -288,10 +453,41 @@ class AsyncSandbox:
                    timeout: float | None = None) -> Result:
         return await self.commands.run(argv, stdin=stdin, timeout=timeout)
 
-    async def run_code(self, code: str, *, language: str = "python",
-                       timeout: float | None = None) -> Execution:
-        return Execution(await self._call("POST", "run_code", json={
-            "code": code, "language": language, "timeout": timeout}))
+    # -- run_code and code contexts --
+    async def run_code(self, code: str, *, language: str | None = None, context=None,
+                       timeout: float | None = None, on_stdout=None, on_stderr=None,
+                       on_result=None, on_error=None):
+        """As the sync run_code (the callbacks are plain functions, called as lines come)."""
+        body = code_body(code, language, context, timeout)
+        http_timeout = httpx.Timeout(None if timeout is None else timeout + 60, connect=30)
+        if on_stdout is None and on_stderr is None and on_result is None and on_error is None:
+            return execution_of(await self._call("POST", "run_code", json=body,
+                                                 timeout=http_timeout))
+        async with self._http.stream("POST", f"/sandboxes/{self.id}/run_code",
+                                     params={"stream": "ndjson"}, json=body,
+                                     timeout=http_timeout) as r:
+            if r.status_code >= 400:
+                await r.aread()
+                _raise(r)
+            async for line in r.aiter_lines():
+                if line:
+                    ex = code_line(line, on_stdout, on_stderr, on_result, on_error)
+                    if ex is not None:
+                        return ex
+        raise ApiError(502, "stream", "the cell's stream ended without its Execution")
+
+    async def create_context(self, language: str = "python", cwd: str | None = None):
+        return context_of(await self._call("POST", "contexts",
+                                           json={"language": language, "cwd": cwd}))
+
+    async def list_contexts(self) -> list:
+        return [context_of(c) for c in (await self._call("GET", "contexts"))["contexts"]]
+
+    async def restart_context(self, context) -> None:
+        await self._call("POST", f"contexts/{context_id(context)}/restart")
+
+    async def remove_context(self, context) -> None:
+        await self._call("DELETE", f"contexts/{context_id(context)}")
 
     async def explain(self) -> dict:
         return await self._call("GET", "explain")

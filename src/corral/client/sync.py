@@ -12,25 +12,36 @@ from ..result import Result
 from ._common import (
     ApiError,
     CommandInfo,
-    Execution,
     SandboxInfo,
     _config,
-    _file_content,
     _raise,
     _raise_error,
     _result,
-    _write_body,
     applied_of,
+    as_bytes,
+    batch_body,
     changes_of,
+    check_format,
+    code_body,
+    code_line,
+    context_id,
+    context_of,
+    entry_of,
     exec_body,
+    execution_of,
     info_of,
     line_item,
     patch_of,
     rec,
     sse_events,
     stdin_body,
+    watch_line,
+    write_info_of,
     ws_url,
 )
+
+#: bytes a streamed read hands over at a time (as runtime.files.CHUNK)
+CHUNK = 1 << 20
 
 
 class CommandHandle:
@@ -141,22 +152,193 @@ class Commands:
 
 
 class Files:
+    """The sandbox's files over the service: runtime.files.Files' names and shapes (read,
+    write, write_files, write_archive, list, info, exists, remove, rename, make_dir,
+    watch). Errors are FilesError / FileNotFound, as in-process."""
+
     def __init__(self, sb: Sandbox) -> None:
         self._sb = sb
 
     def read(self, path: str, format: str = "text"):
-        """The file's content: "text" (UTF-8, bad bytes replaced) or "bytes"."""
-        d = self._sb._call("GET", "files", params={"path": path, "encoding": "base64"})
-        return _file_content(d, format)
+        """The file's content: "text" (UTF-8, bad bytes replaced), "bytes", or "stream"
+        (an iterator of byte chunks as they arrive, for big files: the file is opened now,
+        the transfer runs as you iterate; close() the iterator to stop early)."""
+        check_format(format, path)
+        sb = self._sb
+        req = sb._http.build_request("GET", f"/sandboxes/{sb.id}/files/content",
+                                     params={"path": path},
+                                     timeout=httpx.Timeout(None, connect=30))
+        r = sb._http.send(req, stream=True)
+        if r.status_code >= 400:
+            r.read()
+            r.close()
+            _raise(r)
+        if format == "stream":
+            return _chunks(r)
+        try:
+            data = r.read()
+        finally:
+            r.close()
+        return data if format == "bytes" else data.decode("utf-8", errors="replace")
 
-    def write(self, path: str, data) -> dict:
-        """Write str or bytes to `path` (parents made); returns {name, path, type}."""
-        return self._sb._call("PUT", "files", json=_write_body(path, data))
+    def write(self, path: str, data, *, extract: bool = False):
+        """Write data (str: UTF-8; bytes-like; a readable file object) to path, parents
+        made, atomically; a WriteInfo. extract=True: data is a tar to unpack into the
+        directory path (write_archive)."""
+        if extract:
+            return self.write_archive(path, data)
+        return write_info_of(self._sb._call("PUT", "files/content", params={"path": path},
+                                            content=as_bytes(data)))
 
-    def list(self, path: str = ".", depth: int = 1) -> list[dict]:
-        """Entries below `path`: dicts with name, path, type, size, mode, mtime."""
-        return self._sb._call("GET", "files/list", params={"path": path, "depth": depth})[
-            "entries"]
+    def write_files(self, files) -> list:
+        """Write each of [{"path": ..., "data": ...}, ...] (or (path, data) pairs) in turn,
+        in one request; a WriteInfo each."""
+        d = self._sb._call("POST", "files/batch", json=batch_body(files))
+        return [write_info_of(w) for w in d["written"]]
+
+    def write_archive(self, path: str, tar):
+        """Unpack a tar (bytes or a binary file object; plain, gzip, bzip2 or xz) into the
+        directory path, checked whole first on the service (runtime.archive): a member
+        absolute or with `..`, a link out, a device node refuse it, nothing written."""
+        return write_info_of(self._sb._call("PUT", "files/archive", params={"path": path},
+                                            content=as_bytes(tar)))
+
+    def list(self, path: str = ".", depth: int = 1) -> list:
+        """The entries below path, down to depth levels: EntryInfo each (name, path,
+        type, size, mode, mtime, symlink_target), sorted by path."""
+        d = self._sb._call("GET", "files/list", params={"path": path, "depth": depth})
+        return [entry_of(x) for x in d["entries"]]
+
+    def info(self, path: str):
+        """The entry itself (a link described, not followed): an EntryInfo."""
+        return entry_of(self._sb._call("GET", "files/info", params={"path": path}))
+
+    def exists(self, path: str) -> bool:
+        return self._sb._call("GET", "files/exists", params={"path": path})["exists"]
+
+    def remove(self, path: str) -> None:
+        """A file, a link (not what it points to) or a directory tree."""
+        self._sb._call("DELETE", "files", params={"path": path})
+
+    def rename(self, old: str, new: str):
+        """Move an entry within the sandbox (replacing a file at new); its new EntryInfo."""
+        return entry_of(self._sb._call("POST", "files/rename", json={"old": old,
+                                                                      "new": new}))
+
+    def make_dir(self, path: str) -> bool:
+        """The directory and its missing parents; True if anything was made."""
+        return self._sb._call("POST", "files/mkdir", json={"path": path})["made"]
+
+    def watch(self, path: str, *, recursive: bool = False) -> Watcher:
+        """Changes in a directory from now on (the watch is set up when this returns): a
+        Watcher, as in-process."""
+        return Watcher(self._sb, path, recursive)
+
+
+def _chunks(r: httpx.Response):
+    try:
+        yield from r.iter_bytes(CHUNK)
+    finally:
+        r.close()
+
+
+class Watcher:
+    """A watch on the service (runtime.watch.Watcher's face): get_new_events() (what came,
+    without waiting), next_events(timeout) (waits up to timeout for the first), iteration
+    (each event as it comes), stop(). Events are runtime.watch.FilesystemEvent: type
+    "add", "modify", "remove", "rename", "chmod" or "overflow", name, path. A thread of
+    its own reads the stream."""
+
+    def __init__(self, sb: Sandbox, path: str, recursive: bool) -> None:
+        import queue
+
+        self.recursive = recursive
+        self.done = False
+        self.why: str | None = None
+        self._q: queue.Queue = queue.Queue()
+        req = sb._http.build_request("GET", f"/sandboxes/{sb.id}/files/watch",
+                                     params={"path": path, "recursive": recursive},
+                                     timeout=httpx.Timeout(None, connect=30))
+        self._r = r = sb._http.send(req, stream=True)
+        if r.status_code >= 400:
+            r.read()
+            r.close()
+            _raise(r)
+        self._lines = r.iter_lines()
+        try:
+            kind, value = _next_watch_line(self._lines)
+        except BaseException:
+            r.close()
+            raise
+        if kind != "watching":
+            r.close()
+            raise ApiError(502, "stream", "the watch stream did not start with its path")
+        self.path: str = value
+        self._thread = threading.Thread(target=self._read, daemon=True,
+                                        name="corral-client-watch")
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                kind, value = _next_watch_line(self._lines)
+                if kind == "end":
+                    self.why = value
+                    return
+                self._q.put(value)
+        except Exception:  # noqa: BLE001 - the stream broke or was closed by stop()
+            return
+        finally:
+            self._q.put(None)
+
+    def next_events(self, timeout: float | None = None) -> list:
+        """The events waiting, after waiting up to timeout seconds (None: until one comes)
+        for the first. Empty on timeout, or once the watch has ended."""
+        import queue
+
+        if self.done:
+            return []
+        try:
+            first = self._q.get(timeout=timeout) if timeout != 0 else self._q.get_nowait()
+        except queue.Empty:
+            return []
+        out = []
+        item = first
+        while True:
+            if item is None:
+                self.done = True
+                return out
+            out.append(item)
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                return out
+
+    def get_new_events(self) -> list:
+        return self.next_events(0)
+
+    def __iter__(self):
+        while not self.done:
+            yield from self.next_events(None)
+
+    def stop(self) -> None:
+        self.done = True
+        self._r.close()
+
+    close = stop
+
+    def __enter__(self) -> Watcher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _next_watch_line(lines):
+    while True:
+        line = next(lines)
+        if line:                 # blank lines keep an idle stream open
+            return watch_line(line)
 
 
 class PtyHandle:
@@ -351,10 +533,47 @@ class Sandbox:
         """Run argv (a list) or a shell line (a str): a corral Result."""
         return self.commands.run(argv, stdin=stdin, timeout=timeout)
 
-    def run_code(self, code: str, *, language: str = "python",
-                 timeout: float | None = None) -> Execution:
-        return Execution(self._call("POST", "run_code", json={
-            "code": code, "language": language, "timeout": timeout}))
+    # -- run_code and code contexts --
+    def run_code(self, code: str, *, language: str | None = None, context=None,
+                 timeout: float | None = None, on_stdout=None, on_stderr=None,
+                 on_result=None, on_error=None):
+        """Run a cell in a persistent interpreter (the language's default context, or
+        `context`: a Context or its id); its Execution (runtime.session's). on_stdout /
+        on_stderr get each chunk (str), on_result each CodeResult, on_error the
+        ExecutionError, as they come (streamed as NDJSON)."""
+        body = code_body(code, language, context, timeout)
+        http_timeout = httpx.Timeout(None if timeout is None else timeout + 60, connect=30)
+        if on_stdout is None and on_stderr is None and on_result is None and on_error is None:
+            return execution_of(self._call("POST", "run_code", json=body,
+                                           timeout=http_timeout))
+        with self._http.stream("POST", f"/sandboxes/{self.id}/run_code",
+                               params={"stream": "ndjson"}, json=body,
+                               timeout=http_timeout) as r:
+            if r.status_code >= 400:
+                r.read()
+                _raise(r)
+            for line in r.iter_lines():
+                if line:
+                    ex = code_line(line, on_stdout, on_stderr, on_result, on_error)
+                    if ex is not None:
+                        return ex
+        raise ApiError(502, "stream", "the cell's stream ended without its Execution")
+
+    def create_context(self, language: str = "python", cwd: str | None = None):
+        """A new interpreter of its own (python, javascript or bash): a Context (id,
+        language, cwd) to give run_code(context=)."""
+        return context_of(self._call("POST", "contexts", json={"language": language,
+                                                               "cwd": cwd}))
+
+    def list_contexts(self) -> list:
+        return [context_of(c) for c in self._call("GET", "contexts")["contexts"]]
+
+    def restart_context(self, context) -> None:
+        """A fresh interpreter for the context (same id); its variables are gone."""
+        self._call("POST", f"contexts/{context_id(context)}/restart")
+
+    def remove_context(self, context) -> None:
+        self._call("DELETE", f"contexts/{context_id(context)}")
 
     def explain(self) -> dict:
         return self._call("GET", "explain")

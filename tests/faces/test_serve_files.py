@@ -287,7 +287,7 @@ def test_list_info_exists_remove_rename_make_dir(sb, raw):
         sb.files.write("/usr/x", "no")
 
 
-def test_watch_streams_changes_and_ends_with_the_directory(server, sb, raw):
+def test_watch_streams_changes_and_ends_with_the_sandbox(server, sb, raw):
     sb.files.make_dir("/scratch/w/sub")
     with sb.files.watch("/scratch/w", recursive=True) as w:
         assert w.path == "/scratch/w" and w.get_new_events() == []

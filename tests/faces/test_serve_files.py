@@ -121,6 +121,14 @@ def test_streaming_download_of_a_few_megabytes(sb, raw):
     assert len(next(it)) > 0
     it.close()
     assert sb.files.exists("/scratch/big")
+    with sb.files.read("/scratch/big", format="stream") as never_read:
+        assert never_read is not None          # dropped unread: the connection goes
+    # the JSON read holds the file whole: bounded, and it says where to go instead
+    assert sb.exec("head -c 17M /dev/zero > /scratch/huge").verdict == "ok"
+    e = _err(raw.get("/files", params={"path": "/scratch/huge"}), 413, "too_large")
+    assert "files/content" in e["message"]
+    assert raw.get("/files", params={"path": "/scratch/big", "encoding": "base64"}).json()[
+        "content"][:8]
     with pytest.raises(FileNotFound):
         sb.files.read("/scratch/nothing-here", format="stream")
     with pytest.raises(FilesError, match="not a regular file"):

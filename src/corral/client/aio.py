@@ -197,12 +197,32 @@ class AsyncFiles:
         return w
 
 
-async def _achunks(r: httpx.Response):
-    try:
-        async for chunk in r.aiter_bytes(CHUNK):
-            yield chunk
-    finally:
-        await r.aclose()
+class _achunks:
+    """A streamed read: an async iterator of byte chunks; `await aclose()` (or `async
+    with`, or reaching the end) lets the connection go."""
+
+    def __init__(self, r: httpx.Response) -> None:
+        self._r = r
+        self._it = r.aiter_bytes(CHUNK)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._it.__anext__()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        await self._r.aclose()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
 
 
 class AsyncWatcher:

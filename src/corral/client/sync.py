@@ -235,11 +235,35 @@ class Files:
         return Watcher(self._sb, path, recursive)
 
 
-def _chunks(r: httpx.Response):
-    try:
-        yield from r.iter_bytes(CHUNK)
-    finally:
-        r.close()
+class _chunks:
+    """A streamed read: an iterator of byte chunks; close() (or `with`, or reaching the
+    end) lets the connection go, whether or not it was iterated."""
+
+    def __init__(self, r: httpx.Response) -> None:
+        self._r = r
+        self._it = r.iter_bytes(CHUNK)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self._it)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self._r.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 class Watcher:

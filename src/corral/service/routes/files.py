@@ -35,6 +35,8 @@ MAX_WATCHES = 8
 #: gone); and how long an idle stream waits before a keep-alive line
 WATCH_WAKE_S = 1.0
 KEEPALIVE_S = 15.0
+#: bytes a JSON read (GET .../files) gives at most (base64 in JSON, held whole)
+JSON_READ_MAX = 16 << 20
 #: files one batch or multipart upload writes at most
 MAX_UPLOAD_FILES = 1000
 #: the answer of a raw read: as it comes, never buffered by nginx
@@ -83,9 +85,21 @@ def _decode(body: WriteBody, field: str) -> bytes:
 @router.get("/sandboxes/{sid}/files")
 def read(sid: str, path: str, token: Auth, svc: Svc,
          encoding: Literal["utf-8", "base64"] = "utf-8"):
-    """The file as JSON (text, or base64 for bytes). For big files use .../files/content."""
+    """The file as JSON (text, or base64 for bytes), up to JSON_READ_MAX bytes; bigger
+    files: .../files/content, streamed."""
     e = svc.entry(sid, token)
-    data = _call(e, lambda f: f.read(path, format="bytes"))
+    chunks = _call(e, lambda f: f.read(path, format="stream"))
+    try:
+        got, size = [], 0
+        for chunk in chunks:
+            got.append(chunk)
+            size += len(chunk)
+            if size > JSON_READ_MAX:
+                raise ApiError(413, "too_large", f"is over {JSON_READ_MAX} bytes, the most "
+                               "a JSON read gives: GET .../files/content streams it", path)
+    finally:
+        chunks.close()
+    data = b"".join(got)
     if encoding == "base64":
         return {"path": path, "encoding": "base64",
                 "content": base64.b64encode(data).decode()}

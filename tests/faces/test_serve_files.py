@@ -11,6 +11,7 @@ import io
 import json
 import os
 import tarfile
+import threading
 import time
 
 import httpx
@@ -416,6 +417,57 @@ def test_run_code_streams_as_the_cell_runs(server, sb):
     assert ex.error.name == "ValueError" and "at the end" in ex.error.traceback
     ex = sb.run_code("1 + 1", on_result=seen.append)
     assert ex.text == "2" and isinstance(seen[-1], CodeResult) and seen[-1].text == "2"
+
+
+def test_a_stuck_cell_holds_only_its_own_context(server, sb):
+    """A cell of context a waits for a file; meanwhile cells of b (and the default
+    context) run, and b's cell makes the file; a restart kills a cell that never ends."""
+    a, b = sb.create_context("python"), sb.create_context("python")
+    done = {}
+
+    def wait_in_a():
+        done["a"] = sb.run_code("import os, time\nwhile not os.path.exists('/scratch/ab'):"
+                                "\n    time.sleep(0.05)\n'a saw it'", context=a, timeout=120)
+
+    t = threading.Thread(target=wait_in_a)
+    t.start()
+    other = client.Sandbox.connect(sb.id, api_url=server.url, api_key=server.tokens["a"])
+    try:
+        assert other.run_code("1 + 1").text == "2"
+        assert other.run_code("open('/scratch/ab', 'w').close(); 'made'", context=b).text \
+            == "'made'"
+        t.join(120)
+        assert done["a"].text == "'a saw it'", done["a"]
+        # a cell that never ends: the restart kills it, its Execution says so
+        t = threading.Thread(target=lambda: done.update(stuck=sb.run_code(
+            "import time\nopen('/scratch/stuck', 'w').close()\nwhile True: time.sleep(1)",
+            context=a, timeout=600)))
+        t.start()
+        for _ in range(600):          # poll every 50 ms until the cell runs
+            if other.files.exists("/scratch/stuck"):
+                break
+            time.sleep(0.05)
+        other.restart_context(a)
+        t.join(120)
+        assert done["stuck"].error.name == "ContextDied", done["stuck"]
+        assert other.run_code("1", context=a).text == "1"
+    finally:
+        other._http.close()
+
+
+def test_a_client_gone_mid_cell_leaves_the_cell_and_its_context(server, sb, raw):
+    c = sb.create_context("python")
+    with raw.stream("POST", "/run_code", params={"stream": "ndjson"}, json={
+            "code": "import os, time\nprint('started', flush=True)\n"
+                    "while not os.path.exists('/scratch/go2'):\n    time.sleep(0.05)\n"
+                    "kept = 'set after the client left'", "context": c.id,
+            "timeout": 120}) as s:
+        first = json.loads(next(s.iter_lines()))
+        assert first == {"type": "stdout", "data": "started\n"}
+    # the connection is closed; the cell still waits for its file
+    sb.files.write("/scratch/go2", "")
+    ex = sb.run_code("kept", context=c, timeout=120)     # after the cell, in its context
+    assert ex.text == "'set after the client left'", ex
 
 
 def test_run_code_ndjson_lines_on_the_wire(raw):

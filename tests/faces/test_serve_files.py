@@ -382,6 +382,10 @@ def test_contexts_keep_variables_apart_and_restart_clears_them(sb):
     assert b.id not in {c.id for c in sb.list_contexts()}
     with pytest.raises(ContextError, match="language"):
         sb.run_code("echo", language="bash", context=a)
+    with pytest.raises(ContextError, match="nonexistent"):
+        sb.create_context("python", cwd="/nonexistent")
+    kinds = [(e["kind"], e["data"].get("id")) for e in sb.stream_events(follow=False)]
+    assert ("context.created", a.id) in kinds and ("context.removed", b.id) in kinds
 
 
 def test_a_bash_context_and_the_execution_shape(sb):
@@ -485,6 +489,7 @@ def test_run_code_ndjson_lines_on_the_wire(raw):
     _err(raw.post("/run_code", params={"stream": "ndjson"},
                   json={"code": "1", "context": "nope"}), 404, "context")
     _err(raw.post("/contexts", json={"language": "cobol"}), 422, "invalid")
+    _err(raw.post("/contexts", json={"cwd": "/nonexistent"}), 400, "context")
     r = raw.post("/contexts", json={"language": "python"})
     assert r.status_code == 201 and set(r.json()) == {"id", "language", "cwd"}
     cid = r.json()["id"]

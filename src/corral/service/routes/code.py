@@ -178,9 +178,14 @@ async def _cell_lines(svc, e, body: CodeBody, slot, gone, started):
 def create_context(sid: str, body: ContextBody, token: Auth, svc: Svc):
     """A new interpreter of its own: its variables, imports and working directory persist
     between its cells, apart from every other context's."""
+    from ...runtime.session import ContextError
+
     e = svc.entry(sid, token)
-    with e.lock:     # the sandbox's code session is made on first use, by one call at once
-        c = e.sandbox.create_context(body.language, body.cwd)
+    try:
+        with e.lock:   # the sandbox's code session is made on first use, by one call at once
+            c = e.sandbox.create_context(body.language, body.cwd)
+    except ContextError as x:      # a bad cwd, or an interpreter that cannot start there
+        raise ApiError(400, x.kind, x.message, x.field) from None
     e.events.add("context.created", _view(c))
     return JSONResponse(_view(c), status_code=201)
 

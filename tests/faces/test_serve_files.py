@@ -337,6 +337,15 @@ def test_watch_streams_changes_and_ends_with_the_sandbox(server, sb, raw):
             rest = list(lines)
         assert rest[-3:-1] == ["event: end", 'data: {"end": "the sandbox ended"}'], rest
     _err(raw.get("/files/watch", params={"path": "/scratch/none"}), 404, "files")
+    # the SDK's Watcher ends with its sandbox, and says why
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb2:
+        sb2.files.make_dir("/scratch/e")
+        w = sb2.files.watch("/scratch/e")
+        client.Sandbox.connect(sb2.id, api_url=server.url,
+                               api_key=server.tokens["a"]).kill()
+        for _ in w:
+            pass
+        assert w.done and w.why == "the sandbox ended" and w.next_events(0) == []
 
 
 def test_watches_are_bounded_per_sandbox(server, sb, raw):

@@ -40,7 +40,7 @@ from ._common import (
     write_info_of,
     ws_url,
 )
-from .sync import CHUNK
+from .sync import CHUNK, WATCH_QUEUE
 
 
 class AsyncCommandHandle:
@@ -232,7 +232,7 @@ class AsyncWatcher:
     def __init__(self) -> None:
         self.done = False
         self.why: str | None = None
-        self._q: asyncio.Queue = asyncio.Queue()
+        self._q: asyncio.Queue = asyncio.Queue(maxsize=WATCH_QUEUE)   # bounded, as sync
 
     async def _start(self, sb: AsyncSandbox, path: str, recursive: bool) -> None:
         self.recursive = recursive
@@ -263,14 +263,20 @@ class AsyncWatcher:
                 if kind == "end":
                     self.why = value
                     return
-                self._q.put_nowait(value)
+                await self._q.put(value)
         except Exception:  # noqa: BLE001 - the stream broke or was closed by stop()
             return
         finally:
-            self._q.put_nowait(None)
+            try:
+                self._q.put_nowait(None)
+            except asyncio.QueueFull:
+                pass     # full: the reader drains it, then finds the task done below
 
     async def next_events(self, timeout: float | None = None) -> list:
         if self.done:
+            return []
+        if self._q.empty() and self._task.done():
+            self.done = True
             return []
         try:
             item = (self._q.get_nowait() if timeout == 0 else

@@ -42,6 +42,8 @@ from ._common import (
 
 #: bytes a streamed read hands over at a time (as runtime.files.CHUNK)
 CHUNK = 1 << 20
+#: watch events a Watcher holds for its reader at most
+WATCH_QUEUE = 4096
 
 
 class CommandHandle:
@@ -279,7 +281,9 @@ class Watcher:
         self.recursive = recursive
         self.done = False
         self.why: str | None = None
-        self._q: queue.Queue = queue.Queue()
+        # bounded: a reader that falls behind makes the stream wait (the service's own
+        # queue, then the kernel's, which reports "overflow"), never memory grow here
+        self._q: queue.Queue = queue.Queue(maxsize=WATCH_QUEUE)
         req = sb._http.build_request("GET", f"/sandboxes/{sb.id}/files/watch",
                                      params={"path": path, "recursive": recursive},
                                      timeout=httpx.Timeout(None, connect=30))
@@ -303,17 +307,27 @@ class Watcher:
         self._thread.start()
 
     def _read(self) -> None:
+        import queue
+
         try:
             while True:
                 kind, value = _next_watch_line(self._lines)
                 if kind == "end":
                     self.why = value
                     return
-                self._q.put(value)
+                while not self.done:
+                    try:
+                        self._q.put(value, timeout=1.0)
+                        break
+                    except queue.Full:
+                        continue
         except Exception:  # noqa: BLE001 - the stream broke or was closed by stop()
             return
         finally:
-            self._q.put(None)
+            try:
+                self._q.put_nowait(None)
+            except queue.Full:
+                pass     # full: the reader drains it, then finds the stream's end below
 
     def next_events(self, timeout: float | None = None) -> list:
         """The events waiting, after waiting up to timeout seconds (None: until one comes)
@@ -321,6 +335,9 @@ class Watcher:
         import queue
 
         if self.done:
+            return []
+        if self._q.empty() and not self._thread.is_alive():
+            self.done = True
             return []
         try:
             first = self._q.get(timeout=timeout) if timeout != 0 else self._q.get_nowait()

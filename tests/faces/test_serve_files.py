@@ -99,7 +99,28 @@ def test_binary_round_trip_byte_for_byte(sb, raw):
         sb.files.read("/scratch/made", format="base64")
 
 
-def test_streaming_download_of_a_few_megabytes(sb, raw):
+def _held_by(server, name: str) -> bool:
+    """Whether the service's process has a file of that name open."""
+    fds = f"/proc/{server.proc.pid}/fd"
+    for fd in os.listdir(fds):
+        try:
+            if os.readlink(f"{fds}/{fd}").endswith("/" + name):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _until(pred, what: str) -> None:
+    """Poll pred every 50 ms, at most 600 times (an end the service gets to)."""
+    for _ in range(600):
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"never: {what}")
+
+
+def test_streaming_download_of_a_few_megabytes(server, sb, raw):
     r = sb.exec(["sh", "-c", "head -c 6291459 /dev/urandom > /scratch/big && "
                  "sha256sum /scratch/big"])
     assert r.verdict == "ok", r
@@ -117,13 +138,17 @@ def test_streaming_download_of_a_few_megabytes(sb, raw):
         assert s.status_code == 200
         assert "content-length" not in s.headers       # streamed, never buffered whole
         assert hashlib.sha256(s.read()).hexdigest() == want
-    # stopped early: the service closes the file and the sandbox goes on
-    it = sb.files.read("/scratch/big", format="stream")
+    # stopped early, or never read: the service closes the file
+    assert sb.exec("cp /scratch/big /scratch/big-held").verdict == "ok"
+    it = sb.files.read("/scratch/big-held", format="stream")
     assert len(next(it)) > 0
+    assert _held_by(server, "big-held")        # open in the service while it streams
     it.close()
-    assert sb.files.exists("/scratch/big")
-    with sb.files.read("/scratch/big", format="stream") as never_read:
-        assert never_read is not None          # dropped unread: the connection goes
+    _until(lambda: not _held_by(server, "big-held"), "the service closes the file")
+    with sb.files.read("/scratch/big-held", format="stream") as never_read:
+        assert never_read is not None
+    _until(lambda: not _held_by(server, "big-held"), "the service closes the file")
+    assert sb.files.exists("/scratch/big-held")
     # the JSON read holds the file whole: bounded, and it says where to go instead
     assert sb.exec("head -c 17M /dev/zero > /scratch/huge").verdict == "ok"
     e = _err(raw.get("/files", params={"path": "/scratch/huge"}), 413, "too_large")

@@ -14,9 +14,11 @@ usage: corral image COMMAND [--state-dir DIR] ...
 
   ls [--json]                      one image a line: name, digest, size, created
   show NAME|DIGEST [--json]        metadata: source, env, workdir, base, lock, SBOM
-  build FILE|NAME [--name N] [--lock FILE] [--index-ca FILE]
+  build FILE|NAME [--name N] [--lock FILE] [--index-ca FILE] [--no-cache]
                                    build from a corral-image.toml (or a catalogue name:
-                                   python, datascience); with --lock, refuse any drift
+                                   python, datascience); with --lock, refuse any drift,
+                                   and return the image already built from that lock
+                                   (unless --no-cache)
   lock FILE|NAME [-o LOCKFILE]     resolve every Debian package (version, sha256) and
                                    every wheel (hash) and write the lock
   tag NAME|DIGEST NEWNAME          give an image another name
@@ -134,7 +136,8 @@ def cmd_image(args: list[str]) -> int:
                 raise UsageError("corral image rm NAME|DIGEST...", field="NAME")
             for ref in rest:
                 for what in store.remove(ref):
-                    sys.stdout.write(f"removed {what}\n")
+                    sys.stdout.write(what + "\n" if what.startswith("kept ")
+                                     else f"removed {what}\n")
             return 0
         if sub == "tag":
             _no_more(rest, "image tag")
@@ -230,6 +233,7 @@ def cmd_build(store, args: list[str]) -> int:
     name = _take(args, "--name")
     lock_path = _take(args, "--lock")
     index_ca = _take(args, "--index-ca")
+    no_cache = _flag(args, "--no-cache")
     _no_more(args, "image build")
     if len(args) != 1:
         raise UsageError("corral image build FILE|NAME [--name N] [--lock FILE]", field="FILE")
@@ -244,7 +248,8 @@ def cmd_build(store, args: list[str]) -> int:
     fresh = bool(lock_path) and not os.path.exists(lock_path)
     lock = read_lock(lock_path) if lock_path and not fresh else None
     digest = build(store, desc, lock=lock, name=name, progress=progress_printer(),
-                   index_ca=index_ca)
+                   index_ca=index_ca, use_cache=not no_cache,
+                   notice=lambda m: sys.stderr.write(f"corral: {m}\n"))
     if fresh:
         meta = store.info(digest)
         base = meta.get("base") or digest

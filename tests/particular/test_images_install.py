@@ -374,6 +374,11 @@ def test_an_install_is_its_base_plus_one_layer_of_what_pip_wrote(state, index, t
     assert all(f.startswith("usr/local/") for f in files), files   # nothing of the base
     assert len(files) < 40 and not os.path.exists(os.path.join(state, "images", "trees",
                                                                digest[7:]))
+    pycs = [f for f in files if f.endswith(".pyc")]
+    assert pycs
+    for f in pycs:   # pip's checked hash-based .pyc files, unchecked in the image
+        with open(os.path.join(layer, f), "rb") as fo:
+            assert fo.read(8)[4] == 1, f
     code = ("import tinya, sys; print(tinya.A); "
             "print(open('/etc/os-release').readline().strip())")
     for tier in ("namespace", "gvisor"):

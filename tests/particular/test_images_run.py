@@ -157,6 +157,18 @@ def test_a_build_from_a_lock_already_built_comes_from_the_cache(mini_image, tmp_
             pytest.skip("the mirror moved past the cached lock; the next run locks again")
         assert p.returncode == 0, p.stderr
         assert "from cache" not in p.stderr
+        # the .pyc files mmdebstrap's py3compile wrote (checked hash-based, as
+        # SOURCE_DATE_EPOCH makes them) are unchecked in the image: no source hashed per
+        # import on a read-only root
+        import glob
+
+        tree = os.path.join(other, "images", "trees", p.stdout.strip()[7:])
+        pycs = glob.glob(os.path.join(tree, "usr/lib/python3*/__pycache__/*.pyc"))
+        flags = set()
+        for f in pycs:
+            with open(f, "rb") as fo:
+                flags.add(fo.read(8)[4])
+        assert len(pycs) > 50 and flags == {1}, (len(pycs), flags)
         no_mm = {"PATH": str(tmp_path)}   # no mmdebstrap to be found
         q = corral_in(other, "image", "build", TOML, "--lock", lock, "--name", "again",
                       env={**os.environ, **no_mm, "CORRAL_STATE_DIR": other})

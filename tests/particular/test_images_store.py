@@ -128,7 +128,7 @@ def run_info(state, digest):
 def merged(state, digest, tmp_path):
     """The image as a run sees it: its base tree, or its layers over it mounted the way the
     tiers do (backends/host/imageroot.py: a read-only overlay, lower directories only)."""
-    from corral.backends.host.imageroot import mount_image_root
+    from corral.backends.host.imageroot import image_root
     from corral.plan import ImageRoot
 
     info = run_info(state, digest)
@@ -140,14 +140,15 @@ def merged(state, digest, tmp_path):
         return
 
     class RunDir:
-        path = str(tmp_path)
-        mounts: list = []
+        base = str(tmp_path / "run")
 
-    root = mount_image_root(RunDir, op)
+    root = image_root(RunDir, op)
     try:
+        assert image_root(RunDir, op) == root   # shared: mounted once
         yield root
     finally:
         subprocess.run(["umount", root], check=True)
+        os.unlink(root + ".lowers")
 
 
 def test_oci_import_applies_layers_and_whiteouts(state, tmp_path):

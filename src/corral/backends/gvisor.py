@@ -496,10 +496,10 @@ class GvisorSandbox(LiveSandbox):
         symlinks, nothing else. Read-only in the spec; gVisor mounts the rest on it."""
         root = self.dir.sub("rootfs", 0o755)
         for op in self.plan.find(ImageRoot):
-            if op.layers:   # the layers over the tree, one read-only overlay as the root
-                from .host.imageroot import mount_image_root
+            if op.layers:   # the layers over the tree: the shared read-only overlay
+                from .host.imageroot import image_root
 
-                return mount_image_root(self.dir, op, root)
+                return self._image_rootfs(root, image_root(self.dir, op))
             return self._image_rootfs(root, op.tree)
         # a mount of its own without nosuid/nodev: the gofer remounts the root read-only
         # from inside its user namespace, which may not drop flags locked on the mount

@@ -310,9 +310,9 @@ class NamespaceSandbox(LiveSandbox):
         self.image_root = None
         for op in plan.find(ImageRoot):
             if op.layers:
-                from .host.imageroot import mount_image_root
+                from .host.imageroot import image_root
 
-                self.image_root = mount_image_root(self.dir, op)
+                self.image_root = image_root(self.dir, op)
         scratch = plan.find(Scratch)[0]
         self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
                                      self.gid, enforce=self.root and not self._unenforced(scratch))

@@ -71,6 +71,14 @@ def index_private_addresses(hosts, nameservers=()) -> list[tuple[str, str]]:
     does not resolve is left to pip's own error."""
     import ipaddress
 
+    names = []
+    for host in dict.fromkeys(hosts):
+        try:
+            ipaddress.ip_address(host)   # a literal: _index_rules has it
+        except ValueError:
+            names.append(host)
+    if not names:   # nothing to resolve: dnspython is not even imported
+        return []
     import dns.exception
     import dns.resolver
 
@@ -86,12 +94,7 @@ def index_private_addresses(hosts, nameservers=()) -> list[tuple[str, str]]:
         r = dns.resolver.Resolver()
     r.lifetime = 5.0
     out = []
-    for host in dict.fromkeys(hosts):
-        try:
-            ipaddress.ip_address(host)
-            continue   # a literal: _index_rules has it
-        except ValueError:
-            pass
+    for host in names:
         for rtype in ("A", "AAAA"):
             try:
                 answer = r.resolve(host, rtype)
@@ -199,6 +202,7 @@ def install(store, base: str, *, requirements: str | None = None, packages=(),
         # the layer is what pip wrote, copied as hostile input into a tree of corral's own;
         # the base is not copied: the image is the base and this layer (store.py)
         work, builder = store.new_layer()
+        builder.unchecked_pycs = True   # pip's .pyc files: no source check per import
         try:
             builder.apply_dir(os.path.join(layer, "layer"))
             bmeta = store.info(base_digest)

@@ -379,7 +379,15 @@ class Store:
         return kept
 
     def _sweep_layers(self) -> list[str]:
-        """Remove every layer no image lists; returns what went."""
+        """Remove every layer no image lists, and detach the shared overlays of removed
+        images (backends/host/imageroot.py); returns what went."""
+        out = self._remove_unused_layers()
+        from ..backends.host.imageroot import sweep_shared
+
+        sweep_shared()
+        return out
+
+    def _remove_unused_layers(self) -> list[str]:
         used = set()
         for m in self.images():
             if isinstance(m.get("layers"), list):

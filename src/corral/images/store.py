@@ -209,7 +209,7 @@ class Store:
         when given: looked up in the manifests, never by following the tree's links."""
         return self._has_entry(self.run_info(digest), path, kind)
 
-    def _has_entry(self, info: dict, path: str, kind: str | None) -> bool:
+    def _has_entry(self, info: dict, path: str, kind: str | None = None) -> bool:
         from .tree import manifest_entry
 
         parts = os.path.normpath(path).strip("/").split("/")

@@ -10,7 +10,9 @@
             at most 1.3x). The result (the image plus one layer) is kept for `startup`.
   startup   corral.run(/bin/true) and (python3 -c pass) on namespace: the host root vs the
             image (goal: within 5%), and vs the image with the install's layer (an overlay
-            mounted per run), round robin, shuffled, warm-up rounds dropped
+            mounted once, shared), round robin, shuffled, warm-up rounds dropped; wall
+            time, and CPU time (corral and its children), which a loaded machine
+            disturbs less
   build     `corral image build tests/fixtures/data/mini-image.toml --lock L` into a fresh
             store: cold (unlocked, writes L), then from L with --no-cache (a full
             mmdebstrap run that must give the same digest), then from L again (from the
@@ -53,27 +55,42 @@ def startup(image: str, runs: int, seed: int, layered: str | None = None) -> dic
             pol = {"isolation": "namespace"} | ({"image": root} if root != "host" else {})
             variants[(root, cmd[0])] = (pol, cmd)
     samples = {k: [] for k in variants}
+    cpu = {k: [] for k in variants}   # CPU time (corral + its children): load-robust
     rng = random.Random(seed)
     for rnd in range(runs + 2):
         for key in rng.sample(list(variants), len(variants)):
             pol, cmd = variants[key]
+            c0 = _cpu()
             t0 = time.perf_counter()
             r = corral.run(cmd, policy=pol)
             dt = time.perf_counter() - t0
+            dc = _cpu() - c0
             if r.exit_code != 0:
                 raise SystemExit(f"{key}: {r.verdict} {r.stderr[-300:]!r}")
             if rnd >= 2:
                 samples[key].append(dt * 1000)
+                cpu[key].append(dc * 1000)
     out = {}
     for cmd in ("/bin/true", "/usr/bin/python3"):
         h, i = med(samples[("host", cmd)]), med(samples[(image, cmd)])
+        hc, ic = med(cpu[("host", cmd)]), med(cpu[(image, cmd)])
         out[cmd] = {"host_ms": h, "image_ms": i, "ratio": i / h, "goal": 1.05,
+                    "cpu_host_ms": hc, "cpu_image_ms": ic, "cpu_ratio": ic / hc,
                     "samples": {"host": samples[("host", cmd)], "image": samples[(image, cmd)]}}
         if layered:
-            lay = med(samples[(layered, cmd)])
-            out[cmd].update(layered_ms=lay, layered_ratio=lay / h)
+            lay, lc = med(samples[(layered, cmd)]), med(cpu[(layered, cmd)])
+            out[cmd].update(layered_ms=lay, layered_ratio=lay / h, cpu_layered_ms=lc,
+                            cpu_layered_ratio=lc / hc)
             out[cmd]["samples"]["layered"] = samples[(layered, cmd)]
     return out
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its reaped children (bwrap, the command)."""
+    import resource
+
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 
 
 def corral_cmd(state: str, *args, timeout=1800) -> subprocess.CompletedProcess:
@@ -206,6 +223,12 @@ def main() -> int:
                     line += (f"  +layer {r['layered_ms']:6.1f} ms  +layer/host "
                              f"{r['layered_ratio']:.3f}")
                 say(line + f"   (goal <= {r['goal']})")
+                line = (f"  cpu time {cmd:<13} host {r['cpu_host_ms']:6.1f} ms  image "
+                        f"{r['cpu_image_ms']:6.1f} ms  image/host {r['cpu_ratio']:.3f}")
+                if layered:
+                    line += (f"  +layer {r['cpu_layered_ms']:6.1f} ms  +layer/host "
+                             f"{r['cpu_layered_ratio']:.3f}")
+                say(line)
     finally:
         if layered:
             corral_cmd(state, "image", "rm", layered)

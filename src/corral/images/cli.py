@@ -191,6 +191,13 @@ def render_show(meta: dict) -> str:
            f"source:   {json.dumps(meta.get('source', {}), sort_keys=True)}"]
     if meta.get("base"):
         out.append(f"base:     {meta['base']}")
+    if isinstance(meta.get("layers"), list) and meta["layers"]:
+        out.append(f"root:     {meta.get('root')} (the base tree)")
+        for i, layer in enumerate(meta["layers"], 1):
+            out.append(f"layer {i}:  {layer}" + (f" ({human(meta['layer_size'])})"
+                                                if i == len(meta["layers"])
+                                                and meta.get("layer_size") is not None
+                                                else ""))
     out.append(f"workdir:  {meta.get('workdir') or '-'}")
     for e in meta.get("env") or []:
         out.append(f"env:      {e}")

@@ -95,3 +95,21 @@ def test_checked_pycs_become_unchecked_and_python_trusts_them(tmp_path):
                            capture_output=True, text=True, check=True,
                            env={"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin"})
         assert r.stdout.strip() == want
+
+
+def test_a_name_reserved_for_whiteouts_is_refused_in_what_a_sandbox_wrote(tmp_path):
+    """pip's output holding `.wh.x` would turn into a whiteout of x after an export and an
+    import: refused when the install's layer is copied."""
+    import pytest
+
+    from corral.errors import ImageError
+
+    src = tmp_path / "src"
+    (src / "usr").mkdir(parents=True)
+    (src / "usr" / ".wh.python3").write_text("")
+    out = tmp_path / "out"
+    out.mkdir()
+    b = TreeBuilder(str(out), layer=True)
+    with pytest.raises(ImageError, match="reserve for whiteouts"):
+        b.apply_dir(str(src))
+    b.close()

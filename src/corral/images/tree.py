@@ -359,6 +359,12 @@ class TreeBuilder:
         self.modes[rel] = 0
         self.layer_paths.add(rel)
 
+    def refuse_whiteout_name(self, name: str) -> None:
+        """A plain file named like an OCI whiteout would delete its namesake once exported
+        and imported again: refused where whiteouts are not expected."""
+        raise ImageError(f"member {name!r}: a name starting with '.wh.', which OCI layers "
+                         "reserve for whiteouts; refusing it", field="image")
+
     def refuse(self, name: str, what: str) -> None:
         raise ImageError(f"member {name!r} is a {what}; images hold only files, directories "
                          "and links: refusing the archive", field="image")
@@ -378,7 +384,9 @@ class TreeBuilder:
                 tf.members.clear()   # tarfile keeps every member it read: not here
                 name = m.name
                 base = name.rstrip("/").rpartition("/")[2]
-                if whiteouts and base.startswith(".wh."):
+                if base.startswith(".wh."):
+                    if not whiteouts:
+                        self.refuse_whiteout_name(name)
                     self.whiteout(name)
                 elif m.isdir():
                     self.add_dir(name, m.mode)
@@ -416,6 +424,8 @@ class TreeBuilder:
         for entry in sorted(os.listdir(dfd)):
             p = [*parts, entry]
             name = "/".join(p)
+            if entry.startswith(".wh."):
+                self.refuse_whiteout_name(name)
             st = os.lstat(entry, dir_fd=dfd)
             if stat.S_ISDIR(st.st_mode):
                 self.add_dir(name, st.st_mode)

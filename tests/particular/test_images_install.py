@@ -407,3 +407,12 @@ def test_an_install_is_its_base_plus_one_layer_of_what_pip_wrote(state, index, t
     assert again == digest
     run = corral_in(state, "run", "--image", "back", "--", "python3", "-c", code)
     assert run.stdout.startswith("a+b-here\n")
+    # an install on a layered image: one more layer, both seen
+    p = corral_in(state, "install", "--image", "back", "--index-url", index.url, "--name",
+                  "two", "phonehome")
+    meta2 = json.loads(corral_in(state, "image", "show", "two", "--json").stdout)
+    assert meta2["base"] == digest and meta2["layers"][:1] == meta["layers"]
+    assert len(meta2["layers"]) == 2 and meta2["root"] == base
+    run = corral_in(state, "run", "--image", "two", "--", "python3", "-c",
+                    "import os, tinya; print(tinya.A, os.environ.get('PHONEHOME'))")
+    assert run.stdout == "a+b-here net-refused,home-hidden\n", run.stdout

@@ -138,6 +138,7 @@ def cmd_image(args: list[str]) -> int:
                 for what in store.remove(ref):
                     sys.stdout.write(what + "\n" if what.startswith("kept ")
                                      else f"removed {what}\n")
+            _detach_overlays()
             return 0
         if sub == "tag":
             _no_more(rest, "image tag")
@@ -149,6 +150,7 @@ def cmd_image(args: list[str]) -> int:
             _no_more(rest, "image gc")
             for what in store.gc():
                 sys.stdout.write(f"removed {what}\n")
+            _detach_overlays()
             return 0
         if sub == "export":
             _no_more(rest, "image export")
@@ -179,6 +181,16 @@ def cmd_image(args: list[str]) -> int:
     except CorralError as e:
         sys.stderr.write(f"corral: {e}\n")
         return e.exit_code
+
+
+def _detach_overlays() -> None:
+    """The shared overlays of removed images' layers (backends/host/imageroot.py)."""
+    import os
+
+    if os.geteuid() == 0:
+        from ..backends.host.imageroot import sweep_shared
+
+        sweep_shared()
 
 
 def render_show(meta: dict) -> str:

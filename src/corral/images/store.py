@@ -29,8 +29,9 @@ its manifest's; an image of a base and one more layer has the digest
 `sha256(LAYERED_V1 || "base " BASE_DIGEST "\n" || "layer " LAYER_DIGEST "\n")`, so the same
 base and the same layer give the same image, and a layer is stored once whatever image
 uses it. A run mounts the layers over the base tree as one read-only overlay
-(backends/host/imageroot.py). `rm` and `gc` keep every image another kept image is built
-on, and every layer a kept image has.
+(backends/host/imageroot.py; `corral image rm` and `gc` detach the overlays of what they
+removed). `rm` and `gc` keep every image another kept image is built on, and every layer
+a kept image has.
 """
 
 from __future__ import annotations
@@ -379,15 +380,6 @@ class Store:
         return kept
 
     def _sweep_layers(self) -> list[str]:
-        """Remove every layer no image lists, and detach the shared overlays of removed
-        images (backends/host/imageroot.py); returns what went."""
-        out = self._remove_unused_layers()
-        from ..backends.host.imageroot import sweep_shared
-
-        sweep_shared()
-        return out
-
-    def _remove_unused_layers(self) -> list[str]:
         used = set()
         for m in self.images():
             if isinstance(m.get("layers"), list):

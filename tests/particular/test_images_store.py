@@ -256,6 +256,42 @@ def test_a_layer_may_not_remove_corrals_mount_points(state, tmp_path, layer, why
     assert os.listdir(os.path.join(state, "images", "trees")) == []
 
 
+def test_a_shared_overlay_on_replaced_directories_is_mounted_anew(state, tmp_path):
+    """The overlay of a layered image is shared by the runs; removed and imported again
+    (the same paths, new directories), the image gets a fresh overlay, not the stale one."""
+    from corral.backends.host.imageroot import image_root, sweep_shared
+    from corral.plan import ImageRoot
+
+    tar = oci_tar(str(tmp_path / "a.tar"), [BASE, TOP])
+
+    class RunDir:
+        base = str(tmp_path / "run")
+
+    def op(digest):
+        info = run_info(state, digest)
+        return ImageRoot(rule="image", ref=digest, digest=digest,
+                         tree=tree_of(state, info["root"]),
+                         layers=tuple(os.path.join(state, "images", "layers", x[7:])
+                                      for x in info["layers"]))
+
+    digest = corral(state, "image", "import", tar, "--name", "toy").stdout.strip()
+    root = image_root(RunDir, op(digest))
+    try:
+        assert read(os.path.join(root, "etc/os-release")) == "ID=top\n"
+        corral(state, "image", "rm", "toy")
+        corral(state, "image", "gc")
+        assert corral(state, "image", "import", tar, "--name", "toy").stdout.strip() == digest
+        assert image_root(RunDir, op(digest)) == root
+        # paths no run looked up before: a stale overlay (on the removed directories)
+        # would not find them
+        assert read(os.path.join(root, "usr/share/doc/c")) == "c"
+        assert read(os.path.join(root, "usr/bin/tool")) == "#!/bin/sh\necho hi\n"
+    finally:
+        for _ in range(3):
+            subprocess.run(["umount", root], check=False, capture_output=True)
+    assert sweep_shared(RunDir.base) == [root]   # unmounted: its entry goes
+
+
 def test_a_layer_opaque_above_a_mount_point_gets_it_back(state, tmp_path):
     digest = corral(state, "image", "import", oci_tar(
         str(tmp_path / "a.tar"), [BASE, [("etc", "d"), ("etc/.wh..wh..opq", "f"),

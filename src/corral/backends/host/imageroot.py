@@ -15,9 +15,10 @@ sha256 of the lower directories' paths; /run/corral is a mount-private tmpfs), k
 the next runs, and bound into each sandbox like a tree. A fresh overlay per run would cost
 its mount and, more, a cold overlay dentry cache for every path the run's start walks (the
 dynamic loader, libc, python's imports): about 3 ms of a 6 ms start. `KEY.lowers` beside
-it lists its lower directories; a shared overlay whose lower directories are gone (the
-image removed: store.py calls sweep_shared) is detached (each sandbox keeps its own bind
-of it until it ends).
+it lists its lower directories (path, device, inode); a shared overlay whose lower
+directories are gone or were replaced (the image removed: `corral image rm` and `gc` call
+sweep_shared; or removed and stored again) is detached and, when wanted, mounted anew
+(each sandbox keeps its own bind of it until it ends).
 
 Mounting an overlay needs root here (bookworm's bubblewrap, 0.8, cannot mount one itself);
 the namespace tier refuses a layered image without root, naming the rule.
@@ -54,26 +55,45 @@ def image_root(run_dir, op) -> str:
                                     "plain path)", step="image")
     shared = os.path.join(run_dir.base, SHARED)
     path = os.path.join(shared, hashlib.sha256("\0".join(lowers).encode()).hexdigest()[:32])
-    if os.path.ismount(path):
+    if os.path.ismount(path) and _current(path):
         return path
     os.makedirs(shared, 0o711, exist_ok=True)
     fd = os.open(os.path.join(shared, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if os.path.ismount(path):   # another run mounted it meanwhile
+        if os.path.ismount(path) and _current(path):   # another run mounted it meanwhile
             return path
-        _sweep(shared)
+        _sweep(shared)   # this one too, if its directories were replaced
         os.makedirs(path, 0o755, exist_ok=True)
+        ids = [_ident(p) for p in lowers]
         try:
             mount("overlay", path, "overlay", 0, f"lowerdir={':'.join(lowers)},{OVERLAY_OPTIONS}")
         except OSError as e:
             raise SandboxSetupError(f"mounting the image's layers on {path}: {e.strerror}",
                                     step="image", errno=e.errno) from None
         with open(path + ".lowers", "w") as f:
-            json.dump(lowers, f)
+            json.dump([[p, *i] for p, i in zip(lowers, ids)], f)
         return path
     finally:
         os.close(fd)
+
+
+def _ident(p: str) -> list[int]:
+    st = os.stat(p)
+    return [st.st_dev, st.st_ino]
+
+
+def _current(path: str) -> bool:
+    """Whether the shared overlay at path still lies on the very directories it was
+    mounted on (an image removed and stored again has new ones, under the same names)."""
+    import json
+
+    try:
+        with open(path + ".lowers") as f:
+            lowers = json.load(f)
+        return bool(lowers) and all(_ident(p) == [dev, ino] for p, dev, ino in lowers)
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def sweep_shared(base: str | None = None) -> list[str]:
@@ -94,26 +114,22 @@ def sweep_shared(base: str | None = None) -> list[str]:
 
 
 def _sweep(shared: str) -> list[str]:
-    import json
-
     from ...linux._sys import umount
 
     gone = []
     for e in sorted(os.listdir(shared)):
-        if not e.endswith(".lowers"):
+        path = os.path.join(shared, e)
+        if e.startswith(".") or e.endswith(".lowers") or (os.path.ismount(path)
+                                                          and _current(path)):
             continue
-        path = os.path.join(shared, e[:-len(".lowers")])
-        try:
-            with open(path + ".lowers") as f:
-                lowers = json.load(f)
-        except (OSError, ValueError):
-            lowers = []
-        if lowers and all(os.path.isdir(p) for p in lowers):
-            continue
-        if os.path.ismount(path):
-            umount(path)
+        while os.path.ismount(path):   # stacked by a race: every one
+            if umount(path):
+                break
         for p in (path + ".lowers",):
-            os.unlink(p)
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
         try:
             os.rmdir(path)
         except OSError:

@@ -123,6 +123,9 @@ def state(tmp_path, mini_image):
     corral_in(st, "image", "import", tar, "--name", "base")
     yield st
     remove_tree(st)
+    from corral.backends.host.imageroot import sweep_shared
+
+    sweep_shared()   # the shared overlays of this store's layered images: detached
 
 
 @pytest.fixture

@@ -453,3 +453,35 @@ def test_rm_by_name_and_gc(state, tmp_path):
     assert not os.path.exists(tree_of(state, d3))
     p = corral(state, "image", "show", "nope", check=False)
     assert p.returncode == 4 and "no image named 'nope'" in p.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to nobody")
+def test_without_root_the_namespace_tier_refuses_a_layered_image(tmp_path):
+    """An overlay is mounted on the host, which needs root: an ordinary user's run on a
+    layered image is refused (exit 3), naming why, never run on something else."""
+    import shutil
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="corral-nobody-")
+    try:
+        os.chmod(top, 0o711)
+        state = os.path.join(top, "state")
+        corral(state, "image", "import", oci_tar(str(tmp_path / "a.tar"), [BASE, TOP]),
+               "--name", "toy")
+        for d, _, fs in os.walk(state):   # let nobody read this store
+            os.chmod(d, 0o755)
+            for f in fs:
+                os.chmod(os.path.join(d, f), 0o644)
+        r = subprocess.run([CORRAL, "run", "--isolation", "namespace", "--image", "toy", "--",
+                            "/usr/bin/tool"], capture_output=True, text=True, timeout=60,
+                           user=65534, group=65534, extra_groups=[], cwd="/",
+                           env={"PATH": "/usr/bin:/bin", "CORRAL_STATE_DIR": state,
+                                "HOME": "/"})
+        assert r.returncode == 3, r.stderr
+        assert ("an image with layers is an overlay corral mounts on the host, which needs "
+                "root") in r.stderr
+    finally:
+        from corral.images.store import remove_tree
+
+        remove_tree(top)
+        shutil.rmtree(top, ignore_errors=True)

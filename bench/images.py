@@ -1,19 +1,22 @@
-"""Images and the install phase (issue 15): medians side by side, in one run.
+"""Images and the install phase (issue 15): medians side by side, in one run, as ratios.
 
     CORRAL_STATE_DIR=... .venv/bin/python bench/images.py [--image python] [--runs N]
-                                                          [--builds N] [--json FILE]
+                                       [--install-runs N] [--builds N] [--only A,B] [--json F]
 
-  startup   corral.run(python3 -c pass) and (/bin/true) on namespace: the host root vs
-            the image (goal: within 5% of each other), round robin, shuffled, warm-up
-            rounds dropped
-  build     `corral image build tests/data/mini-image.toml` into a fresh store: cold
-            (unlocked, writes the lock) then again from that lock (a rebuild: corral has
-            no build cache, so this is a full mmdebstrap run that must give the same digest)
   install   10 wheels (downloaded once from PyPI with pip download, then served on loopback
             by http.server) installed by `corral install --image IMAGE` (the sandbox whose
             network reaches only that index, the layer committed to the store) against
             `python3 -m pip install --target DIR` on the host from the same index (goal:
-            at most 1.3x)
+            at most 1.3x). The result (the image plus one layer) is kept for `startup`.
+  startup   corral.run(/bin/true) and (python3 -c pass) on namespace: the host root vs the
+            image (goal: within 5%), and vs the image with the install's layer (an overlay
+            mounted once, shared), round robin, shuffled, warm-up rounds dropped; wall
+            time, and CPU time (corral and its children), which a loaded machine
+            disturbs less
+  build     `corral image build tests/fixtures/data/mini-image.toml --lock L` into a fresh
+            store: cold (unlocked, writes L), then from L with --no-cache (a full
+            mmdebstrap run that must give the same digest), then from L again (from the
+            cache: the image built from L is returned, nothing runs)
 """
 
 from __future__ import annotations
@@ -42,31 +45,52 @@ def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-def startup(image: str, runs: int, seed: int) -> dict:
+def startup(image: str, runs: int, seed: int, layered: str | None = None) -> dict:
     import corral
 
+    roots = ["host", image] + ([layered] if layered else [])
     variants = {}
     for cmd in (["/bin/true"], ["/usr/bin/python3", "-c", "pass"]):
-        for root in ("host", image):
-            variants[(root, cmd[0])] = ({"image": root} if root != "host" else {}, cmd)
+        for root in roots:
+            pol = {"isolation": "namespace"} | ({"image": root} if root != "host" else {})
+            variants[(root, cmd[0])] = (pol, cmd)
     samples = {k: [] for k in variants}
+    cpu = {k: [] for k in variants}   # CPU time (corral + its children): load-robust
     rng = random.Random(seed)
     for rnd in range(runs + 2):
         for key in rng.sample(list(variants), len(variants)):
             pol, cmd = variants[key]
+            c0 = _cpu()
             t0 = time.perf_counter()
             r = corral.run(cmd, policy=pol)
             dt = time.perf_counter() - t0
+            dc = _cpu() - c0
             if r.exit_code != 0:
                 raise SystemExit(f"{key}: {r.verdict} {r.stderr[-300:]!r}")
             if rnd >= 2:
                 samples[key].append(dt * 1000)
+                cpu[key].append(dc * 1000)
     out = {}
     for cmd in ("/bin/true", "/usr/bin/python3"):
         h, i = med(samples[("host", cmd)]), med(samples[(image, cmd)])
+        hc, ic = med(cpu[("host", cmd)]), med(cpu[(image, cmd)])
         out[cmd] = {"host_ms": h, "image_ms": i, "ratio": i / h, "goal": 1.05,
+                    "cpu_host_ms": hc, "cpu_image_ms": ic, "cpu_ratio": ic / hc,
                     "samples": {"host": samples[("host", cmd)], "image": samples[(image, cmd)]}}
+        if layered:
+            lay, lc = med(samples[(layered, cmd)]), med(cpu[(layered, cmd)])
+            out[cmd].update(layered_ms=lay, layered_ratio=lay / h, cpu_layered_ms=lc,
+                            cpu_layered_ratio=lc / hc)
+            out[cmd]["samples"]["layered"] = samples[(layered, cmd)]
     return out
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its reaped children (bwrap, the command)."""
+    import resource
+
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 
 
 def corral_cmd(state: str, *args, timeout=1800) -> subprocess.CompletedProcess:
@@ -76,30 +100,34 @@ def corral_cmd(state: str, *args, timeout=1800) -> subprocess.CompletedProcess:
 
 
 def build(builds: int) -> dict:
-    toml = os.path.join(ROOT, "tests", "data", "mini-image.toml")
+    toml = os.path.join(ROOT, "tests", "fixtures", "data", "mini-image.toml")
     os.makedirs(CACHE, 0o711, exist_ok=True)
-    out = {"cold_s": [], "from_lock_s": [], "same_digest": []}
+    out = {"cold_s": [], "rebuild_s": [], "cached_s": [], "same_digest": [], "said_so": []}
     for _ in range(builds):
         state = tempfile.mkdtemp(prefix="build-", dir=CACHE)
         os.chmod(state, 0o711)
         lock = os.path.join(state, "lock.json")
         try:
-            t0 = time.monotonic()
-            p = corral_cmd(state, "image", "build", toml, "--lock", lock)
-            out["cold_s"].append(time.monotonic() - t0)
-            if p.returncode != 0:
-                raise SystemExit("cold build: " + p.stderr[-500:])
-            t0 = time.monotonic()
-            q = corral_cmd(state, "image", "build", toml, "--lock", lock)
-            out["from_lock_s"].append(time.monotonic() - t0)
-            if q.returncode != 0:
-                raise SystemExit("build from the lock: " + q.stderr[-500:])
-            out["same_digest"].append(p.stdout.strip() == q.stdout.strip())
+            runs = {}
+            for what, extra in (("cold_s", ()), ("rebuild_s", ("--no-cache",)),
+                                ("cached_s", ())):
+                t0 = time.monotonic()
+                p = corral_cmd(state, "image", "build", toml, "--lock", lock, *extra)
+                out[what].append(time.monotonic() - t0)
+                if p.returncode != 0:
+                    raise SystemExit(f"build ({what}): " + p.stderr[-500:])
+                runs[what] = p
+            out["same_digest"].append(len({p.stdout.strip() for p in runs.values()}) == 1)
+            out["said_so"].append("from cache" in runs["cached_s"].stderr
+                                  and "from cache" not in runs["rebuild_s"].stderr)
         finally:
             from corral.images.store import remove_tree
 
             remove_tree(state)
-    out["cold_median_s"], out["from_lock_median_s"] = med(out["cold_s"]), med(out["from_lock_s"])
+    for k in ("cold", "rebuild", "cached"):
+        out[f"{k}_median_s"] = med(out[f"{k}_s"])
+    out["cached_vs_cold"] = out["cached_median_s"] / out["cold_median_s"]
+    out["rebuild_vs_cold"] = out["rebuild_median_s"] / out["cold_median_s"]
     return out
 
 
@@ -129,10 +157,13 @@ def install(image: str, runs: int, seed: int) -> dict:
     names = [w.split("==")[0] for w in WHEELS]
     state = os.environ.get("CORRAL_STATE_DIR") or ""
     samples = {"corral": [], "host": []}
+    cpu = {"corral": [], "host": []}   # CPU time of the whole process tree: load-robust
     rng = random.Random(seed)
     try:
         for rnd in range(runs + 1):
             for v in rng.sample(list(samples), 2):
+                target = None
+                c0 = _cpu()
                 t0 = time.monotonic()
                 if v == "corral":
                     p = corral_cmd(state, "install", "--image", image, "--index-url", url,
@@ -146,18 +177,22 @@ def install(image: str, runs: int, seed: int) -> dict:
                                        env={"PATH": "/usr/bin:/bin", "HOME": target,
                                             "PIP_CONFIG_FILE": os.devnull},
                                        capture_output=True, text=True)
+                dt = time.monotonic() - t0   # pip's time only (corral's: the layer stored)
+                dc = _cpu() - c0
+                if target:
                     shutil.rmtree(target)
-                dt = time.monotonic() - t0
                 if p.returncode != 0:
                     raise SystemExit(f"{v}: {p.stderr[-500:]}")
                 if rnd >= 1:
                     samples[v].append(dt)
-        corral_cmd(state, "image", "rm", "bench-install")
+                    cpu[v].append(dc)
     finally:
         srv.terminate()
         shutil.rmtree(root)
     c, h = med(samples["corral"]), med(samples["host"])
+    cc, hc = med(cpu["corral"]), med(cpu["host"])
     return {"corral_s": c, "host_pip_s": h, "ratio": c / h, "goal": 1.3, "samples": samples,
+            "cpu_corral_s": cc, "cpu_host_s": hc, "cpu_ratio": cc / hc, "cpu": cpu,
             "packages": WHEELS}
 
 
@@ -168,27 +203,54 @@ def main() -> int:
     ap.add_argument("--install-runs", type=int, default=3)
     ap.add_argument("--builds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=15)
-    ap.add_argument("--only", default="startup,build,install")
+    ap.add_argument("--only", default="install,startup,build")
     ap.add_argument("--json")
     a = ap.parse_args()
     only = a.only.split(",")
+    state = os.environ.get("CORRAL_STATE_DIR") or ""
     doc = {"loadavg_before": os.getloadavg(), "image": a.image}
-    if "startup" in only:
-        doc["startup"] = startup(a.image, a.runs, a.seed)
-        for cmd, r in doc["startup"].items():
-            print(f"startup {cmd:<18} host {r['host_ms']:7.1f} ms   image {r['image_ms']:7.1f} ms"
-                  f"   image/host {r['ratio']:.3f} (goal <= {r['goal']})", flush=True)
+    lines = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        print(line, flush=True)
+
+    layered = None
     if "install" in only:
         doc["install"] = r = install(a.image, a.install_runs, a.seed)
-        print(f"install 10 wheels        host pip {r['host_pip_s']:6.2f} s   corral install "
-              f"{r['corral_s']:6.2f} s   ratio {r['ratio']:.2f} (goal <= {r['goal']})", flush=True)
+        say(f"install 10 wheels    host pip {r['host_pip_s']:6.2f} s   corral install "
+            f"{r['corral_s']:6.2f} s   corral/host {r['ratio']:.2f}   (goal <= {r['goal']})")
+        say(f"  cpu time           host pip {r['cpu_host_s']:6.2f} s   corral install "
+            f"{r['cpu_corral_s']:6.2f} s   corral/host {r['cpu_ratio']:.2f}")
+        layered = "bench-install"
+    try:
+        if "startup" in only:
+            doc["startup"] = st = startup(a.image, a.runs, a.seed, layered)
+            for cmd, r in st.items():
+                line = (f"startup {cmd:<16} host {r['host_ms']:6.1f} ms  image "
+                        f"{r['image_ms']:6.1f} ms  image/host {r['ratio']:.3f}")
+                if layered:
+                    line += (f"  +layer {r['layered_ms']:6.1f} ms  +layer/host "
+                             f"{r['layered_ratio']:.3f}")
+                say(line + f"   (goal <= {r['goal']})")
+                line = (f"  cpu time {cmd:<13} host {r['cpu_host_ms']:6.1f} ms  image "
+                        f"{r['cpu_image_ms']:6.1f} ms  image/host {r['cpu_ratio']:.3f}")
+                if layered:
+                    line += (f"  +layer {r['cpu_layered_ms']:6.1f} ms  +layer/host "
+                             f"{r['cpu_layered_ratio']:.3f}")
+                say(line)
+    finally:
+        if layered:
+            corral_cmd(state, "image", "rm", layered)
     if "build" in only:
         doc["build"] = r = build(a.builds)
-        print(f"build mini image         cold {r['cold_median_s']:6.1f} s   again from the lock "
-              f"{r['from_lock_median_s']:6.1f} s   same digest: {r['same_digest']}", flush=True)
+        say(f"build mini image     cold {r['cold_median_s']:6.1f} s   rebuild from the lock "
+            f"(--no-cache) {r['rebuild_median_s']:6.1f} s   from the cache "
+            f"{r['cached_median_s']:6.2f} s   cache/cold {r['cached_vs_cold']:.3f}   "
+            f"same digest {all(r['same_digest'])}, said so {all(r['said_so'])}")
     doc["loadavg_after"] = os.getloadavg()
-    print(f"load average before {doc['loadavg_before']}, after {doc['loadavg_after']} "
-          f"on {os.cpu_count()} CPUs")
+    say(f"load average before {doc['loadavg_before']}, after {doc['loadavg_after']} "
+        f"on {os.cpu_count()} CPUs (a shared machine: indicative)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)

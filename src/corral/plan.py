@@ -73,8 +73,11 @@ class ImageRoot(Op):
     names it (`ref`); runtime.tiers resolves it to a digest and tree before any check."""
     ref: str
     digest: str = ""
-    tree: str = ""
+    tree: str = ""           # the base tree (host path)
     pinned: bool = False     # the policy named the digest itself, not a name
+    #: the image's layers over `tree` (host paths, bottom first): the tiers mount them and
+    #: the tree as one read-only overlay (backends/host/imageroot.py)
+    layers: tuple[str, ...] = ()
 
 
 class Scratch(Op):

@@ -123,6 +123,9 @@ def state(tmp_path, mini_image):
     corral_in(st, "image", "import", tar, "--name", "base")
     yield st
     remove_tree(st)
+    from corral.backends.host.imageroot import sweep_shared
+
+    sweep_shared()   # the shared overlays of this store's layered images: detached
 
 
 @pytest.fixture
@@ -350,3 +353,69 @@ def test_the_same_wheels_give_the_same_image(state, index):
     b = install(state, "--index-url", index.url, "--name", "two", "tinya")
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     assert a.stdout.strip() == b.stdout.strip()
+
+
+def test_an_install_is_its_base_plus_one_layer_of_what_pip_wrote(state, index, tmp_path):
+    """The installed image is the base and one layer holding only pip's files (the base is
+    not copied); it runs on namespace and gvisor with the package there; gc keeps the base
+    while the image is on it; export, rm, import gives the same digest."""
+    from conftest import tier_unavailable
+
+    base = json.loads(corral_in(state, "image", "show", "base", "--json").stdout)["digest"]
+    p = install(state, "--index-url", index.url, "--name", "lay", "tinya")
+    assert p.returncode == 0, p.stderr
+    digest = p.stdout.strip()
+    meta = json.loads(corral_in(state, "image", "show", "lay", "--json").stdout)
+    assert meta["base"] == meta["root"] == base and len(meta["layers"]) == 1
+    want = hashlib.sha256(b"corral layered image v1\n" + f"base {base}\nlayer "
+                          f"{meta['layers'][0]}\n".encode()).hexdigest()
+    assert digest == "sha256:" + want
+    layer = os.path.join(state, "images", "layers", meta["layers"][0][7:])
+    files = [os.path.relpath(os.path.join(d, f), layer) for d, _, fs in os.walk(layer)
+             for f in fs]
+    assert any(f.endswith("tinya/__init__.py") for f in files), files
+    assert all(f.startswith("usr/local/") for f in files), files   # nothing of the base
+    assert len(files) < 40 and not os.path.exists(os.path.join(state, "images", "trees",
+                                                               digest[7:]))
+    pycs = [f for f in files if f.endswith(".pyc")]
+    assert pycs
+    for f in pycs:   # pip's checked hash-based .pyc files, unchecked in the image
+        with open(os.path.join(layer, f), "rb") as fo:
+            assert fo.read(8)[4] == 1, f
+    code = ("import tinya, sys; print(tinya.A); "
+            "print(open('/etc/os-release').readline().strip())")
+    for tier in ("namespace", "gvisor"):
+        why = tier_unavailable(tier)
+        if why:
+            pytest.skip(why)
+        run = corral_in(state, "run", "--isolation", tier, "--image", "lay", "--", "python3",
+                        "-c", code)
+        assert run.stdout == 'a+b-here\nPRETTY_NAME="Debian GNU/Linux 13 (trixie)"\n', tier
+        ro = corral_in(state, "run", "--isolation", tier, "--image", "lay", "--", "sh", "-c",
+                       "touch /usr/local/planted 2>/dev/null && echo WROTE || echo ro")
+        assert ro.stdout == "ro\n", tier
+    # the base stays while an image is built on it, named or not
+    assert corral_in(state, "image", "rm", "base").stdout.splitlines()[1] == (
+        f"kept {base}: lay is built on it")
+    assert base not in corral_in(state, "image", "gc").stdout
+    assert corral_in(state, "run", "--image", "lay", "--", "python3", "-c",
+                     "import tinya").returncode == 0
+    # export (the base and the layer, each an OCI layer), rm, gc, import: the same digest
+    out = str(tmp_path / "lay.tar")
+    corral_in(state, "image", "export", "lay", out)
+    corral_in(state, "image", "rm", "lay")
+    gone = corral_in(state, "image", "gc").stdout
+    assert base in gone and corral_in(state, "image", "ls").stdout == ""
+    again = corral_in(state, "image", "import", out, "--name", "back").stdout.strip()
+    assert again == digest
+    run = corral_in(state, "run", "--image", "back", "--", "python3", "-c", code)
+    assert run.stdout.startswith("a+b-here\n")
+    # an install on a layered image: one more layer, both seen
+    p = corral_in(state, "install", "--image", "back", "--index-url", index.url, "--name",
+                  "two", "phonehome")
+    meta2 = json.loads(corral_in(state, "image", "show", "two", "--json").stdout)
+    assert meta2["base"] == digest and meta2["layers"][:1] == meta["layers"]
+    assert len(meta2["layers"]) == 2 and meta2["root"] == base
+    run = corral_in(state, "run", "--image", "two", "--", "python3", "-c",
+                    "import os, tinya; print(tinya.A, os.environ.get('PHONEHOME'))")
+    assert run.stdout == "a+b-here net-refused,home-hidden\n", run.stdout

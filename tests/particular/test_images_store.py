@@ -1,6 +1,7 @@
 """The image store: OCI / docker-save import with a hostile-tar unpacker, export round trip,
 the reproducible digest, read-only trees, rm and gc. Real tarballs, the real CLI."""
 
+import contextlib
 import hashlib
 import io
 import json
@@ -118,44 +119,185 @@ def tree_of(state, digest):
     return os.path.join(state, "images", "trees", digest[7:])
 
 
+def run_info(state, digest):
+    with open(os.path.join(state, "images", "meta", digest[7:] + ".run")) as f:
+        return json.load(f)
+
+
+@contextlib.contextmanager
+def merged(state, digest, tmp_path):
+    """The image as a run sees it: its base tree, or its layers over it mounted the way the
+    tiers do (backends/host/imageroot.py: a read-only overlay, lower directories only)."""
+    from corral.backends.host.imageroot import image_root
+    from corral.plan import ImageRoot
+
+    info = run_info(state, digest)
+    op = ImageRoot(rule="image", ref=digest, digest=digest, tree=tree_of(state, info["root"]),
+                   layers=tuple(os.path.join(state, "images", "layers", x[7:])
+                                for x in info["layers"]))
+    if not op.layers:
+        yield op.tree
+        return
+
+    class RunDir:
+        base = str(tmp_path / "run")
+
+    root = image_root(RunDir, op)
+    try:
+        assert image_root(RunDir, op) == root   # shared: mounted once
+        yield root
+    finally:
+        subprocess.run(["umount", root], check=True)
+        os.unlink(root + ".lowers")
+
+
 def test_oci_import_applies_layers_and_whiteouts(state, tmp_path):
     tar = oci_tar(str(tmp_path / "img.tar"), [BASE, TOP])
     digest = corral(state, "image", "import", tar, "--name", "toy").stdout.strip()
     assert digest.startswith("sha256:") and len(digest) == 71
-    t = tree_of(state, digest)
-    assert read(os.path.join(t, "etc/os-release")) == "ID=top\n"
-    assert sorted(os.listdir(os.path.join(t, "usr/share/doc"))) == ["c"]   # opaque dir
-    assert not os.path.exists(os.path.join(t, "opt/x"))                     # whiteout
-    assert os.readlink(os.path.join(t, "bin")) == "usr/bin"
-    assert os.path.samefile(os.path.join(t, "usr/bin/tool"), os.path.join(t, "usr/bin/tool2"))
-    for mp in ("proc", "dev", "tmp", "scratch", "workspace"):                # mount points
-        assert os.path.isdir(os.path.join(t, mp))
+    info = run_info(state, digest)
+    assert len(info["layers"]) == 1 and info["root"] != digest
+    base, layer = tree_of(state, info["root"]), os.path.join(state, "images", "layers",
+                                                              info["layers"][0][7:])
+    # the base tree is the first layer as it was; the second is a layer of its own, its
+    # whiteout an overlayfs whiteout and its opaque marker the directory's xattr
+    assert read(os.path.join(base, "etc/os-release")) == "ID=toy\n"
+    assert read(os.path.join(base, "opt/x")) == "x"
+    st = os.lstat(os.path.join(layer, "opt/x"))
+    assert stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+    assert os.getxattr(os.path.join(layer, "usr/share/doc"), "trusted.overlay.opaque") == b"y"
+    assert sorted(os.listdir(layer)) == ["etc", "opt", "usr"]   # only what the layer has
+    with merged(state, digest, tmp_path) as t:   # what a run sees
+        assert read(os.path.join(t, "etc/os-release")) == "ID=top\n"
+        assert sorted(os.listdir(os.path.join(t, "usr/share/doc"))) == ["c"]   # opaque dir
+        assert not os.path.exists(os.path.join(t, "opt/x"))                     # whiteout
+        assert os.readlink(os.path.join(t, "bin")) == "usr/bin"
+        assert read(os.path.join(t, "usr/bin/tool")) == "#!/bin/sh\necho hi\n"
+        for mp in ("proc", "dev", "tmp", "scratch", "workspace"):                # mount points
+            assert os.path.isdir(os.path.join(t, mp))
+    assert os.path.samefile(os.path.join(base, "usr/bin/tool"),
+                            os.path.join(base, "usr/bin/tool2"))
     # read-only on disk: no write bit anywhere, the set-uid bit gone (kept in the manifest)
-    for dirpath, dirs, files in os.walk(t):
-        for n in dirs + files + ["."]:
-            st = os.lstat(os.path.join(dirpath, n))
-            if not stat.S_ISLNK(st.st_mode):
-                assert st.st_mode & 0o7222 == 0, os.path.join(dirpath, n)
-    man = read(os.path.join(state, "images", "meta", digest[7:] + ".manifest"), "rb")
-    assert hashlib.sha256(man).hexdigest() == digest[7:]
+    for top in (base, layer):
+        for dirpath, dirs, files in os.walk(top):
+            for n in dirs + files + ["."]:
+                st = os.lstat(os.path.join(dirpath, n))
+                if not stat.S_ISLNK(st.st_mode):
+                    assert st.st_mode & 0o7222 == 0, os.path.join(dirpath, n)
+    man = read(os.path.join(state, "images", "meta", info["root"][7:] + ".manifest"), "rb")
+    assert hashlib.sha256(man).hexdigest() == info["root"][7:]
     assert b"usr/bin/tool\0f\x004755\0" in man
+    lman = read(os.path.join(state, "images", "meta", info["layers"][0][7:] + ".layer"), "rb")
+    assert hashlib.sha256(lman).hexdigest() == info["layers"][0][7:]
+    assert b"opt/x\0w\x000000\x000\0\n" in lman and b"usr/share/doc\0d\x000755\x000\0opaque\n" in lman
+    # the image's digest: over the base's digest and the layer's
+    want = hashlib.sha256(b"corral layered image v1\n" + f"base {info['root']}\nlayer "
+                          f"{info['layers'][0]}\n".encode()).hexdigest()
+    assert digest == "sha256:" + want
     ls = corral(state, "image", "ls").stdout
     assert "toy" in ls and digest[:19] in ls
     show = json.loads(corral(state, "image", "show", "toy", "--json").stdout)
     assert show["env"] == ["PATH=/usr/bin"] and show["workdir"] == "/w"
+    assert show["base"] == info["root"] and show["layers"] == info["layers"]
 
 
 def test_export_rm_import_round_trip_gives_the_same_digest(state, tmp_path):
     digest = corral(state, "image", "import", oci_tar(str(tmp_path / "a.tar"), [BASE, TOP],
                                                       gz=True), "--name", "toy").stdout.strip()
+    info = run_info(state, digest)
     out = str(tmp_path / "out.tar")
     corral(state, "image", "export", "toy", out)
+    with tarfile.open(out) as tf:   # the base and the layer, each an OCI layer of its own
+        index = json.load(tf.extractfile("index.json"))
+        man = json.load(tf.extractfile("blobs/sha256/" + index["manifests"][0]["digest"][7:]))
+        assert len(man["layers"]) == 2
+        top = tarfile.open(fileobj=tf.extractfile("blobs/sha256/" + man["layers"][1]["digest"][7:]))
+        names = top.getnames()
+        assert "opt/.wh.x" in names and "usr/share/doc/.wh..wh..opq" in names
+        assert "usr/bin/tool" not in names   # the base's files are not in the layer
     corral(state, "image", "rm", "toy")
-    assert not os.path.exists(tree_of(state, digest))
+    corral(state, "image", "gc")   # the base, unnamed, goes with the last image on it
+    assert not os.path.exists(tree_of(state, info["root"]))
+    assert os.listdir(os.path.join(state, "images", "layers")) == []
     assert corral(state, "image", "ls").stdout == ""
     again = corral(state, "image", "import", out, "--name", "back").stdout.strip()
     assert again == digest
     assert json.loads(corral(state, "image", "show", "back", "--json").stdout)["workdir"] == "/w"
+
+
+def test_gc_and_rm_keep_a_base_a_layered_image_is_built_on(state, tmp_path):
+    layered = corral(state, "image", "import", oci_tar(str(tmp_path / "a.tar"), [BASE, TOP]),
+                     "--name", "toy").stdout.strip()
+    base = run_info(state, layered)["root"]
+    assert base not in corral(state, "image", "gc").stdout   # unnamed, but toy is on it
+    assert os.path.isdir(tree_of(state, base))
+    corral(state, "image", "tag", base, "b")
+    out = corral(state, "image", "rm", "b").stdout
+    assert out == f"removed name b\nkept {base}: toy is built on it\n", out
+    with merged(state, layered, tmp_path) as t:
+        assert read(os.path.join(t, "etc/os-release")) == "ID=top\n"
+    out = corral(state, "image", "rm", "toy").stdout.splitlines()
+    assert out[:2] == ["removed name toy", f"removed {layered}"] and out[2].startswith(
+        "removed layer "), out
+    gone = corral(state, "image", "gc").stdout
+    assert base in gone and not os.path.exists(tree_of(state, base))
+
+
+@pytest.mark.parametrize("layer, why", [
+    ([(".wh.tmp", "f")], "the layer removes /tmp, where corral mounts"),
+    ([("etc", "d"), ("etc/corral-ca.pem", "l", b"", None, "/x")],
+     "the layer replaces /etc/corral-ca.pem"),
+    ([(".wh..wh..opq", "f")], "an opaque marker at the root of a layer"),
+])
+def test_a_layer_may_not_remove_corrals_mount_points(state, tmp_path, layer, why):
+    p = corral(state, "image", "import", oci_tar(str(tmp_path / "a.tar"), [BASE, layer]),
+               check=False)
+    assert p.returncode == 4 and why in p.stderr, p.stderr
+    assert os.listdir(os.path.join(state, "images", "trees")) == []
+
+
+def test_a_shared_overlay_on_replaced_directories_is_mounted_anew(state, tmp_path):
+    """The overlay of a layered image is shared by the runs; removed and imported again
+    (the same paths, new directories), the image gets a fresh overlay, not the stale one."""
+    from corral.backends.host.imageroot import image_root, sweep_shared
+    from corral.plan import ImageRoot
+
+    tar = oci_tar(str(tmp_path / "a.tar"), [BASE, TOP])
+
+    class RunDir:
+        base = str(tmp_path / "run")
+
+    def op(digest):
+        info = run_info(state, digest)
+        return ImageRoot(rule="image", ref=digest, digest=digest,
+                         tree=tree_of(state, info["root"]),
+                         layers=tuple(os.path.join(state, "images", "layers", x[7:])
+                                      for x in info["layers"]))
+
+    digest = corral(state, "image", "import", tar, "--name", "toy").stdout.strip()
+    root = image_root(RunDir, op(digest))
+    try:
+        assert read(os.path.join(root, "etc/os-release")) == "ID=top\n"
+        corral(state, "image", "rm", "toy")
+        corral(state, "image", "gc")
+        assert corral(state, "image", "import", tar, "--name", "toy").stdout.strip() == digest
+        assert image_root(RunDir, op(digest)) == root
+        # paths no run looked up before: a stale overlay (on the removed directories)
+        # would not find them
+        assert read(os.path.join(root, "usr/share/doc/c")) == "c"
+        assert read(os.path.join(root, "usr/bin/tool")) == "#!/bin/sh\necho hi\n"
+    finally:
+        for _ in range(3):
+            subprocess.run(["umount", root], check=False, capture_output=True)
+    assert sweep_shared(RunDir.base) == [root]   # unmounted: its entry goes
+
+
+def test_a_layer_opaque_above_a_mount_point_gets_it_back(state, tmp_path):
+    digest = corral(state, "image", "import", oci_tar(
+        str(tmp_path / "a.tar"), [BASE, [("etc", "d"), ("etc/.wh..wh..opq", "f"),
+                                         ("etc/hostname", "f", b"h")]])).stdout.strip()
+    with merged(state, digest, tmp_path) as t:
+        assert sorted(os.listdir(os.path.join(t, "etc"))) == ["corral-ca.pem", "hostname"]
 
 
 def test_digest_ignores_mtimes_and_member_order(state, tmp_path):
@@ -175,7 +317,8 @@ def test_digest_ignores_mtimes_and_member_order(state, tmp_path):
 def test_docker_save_import(state, tmp_path):
     digest = corral(state, "image", "import", docker_tar(str(tmp_path / "d.tar"), [BASE, TOP]),
                     "--name", "dk").stdout.strip()
-    assert read(os.path.join(tree_of(state, digest), "etc/os-release")) == "ID=top\n"
+    with merged(state, digest, tmp_path) as t:
+        assert read(os.path.join(t, "etc/os-release")) == "ID=top\n"
     assert json.loads(corral(state, "image", "show", "dk", "--json").stdout)["env"] == ["A=1"]
 
 
@@ -244,7 +387,8 @@ def test_tar_header_bounds_spare_ordinary_pax_headers(state, tmp_path):
                        _pax({"comment": "x" * 30000}), _plain("etc/b", b"bb"))
     digest = corral(state, "image", "import", oci_tar(str(tmp_path / "ok.tar"),
                                                       [BASE, layer])).stdout.strip()
-    assert os.path.exists(os.path.join(tree_of(state, digest), long))
+    with merged(state, digest, tmp_path) as t:
+        assert os.path.exists(os.path.join(t, long))
 
 
 HOSTILE = {
@@ -273,6 +417,7 @@ def test_hostile_tarball_refused_with_one_line_and_nothing_left(state, tmp_path,
     assert len(lines) == 1 and why in lines[0], p.stderr
     images = os.path.join(state, "images")
     assert os.listdir(os.path.join(images, "trees")) == []
+    assert os.listdir(os.path.join(images, "layers")) == []   # the refused one is layer 2
     assert os.listdir(os.path.join(images, "tmp")) == []
     assert corral(state, "image", "ls").stdout == ""
     assert not os.path.exists("/tmp/escaped") and not os.path.exists(
@@ -308,3 +453,35 @@ def test_rm_by_name_and_gc(state, tmp_path):
     assert not os.path.exists(tree_of(state, d3))
     p = corral(state, "image", "show", "nope", check=False)
     assert p.returncode == 4 and "no image named 'nope'" in p.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to nobody")
+def test_without_root_the_namespace_tier_refuses_a_layered_image(tmp_path):
+    """An overlay is mounted on the host, which needs root: an ordinary user's run on a
+    layered image is refused (exit 3), naming why, never run on something else."""
+    import shutil
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="corral-nobody-")
+    try:
+        os.chmod(top, 0o711)
+        state = os.path.join(top, "state")
+        corral(state, "image", "import", oci_tar(str(tmp_path / "a.tar"), [BASE, TOP]),
+               "--name", "toy")
+        for d, _, fs in os.walk(state):   # let nobody read this store
+            os.chmod(d, 0o755)
+            for f in fs:
+                os.chmod(os.path.join(d, f), 0o644)
+        r = subprocess.run([CORRAL, "run", "--isolation", "namespace", "--image", "toy", "--",
+                            "/usr/bin/tool"], capture_output=True, text=True, timeout=60,
+                           user=65534, group=65534, extra_groups=[], cwd="/",
+                           env={"PATH": "/usr/bin:/bin", "CORRAL_STATE_DIR": state,
+                                "HOME": "/"})
+        assert r.returncode == 3, r.stderr
+        assert ("an image with layers is an overlay corral mounts on the host, which needs "
+                "root") in r.stderr
+    finally:
+        from corral.images.store import remove_tree
+
+        remove_tree(top)
+        shutil.rmtree(top, ignore_errors=True)

@@ -49,6 +49,9 @@ def runner(mini_image):
             else:
                 os.environ[k] = v
         remove_tree(st)
+        from corral.backends.host.imageroot import sweep_shared
+
+        sweep_shared()   # the shared overlays of this store's layered images: detached
 
 
 def test_the_four_cases_are_in_the_catalogue():

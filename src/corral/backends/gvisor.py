@@ -402,12 +402,13 @@ class GvisorBackend(Backend):
                     if ok is not True:
                         missing.append((op, ok))
                 case ImageRoot():
-                    from ..images.resolve import missing_mount_points
+                    binds = [b.path for b in plan.find(ReadOnlyBind)]
+                    if binds:
+                        from ..images.resolve import missing_mount_points
 
-                    for path in missing_mount_points(op, [b.path for b in
-                                                          plan.find(ReadOnlyBind)]):
-                        missing.append((op, f"{path} (filesystem.ro_binds) has no mount "
-                                            f"point in image {op.ref}"))
+                        for path in missing_mount_points(op, binds):
+                            missing.append((op, f"{path} (filesystem.ro_binds) has no "
+                                                f"mount point in image {op.ref}"))
                 case (Namespaces() | SystemRoot() | Seccomp() | Scratch() | PidsLimit()
                       | WallClock() | OutputCap() | Rlimit() | Environment() | NoNetwork()
                       | ReadOnlyBind()):
@@ -496,6 +497,10 @@ class GvisorSandbox(LiveSandbox):
         symlinks, nothing else. Read-only in the spec; gVisor mounts the rest on it."""
         root = self.dir.sub("rootfs", 0o755)
         for op in self.plan.find(ImageRoot):
+            if op.layers:   # the layers over the tree: the shared read-only overlay
+                from .host.imageroot import image_root
+
+                return self._image_rootfs(root, image_root(self.dir, op))
             return self._image_rootfs(root, op.tree)
         # a mount of its own without nosuid/nodev: the gofer remounts the root read-only
         # from inside its user namespace, which may not drop flags locked on the mount

@@ -95,7 +95,9 @@ def _image_note(op: ImageRoot) -> str:
     """explain's note for an image root: which image, and whether the policy pins it."""
     pin = ("pinned by digest" if op.pinned else
            f"by name (now {op.digest[:19]}; write image = \"{op.digest}\" to pin it)")
-    return f"image {op.ref}, read-only bind of the store's tree as /, {pin}"
+    how = (f"read-only overlay of its {len(op.layers)} layer(s) over the store's tree"
+           if op.layers else "read-only bind of the store's tree")
+    return f"image {op.ref}, {how} as /, {pin}"
 
 
 def find_bwrap() -> str | None:
@@ -245,12 +247,17 @@ class NamespaceBackend(Backend):
                                             "sandbox's network namespace, which needs root; "
                                             "run corral as root"))
                 case ImageRoot():
-                    from ..images.resolve import missing_mount_points
+                    if op.layers and not self.root:
+                        from .host.imageroot import LAYERED_NEEDS_ROOT
 
-                    for path in missing_mount_points(op, [b.path for b in
-                                                          plan.find(ReadOnlyBind)]):
-                        missing.append((op, f"{path} (filesystem.ro_binds) has no mount "
-                                            f"point in image {op.ref}"))
+                        missing.append((op, LAYERED_NEEDS_ROOT))
+                    binds = [b.path for b in plan.find(ReadOnlyBind)]
+                    if binds:
+                        from ..images.resolve import missing_mount_points
+
+                        for path in missing_mount_points(op, binds):
+                            missing.append((op, f"{path} (filesystem.ro_binds) has no "
+                                                f"mount point in image {op.ref}"))
                 case (Namespaces() | SystemRoot() | Seccomp() | WallClock() | OutputCap()
                       | Rlimit() | Environment() | NoNetwork() | ReadOnlyBind()):
                     pass
@@ -300,6 +307,13 @@ class NamespaceSandbox(LiveSandbox):
         else:
             self.uid, self.gid = os.getuid(), os.getgid()
         self.etc, self.etc_dirs = ensure_etc(self.dir.base, prebind=self.root)
+        #: the root of a layered image: its overlay, mounted here (check(): root only)
+        self.image_root = None
+        for op in plan.find(ImageRoot):
+            if op.layers:
+                from .host.imageroot import image_root
+
+                self.image_root = image_root(self.dir, op)
         scratch = plan.find(Scratch)[0]
         self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
                                      self.gid, enforce=self.root and not self._unenforced(scratch))
@@ -373,8 +387,9 @@ class NamespaceSandbox(LiveSandbox):
                     for p in self.etc_dirs:
                         a += ["--ro-bind", p, p]
                     a += ["--proc", "/proc", "--dev", "/dev"]
-                case ImageRoot():   # the store's tree, read-only, as / (its /etc too)
-                    a += ["--ro-bind", op.tree, "/", "--proc", "/proc", "--dev", "/dev"]
+                case ImageRoot():   # the store's tree (or the layers' overlay) as /
+                    a += ["--ro-bind", self.image_root or op.tree, "/", "--proc", "/proc",
+                          "--dev", "/dev"]
                 case Scratch():
                     a += ["--bind", os.path.join(self.scratch, "home"), SCRATCH,
                           "--bind", os.path.join(self.scratch, "tmp"), "/tmp",

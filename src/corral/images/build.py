@@ -283,16 +283,63 @@ def check_drift(lock: dict, debs: list[dict]) -> None:
 
 
 # -- the commands ------------------------------------------------------------------------------
+def build_key(desc: Description, debs: list[dict]) -> str:
+    """The key of a build: the sha256 of everything that goes into the image: the Debian
+    package set (each name, version, architecture and .deb sha256: the lock), the
+    description's bytes (suite, packages, env, workdir, [python]), the bytes of each
+    [files] source and of the requirements file. The same key gives the same image."""
+    import hashlib
+
+    def file_sha(path: str, field: str) -> str:
+        h = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+        except FileNotFoundError:
+            raise ImageError(f"{path} does not exist", field=field) from None
+        return h.hexdigest()
+
+    doc = {"v": 1, "suite": desc.suite, "toml": desc.sha256,
+           "debs": sorted((d["name"], d["version"], d["arch"], d["sha256"]) for d in debs),
+           "files": {dest: file_sha(src, "files") for dest, src in sorted(desc.files.items())},
+           "requirements": file_sha(desc.requirements, "python.requirements")
+           if desc.requirements else None}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def cached(store, key: str) -> str | None:
+    """The image of the store built with this key, if any (its trees still there)."""
+    for meta in store.images():
+        if meta.get("build_key") == key:
+            return meta["digest"]
+    return None
+
+
 def build(store, desc: Description, *, lock: dict | None = None, name: str | None = None,
-          progress=None, index_ca: str | None = None) -> str:
-    """Build the image; returns its digest."""
+          progress=None, index_ca: str | None = None, use_cache: bool = True,
+          notice=None) -> str:
+    """Build the image; returns its digest. With a lock whose build (build_key) is in the
+    store already, that image is returned (and named) without running anything."""
+    key = None
     if lock is not None:
         if lock.get("suite") != desc.suite or sorted(lock.get("packages", [])) != sorted(
                 desc.packages):
             raise ImageError(f"the lock is for suite {lock.get('suite')} with packages "
                              f"{lock.get('packages')}, not what {desc.path} asks; run corral "
                              "image lock again", field="--lock")
+        key = build_key(desc, lock["debs"])
+        hit = cached(store, key) if use_cache else None
+        if hit:
+            if name:
+                store.tag(name, hit)
+            say = progress or notice   # said even without a terminal
+            if say:
+                say(f"from cache: {hit} was built from this lock and description; "
+                    "not rebuilt (--no-cache rebuilds)")
+            return hit
     work, builder = store.new_tree()
+    builder.unchecked_pycs = True   # a read-only image: no source check per import
     try:
         pins = None if lock is None else [f"{d['name']}={d['version']}" for d in lock["debs"]]
         tar, debs = debian_base(desc, work, pins, progress)
@@ -316,13 +363,16 @@ def build(store, desc: Description, *, lock: dict | None = None, name: str | Non
             except FileNotFoundError:
                 raise ImageError(f"[files] {dest}: {src} does not exist", field="files") \
                     from None
+        key = build_key(desc, debs)   # as the lock written from these debs will give
+        pip = bool(desc.requirements or desc.pip_packages)
         meta = {"source": {"kind": "build", "file": desc.path, "suite": desc.suite,
                            "mirror": desc.mirror},
                 "env": desc.env, "workdir": desc.workdir,
                 "lock": {"suite": desc.suite, "packages": desc.packages, "debs": debs,
                          "pinned": lock is not None}}
-        digest = store.commit(work, builder, meta,
-                              None if (desc.requirements or desc.pip_packages) else name)
+        if not pip:
+            meta["build_key"] = key
+        digest = store.commit(work, builder, meta, None if pip else name)
     except BaseException:
         builder.close()
         from .store import remove_tree
@@ -338,7 +388,7 @@ def build(store, desc: Description, *, lock: dict | None = None, name: str | Non
                          packages=desc.pip_packages, name=name, index_urls=(
                              [desc.index_url] if desc.index_url else None),
                          require_hashes=bool(desc.requirements), progress=progress,
-                         index_ca=index_ca)
+                         index_ca=index_ca, build_key=key)
     if progress:
         progress(f"done: {digest}")
     return digest

@@ -14,9 +14,11 @@ usage: corral image COMMAND [--state-dir DIR] ...
 
   ls [--json]                      one image a line: name, digest, size, created
   show NAME|DIGEST [--json]        metadata: source, env, workdir, base, lock, SBOM
-  build FILE|NAME [--name N] [--lock FILE] [--index-ca FILE]
+  build FILE|NAME [--name N] [--lock FILE] [--index-ca FILE] [--no-cache]
                                    build from a corral-image.toml (or a catalogue name:
-                                   python, datascience); with --lock, refuse any drift
+                                   python, datascience); with --lock, refuse any drift,
+                                   and return the image already built from that lock
+                                   (unless --no-cache)
   lock FILE|NAME [-o LOCKFILE]     resolve every Debian package (version, sha256) and
                                    every wheel (hash) and write the lock
   tag NAME|DIGEST NEWNAME          give an image another name
@@ -134,7 +136,9 @@ def cmd_image(args: list[str]) -> int:
                 raise UsageError("corral image rm NAME|DIGEST...", field="NAME")
             for ref in rest:
                 for what in store.remove(ref):
-                    sys.stdout.write(f"removed {what}\n")
+                    sys.stdout.write(what + "\n" if what.startswith("kept ")
+                                     else f"removed {what}\n")
+            _detach_overlays()
             return 0
         if sub == "tag":
             _no_more(rest, "image tag")
@@ -146,6 +150,7 @@ def cmd_image(args: list[str]) -> int:
             _no_more(rest, "image gc")
             for what in store.gc():
                 sys.stdout.write(f"removed {what}\n")
+            _detach_overlays()
             return 0
         if sub == "export":
             _no_more(rest, "image export")
@@ -178,6 +183,16 @@ def cmd_image(args: list[str]) -> int:
         return e.exit_code
 
 
+def _detach_overlays() -> None:
+    """The shared overlays of removed images' layers (backends/host/imageroot.py)."""
+    import os
+
+    if os.geteuid() == 0:
+        from ..backends.host.imageroot import sweep_shared
+
+        sweep_shared()
+
+
 def render_show(meta: dict) -> str:
     from .store import human
 
@@ -188,6 +203,13 @@ def render_show(meta: dict) -> str:
            f"source:   {json.dumps(meta.get('source', {}), sort_keys=True)}"]
     if meta.get("base"):
         out.append(f"base:     {meta['base']}")
+    if isinstance(meta.get("layers"), list) and meta["layers"]:
+        out.append(f"root:     {meta.get('root')} (the base tree)")
+        for i, layer in enumerate(meta["layers"], 1):
+            out.append(f"layer {i}:  {layer}" + (f" ({human(meta['layer_size'])})"
+                                                if i == len(meta["layers"])
+                                                and meta.get("layer_size") is not None
+                                                else ""))
     out.append(f"workdir:  {meta.get('workdir') or '-'}")
     for e in meta.get("env") or []:
         out.append(f"env:      {e}")
@@ -230,6 +252,7 @@ def cmd_build(store, args: list[str]) -> int:
     name = _take(args, "--name")
     lock_path = _take(args, "--lock")
     index_ca = _take(args, "--index-ca")
+    no_cache = _flag(args, "--no-cache")
     _no_more(args, "image build")
     if len(args) != 1:
         raise UsageError("corral image build FILE|NAME [--name N] [--lock FILE]", field="FILE")
@@ -244,7 +267,8 @@ def cmd_build(store, args: list[str]) -> int:
     fresh = bool(lock_path) and not os.path.exists(lock_path)
     lock = read_lock(lock_path) if lock_path and not fresh else None
     digest = build(store, desc, lock=lock, name=name, progress=progress_printer(),
-                   index_ca=index_ca)
+                   index_ca=index_ca, use_cache=not no_cache,
+                   notice=lambda m: sys.stderr.write(f"corral: {m}\n"))
     if fresh:
         meta = store.info(digest)
         base = meta.get("base") or digest

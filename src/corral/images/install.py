@@ -8,9 +8,10 @@
    proxy allowing only the index hosts (pypi.org and files.pythonhosted.org, or those of
    the --index-url given), no secrets, no host variables, an empty output directory of
    corral's own as the only writable place besides scratch, and a timeout;
-3. what pip wrote is copied, as hostile input (TreeBuilder.apply_dir: no link followed, no
-   device node), over a copy of BASE's tree (hard links into the store) into a new image,
-   with an SBOM (CycloneDX JSON) built from pip's report in its metadata.
+3. what pip wrote (`--root`: a directory of its own, nothing of the base) is copied, as
+   hostile input (TreeBuilder.apply_dir: no link followed, no device node), into a new
+   layer; the new image is BASE plus that layer (store.commit_layer: the base is not
+   copied), with an SBOM (CycloneDX JSON) built from pip's report in its metadata.
 
 Wheels only by default: no setup.py runs (--allow-sdist lifts it, still in the sandbox).
 """
@@ -70,6 +71,14 @@ def index_private_addresses(hosts, nameservers=()) -> list[tuple[str, str]]:
     does not resolve is left to pip's own error."""
     import ipaddress
 
+    names = []
+    for host in dict.fromkeys(hosts):
+        try:
+            ipaddress.ip_address(host)   # a literal: _index_rules has it
+        except ValueError:
+            names.append(host)
+    if not names:   # nothing to resolve: dnspython is not even imported
+        return []
     import dns.exception
     import dns.resolver
 
@@ -85,12 +94,7 @@ def index_private_addresses(hosts, nameservers=()) -> list[tuple[str, str]]:
         r = dns.resolver.Resolver()
     r.lifetime = 5.0
     out = []
-    for host in dict.fromkeys(hosts):
-        try:
-            ipaddress.ip_address(host)
-            continue   # a literal: _index_rules has it
-        except ValueError:
-            pass
+    for host in names:
         for rtype in ("A", "AAAA"):
             try:
                 answer = r.resolve(host, rtype)
@@ -107,9 +111,11 @@ def install(store, base: str, *, requirements: str | None = None, packages=(),
             name: str | None = None, index_urls: list[str] | None = None,
             require_hashes: bool | None = None, allow_names=(), allow_sdist: bool = False,
             timeout: float = 900.0, nameservers=(), progress=None,
-            key: str | None = None, index_ca: str | None = None) -> str:
-    """Install into a new image on `base` (a name or digest); returns its digest. `key`
-    (policy_install.py) is recorded in the image's source."""
+            key: str | None = None, index_ca: str | None = None,
+            build_key: str | None = None) -> str:
+    """Install into a new image on `base` (a name or digest): the base plus one layer;
+    returns its digest. `key` (policy_install.py) is recorded in the image's source,
+    `build_key` (build.py's cache) in its metadata."""
     from . import typosquat
     from .store import check_name, remove_tree
 
@@ -193,19 +199,22 @@ def install(store, base: str, *, requirements: str | None = None, packages=(),
         sbom = _sbom(os.path.join(layer, "report.json"), urls)
         if progress:
             progress(f"install: {len(sbom['components'])} packages; committing the layer")
-        work, builder = store.new_tree()
+        # the layer is what pip wrote, copied as hostile input into a tree of corral's own;
+        # the base is not copied: the image is the base and this layer (store.py)
+        work, builder = store.new_layer()
+        builder.unchecked_pycs = True   # pip's .pyc files: no source check per import
         try:
-            copy_base(builder, store, base_digest)
             builder.apply_dir(os.path.join(layer, "layer"))
             bmeta = store.info(base_digest)
             source = {"kind": "install", "index_urls": urls, "requested": names}
             if key:
                 source["install_key"] = key
-            meta = {"source": source,
-                    "base": base_digest, "env": bmeta.get("env") or [],
+            meta = {"source": source, "env": bmeta.get("env") or [],
                     "workdir": bmeta.get("workdir") or "", "lock": bmeta.get("lock"),
                     "sbom": sbom}
-            return store.commit(work, builder, meta, name)
+            if build_key:
+                meta["build_key"] = build_key
+            return store.commit_layer(work, builder, base_digest, meta, name)
         except BaseException:
             builder.close()
             remove_tree(work)
@@ -252,21 +261,6 @@ def _last_error(r) -> str:
                 f"exit status {r.exit_code}")
     pick = "".join(c if c.isprintable() else "?" for c in pick)
     return pick[:300]
-
-
-def copy_base(builder, store, digest: str) -> None:
-    """The base image's tree into the builder: files as hard links to the store's (never
-    written: the layer replaces a file by unlinking it first), modes from its manifest."""
-    from .tree import parse_manifest
-
-    tree = store.tree(digest)
-    for rel, kind, mode, size, data in parse_manifest(store.manifest(digest)):
-        if kind == "d":
-            builder.add_dir(rel, mode)
-        elif kind == "l":
-            builder.add_symlink(rel, data)
-        else:
-            builder.link_from(rel, os.path.join(tree, rel), mode, size, data)
 
 
 def _sbom(report_path: str, urls: list[str]) -> dict:

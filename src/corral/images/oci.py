@@ -6,9 +6,11 @@ layer's bytes hashed while they stream into the TreeBuilder (tree.py: hostile me
 refused, whiteouts applied), and the hash compared with the digest the manifest names
 before anything is committed. Gzip layers are read; zstd ones are refused.
 
-Export writes an OCI image layout with one uncompressed layer holding the whole tree
-(members sorted, owners 0:0, the recorded modes, the tree's mtimes), and a config with the
-image's env and working directory; importing it gives back the same digest.
+Export writes an OCI image layout with one uncompressed layer for the image's base tree and
+one for each of its layers (members sorted, owners 0:0, the recorded modes, the tree's
+mtimes; a layer's whiteouts and opaque directories as `.wh.` members), and a config with
+the image's env and working directory. Import makes the first layer a base tree and each
+later one a layer over it (store.py), so importing an export gives back the same digest.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .tree import open_tar, parse_manifest
 
 JSON_MAX = 4 << 20
 OUTER_MEMBERS_MAX = 100_000   # blobs, manifests, configs of one tarball
+MAX_LAYERS = 16               # layers kept as layers over the base tree; the rest merged in
 LAYER_TYPES = ("application/vnd.oci.image.layer.v1.tar",
                "application/vnd.oci.image.layer.v1.tar+gzip",
                "application/vnd.docker.image.rootfs.diff.tar.gzip",
@@ -122,6 +125,8 @@ def _pick_manifest(outer: _Outer, index: dict) -> dict:
 def import_tar(store, path: str, name: str | None = None, progress=None) -> str:
     """Import an OCI layout or docker-save tarball into the store; returns the digest."""
     outer = _Outer(path)
+    before = {m["digest"] for m in store.images()}
+    made: list[str] = []
     work, builder = store.new_tree()
     try:
         if outer.has("index.json") and outer.has("oci-layout"):
@@ -151,73 +156,107 @@ def import_tar(store, path: str, name: str | None = None, progress=None) -> str:
             raise ImageError(f"{path!r} is neither an OCI image layout (oci-layout, "
                              "index.json) nor a docker save tarball (manifest.json)",
                              field="FILE")
-        for i, (member, want) in enumerate(layers, 1):
-            f, size = outer.open(member)
-            if progress:
-                progress(f"layer {i}/{len(layers)}: {size} bytes")
-            if source == "docker-save" and f.read(2) == b"\x1f\x8b":
-                # a diff_id is the digest of the uncompressed layer: hash what gzip gives
-                f.seek(0)
-                f = gzip.GzipFile(fileobj=f, mode="rb")
-            else:
-                f.seek(0)
-            hs = _Hashing(f)
-            try:
-                builder.apply_tar(io.BufferedReader(hs, 1 << 16), whiteouts=True)
-                hs.drain()
-            except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-                raise ImageError(f"layer {i} is not a readable tar or gzip stream ({e})",
-                                 field="FILE") from None
-            if want is not None and "sha256:" + hs.h.hexdigest() != want:
-                raise ImageError(f"layer {i} does not match its digest {want}: the archive is "
-                                 "corrupt or was altered", field="FILE")
         cfg = (config or {}).get("config") or {}
         env = [e for e in cfg.get("Env") or [] if isinstance(e, str) and "=" in e]
         meta = {"source": {"kind": source, "file": os.path.abspath(path)},
-                "env": env, "workdir": cfg.get("WorkingDir") or "",
-                "layers": len(layers)}
-        return store.commit(work, builder, meta, name)
+                "env": env, "workdir": cfg.get("WorkingDir") or "", "oci_layers": len(layers)}
+        if not layers:
+            raise ImageError("the image lists no layers", field="FILE")
+        # the first layer is the base tree, each later one a layer of the store over it
+        # (whiteouts kept as overlayfs whiteouts): the same layers give the same digest.
+        # Beyond MAX_LAYERS, the lowest are applied into the base tree instead (an overlay
+        # takes a bounded list of directories)
+        digest = None
+        flat = max(1, len(layers) - MAX_LAYERS)
+        for i, (member, want) in enumerate(layers, 1):
+            if i > flat:
+                prev = builder
+                work, builder = store.new_layer(prev.limits)
+                builder.members, builder.bytes = prev.members, prev.bytes   # over all layers
+            _apply_layer(outer, builder, i, len(layers), member, want, source, progress)
+            last = i == len(layers)
+            if i < flat:
+                continue
+            if i == flat:
+                digest = store.commit(work, builder, meta, name if last else None)
+            else:
+                digest = store.commit_layer(work, builder, digest, meta, name if last else None)
+            if digest not in before:
+                made.append(digest)
+            work = None
+        return digest
     except BaseException:
         builder.close()
         from .store import remove_tree
 
-        remove_tree(work)
+        if work:
+            remove_tree(work)
+        store.discard(made)   # nothing of a refused archive stays in the store
         raise
 
 
+def _apply_layer(outer, builder, i: int, n: int, member: str, want, source: str,
+                 progress) -> None:
+    """Stream one layer into the builder, and check its bytes against its digest."""
+    f, size = outer.open(member)
+    if progress:
+        progress(f"layer {i}/{n}: {size} bytes")
+    if source == "docker-save" and f.read(2) == b"\x1f\x8b":
+        # a diff_id is the digest of the uncompressed layer: hash what gzip gives
+        f.seek(0)
+        f = gzip.GzipFile(fileobj=f, mode="rb")
+    else:
+        f.seek(0)
+    hs = _Hashing(f)
+    try:
+        builder.apply_tar(io.BufferedReader(hs, 1 << 16), whiteouts=True)
+        hs.drain()
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise ImageError(f"layer {i} is not a readable tar or gzip stream ({e})",
+                         field="FILE") from None
+    if want is not None and "sha256:" + hs.h.hexdigest() != want:
+        raise ImageError(f"layer {i} does not match its digest {want}: the archive is "
+                         "corrupt or was altered", field="FILE")
+
+
 def export_tar(store, digest: str, out_path: str) -> None:
-    """An OCI image layout tarball of the image, written to out_path (via a temp file)."""
+    """An OCI image layout tarball of the image, written to out_path (via a temp file):
+    its base tree as the first layer, each of its layers as one more."""
     meta = store.info(digest)
-    tree = store.tree(digest)
+    info = store.run_info(digest)
     work = store.tempdir("export")
     try:
-        _export(meta, digest, tree, store.manifest(digest), out_path, work)
+        parts = [(store.tree(info["root"]), store.manifest(info["root"]))]
+        parts += [(store.layer_path(x), store.layer_manifest(x)) for x in info["layers"]]
+        _export(meta, digest, parts, out_path, work)
     finally:
         from .store import remove_tree
 
         remove_tree(work)
 
 
-def _export(meta: dict, digest: str, tree: str, tree_manifest: bytes, out_path: str,
-            work: str) -> None:
-    layer = os.path.join(work, "layer.tar")
-    _layer_tar(tree, tree_manifest, layer)
-    h = hashlib.sha256()
-    with open(layer, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    layer_digest, layer_size = "sha256:" + h.hexdigest(), os.path.getsize(layer)
+def _export(meta: dict, digest: str, parts, out_path: str, work: str) -> None:
+    layers = []
+    for i, (tree, tree_manifest) in enumerate(parts):
+        layer = os.path.join(work, f"layer{i}.tar")
+        _layer_tar(tree, tree_manifest, layer)
+        h = hashlib.sha256()
+        with open(layer, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        layers.append((layer, "sha256:" + h.hexdigest(), os.path.getsize(layer)))
     config = json.dumps({
         "architecture": "amd64", "os": "linux",
         "config": {"Env": meta.get("env") or [], "WorkingDir": meta.get("workdir") or ""},
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        "rootfs": {"type": "layers", "diff_ids": [x[1] for x in layers]},
     }, sort_keys=True).encode()
     config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
     manifest = json.dumps({
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                    "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": LAYER_TYPES[0], "digest": layer_digest, "size": layer_size}],
+        "layers": [{"mediaType": LAYER_TYPES[0], "digest": d, "size": n}
+                   for _, d, n in layers],
         "annotations": {"org.corral.tree.digest": digest},
     }, sort_keys=True).encode()
     manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
@@ -245,8 +284,9 @@ def _export(meta: dict, digest: str, tree: str, tree_manifest: bytes, out_path: 
                 ti = tarfile.TarInfo(n)
                 ti.size, ti.mode = len(data), 0o644
                 tf.addfile(ti, io.BytesIO(data))
-            tf.add(layer, f"blobs/sha256/{layer_digest[7:]}", recursive=False,
-                   filter=_plain_member)
+            for layer, layer_digest, _ in layers:
+                tf.add(layer, f"blobs/sha256/{layer_digest[7:]}", recursive=False,
+                       filter=_plain_member)
         os.replace(tmp, out_path)
     except BaseException:
         if os.path.exists(tmp):
@@ -269,9 +309,17 @@ def _layer_tar(tree: str, manifest: bytes, out: str) -> None:
             st = os.lstat(p)
             ti = tarfile.TarInfo(rel)
             ti.mode, ti.uid, ti.gid, ti.mtime = mode, 0, 0, int(st.st_mtime)
-            if kind == "d":
+            if kind == "w":   # a layer's whiteout: the OCI `.wh.` name, an empty file
+                head, _, leaf = rel.rpartition("/")
+                ti.name = f"{head}/.wh.{leaf}" if head else f".wh.{leaf}"
+                tf.addfile(ti)
+            elif kind == "d":
                 ti.type = tarfile.DIRTYPE
                 tf.addfile(ti)
+                if data == "opaque":   # a layer's opaque directory: its OCI marker after it
+                    wh = tarfile.TarInfo(f"{rel}/.wh..wh..opq")
+                    wh.mtime = ti.mtime
+                    tf.addfile(wh)
             elif kind == "l":
                 ti.type, ti.linkname = tarfile.SYMTYPE, data
                 tf.addfile(ti)

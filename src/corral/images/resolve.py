@@ -11,6 +11,8 @@ from .store import Store
 
 
 def resolve_plan(plan: Plan, store: Store | None = None) -> Plan:
+    """The plan with its ImageRoot resolved: digest, base tree, layers, env, workdir. On
+    `corral run`'s path: it reads names.json and the image's small run file only."""
     ops = list(plan.ops)
     cwd = plan.cwd
     for i, op in enumerate(ops):
@@ -18,25 +20,24 @@ def resolve_plan(plan: Plan, store: Store | None = None) -> Plan:
             continue
         store = store or Store()
         digest = store.resolve(op.ref)
-        tree = store.tree(digest)
+        info = store.run_info(digest)
+        tree = store.tree(info["root"])
         _check_reachable(tree)
-        ops[i] = op.replace(digest=digest, tree=tree, pinned=op.ref == digest)
-        meta = store.info(digest)
+        layers = tuple(store.layer_path(x) for x in info["layers"])
+        ops[i] = op.replace(digest=digest, tree=tree, pinned=op.ref == digest, layers=layers)
         base = dict(BASE_ENV)
         for j, env_op in enumerate(ops):
             if isinstance(env_op, Environment):
                 env = dict(env_op.env)
-                for kv in meta.get("env") or []:
+                for kv in info.get("env") or []:
                     k, _, v = kv.partition("=")
                     # the image's variables replace corral's defaults, never the policy's
                     # own (env.pass, env.set) and never HOME (/scratch)
                     if k != "HOME" and (k not in env or env[k] == base.get(k)):
                         env[k] = v
                 ops[j] = env_op.replace(env=tuple(env.items()))
-        workdir = meta.get("workdir") or ""
-        if cwd == SCRATCH and workdir.startswith("/") and has_entry(
-                store.manifest(digest), workdir, "d"):
-            cwd = os.path.normpath(workdir)
+        if cwd == SCRATCH and info.get("workdir"):   # a directory of the image (run_info)
+            cwd = info["workdir"]
     return plan.replace(ops=tuple(ops), cwd=cwd)
 
 
@@ -59,23 +60,19 @@ def _check_reachable(tree: str) -> None:
 
 
 def has_entry(manifest: bytes, path: str, kind: str | None = None) -> bool:
-    """Whether the image's manifest lists `path` (absolute, in the image), of `kind` (d, f,
-    l) when given: looked up in the manifest, never by following the tree's links."""
-    key = os.fsencode(os.path.normpath(path).lstrip("/")) + b"\0"
-    if manifest.startswith(key):
-        at = 0
-    else:
-        at = manifest.find(b"\n" + key) + 1
-        if at == 0:
-            return False
-    return kind is None or manifest[at + len(key):at + len(key) + 1] == kind.encode()
+    """Whether a base tree's manifest lists `path` (absolute, in the image), of `kind` (d,
+    f, l) when given: looked up in the manifest, never by following the tree's links."""
+    from .tree import manifest_entry
+
+    got = manifest_entry(manifest, os.path.normpath(path).lstrip("/"))
+    return got is not None and (kind is None or got[0] == kind)
 
 
 def missing_mount_points(op: ImageRoot, paths) -> list[str]:
     """The paths (binds) that have no mount point in the image: it is read-only, so
     nothing can be created there."""
-    if not op.digest:
+    paths = list(paths)
+    if not op.digest or not paths:
         return []
-    manifest = Store(os.path.dirname(os.path.dirname(os.path.dirname(op.tree)))).manifest(
-        op.digest)
-    return [p for p in paths if not has_entry(manifest, p)]
+    store = Store(os.path.dirname(os.path.dirname(os.path.dirname(op.tree))))
+    return [p for p in paths if not store.has_entry(op.digest, p)]

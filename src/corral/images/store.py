@@ -6,6 +6,11 @@
       meta/HEX.json     its metadata: names, created, size, source, env, workdir, base,
                         layers, lock, sbom
       meta/HEX.manifest the manifest its digest is the sha256 of (tree.py)
+      meta/HEX.run      what a run needs of it, small (tree, layers, env, workdir): read on
+                        `corral run`'s path instead of the metadata and the manifest
+      layers/LHEX/      a layer: what an install (or an imported OCI layer) put over its
+                        base, with overlayfs whiteouts; read-only like the trees
+      meta/LHEX.layer   the layer's manifest (tree.py); LHEX is its sha256
       names.json        name -> digest
       tmp/              builds in progress; nothing here is an image
       .lock             flock held while the store changes
@@ -18,6 +23,15 @@ listed, and `gc` removes trees without metadata and stale tmp/ entries.
 
 Sandboxes see a tree only through read-only binds (namespace: bwrap --ro-bind; gvisor: a
 read-only OCI root) and as an unprivileged uid that owns nothing in it.
+
+An image is a base tree and zero or more layers over it, in order. A base tree's digest is
+its manifest's; an image of a base and one more layer has the digest
+`sha256(LAYERED_V1 || "base " BASE_DIGEST "\n" || "layer " LAYER_DIGEST "\n")`, so the same
+base and the same layer give the same image, and a layer is stored once whatever image
+uses it. A run mounts the layers over the base tree as one read-only overlay
+(backends/host/imageroot.py; `corral image rm` and `gc` detach the overlays of what they
+removed). `rm` and `gc` keep every image another kept image is built on, and every layer
+a kept image has.
 """
 
 from __future__ import annotations
@@ -34,6 +48,15 @@ from .tree import Limits, TreeBuilder, digest_of
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 META_MAX = 64 << 20     # bytes of one metadata file read back
+LAYERED_V1 = b"corral layered image v1\n"
+
+
+def layered_digest(base: str, layer: str) -> str:
+    """The digest of the image that is `base` (an image digest) plus one layer."""
+    import hashlib
+
+    data = LAYERED_V1 + f"base {base}\nlayer {layer}\n".encode()
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def state_dir() -> str:
@@ -59,12 +82,13 @@ class Store:
         self.trees = os.path.join(self.root, "trees")
         self.meta = os.path.join(self.root, "meta")
         self.tmp = os.path.join(self.root, "tmp")
+        self.layers = os.path.join(self.root, "layers")
         self.names_file = os.path.join(self.root, "names.json")
 
     # -- layout and locking ----------------------------------------------------------------
     def ensure(self) -> None:
         for d, mode in ((self.root, 0o711), (self.trees, 0o711), (self.meta, 0o700),
-                        (self.tmp, 0o700)):
+                        (self.tmp, 0o700), (self.layers, 0o711)):
             os.makedirs(d, mode, exist_ok=True)
             os.chmod(d, mode)
 
@@ -146,8 +170,59 @@ class Store:
         return meta
 
     def manifest(self, digest: str) -> bytes:
+        """The manifest of a base tree (an image without layers, or a layered one's root)."""
         with open(os.path.join(self.meta, self._hex(digest) + ".manifest"), "rb") as f:
             return f.read()
+
+    def layer_path(self, layer: str) -> str:
+        return os.path.join(self.layers, self._hex(layer))
+
+    def layer_manifest(self, layer: str) -> bytes:
+        with open(os.path.join(self.meta, self._hex(layer) + ".layer"), "rb") as f:
+            return f.read()
+
+    def run_info(self, digest: str) -> dict:
+        """What a run on the image needs: {"root": base tree digest, "layers": [layer
+        digests, bottom first], "env": [...], "workdir": a directory of the image or ""}.
+        Read from meta/HEX.run (small); made from the metadata once when missing."""
+        path = os.path.join(self.meta, self._hex(digest) + ".run")
+        try:
+            with open(path, "rb") as f:
+                return json.loads(f.read(META_MAX))
+        except FileNotFoundError:
+            pass
+        meta = self.info(digest)
+        info = self._run_info(digest, meta)
+        try:
+            self._write_json(path, info)   # a store made before run files: once
+        except OSError:
+            pass                           # a store this user cannot write: every time
+        return info
+
+    def _run_info(self, digest: str, meta: dict) -> dict:
+        layers = meta.get("layers") if isinstance(meta.get("layers"), list) else []
+        info = {"root": meta.get("root") or digest, "layers": layers,
+                "env": meta.get("env") or [], "workdir": ""}
+        workdir = meta.get("workdir") or ""
+        if workdir.startswith("/") and self._has_entry(info, workdir, "d"):
+            info["workdir"] = os.path.normpath(workdir)
+        return info
+
+    def has_entry(self, digest: str, path: str, kind: str | None = None) -> bool:
+        """Whether the image (its layers over its base) has `path`, of `kind` (d, f, l)
+        when given: looked up in the manifests, never by following the tree's links."""
+        return self._has_entry(self.run_info(digest), path, kind)
+
+    def _has_entry(self, info: dict, path: str, kind: str | None = None) -> bool:
+        from .tree import manifest_entry
+
+        parts = os.path.normpath(path).strip("/").split("/")
+        for layer in reversed(info["layers"]):
+            verdict = _in_layer(self.layer_manifest(layer), parts, kind)
+            if verdict is not None:
+                return verdict
+        got = manifest_entry(self.manifest(info["root"]), "/".join(parts))
+        return got is not None and (kind is None or got[0] == kind)
 
     def images(self) -> list[dict]:
         out = []
@@ -190,15 +265,63 @@ class Store:
                     with open(mpath + ".tmp", "wb") as f:
                         f.write(manifest)
                     os.replace(mpath + ".tmp", mpath)
-                if os.path.exists(self._meta_path(digest)):
-                    old = self.info(digest)
-                    meta["created"] = old.get("created", meta["created"])
-                meta.pop("names", None)
-                self._write_json(self._meta_path(digest), meta)
-                if name:
-                    names = self.names()
-                    names[name] = digest
-                    self._write_json(self.names_file, names)
+                self._record(digest, meta, name)
+            return digest
+        finally:
+            builder.close()
+            remove_tree(work)
+
+    def _record(self, digest: str, meta: dict, name: str | None) -> None:
+        """Write an image's metadata (and run info), and its name; the lock is held."""
+        if os.path.exists(self._meta_path(digest)):
+            old = self.info(digest)
+            meta["created"] = old.get("created", meta["created"])
+        meta.pop("names", None)
+        self._write_json(self._meta_path(digest), meta)
+        self._write_json(os.path.join(self.meta, self._hex(digest) + ".run"),
+                         self._run_info(digest, meta))
+        if name:
+            names = self.names()
+            names[name] = digest
+            self._write_json(self.names_file, names)
+
+    def new_layer(self, limits: Limits | None = None) -> tuple[str, TreeBuilder]:
+        """A temporary directory for one layer, and a layer TreeBuilder on its `tree`."""
+        work = self.tempdir("layer")
+        tree = os.path.join(work, "tree")
+        os.mkdir(tree, 0o755)
+        return work, TreeBuilder(tree, limits, layer=True)
+
+    def commit_layer(self, work: str, builder: TreeBuilder, base: str, meta: dict,
+                     name: str | None = None) -> str:
+        """Finish the layer in `work`, store it and record the image `base` + that layer;
+        returns the image's digest. `work` is removed either way."""
+        try:
+            builder.check_layer_mount_points()
+            manifest, size = builder.finish()
+            layer = digest_of(manifest)
+            digest = layered_digest(base, layer)
+            with self.lock():
+                if not os.path.exists(self._meta_path(base)):
+                    raise ImageError(f"the base image {base} was removed from the store "
+                                     "meanwhile; nothing was stored", field="image")
+                bmeta = self.info(base)
+                dest = self.layer_path(layer)
+                if not os.path.exists(dest):
+                    os.chmod(builder.path, 0o555)
+                    os.rename(builder.path, dest)
+                mpath = os.path.join(self.meta, self._hex(layer) + ".layer")
+                if not os.path.exists(mpath):
+                    with open(mpath + ".tmp", "wb") as f:
+                        f.write(manifest)
+                    os.replace(mpath + ".tmp", mpath)
+                layers = bmeta.get("layers") if isinstance(bmeta.get("layers"), list) else []
+                meta = {**meta, "digest": digest, "base": base,
+                        "root": bmeta.get("root") or base, "layers": [*layers, layer],
+                        "layer_size": size, "size": bmeta.get("size", 0) + size,
+                        "created": meta.get("created") or time.strftime(
+                            "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                self._record(digest, meta, name)
             return digest
         finally:
             builder.close()
@@ -222,13 +345,62 @@ class Store:
             self._write_json(self.names_file, names)
             removed = [f"name {n}" for n in gone]
             if digest not in names.values():
-                self._drop(digest)
-                removed.append(digest)
+                users = self._kept(names)
+                if digest in users:
+                    removed.append(f"kept {digest}: {users[digest]} is built on it")
+                else:
+                    self._drop(digest)
+                    removed.append(digest)
+                    removed += self._sweep_layers()
             return removed
+
+    def discard(self, digests) -> None:
+        """Remove images a failed import made (those no name or kept image needs)."""
+        if not digests:
+            return
+        with self.lock():
+            kept = self._kept(self.names())
+            for d in digests:
+                if d not in kept:
+                    self._drop(d)
+            self._sweep_layers()
+
+    def _kept(self, names: dict[str, str]) -> dict[str, str]:
+        """Every image to keep: the named ones, and those a kept image is built on (its
+        base, and the base tree its layers lie on), with the image that needs it."""
+        metas = {m["digest"]: m for m in self.images()}
+        kept: dict[str, str] = {}
+        todo = [(d, n) for n, d in sorted(names.items()) if d in metas]
+        while todo:
+            d, user = todo.pop()
+            if d in kept:
+                continue
+            kept[d] = user
+            m = metas[d]
+            for ref in (m.get("base"), m.get("root")):
+                if ref in metas and ref not in kept:
+                    todo.append((ref, user))
+        return kept
+
+    def _sweep_layers(self) -> list[str]:
+        used = set()
+        for m in self.images():
+            if isinstance(m.get("layers"), list):
+                used.update(self._hex(x) for x in m["layers"])
+        out = []
+        for e in sorted(os.listdir(self.layers)) if os.path.isdir(self.layers) else []:
+            if e not in used:
+                remove_tree(os.path.join(self.layers, e))
+                out.append(f"layer {e}")
+        for e in sorted(os.listdir(self.meta)):
+            if e.endswith(".layer") and e[:-6] not in used:
+                os.unlink(os.path.join(self.meta, e))
+        return out
 
     def _drop(self, digest: str) -> None:
         hexd = self._hex(digest)
-        for p in (self._meta_path(digest), os.path.join(self.meta, hexd + ".manifest")):
+        for p in (self._meta_path(digest), os.path.join(self.meta, hexd + ".manifest"),
+                  os.path.join(self.meta, hexd + ".run")):
             try:
                 os.unlink(p)
             except FileNotFoundError:
@@ -238,19 +410,20 @@ class Store:
             remove_tree(t)
 
     def gc(self) -> list[str]:
-        """Remove unnamed images, trees without metadata, and tmp/ entries whose builder is
-        gone. Returns what went."""
+        """Remove unnamed images no kept image is built on, trees and layers without
+        metadata, and tmp/ entries whose builder is gone. Returns what went."""
         out = []
         with self.lock():
-            named = set(self.names().values())
+            kept = self._kept(self.names())
             for meta in self.images():
-                if meta["digest"] not in named:
+                if meta["digest"] not in kept:
                     self._drop(meta["digest"])
                     out.append(meta["digest"])
             for e in sorted(os.listdir(self.trees)):
                 if not os.path.exists(os.path.join(self.meta, e + ".json")):
                     remove_tree(os.path.join(self.trees, e))
                     out.append(f"tree {e}")
+            out += self._sweep_layers()
             for e in sorted(os.listdir(self.tmp)):
                 pid = e.split("-")[1] if e.count("-") >= 2 else ""
                 if pid.isdigit() and os.path.exists(f"/proc/{pid}"):
@@ -258,6 +431,26 @@ class Store:
                 remove_tree(os.path.join(self.tmp, e))
                 out.append(f"tmp {e}")
         return out
+
+
+def _in_layer(manifest: bytes, parts: list[str], kind: str | None) -> bool | None:
+    """Whether a layer decides that the path is there (True), is not (False), or leaves
+    it to the layers below (None). A layer holds the directories above each entry."""
+    from .tree import manifest_entry
+
+    def there(got) -> bool:
+        return got is not None and got[0] != "w" and (kind is None or got[0] == kind)
+
+    for i in range(1, len(parts)):
+        got = manifest_entry(manifest, "/".join(parts[:i]))
+        if got is None:
+            return None
+        if got[0] != "d":
+            return False   # a whiteout, a file or a link where a directory was below
+        if got[1] == "opaque":
+            return there(manifest_entry(manifest, "/".join(parts)))
+    got = manifest_entry(manifest, "/".join(parts))
+    return None if got is None else there(got)
 
 
 class _Held:

@@ -27,6 +27,13 @@ TYPE is `d`, `f` or `l`; MODE the permission bits in octal (4 digits; `0777` for
 SIZE the file's length in bytes (0 for others); DATA the file's sha256 in hex, a link's
 target, or empty for a directory. Mtimes, owners, hard-link structure and the order in
 which members arrived are not part of it, so the same content gives the same digest.
+
+A *layer* (`TreeBuilder(..., layer=True)`) is a tree that lies over lower ones (an
+overlayfs lower directory at run time). It keeps what a layer removes: an OCI whiteout
+`.wh.NAME` becomes an overlayfs whiteout at NAME (a character device 0/0, TYPE `w` in the
+manifest, MODE 0000), an opaque marker `.wh..wh..opq` the directory's
+`trusted.overlay.opaque` xattr (its manifest line's DATA is `opaque`). Device nodes in the
+input are still refused; whiteouts are made only by corral, from `.wh.` names.
 """
 
 from __future__ import annotations
@@ -82,9 +89,16 @@ def split_name(name: str, what: str = "member") -> list[str]:
 class TreeBuilder:
     """A tree under construction in `path` (an empty directory corral made)."""
 
-    def __init__(self, path: str, limits: Limits | None = None) -> None:
+    def __init__(self, path: str, limits: Limits | None = None, layer: bool = False) -> None:
         self.path = path
         self.limits = limits or Limits()
+        #: a layer over lower trees: whiteouts and opaque directories are kept, not applied
+        self.layer = layer
+        #: directories of this layer marked opaque (layer only)
+        self.opaque: set[str] = set()
+        #: make checked hash-based .pyc files unchecked (builds and installs: see
+        #: _unchecked_pyc); imports keep every byte as it came
+        self.unchecked_pycs = False
         self.root_fd = os.open(path, _DIRFLAGS)
         #: recorded permission bits per path (components joined by "/")
         self.modes: dict[str, int] = {}
@@ -92,8 +106,6 @@ class TreeBuilder:
         self.bytes = 0
         #: paths created by the layer being applied (opaque whiteouts spare them)
         self.layer_paths: set[str] = set()
-        #: store files linked in: path -> (st_dev, st_ino, size, sha256)
-        self.known: dict[str, tuple] = {}
 
     def close(self) -> None:
         if self.root_fd >= 0:
@@ -150,9 +162,12 @@ class TreeBuilder:
 
     def _forget(self, rel: str) -> None:
         self.modes.pop(rel, None)
+        self.opaque.discard(rel)
         prefix = rel + "/"
         for k in [k for k in self.modes if k.startswith(prefix)]:
             del self.modes[k]
+        for k in [k for k in self.opaque if k.startswith(prefix)]:
+            self.opaque.discard(k)
 
     def _count(self, name: str, size: int = 0) -> None:
         self.members += 1
@@ -196,7 +211,7 @@ class TreeBuilder:
         fd = self._parent(parts, name)
         try:
             self._clear(fd, parts[-1], rel)
-            out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            out = os.open(parts[-1], os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                           | os.O_CLOEXEC, 0o644, dir_fd=fd)
             try:
                 left = size
@@ -207,6 +222,8 @@ class TreeBuilder:
                                          field="image")
                     _write_all(out, chunk)
                     left -= len(chunk)
+                if self.unchecked_pycs and rel.endswith(".pyc") and size >= 16:
+                    _unchecked_pyc(out)
             finally:
                 os.close(out)
         finally:
@@ -250,7 +267,11 @@ class TreeBuilder:
         if not parts or not tparts:
             raise ImageError(f"member {name!r}: a hard link to or at the root", field="image")
         rel, trel = "/".join(parts), "/".join(tparts)
-        tfd = self._parent(tparts, target, create=False)
+        try:
+            tfd = self._parent(tparts, target, create=False)
+        except FileNotFoundError:
+            raise ImageError(f"member {name!r}: hard link to {target!r}, which is not in the "
+                             "tree", field="image") from None
         try:
             st = os.lstat(tparts[-1], dir_fd=tfd)
             if not stat.S_ISREG(st.st_mode):
@@ -271,32 +292,13 @@ class TreeBuilder:
         self.modes[rel] = self.modes.get(trel, 0o644)
         self.layer_paths.add(rel)
 
-    def link_from(self, name: str, src: str, mode: int, size: int,
-                  sha256: str | None = None) -> None:
-        """A file of the store (a path corral made, not input) as a hard link: the new
-        tree shares its inode; a later layer replaces it by unlinking, never writing.
-        `sha256` (from the store's manifest) spares finish() hashing it again while the
-        entry is still that inode."""
-        parts = split_name(name)
-        self._count(name, size)
-        rel = "/".join(parts)
-        fd = self._parent(parts, name)
-        try:
-            self._clear(fd, parts[-1], rel)
-            os.link(src, parts[-1], dst_dir_fd=fd, follow_symlinks=False)
-            if sha256:
-                st = os.lstat(parts[-1], dir_fd=fd)
-                self.known[rel] = (st.st_dev, st.st_ino, size, sha256)
-        finally:
-            os.close(fd)
-        self.modes[rel] = mode
-        self.layer_paths.add(rel)
-
     def whiteout(self, name: str) -> None:
         """An OCI whiteout member: `dir/.wh.NAME` deletes dir/NAME; `dir/.wh..wh..opq`
         empties dir of what lower layers put there."""
         parts = split_name(name)
         self._count(name)
+        if self.layer:
+            return self._layer_whiteout(parts, name)
         leaf = parts[-1]
         try:
             fd = self._parent(parts, name, create=False)
@@ -317,6 +319,52 @@ class TreeBuilder:
         finally:
             os.close(fd)
 
+    def _layer_whiteout(self, parts: list[str], name: str) -> None:
+        """In a layer: `.wh.NAME` -> an overlayfs whiteout at NAME, `.wh..wh..opq` -> the
+        directory marked opaque (lower layers' entries hidden)."""
+        leaf = parts[-1]
+        if leaf == ".wh..wh..opq":
+            dparts = parts[:-1]
+            if not dparts:
+                raise ImageError(f"member {name!r}: an opaque marker at the root of a layer "
+                                 "(it would hide the whole image); refusing the archive",
+                                 field="image")
+            self.add_dir("/".join(dparts) + "/", self.modes.get("/".join(dparts), 0o755))
+            fd = self._parent([*dparts, "."], name)
+            try:
+                os.setxattr(fd, "trusted.overlay.opaque", b"y")
+            except OSError as e:
+                raise ImageError(f"member {name!r}: cannot mark {'/'.join(dparts)!r} opaque "
+                                 f"({e.strerror}); layers with opaque directories need root",
+                                 field="image") from None
+            finally:
+                os.close(fd)
+            self.opaque.add("/".join(dparts))
+            return
+        victim = leaf[len(".wh."):]
+        if victim in ("", ".", ".."):
+            raise ImageError(f"member {name!r}: a whiteout of nothing", field="image")
+        vparts = [*parts[:-1], victim]
+        rel = "/".join(vparts)
+        fd = self._parent(vparts, name)
+        try:
+            self._clear(fd, victim, rel)
+            try:
+                os.mknod(victim, stat.S_IFCHR | 0o000, os.makedev(0, 0), dir_fd=fd)
+            except OSError as e:
+                raise ImageError(f"member {name!r}: cannot make the whiteout of {rel!r} "
+                                 f"({e.strerror})", field="image") from None
+        finally:
+            os.close(fd)
+        self.modes[rel] = 0
+        self.layer_paths.add(rel)
+
+    def refuse_whiteout_name(self, name: str) -> None:
+        """A plain file named like an OCI whiteout would delete its namesake once exported
+        and imported again: refused where whiteouts are not expected."""
+        raise ImageError(f"member {name!r}: a name starting with '.wh.', which OCI layers "
+                         "reserve for whiteouts; refusing it", field="image")
+
     def refuse(self, name: str, what: str) -> None:
         raise ImageError(f"member {name!r} is a {what}; images hold only files, directories "
                          "and links: refusing the archive", field="image")
@@ -336,7 +384,9 @@ class TreeBuilder:
                 tf.members.clear()   # tarfile keeps every member it read: not here
                 name = m.name
                 base = name.rstrip("/").rpartition("/")[2]
-                if whiteouts and base.startswith(".wh."):
+                if base.startswith(".wh."):
+                    if not whiteouts:
+                        self.refuse_whiteout_name(name)
                     self.whiteout(name)
                 elif m.isdir():
                     self.add_dir(name, m.mode)
@@ -374,6 +424,8 @@ class TreeBuilder:
         for entry in sorted(os.listdir(dfd)):
             p = [*parts, entry]
             name = "/".join(p)
+            if entry.startswith(".wh."):
+                self.refuse_whiteout_name(name)
             st = os.lstat(entry, dir_fd=dfd)
             if stat.S_ISDIR(st.st_mode):
                 self.add_dir(name, st.st_mode)
@@ -418,16 +470,58 @@ class TreeBuilder:
             finally:
                 os.close(fd)
 
+    def check_layer_mount_points(self) -> None:
+        """A layer may not remove, or put a file or link where corral mounts (MOUNT_POINTS);
+        under a directory it marks opaque, the mount point is added to the layer."""
+        for rel, kind, mode in MOUNT_POINTS:
+            parts = rel.split("/")
+            fd = os.dup(self.root_fd)
+            try:
+                for i, comp in enumerate(parts):
+                    here = "/".join(parts[:i + 1])
+                    try:
+                        st = os.lstat(comp, dir_fd=fd)
+                    except FileNotFoundError:
+                        above = "/".join(parts[:i])
+                        if above in self.opaque:   # hidden below: the layer must have it
+                            self._add_mount_point(parts, kind, mode)
+                        break
+                    want_dir = i < len(parts) - 1 or kind == "d"
+                    if not (stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)):
+                        what = "removes" if stat.S_ISCHR(st.st_mode) else "replaces"
+                        raise ImageError(f"the layer {what} /{here}, where corral mounts; "
+                                         "refusing it", field="image")
+                    if want_dir:
+                        nfd = os.open(comp, _DIRFLAGS, dir_fd=fd)
+                        os.close(fd)
+                        fd = nfd
+            finally:
+                os.close(fd)
+
+    def _add_mount_point(self, parts: list[str], kind: str, mode: int) -> None:
+        rel = "/".join(parts)
+        fd = self._parent(parts, rel)
+        try:
+            if kind == "d":
+                os.mkdir(parts[-1], 0o755, dir_fd=fd)
+            else:
+                os.close(os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                                 | os.O_NOFOLLOW, 0o644, dir_fd=fd))
+        finally:
+            os.close(fd)
+        self.modes[rel] = mode
+
     def finish(self) -> tuple[bytes, int]:
         """(manifest bytes, total file bytes); then every mode on disk becomes read-only
         (write, set-id and sticky bits cleared: `mode & 0o555`); the recorded modes stay in
         the manifest."""
-        manifest, size = manifest_of(self.path, self.modes, self.known)
+        manifest, size = manifest_of(self.path, self.modes,
+                                     self.opaque if self.layer else None)
         for dirpath, dirnames, filenames in os.walk(self.path, topdown=False):
             for n in filenames + dirnames:
                 p = os.path.join(dirpath, n)
                 st = os.lstat(p)
-                if not stat.S_ISLNK(st.st_mode):
+                if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
                     rel = os.path.relpath(p, self.path)
                     os.chmod(p, self.modes.get(rel, 0o755) & 0o555, follow_symlinks=False)
         self.close()
@@ -499,6 +593,19 @@ def _bounded_tarinfo():
     return _BOUNDED
 
 
+def _unchecked_pyc(fd: int) -> None:
+    """A checked hash-based .pyc (PEP 552: flags 0b11, what py_compile writes when
+    SOURCE_DATE_EPOCH is set, as in mmdebstrap's and pip's runs) becomes an unchecked one
+    (flags 0b01), as `compileall --invalidation-mode unchecked-hash` would write it: the
+    same source hash and code, but python no longer reads and hashes the .py source on
+    every import. An image is read-only, so its sources never change under their .pyc;
+    python3 -c pass on an image read every stdlib module it imports without this (about
+    30% slower than on the host, whose .pyc files are timestamp-checked)."""
+    head = os.pread(fd, 8, 0)
+    if len(head) == 8 and head[2:4] == b"\r\n" and head[4:8] == b"\x03\0\0\0":
+        os.pwrite(fd, b"\x01\0\0\0", 4)
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -507,10 +614,11 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def manifest_of(path: str, modes: dict[str, int] | None = None,
-                known: dict[str, tuple] | None = None) -> tuple[bytes, int]:
+                opaque: set[str] | None = None) -> tuple[bytes, int]:
     """The manifest of the tree at `path` (see the module docstring) and its file bytes.
-    Modes come from `modes` (recorded at build) where given, else from the disk; a file
-    that is still the very inode `known` lists (a store file linked in) keeps its hash."""
+    Modes come from `modes` (recorded at build) where given, else from the disk.
+    `opaque` (a layer's): its opaque directories, and whiteouts (0/0 character devices)
+    are allowed; without it a tree holds only directories, files and links."""
     entries: list[tuple[bytes, bytes]] = []
     total = 0
     for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
@@ -522,17 +630,16 @@ def manifest_of(path: str, modes: dict[str, int] | None = None,
             if stat.S_ISLNK(st.st_mode):
                 line = (b"l", 0o777, 0, os.fsencode(os.readlink(p)))
             elif stat.S_ISDIR(st.st_mode):
-                line = (b"d", mode, 0, b"")
+                line = (b"d", mode, 0, b"opaque" if opaque and rel in opaque else b"")
+            elif (opaque is not None and stat.S_ISCHR(st.st_mode)
+                  and st.st_rdev == os.makedev(0, 0)):
+                line = (b"w", 0, 0, b"")
             elif stat.S_ISREG(st.st_mode):
-                k = (known or {}).get(rel)
-                if k is not None and k[:3] == (st.st_dev, st.st_ino, st.st_size):
-                    hexd = k[3]
-                else:
-                    h = hashlib.sha256()
-                    with open(p, "rb", buffering=0) as f:
-                        while chunk := f.read(CHUNK):
-                            h.update(chunk)
-                    hexd = h.hexdigest()
+                h = hashlib.sha256()
+                with open(p, "rb", buffering=0) as f:
+                    while chunk := f.read(CHUNK):
+                        h.update(chunk)
+                hexd = h.hexdigest()
                 total += st.st_size
                 line = (b"f", mode, st.st_size, hexd.encode())
             else:
@@ -543,6 +650,20 @@ def manifest_of(path: str, modes: dict[str, int] | None = None,
             entries.append((rb, b"\0".join([rb, kind, b"%04o" % m, b"%d" % size, data])))
     entries.sort()
     return b"".join(e[1] + b"\n" for e in entries), total
+
+
+def manifest_entry(manifest: bytes, path: str) -> tuple[str, str] | None:
+    """(TYPE, DATA) of `path` (relative, normalised) in a manifest, or None."""
+    key = os.fsencode(path) + b"\0"
+    if manifest.startswith(key):
+        at = 0
+    else:
+        at = manifest.find(b"\n" + key) + 1
+        if at == 0:
+            return None
+    end = manifest.find(b"\n", at)
+    fields = manifest[at:end if end >= 0 else len(manifest)].split(b"\0")
+    return fields[1].decode(), os.fsdecode(fields[4])
 
 
 def digest_of(manifest: bytes) -> str:

@@ -161,7 +161,8 @@ class NamespaceLive(NamespaceSandbox):
 
                 config = proxy_config(egress[0].config_json, self.granted, self.ca,
                                       self.upstream_ca)
-                self.proxy = start_proxy(config, listen_in_netns(init), attach, uid, gid)
+                self.proxy = start_proxy(config, listen_in_netns(init), attach, uid, gid,
+                                         live=True)
             self._wait_holder()
             self.target = enter.Target(init, pidfd=self._init_fd)
             self._init_fd = -1

@@ -10,13 +10,13 @@ user (root when corral runs as root), never inside a sandbox. It reads nothing a
 sends: its one input is CTRL_FD, one end of a SOCK_SEQPACKET socketpair whose other end
 only the supervisor holds (the peer's uid is checked too: root or our own). On it:
 
-    zygote -> supervisor   b"ready"                       once everything is imported
+    zygote -> supervisor   {"ready": true, "spare": S}    once everything is imported
     supervisor -> zygote   {"uid": U, "gid": G}  + SCM_RIGHTS [config memfd, listener,
                            stdin, events write end, stderr write end, cgroup.procs fds...]
-    zygote -> supervisor   {"pid": P} | {"error": "..."}
+    zygote -> supervisor   {"pid": P, "spare": S, "reap": [...]} | {"error": "...", ...}
 
-Each request forks a child with clone(CLONE_PARENT): the child's parent is the
-supervisor, as for a proxy it starts itself, so it waits for, signals and reaps the child
+Each proxy is a child forked with clone(CLONE_PARENT) ahead of its request (a spare,
+_Spare): its parent is the supervisor, as for a proxy it starts itself, so it waits for, signals and reaps the child
 exactly as before, and the zygote's own death (killed, crashed) touches no child. The
 child joins the sandbox's cgroup, lifts its descriptor limit, drops to uid:gid (boot.py's
 steps, in the same order) and runs the proxy's main() with the config from its memfd:
@@ -104,11 +104,12 @@ def _recv(ctrl: socket.socket) -> tuple[bytes, list[int], bool]:
     return msg, list(fds), truncated
 
 
-def _child(ctrl: socket.socket, uid: int, gid: int, fds: list[int]) -> None:
+def _child(ctrl: socket.socket | None, uid: int, gid: int, fds: list[int]) -> None:
     """In the forked child: become the sandbox's proxy. Never returns."""
     code = 70
     try:
-        ctrl.close()
+        if ctrl is not None:
+            ctrl.close()
         cfg, listen, stdin, events, err, *attach = fds
         for fd, to in ((stdin, 0), (events, 1), (err, 2)):
             os.dup2(fd, to)
@@ -147,14 +148,132 @@ def _child(ctrl: socket.socket, uid: int, gid: int, fds: list[int]) -> None:
         os._exit(code)
 
 
+def warm(request: bool = True, pending=lambda: False) -> None:
+    """Run a proxy's start and (`request`) one request once here, so that what they build lazily
+    (the argument parser, caches, compiled patterns, the event loop's machinery) sits in
+    the pages every child shares instead of being built again in each. The request is
+    refused before any DNS (nothing is allowed) and goes over a socketpair: nothing of
+    this touches a network."""
+    import asyncio
+
+    from . import hostsfile
+    from .__main__ import parser
+    from .config import NetConfig
+    from .relay import _Client
+    from .server import EgressProxy
+
+    parser().parse_args(["--config-fd", "3", "--listen-fd", "4", "--events-fd", "1"])
+    if pending():
+        return
+    cfg = NetConfig.from_json(NetConfig(nameservers=(("127.0.0.1", 53),)).to_json())
+    proxy = EgressProxy(cfg, lambda event: None, hosts=hostsfile.load(hostsfile.PATH)[0])
+
+    async def one() -> bytes:
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair()
+        for s in (a, b):
+            s.setblocking(False)
+        task = asyncio.create_task(proxy._run_client(a, _Client()))
+        await loop.sock_sendall(b, b"GET http://warm.invalid/ HTTP/1.1\r\n"
+                                   b"Host: warm.invalid\r\n\r\n")
+        out = await asyncio.wait_for(loop.sock_recv(b, 65536), 5)
+        b.close()
+        await asyncio.wait_for(task, 5)
+        return out
+
+    if pending():
+        return
+    if not request:
+        asyncio.new_event_loop().close()
+        return
+    try:
+        asyncio.run(one())
+    except (OSError, TimeoutError):
+        pass                                   # a warm-up only
+
+
 def _peer_ok(ctrl: socket.socket) -> bool:
     creds = ctrl.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid in (0, os.getuid())
 
 
+class _Spare:
+    """The next proxy, forked ahead (clone(CLONE_PARENT): the supervisor's child from
+    birth) and waiting on a socketpair for its request: whatever a proxy does before it
+    knows its sandbox (and the page copies that costs) is off the first request's path.
+    It runs warm() itself while it waits, as the root it still is, before it has any fd of
+    a sandbox's. Ends at EOF (the zygote is gone) without having served anyone."""
+
+    def __init__(self, ctrl: socket.socket) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = _clone_parent()
+        if pid == 0:
+            ours.close()
+            _spare_child(ctrl, theirs)
+        theirs.close()
+        self.pid, self.sock = pid, ours
+
+    def hand(self, msg: bytes, fds: list[int]) -> bool:
+        """Give it a request; False if it is gone (then the zygote forks one at once)."""
+        try:
+            self.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                       array.array("i", fds))])
+        except OSError:
+            return False
+        finally:
+            self.sock.close()
+        return True
+
+
+def _spare_child(ctrl: socket.socket, sock: socket.socket) -> None:
+    """In a spare: warm up, wait for the request, become the proxy. Never returns."""
+    code = 0
+    try:
+        ctrl.close()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        import select
+
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        # the pages a proxy's start writes, copied now; not when a request already waits
+        warm(request=False, pending=lambda: bool(poller.poll(0)))
+        while True:
+            try:
+                msg, fds, truncated = _recv(sock)
+                break
+            except InterruptedError:
+                continue
+        if truncated or not msg:
+            os._exit(0)
+        sock.close()
+        uid, gid = parse_request(msg, len(fds))
+    except BaseException:  # noqa: BLE001 - a spare never returns to the zygote's loop
+        os._exit(code)
+    _child(None, uid, gid, fds)
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _new_spare(ctrl: socket.socket) -> _Spare | None:
+    try:
+        return _Spare(ctrl)
+    except OSError:
+        return None                 # out of processes, say: the next request forks then
+
+
 def serve(ctrl: socket.socket) -> int:
-    """The request loop: until EOF on ctrl."""
+    """The request loop: until EOF on ctrl. Every message carries the waiting spare's pid
+    ("spare", or null), so that the supervisor can reap it should the zygote go; "reap"
+    lists spares that died unused (the supervisor's children, to be reaped)."""
+    spare = _new_spare(ctrl)
+    ctrl.send(json.dumps({"ready": True, "spare": spare and spare.pid}).encode())
     while True:
         try:
             msg, fds, truncated = _recv(ctrl)
@@ -164,22 +283,28 @@ def serve(ctrl: socket.socket) -> int:
             return 0
         if not msg and not fds:
             return 0                                # the supervisor closed its end
+        reply: dict = {"reap": []}
         try:
             if truncated:
                 raise ValueError("request or its fds truncated")
             uid, gid = parse_request(msg, len(fds))
-            pid = _clone_parent()
-            if pid == 0:
-                _child(ctrl, uid, gid, fds)
-            reply = {"pid": pid}
+            if spare is not None and spare.hand(msg, fds):
+                reply["pid"] = spare.pid
+            else:                                   # none, or it died unused: fork now
+                if spare is not None:
+                    reply["reap"].append(spare.pid)
+                pid = _clone_parent()
+                if pid == 0:
+                    _child(ctrl, uid, gid, fds)
+                reply["pid"] = pid
+            spare = None
         except (ValueError, OSError) as e:
-            reply = {"error": f"{type(e).__name__}: {e}"[:500]}
+            reply["error"] = f"{type(e).__name__}: {e}"[:500]
         finally:
-            for fd in fds:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            _close(fds)          # before the next fork: no spare holds another's fds
+        if spare is None:
+            spare = _new_spare(ctrl)
+        reply["spare"] = spare and spare.pid
         try:
             ctrl.send(json.dumps(reply).encode())
         except OSError:
@@ -195,9 +320,7 @@ def main() -> None:
     from . import boot
 
     boot.preload(grants=True)      # cryptography too: shared by every child, paid once
-    import corral.egress.__main__  # noqa: F401 - the child's main(), loaded here
-
+    warm()
     gc.collect()
     gc.freeze()   # a child's collections then leave these objects (and their pages) alone
-    ctrl.send(b"ready")
     sys.exit(serve(ctrl))

@@ -65,7 +65,8 @@ class _Zygote:
             os.close(null_w)
         self.ctrl = ours
         self.ready = False
-        self.status: int | None = None
+        #: the spare proxy waiting in the zygote (our child: clone(CLONE_PARENT)), or None
+        self.spare: int | None = None
 
     def poll_ready(self) -> bool:
         """Has it said ready (without waiting)? Raises OSError if it ended instead."""
@@ -75,10 +76,26 @@ class _Zygote:
         p.register(self.ctrl, select.POLLIN)
         if not p.poll(0):
             return False
-        if self.ctrl.recv(16) != b"ready":
-            raise OSError("the zygote ended before it was ready")
+        msg = self._reply(self.ctrl.recv(1024))
+        if msg.get("ready") is not True:
+            raise OSError("the zygote sent a bad first message")
         self.ready = True
         return True
+
+    def _reply(self, data: bytes) -> dict:
+        """A message of the zygote's, checked; notes its spare and reaps the dead ones."""
+        if not data:
+            raise OSError("the zygote ended")
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            msg = None
+        if not isinstance(msg, dict):
+            raise OSError("the zygote sent a bad message")
+        self.spare = _pid(msg.get("spare"))
+        for p in msg.get("reap", []) if isinstance(msg.get("reap"), list) else []:
+            _reap(_pid(p))
+        return msg
 
     def request(self, uid: int, gid: int, fds: list[int]) -> int:
         """A proxy's pid. OSError when the zygote is gone or stuck, ValueError when it
@@ -91,20 +108,16 @@ class _Zygote:
         if not p.poll(int(REPLY_TIMEOUT_S * 1000)):
             raise OSError("the zygote did not answer within "
                           f"{REPLY_TIMEOUT_S:g}s")
-        data = self.ctrl.recv(1024)
-        if not data:
-            raise OSError("the zygote ended")
-        reply = json.loads(data)
-        if not isinstance(reply, dict):
-            raise OSError("the zygote sent a bad reply")
-        pid = reply.get("pid")
-        if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0:
+        reply = self._reply(self.ctrl.recv(1024))
+        pid = _pid(reply.get("pid"))
+        if pid is not None:
             return pid
         raise ValueError(str(reply.get("error", "bad reply"))[:300])
 
     def end(self) -> str:
-        """Kill and reap it; how it ended, in words."""
+        """Kill and reap it and its spare; how it ended, in words."""
         self.ctrl.close()
+        _reap(self.spare)
         try:
             done, status = os.waitpid(self.pid, os.WNOHANG)
             if not done:
@@ -116,6 +129,23 @@ class _Zygote:
         if os.WIFSIGNALED(status):
             return f"killed by signal {os.WTERMSIG(status)}"
         return f"exited with status {os.WEXITSTATUS(status)}"
+
+
+def _pid(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def _reap(pid: int | None) -> None:
+    """Kill and reap pid if it is a child of ours (a spare; never anyone else's)."""
+    if pid is None:
+        return
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if not done:
+            kill_pid(pid)
+            os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
 
 
 def warm() -> None:

@@ -28,6 +28,7 @@ import select
 import time
 
 from ..errors import SandboxSetupError
+from ..events import NoticeEvent
 from ..linux import enter
 from ..linux._sys import subreaper_acquire, subreaper_release
 from ..linux.supervise import kill_pid, spawn
@@ -81,6 +82,9 @@ class NamespaceLive(NamespaceSandbox):
         self.target = None
         self.sandbox_cg = None
         self.proxy = None
+        #: events about the sandbox's start that change nothing of it (runtime/live.py
+        #: puts them in sb.events): the egress proxy's zygote replaced, say
+        self.notices: list[dict] = []
         self._status_r = -1
         self._free: list = []     # emptied command cgroups
         self._next = None         # (Entrant, its cgroup) for the next command
@@ -163,6 +167,8 @@ class NamespaceLive(NamespaceSandbox):
                                       self.upstream_ca)
                 self.proxy = start_proxy(config, listen_in_netns(init), attach, uid, gid,
                                          live=True)
+                if self.proxy.notice:
+                    self.notices.append(NoticeEvent(self.proxy.notice).to_dict())
             self._wait_holder()
             self.target = enter.Target(init, pidfd=self._init_fd)
             self._init_fd = -1

@@ -52,6 +52,8 @@ class Proxy:
         #: started from the zygote (host/zygote.py) rather than afresh
         self.forked = forked
         self.lines = EventLines()
+        #: why the zygote was replaced just before this proxy started, or None
+        self.notice = notice
         if notice:
             self.lines.events.append(NoticeEvent(notice).to_dict())
 
@@ -106,14 +108,13 @@ def start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: in
     from .launch import start_proxy as launch
 
     try:
-        got = zygote.fork_proxy(config_json, listener, attach, uid, gid, live=live)
+        got, notice = zygote.fork_proxy(config_json, listener, attach, uid, gid, live=live)
     except BaseException:
         listener.close()
         raise
     if got is not None:
         listener.close()
-        pid, events_r, err_r, notice = got
-        return Proxy(pid, events_r, err_r, forked=True, notice=notice)
+        return Proxy(*got, forked=True, notice=notice)
 
     def setup() -> None:
         if attach:
@@ -124,4 +125,4 @@ def start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: in
         pid, events_r, err_r = launch(config_json, listener, uid, gid, setup)
     finally:
         listener.close()
-    return Proxy(pid, events_r, err_r)
+    return Proxy(pid, events_r, err_r, notice=notice)

@@ -2,16 +2,17 @@
 supervisor process, started in the background, asked for a proxy per sandbox.
 
     warm()                                   # start it now (a live sandbox, a service)
-    got = fork_proxy(config_json, listener, attach, uid, gid)
+    got, notice = fork_proxy(config_json, listener, attach, uid, gid)
     if got is None: ...start a fresh proxy (launch.start_proxy)
-    pid, events_r, err_r, notice = got       # notice: None, or why the zygote was replaced
+    pid, events_r, err_r = got               # notice: None, or why the zygote was replaced
 
 A proxy forked from the zygote is this process's child (clone(CLONE_PARENT)), so
 host/proxy.Proxy stops and reaps it as it does a fresh one. Whenever the zygote cannot
 serve (not ready yet, disabled, dead, stuck) the caller starts a fresh proxy: a sandbox
 never waits for the zygote's start-up and never depends on it. A dead or stuck zygote is
 reaped and a new one started in the background (at most RESTARTS in RESTART_WINDOW_S;
-then none for this process's life), and the next proxy says so in a "notice" event.
+then none for this process's life), and the proxy started meanwhile says so in a
+"notice" event.
 
 CORRAL_EGRESS_ZYGOTE=0 in the environment turns it off (every proxy starts afresh).
 """
@@ -182,10 +183,10 @@ def _lost(why: str) -> None:
 
 def fork_proxy(config_json: str, listener: socket.socket, attach: list[int], uid: int,
                gid: int, *, live: bool = False):
-    """(pid, events_r, err_r, notice) of a proxy forked from the zygote, or None: then
-    start a fresh one. The zygote starts on a live sandbox's proxy or this process's
+    """((pid, events_r, err_r) of a proxy forked from the zygote, or None: then start a
+    fresh one; notice: None, or why the zygote was replaced since the last proxy). The zygote starts on a live sandbox's proxy or this process's
     second one (a one-shot `corral run` never pays for it)."""
-    global _started_proxies, _pending_notice
+    global _started_proxies
     from .launch import config_fd
 
     with _lock:
@@ -193,14 +194,12 @@ def fork_proxy(config_json: str, listener: socket.socket, attach: list[int], uid
         if live or _started_proxies > 1:
             _ensure()
         z = _zygote
-        if z is None:
-            return None
         try:
-            if not z.poll_ready():
-                return None
+            if z is None or not z.poll_ready():
+                return None, _take_notice()
         except OSError as e:
             _lost(str(e))
-            return None
+            return None, _take_notice()
         events_r, events_w = os.pipe()
         err_r, err_w = os.pipe()
         cfd = config_fd(config_json)
@@ -213,12 +212,17 @@ def fork_proxy(config_json: str, listener: socket.socket, attach: list[int], uid
             os.close(err_r)
             if isinstance(e, OSError):
                 _lost(str(e) or type(e).__name__)
-            return None
+            return None, _take_notice()
         finally:
             for fd in (cfd, null, events_w, err_w):
                 os.close(fd)
-        notice, _pending_notice = _pending_notice, None
-        return pid, events_r, err_r, notice
+        return (pid, events_r, err_r), _take_notice()
+
+
+def _take_notice() -> str | None:
+    global _pending_notice
+    notice, _pending_notice = _pending_notice, None
+    return notice
 
 
 def zygote_pid() -> int | None:

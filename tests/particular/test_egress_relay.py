@@ -132,12 +132,15 @@ def test_sigterm_mid_transfer_ends_the_proxy_cleanly(proxy):
     assert 2 * THREAD_AFTER <= ev["bytes_in"] < BIG, ev   # the flow's event, partial
 
 
-def test_a_byte_budget_keeps_the_flow_on_the_loop(proxy):
-    p = proxy(budget={"bytes_in": BIG * 2})
+def test_a_budget_is_kept_to_the_byte_with_relay_threads(proxy):
+    # room for the first GET and part of the second: the second moves to a thread on a
+    # grant of a quarter of what is left, then back to the loop, which cuts it exactly
+    limit = BIG + BIG // 2
+    p = proxy(budget={"bytes_in": limit})
     s, got = paused_get(p, 2 * THREAD_AFTER)
     seen = set()
     try:
-        while len(body_of(got)) < BIG:    # a budgeted direction is counted on the loop
+        while len(body_of(got)) < BIG:
             seen.add(threads(p))
             chunk = s.recv(1 << 20)
             assert chunk
@@ -145,4 +148,18 @@ def test_a_byte_budget_keeps_the_flow_on_the_loop(proxy):
     finally:
         s.close()
     assert body_of(got) == b"x" * BIG
-    assert seen == {1}
+    assert 2 in seen, "the budgeted flow never used a relay thread"
+    first = p.events(1)[-1]["bytes_in"]
+    s, got = paused_get(p, 1)
+    try:
+        s.settimeout(10)
+        while chunk := s.recv(1 << 20):
+            got += chunk
+    except (ConnectionResetError, TimeoutError):
+        pass
+    finally:
+        s.close()
+    ev = p.events(2)[-1]
+    assert ev["decision"] == "deny" and ev["reason"] == "budget: bytes_in", ev
+    assert first + ev["bytes_in"] == limit            # not a byte past it, none left unused
+    assert len(body_of(got)) <= ev["bytes_in"] < BIG     # the head is rewritten: body only

@@ -22,7 +22,8 @@ one warm-up sandbox, divided by N. Goals (issue 16): <= 3 MB a sandbox with netw
 <= 8 MB with allow.
 
 First request: for each of the last --first sandboxes, right after Sandbox.create returns,
-a thread of this process enters the sandbox's network namespace, connects to the proxy's
+a client process of the bench's own (not a thread of the supervisor, whose GIL and forks
+would sit in the figure) enters the sandbox's network namespace, connects to the proxy's
 127.0.0.1:3128 and sends one GET for a 100-byte body from a server on the host's loopback
 (allowed by the policy); the time from connect to the whole response. The same GET sent
 directly to the server from the host is the reference. Goal: <= 5 ms.
@@ -120,6 +121,36 @@ def get_in_netns(pid: int, port: int) -> float:
     return out["ms"]
 
 
+def client() -> None:
+    """--client: a process of its own that measures first requests (lines "PID PORT" in,
+    "MS" or "error ..." out), so that no thread of the supervisor (its GIL, its forks of
+    entrants) sits between the proxy and the measurement."""
+    for line in sys.stdin:
+        pid, port = map(int, line.split())
+        try:
+            print(f"{get_in_netns(pid, port)}", flush=True)
+        except RuntimeError as e:
+            print(f"error {e}", flush=True)
+
+
+class Client:
+    def __init__(self) -> None:
+        self.p = subprocess.Popen([sys.executable, __file__, "--client"], text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def first(self, pid: int, port: int) -> float:
+        self.p.stdin.write(f"{pid} {port}\n")
+        self.p.stdin.flush()
+        out = self.p.stdout.readline().strip()
+        if not out or out.startswith("error"):
+            raise RuntimeError(out or "the client ended")
+        return float(out)
+
+    def close(self) -> None:
+        self.p.stdin.close()
+        self.p.wait(10)
+
+
 def one(n: int, mode: str, first: int) -> dict:
     import corral
 
@@ -139,6 +170,7 @@ def one(n: int, mode: str, first: int) -> dict:
     time.sleep(0.5)
     base = smaps(me).get("Pss", 0)
     sbs, firsts, directs, errors = [], [], [], []
+    cl = Client() if mode != "none" else None
     t0 = time.monotonic()
     for i in range(n):
         try:
@@ -149,16 +181,18 @@ def one(n: int, mode: str, first: int) -> dict:
         sbs.append(sb)
         if mode != "none" and i >= n - first:
             try:
-                firsts.append(get_in_netns(sb._live.init_pid, port))
+                firsts.append(cl.first(sb._live.init_pid, port))
                 directs.append(get(("127.0.0.1", port), "/small", f"127.0.0.1:{port}"))
             except RuntimeError as e:
                 errors.append(f"first request: {e}"[:300])
     start_all = time.monotonic() - t0
+    if cl is not None:
+        cl.close()
     from corral.runtime.live import ENTRANT_KEEP_S
 
     # idle: past the time a sandbox keeps its next command's entrant (a forked copy of
     # this process) ready after its last use
-    time.sleep(max(0.0, ENTRANT_KEEP_S + 1.5 - (time.monotonic() - t0)))
+    time.sleep(ENTRANT_KEEP_S + 2.0)
     d = descendants(me)
     zpid = None
     if mode == "allow":
@@ -196,7 +230,11 @@ def main() -> int:
     ap.add_argument("--first", type=int, default=20, help="first-request samples per mode")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.client:
+        client()
+        return 0
     if a.one:
         print(json.dumps(one(int(a.one[0]), a.one[1], int(a.one[2]))))
         return 0

@@ -215,7 +215,13 @@ class _Spare:
         self.pid, self.sock = pid, ours
 
     def hand(self, msg: bytes, fds: list[int]) -> bool:
-        """Give it a request; False if it is gone (then the zygote forks one at once)."""
+        """Give it a request; False if it is gone (then the zygote forks one at once). It
+        warms up under SCHED_IDLE (only on CPU time nothing else wants, so a new spare
+        never slows the proxy just handed a request): back to SCHED_OTHER first."""
+        try:
+            os.sched_setscheduler(self.pid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
         try:
             self.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                        array.array("i", fds))])
@@ -232,6 +238,10 @@ def _spare_child(ctrl: socket.socket, sock: socket.socket) -> None:
     try:
         ctrl.close()
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            pass
         import select
 
         poller = select.poll()

@@ -163,3 +163,17 @@ def test_a_budget_is_kept_to_the_byte_with_relay_threads(proxy):
     assert ev["decision"] == "deny" and ev["reason"] == "budget: bytes_in", ev
     assert first + ev["bytes_in"] == limit            # not a byte past it, none left unused
     assert len(body_of(got)) <= ev["bytes_in"] < BIG     # the head is rewritten: body only
+
+
+def test_the_relay_threads_get_pids_of_their_own():
+    from corral.backends.host.proxy import RELAY_TASKS, with_relay_tasks
+    from corral.egress.relay import MAX_RELAY_THREADS
+    from corral.plan import build_plan
+    from corral.runtime.sandbox import coerce_policy
+
+    assert RELAY_TASKS == MAX_RELAY_THREADS   # host/proxy.py keeps asyncio off the run path
+    allow = build_plan(coerce_policy({"network": {"mode": "allow", "allow": ["a.test"]}}), {})
+    none = build_plan(coerce_policy({}), {})
+    assert with_relay_tasks(allow)(64) == 64 + RELAY_TASKS
+    assert with_relay_tasks(allow, lambda n: n + 3)(64) == 67 + RELAY_TASKS
+    assert with_relay_tasks(none)(64) == 64

@@ -35,7 +35,7 @@ from ..linux.supervise import kill_pid, spawn
 from ..plan import EgressProxy, Environment
 from .host.cgroups import destroy_cgroup, run_cgroup
 from .host.execlimits import ExecLimits
-from .host.proxy import start_proxy
+from .host.proxy import start_proxy, with_relay_tasks
 from .namespace import NamespaceSandbox, _child_pid, _confine, _read_rest, _write_all
 
 #: what bwrap's init runs for the sandbox's life: it blocks forever and uses no CPU
@@ -106,7 +106,7 @@ class NamespaceLive(NamespaceSandbox):
         self.env = dict(plan.find(Environment)[0].env)
         self.program = enter.Program(self.bpf)
         cg = self.sandbox_cg = run_cgroup(self.dir, f"{self.dir.id}-live", plan, self.events,
-                                          pids=lambda n: n + OWN_PIDS)
+                                          pids=with_relay_tasks(plan, lambda n: n + OWN_PIDS))
         if cg is None:
             raise SandboxSetupError("a live sandbox needs a cgroup of its own (every command "
                                     "gets a child of it) and this host has none usable; "

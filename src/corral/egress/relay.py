@@ -263,7 +263,7 @@ class _Relay:
     """Part of one direction of a bulk flow, in a thread: the same splice loop, but
     waiting in poll(2) instead of on the event loop, so that each chunk costs two splices
     and at most a poll instead of a trip through the loop (bench/network.py: about 1.2x
-    the throughput for 0.6x the CPU on loopback). It reads at most `grant` bytes (set
+    the throughput for 60-85% of the CPU on loopback). It reads at most `grant` bytes (set
     aside from the budget by the loop, which takes back what was not used, and which
     alone decides a cut), empties the pipe, and hands back. The sockets stay open until
     it is done: a cancelled wait stops it through a wake pipe and waits for it first, so

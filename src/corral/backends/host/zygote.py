@@ -45,7 +45,16 @@ _started_proxies = 0
 
 
 def enabled() -> bool:
-    return os.environ.get("CORRAL_EGRESS_ZYGOTE", "1") != "0"
+    return not _disabled and os.environ.get("CORRAL_EGRESS_ZYGOTE", "1") != "0"
+
+
+_disabled = False
+
+
+def disable() -> None:
+    """No zygote in this process (a detached sandbox's supervisor: one proxy only)."""
+    global _disabled
+    _disabled = True
 
 
 class _Zygote:

@@ -398,8 +398,9 @@ def memory_section(mem: dict) -> list[str]:
           "process (`python -I -c 'import corral.egress.boot ...'`) in the run's cgroup, "
           "which dominates the figure: its PSS is mostly anonymous memory (the interpreter's "
           "heap after importing asyncio, ssl, h11 and dnspython; cryptography too when the "
-          "policy grants secrets; a bare `python3 -I -c pass` is about 3 MB PSS), and every "
-          "proxy is a fresh interpreter, so nothing of it is shared between sandboxes. "
+          "policy grants secrets; a bare `python3 -I -c pass` is about 3 MB PSS); the first "
+          "proxy of a process is a fresh interpreter, the next ones are forked from the "
+          "zygote (docs/network.md) and share its pages (section 3b). "
           f"Policy used for allow: `{json.dumps(mem['policies']['allow'])}` (the host "
           "is never contacted)."), ""]
     return L

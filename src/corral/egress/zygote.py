@@ -238,10 +238,11 @@ def _spare_child(ctrl: socket.socket, sock: socket.socket) -> None:
     try:
         ctrl.close()
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except OSError:
-            pass
+        if os.geteuid() == 0:      # only root may go back to SCHED_OTHER (CAP_SYS_NICE)
+            try:
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            except OSError:
+                pass
         import select
 
         poller = select.poll()
@@ -257,6 +258,8 @@ def _spare_child(ctrl: socket.socket, sock: socket.socket) -> None:
         if truncated or not msg:
             os._exit(0)
         sock.close()
+        if os.sched_getscheduler(0) == os.SCHED_IDLE:   # the zygote could not restore it
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         uid, gid = parse_request(msg, len(fds))
     except BaseException:  # noqa: BLE001 - a spare never returns to the zygote's loop
         os._exit(code)

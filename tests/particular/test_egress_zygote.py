@@ -189,3 +189,47 @@ def test_nothing_is_left_at_close(servers, dnsmasq, ready):
     for pid in pids:                    # reaped too: no zombie of ours
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
+
+
+def fds_of(pid: int) -> list[str]:
+    return sorted(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_the_zygote_and_its_spare_hold_nothing_of_a_sandbox(servers, dnsmasq, ready):
+    sbs = [corral.Sandbox.create(net(dnsmasq, ["allowed.test"])) for _ in range(2)]
+    try:
+        assert all(proxy_of(s).forked for s in sbs)
+        spare = zygote._zygote.spare
+        assert spare is not None and spare not in [proxy_of(s).pid for s in sbs]
+        # no listener, config memfd, event pipe or cgroup.procs fd of any sandbox: the
+        # zygote keeps its two sockets (to the supervisor, to the spare), the spare its one
+        for pid, sockets in ((ready, 2), (spare, 1)):
+            got = fds_of(pid)
+            assert got.count("/dev/null") == 3, got
+            assert [f for f in got if f != "/dev/null"] == [f for f in got
+                                                            if f.startswith("socket:")]
+            assert len([f for f in got if f.startswith("socket:")]) == sockets, got
+    finally:
+        for s in sbs:
+            s.kill()
+
+
+def test_a_stuck_zygote_is_replaced(servers, dnsmasq, ready):
+    os.kill(ready, signal.SIGSTOP)
+    try:
+        sb = corral.Sandbox.create(net(dnsmasq, ["allowed.test"]))   # waits REPLY_TIMEOUT_S
+    finally:
+        try:
+            os.kill(ready, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    try:
+        assert not proxy_of(sb).forked
+        assert code(sb, "http://allowed.test/") == "200"
+        notes = [e["message"] for e in sb.events if e["kind"] == "notice"]
+        assert notes and "did not answer" in notes[0] and "killed" in notes[0], notes
+    finally:
+        sb.kill()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(ready, os.WNOHANG)         # the stuck one was killed and reaped
+    assert zygote.wait_ready() and zygote.zygote_pid() != ready

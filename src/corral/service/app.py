@@ -479,7 +479,10 @@ def _version() -> str:
 def serve(host: str, port: int, state_dir: str | None, *, log_level: str = "info") -> int:
     import uvicorn
 
+    from ..backends.host import zygote
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     app = create_app(state_dir)
+    zygote.warm()   # the egress proxies' template, ready before the first sandbox asks
     uvicorn.run(app, host=host, port=port, log_level=log_level)
     return 0

@@ -423,8 +423,8 @@ def idle_section(idle: dict) -> list[str]:
         kinds = ", ".join(f"{k} x{e['count']}: {e['pss'] / r['alive'] / MB:.2f}"
                           for k, e in sorted(r["processes"].items()))
         first = r.get("first_request_ms") or []
-        fr = (f"{sorted(first)[len(first) // 2]:.2f} ms (max {max(first):.1f})"
-              if first else "")
+        fr = (f"{r['first_p50_ms']:.2f} ms (max {max(first):.1f})"
+              if first and r.get("first_p50_ms") is not None else "")
         rows.append([r["mode"], f"**{r['per_sandbox_bytes'] / MB:.2f}**", kinds, fr,
                      f"{r['start_all_s']:.1f} s"])
     L += table(["network", "MB per sandbox", "processes, MB per sandbox (PSS)",

@@ -202,8 +202,9 @@ class _Spare:
     """The next proxy, forked ahead (clone(CLONE_PARENT): the supervisor's child from
     birth) and waiting on a socketpair for its request: whatever a proxy does before it
     knows its sandbox (and the page copies that costs) is off the first request's path.
-    It runs warm() itself while it waits, as the root it still is, before it has any fd of
-    a sandbox's. Ends at EOF (the zygote is gone) without having served anyone."""
+    It runs warm() itself while it waits (under SCHED_IDLE when root), as the zygote's
+    user, before it has any fd of a sandbox's. Ends at EOF (the zygote is gone) without
+    having served anyone."""
 
     def __init__(self, ctrl: socket.socket) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -10,6 +10,9 @@ Sections, each a script of its own writing bench/out/NAME.json and NAME.txt:
   startup     bench/compare.py     corral's tiers vs bare/bwrap/runsc and the npm peers
   throughput  bench/throughput.py  short namespace runs per second at 1/2/8/32 parallel
   memory      bench/memory.py      PSS of one more idle live sandbox (1/10/100 alive)
+  idle        bench/idle.py        N idle Sandbox.create sandboxes (200; --quick 50): PSS
+                                   each with network none / allow (zygote) / allow (fresh
+                                   proxies), and a new sandbox's first proxied request
   network     bench/network.py     the egress proxy: throughput, added latency, storm
   flood       bench/flood.py       1 GiB of output against a 1 MB cap
 
@@ -38,6 +41,7 @@ SECTIONS = {
     "startup": "compare.py",
     "throughput": "throughput.py",
     "memory": "memory.py",
+    "idle": "idle.py",
     "network": "network.py",
     "flood": "flood.py",
 }
@@ -65,6 +69,8 @@ def run_section(name: str, quick: bool, no_peers: bool) -> dict:
         argv.append("--quick")
         if name == "network":
             argv += ["--runs", "2"]
+    if name == "idle":                  # --n, not --quick: 50 sandboxes on a quick run
+        argv = [a for a in argv if a != "--quick"] + (["--n", "50"] if quick else [])
     if no_peers and name == "startup":
         argv.append("--no-peers")
     shown = " ".join(["python", os.path.relpath(argv[1], ROOT), *argv[2:]]).replace(

@@ -398,10 +398,40 @@ def memory_section(mem: dict) -> list[str]:
           "process (`python -I -c 'import corral.egress.boot ...'`) in the run's cgroup, "
           "which dominates the figure: its PSS is mostly anonymous memory (the interpreter's "
           "heap after importing asyncio, ssl, h11 and dnspython; cryptography too when the "
-          "policy grants secrets; a bare `python3 -I -c pass` is about 3 MB PSS), and every "
-          "proxy is a fresh interpreter, so nothing of it is shared between sandboxes. "
+          "policy grants secrets; a bare `python3 -I -c pass` is about 3 MB PSS); the first "
+          "proxy of a process is a fresh interpreter, the next ones are forked from the "
+          "zygote (docs/network.md) and share its pages (section 3b). "
           f"Policy used for allow: `{json.dumps(mem['policies']['allow'])}` (the host "
           "is never contacted)."), ""]
+    return L
+
+
+def idle_section(idle: dict) -> list[str]:
+    L = ["## 3b. Idle live sandboxes, many at once (bench/idle.py)", "",
+         (f"{idle['n']} `Sandbox.create` sandboxes (namespace tier) alive in one fresh "
+          "supervisor process, measured once each has been idle past its entrant's keep time. "
+          "Per sandbox = (PSS of every process below the supervisor, the egress proxy's zygote "
+          "included, + the supervisor's PSS growth) / N. \"allow\": each sandbox's proxy forked "
+          "from the zygote; \"allow-fresh\": CORRAL_EGRESS_ZYGOTE=0, a fresh interpreter per "
+          "proxy. First request: a GET through a new sandbox's proxy right after create "
+          "returns, connect to last byte. MB = MiB."), ""]
+    rows = []
+    for r in idle["points"]:
+        if "error" in r:
+            rows.append([r["mode"], "failed: " + r["error"][:120], "", "", ""])
+            continue
+        kinds = ", ".join(f"{k} x{e['count']}: {e['pss'] / r['alive'] / MB:.2f}"
+                          for k, e in sorted(r["processes"].items()))
+        first = r.get("first_request_ms") or []
+        fr = (f"{r['first_p50_ms']:.2f} ms (max {max(first):.1f})"
+              if first and r.get("first_p50_ms") is not None else "")
+        rows.append([r["mode"], f"**{r['per_sandbox_bytes'] / MB:.2f}**", kinds, fr,
+                     f"{r['start_all_s']:.1f} s"])
+    L += table(["network", "MB per sandbox", "processes, MB per sandbox (PSS)",
+                "first request p50", "all created in"], rows, "lrllr") + [""]
+    L += table(["goal (issue 16)", "value", ""],
+               [[g["goal"], str(g["value"]), met(g["met"])] for g in idle["goals"]],
+               "lll") + [""]
     return L
 
 
@@ -431,7 +461,7 @@ def network_section(net: dict) -> list[str]:
         xs = sorted(net["sandbox_first_request_ms"])
         L += [(f"A fresh sandbox's first request waits for its proxy process to start: "
               f"{xs[len(xs) // 2]:.0f} ms median here (not in the figures above)."), ""]
-    L += ["Goals of issue 3 (from bench/network.py):", ""]
+    L += ["Goals of issue 3, as tightened by issue 16 (from bench/network.py):", ""]
     L += table(["goal", "value", ""], [[g["goal"], g["value"], met(g["met"])]
                                        for g in net["goals"]], "lll") + [""]
     return L
@@ -531,6 +561,8 @@ def main() -> int:
         L += ["## 1. Start-up", "", "not run (bench/out/startup.json missing)", ""]
     L += throughput_section(tp) if tp else ["## 2. Throughput", "", "not run", ""]
     L += memory_section(mem) if mem else ["## 3. Memory", "", "not run", ""]
+    idle = load("idle")
+    L += idle_section(idle) if idle else ["## 3b. Idle live sandboxes", "", "not run", ""]
     L += network_section(net) if net else ["## 4. Network", "", "not run", ""]
     L += flood_section(fl) if fl else ["## 5. Output flood", "", "not run", ""]
     L += ["## How to read these", "",

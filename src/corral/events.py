@@ -10,6 +10,7 @@ only when set). Build them with the class methods, so each message is written on
     limit        limit, stream (output only), message
     unenforced   rule, tier, reason
     teardown     message
+    notice       message (informative: the outcome is unchanged)
     exec         command, errno (a name such as "ENOENT"), message
     net          host, port, decision ("allow" | "deny"), reason, bytes_in, bytes_out
     secret       name, host, port, decision ("injected" | "withheld" | ...), reason
@@ -91,6 +92,14 @@ class TeardownEvent(Event):
     message: str
 
 
+class NoticeEvent(Event):
+    """Something worth knowing that changed nothing of the run's outcome (the egress
+    proxy's zygote was replaced, say)."""
+
+    KIND = "notice"
+    message: str
+
+
 class NetEvent(Event):
     KIND = "net"
     host: str
@@ -111,4 +120,4 @@ class SecretEvent(Event):
 
 
 KINDS = {c.KIND: c for c in (LimitEvent, ExecEvent, UnenforcedEvent, TeardownEvent, NetEvent,
-                             SecretEvent)}
+                             SecretEvent, NoticeEvent)}

@@ -148,3 +148,17 @@ def test_budget_module_does_no_io():
     banned = {"socket", "asyncio", "ssl", "select", "selectors", "subprocess", "time",
               "os", ".server", ".relay", ".forward", ".terminate"}
     assert not names & banned, sorted(names & banned)
+
+
+def test_refund_gives_back_what_was_set_aside():
+    b = Budgets(Budget(bytes_in=100))
+    b.count("a.test", "bytes_in", 60)          # a relay thread's grant, counted ahead
+    assert b.room("a.test", "bytes_in") == 40
+    b.refund("a.test", "bytes_in", 25)         # it moved 35 of the 60
+    assert b.room("a.test", "bytes_in") == 65 and b.usage("a.test").bytes_in == 35
+    b.refund("a.test", "bytes_in", 1000)       # never below zero
+    assert b.usage("a.test").bytes_in == 0
+    with pytest.raises(ValueError):
+        b.refund("a.test", "bytes_in", -1)
+    with pytest.raises(ValueError):
+        b.refund("a.test", "requests", 1)

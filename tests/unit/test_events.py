@@ -8,6 +8,7 @@ from corral.events import (
     ExecEvent,
     LimitEvent,
     NetEvent,
+    NoticeEvent,
     SecretEvent,
     TeardownEvent,
     UnenforcedEvent,
@@ -51,7 +52,9 @@ def test_the_other_kinds_are_todays_dicts():
                       "nosuch")) == json.dumps(
         {"kind": "exec", "command": "nosuch", "errno": "ENOENT",
          "message": "corral: command not found inside the sandbox: nosuch"})
-    assert set(KINDS) == {"limit", "exec", "unenforced", "teardown", "net", "secret"}
+    assert dump(NoticeEvent("zygote replaced")) == json.dumps(
+        {"kind": "notice", "message": "zygote replaced"})
+    assert set(KINDS) == {"limit", "exec", "unenforced", "teardown", "net", "secret", "notice"}
 
 
 def test_the_proxys_event_lines_are_parsed_strictly_and_bounded():

@@ -140,7 +140,7 @@ from .host.etc import HOSTNAME, ensure_etc
 from .host.execlimits import ExecLimits
 from .host.finish import finish, interpreter_inside
 from .host.ids import free_uids
-from .host.proxy import egress_files, start_proxy
+from .host.proxy import egress_files, start_proxy, with_relay_tasks
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 
 TYPE_CHECKING = False
@@ -696,7 +696,8 @@ class GvisorSandbox(LiveSandbox):
         os.replace(tmp, os.path.join(self.bundle, "config.json"))
         # without a pids cgroup, RLIMIT_NPROC inside gVisor still holds
         cg = run_cgroup(self.dir, cid, plan, self.check,
-                        pids=lambda n: n * PIDS_PER_TASK + PIDS_OVERHEAD)
+                        pids=with_relay_tasks(plan, lambda n: n * PIDS_PER_TASK
+                                              + PIDS_OVERHEAD))
         attach: list[int] = []
         proxy = None
         reaping = False

@@ -72,7 +72,7 @@ from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of
 from .host.etc import HOSTNAME, ensure_etc
 from .host.execlimits import ExecLimits
 from .host.finish import finish, interpreter_inside
-from .host.proxy import egress_files, start_proxy
+from .host.proxy import egress_files, start_proxy, with_relay_tasks
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 
 #: on bwrap's command line, not in its --args: --hostname needs --unshare-uts, which is in
@@ -462,7 +462,7 @@ class NamespaceSandbox(LiveSandbox):
         lim = ExecLimits.from_plan(plan, timeout)
         wall, cpu, cap, rl = lim.wall, lim.cpu, lim.cap, lim.rlimits
         cg = run_cgroup(self.dir, f"{self.dir.id}-{self.execs}", plan, self.check,
-                        kept=self._cgroups)
+                        kept=self._cgroups, pids=with_relay_tasks(plan))
         attach: list[int] = []
         try:
             attach = cg.attach_fds() if cg else []

@@ -28,13 +28,14 @@ import select
 import time
 
 from ..errors import SandboxSetupError
+from ..events import NoticeEvent
 from ..linux import enter
 from ..linux._sys import subreaper_acquire, subreaper_release
 from ..linux.supervise import kill_pid, spawn
 from ..plan import EgressProxy, Environment
 from .host.cgroups import destroy_cgroup, run_cgroup
 from .host.execlimits import ExecLimits
-from .host.proxy import start_proxy
+from .host.proxy import start_proxy, with_relay_tasks
 from .namespace import NamespaceSandbox, _child_pid, _confine, _read_rest, _write_all
 
 #: what bwrap's init runs for the sandbox's life: it blocks forever and uses no CPU
@@ -81,6 +82,9 @@ class NamespaceLive(NamespaceSandbox):
         self.target = None
         self.sandbox_cg = None
         self.proxy = None
+        #: events about the sandbox's start that change nothing of it (runtime/live.py
+        #: puts them in sb.events): the egress proxy's zygote replaced, say
+        self.notices: list[dict] = []
         self._status_r = -1
         self._free: list = []     # emptied command cgroups
         self._next = None         # (Entrant, its cgroup) for the next command
@@ -102,7 +106,7 @@ class NamespaceLive(NamespaceSandbox):
         self.env = dict(plan.find(Environment)[0].env)
         self.program = enter.Program(self.bpf)
         cg = self.sandbox_cg = run_cgroup(self.dir, f"{self.dir.id}-live", plan, self.check,
-                                          pids=lambda n: n + OWN_PIDS)
+                                          pids=with_relay_tasks(plan, lambda n: n + OWN_PIDS))
         if cg is None:
             raise SandboxSetupError("a live sandbox needs a cgroup of its own (every command "
                                     "gets a child of it) and this host has none usable; "
@@ -161,7 +165,10 @@ class NamespaceLive(NamespaceSandbox):
 
                 config = proxy_config(egress[0].config_json, self.granted, self.ca,
                                       self.upstream_ca)
-                self.proxy = start_proxy(config, listen_in_netns(init), attach, uid, gid)
+                self.proxy = start_proxy(config, listen_in_netns(init), attach, uid, gid,
+                                         live=True)
+                if self.proxy.notice:
+                    self.notices.append(NoticeEvent(self.proxy.notice).to_dict())
             self._wait_holder()
             self.target = enter.Target(init, pidfd=self._init_fd)
             self._init_fd = -1

@@ -99,19 +99,32 @@ def _not_dumpable() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)   # PR_SET_DUMPABLE
 
 
+_PARSER: argparse.ArgumentParser | None = None
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser, built once (the zygote builds it for all its children)."""
+    global _PARSER
+    if _PARSER is None:
+        p = argparse.ArgumentParser(prog="python -m corral.egress",
+                                    description=__doc__.split("\n")[0])
+        cfg_g = p.add_mutually_exclusive_group(required=True)
+        cfg_g.add_argument("--config-fd", type=int)
+        cfg_g.add_argument("--config")
+        lis_g = p.add_mutually_exclusive_group(required=True)
+        lis_g.add_argument("--listen-fd", type=int)
+        lis_g.add_argument("--listen")
+        ev_g = p.add_mutually_exclusive_group()
+        ev_g.add_argument("--events-fd", type=int)
+        ev_g.add_argument("--events")
+        p.add_argument("--hosts", default=None)
+        p.add_argument("--die-with-parent", action="store_true")
+        _PARSER = p
+    return _PARSER
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m corral.egress", description=__doc__.split("\n")[0])
-    cfg_g = p.add_mutually_exclusive_group(required=True)
-    cfg_g.add_argument("--config-fd", type=int)
-    cfg_g.add_argument("--config")
-    lis_g = p.add_mutually_exclusive_group(required=True)
-    lis_g.add_argument("--listen-fd", type=int)
-    lis_g.add_argument("--listen")
-    ev_g = p.add_mutually_exclusive_group()
-    ev_g.add_argument("--events-fd", type=int)
-    ev_g.add_argument("--events")
-    p.add_argument("--hosts", default=None)
-    p.add_argument("--die-with-parent", action="store_true")
+    p = parser()
     args = p.parse_args(argv)
 
     from ..errors import CorralError

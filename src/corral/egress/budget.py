@@ -12,6 +12,8 @@ they moved, and cut the connection when there is no room.
   from `requests`.
 - `room(key, direction)`: how many more bytes may go that way (0 when spent).
 - `count(key, direction, n)`: n bytes went that way.
+- `refund(key, direction, n)`: n bytes counted ahead did not go (a relay thread's unused
+  grant: relay.py sets a slice of the room aside for a bulk flow's thread).
 
 No sockets, no asyncio, no clock (tests/unit/test_egress_budget.py drives it with tables).
 """
@@ -78,6 +80,15 @@ class Budgets:
             raise ValueError(f"count: negative byte count {n}")
         u = self._usage.setdefault(key, Usage())
         setattr(u, _checked(direction), getattr(u, direction) + n)
+
+
+    def refund(self, key: str, direction: Direction, n: int) -> None:
+        """Give back `n` bytes counted ahead and not moved (the unused part of what a
+        relay thread had set aside: relay.py)."""
+        if n < 0:
+            raise ValueError(f"refund: negative byte count {n}")
+        u = self._usage.setdefault(key, Usage())
+        setattr(u, _checked(direction), max(0, getattr(u, direction) - n))
 
 
 def _checked(direction: str) -> str:

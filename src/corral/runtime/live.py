@@ -105,6 +105,7 @@ class Live(Sandbox):
         self.events: list[dict] = []
         self._live = self._backend.open_live(self.plan, self._check, self._granted,
                                              self.policy.network.upstream_ca)
+        self.events += getattr(self._live, "notices", [])
         self._pid = os.getpid()
         _sandbox._close_at_exit(self._live)
         self.id = self._live.dir.id

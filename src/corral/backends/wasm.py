@@ -141,6 +141,28 @@ class WasmBackend(Backend):
 
         self.ns = NamespaceBackend()
 
+    def guest_info(self, plan: Plan) -> dict:
+        """explain's account of what the guest is granted (runtime/explain.py)."""
+        pre = [{"path": SCRATCH, "mode": "rw"}]
+        for op in plan.ops:
+            if isinstance(op, WorkspaceMount):
+                pre.append({"path": op.dest, "mode": "rw" if op.writable else "ro"})
+            elif isinstance(op, ReadOnlyBind):
+                pre.append({"path": op.path, "mode": "ro"})
+        return {"preopens": pre,
+                "root": (f"CPython {GUEST_PYTHON}'s stdlib embedded in the pinned module "
+                         f"(sha256 {MODULE_SHA256[:16]}...); nothing of the host's file "
+                         f"system but the preopens"),
+                "syscalls": ("none reach the host kernel from the guest: it calls only "
+                             "wasmtime's WASI preview-1 functions"),
+                "network": "none: no sockets are granted, network.mode = \"allow\" is refused",
+                "native_extensions": ("none: WASI has no dlopen; pure-Python packages only "
+                                      "(no ssl, no ctypes in this build)"),
+                "sessions": ("stateless: each exec is a fresh interpreter; run_code's "
+                             "persistent contexts are not offered on this tier (corral's "
+                             "runner needs threads and signals, which WASI lacks); use "
+                             "namespace for them")}
+
     @property
     def egress_note(self) -> str:
         return "none: the wasm guest has no sockets"
@@ -332,6 +354,11 @@ class WasmSandbox(LiveSandbox):
             raise BackendUnavailable("a terminal (-t) is not offered on the wasm tier; run "
                                      "without -t", field="tty")
         gargv = guest_argv(argv)
+        if _is_session_runner(argv):
+            raise UnsupportedRule("run_code keeps no interpreter on the wasm tier (corral's "
+                                  "runner needs threads and signals, which WASI lacks); "
+                                  "run each cell as python3 -c, or use isolation = "
+                                  "\"namespace\"", field="isolation")
         from .host.execlimits import ExecLimits
 
         lim = ExecLimits.from_plan(self.plan, timeout)
@@ -370,6 +397,15 @@ class WasmSandbox(LiveSandbox):
 
     def close(self) -> list[str]:
         return self.ns.close() if self.ns is not None else []
+
+
+def _is_session_runner(argv: list[str]) -> bool:
+    """Whether argv is run_code's interpreter (runtime/session.py: python3 -c BOOT RUNNER)."""
+    if len(argv) < 4 or argv[1] != "-c" or not argv[3].startswith('"""corral\'s persistent'):
+        return False
+    from .. import guest
+
+    return argv[3] == guest.source("runner.py")
 
 
 def _unlink(path: str) -> None:

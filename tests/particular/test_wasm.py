@@ -300,3 +300,27 @@ def test_run_code_says_it_is_stateless():
     with corral.Sandbox({"isolation": "wasm"}) as sb:
         with pytest.raises(corral.CorralError, match="run_code keeps no interpreter"):
             sb.run_code("x = 1")
+
+
+# -- the probe on wasm -------------------------------------------------------------------------
+
+def test_the_probe_runs_on_wasm_and_says_what_does_not_apply():
+    import subprocess
+
+    from conftest import CORRAL
+
+    cases = ["fs.ssh-key", "info.etc-passwd", "net.direct-tcp", "res.fork-bomb",
+             "supply.setup-py", "term.escape-sequences"]
+    p = subprocess.run([CORRAL, "probe", "--isolation", "wasm", "--json",
+                        *(a for c in cases for a in ("--case", c))],
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    cells = {c["id"]: c for c in json.loads(p.stdout)["cases"]}
+    assert set(cells) == set(cases)
+    for cid in ("fs.ssh-key", "info.etc-passwd", "net.direct-tcp"):
+        assert cells[cid]["status"] == "contained" and cells[cid]["expected"], cells[cid]
+    for cid, why in (("res.fork-bomb", "fork"), ("supply.setup-py", "subprocess"),
+                     ("term.escape-sequences", "terminal")):
+        c = cells[cid]
+        assert c["status"] == "unsupported" and c["contained"] is None, c
+        assert c["reason"].startswith("not applicable on wasm:") and why in c["reason"], c

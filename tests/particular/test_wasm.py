@@ -233,7 +233,7 @@ def test_the_compiled_module_is_reused(wasm_state):
 
 
 def test_a_cache_entry_for_another_module_hash_is_rejected(wasm_state, tmp_path):
-    from corral.backends.wasm_cache import ModuleCache
+    from corral.backends.wasm_cache import ModuleCache, format_record
 
     cache, module, sha, wt = _cache(wasm_state)
     src = cache.lookup(sha, wt)
@@ -242,18 +242,21 @@ def test_a_cache_entry_for_another_module_hash_is_rejected(wasm_state, tmp_path)
     cwasm, meta = mine.paths(mine.record(sha, wt))
     os.makedirs(mine.root)
     shutil.copy(src, cwasm)
-    rec = dict(mine.record(sha, wt), size=os.path.getsize(cwasm))
-    with open(meta, "w") as f:
-        json.dump(rec, f)
+    rec = dict(mine.record(sha, wt), size=str(os.path.getsize(cwasm)))
+
+    def write(**over):
+        with open(meta, "wb") as f:
+            f.write(format_record({**rec, **over}))
+
+    write()
     assert mine.lookup(sha, wt) == cwasm             # a whole, matching entry is used
-    with open(meta, "w") as f:                       # recorded for another module
-        json.dump(dict(rec, module_sha256="0" * 64), f)
+    write(module_sha256="0" * 64)                    # recorded for another module
     assert mine.lookup(sha, wt) is None
-    with open(meta, "w") as f:                       # the compiled file changed size
-        json.dump(dict(rec, size=rec["size"] - 1), f)
+    write(size=str(int(rec["size"]) - 1))            # the compiled file changed size
     assert mine.lookup(sha, wt) is None
-    with open(meta, "w") as f:
-        json.dump(rec, f)
+    write(cpu="x86_64;another CPU;sse2")             # compiled for another CPU
+    assert mine.lookup(sha, wt) is None
+    write()
     os.unlink(cwasm)
     os.symlink(src, cwasm)                           # a link in its place
     assert mine.lookup(sha, wt) is None

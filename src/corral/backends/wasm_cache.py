@@ -4,9 +4,10 @@ directory, bound read-only into each sandbox.
     <state dir>/wasm/              0700, corral's own
         <key>.cwasm                wasmtime's serialized module (0644: the sandbox's uid
                                    reads it through a read-only bind)
-        <key>.json                 {"module_sha256", "wasmtime", "cpu", "config", "size"}
+        <key>.rec                  its record: "name value" lines of module_sha256,
+                                   wasmtime, cpu, config, size
 
-The key is the sha256 of (module sha256, wasmtime version, CPU features, engine config):
+The key is made of (module sha256, wasmtime version, CPU model and flags, engine config):
 a new wasmtime, another CPU or another module gets an entry of its own. An entry is used
 only if its record names exactly that module hash, version, CPU and config and the
 compiled file is a regular file of the recorded size, not a link; else it is compiled
@@ -19,10 +20,9 @@ tier, and not at all once the entry exists)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import stat
+import zlib
 
 from ..errors import SandboxSetupError
 
@@ -31,7 +31,8 @@ ENGINE_CONFIG = "epoch_interruption=1"
 
 
 def cpu_features() -> str:
-    """This CPU's model and feature flags, hashed (a compiled module is specific to both)."""
+    """This CPU's architecture, model and feature flags (a compiled module is specific to
+    them), as one line."""
     flags = model = ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -46,7 +47,7 @@ def cpu_features() -> str:
                     break
     except OSError:
         pass
-    return hashlib.sha256(f"{os.uname().machine}\0{model}\0{flags}".encode()).hexdigest()[:16]
+    return f"{os.uname().machine};{model};{flags}".replace("\n", " ")
 
 
 def wasmtime_version(wasmtime_dir: str) -> str:
@@ -56,14 +57,6 @@ def wasmtime_version(wasmtime_dir: str) -> str:
         if name.startswith("wasmtime-") and name.endswith(".dist-info"):
             return name[len("wasmtime-"):-len(".dist-info")]
     return "unknown"
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class ModuleCache:
@@ -81,12 +74,15 @@ class ModuleCache:
                 "cpu": cpu_features(), "config": ENGINE_CONFIG}
 
     def key(self, rec: dict) -> str:
-        text = "\0".join(rec[k] for k in ("module_sha256", "wasmtime", "cpu", "config"))
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
+        """A file name for the entry (the record, compared field by field, is what decides
+        whether an entry is used; the key only keeps entries apart)."""
+        rest = zlib.crc32("\0".join((rec["cpu"], rec["config"])).encode())
+        version = "".join(c for c in rec["wasmtime"] if c.isalnum() or c in ".-")[:32]
+        return f"{rec['module_sha256'][:24]}-{version}-{rest:08x}"
 
     def paths(self, rec: dict) -> tuple[str, str]:
         k = self.key(rec)
-        return os.path.join(self.root, k + ".cwasm"), os.path.join(self.root, k + ".json")
+        return os.path.join(self.root, k + ".cwasm"), os.path.join(self.root, k + ".rec")
 
     def lookup(self, module_sha: str, wasmtime_dir: str) -> str | None:
         """The compiled module for this module hash here, or None (absent, or its record
@@ -96,15 +92,15 @@ class ModuleCache:
         try:
             fd = os.open(meta, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                saved = json.loads(os.read(fd, 4096))
+                saved = parse_record(os.read(fd, RECORD_MAX + 1))
             finally:
                 os.close(fd)
             st = os.lstat(cwasm)
-        except (OSError, ValueError):
+        except OSError:
             return None
-        if not isinstance(saved, dict) or any(saved.get(k) != v for k, v in rec.items()):
+        if saved is None or any(saved.get(k) != v for k, v in rec.items()):
             return None
-        if not stat.S_ISREG(st.st_mode) or st.st_size != saved.get("size"):
+        if not stat.S_ISREG(st.st_mode) or str(st.st_size) != saved.get("size"):
             return None
         return cwasm
 
@@ -118,6 +114,8 @@ class ModuleCache:
         return self.compile(module, module_sha, wasmtime_dir)
 
     def compile(self, module: str, module_sha: str, wasmtime_dir: str) -> str:
+        import hashlib
+
         with open(module, "rb") as f:
             data = f.read()
         got = hashlib.sha256(data).hexdigest()
@@ -139,10 +137,36 @@ class ModuleCache:
         os.makedirs(self.root, 0o700, exist_ok=True)
         os.chmod(self.root, 0o700)
         _write_atomic(cwasm, serialized, 0o644)
-        _write_atomic(meta, (json.dumps({**rec, "size": len(serialized)}) + "\n").encode(),
-                      0o600)
+        _write_atomic(meta, format_record({**rec, "size": str(len(serialized))}), 0o600)
         self.compiled = True
         return cwasm
+
+
+RECORD_FIELDS = ("module_sha256", "wasmtime", "cpu", "config", "size")
+RECORD_MAX = 8192
+
+
+def format_record(rec: dict) -> bytes:
+    return "".join(f"{k} {rec[k]}\n" for k in RECORD_FIELDS).encode()
+
+
+def parse_record(data: bytes) -> dict | None:
+    """A record's fields, or None unless it is exactly RECORD_FIELDS, one line each."""
+    if len(data) > RECORD_MAX:
+        return None
+    try:
+        lines = data.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        return None
+    if lines[-1] != "" or len(lines) != len(RECORD_FIELDS) + 1:
+        return None
+    out = {}
+    for want, line in zip(RECORD_FIELDS, lines):
+        k, sep, v = line.partition(" ")
+        if k != want or not sep:
+            return None
+        out[k] = v
+    return out
 
 
 def _write_atomic(path: str, data: bytes, mode: int) -> None:

@@ -1,118 +1,245 @@
 """The host side of the wasm tier's guest: wasmtime running CPython-for-WASI, as a process
 of its own inside a namespace-tier sandbox (its own uid, seccomp, no network).
 
-Run by backends/wasm.py as `python3 -I -S wasm_host.py CONFIG -- ARGV...`, with the
-wasmtime package, the compiled module and this file bound read-only. Standard library and
-wasmtime only (nothing of corral). CONFIG is JSON:
+Run by backends/wasm.py as
 
-    site      the directory holding the `wasmtime` package (put first on sys.path)
-    cwasm     the compiled module, compiled and written by corral on the host side
-    memory    bytes of linear memory the store limiter allows (memory.grow fails past it)
-    cpu, wall seconds of CPU time (this process's) and wall clock for the guest
-    preopens  [[dir here, path for the guest, writable], ...]: the guest's only files
-    env       [[name, value], ...]: the guest's whole environment
-    status    where to write one JSON line of how the guest ended (a path the guest
-              cannot reach: no preopen covers it)
+    python3 -I -S wasm_host.py LIB CWASM MEMORY CPU WALL STATUS
+                               N [HOST GUEST RW]*N  M [NAME VALUE]*M  -- ARGV...
 
-The guest gets argv, env, the preopens, stdin/stdout/stderr (this process's), a clock
-and random: WASI preview 1, nothing else. No sockets are granted and no host function is
-linked beyond WASI: the guest has no bridge to anything of the host.
+with wasmtime's shared library, the compiled module and this file bound read-only.
+Standard library only (ctypes over wasmtime's C API: the Python bindings' import alone
+costs ~25 ms of every run). LIB: wasmtime's libwasmtime.so; CWASM: the compiled module,
+compiled and written by corral on the host side; MEMORY: bytes of linear memory the store
+limiter allows (memory.grow fails past it); CPU, WALL: seconds of this process's CPU time
+and of wall clock for the guest (epoch interruption); STATUS: where to write how the guest
+ended, one line "END CODE" (a path no preopen reaches); then the preopens (a directory
+here, its path for the guest, 1 if writable), the guest's whole environment, its argv.
+
+The guest gets argv, env, the preopens, stdin/stdout/stderr (this process's), a clock and
+random: WASI preview 1, nothing else. No socket is granted and no host function is linked
+beyond WASI: the guest has no bridge to anything of the host.
 
 Exit status: the guest's own; 1 after a trap (the status line says which).
 """
 
-import json
+import _thread
+import ctypes
 import os
 import sys
-import threading
 import time
 
 TICK_S = 0.01
 #: the last bytes of the guest's stderr kept to tell a MemoryError from other failures
 TAIL = 512
-STATUS_SIZE = 1024
+STATUS_SIZE = 64
+
+P = ctypes.c_void_p
+OUTPUT = ctypes.CFUNCTYPE(ctypes.c_ssize_t, P, ctypes.POINTER(ctypes.c_ubyte), ctypes.c_size_t)
+FINALIZE = ctypes.CFUNCTYPE(None, P)
+
+
+class Vec(ctypes.Structure):          # wasm_byte_vec_t, wasm_name_t, wasm_message_t
+    _fields_ = [("size", ctypes.c_size_t), ("data", P)]
+
+
+class Instance(ctypes.Structure):     # wasmtime_instance_t
+    _fields_ = [("store_id", ctypes.c_uint64), ("index", ctypes.c_size_t)]
+
+
+class Func(ctypes.Structure):         # wasmtime_func_t
+    _fields_ = [("store_id", ctypes.c_uint64), ("private", P)]
+
+
+class Extern(ctypes.Structure):       # wasmtime_extern_t: a kind byte, then the union
+    _fields_ = [("kind", ctypes.c_uint8), ("func", Func), ("rest", ctypes.c_uint8 * 32)]
+
+
+def bind(lib):
+    """The few functions of wasmtime's C API used here, typed."""
+    sig = {
+        "wasm_config_new": (P, []),
+        "wasmtime_config_epoch_interruption_set": (None, [P, ctypes.c_bool]),
+        "wasm_engine_new_with_config": (P, [P]),
+        "wasmtime_engine_increment_epoch": (None, [P]),
+        "wasmtime_module_deserialize_file": (P, [P, ctypes.c_char_p, ctypes.POINTER(P)]),
+        "wasmtime_store_new": (P, [P, P, P]),
+        "wasmtime_store_context": (P, [P]),
+        "wasmtime_store_limiter": (None, [P] + [ctypes.c_int64] * 5),
+        "wasmtime_context_set_epoch_deadline": (None, [P, ctypes.c_uint64]),
+        "wasi_config_new": (P, []),
+        "wasi_config_set_argv": (ctypes.c_bool, [P, ctypes.c_size_t,
+                                                 ctypes.POINTER(ctypes.c_char_p)]),
+        "wasi_config_set_env": (ctypes.c_bool, [P, ctypes.c_size_t,
+                                                ctypes.POINTER(ctypes.c_char_p),
+                                                ctypes.POINTER(ctypes.c_char_p)]),
+        "wasi_config_inherit_stdin": (None, [P]),
+        "wasi_config_inherit_stdout": (None, [P]),
+        "wasi_config_set_stderr_custom": (None, [P, OUTPUT, P, FINALIZE]),
+        "wasi_config_preopen_dir": (ctypes.c_bool, [P, ctypes.c_char_p, ctypes.c_char_p,
+                                                    ctypes.c_bool]),
+        "wasmtime_context_set_wasi": (P, [P, P]),
+        "wasmtime_linker_new": (P, [P]),
+        "wasmtime_linker_define_wasi": (P, [P]),
+        "wasmtime_linker_instantiate": (P, [P, P, P, ctypes.POINTER(Instance),
+                                            ctypes.POINTER(P)]),
+        "wasmtime_instance_export_get": (ctypes.c_bool, [P, ctypes.POINTER(Instance),
+                                                         ctypes.c_char_p, ctypes.c_size_t,
+                                                         ctypes.POINTER(Extern)]),
+        "wasmtime_func_call": (P, [P, ctypes.POINTER(Func), P, ctypes.c_size_t, P,
+                                   ctypes.c_size_t, ctypes.POINTER(P)]),
+        "wasmtime_error_exit_status": (ctypes.c_bool, [P, ctypes.POINTER(ctypes.c_int)]),
+        "wasmtime_error_message": (None, [P, ctypes.POINTER(Vec)]),
+        "wasm_trap_message": (None, [P, ctypes.POINTER(Vec)]),
+        "wasm_byte_vec_delete": (None, [ctypes.POINTER(Vec)]),
+    }
+    for name, (res, args) in sig.items():
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, args
+    return lib
+
+
+def message(lib, fn, obj):
+    v = Vec()
+    fn(obj, ctypes.byref(v))
+    try:
+        return ctypes.string_at(v.data, v.size).decode("utf-8", "replace")
+    finally:
+        lib.wasm_byte_vec_delete(ctypes.byref(v))
+
+
+def check(lib, err, what):
+    if err:
+        raise SystemExit(f"corral: wasm host: {what}: {message(lib, lib.wasmtime_error_message, err)}")
+
+
+def strings(items):
+    arr = (ctypes.c_char_p * len(items))()
+    for i, s in enumerate(items):
+        arr[i] = s.encode("utf-8", "surrogateescape")
+    return arr
+
+
+def parse(argv):
+    a = argv[1:]
+    lib, cwasm, memory, cpu, wall, status = a[:6]
+    i = 6
+    pre = []
+    for _ in range(int(a[i])):
+        pre.append((a[i + 1], a[i + 2], a[i + 3] == "1"))
+        i += 3
+    i += 1
+    env = []
+    for _ in range(int(a[i])):
+        env.append((a[i + 1], a[i + 2]))
+        i += 2
+    if a[i + 1] != "--":
+        raise SystemExit("corral: wasm host: bad command line")
+    return (lib, cwasm, int(memory), float(cpu), float(wall), status, pre, env, a[i + 2:])
 
 
 def main(argv):
-    sep = argv.index("--")
-    cfg = json.loads(argv[1])
+    lib_path, cwasm, memory, cpu, wall, status_path, pre, env, guest_argv = parse(argv)
     # the status file's blocks are taken now: a guest that fills the scratch tmpfs
     # (which holds /tmp too) cannot keep its end from being written
-    status_fd = os.open(cfg["status"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+    status_fd = os.open(status_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
                         0o600)
     os.write(status_fd, b" " * STATUS_SIZE)
-    guest_argv = argv[sep + 1:]
-    sys.path.insert(0, cfg["site"])
-    import wasmtime
+    lib = bind(ctypes.CDLL(lib_path))
 
-    conf = wasmtime.Config()
-    conf.epoch_interruption = True
-    engine = wasmtime.Engine(conf)
-    module = wasmtime.Module.deserialize_file(engine, cfg["cwasm"])
+    conf = lib.wasm_config_new()
+    lib.wasmtime_config_epoch_interruption_set(conf, True)
+    engine = lib.wasm_engine_new_with_config(conf)   # takes the config
+    module = P()
+    check(lib, lib.wasmtime_module_deserialize_file(engine, cwasm.encode(),
+                                                     ctypes.byref(module)), "loading " + cwasm)
 
-    wasi = wasmtime.WasiConfig()
-    wasi.argv = guest_argv
-    wasi.env = [tuple(kv) for kv in cfg["env"]]
-    wasi.inherit_stdin()
-    wasi.inherit_stdout()
+    wasi = lib.wasi_config_new()
+    args = strings(guest_argv)
+    lib.wasi_config_set_argv(wasi, len(guest_argv), args)
+    names, values = strings([k for k, _ in env]), strings([v for _, v in env])
+    lib.wasi_config_set_env(wasi, len(env), names, values)
+    lib.wasi_config_inherit_stdin(wasi)
+    lib.wasi_config_inherit_stdout(wasi)
     tail = bytearray()
 
-    def on_stderr(data):
+    @OUTPUT
+    def on_stderr(_data, ptr, size):
+        data = ctypes.string_at(ptr, size)
         view = memoryview(data)
-        while view:
-            view = view[os.write(2, view):]
+        try:
+            while view:
+                view = view[os.write(2, view):]
+        except OSError:
+            return -5   # EIO to the guest
         tail.extend(data[-TAIL:])
         del tail[:-TAIL]
-        return len(data)
+        return size
 
-    wasi.stderr_custom = on_stderr
-    for host, guest, writable in cfg["preopens"]:
-        wasi.preopen_dir(host, guest, bool(writable))
+    lib.wasi_config_set_stderr_custom(wasi, on_stderr, None, FINALIZE(0))
+    for host, guest, writable in pre:
+        if not lib.wasi_config_preopen_dir(wasi, host.encode(), guest.encode(), writable):
+            raise SystemExit(f"corral: wasm host: cannot preopen {host}")
 
-    store = wasmtime.Store(engine)
-    store.set_limits(memory_size=int(cfg["memory"]))
-    store.set_wasi(wasi)
-    store.set_epoch_deadline(1)
-    linker = wasmtime.Linker(engine)
-    linker.define_wasi()
+    store = lib.wasmtime_store_new(engine, None, None)
+    ctx = lib.wasmtime_store_context(store)
+    lib.wasmtime_store_limiter(store, memory, -1, -1, -1, -1)
+    check(lib, lib.wasmtime_context_set_wasi(ctx, wasi), "WASI")   # takes the config
+    lib.wasmtime_context_set_epoch_deadline(ctx, 1)
+    linker = lib.wasmtime_linker_new(engine)
+    check(lib, lib.wasmtime_linker_define_wasi(linker), "linking WASI")
 
     stop = []
-    done = threading.Event()
-    wall, cpu = float(cfg["wall"]), float(cfg["cpu"])
     t0 = time.monotonic()
 
     def ticker():
-        while not done.wait(TICK_S):
+        while True:
+            time.sleep(TICK_S)
             if time.monotonic() - t0 >= wall:
                 stop.append("timeout")
             elif time.process_time() >= cpu:
                 stop.append("cpu_time")
             else:
                 continue
-            engine.increment_epoch()   # the guest traps at its next epoch check
+            lib.wasmtime_engine_increment_epoch(engine)   # the guest traps at its next check
             return
 
-    threading.Thread(target=ticker, daemon=True).start()
-    status = {"end": "exit", "code": 0}
-    try:
-        instance = linker.instantiate(store, module)
-        instance.exports(store)["_start"](store)
-    except wasmtime.ExitTrap as e:
-        status["code"] = e.code
-    except (wasmtime.Trap, wasmtime.WasmtimeError) as e:
-        status = {"end": stop[0] if stop else "trap", "code": 1}
-        if not stop:   # a trap of the guest's own (unreachable, stack overflow, ...)
-            why = [ln.strip() for ln in str(e).splitlines() if "trap" in ln]
+    _thread.start_new_thread(ticker, ())
+    end, code = "exit", 0
+    instance, trap = Instance(), P()
+    err = lib.wasmtime_linker_instantiate(linker, ctx, module, ctypes.byref(instance),
+                                          ctypes.byref(trap))
+    check(lib, err, "instantiating")
+    if not trap:
+        ext = Extern()
+        if not lib.wasmtime_instance_export_get(ctx, ctypes.byref(instance), b"_start", 6,
+                                                ctypes.byref(ext)):
+            raise SystemExit("corral: wasm host: the module has no _start")
+        err = lib.wasmtime_func_call(ctx, ctypes.byref(ext.func), None, 0, None, 0,
+                                     ctypes.byref(trap))
+        if err:
+            status = ctypes.c_int()
+            if lib.wasmtime_error_exit_status(err, ctypes.byref(status)):
+                code = status.value
+            else:
+                end, code = "trap", 1
+                trap_text = message(lib, lib.wasmtime_error_message, err)
+    if trap:
+        end, code = "trap", 1
+        trap_text = message(lib, lib.wasm_trap_message, trap)
+    if end == "trap":
+        if stop:
+            end = stop[0]
+        else:   # a trap of the guest's own (unreachable, stack overflow, ...)
+            why = [ln.strip() for ln in trap_text.splitlines() if "trap" in ln]
             os.write(2, ("corral: the wasm guest trapped: " + (why[-1] if why else "?")[:200]
                          + "\n").encode())
-    done.set()
-    if status["end"] == "exit" and status["code"] == 1 and _memory_error(bytes(tail)):
-        status["end"] = "memory"
-    os.pwrite(status_fd, (json.dumps(status) + "\n").encode()[:STATUS_SIZE], 0)
+    elif code == 1 and _memory_error(bytes(tail)):
+        end = "memory"
+    os.pwrite(status_fd, f"{end} {code & 0xFF}\n".encode(), 0)
     os.close(status_fd)
     # no interpreter teardown: wasmtime's stdin worker thread may still be blocked in a
     # read, and unwinding under it aborts the process
-    os._exit(status["code"] & 0xFF if status["end"] in ("exit", "memory") else 1)
+    os._exit(code & 0xFF if end in ("exit", "memory") else 1)
 
 
 def _memory_error(tail):

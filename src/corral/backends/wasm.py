@@ -267,6 +267,9 @@ class WasmBackend(Backend):
             by_rule.setdefault(g.op.rule, g.reason)
         seen = {id(op) for op, _ in missing}
         for op in plan.ops:
+            if isinstance(op, (MemoryLimit, CpuTime, WallClock)):
+                continue   # held by wasmtime itself (store limiter, epochs); the cgroup's
+                # and supervisor's are backstops
             if op.rule and op.rule in by_rule and id(op) not in seen:
                 missing.append((op, by_rule[op.rule] + " (wasmtime's host process)"))
         return TierCheck.of(self.name, plan, missing)

@@ -29,6 +29,8 @@ import sys
 import time
 
 TICK_S = 0.01
+#: how long the ticker waits, after the epoch bump, for the guest to trap by itself
+GRACE_S = 0.2
 #: the last bytes of the guest's stderr kept to tell a MemoryError from other failures
 TAIL = 512
 STATUS_SIZE = 64
@@ -189,6 +191,8 @@ def main(argv):
     check(lib, lib.wasmtime_linker_define_wasi(linker), "linking WASI")
 
     stop = []
+    finished = []
+    lock = _thread.allocate_lock()
     t0 = time.monotonic()
 
     def ticker():
@@ -201,6 +205,14 @@ def main(argv):
             else:
                 continue
             lib.wasmtime_engine_increment_epoch(engine)   # the guest traps at its next check
+            # a guest blocked in a WASI call (sleep, a read of stdin) meets no epoch check:
+            # end the process from here
+            time.sleep(GRACE_S)
+            with lock:
+                if not finished:
+                    finished.append(stop[0])
+                    os.pwrite(status_fd, f"{stop[0]} 1\n".encode(), 0)
+                    os._exit(1)
             return
 
     _thread.start_new_thread(ticker, ())
@@ -235,8 +247,11 @@ def main(argv):
                          + "\n").encode())
     elif code == 1 and _memory_error(bytes(tail)):
         end = "memory"
-    os.pwrite(status_fd, f"{end} {code & 0xFF}\n".encode(), 0)
-    os.close(status_fd)
+    with lock:
+        if finished:   # the ticker is ending the process
+            time.sleep(60)
+        finished.append(end)
+        os.pwrite(status_fd, f"{end} {code & 0xFF}\n".encode(), 0)
     # no interpreter teardown: wasmtime's stdin worker thread may still be blocked in a
     # read, and unwinding under it aborts the process
     os._exit(code & 0xFF if end in ("exit", "memory") else 1)

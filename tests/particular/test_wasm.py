@@ -81,11 +81,13 @@ def test_script_and_stdin_forms(tmp_path):
     assert r.stdout == "stdin ['x']\n", r
     r = argv(["/usr/bin/python3"], stdin=b"print(6 * 7)\n")
     assert r.stdout == "42\n", r
+    r = argv(["python3", "-m", "json.tool"], stdin=b'{"a":1}')
+    assert r.stdout == '{\n    "a": 1\n}\n', r
 
 
 def test_other_commands_are_refused_in_one_line():
     for cmd in (["/bin/sh", "-c", "echo hi"], ["bash"], ["node", "-e", "1"],
-                ["python3", "-m", "http.server"]):
+                ["python3", "-X", "dev", "-c", "1"], ["python3", "-c"]):
         with pytest.raises(UnsupportedRule) as e:
             argv(cmd)
         assert "\n" not in str(e.value)
@@ -331,3 +333,26 @@ def test_the_probe_runs_on_wasm_and_says_what_does_not_apply():
         c = cells[cid]
         assert c["status"] == "unsupported" and c["contained"] is None, c
         assert c["reason"].startswith("not applicable on wasm:") and why in c["reason"], c
+
+
+def test_the_status_line_is_read_strictly(tmp_path):
+    """What the host side wrote in the sandbox's /tmp is hostile once wasmtime is escaped:
+    read without following a link, bounded, one strict line, or ignored."""
+    from corral.backends.wasm import STATUS_NAME, read_status
+
+    f = tmp_path / STATUS_NAME
+    for good, want in ((b"exit 3\n" + b" " * 50, {"end": "exit", "code": 3}),
+                       (b"cpu_time 1\n", {"end": "cpu_time", "code": 1})):
+        f.write_bytes(good)
+        assert read_status(str(tmp_path)) == want
+    for bad in (b"exit 3", b"oom 1\n", b"exit 300\n", b"exit -1\n", b"exit 1 x\n",
+                b"exit 1\nexit 2\n", b"exit \xff\n", b"exit 1\n" + b" " * 5000):
+        f.write_bytes(bad)
+        assert read_status(str(tmp_path)) is None, bad
+    f.unlink()
+    (tmp_path / "real").write_bytes(b"timeout 1\n")
+    f.symlink_to(tmp_path / "real")
+    assert read_status(str(tmp_path)) is None          # a link is not followed
+    f.unlink()
+    os.mkfifo(f)
+    assert read_status(str(tmp_path)) is None          # nor a FIFO read (or waited on)

@@ -307,19 +307,21 @@ def host_plan(plan: Plan, library: str, cwasm: str, runner: str) -> Plan:
 
 def guest_argv(argv: list[str]) -> list[str]:
     """The guest's argv for one of the argv forms of Python (`python3 -c CODE ...`,
-    `python3 SCRIPT ...`, `python3` or `python3 -` reading stdin), or UnsupportedRule."""
+    `python3 SCRIPT ...` (a script in a preopen: /scratch, the workspace, a ro_bind),
+    `python3 -m MODULE ...`, `python3` or `python3 -` reading stdin), or UnsupportedRule."""
     if not argv or os.path.basename(argv[0]) not in PYTHON_NAMES:
         raise UnsupportedRule(NOT_PYTHON, field="command")
     rest = list(argv[1:])
     flags = []
     while rest and rest[0] in PASS_FLAGS:
         flags.append(rest.pop(0))
-    if rest and rest[0].startswith("-") and rest[0] not in ("-c", "-", "--"):
+    if rest and rest[0].startswith("-") and rest[0] not in ("-c", "-m", "-", "--"):
         raise UnsupportedRule(f"the wasm tier passes only {' '.join(sorted(PASS_FLAGS))} "
-                              f"and -c to Python, not {rest[0][:40]!r}; use namespace",
+                              f", -c and -m to Python, not {rest[0][:40]!r}; use namespace",
                               field="command")
-    if rest and rest[0] == "-c" and len(rest) < 2:
-        raise UnsupportedRule("python3 -c needs the code after it", field="command")
+    if rest and rest[0] in ("-c", "-m") and len(rest) < 2:
+        raise UnsupportedRule(f"python3 {rest[0]} needs its argument after it",
+                              field="command")
     return ["python3", *flags, *rest]
 
 
@@ -374,15 +376,15 @@ class WasmSandbox(LiveSandbox):
         from .host.execlimits import ExecLimits
 
         lim = ExecLimits.from_plan(self.plan, timeout)
-        status_path = os.path.join(self.ns.scratch, "tmp", STATUS_NAME)
-        _unlink(status_path)
+        status_dir = os.path.join(self.ns.scratch, "tmp")
+        _unlink(status_dir)
         line = [HOST_PYTHON, "-I", "-S", self.runner, self.library, self.cwasm,
                 str(min(lim.memory, WASM32_MAX)), repr(float(lim.cpu)), repr(float(lim.wall)),
                 "/tmp/" + STATUS_NAME, *self.tail, "--", *gargv]
         r = self.ns.exec(line, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr,
                          timeout=None if timeout is None else timeout + BACKSTOP_S)
-        status = read_status(status_path)
-        _unlink(status_path)
+        status = read_status(status_dir)
+        _unlink(status_dir)
         return self._result(r, status, lim)
 
     def _result(self, r: Result, status: dict | None, lim) -> Result:
@@ -418,24 +420,42 @@ def _is_session_runner(argv: list[str]) -> bool:
     return argv[3] == guest.source("runner.py")
 
 
-def _unlink(path: str) -> None:
+def _tmp_fd(status_dir: str) -> int | None:
+    """The sandbox's /tmp (a directory of its scratch tmpfs, whose root no sandbox process
+    can reach), opened without following a link."""
     try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+        return os.open(status_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        pass   # a directory in its place: read_status refuses it
+        return None
 
 
-def read_status(path: str) -> dict | None:
+def _unlink(status_dir: str) -> None:
+    d = _tmp_fd(status_dir)
+    if d is None:
+        return
+    try:
+        os.unlink(STATUS_NAME, dir_fd=d)
+    except OSError:
+        pass   # absent, or a directory in its place: read_status refuses it
+    finally:
+        os.close(d)
+
+
+def read_status(status_dir: str) -> dict | None:
     """How the guest ended, as the host side wrote it in the sandbox's /tmp: opened without
     following a link, a regular file, at most STATUS_MAX bytes, one line "END CODE" with a
     known END and a code of 0-255 (then padding); None for anything else (the namespace
     sandbox's own verdict stands)."""
+    d = _tmp_fd(status_dir)
+    if d is None:
+        return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(STATUS_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=d)
     except OSError:
         return None
+    finally:
+        os.close(d)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None

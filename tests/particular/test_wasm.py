@@ -297,18 +297,23 @@ def test_explain_says_what_the_guest_can_reach(tmp_path):
     assert d["guest"]["preopens"] == [{"path": "/scratch", "mode": "rw"},
                                       {"path": "/workspace", "mode": "ro"}]
     assert d["network"]["default_closed"] and d["network"]["reachable"] == []
-    assert d["properties"]["stateful_sessions"] is False
+    assert d["properties"]["stateful_sessions"] is True
     text = render(d)
-    assert "native extensions: none" in text and "stateless" in text
+    assert "native extensions: none" in text and "run_code sessions: stateful" in text
     d = explain(policy_from_dict({"isolation": "wasm", "network": {
         "mode": "allow", "allow": ["example.org"]}}))
     assert not d["runs"] and d["refused"]["field"] == "network.mode"
 
 
-def test_run_code_says_it_is_stateless():
+def test_run_code_keeps_an_interpreter_alive():
     with corral.Sandbox({"isolation": "wasm"}) as sb:
-        with pytest.raises(corral.CorralError, match="run_code keeps no interpreter"):
-            sb.run_code("x = 1")
+        assert sb.run_code("import math, sys; x = 2").error is None
+        ex = sb.run_code("math.sqrt(x)")
+        assert ex.text == "1.4142135623730951" and ex.error is None
+        ex = sb.run_code("print(x, sys.platform); print('e', file=sys.stderr); 1/0")
+        assert ex.logs.stdout == ["2 wasi\n"] and ex.logs.stderr == ["e\n"], ex.logs
+        assert ex.error.name == "ZeroDivisionError"
+        assert sb.run_code("x += 1; x").text == "3"      # state survived the error
 
 
 # -- the probe on wasm -------------------------------------------------------------------------

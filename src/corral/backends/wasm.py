@@ -130,7 +130,7 @@ class WasmBackend(Backend):
                   "no_host_root": True, "kernel_surface_filtered": True,
                   "network_namespace": True, "read_only_root": True,
                   "no_guest_syscalls": True, "no_native_extensions": True,
-                  "stateful_sessions": False}
+                  "stateful_sessions": True}
     #: explain's answer to "its own kernel?", beyond own_kernel
     kernel_note = ("no kernel of its own, and none reached from the guest: its calls are "
                    "wasmtime's WASI functions only; wasmtime's process shares the host's "
@@ -163,10 +163,11 @@ class WasmBackend(Backend):
                 "network": "none: no sockets are granted, network.mode = \"allow\" is refused",
                 "native_extensions": ("none: WASI has no dlopen; pure-Python packages only "
                                       "(no ssl, no ctypes in this build)"),
-                "sessions": ("stateless: each exec is a fresh interpreter; run_code's "
-                             "persistent contexts are not offered on this tier (corral's "
-                             "runner needs threads and signals, which WASI lacks); use "
-                             "namespace for them")}
+                "sessions": ("stateful: a run_code context is one WASI instance kept alive, "
+                             "reading cells from stdin (guest/wasm_session.py); an "
+                             "interrupt cannot stop a running cell (no signals in WASI): "
+                             "the context is killed after the grace instead; each exec "
+                             "is a fresh interpreter")}
 
     @property
     def egress_note(self) -> str:
@@ -368,11 +369,11 @@ class WasmSandbox(LiveSandbox):
             raise BackendUnavailable("a terminal (-t) is not offered on the wasm tier; run "
                                      "without -t", field="tty")
         gargv = guest_argv(argv)
-        if _is_session_runner(argv):
-            raise UnsupportedRule("run_code keeps no interpreter on the wasm tier (corral's "
-                                  "runner needs threads and signals, which WASI lacks); "
-                                  "run each cell as python3 -c, or use isolation = "
-                                  "\"namespace\"", field="isolation")
+        session = _is_session_runner(argv)
+        if session:   # run_code's interpreter: its WASI start-up instead
+            from .. import guest
+
+            gargv = ["python3", "-c", guest.source("wasm_session.py"), *argv[3:]]
         from .host.execlimits import ExecLimits
 
         lim = ExecLimits.from_plan(self.plan, timeout)
@@ -380,7 +381,7 @@ class WasmSandbox(LiveSandbox):
         _unlink(status_dir)
         line = [HOST_PYTHON, "-I", "-S", self.runner, self.library, self.cwasm,
                 str(min(lim.memory, WASM32_MAX)), repr(float(lim.cpu)), repr(float(lim.wall)),
-                "/tmp/" + STATUS_NAME, *self.tail, "--", *gargv]
+                "/tmp/" + STATUS_NAME, "1" if session else "0", *self.tail, "--", *gargv]
         r = self.ns.exec(line, stdin=stdin, on_stdout=on_stdout, on_stderr=on_stderr,
                          timeout=None if timeout is None else timeout + BACKSTOP_S)
         status = read_status(status_dir)

@@ -3,7 +3,7 @@ of its own inside a namespace-tier sandbox (its own uid, seccomp, no network).
 
 Run by backends/wasm.py as
 
-    python3 -I -S wasm_host.py LIB CWASM MEMORY CPU WALL STATUS
+    python3 -I -S wasm_host.py LIB CWASM MEMORY CPU WALL STATUS SESSION
                                N [HOST GUEST RW]*N  M [NAME VALUE]*M  -- ARGV...
 
 with wasmtime's shared library, the compiled module and this file bound read-only.
@@ -14,6 +14,8 @@ limiter allows (memory.grow fails past it); CPU, WALL: seconds of this process's
 and of wall clock for the guest (epoch interruption); STATUS: where to write how the guest
 ended, one line "END CODE" (a path no preopen reaches); then the preopens (a directory
 here, its path for the guest, 1 if writable), the guest's whole environment, its argv.
+SESSION: 1 for a run_code context (guest/wasm_session.py): the host closing its stdin ends
+the process even while a cell runs (a WASI guest cannot be signalled), else 0.
 
 The guest gets argv, env, the preopens, stdin/stdout/stderr (this process's), a clock and
 random: WASI preview 1, nothing else. No socket is granted and no host function is linked
@@ -123,8 +125,8 @@ def strings(items):
 
 def parse(argv):
     a = argv[1:]
-    lib, cwasm, memory, cpu, wall, status = a[:6]
-    i = 6
+    lib, cwasm, memory, cpu, wall, status, session = a[:7]
+    i = 7
     pre = []
     for _ in range(int(a[i])):
         pre.append((a[i + 1], a[i + 2], a[i + 3] == "1"))
@@ -136,11 +138,13 @@ def parse(argv):
         i += 2
     if a[i + 1] != "--":
         raise SystemExit("corral: wasm host: bad command line")
-    return (lib, cwasm, int(memory), float(cpu), float(wall), status, pre, env, a[i + 2:])
+    return (lib, cwasm, int(memory), float(cpu), float(wall), status, session == "1", pre,
+            env, a[i + 2:])
 
 
 def main(argv):
-    lib_path, cwasm, memory, cpu, wall, status_path, pre, env, guest_argv = parse(argv)
+    lib_path, cwasm, memory, cpu, wall, status_path, session, pre, env, guest_argv = \
+        parse(argv)
     # the status file's blocks are taken now: a guest that fills the scratch tmpfs
     # (which holds /tmp too) cannot keep its end from being written
     status_fd = os.open(status_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
@@ -195,9 +199,23 @@ def main(argv):
     lock = _thread.allocate_lock()
     t0 = time.monotonic()
 
+    hangup = None
+    if session:
+        import select
+
+        hangup = select.poll()
+        hangup.register(0, select.POLLHUP)
+
     def ticker():
         while True:
             time.sleep(TICK_S)
+            if hangup is not None and hangup.poll(0):   # the host ended the context
+                with lock:
+                    if not finished:
+                        finished.append("exit")
+                        os.pwrite(status_fd, b"exit 0\n", 0)
+                        os._exit(0)
+                return
             if time.monotonic() - t0 >= wall:
                 stop.append("timeout")
             elif time.process_time() >= cpu:

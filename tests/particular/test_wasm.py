@@ -361,3 +361,42 @@ def test_the_status_line_is_read_strictly(tmp_path):
     f.unlink()
     os.mkfifo(f)
     assert read_status(str(tmp_path)) is None          # nor a FIFO read (or waited on)
+
+
+def test_wasmtime_runs_in_a_namespace_sandbox_of_its_own():
+    """Defence in depth: the process that runs wasmtime has its own unprivileged uid, a
+    seccomp filter, and network and mount namespaces that are not the host's."""
+    import threading
+    import time
+
+    got = {}
+
+    def watch():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not got:
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmd = f.read().split(b"\0")
+                    if len(cmd) < 4 or not cmd[3].endswith(b"wasm_host.py"):
+                        continue
+                    with open(f"/proc/{pid}/status") as f:
+                        status = dict(line.split(":\t", 1) for line in f if ":\t" in line)
+                    got.update(uid=status["Uid"].split(), seccomp=status["Seccomp"].strip(),
+                               caps=status["CapEff"].strip(),
+                               net=os.readlink(f"/proc/{pid}/ns/net"),
+                               mnt=os.readlink(f"/proc/{pid}/ns/mnt"))
+                except (OSError, KeyError):
+                    continue
+            time.sleep(0.02)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    r = run("import time; time.sleep(3); print('done')")
+    t.join()
+    assert r.stdout == "done\n", r
+    assert got, "no wasm_host.py process was seen"
+    assert got["uid"][0] != "0" and got["uid"][1] != "0", got   # not root on the host
+    assert got["seccomp"] == "2" and int(got["caps"], 16) == 0, got   # seccomp, no caps
+    assert got["net"] != os.readlink("/proc/self/ns/net"), got
+    assert got["mnt"] != os.readlink("/proc/self/ns/mnt"), got

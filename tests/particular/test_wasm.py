@@ -400,3 +400,10 @@ def test_wasmtime_runs_in_a_namespace_sandbox_of_its_own():
     assert got["seccomp"] == "2" and int(got["caps"], 16) == 0, got   # seccomp, no caps
     assert got["net"] != os.readlink("/proc/self/ns/net"), got
     assert got["mnt"] != os.readlink("/proc/self/ns/mnt"), got
+
+
+def test_a_trap_is_one_line_with_wasmtimes_reason():
+    r = run("raise SystemExit(130)")   # WASI exit statuses stop at 125
+    assert (r.verdict, r.exit_code) == ("error", 1), r
+    assert r.stderr.splitlines()[-1] == ("corral: the wasm guest trapped: exit with invalid "
+                                         "exit status outside of [0..126)"), r

@@ -260,9 +260,11 @@ def main(argv):
         if stop:
             end = stop[0]
         else:   # a trap of the guest's own (unreachable, stack overflow, ...)
-            why = [ln.strip() for ln in trap_text.splitlines() if "trap" in ln]
-            os.write(2, ("corral: the wasm guest trapped: " + (why[-1] if why else "?")[:200]
-                         + "\n").encode())
+            # wasmtime's text: a backtrace, then "Caused by:" and the reason
+            lines = [ln.strip() for ln in trap_text.split("Caused by:")[-1].splitlines()
+                     if ln.strip()]
+            why = lines[-1:] or ["?"]
+            os.write(2, ("corral: the wasm guest trapped: " + why[-1][:200] + "\n").encode())
     elif code == 1 and _memory_error(bytes(tail)):
         end = "memory"
     with lock:

@@ -133,6 +133,10 @@ class ModuleCache:
                                     errno=e.errno) from None
         import sys
 
+        if sys.stderr is not None and sys.stderr.isatty():   # a pause of seconds: say why
+            sys.stderr.write("corral: compiling the wasm module once for this host and "
+                             "wasmtime version (a few seconds of CPU)\n")
+            sys.stderr.flush()
         if os.path.dirname(wasmtime_dir) not in sys.path:
             sys.path.append(os.path.dirname(wasmtime_dir))
         import wasmtime

@@ -365,7 +365,8 @@ def test_the_status_line_is_read_strictly(tmp_path):
 
 def test_wasmtime_runs_in_a_namespace_sandbox_of_its_own():
     """Defence in depth: the process that runs wasmtime has its own unprivileged uid, a
-    seccomp filter, and network and mount namespaces that are not the host's."""
+    seccomp filter, and network and mount namespaces that are not the host's; the guest's
+    environment reaches it without showing on its command line."""
     import threading
     import time
 
@@ -382,7 +383,8 @@ def test_wasmtime_runs_in_a_namespace_sandbox_of_its_own():
                         continue
                     with open(f"/proc/{pid}/status") as f:
                         status = dict(line.split(":\t", 1) for line in f if ":\t" in line)
-                    got.update(uid=status["Uid"].split(), seccomp=status["Seccomp"].strip(),
+                    got.update(cmdline=b" ".join(cmd),
+                               uid=status["Uid"].split(), seccomp=status["Seccomp"].strip(),
                                caps=status["CapEff"].strip(),
                                net=os.readlink(f"/proc/{pid}/ns/net"),
                                mnt=os.readlink(f"/proc/{pid}/ns/mnt"))
@@ -392,10 +394,12 @@ def test_wasmtime_runs_in_a_namespace_sandbox_of_its_own():
 
     t = threading.Thread(target=watch)
     t.start()
-    r = run("import time; time.sleep(3); print('done')")
+    r = run("import os, time; time.sleep(3); print(os.environ['WASM_SECRET'])",
+            {"env": {"set": {"WASM_SECRET": "s3cr3t-value"}}})
     t.join()
-    assert r.stdout == "done\n", r
+    assert r.stdout == "s3cr3t-value\n", r
     assert got, "no wasm_host.py process was seen"
+    assert b"s3cr3t-value" not in got["cmdline"]   # the guest's env is never on a command line
     assert got["uid"][0] != "0" and got["uid"][1] != "0", got   # not root on the host
     assert got["seccomp"] == "2" and int(got["caps"], 16) == 0, got   # seccomp, no caps
     assert got["net"] != os.readlink("/proc/self/ns/net"), got

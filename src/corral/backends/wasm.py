@@ -280,10 +280,19 @@ class WasmBackend(Backend):
         return WasmSandbox(self, plan, check.admit(self.name))
 
 
+def guest_env(plan: Plan) -> list[tuple[str, str]]:
+    """The guest's environment: GUEST_BASE_ENV under the policy's (corral's base, env.pass,
+    env.set)."""
+    env = dict(GUEST_BASE_ENV)
+    env.update(plan.find(Environment)[0].env)
+    return sorted(env.items())
+
+
 def host_plan(plan: Plan, library: str, cwasm: str, runner: str) -> Plan:
     """The namespace-tier plan of wasmtime's own process: the policy's, with its memory,
     CPU and wall clock limits raised for the host side (the guest is held to the policy's
-    by wasmtime), a bare env (the guest's is passed through WASI), and wasmtime's C
+    by wasmtime), an env holding the guest's under names of its own (passed on through
+    WASI; never on a command line), and wasmtime's C
     library, the compiled module and the runner bound read-only (nothing else of corral's
     environment)."""
     ops: list[Op] = []
@@ -295,9 +304,11 @@ def host_plan(plan: Plan, library: str, cwasm: str, runner: str) -> Plan:
                 ops.append(CpuTime(rule=op.rule, seconds=op.seconds + BACKSTOP_S))
             case WallClock():
                 ops.append(WallClock(rule=op.rule, seconds=op.seconds + BACKSTOP_S))
-            case Environment():
-                ops.append(Environment(rule=op.rule, env=(("PATH", "/usr/bin:/bin"),
-                                                          ("LANG", "C.UTF-8"))))
+            case Environment():   # the guest's, under names that act on nothing here
+                ops.append(Environment(rule=op.rule, env=(
+                    ("PATH", "/usr/bin:/bin"), ("LANG", "C.UTF-8"),
+                    *((f"CORRAL_WASM_ENV_{i}", f"{k}={v}")
+                      for i, (k, v) in enumerate(guest_env(plan))))))
             case ImageRoot() | EgressProxy():
                 pass   # refused by WasmBackend.check
             case _:
@@ -348,9 +359,6 @@ class WasmSandbox(LiveSandbox):
                                    TierCheck(nscheck.tier, tuple(
                                        g.replace(explicit=False) for g in nscheck.gaps)))
         self.review = None
-        env = dict(GUEST_BASE_ENV)
-        env.update(plan.find(Environment)[0].env)
-        self.guest_env = sorted(env.items())
         pre = [(SCRATCH, SCRATCH, True)]
         for op in plan.ops:
             if isinstance(op, WorkspaceMount):
@@ -358,8 +366,7 @@ class WasmSandbox(LiveSandbox):
             elif isinstance(op, ReadOnlyBind):
                 pre.append((op.path, op.path, False))
         #: the runner's command line after its fixed fields (guest/wasm_host.py)
-        self.tail = [str(len(pre)), *(x for h, g, w in pre for x in (h, g, "1" if w else "0")),
-                     str(len(self.guest_env)), *(x for kv in self.guest_env for x in kv)]
+        self.tail = [str(len(pre)), *(x for h, g, w in pre for x in (h, g, "1" if w else "0"))]
 
     def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
              on_stderr=None, timeout: float | None = None, tty=None) -> Result:

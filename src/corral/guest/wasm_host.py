@@ -4,7 +4,7 @@ of its own inside a namespace-tier sandbox (its own uid, seccomp, no network).
 Run by backends/wasm.py as
 
     python3 -I -S wasm_host.py LIB CWASM MEMORY CPU WALL STATUS SESSION
-                               N [HOST GUEST RW]*N  M [NAME VALUE]*M  -- ARGV...
+                               N [HOST GUEST RW]*N  -- ARGV...
 
 with wasmtime's shared library, the compiled module and this file bound read-only.
 Standard library only (ctypes over wasmtime's C API: the Python bindings' import alone
@@ -13,7 +13,10 @@ compiled and written by corral on the host side; MEMORY: bytes of linear memory 
 limiter allows (memory.grow fails past it); CPU, WALL: seconds of this process's CPU time
 and of wall clock for the guest (epoch interruption); STATUS: where to write how the guest
 ended, one line "END CODE" (a path no preopen reaches); then the preopens (a directory
-here, its path for the guest, 1 if writable), the guest's whole environment, its argv.
+here, its path for the guest, 1 if writable), the guest's argv. The guest's whole
+environment comes in this process's, as CORRAL_WASM_ENV_0="NAME=VALUE", _1, ... (never on
+a command line, where other users could read it; and no variable of the policy's, such as
+LD_PRELOAD, acts on this process under its own name).
 SESSION: 1 for a run_code context (guest/wasm_session.py): the host closing its stdin ends
 the process even while a cell runs (a WASI guest cannot be signalled), else 0.
 
@@ -36,6 +39,7 @@ GRACE_S = 0.2
 #: the last bytes of the guest's stderr kept to tell a MemoryError from other failures
 TAIL = 512
 STATUS_SIZE = 64
+ENV_PREFIX = "CORRAL_WASM_ENV_"
 
 P = ctypes.c_void_p
 OUTPUT = ctypes.CFUNCTYPE(ctypes.c_ssize_t, P, ctypes.POINTER(ctypes.c_ubyte), ctypes.c_size_t)
@@ -131,11 +135,13 @@ def parse(argv):
     for _ in range(int(a[i])):
         pre.append((a[i + 1], a[i + 2], a[i + 3] == "1"))
         i += 3
-    i += 1
     env = []
-    for _ in range(int(a[i])):
-        env.append((a[i + 1], a[i + 2]))
-        i += 2
+    while True:
+        item = os.environ.get(ENV_PREFIX + str(len(env)))
+        if item is None:
+            break
+        name, _, value = item.partition("=")
+        env.append((name, value))
     if a[i + 1] != "--":
         raise SystemExit("corral: wasm host: bad command line")
     return (lib, cwasm, int(memory), float(cpu), float(wall), status, session == "1", pre,

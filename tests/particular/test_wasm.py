@@ -263,6 +263,13 @@ def test_a_cache_entry_for_another_module_hash_is_rejected(wasm_state, tmp_path)
     write(cpu="x86_64;another CPU;sse2")             # compiled for another CPU
     assert mine.lookup(sha, wt) is None
     write()
+    os.chmod(cwasm, 0o666)                           # a file others may write
+    assert mine.lookup(sha, wt) is None
+    os.chmod(cwasm, 0o644)
+    os.chmod(mine.root, 0o777)                       # a directory others may write
+    assert mine.lookup(sha, wt) is None
+    os.chmod(mine.root, 0o700)
+    assert mine.lookup(sha, wt) == cwasm
     os.unlink(cwasm)
     os.symlink(src, cwasm)                           # a link in its place
     assert mine.lookup(sha, wt) is None
@@ -411,3 +418,17 @@ def test_a_trap_is_one_line_with_wasmtimes_reason():
     assert (r.verdict, r.exit_code) == ("error", 1), r
     assert r.stderr.splitlines()[-1] == ("corral: the wasm guest trapped: exit with invalid "
                                          "exit status outside of [0..126)"), r
+
+
+def test_what_the_guest_cannot_have_is_refused_naming_a_tier_that_could(tmp_path):
+    for extra, field in (({"filesystem": {"workspace": {"path": str(tmp_path),
+                                                        "mode": "review"}}},
+                          "filesystem.workspace"),
+                         ({"network": {"mode": "allow", "allow": ["example.org"]}},
+                          "network.mode")):
+        with pytest.raises(UnsupportedRule) as e:
+            argv(["python3", "-c", "1"], extra)
+        assert e.value.field == field and 'isolation = "namespace" could' in str(e.value)
+    with pytest.raises(corral.BackendUnavailable, match="terminal"):
+        with corral.Sandbox({"isolation": "wasm"}) as sb:
+            sb.exec(["python3", "-c", "1"], tty=True)

@@ -9,9 +9,9 @@ directory, bound read-only into each sandbox.
 
 The key is made of (module sha256, wasmtime version, CPU model and flags, engine config):
 a new wasmtime, another CPU or another module gets an entry of its own. An entry is used
-only if its record names exactly that module hash, version, CPU and config and the
-compiled file is a regular file of the recorded size, not a link; else it is compiled
-again. The module file's sha256 is checked against the pin before it is compiled. Both
+only if its record names exactly that module hash, version, CPU and config, the compiled
+file is a regular file of the recorded size, not a link, and the directory and the file are
+corral's own (its euid) and writable by nobody else; else it is compiled again. The module file's sha256 is checked against the pin before it is compiled. Both
 files are written to a temporary name in the same directory, flushed and renamed, the
 record last: a reader sees a whole entry or none. No sandbox can write this directory.
 
@@ -90,6 +90,8 @@ class ModuleCache:
         rec = self.record(module_sha, wasmtime_dir)
         cwasm, meta = self.paths(rec)
         try:
+            if not _ours(os.lstat(self.root), directory=True):
+                return None
             fd = os.open(meta, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 saved = parse_record(os.read(fd, RECORD_MAX + 1))
@@ -100,7 +102,7 @@ class ModuleCache:
             return None
         if saved is None or any(saved.get(k) != v for k, v in rec.items()):
             return None
-        if not stat.S_ISREG(st.st_mode) or str(st.st_size) != saved.get("size"):
+        if not _ours(st) or str(st.st_size) != saved.get("size"):
             return None
         return cwasm
 
@@ -156,6 +158,13 @@ class ModuleCache:
                                     errno=e.errno) from None
         self.compiled = True
         return cwasm
+
+
+def _ours(st, directory: bool = False) -> bool:
+    """A compiled module is native code: used only from a directory and a file that are
+    corral's own (its euid) and that nobody else may write, not through a link."""
+    kind = stat.S_ISDIR if directory else stat.S_ISREG
+    return kind(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
 RECORD_FIELDS = ("module_sha256", "wasmtime", "cpu", "config", "size")

@@ -129,6 +129,10 @@ def test_a_1gib_allocation_stops_at_the_memory_limit():
     assert "allocated" not in r.stdout
     (ev,) = kinds(r, "memory")
     assert str(256 * MB) in ev["message"], ev
+    # a limit below what the interpreter itself needs: oom before any code runs
+    r = run("print('started')", limits(memory="8M"))
+    assert r.verdict == "oom" and not r.stdout and kinds(r, "memory"), r
+    assert "needs more memory than 8388608 bytes to start" in r.stderr, r
     # under a limit that holds it, the same allocation succeeds (the limit is what stopped it)
     r = run("b = bytearray(1 << 30); print('allocated')", limits(memory="2G"))
     assert (r.verdict, r.stdout) == ("ok", "allocated\n"), r

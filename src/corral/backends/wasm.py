@@ -409,9 +409,9 @@ class WasmSandbox(LiveSandbox):
             elif end == "memory":
                 r.verdict = "oom"
                 events.append(LimitEvent("memory", message=(
-                    f"the guest's memory.grow was refused at the {min(lim.memory, WASM32_MAX)}"
-                    f" byte limit of its linear memory (wasmtime's store limiter): it "
-                    f"raised MemoryError")).to_dict())
+                    f"the guest needed more than the {min(lim.memory, WASM32_MAX)} byte "
+                    f"limit of its linear memory: wasmtime's store limiter refused it (a "
+                    f"MemoryError in the guest, or no room to start)")).to_dict())
         r.events = events
         return r
 

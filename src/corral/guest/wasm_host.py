@@ -244,7 +244,15 @@ def main(argv):
     instance, trap = Instance(), P()
     err = lib.wasmtime_linker_instantiate(linker, ctx, module, ctypes.byref(instance),
                                           ctypes.byref(trap))
-    check(lib, err, "instantiating")
+    if err:
+        text = message(lib, lib.wasmtime_error_message, err)
+        if "exceeds memory limits" not in text:
+            raise SystemExit(f"corral: wasm host: instantiating: {text}")
+        # the interpreter's own initial memory is over the limit: it cannot start at all
+        os.write(2, f"corral: the wasm guest needs more memory than {memory} bytes to "
+                    f"start ({text})\n".encode())
+        os.pwrite(status_fd, b"memory 1\n", 0)
+        os._exit(1)
     if not trap:
         ext = Extern()
         if not lib.wasmtime_instance_export_get(ctx, ctypes.byref(instance), b"_start", 6,

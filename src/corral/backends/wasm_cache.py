@@ -20,6 +20,7 @@ tier, and not at all once the entry exists)."""
 
 from __future__ import annotations
 
+import _thread
 import os
 import stat
 import zlib
@@ -28,6 +29,8 @@ from ..errors import SandboxSetupError
 
 #: what the engine is configured with (guest/wasm_host.py must configure the same)
 ENGINE_CONFIG = "epoch_interruption=1"
+#: one compile at a time in this process (sandboxes opened from many threads at once)
+_COMPILING = _thread.allocate_lock()
 
 
 def cpu_features() -> str:
@@ -113,7 +116,11 @@ class ModuleCache:
         found = self.lookup(module_sha, wasmtime_dir)
         if found is not None:
             return found
-        return self.compile(module, module_sha, wasmtime_dir)
+        with _COMPILING:
+            found = self.lookup(module_sha, wasmtime_dir)   # another thread's, meanwhile
+            if found is not None:
+                return found
+            return self.compile(module, module_sha, wasmtime_dir)
 
     def compile(self, module: str, module_sha: str, wasmtime_dir: str) -> str:
         import hashlib
@@ -195,7 +202,7 @@ def parse_record(data: bytes) -> dict | None:
 
 
 def _write_atomic(path: str, data: bytes, mode: int) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"   # other processes' too
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  mode)
     try:

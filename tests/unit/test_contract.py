@@ -43,7 +43,7 @@ def test_every_tier_is_a_backend_on_the_contract(row):
         assert getattr(backend_cls, method) is not getattr(Backend, method), method
 
 
-@pytest.mark.parametrize("tier", ["microvm", "wasm", "nosuch"])
+@pytest.mark.parametrize("tier", ["microvm", "nosuch"])
 def test_a_tier_without_a_module_is_unavailable(tier):
     with pytest.raises(BackendUnavailable, match="not available in this release"):
         get_backend(tier)

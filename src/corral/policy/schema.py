@@ -153,7 +153,9 @@ class Spec(Record):
 FIELDS: tuple[Spec, ...] = (
     Spec("isolation", "tier", "Isolation tier: `namespace` (bubblewrap + seccomp + cgroups), "
          "`gvisor` (runsc: a user-space kernel between the code and the host's), `process` "
-         "(rlimits + Landlock + seccomp, no namespaces: the weakest), or `auto` (the first of "
+         "(rlimits + Landlock + seccomp, no namespaces: the weakest), `wasm` (Python code "
+         "only, in wasmtime: CPython for WASI, no shell, no network, no native extensions; "
+         "wasmtime's own process in a namespace sandbox), or `auto` (the first of "
          "gvisor, namespace, process available here that enforces every rule set "
          "explicitly). docs/tiers.md compares them; `corral explain --isolation T` says what "
          "each enforces on this host."),

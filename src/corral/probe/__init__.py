@@ -21,7 +21,8 @@ host files changed, processes escaped, the supervisor crashed. Each case has a p
 control that must succeed, and is expected to be contained only where `corral explain`
 says the tier enforces what it relies on.
 
-  --isolation T   namespace, gvisor, process (repeatable)
+  --isolation T   namespace, gvisor, process (repeatable); wasm when asked for (its
+                  cases that need a shell, processes or a terminal are "n/a", with why)
   --category C    only this category (repeatable); --list shows them
   --case ID       only this case (repeatable; a prefix ending in "." selects a group)
   --json          {"cases": [{"id", "category", "tier", "expected", "contained",
@@ -37,6 +38,8 @@ available here.
 """
 
 DEFAULT_TIERS = ("namespace", "gvisor", "process")
+#: tiers the probe runs only when named (--isolation): wasm runs Python code only
+OPTIONAL_TIERS = ("wasm",)
 
 
 def _parse(args: list[str]) -> dict:
@@ -72,11 +75,11 @@ def _parse(args: list[str]) -> dict:
     return opts
 
 
-def available_tiers() -> tuple[list[str], dict[str, str]]:
+def available_tiers(tiers=DEFAULT_TIERS) -> tuple[list[str], dict[str, str]]:
     from ..backends import get_backend
 
     ok, why = [], {}
-    for t in DEFAULT_TIERS:
+    for t in tiers:
         try:
             get_backend(t).check(_empty_plan())
             ok.append(t)
@@ -110,9 +113,9 @@ def main(args: list[str]) -> int:
                              f"{', '.join(CATEGORIES)}\n")
             return 2
     for t in opts["tiers"]:
-        if t not in DEFAULT_TIERS:
+        if t not in DEFAULT_TIERS + OPTIONAL_TIERS:
             sys.stderr.write(f"corral: --isolation: unknown tier {t!r}; one of "
-                             f"{', '.join(DEFAULT_TIERS)}\n")
+                             f"{', '.join(DEFAULT_TIERS + OPTIONAL_TIERS)}\n")
             return 2
     if opts["categories"]:
         cases = [c for c in cases if c.category in opts["categories"]]
@@ -128,7 +131,8 @@ def main(args: list[str]) -> int:
         for c in cases:
             sys.stdout.write(f"{c.id:<30} {c.category:<13} {c.description}\n")
         return 0
-    avail, why = available_tiers()
+    avail, why = available_tiers(DEFAULT_TIERS + tuple(
+        t for t in OPTIONAL_TIERS if t in opts["tiers"]))
     tiers = list(dict.fromkeys(opts["tiers"])) or avail
     for t in tiers:
         if t not in avail:

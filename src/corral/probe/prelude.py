@@ -5,19 +5,24 @@ and, for host controls, on the host."""
 from __future__ import annotations
 
 PRELUDE = r'''
-import ctypes, errno, json, os, signal, socket, sys, time
+import errno, json, os, signal, socket, sys, time
+try:
+    import ctypes
+except ImportError:   # CPython for WASI (the wasm tier): no ctypes, no raw syscalls
+    ctypes = None
 C = json.loads(__PROBE_CONSTANTS__)
 globals().update(C)
 SCRATCH = os.environ.get("PROBE_SCRATCH") or os.environ.get("HOME") or "/scratch"
 DATA = os.environ.get("PROBE_DATA", "")
 ON_HOST = bool(os.environ.get("PROBE_SCRATCH"))
-libc = ctypes.CDLL(None, use_errno=True)
-libc.syscall.restype = ctypes.c_long
+libc = ctypes.CDLL(None, use_errno=True) if ctypes else None
+if libc:
+    libc.syscall.restype = ctypes.c_long
 NR = {"x86_64": dict(ptrace=101, userfaultfd=323, perf_event_open=298, bpf=321,
                      io_uring_setup=425, finit_module=313, keyctl=250, unshare=272,
                      setns=308, open_by_handle_at=304, process_vm_readv=310, syslog=103,
                      mount=165, umount2=166, fsopen=430, pidfd_open=434, kcmp=312),
-      "aarch64": dict(ptrace=117, userfaultfd=282, perf_event_open=241, bpf=280,
+      "wasm32": {}, "aarch64": dict(ptrace=117, userfaultfd=282, perf_event_open=241, bpf=280,
                       io_uring_setup=425, finit_module=273, keyctl=219, unshare=97,
                       setns=268, open_by_handle_at=265, process_vm_readv=270, syslog=116,
                       mount=40, umount2=39, fsopen=430, pidfd_open=434, kcmp=272)}[os.uname().machine]
@@ -31,6 +36,8 @@ def ename(e):
 
 def sys_call(name, *args):
     """(return value, errno name or None) of a raw syscall."""
+    if libc is None:   # WASI: there is no system call to make, only wasmtime's functions
+        return -1, "ENOSYS"
     ctypes.set_errno(0)
     r = libc.syscall(NR[name], *args)
     return r, (ename(ctypes.get_errno()) if r < 0 else None)

@@ -358,7 +358,11 @@ class Runner:
         if ev:
             return False, ev
         if case.score is not None:
-            return case.score(obs)
+            contained, reason = case.score(obs)
+            denied = _wasi_denial(obs.stderr) if obs.tier == "wasm" else None
+            if contained is None and denied:
+                return True, f"denied by WASI (no such capability): {denied}"
+            return contained, reason
         unsupported = obs.tag("UNSUPPORTED")
         if unsupported is not None:
             return None, "unsupported: " + unsupported
@@ -368,6 +372,10 @@ class Runner:
         denied = [d for t, d in obs.tags() if t == "DENIED"]
         if denied:
             return True, "; ".join(denied[:3])
+        if obs.tier == "wasm":
+            denied = _wasi_denial(obs.stderr)
+            if denied:   # nothing seen outside, and WASI stopped the attack's first step
+                return True, f"denied by WASI (no such capability): {denied}"
         return None, "inconclusive: no PROBE line (" + _tail(obs.stderr) + ")"
 
     # --- one cell --------------------------------------------------------------------
@@ -412,6 +420,9 @@ class Runner:
         return second
 
     def cell(self, case: Case, tier: str) -> Cell:
+        na = not_applicable(case, tier)
+        if na is not None:
+            return Cell(case, tier, False, UNSUPPORTED, None, f"not applicable on {tier}: {na}")
         if case.install is not None:   # through `corral install`, not one `corral run`
             from .install_phase import cell
 
@@ -440,6 +451,10 @@ class Runner:
                 return done(NOT_RUN, False, "not run (unsafe here): the tier does not "
                             "enforce " + ", ".join(missing))
         bad = self.control(case, tier)
+        if bad and bad[0] == INVALID and tier == "wasm" and not _host_control(case):
+            # the attack fails in the WASI guest even with the rule off: nothing to contain
+            return done(UNSUPPORTED, None, "not applicable on wasm: the attack does not work "
+                        f"in the WASI guest even with the rule off ({bad[1]})")
         if bad:
             return done(bad[0], None, bad[1])
         obs = self._run_twice(tier, pol, case) if case.second else self.run_sandbox(
@@ -455,6 +470,58 @@ class Runner:
         else:
             status = CONTAINED if contained else NOT_CONTAINED
         return done(status, contained, reason)
+
+
+#: what a case's code uses that the wasm tier's guest (CPython for WASI) does not have
+WASM_NEEDS = (("subprocess", "a subprocess"), ("os.fork", "fork"), ("os.exec", "exec"),
+              ("os.system", "a shell"), ("os.spawn", "a subprocess"), ("/bin/sh", "a shell"),
+              ("pty.", "a pty"), ("threading", "threads"), ("multiprocessing", "processes"),
+              ("os.kill", "signals"), ("signal.signal", "signals"), ("mmap", "mmap"),
+              ("fcntl", "fcntl"), ("ctypes.", "ctypes (raw syscalls)"),
+              ("libc.", "libc (native calls)"),
+              ("process_time", "a CPU-time clock (WASI's is not the host's CPU time; "
+               "tests/particular/test_wasm.py stops a spin at the CPU limit)"))
+
+
+#: how CPython for WASI reports a path outside every preopen or a right it was not given
+WASI_DENIALS = ("FileNotFoundError: [Errno 44]", "PermissionError: [Errno 63]",
+                "PermissionError: [Errno 2]", "OSError: [Errno 58] Not supported",
+                "OSError: [Errno 76]",
+                # the call or the socket family does not exist in the guest at all
+                "AttributeError: module 'socket' has no attribute",
+                "AttributeError: module '_socket' has no attribute",
+                "AttributeError: module 'os' has no attribute")
+
+
+def _host_control(case: Case) -> bool:
+    ctl = case.control
+    return ctl == "host" or (isinstance(ctl, dict) and ctl.get("where") == "host")
+
+
+def _wasi_denial(stderr: str) -> str | None:
+    """The guest's last line when the wasm guest died of a WASI refusal (no preopen holds
+    the path, no right to it, no such function), else None."""
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else ""
+    return last[:200] if last.startswith(WASI_DENIALS) else None
+
+
+def not_applicable(case: Case, tier: str) -> str | None:
+    """Why a case cannot run on a tier at all (scored "n/a", never a pass), or None. The
+    wasm tier runs Python code only, in a WASI guest without processes, threads, signals,
+    terminals or native calls: a case whose attack needs one of them has nothing to try."""
+    if tier != "wasm":
+        return None
+    if case.tty:
+        return "it needs a terminal; the wasm tier offers none"
+    if case.install is not None:
+        return "it runs the install phase (pip in a shell); the wasm tier runs Python code only"
+    if case.nohup:
+        return "its caller is a shell wrapper; the wasm tier runs Python code only"
+    for needle, what in WASM_NEEDS:
+        if needle in case.code:
+            return f"its attack needs {what}, which the WASI guest does not have"
+    return None
 
 
 def control_limits(policy: dict) -> dict:

@@ -72,6 +72,10 @@ def explain(policy: Policy, tier: str | None = None) -> dict:
         "properties": dict(backend.properties),
         "runs": refused is None,
     }
+    if getattr(backend, "kernel_note", None):   # a tier whose guest reaches no kernel (wasm)
+        out["kernel_note"] = backend.kernel_note
+    if hasattr(backend, "guest_info"):          # what the wasm guest is granted
+        out["guest"] = backend.guest_info(plan)
     if refused is not None:
         out["refused"] = refused.to_dict()
     return out
@@ -140,7 +144,8 @@ def render(d: dict) -> str:
     lines = [f"tier: {d['tier']} ({d['mechanism']})"]
     if not d["runs"]:
         lines.append(f"REFUSED: {d['refused']['field']}: {d['refused']['message']}")
-    lines.append(f"1. its own kernel? {own.get(d['own_kernel'], d['own_kernel'])}")
+    lines.append("1. its own kernel? " + (f"no; {d['kernel_note']}" if d.get("kernel_note")
+                                          else own.get(d["own_kernel"], d["own_kernel"])))
     net = d["network"]
     reach = ", ".join(net["reachable"]) or "nothing"
     lines.append(f"2. network closed by default? {'yes' if net['default_closed'] else 'NO'}; "
@@ -157,7 +162,14 @@ def render(d: dict) -> str:
                                   f"{ws['path']} ({'read-write' if ws['mode'] == 'rw' else 'read-only'}"
                                   f", {ws['mode']}) at {ws['inside']}"))
     root = d.get("root") or {}
-    if root.get("kind") == "image":
+    guest = d.get("guest")
+    if guest:
+        lines.append("root: none for the guest: " + guest["root"])
+        lines.append("preopened: " + ", ".join(f"{p['path']} ({p['mode']})"
+                                               for p in guest["preopens"]))
+        lines.append(f"native extensions: {guest['native_extensions']}")
+        lines.append(f"run_code sessions: {guest['sessions']}")
+    elif root.get("kind") == "image":
         pin = "pinned by digest" if root["pinned"] else "by name, not pinned (the name can " \
             "move)"
         lines.append(f"root: image {root['ref']} ({root['digest'] or 'unresolved'}), "

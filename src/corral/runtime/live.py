@@ -168,6 +168,9 @@ class Live(Sandbox):
         files, self._files = self._files, None
         if files is not None:
             files.close()
+        code, self._code = self._code, None
+        if code is not None and self._pid == os.getpid():
+            code.close()
         return self.kill()
 
     @property
@@ -186,6 +189,26 @@ class Live(Sandbox):
     def open(self) -> Live:
         self._check_open()
         return self
+
+    @property
+    def pty(self):
+        """Terminals in this sandbox: each a background command on a pty pair of its
+        own (commands.run(tty_fd=slave)), among the sandbox's other processes."""
+        from .pty import Pty
+
+        return Pty.for_live(self)
+
+    def _code_session(self):
+        """run_code's contexts, each interpreter a stream command of this sandbox
+        (commands.stream: output bounded per cell by the session, not over its life; a
+        real SIGINT for interrupts; kill() ends it and whatever it started)."""
+        if self._code is None:
+            from .channels import command_start
+            from .session import CodeSession
+
+            self._check_open()
+            self._code = CodeSession(self, start=command_start(self))
+        return self._code
 
     def exec(self, argv, *, stdin=None, timeout=None, on_stdout=None, on_stderr=None,
              tty: bool = False, tty_size=None):
@@ -278,15 +301,17 @@ class Live(Sandbox):
                 if not block:
                     os.set_blocking(fd, True)
 
-    def _start_command(self, handle, argv, env, cwd, stdin_fd, tty_fd=None):
+    def _start_command(self, handle, argv, env, cwd, stdin_fd, tty_fd=None,
+                       cpu_seconds=None):
         with self._lock:
             self._check_open()
             self._last_use = time.monotonic()
             from ..errors import SandboxSetupError
 
+            extra = {} if cpu_seconds is None else {"cpu_seconds": cpu_seconds}
             try:
                 started = self._live.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
-                                           tty_fd=tty_fd)
+                                           tty_fd=tty_fd, **extra)
             except SandboxSetupError:
                 if not self._live.alive():
                     self._end("init", _INIT_EXITED)
@@ -320,6 +345,20 @@ class Live(Sandbox):
                 return
             cg.kill_all()       # empty: only marks it emptied
             self.events += [TeardownEvent(p).to_dict() for p in self._live.release(cg)]
+
+    def _kill_left(self, handle) -> None:
+        """Kill what a finished command left running, if its cgroup is still its own
+        (lingering; an emptied one may already serve another command: never touched)."""
+        with self._lock:
+            if self._ended is not None:
+                return
+            for i, (h, cg) in enumerate(self._lingering):
+                if h is handle:
+                    del self._lingering[i]
+                    cg.kill_all()
+                    self.events += [TeardownEvent(p).to_dict()
+                                    for p in self._live.release(cg)]
+                    return
 
     def _list_commands(self) -> list[CommandInfo]:
         with self._lock:

@@ -31,22 +31,24 @@ from __future__ import annotations
 import base64
 import binascii
 import codecs
+import collections
 import json
-import os
 import queue
-import select
 import struct
 import threading
 import time
 import uuid
 
 from ..errors import CorralError
+from .channels import Channel, ExecChannel, _plan_value
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 16 << 20           # bytes of JSON per frame, either way
 MAX_RESULTS = 64 << 20         # bytes of display data one execution keeps
 INTERRUPT_GRACE = 5.0          # seconds an interrupted cell has to end before its kill
 START_TIMEOUT = 30.0           # seconds an interpreter has to say it is ready
+MAX_PENDING = 32 << 20         # bytes of messages an interpreter may have waiting for the cell
+CPU_POLL_S = 0.1               # how often a cell's CPU time is looked at
 LANGUAGES = ("python", "javascript", "bash")
 
 #: Jupyter mime type -> the Result attribute (E2B's names)
@@ -210,115 +212,7 @@ class Context:
         return f"Context(id={self.id!r}, language={self.language!r}, cwd={self.cwd!r})"
 
 
-# --- the transport -------------------------------------------------------------------------
-
-class Channel:
-    """A process inside the sandbox with a byte stream each way: what a context runs on.
-
-    Made by a start function `start(argv, on_stdout, on_stderr, on_exit) -> Channel`;
-    on_stdout/on_stderr get each chunk of bytes of the process's stdout/stderr as it comes
-    (from any thread), on_exit(description) once when it has ended."""
-
-    def send(self, data: bytes, deadline: float) -> None:
-        """Write all of data to the process's stdin by time.monotonic() `deadline`; raises
-        OSError (the process is gone) or TimeoutError (it stopped reading)."""
-        raise NotImplementedError
-
-    def interrupt(self) -> bool:
-        """Deliver SIGINT to the process; False when this channel cannot (the python
-        runner is then interrupted in-band, by a frame)."""
-        return False
-
-    def kill(self) -> None:
-        """End the process now, whatever it does. Idempotent."""
-        raise NotImplementedError
-
-
-class ExecChannel(Channel):
-    """The interpreter as one Sandbox.exec, run in a thread, with a pipe as its stdin.
-
-    Until live sandboxes have background commands this is the transport. Its limits: no
-    signal from the host (interrupts are in-band), and kill() closes the stdin pipe, which
-    the runners answer by exiting at once; a process that survives that (sandboxed code
-    that took over the runner) runs until its exec's wall clock (`lifetime`) or the
-    sandbox closes. The exec also counts against the policy's limits.cpu_time, summed over
-    the context's life."""
-
-    def __init__(self, sandbox, argv, on_stdout, on_stderr, on_exit,
-                 lifetime: float = 7 * 86400.0) -> None:
-        r, w = os.pipe()
-        os.set_blocking(w, False)
-        self._w = w
-        self._wlock = threading.Lock()
-        # Sandbox.exec passes on only the first limits.output bytes of each stream to its
-        # callbacks: past that the interpreter's stream is cut, which must read as an end
-        cap = _plan_value(sandbox, "OutputCap", "bytes", 1 << 20)
-        seen = [0]
-
-        def out(data: bytes) -> None:
-            seen[0] += len(data)
-            on_stdout(data)
-            if seen[0] >= cap:
-                self.kill()
-                on_exit(f"reached limits.output ({cap} bytes) on its output stream, which "
-                        f"bounds a context's whole life until live sandboxes stream it "
-                        f"uncapped: raise limits.output for long sessions")
-
-        def body() -> None:
-            how = "ended"
-            try:
-                res = sandbox.exec(argv, stdin=r, on_stdout=out, on_stderr=on_stderr,
-                                   timeout=lifetime)
-                how = _describe_result(res)
-            except BaseException as e:          # noqa: BLE001 - reported, not lost
-                how = f"could not run: {e}"
-            finally:
-                os.close(r)   # only now: exec hands this fd to the process it spawns
-                self._close_w()
-                on_exit(how)
-
-        self.thread = threading.Thread(target=body, name="corral-code", daemon=True)
-        self.thread.start()
-
-    def send(self, data: bytes, deadline: float) -> None:
-        view = memoryview(data)
-        with self._wlock:
-            while view:
-                if self._w < 0:
-                    raise BrokenPipeError("the interpreter's stdin is closed")
-                try:
-                    n = os.write(self._w, view)
-                    view = view[n:]
-                    continue
-                except BlockingIOError:
-                    pass
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("the interpreter stopped reading its input")
-                p = select.poll()
-                p.register(self._w, select.POLLOUT)
-                p.poll(min(left, 1.0) * 1000)
-
-    def _close_w(self) -> None:
-        with self._wlock:
-            if self._w >= 0:
-                os.close(self._w)
-                self._w = -1
-
-    def kill(self) -> None:
-        self._close_w()
-
-
-def _describe_result(res) -> str:
-    if res.verdict == "timeout":
-        return "was killed at its wall clock or CPU time limit"
-    if res.verdict == "oom":
-        return "was killed by the memory limit"
-    if res.signal is not None:
-        return f"was killed by signal {res.signal}"
-    tail = res.stderr.strip().splitlines()[-1:] if res.stderr.strip() else []
-    why = f": {tail[0][:300]}" if tail else ""
-    return f"exited with status {res.exit_code}{why}"
+# --- the transport: runtime/channels.py ------------------------------------------------
 
 
 class ProtocolError(Exception):
@@ -332,7 +226,8 @@ class FrameReader:
         self.max_frame = max_frame
         self.buf = bytearray()
 
-    def feed(self, data: bytes) -> list[dict]:
+    def feed(self, data: bytes) -> list[tuple[dict, int]]:
+        """Each whole frame now in the buffer: (the message, its size in bytes)."""
         self.buf += data
         out = []
         while len(self.buf) >= HEADER.size:
@@ -350,7 +245,7 @@ class FrameReader:
                 raise ProtocolError(f"a frame of {n} bytes is not UTF-8 JSON") from None
             if not isinstance(msg, dict):
                 raise ProtocolError("a frame is not a JSON object")
-            out.append(msg)
+            out.append((msg, n))
         return out
 
 
@@ -426,28 +321,101 @@ done
 """
 
 
+class _Inbox:
+    """What an interpreter sent, waiting for the cell's thread: at most `most` bytes of it
+    (the sender, the channel's thread, then waits, and so does the interpreter on its
+    pipe, until the cell's thread has taken some), except once closed."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.items: collections.deque = collections.deque()
+        self.size = 0
+        self.closed = False
+        self.cond = threading.Condition()
+
+    def put(self, item, size: int = 0) -> None:
+        with self.cond:
+            while size and self.size and self.size + size > self.most and not self.closed:
+                self.cond.wait(1.0)
+            self.items.append((item, size))
+            self.size += size
+            self.cond.notify_all()
+
+    def close(self, item) -> None:
+        """The last item (never waits); senders waiting go on."""
+        with self.cond:
+            self.closed = True
+            self.items.append((item, 0))
+            self.cond.notify_all()
+
+    def get(self, timeout: float):
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not self.items:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise queue.Empty
+                self.cond.wait(left)
+            item, size = self.items.popleft()
+            self.size -= size
+            self.cond.notify_all()
+            return item
+
+
 class _Interp:
     """One context's interpreter process and the messages it sent, for one language."""
 
     def __init__(self, session: CodeSession, ctx: Context) -> None:
         self.session, self.ctx = session, ctx
-        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.q = _Inbox(session.max_pending)
         self.dead: str | None = None            # why it is gone, once it is
         self.running = 0                        # the cell id being run, 0 between cells
         self.lock = threading.Lock()            # one cell at a time
         self.channel: Channel | None = None
+        self.cpu_at = None                      # the cell's CPU budget: (start, limit)
 
     # called from the channel's thread
     def _die(self, why: str) -> None:
         if self.dead is None:
             self.dead = why
-            self.q.put(("dead", why))
+            self.q.close(("dead", why))
             ch = self.channel
             if ch is not None:
                 ch.kill()
 
     def on_exit(self, how: str) -> None:
-        self._die(f"the {self.ctx.language} interpreter {how}")
+        self._die(f"the {self.ctx.language} interpreter {how}; its state is lost "
+                  f"(restart_context() gives the context a fresh one)")
+
+    def _cpu_start(self) -> None:
+        """Note the interpreter's CPU time at a cell's start, where the channel tells it
+        (a live sandbox's stream command has no CPU limit of its own: each cell has)."""
+        used = getattr(self.channel, "cpu_seconds", lambda: None)()
+        limit = self.session.cpu_time
+        self.cpu_at = (used, limit) if used is not None and limit else None
+
+    def _cpu_over(self) -> bool:
+        if self.cpu_at is None:
+            return False
+        used = self.channel.cpu_seconds()
+        return used is not None and used - self.cpu_at[0] >= self.cpu_at[1]
+
+    def _wait(self, deadline: float):
+        """The next item by `deadline`: ("timeout", None) then, or ("cpu", None) when the
+        cell used up its CPU time (checked every CPU_POLL_S)."""
+        while True:
+            now = time.monotonic()
+            left = deadline - now
+            if left <= 0:
+                return ("timeout", None)
+            if self.cpu_at is not None:
+                left = min(left, CPU_POLL_S)
+            try:
+                return self.q.get(timeout=left)
+            except queue.Empty:
+                if self._cpu_over():
+                    self.cpu_at = None
+                    return ("cpu", None)
 
     def close(self, why: str) -> None:
         self._die(why)
@@ -460,6 +428,7 @@ class _FramedInterp(_Interp):
         s = self.session
         self.reader = FrameReader(s.max_frame)
         self.stderr_tail = bytearray()
+        self.between = False        # the last cell's end came: output now is dropped
         self.channel = s.start(_runner_argv(self.ctx.language, s.max_frame, self.ctx.cwd),
                                self.on_stdout, self.on_stderr, self.on_exit)
         kind, msg = self._next(time.monotonic() + s.start_timeout, "start")
@@ -484,9 +453,15 @@ class _FramedInterp(_Interp):
         if self.dead is not None:
             return
         try:
-            for msg in self.reader.feed(data):
-                check_message(msg)
-                self.q.put(("msg", msg))
+            for msg, size in self.reader.feed(data):
+                kind = check_message(msg)
+                if self.between:      # no cell runs: its threads' output is nobody's
+                    if kind in ("stdout", "stderr"):
+                        continue
+                    raise ProtocolError(f"it sent {kind!r} between cells")
+                if kind == "end":
+                    self.between = True
+                self.q.put(("msg", msg), size)
         except ProtocolError as e:
             self._die(f"the {self.ctx.language} interpreter broke the protocol ({e}); "
                       f"it was killed")
@@ -495,14 +470,14 @@ class _FramedInterp(_Interp):
         # the runner's own stderr (user code's goes through frames): kept for diagnostics
         self.stderr_tail = (self.stderr_tail + data)[-4096:]
 
+    def on_exit(self, how: str) -> None:
+        tail = bytes(self.stderr_tail).decode("utf-8", "replace").strip().splitlines()
+        if tail and ": " not in how:
+            how += f" (its last words: {tail[-1][:300]!r})"
+        super().on_exit(how)
+
     def _next(self, deadline: float, what: str):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return ("timeout", None)
-        try:
-            return self.q.get(timeout=left)
-        except queue.Empty:
-            return ("timeout", None)
+        return self._wait(deadline)
 
     def run(self, code: str, ex: Execution, timeout: float, cb) -> None:
         s = self.session
@@ -513,6 +488,8 @@ class _FramedInterp(_Interp):
             raise ValueError(f"code: {len(data)} bytes, over the {s.max_frame} byte frame "
                              f"limit")
         self.running = cid
+        self.between = False
+        self._cpu_start()
         try:
             self.channel.send(HEADER.pack(len(data)) + data, time.monotonic() + timeout)
         except (OSError, TimeoutError) as e:
@@ -520,21 +497,29 @@ class _FramedInterp(_Interp):
                       f"was killed")
         deadline = time.monotonic() + timeout
         interrupted = False
+        over = f"its timeout of {timeout:g}s"
         try:
             while True:
                 kind, msg = self._next(deadline, "cell")
                 if kind == "dead":
                     ex.error = ExecutionError("ContextDied", msg)
                     return
-                if kind == "timeout":
+                if kind == "cpu" and not interrupted:
+                    over = f"its CPU time limit (limits.cpu_time, {s.cpu_time:g}s a cell)"
+                    interrupted = True
+                    self._interrupt(cid)
+                    deadline = time.monotonic() + s.interrupt_grace
+                    continue
+                if kind in ("timeout", "cpu"):
                     if interrupted:
                         self._die(f"the cell did not stop within {s.interrupt_grace:g}s of "
-                                  f"its interrupt (after its timeout of {timeout:g}s): the "
+                                  f"its interrupt (after {over}): the "
                                   f"{self.ctx.language} interpreter was killed and its "
                                   f"state is lost")
                         ex.error = ExecutionError("ContextDied", self.dead)
                         return
                     interrupted = True
+                    over = f"its timeout of {timeout:g}s"
                     self._interrupt(cid)
                     deadline = time.monotonic() + s.interrupt_grace
                     continue
@@ -555,8 +540,7 @@ class _FramedInterp(_Interp):
                                              msg["traceback"])
                         if interrupted and err.name == "KeyboardInterrupt":
                             err.name = "TimeoutError"
-                            err.value = (f"the cell ran past its timeout of {timeout:g}s "
-                                         f"and was interrupted")
+                            err.value = f"the cell ran past {over} and was interrupted"
                         ex.error = err
                         if cb.on_error:
                             cb.on_error(err)
@@ -674,7 +658,7 @@ class _BashInterp(_Interp):
     def _text(self, stream: str, data: bytes, final: bool = False) -> None:
         text = self.dec[stream].decode(data, final)
         if text:
-            self.q.put((stream, text))
+            self.q.put((stream, text), len(text))
 
     def run(self, code: str, ex: Execution, timeout: float, cb) -> None:
         s = self.session
@@ -692,13 +676,14 @@ class _BashInterp(_Interp):
             self._die(f"bash does not take input ({e}); it was killed")
         deadline = time.monotonic() + timeout
         self.session.count[self.ctx.id] = self.session.count.get(self.ctx.id, 0) + 1
+        self._cpu_start()
         try:
             while True:
-                left = deadline - time.monotonic()
-                try:
-                    kind, msg = self.q.get(timeout=max(left, 0.0001))
-                except queue.Empty:
-                    self._die(f"the bash cell ran past its timeout of {timeout:g}s; bash "
+                kind, msg = self._wait(deadline)
+                if kind in ("timeout", "cpu"):
+                    over = (f"its timeout of {timeout:g}s" if kind == "timeout" else
+                            f"its CPU time limit (limits.cpu_time, {s.cpu_time:g}s a cell)")
+                    self._die(f"the bash cell ran past {over}; bash "
                               f"cannot be interrupted without losing its state, so the "
                               f"context was killed")
                     ex.error = ExecutionError("TimeoutError", self.dead)
@@ -746,6 +731,9 @@ class CodeSession:
                                                                         "bytes", 1 << 20)
         self.default_timeout = (default_timeout if default_timeout is not None
                                 else _plan_value(sandbox, "WallClock", "seconds", 60.0))
+        #: CPU seconds a cell may use, where the channel can tell (a live sandbox's)
+        self.cpu_time = _plan_value(sandbox, "CpuTime", "seconds", None)
+        self.max_pending = MAX_PENDING
         self.interrupt_grace = INTERRUPT_GRACE
         self.start_timeout = START_TIMEOUT
         self.contexts: dict[str, _Interp] = {}
@@ -904,12 +892,3 @@ class CodeSession:
         if cb.on_result is not None:
             cb.on_result(result)
 
-
-def _plan_value(sandbox, op: str, attr: str, default):
-    plan = getattr(sandbox, "plan", None)
-    if plan is None:
-        return default
-    from .. import plan as plan_mod
-
-    found = plan.find(getattr(plan_mod, op))
-    return getattr(found[0], attr) if found else default

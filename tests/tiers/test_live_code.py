@@ -5,8 +5,13 @@ cell, not over its life; a killed interpreter ends its context clearly and resta
 
 from __future__ import annotations
 
+import base64
+import json
+import os
+import subprocess
+
 import pytest
-from conftest import tier_unavailable
+from conftest import ROOT, tier_unavailable
 
 import corral
 from corral.runtime.session import ContextError
@@ -115,3 +120,98 @@ def test_contexts_end_with_the_sandbox():
     box.kill()
     with pytest.raises(corral.SandboxClosed):
         box.run_code("1")
+
+
+# --- an IPython kernel where the image's python has ipykernel ------------------------------
+
+BENCH_VENV = os.path.join(ROOT, "bench", ".venv")
+
+
+def _has_ipykernel() -> bool:
+    py = os.path.join(BENCH_VENV, "bin", "python3")
+    return os.access(py, os.X_OK) and subprocess.run(
+        [py, "-c", "import ipykernel, jupyter_client, zmq, matplotlib"], check=False,
+        capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def kb():
+    """A live sandbox whose python3 is bench/.venv's (ipykernel, jupyter_client,
+    matplotlib from requirements/bench.lock), mounted read-only at its own path: an image
+    with ipykernel, as the datascience image will be."""
+    if not _has_ipykernel():
+        pytest.skip("bench/.venv with ipykernel is not built (bench/all.py builds it from "
+                    "requirements/bench.lock)")
+    policy = {"limits": {"timeout": "120s", "cpu_time": "10m"},
+              "filesystem": {"workspace": {"path": BENCH_VENV, "mode": "ro",
+                                           "mount_at": "same"}},
+              "env": {"set": {"PATH": f"{BENCH_VENV}/bin:/usr/bin:/bin"}}}
+    with corral.Sandbox.create(policy, timeout=900) as box:
+        yield box
+
+
+def test_ipykernel_is_used_where_the_image_has_it_and_state_survives(kb):
+    c = kb.create_context("python")
+    assert c.engine == "ipykernel"
+    assert kb.run_code("import json\nx = 41", context=c).error is None
+    ex = kb.run_code("print('out')\nx + 1", context=c)
+    assert ex.error is None and ex.text == "42" and ex.logs.stdout == ["out\n"]
+    assert ex.execution_count == 2
+    ex = kb.run_code("!echo from-a-shell\n_ * 2", context=c)        # IPython's own syntax
+    assert ex.text == "84" and "from-a-shell" in "".join(ex.logs.stdout)
+    ex = kb.run_code("{}['missing']", context=c)
+    assert ex.error.name == "KeyError" and ex.error.value == "'missing'"
+    assert "\x1b" not in ex.error.traceback and "{}['missing']" in ex.error.traceback
+    r = kb.create_context("python", engine="runner")                 # the stdlib runner
+    assert r.engine == "runner" and kb.run_code("2 + 2", context=r).text == "4"
+    for ctx in (c, r):
+        kb.remove_context(ctx)
+
+
+def test_ipykernel_matplotlib_figure_is_a_valid_png_without_show(kb):
+    from test_run_code import assert_valid_png
+
+    c = kb.create_context("python")
+    ex = kb.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2]);", context=c,
+                     timeout=120)
+    assert ex.error is None, ex.error
+    pngs = [r.png for r in ex.results if r.png]
+    assert len(pngs) == 1
+    assert_valid_png(base64.b64decode(pngs[0]))
+    kb.remove_context(c)
+
+
+def test_ipykernel_interrupt_keeps_state_and_a_killed_kernel_ends_the_context(kb):
+    c = kb.create_context("python")
+    kb.run_code("kept = 'yes'", context=c)
+    ex = kb.run_code("import time\ntime.sleep(100)", context=c, timeout=1)
+    assert ex.error.name == "TimeoutError", ex.error
+    assert kb.run_code("kept", context=c).text == "'yes'"
+    ex = kb.run_code("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", context=c)
+    assert ex.error.name == "ContextDied" and "IPython kernel" in ex.error.value
+    kb.restart_context(c)
+    assert c.engine == "ipykernel"
+    assert kb.run_code("kept", context=c).error.name == "NameError"
+    kb.remove_context(c)
+
+
+def test_ipykernel_sockets_are_unix_sockets_inside_and_nothing_listens_on_the_host(kb):
+    c = kb.create_context("python")
+    ex = kb.run_code("import os\nprint(os.environ['JUPYTER_RUNTIME_DIR'])", context=c)
+    where = "".join(ex.logs.stdout).strip()
+    info = json.loads(kb.files.read(where + "/kernel.json"))
+    assert info["transport"] == "ipc" and info["ip"] == where + "/k"      # unix sockets
+    assert kb.files.info(where).mode & 0o777 == 0o700
+    uid = kb.ids[0]
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):   # the host's network namespace
+        with open(table) as f:
+            rows = [line.split() for line in f.read().splitlines()[1:]]
+        assert not [r for r in rows if int(r[7]) == uid], table
+    kb.remove_context(c)
+
+
+def test_engine_ipykernel_is_refused_where_the_image_has_none(sb):
+    with pytest.raises(ContextError, match="ipykernel"):
+        sb.create_context("python", engine="ipykernel")
+    with pytest.raises(ContextError, match="unknown engine"):
+        sb.create_context("python", engine="jupyter")

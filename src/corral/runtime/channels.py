@@ -27,6 +27,8 @@ import time
 #: bytes of the interpreter's own stderr (not the cells': those come in frames) kept to
 #: say why it died
 STDERR_TAIL = 4096
+#: how long kill() waits for the killed interpreter's command to be over
+KILL_WAIT_S = 5.0
 
 
 class Channel:
@@ -189,6 +191,11 @@ class CommandChannel(Channel):
             self._killing = True
             h.close_stdin()
             h.kill()
+            if threading.current_thread() is not h._thread:   # not from its own thread
+                try:      # gone, and off sb.commands.list(), when kill() returns
+                    h.wait(KILL_WAIT_S)
+                except TimeoutError:
+                    pass
 
     def cpu_seconds(self) -> float | None:
         """CPU time used so far by the interpreter and all it started (its cgroup), or

@@ -41,6 +41,14 @@ import uuid
 
 from ..errors import CorralError
 from .channels import Channel, ExecChannel, _plan_value
+from .execution import (  # noqa: F401 - Logs, MIME_ATTRS: re-exported
+    BASE64_MIMES,
+    MIME_ATTRS,
+    CodeResult,
+    Execution,
+    ExecutionError,
+    Logs,
+)
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 16 << 20           # bytes of JSON per frame, either way
@@ -51,15 +59,6 @@ MAX_PENDING = 32 << 20         # bytes of messages an interpreter may have waiti
 CPU_POLL_S = 0.1               # how often a cell's CPU time is looked at
 LANGUAGES = ("python", "javascript", "bash")
 
-#: Jupyter mime type -> the Result attribute (E2B's names)
-MIME_ATTRS = {
-    "text/plain": "text", "text/html": "html", "text/markdown": "markdown",
-    "image/svg+xml": "svg", "image/png": "png", "image/jpeg": "jpeg",
-    "application/pdf": "pdf", "text/latex": "latex", "application/json": "json",
-    "application/javascript": "javascript",
-}
-BASE64_MIMES = ("image/png", "image/jpeg", "application/pdf")
-
 
 class ContextError(CorralError):
     """A code context cannot be used: it is dead, removed, or its interpreter is missing."""
@@ -68,139 +67,17 @@ class ContextError(CorralError):
     exit_code = 125
 
 
-# --- what run_code returns (the shape of E2B's Execution) ---------------------------------
-
-class CodeResult:
-    """One display result: the last expression's value (is_main_result) or a display()/
-    figure. Each format is an attribute (None when absent): text, html, markdown, svg,
-    png (base64), jpeg (base64), pdf (base64), latex, json, javascript; `extra` holds any
-    other mime type the interpreter sent, as str."""
-
-    __slots__ = (
-        "extra",
-        "html",
-        "is_main_result",
-        "javascript",
-        "jpeg",
-        "json",
-        "latex",
-        "markdown",
-        "pdf",
-        "png",
-        "svg",
-        "text",
-    )
-
-    def __init__(self, data: dict, is_main_result: bool = False) -> None:
-        for attr in MIME_ATTRS.values():
-            setattr(self, attr, None)
-        self.extra = {}
-        for mime, value in data.items():
-            attr = MIME_ATTRS.get(mime)
-            if attr is None:
-                self.extra[mime] = value
-            else:
-                setattr(self, attr, value)
-        self.is_main_result = is_main_result
-
-    def formats(self) -> list[str]:
-        """The formats present besides text (E2B's Result.formats())."""
-        out = [a for a in MIME_ATTRS.values() if a != "text" and getattr(self, a) is not None]
-        return out + list(self.extra)
-
-    def to_dict(self) -> dict:
-        d = {a: getattr(self, a) for a in MIME_ATTRS.values() if getattr(self, a) is not None}
-        if self.extra:
-            d["extra"] = dict(self.extra)
-        d["is_main_result"] = self.is_main_result
-        return d
-
-    def __repr__(self) -> str:
-        return f"CodeResult(formats={['text', *self.formats()]}, main={self.is_main_result})"
-
-
-class Logs:
-    """The cell's output as the chunks it came in (lists of str)."""
-
-    __slots__ = ("stderr", "stdout")
-
-    def __init__(self) -> None:
-        self.stdout: list[str] = []
-        self.stderr: list[str] = []
-
-    def to_dict(self) -> dict:
-        return {"stdout": list(self.stdout), "stderr": list(self.stderr)}
-
-    def __repr__(self) -> str:
-        return f"Logs(stdout={self.stdout!r}, stderr={self.stderr!r})"
-
-
-class ExecutionError:
-    """The cell's exception: name ("ZeroDivisionError"), value (its message) and traceback
-    (one str, as E2B gives it; `traceback_lines` is the list the interpreter sent).
-    corral's own: "TimeoutError" (interrupted at the timeout), "ContextDied" (the
-    interpreter exited, was killed or broke the protocol; the message says which)."""
-
-    __slots__ = ("name", "traceback_lines", "value")
-
-    def __init__(self, name: str, value: str, traceback: list[str] | None = None) -> None:
-        self.name, self.value = name, value
-        self.traceback_lines = list(traceback or [])
-
-    @property
-    def traceback(self) -> str:
-        return "".join(self.traceback_lines)
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "value": self.value, "traceback": self.traceback}
-
-    def __repr__(self) -> str:
-        return f"ExecutionError({self.name!r}, {self.value!r})"
-
-
-class Execution:
-    """What one run_code call produced: results, logs, error, execution_count.
-
-    `exit_code` is the bash cell's exit status (None for python and javascript); the
-    *_truncated flags say the logs or results hit their caps (what came later was dropped
-    here, though the callbacks saw all of it)."""
-
-    def __init__(self) -> None:
-        self.results: list[CodeResult] = []
-        self.logs = Logs()
-        self.error: ExecutionError | None = None
-        self.execution_count: int | None = None
-        self.exit_code: int | None = None
-        self.stdout_truncated = self.stderr_truncated = self.results_truncated = False
-
-    @property
-    def text(self) -> str | None:
-        """The main result's text/plain (E2B's Execution.text)."""
-        for r in self.results:
-            if r.is_main_result:
-                return r.text
-        return None
-
-    def to_dict(self) -> dict:
-        return {"results": [r.to_dict() for r in self.results], "logs": self.logs.to_dict(),
-                "error": self.error.to_dict() if self.error else None,
-                "execution_count": self.execution_count}
-
-    def to_json(self, **kw) -> str:
-        return json.dumps(self.to_dict(), **kw)
-
-    def __repr__(self) -> str:
-        return (f"Execution(results={self.results!r}, logs={self.logs.to_dict()!r}, "
-                f"error={self.error!r}, execution_count={self.execution_count})")
-
-
 class Context:
-    """A code context as the caller sees it: id, language, cwd (None: the sandbox's)."""
+    """A code context as the caller sees it: id, language, cwd (None: the sandbox's), and
+    `engine`, what runs it once started: "ipykernel" (an IPython kernel: the image's
+    python has ipykernel), "runner" (corral's own python runner), "node" or "bash"."""
 
-    __slots__ = ("cwd", "id", "language")
+    __slots__ = ("_want", "cwd", "engine", "id", "language")
 
-    def __init__(self, id: str, language: str, cwd: str | None) -> None:
+    def __init__(self, id: str, language: str, cwd: str | None, want: str = "auto") -> None:
         self.id, self.language, self.cwd = id, language, cwd
+        self._want = want            # the engine asked for: "auto", "ipykernel", "runner"
+        self.engine = "bash" if language == "bash" else None
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Context) and other.id == self.id
@@ -253,6 +130,7 @@ class FrameReader:
 _SCHEMA = {
     "ready": {"version": int, "python": str},
     "ready-js": {"version": int, "node": str},
+    "ready-kernel": {"version": int, "python": str, "kernel": str},
     "stdout": {"text": str},
     "stderr": {"text": str},
     "display": {"id": int, "data": dict, "main": bool},
@@ -265,7 +143,9 @@ _SCHEMA = {
 def check_message(msg: dict) -> str:
     """The message's type, after checking it has exactly its fields, of their types."""
     kind = msg.get("type")
-    key = "ready-js" if kind == "ready" and "node" in msg else kind
+    key = kind
+    if kind == "ready":
+        key = "ready-js" if "node" in msg else "ready-kernel" if "kernel" in msg else kind
     fields = _SCHEMA.get(key) if isinstance(kind, str) else None
     if fields is None:
         raise ProtocolError(f"unknown message type {str(kind)[:40]!r}")
@@ -294,12 +174,40 @@ def check_message(msg: dict) -> str:
 
 # --- the interpreters ------------------------------------------------------------------
 
-def _runner_argv(language: str, max_frame: int, cwd: str | None) -> list[str]:
+#: python contexts start with this (argv: RUNNER MAX_FRAME CWD ENGINE KERNEL): the kernel
+#: bridge (guest/kernel.py) where the image's python3 has ipykernel and the engine allows
+#: it, else corral's runner (whose frames are named <corral-runner>, for tracebacks)
+_PY_BOOT = """import sys
+e = sys.argv[4]
+if e != 'runner':
+    try:   # as the kernel's own python will see them: not from the working directory
+        from importlib.machinery import PathFinder
+        p = [d for d in sys.path if d not in ('', '.')]
+        k = all(PathFinder.find_spec(m, p) is not None
+                for m in ('ipykernel', 'jupyter_client', 'zmq'))
+    except Exception:
+        k = False
+    if k:
+        exec(compile(sys.argv[5], '<corral-kernel>', 'exec'))
+        raise SystemExit(0)
+    if e == 'ipykernel':
+        import json, os, struct
+        b = json.dumps({'type': 'fatal', 'message': 'ipykernel (with jupyter_client and '
+                        'pyzmq) is not importable by ' + sys.executable}).encode()
+        os.write(1, struct.pack('>I', len(b)) + b)
+        os._exit(1)
+exec(compile(sys.argv[1], '<corral-runner>', 'exec'))
+"""
+ENGINES = ("auto", "ipykernel", "runner")
+
+
+def _runner_argv(language: str, max_frame: int, cwd: str | None,
+                 engine: str = "auto") -> list[str]:
     from .. import guest
 
-    if language == "python":   # the runner's frames are named <corral-runner> (tracebacks)
-        boot = "import sys; exec(compile(sys.argv[1], '<corral-runner>', 'exec'))"
-        return ["python3", "-c", boot, guest.source("runner.py"), str(max_frame), cwd or ""]
+    if language == "python":
+        return ["python3", "-c", _PY_BOOT, guest.source("runner.py"), str(max_frame),
+                cwd or "", engine, guest.source("kernel.py") if engine != "runner" else ""]
     if language == "javascript":
         return ["node", "-e", guest.source("runner.js"), "--", str(max_frame), cwd or ""]
     raise ValueError(language)
@@ -429,10 +337,13 @@ class _FramedInterp(_Interp):
         self.reader = FrameReader(s.max_frame)
         self.stderr_tail = bytearray()
         self.between = False        # the last cell's end came: output now is dropped
-        self.channel = s.start(_runner_argv(self.ctx.language, s.max_frame, self.ctx.cwd),
+        self.channel = s.start(_runner_argv(self.ctx.language, s.max_frame, self.ctx.cwd,
+                                            self.ctx._want),
                                self.on_stdout, self.on_stderr, self.on_exit)
         kind, msg = self._next(time.monotonic() + s.start_timeout, "start")
         if kind == "msg" and msg["type"] == "ready":
+            self.ctx.engine = ("ipykernel" if "kernel" in msg else
+                               "node" if "node" in msg else "runner")
             return
         if kind == "msg" and msg["type"] == "fatal":
             self.close(f"the {self.ctx.language} interpreter could not start: "
@@ -734,6 +645,8 @@ class CodeSession:
         #: CPU seconds a cell may use, where the channel can tell (a live sandbox's)
         self.cpu_time = _plan_value(sandbox, "CpuTime", "seconds", None)
         self.max_pending = MAX_PENDING
+        #: python contexts' engine unless create_context names one (see there)
+        self.engine = "auto"
         self.interrupt_grace = INTERRUPT_GRACE
         self.start_timeout = START_TIMEOUT
         self.contexts: dict[str, _Interp] = {}
@@ -749,14 +662,22 @@ class CodeSession:
 
     # --- contexts ---
 
-    def create_context(self, language: str = "python", cwd: str | None = None) -> Context:
+    def create_context(self, language: str = "python", cwd: str | None = None, *,
+                       engine: str | None = None) -> Context:
+        """A new context. `engine` (python): "auto" (the default, `self.engine`): an
+        IPython kernel where the image's python3 has ipykernel, else corral's runner;
+        "ipykernel" (refused where there is none); "runner"."""
         if language not in LANGUAGES:
             raise ContextError(f"unknown language {language!r}; use one of "
                                f"{', '.join(LANGUAGES)}", field="language")
+        engine = self.engine if engine is None else engine
+        if engine not in ENGINES:
+            raise ContextError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}",
+                               field="engine")
         if cwd is not None and (not isinstance(cwd, str) or "\0" in cwd or not cwd):
             raise ContextError("cwd must be a non-empty path inside the sandbox",
                                field="cwd")
-        ctx = Context(uuid.uuid4().hex[:16], language, cwd)
+        ctx = Context(uuid.uuid4().hex[:16], language, cwd, engine)
         interp = self._spawn(ctx)
         with self._lock:
             self.contexts[ctx.id] = interp

@@ -207,11 +207,11 @@ class CommandHandle:
         self._started = started
         self.host_pid, self.pid = started.pid, started.ns_pid
         self._stdin_w = stdin_w
-        try:   # while it is our unreaped child (supervise reaps it): the pid is its own
-            self._pidfd = os.pidfd_open(started.pid)
-        except OSError:
-            self._pidfd = -1
         if self.background:
+            try:   # while it is our unreaped child (supervise reaps it): its own pid
+                self._pidfd = os.pidfd_open(started.pid)
+            except OSError:
+                self._pidfd = -1
             self._thread = threading.Thread(target=self._watch, daemon=True,
                                             name=f"corral-cmd-{self.pid}")
             self._thread.start()
@@ -403,8 +403,17 @@ def _stdin(stdin, background: bool) -> tuple[int, bool, int]:
 
     fd, close = _stdin_fd(stdin)
     if fd is None:
-        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), True, -1
+        return _devnull(), False, -1
     return fd, close, -1
+
+
+_DEVNULL = [-1, 0]    # one read-only /dev/null for every command's stdin, and its owner pid
+
+
+def _devnull() -> int:
+    if _DEVNULL[1] != os.getpid():
+        _DEVNULL[:] = [os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), os.getpid()]
+    return _DEVNULL[0]
 
 
 __all__ = ["CommandHandle", "CommandInfo", "Commands"]

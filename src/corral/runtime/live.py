@@ -339,11 +339,10 @@ class Live(Sandbox):
             if self.idle_timeout:
                 self._wake()     # the idle clock starts again
             cg = handle._started.cgroup
-            if cg.pids():
+            if not cg.emptied_now():
                 self._lingering.append((handle, cg))
                 self._wake()
                 return
-            cg.kill_all()       # empty: only marks it emptied
             self.events += [TeardownEvent(p).to_dict() for p in self._live.release(cg)]
 
     def _kill_left(self, handle) -> None:
@@ -474,10 +473,9 @@ class Live(Sandbox):
                 return
             still = []
             for h, cg in self._lingering:
-                if cg.pids():
+                if not cg.emptied_now():
                     still.append((h, cg))
                 else:
-                    cg.kill_all()
                     self._live.release(cg)
             self._lingering = still
 

@@ -215,3 +215,22 @@ def test_engine_ipykernel_is_refused_where_the_image_has_none(sb):
         sb.create_context("python", engine="ipykernel")
     with pytest.raises(ContextError, match="unknown engine"):
         sb.create_context("python", engine="jupyter")
+
+
+def test_no_kernel_on_the_process_tier_auto_falls_back_to_the_runner():
+    """The process tier refuses the kernel's unix sockets: "auto" gives corral's runner,
+    "ipykernel" is refused with the kernel's own error."""
+    if not _has_ipykernel():
+        pytest.skip("bench/.venv with ipykernel is not built")
+    policy = {"isolation": "process", "limits": {"timeout": "60s"},
+              "filesystem": {"workspace": {"path": BENCH_VENV, "mode": "ro",
+                                           "mount_at": "same"}},
+              "env": {"set": {"PATH": f"{BENCH_VENV}/bin:/usr/bin:/bin"}}}
+    why = tier_unavailable("process", policy)
+    if why:
+        pytest.skip(f"process: {why}")
+    with corral.Sandbox(policy) as box:
+        c = box.create_context("python")
+        assert c.engine == "runner" and box.run_code("6 * 7", context=c).text == "42"
+        with pytest.raises(ContextError, match="IPython kernel"):
+            box.create_context("python", engine="ipykernel")

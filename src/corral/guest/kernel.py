@@ -25,7 +25,8 @@ kernel runs the user's code as the sandbox's root and can replace it.
                    kernel's status goes idle -> end (count: execute_input's)
 
 If the kernel dies the bridge writes why to its stderr and exits 3: the host closes the
-context with that message.
+context with that message. If it cannot start (engine "auto"), the bridge says so on its
+stderr and runs corral's runner (argv's RUNNER) in its place.
 """
 
 import json
@@ -56,6 +57,7 @@ class State:
     kernel = None        # the kernel's Popen
     tail = b""           # the kernel's own stderr, its last 4 KiB
     private = ""         # the kernel's directory: connection file, sockets
+    starting = True      # until the kernel is ready
 
 
 def emit(msg):
@@ -75,6 +77,8 @@ def emit(msg):
 def die(why, code=3):
     tail = State.tail.decode("utf-8", "replace").strip().splitlines()
     last = (": " + tail[-1][:300]) if tail else ""
+    if State.starting:       # main() says so (or falls back to the runner)
+        raise RuntimeError("the IPython kernel %s%s" % (why, last))
     os.write(2, ("corral: the IPython kernel %s%s\n" % (why, last)).encode())
     k = State.kernel
     if k is not None and k.poll() is None:
@@ -162,7 +166,10 @@ def start_kernel(cwd):
     from jupyter_client.blocking import BlockingKernelClient
     from jupyter_client.connect import write_connection_file
 
-    private = tempfile.mkdtemp(prefix="corral-k-", dir="/tmp")   # 0700
+    private = tempfile.mkdtemp(prefix="corral-k-")    # 0700, in $TMPDIR or /tmp
+    if len(private) > 90:                             # a unix socket's path: < 108 bytes
+        os.rmdir(private)
+        private = tempfile.mkdtemp(prefix="corral-k-", dir="/tmp")
     os.chmod(private, 0o700)
     State.private = private
     env = dict(os.environ)
@@ -233,26 +240,45 @@ def run_cell(kc, cid, code):
     emit({"type": "end", "id": cid, "count": count})
 
 
+def fall_back(in_fd, argv, why):
+    """engine "auto" and no kernel: corral's runner (argv[0], its source) runs instead,
+    in this process, on the original stdin and stdout."""
+    k = State.kernel
+    if k is not None and k.poll() is None:
+        k.kill()
+        k.wait()
+    State.kernel = None
+    os.write(2, ("corral: no IPython kernel (%s); corral's runner instead\n" % why).encode())
+    os.dup2(in_fd, 0)
+    os.dup2(State.out_fd, 1)
+    sys.argv[:] = ["-c", *argv]
+    exec(compile(argv[0], "<corral-runner>", "exec"), {"__name__": "__main__"})
+    _exit(0)
+
+
 def main(argv):
     State.max_frame = int(argv[1]) if len(argv) > 1 else State.max_frame
     cwd = argv[2] if len(argv) > 2 else ""
+    engine = argv[3] if len(argv) > 3 else "auto"
     State.out_fd = os.dup(1)                     # the frame stream; fd 1 becomes /dev/null
     in_fd = os.dup(0)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
+    saved = list(argv)
     del sys.argv[1:]
     try:
         import ipykernel
 
         kc = start_kernel(cwd)
-    except SystemExit:
-        raise
-    except BaseException as e:
-        emit({"type": "fatal", "message": "starting the IPython kernel: %s: %s"
-              % (type(e).__name__, e)})
+    except BaseException as e:   # SystemExit too: die() while it started
+        why = "%s: %s" % (type(e).__name__, e)
+        if engine == "auto":
+            fall_back(in_fd, saved, why)
+        emit({"type": "fatal", "message": "starting the IPython kernel: " + why})
         _exit(1)
+    State.starting = False
     signal.signal(signal.SIGINT, on_sigint)
     requests = queue.SimpleQueue()
     threading.Thread(target=reader, args=(in_fd, requests), daemon=True).start()

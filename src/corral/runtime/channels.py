@@ -56,7 +56,7 @@ class Channel:
 class ExecChannel(Channel):
     """The interpreter as one Sandbox.exec, run in a thread, with a pipe as its stdin.
 
-    Until live sandboxes have background commands this is the transport. Its limits: no
+    The transport of a one-shot corral.Sandbox (each exec fresh namespaces). Its limits: no
     signal from the host (interrupts are in-band), and kill() closes the stdin pipe, which
     the runners answer by exiting at once; a process that survives that (sandboxed code
     that took over the runner) runs until its exec's wall clock (`lifetime`) or the
@@ -80,8 +80,9 @@ class ExecChannel(Channel):
             if seen[0] >= cap:
                 self.kill()
                 on_exit(f"reached limits.output ({cap} bytes) on its output stream, which "
-                        f"bounds a context's whole life until live sandboxes stream it "
-                        f"uncapped: raise limits.output for long sessions")
+                        f"bounds a context's whole life on a one-shot Sandbox (a live one, "
+                        f"Sandbox.create, bounds each cell instead): raise "
+                        f"limits.output for long sessions")
 
         def body() -> None:
             how = "ended"

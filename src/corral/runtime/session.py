@@ -6,8 +6,10 @@
         ex.text                      # '1.4142135623730951' (the last expression's value)
         ex.logs.stdout, ex.error     # [], None
 
-A context is one long-lived interpreter process inside the sandbox: python (corral's own
-runner, corral.guest.runner, shipped in as `python3 -c SOURCE`), javascript (node, with
+A context is one long-lived interpreter process inside the sandbox: python (an IPython
+kernel behind corral's bridge, guest/kernel.py, where the image's python3 has ipykernel;
+else corral's own runner, guest/runner.py; both shipped in as `python3 -c SOURCE`: see
+_PY_BOOT), javascript (node, with
 corral.guest.runner.js as `node -e SOURCE`) or bash (a plain bash reading NUL-ended cells).
 Variables, imports, the working directory and (bash) the environment persist between
 cells. Nothing of corral needs to be installed in the image.
@@ -20,10 +22,14 @@ the policy's limits.output per stream; display data: `max_results`), parses stri
 are no frame close the context with a clear error), believes nothing it says about anything
 but its own output, and never waits on it without a deadline.
 
-The process transport is a small interface (`Channel`, below): today `ExecChannel` runs
-the interpreter as one `Sandbox.exec` in a thread with a pipe as its stdin; the live
-sandbox's background commands (stdin pipe, streamed output, a real kill and signal) plug in
-through `CodeSession(start=...)`.
+Between cells no output is kept (a context's threads' output is dropped; any other
+message then breaks the protocol), and at most `max_pending` bytes of messages wait for the
+cell's thread (the channel's thread, and so the interpreter, waits past that).
+
+The process transport is a small interface (`Channel`, runtime/channels.py), made by
+`CodeSession(start=...)`: a live sandbox's contexts are its stream commands
+(`CommandChannel`: per-cell output and CPU bounds, a real SIGINT, a cgroup kill); a
+one-shot Sandbox's run as one long `Sandbox.exec` each (`ExecChannel`, the default).
 """
 
 from __future__ import annotations

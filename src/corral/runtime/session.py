@@ -351,10 +351,12 @@ class _FramedInterp(_Interp):
             self.ctx.engine = ("ipykernel" if "kernel" in msg else
                                "node" if "node" in msg else "runner")
             return
-        if kind == "msg" and msg["type"] == "fatal":
-            self.close(f"the {self.ctx.language} interpreter could not start: "
-                       f"{msg['message'][:300]}")
-        elif kind == "msg":
+        if kind == "msg" and msg["type"] == "fatal":   # its own words, even if its exit
+            why = (f"the {self.ctx.language} interpreter could not start: "   # came first
+                   f"{msg['message'][:300]}")
+            self.close(why)
+            raise ContextError(f"{self.ctx.language} context: {why}", field="context")
+        if kind == "msg":
             self.close(f"the {self.ctx.language} interpreter sent {msg['type']!r} before "
                        f"'ready'")
         raise ContextError(self._start_failure(), field="context")

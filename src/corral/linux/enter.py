@@ -23,7 +23,8 @@ program. All of this happens before the command is asked for, so none of it (nor
 nor the cgroup move, which on cgroup v1 waits for an RCU grace period) is on the command's
 own path.
 
-For the command, A receives argv, env, cwd and rlimits (a memfd) and its stdio (SCM_RIGHTS),
+For the command, A receives argv, env, cwd and rlimits (in the message, or a memfd when
+over INLINE_MAX) and its stdio (SCM_RIGHTS),
 sets the rlimits and starts it with CPython's vfork + exec (_posixsubprocess, as subprocess
 does: no page tables copied; a session of its own, the working directory as the command's
 own uid without capabilities, every other fd closed). setns(CLONE_NEWPID) moved only A's
@@ -71,6 +72,10 @@ PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
+
+#: a command's request (argv, env, cwd, rlimits) up to this size travels in the message
+#: that hands the entrant its fds; a bigger one in a memfd
+INLINE_MAX = 32 << 10
 
 _libc = _sys._libc
 _libc.setns.argtypes = (ctypes.c_int, ctypes.c_int)
@@ -203,13 +208,18 @@ class Entrant:
                     e = ctypes.get_errno()
                     raise OSError(e, f"seccomp: {os.strerror(e)}")
                 theirs.send(b"r")     # ready: entered and confined
-                msg, fds, _, _ = socket.recv_fds(theirs, 64, 5)
-                if not msg or len(fds) != 5:
+                msg, fds, _, _ = socket.recv_fds(theirs, INLINE_MAX + 1, 5)
+                if not msg or len(fds) != (4 if msg[:1] == b"i" else 5):
                     os._exit(0)       # never used
-                stdin_fd, out_w, err_w, fail_w, req_fd = fds
-                with open(req_fd, "rb") as f:
-                    (argvb, envb, names, cwdb, nofile, fsize, cpu,
-                     new_session) = marshal.loads(f.read())
+                if msg[:1] == b"i":   # the request in the message itself
+                    stdin_fd, out_w, err_w, fail_w = fds
+                    data = msg[1:]
+                else:                 # a big one, in a memfd
+                    stdin_fd, out_w, err_w, fail_w, req_fd = fds
+                    with open(req_fd, "rb") as f:
+                        data = f.read()
+                (argvb, envb, names, cwdb, nofile, fsize, cpu,
+                 new_session) = marshal.loads(data)
                 _rlimits(nofile, fsize, cpu)
                 err_r, err_w2 = os.pipe()
                 envl = [k + b"=" + v for k, v in envb.items()]
@@ -296,7 +306,7 @@ class Entrant:
         path = env.get("PATH", "/usr/bin:/bin")
         names = ([argvb[0]] if b"/" in argvb[0] else
                  [os.path.join(d.encode(), argvb[0]) for d in path.split(":") if d])
-        req = os.memfd_create("corral-request", os.MFD_CLOEXEC)
+        req = -1
         if stdout_fd is None:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
@@ -307,10 +317,15 @@ class Entrant:
             ours = []
         fail_r, fail_w = os.pipe()
         try:
-            _write_all(req, marshal.dumps((argvb, envb, names, cwd.encode(), *rlimits,
-                                           stdout_fd is None)))
-            os.lseek(req, 0, os.SEEK_SET)
-            socket.send_fds(self.sock, [b"x"], [stdin_fd, out_w, err_w, fail_w, req])
+            data = marshal.dumps((argvb, envb, names, cwd.encode(), *rlimits,
+                                  stdout_fd is None))
+            if len(data) < INLINE_MAX:    # in the message: no memfd to make, write, read
+                socket.send_fds(self.sock, [b"i" + data], [stdin_fd, out_w, err_w, fail_w])
+            else:
+                req = os.memfd_create("corral-request", os.MFD_CLOEXEC)
+                _write_all(req, data)
+                os.lseek(req, 0, os.SEEK_SET)
+                socket.send_fds(self.sock, [b"x"], [stdin_fd, out_w, err_w, fail_w, req])
         except BaseException:
             for fd in (out_r, err_r, fail_r):
                 if fd >= 0:
@@ -318,7 +333,8 @@ class Entrant:
             raise
         finally:
             for fd in (req, *ours, fail_w):
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
         try:
             got = self.sock.recv(1100)
             b = int(got) if got.isdigit() and len(got) < 12 else 0

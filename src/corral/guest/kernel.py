@@ -237,6 +237,11 @@ def run_cell(kc, cid, code):
                 break
     finally:
         State.cell = 0
+    try:   # the execute_replies on the shell channel: read, so that they never pile up
+        while kc.shell_channel.msg_ready():
+            kc.get_shell_msg(block=False)
+    except Exception:
+        pass
     emit({"type": "end", "id": cid, "count": count})
 
 

@@ -308,7 +308,9 @@ class Live(Sandbox):
             self._last_use = time.monotonic()
             from ..errors import SandboxSetupError
 
-            extra = {} if cpu_seconds is None else {"cpu_seconds": cpu_seconds}
+            extra = {}
+            if cpu_seconds is not None and _takes_cpu_seconds(self._live):
+                extra["cpu_seconds"] = cpu_seconds   # else the policy's: stricter
             try:
                 started = self._live.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
                                            tty_fd=tty_fd, **extra)
@@ -478,6 +480,17 @@ class Live(Sandbox):
                 else:
                     self._live.release(cg)
             self._lingering = still
+
+
+def _takes_cpu_seconds(live) -> bool:
+    """Whether the tier's live sandbox takes start(cpu_seconds=) (backends/base.py); one
+    that does not gives every command limits.cpu_time, run_code's interpreters too."""
+    import inspect
+
+    try:
+        return "cpu_seconds" in inspect.signature(live.start).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _init_alive(live, wait: bool) -> bool:

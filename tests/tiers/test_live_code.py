@@ -104,6 +104,24 @@ def test_output_between_cells_is_dropped_and_the_context_goes_on(sb):
     sb.remove_context(c)
 
 
+def test_a_runner_that_speaks_between_cells_is_killed_at_once(sb):
+    """Between cells only output is taken (and dropped): a forged frame of another kind
+    closes the context when it comes, not at the next cell."""
+    c = sb.create_context("python")
+    frame = b'{"type":"display","id":1,"data":{"text/plain":"forged"},"main":true}'
+    data = len(frame).to_bytes(4, "big") + frame
+    sb.run_code("import os, threading, time\n"
+                "def later():\n    time.sleep(0.5)\n"
+                "    for fd in range(3, 64):\n"
+                f"        try: os.write(fd, {data!r})\n"
+                "        except OSError: pass\n"
+                "threading.Thread(target=later).start()", context=c)
+    sb.commands.run("sleep 1.5")
+    with pytest.raises(ContextError, match="between cells"):
+        sb.run_code("1", context=c)
+    sb.remove_context(c)
+
+
 def test_contexts_are_named_in_commands_list_without_their_source(sb):
     c = sb.create_context("bash")
     infos = [i for i in sb.commands.list() if i.cmd[:1] == ("bash",)]

@@ -287,6 +287,7 @@ class _Interp:
         self.lock = threading.Lock()            # one cell at a time
         self.channel: Channel | None = None
         self.cpu_at = None                      # the cell's CPU budget: (start, limit)
+        self.was_ready = False                  # it said it was ready once
 
     # called from the channel's thread
     def _die(self, why: str) -> None:
@@ -298,8 +299,9 @@ class _Interp:
                 ch.kill()
 
     def on_exit(self, how: str) -> None:
-        self._die(f"the {self.ctx.language} interpreter {how}; its state is lost "
-                  f"(restart_context() gives the context a fresh one)")
+        lost = ("; its state is lost (restart_context() gives the context a fresh one)"
+                if self.was_ready else "")
+        self._die(f"the {self.ctx.language} interpreter {how}{lost}")
 
     def _cpu_start(self) -> None:
         """Note the interpreter's CPU time at a cell's start, where the channel tells it
@@ -350,6 +352,7 @@ class _FramedInterp(_Interp):
         if kind == "msg" and msg["type"] == "ready":
             self.ctx.engine = ("ipykernel" if "kernel" in msg else
                                "node" if "node" in msg else "runner")
+            self.was_ready = True
             return
         if kind == "msg" and msg["type"] == "fatal":   # its own words, even if its exit
             why = (f"the {self.ctx.language} interpreter could not start: "   # came first
@@ -541,7 +544,7 @@ class _BashInterp(_Interp):
                 if stream == "stdout":
                     if buf.startswith(self.READY):
                         del buf[:len(self.READY)]
-                        self.ready = True
+                        self.ready = self.was_ready = True
                         self.q.put(("ready", None))
                     elif len(buf) >= len(self.READY) or not self.READY.startswith(bytes(buf)):
                         self._die("bash printed something else than its ready line")

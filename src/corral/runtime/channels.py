@@ -24,9 +24,6 @@ import select
 import threading
 import time
 
-#: bytes of the interpreter's own stderr (not the cells': those come in frames) kept to
-#: say why it died
-STDERR_TAIL = 4096
 #: how long kill() waits for the killed interpreter's command to be over
 KILL_WAIT_S = 5.0
 

@@ -117,6 +117,7 @@ class CommandHandle:
         #: no CPU limit of its own (its caller bounds what it asks of it)
         self._stream = stream
         self._pidfd = -1
+        self._pidfd_lock = threading.Lock()   # a closed fd's number is never signalled
 
     # -- the public face --
     @property
@@ -148,14 +149,15 @@ class CommandHandle:
         it has exited."""
         import _signal
 
-        fd = self._pidfd
-        if fd < 0 or not self.running:
-            return False
-        try:
-            _signal.pidfd_send_signal(fd, sig)
-        except (ProcessLookupError, OSError):
-            return False
-        return True
+        with self._pidfd_lock:
+            fd = self._pidfd
+            if fd < 0 or not self.running:
+                return False
+            try:
+                _signal.pidfd_send_signal(fd, sig)
+            except (ProcessLookupError, OSError):
+                return False
+            return True
 
     def send_stdin(self, data: bytes | str, timeout: float | None = None) -> None:
         """Write to the command's stdin (a pipe; a background command's only). Blocks
@@ -239,9 +241,10 @@ class CommandHandle:
         try:
             self._result = self._supervise()
         finally:
-            fd, self._pidfd = self._pidfd, -1
-            if fd >= 0:
-                os.close(fd)
+            with self._pidfd_lock:
+                fd, self._pidfd = self._pidfd, -1
+                if fd >= 0:
+                    os.close(fd)
             self._done.set()
             self._owner._wake()   # after the Result: the next entrant (a fork) comes now
         if self._on_exit is not None:

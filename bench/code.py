@@ -8,6 +8,11 @@ warm-up cells, in rounds that alternate them (default 3, --quick 1):
   run_code namespace   sb.run_code("1+1") in a warm python context of a namespace sandbox
                        (corral's runner over Sandbox.exec with a stdin pipe)
   run_code gvisor      the same on the gvisor tier (skipped where runsc cannot run)
+  run_code live        the same in a live namespace sandbox (Sandbox.create): the runner
+                       is a stream command of the sandbox (a real SIGINT, per-cell caps)
+  ipykernel live       a live namespace sandbox whose python3 is bench/.venv's (mounted
+                       read-only at its own path): a real IPython kernel inside, reached
+                       through corral's bridge (guest/kernel.py) over the same frames
   jupyter (local)      a local ipykernel (bench/.venv: jupyter_client + ipykernel from
                        requirements/bench.lock) driven by jupyter_client's
                        BlockingKernelClient: execute, then wait for execute_reply and the
@@ -35,11 +40,21 @@ GOAL_MS = 1.0
 CELL = "1+1"
 
 
-def time_run_code(tier: str, runs: int, warm: int = 20) -> list[float]:
+def time_run_code(tier: str, runs: int, warm: int = 20, live: bool = False,
+                  kernel: bool = False) -> list[float] | str:
     import corral
 
-    with corral.Sandbox({"isolation": tier, "limits": {"cpu_time": "1h"}}) as sb:
-        ctx = sb.create_context("python")
+    policy = {"isolation": tier, "limits": {"cpu_time": "1h"}}
+    if kernel:
+        venv = os.path.join(HERE, ".venv")
+        if not os.access(BENCH_PY, os.X_OK):
+            return "bench/.venv is missing (see jupyter (local))"
+        policy.update(filesystem={"workspace": {"path": venv, "mode": "ro",
+                                                "mount_at": "same"}},
+                      env={"set": {"PATH": f"{venv}/bin:/usr/bin:/bin"}})
+    box = corral.Sandbox.create(policy, timeout=3600) if live else corral.Sandbox(policy)
+    with box as sb:
+        ctx = sb.create_context("python", engine="ipykernel" if kernel else "runner")
         for _ in range(warm):
             assert sb.run_code(CELL, context=ctx).text == "2"
         out = []
@@ -113,6 +128,8 @@ def main() -> int:
     contenders = {
         "run_code namespace": lambda: time_run_code("namespace", runs),
         "run_code gvisor": lambda: time_run_code("gvisor", runs),
+        "run_code live": lambda: time_run_code("namespace", runs, live=True),
+        "ipykernel live": lambda: time_run_code("namespace", runs, live=True, kernel=True),
         "jupyter (local)": lambda: time_jupyter(runs),
     }
     samples: dict[str, list[float]] = {k: [] for k in contenders}

@@ -16,6 +16,10 @@ Side by side in one process (namespace tier, default policy), each a median of -
   run_sh_true   sb.commands.run("true"): the same through /bin/sh -c
   run_true_b2b  run_true right after another command, with no pause: its entrant is
                 still being prepared (or is made on the spot)
+  run_true_cpu  the CPU time (time.thread_time) of the calling thread over run_true,
+  host_true_cpu and over host_true: what the host side itself costs, less sensitive to
+                the machine's load than the wall times (the rest of run_true's wall time
+                is waiting: the entrant's vfork + exec inside, the command, scheduling)
 
 Each of run_true, host_true and run_sh_true follows a GAP_S pause (agents think between
 commands; the sandbox prepares the next command's entrant meanwhile). Variants alternate
@@ -56,7 +60,7 @@ def p95(xs):
 def bench(runs: int, warm: int) -> dict:
     samples: dict[str, list[float]] = {k: [] for k in (
         "create", "kill", "claim", "run_true", "host_true", "run_sh_true",
-        "run_true_b2b")}
+        "run_true_b2b", "run_true_cpu", "host_true_cpu")}
     for i in range(warm + runs):
         t = time.perf_counter()
         sb = corral.Sandbox.create(timeout=60)
@@ -81,14 +85,18 @@ def bench(runs: int, warm: int) -> dict:
     try:
         for i in range(warm + runs):
             time.sleep(GAP_S)     # think time: the next command's entrant gets ready
+            c = time.thread_time()
             t = time.perf_counter()
             r = sb.commands.run(["true"])
             t1 = time.perf_counter()
+            c1 = time.thread_time()
             assert r.verdict == "ok", r
             time.sleep(GAP_S)
+            c2 = time.thread_time()
             t2 = time.perf_counter()
             subprocess.run(["/bin/true"], check=True)
             t3 = time.perf_counter()
+            c3 = time.thread_time()
             time.sleep(GAP_S)
             t4 = time.perf_counter()
             r = sb.commands.run("true")
@@ -101,6 +109,8 @@ def bench(runs: int, warm: int) -> dict:
                 samples["host_true"].append(t3 - t2)
                 samples["run_sh_true"].append(t5 - t4)
                 samples["run_true_b2b"].append(t6 - t5)
+                samples["run_true_cpu"].append(c1 - c)
+                samples["host_true_cpu"].append(c3 - c2)
     finally:
         sb.kill()
     return samples

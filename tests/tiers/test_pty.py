@@ -42,12 +42,17 @@ class Screen:
                 self.cond.wait(left)
 
 
-@pytest.fixture(params=["namespace", "gvisor", "process"])
+@pytest.fixture(params=["namespace", "gvisor", "process", "live"])
 def sb(request):
-    why = tier_unavailable(request.param)
+    """"live": a live namespace sandbox, whose terminals are background commands of it."""
+    tier = "namespace" if request.param == "live" else request.param
+    why = tier_unavailable(tier)
     if why:
         pytest.skip(why)
-    with corral.Sandbox({"isolation": request.param, "limits": {"timeout": "5m"}}) as s:
+    policy = {"isolation": tier, "limits": {"timeout": "5m"}}
+    box = (corral.Sandbox.create(policy, timeout=600) if request.param == "live"
+           else corral.Sandbox(policy))
+    with box as s:
         yield s
 
 
@@ -150,3 +155,23 @@ def test_corral_shell_refuses_a_pipe_and_an_id(corral_bin):
     r = subprocess.run([corral_bin, "shell", "sb-123"], stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, check=False)
     assert r.returncode == 2 and "live sandbox" in r.stderr
+
+
+def test_a_live_sandboxs_terminal_is_one_of_its_commands():
+    """On a live sandbox a terminal runs among the sandbox's own processes (its pid
+    namespace: it sees a background command's process) and is listed as a command."""
+    why = tier_unavailable("namespace")
+    if why:
+        pytest.skip(why)
+    with corral.Sandbox.create({"limits": {"timeout": "5m"}}, timeout=600) as sb:
+        bg = sb.commands.run(["sleep", "4242"], background=True)
+        screen = Screen()
+        t = _shell(sb, screen)
+        screen.expect(re.escape(PROMPT))
+        assert any(i.cmd[:1] == ("/usr/bin/env",) for i in sb.commands.list())
+        t.send_input(b"echo seen:$(pgrep -f 'slee[p] 4242')\r")
+        assert int(screen.expect(rb"seen:(\d+)\r\n").group(1)) == bg.pid
+        t.kill()
+        assert t.wait(WAIT_S).verdict == "killed"
+        assert bg.running                     # the terminal's kill was its own
+        bg.kill()

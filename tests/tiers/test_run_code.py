@@ -19,7 +19,9 @@ from conftest import ROOT, tier_unavailable
 import corral
 from corral.runtime.session import CodeSession, ContextError
 
-TIERS = ("namespace", "gvisor")
+#: "live": a live namespace sandbox (Sandbox.create), whose contexts are stream commands
+#: (runtime/channels.CommandChannel) rather than one long exec each
+TIERS = ("namespace", "gvisor", "live")
 POLICY = {"limits": {"cpu_time": "10m", "timeout": "60s"}}
 
 
@@ -28,13 +30,20 @@ def _has(tier: str, argv: list[str]) -> bool:
         return sb.exec(argv).exit_code == 0
 
 
+def open_box(kind: str, policy: dict):
+    """A sandbox of `kind` (a tier, or "live"), or a skip naming why it cannot run here."""
+    tier = "namespace" if kind == "live" else kind
+    why = tier_unavailable(tier, {**policy, "isolation": tier})
+    if why:
+        pytest.skip(f"{kind}: {why}")
+    if kind == "live":
+        return corral.Sandbox.create({**policy, "isolation": tier}, timeout=900)
+    return corral.Sandbox({**policy, "isolation": tier})
+
+
 @pytest.fixture(scope="module", params=TIERS)
 def sb(request):
-    why = tier_unavailable(request.param, POLICY)
-    if why:
-        pytest.skip(f"{request.param}: {why}")
-    box = corral.Sandbox({**POLICY, "isolation": request.param})
-    with box:
+    with open_box(request.param, POLICY) as box:
         yield box
 
 
@@ -243,10 +252,7 @@ def _matplotlib_in_sandbox() -> tuple[dict, str] | None:
 @pytest.mark.parametrize("tier", TIERS)
 def test_a_matplotlib_plot_comes_back_as_png_once(tier):
     extra, setup = _matplotlib_in_sandbox()
-    pol = {**POLICY, **extra, "isolation": tier}
-    if tier_unavailable(tier, pol):
-        pytest.skip(tier_unavailable(tier, pol))
-    with corral.Sandbox(pol) as sb:
+    with open_box(tier, {**POLICY, **extra}) as sb:
         ex = sb.run_code(setup + "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\n"
                          "plt.show()", timeout=120)
         assert ex.error is None, ex.error

@@ -111,7 +111,10 @@ class Backend:
     def open_live(self, plan: Plan, check: TierCheck, granted=(),
                   upstream_ca: str | None = None):
         """A sandbox kept running for many commands (runtime/live.py): an object with
-        `start(argv, env, cwd=, stdin_fd=)`, `release(cgroup)`, `alive()`, `close()`,
+        `start(argv, env, cwd=, stdin_fd=, tty_fd=None, cpu_seconds=None)` (cpu_seconds:
+        the command's RLIMIT_CPU instead of limits.cpu_time's; passed only for
+        commands.stream, run_code's interpreters, with a bound so far off that it never
+        binds: the runtime bounds each cell), `release(cgroup)`, `alive()`, `close()`,
         `dir` (its RunDir), `target` (linux.enter.Target), `uid`, `gid`, `env`,
         `scratch`, `proxy` (see backends/namespace_live.py). Tiers that cannot keep one
         refuse, naming the tier that can."""

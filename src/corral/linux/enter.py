@@ -9,7 +9,11 @@ nsenter do: nothing inside the sandbox is asked to start it.
     target.close()
 
 The supervisor (maybe multithreaded, and a child subreaper for as long as a live sandbox
-runs) forks a child A ahead of the command. A is single-threaded, which setns(CLONE_NEWUSER)
+runs) has a child A forked ahead of the command, by its zygote (`_Zygote`: a fork of the
+supervisor made once, which forks the entrants on request, so that the supervisor itself
+never forks per command and never pays the copy-on-write faults that follow a fork; A's
+pidfd comes back to the supervisor, which waits on it to know A has exited). A is
+single-threaded, which setns(CLONE_NEWUSER)
 requires. A closes every fd it inherited (it may wait long: a copy of a pipe's write end
 would keep a reader from seeing EOF), drops its supplementary groups (as host root; inside,
 setgroups is denied), joins the command's cgroup, then joins every namespace of the target
@@ -23,13 +27,15 @@ program. All of this happens before the command is asked for, so none of it (nor
 nor the cgroup move, which on cgroup v1 waits for an RCU grace period) is on the command's
 own path.
 
-For the command, A receives argv, env, cwd and rlimits (a memfd) and its stdio (SCM_RIGHTS),
+For the command, A receives argv, env, cwd and rlimits (in the message, or a memfd when
+over INLINE_MAX) and its stdio (SCM_RIGHTS),
 sets the rlimits and starts it with CPython's vfork + exec (_posixsubprocess, as subprocess
 does: no page tables copied; a session of its own, the working directory as the command's
 own uid without capabilities, every other fd closed). setns(CLONE_NEWPID) moved only A's
 children, so the command (B) is in the sandbox's pid namespace. A reports B's pid and
-exits; its exit hands B to the nearest child subreaper, the supervisor, which reaps A
-first (Entrant.reap, supervise's before_wait) and then waits for B like any child.
+exits; its exit hands B to the nearest child subreaper, the supervisor, which waits for A
+first (Entrant.reap, supervise's before_wait: A's pidfd readable; the zygote reaps A)
+and then waits for B like any child.
 
 A failure before exec is written to a close-on-exec pipe (`py:ERRNO:message`,
 `exec:ERRNO:` when the command's own exec failed, `cwd:ERRNO:` for its working directory);
@@ -45,6 +51,7 @@ import os
 import resource
 import select
 import socket
+import threading
 
 try:
     import _posixsubprocess
@@ -71,6 +78,10 @@ PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
+
+#: a command's request (argv, env, cwd, rlimits) up to this size travels in the message
+#: that hands the entrant its fds; a bigger one in a memfd
+INLINE_MAX = 32 << 10
 
 _libc = _sys._libc
 _libc.setns.argtypes = (ctypes.c_int, ctypes.c_int)
@@ -134,6 +145,7 @@ class Program:
     def __init__(self, bpf: bytes) -> None:
         if not bpf or len(bpf) % 8:
             raise ValueError("not a classic BPF program")
+        self.bpf = bytes(bpf)
         self.buf = ctypes.create_string_buffer(bpf, len(bpf))
         self.prog = _SockFprog(len(bpf) // 8, ctypes.addressof(self.buf))
         self.addr = ctypes.addressof(self.prog)
@@ -152,104 +164,18 @@ class Entrant:
         if _posixsubprocess is None or _sys._CAPS is None:
             raise SandboxSetupError(f"entering a sandbox needs CPython on x86_64 or "
                                     f"aarch64, not {os.uname().machine}", step="enter")
-        ignored, _ = inherited_signals()
-        caps = list(range(target.last_cap + 1))
-        zero_caps = (ctypes.c_uint32 * 6)()
-        header = (ctypes.c_uint32 * 2)(_sys._CAP_V3, 0)
-        libc, flags = _libc, target.flags
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
-        a = os.fork()
-        if a == 0:  # A: _exit on any failure, never return
-            fail_w = -1
-            try:
-                ours.close()
-                # nothing else of this process's: A may wait long, and a copy of a pipe's
-                # write end (a command's stdin) would keep its reader from seeing EOF
-                _close_all_but((0, 1, 2, theirs.fileno(), target.pidfd, target.root_fd,
-                                *attach))
-                os.setgroups([])
-                for fd in attach:
-                    os.write(fd, b"0")
-                    os.close(fd)
-                if libc.setns(target.pidfd, flags) != 0:
-                    e = ctypes.get_errno()
-                    raise OSError(e, f"setns: {os.strerror(e)}")
-                # A confines itself as the command will be (ahead of it, too), then
-                # vforks it (B: no page tables copied) and leaves: B inherits all of it
-                os.fchdir(target.root_fd)
-                os.chroot(".")
-                os.close(target.root_fd)
-                os.close(target.pidfd)
-                os.setresgid(0, 0, 0)
-                os.setresuid(0, 0, 0)
-                for cap in caps:
-                    libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
-                libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-                if libc.syscall(_sys._CAPS[1], header, zero_caps) != 0:
-                    e = ctypes.get_errno()
-                    raise OSError(e, f"capset: {os.strerror(e)}")
-                for sig in ignored:   # SIG_IGN survives exec; the command gets defaults
-                    if sig not in (9, 19):
-                        try:
-                            _signal.signal(sig, 0)
-                        except (OSError, ValueError):
-                            pass
-                _signal.pthread_sigmask(2, [])
-                if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-                    e = ctypes.get_errno()
-                    raise OSError(e, f"no_new_privs: {os.strerror(e)}")
-                if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, program.addr, 0, 0) != 0:
-                    e = ctypes.get_errno()
-                    raise OSError(e, f"seccomp: {os.strerror(e)}")
-                theirs.send(b"r")     # ready: entered and confined
-                msg, fds, _, _ = socket.recv_fds(theirs, 64, 5)
-                if not msg or len(fds) != 5:
-                    os._exit(0)       # never used
-                stdin_fd, out_w, err_w, fail_w, req_fd = fds
-                with open(req_fd, "rb") as f:
-                    (argvb, envb, names, cwdb, nofile, fsize, cpu,
-                     new_session) = marshal.loads(f.read())
-                _rlimits(nofile, fsize, cpu)
-                err_r, err_w2 = os.pipe()
-                envl = [k + b"=" + v for k, v in envb.items()]
-                # vfork + exec (CPython's C code, as subprocess): setsid, chdir, stdio,
-                # every other fd closed, SIGPIPE and SIGXFSZ back to default
-                b = _posixsubprocess.fork_exec(   # pass_fds must hold the error pipe
-                    argvb, names, True, (err_w2,), cwdb, envl, stdin_fd, -1, -1, out_w, -1, err_w,
-                    err_r, err_w2, True, new_session, -1, None, None, None, -1, None, True)
-                os.close(err_w2)
-                child_err = _read_small(err_r, 300)
-                if child_err:
-                    os.waitpid(b, 0)
-                    _, _, rest = child_err.partition(b":")
-                    code, _, why = rest.partition(b":")
-                    try:
-                        errno_ = int(code, 16)
-                    except ValueError:
-                        errno_ = 0
-                    if why == b"noexec":    # before exec: the working directory
-                        os.write(fail_w, f"cwd:{errno_}:".encode())
-                        os._exit(127)
-                    os.write(fail_w, report_exec_failure(errno_ or 2))
-                    os._exit(127)
-                # its parent (this process) exits now: B is reparented to the nearest
-                # child subreaper, the supervisor (a live sandbox is one for its life)
-                theirs.send(str(b).encode())
-                os._exit(0)
-            except BaseException as e:  # noqa: BLE001 - reported to the supervisor, then die
-                try:
-                    code = getattr(e, "errno", 0) or 0
-                    report = f"py:{code}:{e}".encode()[:1000]
-                    if fail_w >= 0:
-                        os.write(fail_w, report)
-                    else:
-                        theirs.send(b"e" + report)
-                finally:
-                    os._exit(127)
-        theirs.close()
-        self.pid = a
+        self.pid = 0
+        self.pidfd = -1
         self._ready = False
+        try:
+            self.pid, self.pidfd = _zygote().fork_entrant(theirs, target, attach, program)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
 
     def _wait_ready(self) -> None:
         if self._ready:
@@ -270,12 +196,16 @@ class Entrant:
 
     def reap(self) -> None:
         """Wait for A's exit, after start(): only then is the command (which A's exit
-        hands to this process, the nearest child subreaper) this process's child."""
+        hands to this process, the nearest child subreaper) this process's child. A is
+        the zygote's child (it reaps it): its pidfd says when it has exited, and the
+        kernel reparents A's children before it says so."""
         if self.pid:
-            try:
-                os.waitpid(self.pid, 0)
-            except ChildProcessError:
-                pass
+            if self.pidfd >= 0:
+                poller = select.poll()
+                poller.register(self.pidfd, select.POLLIN)
+                poller.poll()
+                os.close(self.pidfd)
+                self.pidfd = -1
             self.pid = 0
 
     def close(self) -> None:
@@ -296,7 +226,7 @@ class Entrant:
         path = env.get("PATH", "/usr/bin:/bin")
         names = ([argvb[0]] if b"/" in argvb[0] else
                  [os.path.join(d.encode(), argvb[0]) for d in path.split(":") if d])
-        req = os.memfd_create("corral-request", os.MFD_CLOEXEC)
+        req = -1
         if stdout_fd is None:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
@@ -307,10 +237,15 @@ class Entrant:
             ours = []
         fail_r, fail_w = os.pipe()
         try:
-            _write_all(req, marshal.dumps((argvb, envb, names, cwd.encode(), *rlimits,
-                                           stdout_fd is None)))
-            os.lseek(req, 0, os.SEEK_SET)
-            socket.send_fds(self.sock, [b"x"], [stdin_fd, out_w, err_w, fail_w, req])
+            data = marshal.dumps((argvb, envb, names, cwd.encode(), *rlimits,
+                                  stdout_fd is None))
+            if len(data) < INLINE_MAX:    # in the message: no memfd to make, write, read
+                socket.send_fds(self.sock, [b"i" + data], [stdin_fd, out_w, err_w, fail_w])
+            else:
+                req = os.memfd_create("corral-request", os.MFD_CLOEXEC)
+                _write_all(req, data)
+                os.lseek(req, 0, os.SEEK_SET)
+                socket.send_fds(self.sock, [b"x"], [stdin_fd, out_w, err_w, fail_w, req])
         except BaseException:
             for fd in (out_r, err_r, fail_r):
                 if fd >= 0:
@@ -318,7 +253,8 @@ class Entrant:
             raise
         finally:
             for fd in (req, *ours, fail_w):
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
         try:
             got = self.sock.recv(1100)
             b = int(got) if got.isdigit() and len(got) < 12 else 0
@@ -349,6 +285,254 @@ class Entrant:
             raise SandboxSetupError(f"entering the sandbox failed: {message}", step="enter",
                                     errno=code)
         return b, out_r, err_r
+
+
+class _Zygote:
+    """A small child of this process that forks the entrants (A), so that this process
+    never forks for a command: a fork makes every page of it copy-on-write, and the
+    supervisor then pays a page fault (and, threaded, a TLB shootdown) for each page it
+    writes afterwards, about 180 of them on a command's path, a fraction of a millisecond.
+    The zygote is a fork of this process made once, idle but for its requests: (A's socket
+    end, the target's pidfd and root fd, the cgroup's attach fds, the seccomp program) in,
+    (A's pid, a pidfd of A) out. It is not a subreaper, so a command whose A exits is
+    handed to this process. It exits when this process's end of its socket closes."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ours.close()
+                _zygote_main(theirs)
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.sock, self.pid, self.owner = ours, pid, os.getpid()
+        self.lock = threading.Lock()
+
+    def fork_entrant(self, theirs, target: Target, attach: list[int], program: Program
+                     ) -> tuple[int, int]:
+        req = marshal.dumps((target.flags, target.last_cap, program.bpf))
+        with self.lock:
+            socket.send_fds(self.sock, [req], [theirs.fileno(), target.pidfd,
+                                                target.root_fd, *attach])
+            msg, fds, _, _ = socket.recv_fds(self.sock, 1100, 1)
+        if not msg:
+            raise BrokenPipeError("the zygote is gone")
+        if not msg.isdigit() or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise SandboxSetupError("entering the sandbox failed: the zygote could not "
+                                    f"fork an entrant ({msg[:200]!r})", step="enter")
+        return int(msg), fds[0]
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+_zygote_now: list = []
+_zygote_lock = threading.Lock()
+
+
+def _zygote() -> _Zygote:
+    """This process's zygote, made on first use (and again after a fork or its death)."""
+    with _zygote_lock:
+        z = _zygote_now[0] if _zygote_now else None
+        if z is not None and z.owner == os.getpid():
+            try:
+                done, _ = os.waitpid(z.pid, os.WNOHANG)
+            except ChildProcessError:
+                done = z.pid
+            if not done:
+                return _ZygoteUser(z)
+            z.sock.close()
+        z = _Zygote()
+        _zygote_now[:] = [z]
+        return _ZygoteUser(z)
+
+
+class _ZygoteUser:
+    """fork_entrant through the zygote, made again once if it died meanwhile."""
+
+    def __init__(self, z: _Zygote) -> None:
+        self.z = z
+
+    def fork_entrant(self, theirs, target, attach, program):
+        try:
+            return self.z.fork_entrant(theirs, target, attach, program)
+        except (BrokenPipeError, ConnectionResetError):
+            with _zygote_lock:
+                if _zygote_now and _zygote_now[0] is self.z:
+                    self.z.close()
+                    _zygote_now.clear()
+            return _zygote().z.fork_entrant(theirs, target, attach, program)
+
+
+class _Received:
+    """The target as the zygote receives it (a Target's fields, from the request)."""
+
+    def __init__(self, pidfd: int, root_fd: int, flags: int, last_cap: int) -> None:
+        self.pidfd, self.root_fd, self.flags, self.last_cap = pidfd, root_fd, flags, last_cap
+
+
+def _zygote_main(sock) -> None:
+    """The zygote's loop: each request forks one A; A's that exited are reaped."""
+    _close_all_but((0, 1, 2, sock.fileno()))
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    children = 0
+    while True:
+        while children:      # reap the entrants that have exited
+            try:
+                done, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                children = 0
+                break
+            if not done:
+                break
+            children -= 1
+        if not poller.poll(50 if children else None):
+            continue
+        msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 64)
+        if not msg:
+            os._exit(0)      # the supervisor has gone
+        try:
+            flags, last_cap, bpf = marshal.loads(msg)
+            theirs_fd, pidfd, root_fd, *attach = fds
+        except (ValueError, TypeError, EOFError):
+            for fd in fds:
+                os.close(fd)
+            sock.send(b"bad request")
+            continue
+        try:
+            program = Program(bpf)
+            a = os.fork()
+        except (OSError, ValueError) as e:   # e.g. EAGAIN at a pids limit: said, not fatal
+            for fd in fds:
+                os.close(fd)
+            sock.send(f"fork: {e}".encode()[:1000])
+            continue
+        if a == 0:
+            sock.close()
+            theirs = socket.socket(fileno=theirs_fd)
+            _entrant(theirs, _Received(pidfd, root_fd, flags, last_cap), attach, program)
+            os._exit(127)
+        children += 1
+        for fd in fds:
+            os.close(fd)
+        try:
+            apidfd = os.pidfd_open(a)
+        except OSError as e:
+            sock.send(f"pidfd_open: {e.strerror}".encode())
+            continue
+        try:
+            socket.send_fds(sock, [str(a).encode()], [apidfd])
+        finally:
+            os.close(apidfd)
+
+
+def _entrant(theirs, target: Target, attach: list[int], program: Program) -> None:
+    """A's life (the module's docstring), in a child of the zygote: _exit on any failure,
+    never return."""
+    ignored, _ = inherited_signals()
+    caps = list(range(target.last_cap + 1))
+    zero_caps = (ctypes.c_uint32 * 6)()
+    header = (ctypes.c_uint32 * 2)(_sys._CAP_V3, 0)
+    libc, flags = _libc, target.flags
+    fail_w = -1
+    try:
+        # nothing else of this process's: A may wait long, and a copy of a pipe's
+        # write end (a command's stdin) would keep its reader from seeing EOF
+        _close_all_but((0, 1, 2, theirs.fileno(), target.pidfd, target.root_fd,
+                        *attach))
+        os.setgroups([])
+        for fd in attach:
+            os.write(fd, b"0")
+            os.close(fd)
+        if libc.setns(target.pidfd, flags) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"setns: {os.strerror(e)}")
+        # A confines itself as the command will be (ahead of it, too), then
+        # vforks it (B: no page tables copied) and leaves: B inherits all of it
+        os.fchdir(target.root_fd)
+        os.chroot(".")
+        os.close(target.root_fd)
+        os.close(target.pidfd)
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
+        for cap in caps:
+            libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+        libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+        if libc.syscall(_sys._CAPS[1], header, zero_caps) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"capset: {os.strerror(e)}")
+        for sig in ignored:   # SIG_IGN survives exec; the command gets defaults
+            if sig not in (9, 19):
+                try:
+                    _signal.signal(sig, 0)
+                except (OSError, ValueError):
+                    pass
+        _signal.pthread_sigmask(2, [])
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"no_new_privs: {os.strerror(e)}")
+        if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, program.addr, 0, 0) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"seccomp: {os.strerror(e)}")
+        theirs.send(b"r")     # ready: entered and confined
+        msg, fds, _, _ = socket.recv_fds(theirs, INLINE_MAX + 1, 5)
+        if not msg or len(fds) != (4 if msg[:1] == b"i" else 5):
+            os._exit(0)       # never used
+        if msg[:1] == b"i":   # the request in the message itself
+            stdin_fd, out_w, err_w, fail_w = fds
+            data = msg[1:]
+        else:                 # a big one, in a memfd
+            stdin_fd, out_w, err_w, fail_w, req_fd = fds
+            with open(req_fd, "rb") as f:
+                data = f.read()
+        (argvb, envb, names, cwdb, nofile, fsize, cpu,
+         new_session) = marshal.loads(data)
+        _rlimits(nofile, fsize, cpu)
+        err_r, err_w2 = os.pipe()
+        envl = [k + b"=" + v for k, v in envb.items()]
+        # vfork + exec (CPython's C code, as subprocess): setsid, chdir, stdio,
+        # every other fd closed, SIGPIPE and SIGXFSZ back to default
+        b = _posixsubprocess.fork_exec(   # pass_fds must hold the error pipe
+            argvb, names, True, (err_w2,), cwdb, envl, stdin_fd, -1, -1, out_w, -1, err_w,
+            err_r, err_w2, True, new_session, -1, None, None, None, -1, None, True)
+        os.close(err_w2)
+        child_err = _read_small(err_r, 300)
+        if child_err:
+            os.waitpid(b, 0)
+            _, _, rest = child_err.partition(b":")
+            code, _, why = rest.partition(b":")
+            try:
+                errno_ = int(code, 16)
+            except ValueError:
+                errno_ = 0
+            if why == b"noexec":    # before exec: the working directory
+                os.write(fail_w, f"cwd:{errno_}:".encode())
+                os._exit(127)
+            os.write(fail_w, report_exec_failure(errno_ or 2))
+            os._exit(127)
+        # its parent (this process) exits now: B is reparented to the nearest
+        # child subreaper, the supervisor (a live sandbox is one for its life)
+        theirs.send(str(b).encode())
+        os._exit(0)
+    except BaseException as e:  # noqa: BLE001 - reported to the supervisor, then die
+        try:
+            code = getattr(e, "errno", 0) or 0
+            report = f"py:{code}:{e}".encode()[:1000]
+            if fail_w >= 0:
+                os.write(fail_w, report)
+            else:
+                theirs.send(b"e" + report)
+        finally:
+            os._exit(127)
 
 
 def spawn_in(target: Target, argv: list[str], env: dict[str, str], *, cwd: str,

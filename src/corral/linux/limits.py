@@ -610,6 +610,14 @@ class RunCgroup:
             found.update(int(x) for x in (_read_or_none(p) or "").split())
         return sorted(found)
 
+    def emptied_now(self) -> bool:
+        """Whether no process is in the run now: then it counts as emptied, as after
+        kill_all() (renew() may reuse it), from one pass over its hierarchies."""
+        if self.pids():
+            return False
+        self._emptied = True
+        return True
+
     # -- killing and removal --
 
     def _kill_listed(self) -> None:

@@ -28,11 +28,14 @@ DRAIN_GRACE_S = 2.0
 
 
 class Stream:
-    """One captured output stream with a byte cap: what is past the cap is read and dropped."""
+    """One captured output stream with a byte cap: what is past the cap is read and dropped.
+
+    cap None: nothing is kept and every byte goes to on_data (a stream its reader bounds
+    itself, such as a run_code interpreter's: runtime/session.py)."""
 
     __slots__ = ("cap", "chunks", "kept", "truncated", "on_data")
 
-    def __init__(self, cap: int, on_data: Callable[[bytes], None] | None) -> None:
+    def __init__(self, cap: int | None, on_data: Callable[[bytes], None] | None) -> None:
         self.cap = cap
         self.chunks: list[bytes] = []
         self.kept = 0
@@ -40,6 +43,10 @@ class Stream:
         self.on_data = on_data
 
     def feed(self, data: bytes) -> None:
+        if self.cap is None:
+            if data and self.on_data is not None:
+                self.on_data(data)
+            return
         room = self.cap - self.kept
         if len(data) > room:
             data = data[:max(room, 0)]
@@ -280,7 +287,7 @@ _fork_exec = (_c_fork_exec_311 if _posixsubprocess is not None
 
 
 def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: float,
-              cpu_seconds: Callable[[], float] | None, output_cap: int,
+              cpu_seconds: Callable[[], float] | None, output_cap: int | None,
               on_stdout: Callable[[bytes], None] | None = None,
               on_stderr: Callable[[bytes], None] | None = None,
               kill: Callable[[], None], started: float,

@@ -94,7 +94,7 @@ class CommandHandle:
     thread of their own; `wait()` returns the command's Result once it has exited."""
 
     def __init__(self, owner, argv: list[str], *, timeout: float | None, on_stdout,
-                 on_stderr, background: bool) -> None:
+                 on_stderr, background: bool, on_exit=None, stream: bool = False) -> None:
         self._owner = owner
         self.cmd = tuple(argv)
         self.background = background
@@ -112,6 +112,12 @@ class CommandHandle:
         #: the sandbox's teardown event, when the sandbox ended while this ran
         self._end_event: dict | None = None
         self._killed = False
+        self._on_exit = on_exit
+        #: a stream command (Commands.stream): output only to the callbacks, uncapped;
+        #: no CPU limit of its own (its caller bounds what it asks of it)
+        self._stream = stream
+        self._pidfd = -1
+        self._pidfd_lock = threading.Lock()   # a closed fd's number is never signalled
 
     # -- the public face --
     @property
@@ -126,23 +132,67 @@ class CommandHandle:
         return self._result
 
     def kill(self) -> None:
-        """SIGKILL the command and every process it started (its cgroup)."""
+        """SIGKILL the command and every process it started (its cgroup), also those it
+        left running after it exited."""
         started = self._started
-        if started is not None and self.running:
+        if started is None:
+            return
+        if self.running:
             self._killed = True
             started.cgroup.kill_all()
+        else:
+            self._owner._kill_left(self)
 
-    def send_stdin(self, data: bytes | str) -> None:
+    def send_signal(self, sig: int) -> bool:
+        """Send `sig` to the command's own process (not the processes it started), through
+        a pidfd opened while it was our unreaped child: never a recycled pid. False once
+        it has exited."""
+        import _signal
+
+        with self._pidfd_lock:
+            fd = self._pidfd
+            if fd < 0 or not self.running:
+                return False
+            try:
+                _signal.pidfd_send_signal(fd, sig)
+            except (ProcessLookupError, OSError):
+                return False
+            return True
+
+    def send_stdin(self, data: bytes | str, timeout: float | None = None) -> None:
         """Write to the command's stdin (a pipe; a background command's only). Blocks
-        while the pipe is full. Raises BrokenPipeError once the command closed it."""
+        while the pipe is full, at most `timeout` seconds if given (then TimeoutError,
+        with part of data perhaps written). Raises BrokenPipeError once the command
+        closed it."""
         if isinstance(data, str):
             data = data.encode()
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._stdin_lock:
             if self._stdin_w < 0:
                 raise BrokenPipeError("the command's stdin is closed")
             view = memoryview(data)
-            while view:
-                view = view[os.write(self._stdin_w, view):]
+            if deadline is None:
+                while view:
+                    view = view[os.write(self._stdin_w, view):]
+                return
+            import select
+
+            os.set_blocking(self._stdin_w, False)
+            try:
+                while view:
+                    try:
+                        view = view[os.write(self._stdin_w, view):]
+                        continue
+                    except BlockingIOError:
+                        pass
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError("the command stopped reading its stdin")
+                    p = select.poll()
+                    p.register(self._stdin_w, select.POLLOUT)
+                    p.poll(min(left, 1.0) * 1000 + 1)
+            finally:
+                os.set_blocking(self._stdin_w, True)
 
     def close_stdin(self) -> None:
         with self._stdin_lock:
@@ -160,6 +210,10 @@ class CommandHandle:
         self.host_pid, self.pid = started.pid, started.ns_pid
         self._stdin_w = stdin_w
         if self.background:
+            try:   # while it is our unreaped child (supervise reaps it): its own pid
+                self._pidfd = os.pidfd_open(started.pid)
+            except OSError:
+                self._pidfd = -1
             self._thread = threading.Thread(target=self._watch, daemon=True,
                                             name=f"corral-cmd-{self.pid}")
             self._thread.start()
@@ -180,13 +234,21 @@ class CommandHandle:
         if self._on_stderr is not None:
             self._on_stderr(self._result.stderr.encode())
         self._done.set()
+        if self._on_exit is not None:
+            self._on_exit(self._result)
 
     def _watch(self) -> None:
         try:
             self._result = self._supervise()
         finally:
+            with self._pidfd_lock:
+                fd, self._pidfd = self._pidfd, -1
+                if fd >= 0:
+                    os.close(fd)
             self._done.set()
             self._owner._wake()   # after the Result: the next entrant (a fork) comes now
+        if self._on_exit is not None:
+            self._on_exit(self._result)
 
     def _supervise(self):
         owner, s = self._owner, self._started
@@ -194,12 +256,16 @@ class CommandHandle:
         cap, cpu, wall = lim.cap, lim.cpu, lim.wall
         if self._timeout is None and self.background:
             wall = NO_DEADLINE_S
+        keep = cap
+        cpu_now = s.cgroup.cpu_seconds
+        if self._stream:
+            keep, cpu, cpu_now = None, NO_DEADLINE_S, None
         net_from = owner._net_mark()
         outcome = None
         usage, oom_kills = None, 0
         try:
             outcome = supervise(s.pid, s.out_r, s.err_r, timeout=wall, cpu_time=cpu,
-                                cpu_seconds=s.cgroup.cpu_seconds, output_cap=cap,
+                                cpu_seconds=cpu_now, output_cap=keep,
                                 on_stdout=self._on_stdout, on_stderr=self._on_stderr,
                                 kill=s.cgroup.kill_all, started=time.monotonic(),
                                 before_wait=s.before_wait)
@@ -262,14 +328,37 @@ class Commands:
         tty_fd (for sb.pty): a terminal's slave, the command's stdin, stdout, stderr and
         controlling terminal; its output is then read from the master by the caller (the
         Result's stdout and stderr are empty), `stdin` must be None."""
+        timeout = _seconds(timeout, "timeout")
+        return self._run(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
+                         on_stdout=on_stdout, on_stderr=on_stderr, background=background,
+                         tty_fd=tty_fd)
+
+    def stream(self, cmd, *, on_stdout, on_stderr, on_exit, cwd: str | None = None,
+               env: dict[str, str] | None = None, label=None) -> CommandHandle:
+        """A background command for a long-lived peer such as a run_code interpreter
+        (runtime/channels.py): its output goes to on_stdout/on_stderr only, every byte of
+        it (the caller bounds what it keeps: nothing is kept here, so limits.output does
+        not end it), it has no timeout and no CPU limit of its own (the caller bounds
+        each request it makes of it; limits.memory, pids and cpus hold sandbox-wide as
+        for every command), and on_exit(Result) is called from its thread once it ended.
+        Its stdin is a pipe (send_stdin with a timeout); send_signal, kill. `label`: the
+        cmd that commands.list() shows (a runner's whole source is no name)."""
+        return self._run(cmd, env=env, cwd=cwd, stdin=None, timeout=None,
+                         on_stdout=on_stdout, on_stderr=on_stderr, background=True,
+                         tty_fd=None, on_exit=on_exit, stream=True, label=label)
+
+    def _run(self, cmd, *, env, cwd, stdin, timeout, on_stdout, on_stderr, background,
+             tty_fd, on_exit=None, stream=False, label=None):
         owner = self._owner
         owner._check_open()
         argv = argv_of(cmd)
         run_env = env_of(owner._command_env(), env)
         cwd = owner._command_cwd(cwd)
-        timeout = _seconds(timeout, "timeout")
         handle = CommandHandle(owner, argv, timeout=timeout, on_stdout=on_stdout,
-                               on_stderr=on_stderr, background=background)
+                               on_stderr=on_stderr, background=background, on_exit=on_exit,
+                               stream=stream)
+        if label is not None:
+            handle.cmd = tuple(str(a) for a in label)
         if tty_fd is not None:
             if stdin is not None:
                 raise UsageError("stdin goes through the terminal with tty_fd", field="stdin")
@@ -277,7 +366,8 @@ class Commands:
         else:
             stdin_fd, close_fd, stdin_w = _stdin(stdin, background)
         try:
-            started = owner._start_command(handle, argv, run_env, cwd, stdin_fd, tty_fd)
+            started = owner._start_command(handle, argv, run_env, cwd, stdin_fd, tty_fd,
+                                           cpu_seconds=NO_DEADLINE_S if stream else None)
         except ExecFailed as e:
             if stdin_w >= 0:
                 os.close(stdin_w)
@@ -316,8 +406,17 @@ def _stdin(stdin, background: bool) -> tuple[int, bool, int]:
 
     fd, close = _stdin_fd(stdin)
     if fd is None:
-        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), True, -1
+        return _devnull(), False, -1
     return fd, close, -1
+
+
+_DEVNULL = [-1, 0]    # one read-only /dev/null for every command's stdin, and its owner pid
+
+
+def _devnull() -> int:
+    if _DEVNULL[1] != os.getpid():
+        _DEVNULL[:] = [os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), os.getpid()]
+    return _DEVNULL[0]
 
 
 __all__ = ["CommandHandle", "CommandInfo", "Commands"]

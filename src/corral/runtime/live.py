@@ -169,6 +169,9 @@ class Live(Sandbox):
         files, self._files = self._files, None
         if files is not None:
             files.close()
+        code, self._code = self._code, None
+        if code is not None and self._pid == os.getpid():
+            code.close()
         return self.kill()
 
     @property
@@ -184,20 +187,29 @@ class Live(Sandbox):
             self._files = Files(target.root_fd, uid, gid, cwd=self.plan.cwd)
         return self._files
 
-    @property
-    def pty(self):
-        """Terminals in the running sandbox (`sb.pty.create(...)`, runtime.pty): each a
-        background command of its own on a pty pair (tty_fd=), its Result's stdout what
-        the terminal showed. A terminal's timeout defaults to the sandbox's life."""
-        from ..plan import OutputCap
-        from .pty import Pty
-
-        return Pty(lambda argv, term, timeout: _LivePty(self, argv, term, timeout),
-                   output_cap=self.plan.find(OutputCap)[0].bytes)
-
     def open(self) -> Live:
         self._check_open()
         return self
+
+    @property
+    def pty(self):
+        """Terminals in this sandbox: each a background command on a pty pair of its
+        own (commands.run(tty_fd=slave)), among the sandbox's other processes."""
+        from .pty import Pty
+
+        return Pty.for_live(self)
+
+    def _code_session(self):
+        """run_code's contexts, each interpreter a stream command of this sandbox
+        (commands.stream: output bounded per cell by the session, not over its life; a
+        real SIGINT for interrupts; kill() ends it and whatever it started)."""
+        if self._code is None:
+            from .channels import command_start
+            from .session import CodeSession
+
+            self._check_open()
+            self._code = CodeSession(self, start=command_start(self))
+        return self._code
 
     def exec(self, argv, *, stdin=None, timeout=None, on_stdout=None, on_stderr=None,
              tty: bool = False, tty_size=None):
@@ -290,15 +302,19 @@ class Live(Sandbox):
                 if not block:
                     os.set_blocking(fd, True)
 
-    def _start_command(self, handle, argv, env, cwd, stdin_fd, tty_fd=None):
+    def _start_command(self, handle, argv, env, cwd, stdin_fd, tty_fd=None,
+                       cpu_seconds=None):
         with self._lock:
             self._check_open()
             self._last_use = time.monotonic()
             from ..errors import SandboxSetupError
 
+            extra = {}
+            if cpu_seconds is not None and _takes_cpu_seconds(self._live):
+                extra["cpu_seconds"] = cpu_seconds   # else the policy's: stricter
             try:
                 started = self._live.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
-                                           tty_fd=tty_fd)
+                                           tty_fd=tty_fd, **extra)
             except SandboxSetupError:
                 if not self._live.alive():
                     self._end("init", _INIT_EXITED)
@@ -326,12 +342,25 @@ class Live(Sandbox):
             if self.idle_timeout:
                 self._wake()     # the idle clock starts again
             cg = handle._started.cgroup
-            if cg.pids():
+            if not cg.emptied_now():
                 self._lingering.append((handle, cg))
                 self._wake()
                 return
-            cg.kill_all()       # empty: only marks it emptied
             self.events += [TeardownEvent(p).to_dict() for p in self._live.release(cg)]
+
+    def _kill_left(self, handle) -> None:
+        """Kill what a finished command left running, if its cgroup is still its own
+        (lingering; an emptied one may already serve another command: never touched)."""
+        with self._lock:
+            if self._ended is not None:
+                return
+            for i, (h, cg) in enumerate(self._lingering):
+                if h is handle:
+                    del self._lingering[i]
+                    cg.kill_all()
+                    self.events += [TeardownEvent(p).to_dict()
+                                    for p in self._live.release(cg)]
+                    return
 
     def _list_commands(self) -> list[CommandInfo]:
         with self._lock:
@@ -447,45 +476,22 @@ class Live(Sandbox):
                 return
             still = []
             for h, cg in self._lingering:
-                if cg.pids():
+                if not cg.emptied_now():
                     still.append((h, cg))
                 else:
-                    cg.kill_all()
                     self._live.release(cg)
             self._lingering = still
 
 
-class _LivePty:
-    """A terminal's command in a live sandbox (runtime.pty's Started): the pty pair from
-    the host's /dev/ptmx (its slave passed in as the command's fds 0-2 and controlling
-    terminal by setsid --ctty; TIOCSTI stays refused by seccomp)."""
+def _takes_cpu_seconds(live) -> bool:
+    """Whether the tier's live sandbox takes start(cpu_seconds=) (backends/base.py); one
+    that does not gives every command limits.cpu_time, run_code's interpreters too."""
+    import inspect
 
-    def __init__(self, sb: Live, argv, term, timeout) -> None:
-        self._term = term
-        self._mu = threading.Lock()
-        self._result = None
-        slave = term.open(None)
-        try:
-            self._handle = sb.commands.run(argv, background=True, tty_fd=slave,
-                                           timeout=timeout)
-        except BaseException:
-            term.finish(errors=False)
-            raise
-        term.start()
-        self.pid_inside = self._handle.pid
-
-    def kill(self) -> None:
-        self._handle.kill()
-
-    def wait(self, timeout: float | None = None):
-        r = self._handle.wait(timeout)          # TimeoutError while it runs
-        with self._mu:
-            if self._result is None:
-                text = self._term.finish(errors=False)
-                r.stdout, r.stdout_truncated = text, self._term.truncated
-                r.stderr, r.stderr_truncated = "", False
-                self._result = r
-            return self._result
+    try:
+        return "cpu_seconds" in inspect.signature(live.start).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _init_alive(live, wait: bool) -> bool:

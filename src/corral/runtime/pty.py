@@ -201,6 +201,30 @@ class _ThreadStarted:
         return self._result
 
 
+class _LiveStarted:
+    """A live sandbox's terminal command: wait() gives its Result with the terminal's
+    text as stdout; kill() is the command's (its cgroup)."""
+
+    def __init__(self, handle, term) -> None:
+        self._handle, self._term = handle, term
+        self._result = None
+        self._lock = threading.Lock()
+        self.pid_inside = handle.pid    # the command's pid inside the sandbox
+
+    def wait(self, timeout: float | None = None) -> Result:
+        result = self._handle.wait(timeout)   # TimeoutError while it runs
+        with self._lock:
+            if self._result is None:
+                text = self._term.finish(errors=True)
+                result.stdout, result.stdout_truncated = text, self._term.truncated
+                result.stderr, result.stderr_truncated = "", False
+                self._result = result
+        return self._result
+
+    def kill(self) -> None:
+        self._handle.kill()
+
+
 class Pty:
     """`sb.pty`: makes terminals in one sandbox through a starter (see the module's
     docstring)."""
@@ -231,6 +255,31 @@ class Pty:
                     result.stderr, result.stderr_truncated = "", False
                 return result
             return _ThreadStarted(run)
+
+        return cls(start, output_cap=sb.plan.find(OutputCap)[0].bytes)
+
+    @classmethod
+    def for_live(cls, sb) -> Pty:
+        """For a live sandbox (runtime/live.py): each terminal a background command of
+        the sandbox (`sb.commands.run(argv, background=True, tty_fd=slave)`), among its
+        other processes, in a cgroup of its own; kill() kills that cgroup. Without a
+        timeout it runs until it exits or the sandbox ends. The pty pair is the host's
+        (os.openpty): its slave is the command's stdin, stdout, stderr and controlling
+        terminal, but has no name in the sandbox's /dev/pts (ttyname() fails inside)."""
+        from ..plan import OutputCap
+
+        def start(argv, term, timeout):
+            slave = term.open(None)
+            try:
+                handle = sb.commands.run(argv, background=True, tty_fd=slave,
+                                         timeout=timeout)
+            except BaseException:
+                term.finish(errors=False)
+                raise
+            term.slave = -1
+            os.close(slave)     # the command has it: the master reads EIO once it is done
+            term.start()
+            return _LiveStarted(handle, term)
 
         return cls(start, output_cap=sb.plan.find(OutputCap)[0].bytes)
 

@@ -234,8 +234,12 @@ class Sandbox:
             code, language=language, context=context, timeout=timeout, on_stdout=on_stdout,
             on_stderr=on_stderr, on_result=on_result, on_error=on_error)
 
-    def create_context(self, language: str = "python", cwd: str | None = None):
-        return self._code_session().create_context(language, cwd)
+    def create_context(self, language: str = "python", cwd: str | None = None, *,
+                       engine: str | None = None):
+        """A code context (runtime.session.CodeSession.create_context): engine "auto"
+        (an IPython kernel where the image's python has ipykernel, else corral's runner),
+        "ipykernel" or "runner"."""
+        return self._code_session().create_context(language, cwd, engine=engine)
 
     def list_contexts(self) -> list:
         return self._code_session().list_contexts() if self._code else []

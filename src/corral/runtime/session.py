@@ -6,8 +6,10 @@
         ex.text                      # '1.4142135623730951' (the last expression's value)
         ex.logs.stdout, ex.error     # [], None
 
-A context is one long-lived interpreter process inside the sandbox: python (corral's own
-runner, corral.guest.runner, shipped in as `python3 -c SOURCE`), javascript (node, with
+A context is one long-lived interpreter process inside the sandbox: python (an IPython
+kernel behind corral's bridge, guest/kernel.py, where the image's python3 has ipykernel;
+else corral's own runner, guest/runner.py; both shipped in as `python3 -c SOURCE`: see
+_PY_BOOT), javascript (node, with
 corral.guest.runner.js as `node -e SOURCE`) or bash (a plain bash reading NUL-ended cells).
 Variables, imports, the working directory and (bash) the environment persist between
 cells. Nothing of corral needs to be installed in the image.
@@ -20,10 +22,14 @@ the policy's limits.output per stream; display data: `max_results`), parses stri
 are no frame close the context with a clear error), believes nothing it says about anything
 but its own output, and never waits on it without a deadline.
 
-The process transport is a small interface (`Channel`, below): today `ExecChannel` runs
-the interpreter as one `Sandbox.exec` in a thread with a pipe as its stdin; the live
-sandbox's background commands (stdin pipe, streamed output, a real kill and signal) plug in
-through `CodeSession(start=...)`.
+Between cells no output is kept (a context's threads' output is dropped; any other
+message then breaks the protocol), and at most `max_pending` bytes of messages wait for the
+cell's thread (the channel's thread, and so the interpreter, waits past that).
+
+The process transport is a small interface (`Channel`, runtime/channels.py), made by
+`CodeSession(start=...)`: a live sandbox's contexts are its stream commands
+(`CommandChannel`: per-cell output and CPU bounds, a real SIGINT, a cgroup kill); a
+one-shot Sandbox's run as one long `Sandbox.exec` each (`ExecChannel`, the default).
 """
 
 from __future__ import annotations
@@ -31,32 +37,33 @@ from __future__ import annotations
 import base64
 import binascii
 import codecs
+import collections
 import json
-import os
 import queue
-import select
 import struct
 import threading
 import time
 import uuid
 
 from ..errors import CorralError
+from .channels import Channel, ExecChannel, _plan_value
+from .execution import (  # noqa: F401 - Logs, MIME_ATTRS: re-exported
+    BASE64_MIMES,
+    MIME_ATTRS,
+    CodeResult,
+    Execution,
+    ExecutionError,
+    Logs,
+)
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 16 << 20           # bytes of JSON per frame, either way
 MAX_RESULTS = 64 << 20         # bytes of display data one execution keeps
 INTERRUPT_GRACE = 5.0          # seconds an interrupted cell has to end before its kill
 START_TIMEOUT = 30.0           # seconds an interpreter has to say it is ready
+MAX_PENDING = 32 << 20         # bytes of messages an interpreter may have waiting for the cell
+CPU_POLL_S = 0.1               # how often a cell's CPU time is looked at
 LANGUAGES = ("python", "javascript", "bash")
-
-#: Jupyter mime type -> the Result attribute (E2B's names)
-MIME_ATTRS = {
-    "text/plain": "text", "text/html": "html", "text/markdown": "markdown",
-    "image/svg+xml": "svg", "image/png": "png", "image/jpeg": "jpeg",
-    "application/pdf": "pdf", "text/latex": "latex", "application/json": "json",
-    "application/javascript": "javascript",
-}
-BASE64_MIMES = ("image/png", "image/jpeg", "application/pdf")
 
 
 class ContextError(CorralError):
@@ -66,139 +73,17 @@ class ContextError(CorralError):
     exit_code = 125
 
 
-# --- what run_code returns (the shape of E2B's Execution) ---------------------------------
-
-class CodeResult:
-    """One display result: the last expression's value (is_main_result) or a display()/
-    figure. Each format is an attribute (None when absent): text, html, markdown, svg,
-    png (base64), jpeg (base64), pdf (base64), latex, json, javascript; `extra` holds any
-    other mime type the interpreter sent, as str."""
-
-    __slots__ = (
-        "extra",
-        "html",
-        "is_main_result",
-        "javascript",
-        "jpeg",
-        "json",
-        "latex",
-        "markdown",
-        "pdf",
-        "png",
-        "svg",
-        "text",
-    )
-
-    def __init__(self, data: dict, is_main_result: bool = False) -> None:
-        for attr in MIME_ATTRS.values():
-            setattr(self, attr, None)
-        self.extra = {}
-        for mime, value in data.items():
-            attr = MIME_ATTRS.get(mime)
-            if attr is None:
-                self.extra[mime] = value
-            else:
-                setattr(self, attr, value)
-        self.is_main_result = is_main_result
-
-    def formats(self) -> list[str]:
-        """The formats present besides text (E2B's Result.formats())."""
-        out = [a for a in MIME_ATTRS.values() if a != "text" and getattr(self, a) is not None]
-        return out + list(self.extra)
-
-    def to_dict(self) -> dict:
-        d = {a: getattr(self, a) for a in MIME_ATTRS.values() if getattr(self, a) is not None}
-        if self.extra:
-            d["extra"] = dict(self.extra)
-        d["is_main_result"] = self.is_main_result
-        return d
-
-    def __repr__(self) -> str:
-        return f"CodeResult(formats={['text', *self.formats()]}, main={self.is_main_result})"
-
-
-class Logs:
-    """The cell's output as the chunks it came in (lists of str)."""
-
-    __slots__ = ("stderr", "stdout")
-
-    def __init__(self) -> None:
-        self.stdout: list[str] = []
-        self.stderr: list[str] = []
-
-    def to_dict(self) -> dict:
-        return {"stdout": list(self.stdout), "stderr": list(self.stderr)}
-
-    def __repr__(self) -> str:
-        return f"Logs(stdout={self.stdout!r}, stderr={self.stderr!r})"
-
-
-class ExecutionError:
-    """The cell's exception: name ("ZeroDivisionError"), value (its message) and traceback
-    (one str, as E2B gives it; `traceback_lines` is the list the interpreter sent).
-    corral's own: "TimeoutError" (interrupted at the timeout), "ContextDied" (the
-    interpreter exited, was killed or broke the protocol; the message says which)."""
-
-    __slots__ = ("name", "traceback_lines", "value")
-
-    def __init__(self, name: str, value: str, traceback: list[str] | None = None) -> None:
-        self.name, self.value = name, value
-        self.traceback_lines = list(traceback or [])
-
-    @property
-    def traceback(self) -> str:
-        return "".join(self.traceback_lines)
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "value": self.value, "traceback": self.traceback}
-
-    def __repr__(self) -> str:
-        return f"ExecutionError({self.name!r}, {self.value!r})"
-
-
-class Execution:
-    """What one run_code call produced: results, logs, error, execution_count.
-
-    `exit_code` is the bash cell's exit status (None for python and javascript); the
-    *_truncated flags say the logs or results hit their caps (what came later was dropped
-    here, though the callbacks saw all of it)."""
-
-    def __init__(self) -> None:
-        self.results: list[CodeResult] = []
-        self.logs = Logs()
-        self.error: ExecutionError | None = None
-        self.execution_count: int | None = None
-        self.exit_code: int | None = None
-        self.stdout_truncated = self.stderr_truncated = self.results_truncated = False
-
-    @property
-    def text(self) -> str | None:
-        """The main result's text/plain (E2B's Execution.text)."""
-        for r in self.results:
-            if r.is_main_result:
-                return r.text
-        return None
-
-    def to_dict(self) -> dict:
-        return {"results": [r.to_dict() for r in self.results], "logs": self.logs.to_dict(),
-                "error": self.error.to_dict() if self.error else None,
-                "execution_count": self.execution_count}
-
-    def to_json(self, **kw) -> str:
-        return json.dumps(self.to_dict(), **kw)
-
-    def __repr__(self) -> str:
-        return (f"Execution(results={self.results!r}, logs={self.logs.to_dict()!r}, "
-                f"error={self.error!r}, execution_count={self.execution_count})")
-
-
 class Context:
-    """A code context as the caller sees it: id, language, cwd (None: the sandbox's)."""
+    """A code context as the caller sees it: id, language, cwd (None: the sandbox's), and
+    `engine`, what runs it once started: "ipykernel" (an IPython kernel: the image's
+    python has ipykernel), "runner" (corral's own python runner), "node" or "bash"."""
 
-    __slots__ = ("cwd", "id", "language")
+    __slots__ = ("_want", "cwd", "engine", "id", "language")
 
-    def __init__(self, id: str, language: str, cwd: str | None) -> None:
+    def __init__(self, id: str, language: str, cwd: str | None, want: str = "auto") -> None:
         self.id, self.language, self.cwd = id, language, cwd
+        self._want = want            # the engine asked for: "auto", "ipykernel", "runner"
+        self.engine = "bash" if language == "bash" else None
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Context) and other.id == self.id
@@ -210,115 +95,7 @@ class Context:
         return f"Context(id={self.id!r}, language={self.language!r}, cwd={self.cwd!r})"
 
 
-# --- the transport -------------------------------------------------------------------------
-
-class Channel:
-    """A process inside the sandbox with a byte stream each way: what a context runs on.
-
-    Made by a start function `start(argv, on_stdout, on_stderr, on_exit) -> Channel`;
-    on_stdout/on_stderr get each chunk of bytes of the process's stdout/stderr as it comes
-    (from any thread), on_exit(description) once when it has ended."""
-
-    def send(self, data: bytes, deadline: float) -> None:
-        """Write all of data to the process's stdin by time.monotonic() `deadline`; raises
-        OSError (the process is gone) or TimeoutError (it stopped reading)."""
-        raise NotImplementedError
-
-    def interrupt(self) -> bool:
-        """Deliver SIGINT to the process; False when this channel cannot (the python
-        runner is then interrupted in-band, by a frame)."""
-        return False
-
-    def kill(self) -> None:
-        """End the process now, whatever it does. Idempotent."""
-        raise NotImplementedError
-
-
-class ExecChannel(Channel):
-    """The interpreter as one Sandbox.exec, run in a thread, with a pipe as its stdin.
-
-    Until live sandboxes have background commands this is the transport. Its limits: no
-    signal from the host (interrupts are in-band), and kill() closes the stdin pipe, which
-    the runners answer by exiting at once; a process that survives that (sandboxed code
-    that took over the runner) runs until its exec's wall clock (`lifetime`) or the
-    sandbox closes. The exec also counts against the policy's limits.cpu_time, summed over
-    the context's life."""
-
-    def __init__(self, sandbox, argv, on_stdout, on_stderr, on_exit,
-                 lifetime: float = 7 * 86400.0) -> None:
-        r, w = os.pipe()
-        os.set_blocking(w, False)
-        self._w = w
-        self._wlock = threading.Lock()
-        # Sandbox.exec passes on only the first limits.output bytes of each stream to its
-        # callbacks: past that the interpreter's stream is cut, which must read as an end
-        cap = _plan_value(sandbox, "OutputCap", "bytes", 1 << 20)
-        seen = [0]
-
-        def out(data: bytes) -> None:
-            seen[0] += len(data)
-            on_stdout(data)
-            if seen[0] >= cap:
-                self.kill()
-                on_exit(f"reached limits.output ({cap} bytes) on its output stream, which "
-                        f"bounds a context's whole life until live sandboxes stream it "
-                        f"uncapped: raise limits.output for long sessions")
-
-        def body() -> None:
-            how = "ended"
-            try:
-                res = sandbox.exec(argv, stdin=r, on_stdout=out, on_stderr=on_stderr,
-                                   timeout=lifetime)
-                how = _describe_result(res)
-            except BaseException as e:          # noqa: BLE001 - reported, not lost
-                how = f"could not run: {e}"
-            finally:
-                os.close(r)   # only now: exec hands this fd to the process it spawns
-                self._close_w()
-                on_exit(how)
-
-        self.thread = threading.Thread(target=body, name="corral-code", daemon=True)
-        self.thread.start()
-
-    def send(self, data: bytes, deadline: float) -> None:
-        view = memoryview(data)
-        with self._wlock:
-            while view:
-                if self._w < 0:
-                    raise BrokenPipeError("the interpreter's stdin is closed")
-                try:
-                    n = os.write(self._w, view)
-                    view = view[n:]
-                    continue
-                except BlockingIOError:
-                    pass
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("the interpreter stopped reading its input")
-                p = select.poll()
-                p.register(self._w, select.POLLOUT)
-                p.poll(min(left, 1.0) * 1000)
-
-    def _close_w(self) -> None:
-        with self._wlock:
-            if self._w >= 0:
-                os.close(self._w)
-                self._w = -1
-
-    def kill(self) -> None:
-        self._close_w()
-
-
-def _describe_result(res) -> str:
-    if res.verdict == "timeout":
-        return "was killed at its wall clock or CPU time limit"
-    if res.verdict == "oom":
-        return "was killed by the memory limit"
-    if res.signal is not None:
-        return f"was killed by signal {res.signal}"
-    tail = res.stderr.strip().splitlines()[-1:] if res.stderr.strip() else []
-    why = f": {tail[0][:300]}" if tail else ""
-    return f"exited with status {res.exit_code}{why}"
+# --- the transport: runtime/channels.py ------------------------------------------------
 
 
 class ProtocolError(Exception):
@@ -332,7 +109,8 @@ class FrameReader:
         self.max_frame = max_frame
         self.buf = bytearray()
 
-    def feed(self, data: bytes) -> list[dict]:
+    def feed(self, data: bytes) -> list[tuple[dict, int]]:
+        """Each whole frame now in the buffer: (the message, its size in bytes)."""
         self.buf += data
         out = []
         while len(self.buf) >= HEADER.size:
@@ -350,7 +128,7 @@ class FrameReader:
                 raise ProtocolError(f"a frame of {n} bytes is not UTF-8 JSON") from None
             if not isinstance(msg, dict):
                 raise ProtocolError("a frame is not a JSON object")
-            out.append(msg)
+            out.append((msg, n))
         return out
 
 
@@ -358,6 +136,7 @@ class FrameReader:
 _SCHEMA = {
     "ready": {"version": int, "python": str},
     "ready-js": {"version": int, "node": str},
+    "ready-kernel": {"version": int, "python": str, "kernel": str},
     "stdout": {"text": str},
     "stderr": {"text": str},
     "display": {"id": int, "data": dict, "main": bool},
@@ -370,7 +149,9 @@ _SCHEMA = {
 def check_message(msg: dict) -> str:
     """The message's type, after checking it has exactly its fields, of their types."""
     kind = msg.get("type")
-    key = "ready-js" if kind == "ready" and "node" in msg else kind
+    key = kind
+    if kind == "ready":
+        key = "ready-js" if "node" in msg else "ready-kernel" if "kernel" in msg else kind
     fields = _SCHEMA.get(key) if isinstance(kind, str) else None
     if fields is None:
         raise ProtocolError(f"unknown message type {str(kind)[:40]!r}")
@@ -399,12 +180,40 @@ def check_message(msg: dict) -> str:
 
 # --- the interpreters ------------------------------------------------------------------
 
-def _runner_argv(language: str, max_frame: int, cwd: str | None) -> list[str]:
+#: python contexts start with this (argv: RUNNER MAX_FRAME CWD ENGINE KERNEL): the kernel
+#: bridge (guest/kernel.py) where the image's python3 has ipykernel and the engine allows
+#: it, else corral's runner (whose frames are named <corral-runner>, for tracebacks)
+_PY_BOOT = """import sys
+e = sys.argv[4]
+if e != 'runner':
+    try:   # as the kernel's own python will see them: not from the working directory
+        from importlib.machinery import PathFinder
+        p = [d for d in sys.path if d not in ('', '.')]
+        k = all(PathFinder.find_spec(m, p) is not None
+                for m in ('ipykernel', 'jupyter_client', 'zmq'))
+    except Exception:
+        k = False
+    if k:
+        exec(compile(sys.argv[5], '<corral-kernel>', 'exec'))
+        raise SystemExit(0)
+    if e == 'ipykernel':
+        import json, os, struct
+        b = json.dumps({'type': 'fatal', 'message': 'ipykernel (with jupyter_client and '
+                        'pyzmq) is not importable by ' + sys.executable}).encode()
+        os.write(1, struct.pack('>I', len(b)) + b)
+        os._exit(1)
+exec(compile(sys.argv[1], '<corral-runner>', 'exec'))
+"""
+ENGINES = ("auto", "ipykernel", "runner")
+
+
+def _runner_argv(language: str, max_frame: int, cwd: str | None,
+                 engine: str = "auto") -> list[str]:
     from .. import guest
 
-    if language == "python":   # the runner's frames are named <corral-runner> (tracebacks)
-        boot = "import sys; exec(compile(sys.argv[1], '<corral-runner>', 'exec'))"
-        return ["python3", "-c", boot, guest.source("runner.py"), str(max_frame), cwd or ""]
+    if language == "python":
+        return ["python3", "-c", _PY_BOOT, guest.source("runner.py"), str(max_frame),
+                cwd or "", engine, guest.source("kernel.py") if engine != "runner" else ""]
     if language == "javascript":
         return ["node", "-e", guest.source("runner.js"), "--", str(max_frame), cwd or ""]
     raise ValueError(language)
@@ -426,28 +235,103 @@ done
 """
 
 
+class _Inbox:
+    """What an interpreter sent, waiting for the cell's thread: at most `most` bytes of it
+    (the sender, the channel's thread, then waits, and so does the interpreter on its
+    pipe, until the cell's thread has taken some), except once closed."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.items: collections.deque = collections.deque()
+        self.size = 0
+        self.closed = False
+        self.cond = threading.Condition()
+
+    def put(self, item, size: int = 0) -> None:
+        with self.cond:
+            while size and self.size and self.size + size > self.most and not self.closed:
+                self.cond.wait(1.0)
+            self.items.append((item, size))
+            self.size += size
+            self.cond.notify_all()
+
+    def close(self, item) -> None:
+        """The last item (never waits); senders waiting go on."""
+        with self.cond:
+            self.closed = True
+            self.items.append((item, 0))
+            self.cond.notify_all()
+
+    def get(self, timeout: float):
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not self.items:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise queue.Empty
+                self.cond.wait(left)
+            item, size = self.items.popleft()
+            self.size -= size
+            self.cond.notify_all()
+            return item
+
+
 class _Interp:
     """One context's interpreter process and the messages it sent, for one language."""
 
     def __init__(self, session: CodeSession, ctx: Context) -> None:
         self.session, self.ctx = session, ctx
-        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.q = _Inbox(session.max_pending)
         self.dead: str | None = None            # why it is gone, once it is
         self.running = 0                        # the cell id being run, 0 between cells
         self.lock = threading.Lock()            # one cell at a time
         self.channel: Channel | None = None
+        self.cpu_at = None                      # the cell's CPU budget: (start, limit)
+        self.was_ready = False                  # it said it was ready once
 
     # called from the channel's thread
     def _die(self, why: str) -> None:
         if self.dead is None:
             self.dead = why
-            self.q.put(("dead", why))
+            self.q.close(("dead", why))
             ch = self.channel
             if ch is not None:
                 ch.kill()
 
     def on_exit(self, how: str) -> None:
-        self._die(f"the {self.ctx.language} interpreter {how}")
+        lost = ("; its state is lost (restart_context() gives the context a fresh one)"
+                if self.was_ready else "")
+        self._die(f"the {self.ctx.language} interpreter {how}{lost}")
+
+    def _cpu_start(self) -> None:
+        """Note the interpreter's CPU time at a cell's start, where the channel tells it
+        (a live sandbox's stream command has no CPU limit of its own: each cell has)."""
+        used = getattr(self.channel, "cpu_seconds", lambda: None)()
+        limit = self.session.cpu_time
+        self.cpu_at = (used, limit) if used is not None and limit else None
+
+    def _cpu_over(self) -> bool:
+        if self.cpu_at is None:
+            return False
+        used = self.channel.cpu_seconds()
+        return used is not None and used - self.cpu_at[0] >= self.cpu_at[1]
+
+    def _wait(self, deadline: float):
+        """The next item by `deadline`: ("timeout", None) then, or ("cpu", None) when the
+        cell used up its CPU time (checked every CPU_POLL_S)."""
+        while True:
+            now = time.monotonic()
+            left = deadline - now
+            if left <= 0:
+                return ("timeout", None)
+            if self.cpu_at is not None:
+                left = min(left, CPU_POLL_S)
+            try:
+                return self.q.get(timeout=left)
+            except queue.Empty:
+                if self._cpu_over():
+                    self.cpu_at = None
+                    return ("cpu", None)
 
     def close(self, why: str) -> None:
         self._die(why)
@@ -460,15 +344,22 @@ class _FramedInterp(_Interp):
         s = self.session
         self.reader = FrameReader(s.max_frame)
         self.stderr_tail = bytearray()
-        self.channel = s.start(_runner_argv(self.ctx.language, s.max_frame, self.ctx.cwd),
+        self.between = False        # the last cell's end came: output now is dropped
+        self.channel = s.start(_runner_argv(self.ctx.language, s.max_frame, self.ctx.cwd,
+                                            self.ctx._want),
                                self.on_stdout, self.on_stderr, self.on_exit)
         kind, msg = self._next(time.monotonic() + s.start_timeout, "start")
         if kind == "msg" and msg["type"] == "ready":
+            self.ctx.engine = ("ipykernel" if "kernel" in msg else
+                               "node" if "node" in msg else "runner")
+            self.was_ready = True
             return
-        if kind == "msg" and msg["type"] == "fatal":
-            self.close(f"the {self.ctx.language} interpreter could not start: "
-                       f"{msg['message'][:300]}")
-        elif kind == "msg":
+        if kind == "msg" and msg["type"] == "fatal":   # its own words, even if its exit
+            why = (f"the {self.ctx.language} interpreter could not start: "   # came first
+                   f"{msg['message'][:300]}")
+            self.close(why)
+            raise ContextError(f"{self.ctx.language} context: {why}", field="context")
+        if kind == "msg":
             self.close(f"the {self.ctx.language} interpreter sent {msg['type']!r} before "
                        f"'ready'")
         raise ContextError(self._start_failure(), field="context")
@@ -484,9 +375,15 @@ class _FramedInterp(_Interp):
         if self.dead is not None:
             return
         try:
-            for msg in self.reader.feed(data):
-                check_message(msg)
-                self.q.put(("msg", msg))
+            for msg, size in self.reader.feed(data):
+                kind = check_message(msg)
+                if self.between:      # no cell runs: its threads' output is nobody's
+                    if kind in ("stdout", "stderr"):
+                        continue
+                    raise ProtocolError(f"it sent {kind!r} between cells")
+                if kind == "end":
+                    self.between = True
+                self.q.put(("msg", msg), size)
         except ProtocolError as e:
             self._die(f"the {self.ctx.language} interpreter broke the protocol ({e}); "
                       f"it was killed")
@@ -495,14 +392,14 @@ class _FramedInterp(_Interp):
         # the runner's own stderr (user code's goes through frames): kept for diagnostics
         self.stderr_tail = (self.stderr_tail + data)[-4096:]
 
+    def on_exit(self, how: str) -> None:
+        tail = bytes(self.stderr_tail).decode("utf-8", "replace").strip().splitlines()
+        if tail and ": " not in how:
+            how += f" (its last words: {tail[-1][:300]!r})"
+        super().on_exit(how)
+
     def _next(self, deadline: float, what: str):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return ("timeout", None)
-        try:
-            return self.q.get(timeout=left)
-        except queue.Empty:
-            return ("timeout", None)
+        return self._wait(deadline)
 
     def run(self, code: str, ex: Execution, timeout: float, cb) -> None:
         s = self.session
@@ -513,6 +410,8 @@ class _FramedInterp(_Interp):
             raise ValueError(f"code: {len(data)} bytes, over the {s.max_frame} byte frame "
                              f"limit")
         self.running = cid
+        self.between = False
+        self._cpu_start()
         try:
             self.channel.send(HEADER.pack(len(data)) + data, time.monotonic() + timeout)
         except (OSError, TimeoutError) as e:
@@ -520,21 +419,29 @@ class _FramedInterp(_Interp):
                       f"was killed")
         deadline = time.monotonic() + timeout
         interrupted = False
+        over = f"its timeout of {timeout:g}s"
         try:
             while True:
                 kind, msg = self._next(deadline, "cell")
                 if kind == "dead":
                     ex.error = ExecutionError("ContextDied", msg)
                     return
-                if kind == "timeout":
+                if kind == "cpu" and not interrupted:
+                    over = f"its CPU time limit (limits.cpu_time, {s.cpu_time:g}s a cell)"
+                    interrupted = True
+                    self._interrupt(cid)
+                    deadline = time.monotonic() + s.interrupt_grace
+                    continue
+                if kind in ("timeout", "cpu"):
                     if interrupted:
                         self._die(f"the cell did not stop within {s.interrupt_grace:g}s of "
-                                  f"its interrupt (after its timeout of {timeout:g}s): the "
+                                  f"its interrupt (after {over}): the "
                                   f"{self.ctx.language} interpreter was killed and its "
                                   f"state is lost")
                         ex.error = ExecutionError("ContextDied", self.dead)
                         return
                     interrupted = True
+                    over = f"its timeout of {timeout:g}s"
                     self._interrupt(cid)
                     deadline = time.monotonic() + s.interrupt_grace
                     continue
@@ -555,8 +462,7 @@ class _FramedInterp(_Interp):
                                              msg["traceback"])
                         if interrupted and err.name == "KeyboardInterrupt":
                             err.name = "TimeoutError"
-                            err.value = (f"the cell ran past its timeout of {timeout:g}s "
-                                         f"and was interrupted")
+                            err.value = f"the cell ran past {over} and was interrupted"
                         ex.error = err
                         if cb.on_error:
                             cb.on_error(err)
@@ -638,7 +544,7 @@ class _BashInterp(_Interp):
                 if stream == "stdout":
                     if buf.startswith(self.READY):
                         del buf[:len(self.READY)]
-                        self.ready = True
+                        self.ready = self.was_ready = True
                         self.q.put(("ready", None))
                     elif len(buf) >= len(self.READY) or not self.READY.startswith(bytes(buf)):
                         self._die("bash printed something else than its ready line")
@@ -674,7 +580,7 @@ class _BashInterp(_Interp):
     def _text(self, stream: str, data: bytes, final: bool = False) -> None:
         text = self.dec[stream].decode(data, final)
         if text:
-            self.q.put((stream, text))
+            self.q.put((stream, text), len(text))
 
     def run(self, code: str, ex: Execution, timeout: float, cb) -> None:
         s = self.session
@@ -692,13 +598,14 @@ class _BashInterp(_Interp):
             self._die(f"bash does not take input ({e}); it was killed")
         deadline = time.monotonic() + timeout
         self.session.count[self.ctx.id] = self.session.count.get(self.ctx.id, 0) + 1
+        self._cpu_start()
         try:
             while True:
-                left = deadline - time.monotonic()
-                try:
-                    kind, msg = self.q.get(timeout=max(left, 0.0001))
-                except queue.Empty:
-                    self._die(f"the bash cell ran past its timeout of {timeout:g}s; bash "
+                kind, msg = self._wait(deadline)
+                if kind in ("timeout", "cpu"):
+                    over = (f"its timeout of {timeout:g}s" if kind == "timeout" else
+                            f"its CPU time limit (limits.cpu_time, {s.cpu_time:g}s a cell)")
+                    self._die(f"the bash cell ran past {over}; bash "
                               f"cannot be interrupted without losing its state, so the "
                               f"context was killed")
                     ex.error = ExecutionError("TimeoutError", self.dead)
@@ -746,6 +653,11 @@ class CodeSession:
                                                                         "bytes", 1 << 20)
         self.default_timeout = (default_timeout if default_timeout is not None
                                 else _plan_value(sandbox, "WallClock", "seconds", 60.0))
+        #: CPU seconds a cell may use, where the channel can tell (a live sandbox's)
+        self.cpu_time = _plan_value(sandbox, "CpuTime", "seconds", None)
+        self.max_pending = MAX_PENDING
+        #: python contexts' engine unless create_context names one (see there)
+        self.engine = "auto"
         self.interrupt_grace = INTERRUPT_GRACE
         self.start_timeout = START_TIMEOUT
         self.contexts: dict[str, _Interp] = {}
@@ -761,14 +673,22 @@ class CodeSession:
 
     # --- contexts ---
 
-    def create_context(self, language: str = "python", cwd: str | None = None) -> Context:
+    def create_context(self, language: str = "python", cwd: str | None = None, *,
+                       engine: str | None = None) -> Context:
+        """A new context. `engine` (python): "auto" (the default, `self.engine`): an
+        IPython kernel where the image's python3 has ipykernel, else corral's runner;
+        "ipykernel" (refused where there is none); "runner"."""
         if language not in LANGUAGES:
             raise ContextError(f"unknown language {language!r}; use one of "
                                f"{', '.join(LANGUAGES)}", field="language")
+        engine = self.engine if engine is None else engine
+        if engine not in ENGINES:
+            raise ContextError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}",
+                               field="engine")
         if cwd is not None and (not isinstance(cwd, str) or "\0" in cwd or not cwd):
             raise ContextError("cwd must be a non-empty path inside the sandbox",
                                field="cwd")
-        ctx = Context(uuid.uuid4().hex[:16], language, cwd)
+        ctx = Context(uuid.uuid4().hex[:16], language, cwd, engine)
         interp = self._spawn(ctx)
         with self._lock:
             self.contexts[ctx.id] = interp
@@ -904,12 +824,3 @@ class CodeSession:
         if cb.on_result is not None:
             cb.on_result(result)
 
-
-def _plan_value(sandbox, op: str, attr: str, default):
-    plan = getattr(sandbox, "plan", None)
-    if plan is None:
-        return default
-    from .. import plan as plan_mod
-
-    found = plan.find(getattr(plan_mod, op))
-    return getattr(found[0], attr) if found else default

@@ -45,6 +45,7 @@ class Server:
         self.log = tmp_path / "serve.log"
         self.tmp = tmp_path
         self.tokens = {}
+        self._clients = []
 
     def start(self):
         self.port = _free_port()
@@ -65,10 +66,16 @@ class Server:
         raise AssertionError("corral serve did not come up: " + self.log.read_text())
 
     def http(self, token=None):
+        """A client of its own; kept until stop() closes it (one dropped unclosed leaves its
+        keep-alive socket to the garbage collector: a ResourceWarning, an error here)."""
         h = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=h, timeout=120)
+        client = httpx.Client(base_url=self.url, headers=h, timeout=120)
+        self._clients.append(client)
+        return client
 
     def stop(self):
+        for client in self._clients:
+            client.close()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -52,6 +52,7 @@ import resource
 import select
 import socket
 import threading
+import time
 
 try:
     import _posixsubprocess
@@ -398,8 +399,9 @@ def _zygote_main(sock) -> None:
         if not poller.poll(50 if children else None):
             continue
         msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 64)
-        if not msg:
-            os._exit(0)      # the supervisor has gone
+        if not msg:          # the supervisor has gone: so do the A's (their sockets end)
+            _reap_all(children)
+            os._exit(0)
         try:
             flags, last_cap, bpf = marshal.loads(msg)
             theirs_fd, pidfd, root_fd, *attach = fds
@@ -433,6 +435,22 @@ def _zygote_main(sock) -> None:
             socket.send_fds(sock, [str(a).encode()], [apidfd])
         finally:
             os.close(apidfd)
+
+
+def _reap_all(children: int, limit: float = 5.0) -> None:
+    """Reap the zygote's remaining A's before it exits (each leaves at its socket's EOF,
+    which the supervisor's exit gave it): orphaned, a zombie would wait for pid 1 to reap
+    it, and not every pid 1 does so promptly. At most `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while children and time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            children -= 1
+        else:
+            time.sleep(0.005)
 
 
 def _entrant(theirs, target: Target, attach: list[int], program: Program) -> None:

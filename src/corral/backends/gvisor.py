@@ -420,6 +420,12 @@ class GvisorBackend(Backend):
              ) -> GvisorSandbox:
         return GvisorSandbox(self, plan, events, list(granted), upstream_ca)
 
+    def open_live(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None):
+        """One runsc sandbox for the sandbox's life, commands started with runsc exec."""
+        from .gvisor_live import GvisorLive
+
+        return GvisorLive(self, plan, events, list(granted), upstream_ca)
+
 
 class GvisorSandbox(LiveSandbox):
     def __init__(self, backend: GvisorBackend, plan: Plan, events: list[dict],

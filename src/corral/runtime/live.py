@@ -174,13 +174,27 @@ class Live(Sandbox):
     def files(self):
         """The files API (corral.runtime.files) on the running sandbox's whole tree, as its
         init sees it: every path resolved by the kernel inside /proc/INIT/root
-        (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), as the sandbox's user."""
+        (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), as the sandbox's user. On gvisor, whose
+        root lives in gVisor's own kernel: the host directories behind its /scratch, /tmp,
+        /dev/shm and workspace mounts (RESOLVE_BENEATH in each), as on a one-shot sandbox."""
         if self._files is None:
             from .files import Files
 
             target = self.enter_target()
             uid, gid = self.ids
-            self._files = Files(target.root_fd, uid, gid, cwd=self.plan.cwd)
+            if target.root_fd < 0:
+                # gvisor: the root is in gVisor's own kernel; the host holds the
+                # directories behind its scratch and workspace mounts
+                from ..backends.host.views import persistent_mounts
+
+                mounts = persistent_mounts(self._live)
+                try:
+                    self._files = Files.over_mounts(mounts, uid, gid, cwd=self.plan.cwd)
+                finally:
+                    for _, fd, _ in mounts:
+                        os.close(fd)
+            else:
+                self._files = Files(target.root_fd, uid, gid, cwd=self.plan.cwd)
         return self._files
 
     def open(self) -> Live:

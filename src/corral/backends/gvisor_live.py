@@ -54,7 +54,7 @@ from ..linux import limits
 from ..linux._sys import set_pdeathsig, subreaper_acquire, subreaper_release
 from ..linux.supervise import ExecFailed, errno_from_message, kill_pid, spawn
 from ..plan import EgressProxy, Seccomp
-from .gvisor import PIDS_OVERHEAD, PIDS_PER_TASK, SIGKILL, GvisorSandbox
+from .gvisor import PIDS_OVERHEAD, SIGKILL, GvisorSandbox
 from .gvisor_runsc import _reap, enter_userns, remove_state
 from .host.cgroups import destroy_cgroup, run_cgroup
 
@@ -72,6 +72,11 @@ STATE_MAX = 1 << 20
 #: rounds of `runsc ps` + kill before a command's kill gives up on stragglers
 KILL_ROUNDS = 8
 PS_TIMEOUT_S = 10.0
+#: host tasks per task of the sandbox in its pids cgroup, a second layer under RLIMIT_NPROC
+#: inside gVisor: on the ptrace platform each process of the sandbox costs about 18 host
+#: threads (its stub and the Sentry's threads tracing it; measured with runsc 20221219),
+#: so the one-shot exec's 3 per task would end the Sentry long before RLIMIT_NPROC
+PIDS_PER_TASK = 32
 _PATH_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 SECCOMP_REASON = ("gVisor applies the OCI seccomp deny list to the container's own "
                   "process tree only; runsc exec starts a live sandbox's commands without "
@@ -476,6 +481,17 @@ class GvisorLive(GvisorSandbox):
     def alive(self) -> bool:
         return self.target is not None and self.target.alive()
 
+    def exit_reason(self) -> str | None:
+        """Why the sandbox ended by itself, when the host can tell: its memory cgroup's
+        OOM killer took one of gVisor's processes (the Sentry or the gofer), which ends
+        gVisor's kernel and every process in it."""
+        if _oom_kills(self.sandbox_cg):
+            return ("the sandbox's memory (limits.memory, gVisor's own included) ran out: "
+                    "the host's OOM killer ended gVisor's kernel and with it every process "
+                    "of the sandbox; every process, mount and cgroup of the sandbox was "
+                    "removed")
+        return None
+
     # -- teardown -------------------------------------------------------------------------
     def close(self) -> list[str]:
         """SIGKILL runsc run (its gofer and Sentry go with it) and everything left in the
@@ -483,6 +499,11 @@ class GvisorLive(GvisorSandbox):
         remove the cgroup, the mounts and the run dir. Idempotent."""
         problems: list[str] = []
         target, self.target = self.target, None
+        if self.proxy is not None:   # its last events first; it is in the cgroup too
+            proxy, self.proxy = self.proxy, None
+            for e in proxy.stop():
+                if e.get("kind") == "teardown":
+                    problems.append(e.get("message", "the egress proxy failed"))
         cg = self.sandbox_cg
         members: set[int] = set(cg.pids()) if cg is not None else set()
         if self.runsc_pid:
@@ -505,11 +526,6 @@ class GvisorLive(GvisorSandbox):
             target.close()
         if self.cid and getattr(self, "state", None) and os.path.isdir(self.state):
             problems += [e["message"] for e in remove_state(self.state, self.cid)]
-        if self.proxy is not None:
-            proxy, self.proxy = self.proxy, None
-            for e in proxy.stop():
-                if e.get("kind") == "teardown":
-                    problems.append(e.get("message", "the egress proxy failed"))
         if self.net is not None:
             net, self.net = self.net, None
             more = net.close()

@@ -303,7 +303,7 @@ class Live(Sandbox):
                                            tty_fd=tty_fd)
             except SandboxSetupError:
                 if not self._live.alive():
-                    self._end("init", _INIT_EXITED)
+                    self._end("init", self._init_exited())
                     self._check_open()
                 raise
             self._started_count += 1
@@ -318,7 +318,7 @@ class Live(Sandbox):
         namespace going down, whose init exits only after every process in it did."""
         live = self._live
         if self._ended is None and live is not None and not _init_alive(live, sigkilled):
-            self._end("init", _INIT_EXITED)    # before it leaves _running: its Result says so
+            self._end("init", self._init_exited())    # before it leaves _running: its Result says so
         with self._lock:
             self._last_use = time.monotonic()
             if handle in self._running:
@@ -371,6 +371,13 @@ class Live(Sandbox):
             self.events += [TeardownEvent(p).to_dict() for p in problems]
             return problems
 
+    def _init_exited(self) -> str:
+        """Why init exited, in words: the tier's own account where it has one (gvisor:
+        the host's OOM killer ended gVisor's kernel), else _INIT_EXITED."""
+        live = self._live
+        why = getattr(live, "exit_reason", None)
+        return (why() if why is not None else None) or _INIT_EXITED
+
     def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"x")
@@ -407,7 +414,7 @@ class Live(Sandbox):
                     if self._ended is not None:
                         return
                     if fd == pidfd:
-                        self._end("init", _INIT_EXITED)
+                        self._end("init", self._init_exited())
                         return
                     if fd == self._wake_r:
                         os.read(self._wake_r, 512)

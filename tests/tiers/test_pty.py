@@ -42,12 +42,14 @@ class Screen:
                 self.cond.wait(left)
 
 
-@pytest.fixture(params=["namespace", "gvisor", "process"])
+@pytest.fixture(params=["namespace", "gvisor", "process", "namespace-live", "gvisor-live"])
 def sb(request):
-    why = tier_unavailable(request.param)
+    tier, _, kept = request.param.partition("-")
+    why = tier_unavailable(tier)
     if why:
         pytest.skip(why)
-    with corral.Sandbox({"isolation": request.param, "limits": {"timeout": "5m"}}) as s:
+    policy = {"isolation": tier, "limits": {"timeout": "5m"}}
+    with (corral.Sandbox.create(policy, timeout=600) if kept else corral.Sandbox(policy)) as s:
         yield s
 
 

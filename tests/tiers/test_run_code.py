@@ -28,12 +28,16 @@ def _has(tier: str, argv: list[str]) -> bool:
         return sb.exec(argv).exit_code == 0
 
 
-@pytest.fixture(scope="module", params=TIERS)
+@pytest.fixture(scope="module", params=(*TIERS, "namespace-live", "gvisor-live"))
 def sb(request):
-    why = tier_unavailable(request.param, POLICY)
+    """A one-shot Sandbox on each tier, and a live one (Sandbox.create: the interpreter a
+    command of the running sandbox)."""
+    tier, _, kept = request.param.partition("-")
+    why = tier_unavailable(tier, POLICY)
     if why:
-        pytest.skip(f"{request.param}: {why}")
-    box = corral.Sandbox({**POLICY, "isolation": request.param})
+        pytest.skip(f"{tier}: {why}")
+    policy = {**POLICY, "isolation": tier}
+    box = corral.Sandbox.create(policy, timeout=600) if kept else corral.Sandbox(policy)
     with box:
         yield box
 

@@ -69,7 +69,7 @@ READY_S = 30.0
 START_S = 30.0
 #: the most of a state file or pid file that is read (runsc writes them; bounded anyway)
 STATE_MAX = 1 << 20
-#: rounds of `runsc ps` + kill before a command's kill gives up on stragglers
+#: rounds of `runsc ps` + stop, and of kill + `runsc ps`, before a command's kill gives up
 KILL_ROUNDS = 8
 PS_TIMEOUT_S = 10.0
 #: host tasks per task of the sandbox in its pids cgroup, a second layer under RLIMIT_NPROC
@@ -329,18 +329,14 @@ class GvisorLive(GvisorSandbox):
         pid_file, log = base + ".pid", base + ".log"
         a = self._runsc("exec", "--process", base + ".json",
                         f"--internal-pid-file={pid_file}", self.cid, log=log)
-        userns, parent = self.userns, os.getpid()
-
-        def child_setup() -> None:
-            enter_userns(userns)
-            set_pdeathsig(SIGKILL)
-            if os.getppid() != parent:
-                os._exit(125)
-
+        # runsc exec only talks to the sandbox over its control socket (in the state dir):
+        # it needs neither the sandbox's user namespace nor a child_setup, so spawn takes
+        # its C fork-exec path. Should this process die, runsc run dies (its parent-death
+        # signal), the Sentry with it, and each runsc exec ends as its connection does.
         try:
             pid, out_r, err_r = spawn(a[0], a, dict(_PATH_ENV),
                                       stdin_fd=tty_fd if tty_fd is not None else stdin_fd,
-                                      pass_fds=(), child_setup=child_setup, stdout_fd=tty_fd)
+                                      pass_fds=(), stdout_fd=tty_fd)
         except BaseException:
             _unlink(base + ".json")
             raise
@@ -437,23 +433,40 @@ class GvisorLive(GvisorSandbox):
         return SandboxSetupError(f"runsc exec failed: {error[:300]}", step="runsc")
 
     def kill_tree(self, ns_pid: int, timeout: float = 5.0) -> None:
-        """SIGKILL ns_pid and every descendant the Sentry lists for it, until none is
-        left (a process forked meanwhile is found in the next round)."""
+        """SIGKILL ns_pid and every descendant the Sentry lists for it. Each is stopped
+        first (SIGSTOP), until a listing finds none unstopped, so that no process of the
+        tree runs on, forks, or sees a child die while the others are signalled one by
+        one (a shell would go on to its next line); then every one is killed, and the
+        listing repeated until none is left."""
         deadline = time.monotonic() + timeout
+        stopped: set[int] = set()
         for _ in range(KILL_ROUNDS):
-            tree = _descendants(self.processes(), ns_pid)
-            if not tree or time.monotonic() > deadline:
+            new = _descendants(self.processes(), ns_pid) - stopped
+            if not new or time.monotonic() > deadline:
+                break
+            self._signal(new, "STOP")
+            stopped |= new
+        for _ in range(KILL_ROUNDS):
+            if stopped:
+                self._signal(stopped, "KILL")
+            if time.monotonic() > deadline:
                 return
-            procs = [spawn_quiet(self._runsc("kill", f"--pid={p}", self.cid, "9"),
-                                 self.userns) for p in sorted(tree)]
-            for p in procs:
-                try:
-                    os.waitpid(p, 0)
-                except ChildProcessError:
-                    pass
+            stopped = _descendants(self.processes(), ns_pid)
+            if not stopped:
+                return
 
-    def processes(self) -> dict[int, int]:
-        """{pid: ppid} of every process inside, from the Sentry (`runsc ps`), or {} when
+    def _signal(self, pids: set[int], sig: str) -> None:
+        """`runsc kill --pid=P` for each pid at once; returns when each has answered."""
+        procs = [spawn_quiet(self._runsc("kill", f"--pid={p}", self.cid, sig))
+                 for p in sorted(pids)]
+        for p in procs:
+            try:
+                os.waitpid(p, 0)
+            except ChildProcessError:
+                pass
+
+    def processes(self) -> dict[int, set[int]]:
+        """{pid: its ppids} of every process inside, from the Sentry (`runsc ps`), or {} when
         the sandbox is not running."""
         import subprocess
 
@@ -461,8 +474,7 @@ class GvisorLive(GvisorSandbox):
             return {}
         try:
             p = subprocess.run(self._runsc("ps", self.cid), capture_output=True,
-                               timeout=PS_TIMEOUT_S, check=False,
-                               preexec_fn=lambda: enter_userns(self.userns))
+                               stdin=subprocess.DEVNULL, timeout=PS_TIMEOUT_S, check=False)
         except (OSError, subprocess.SubprocessError):
             return {}
         if p.returncode:
@@ -542,37 +554,39 @@ class GvisorLive(GvisorSandbox):
         return problems
 
 
-def spawn_quiet(argv: list[str], userns: int) -> int:
-    """argv with /dev/null as stdio, in the sandbox's user namespace: its pid."""
+def spawn_quiet(argv: list[str]) -> int:
+    """argv with /dev/null as stdio: its pid."""
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
         pid, _, _ = spawn(argv[0], argv, dict(_PATH_ENV), stdin_fd=null, pass_fds=(),
-                          child_setup=lambda: enter_userns(userns), stdout_fd=null)
+                          stdout_fd=null)
     finally:
         os.close(null)
     return pid
 
 
-def parse_ps(out: bytes) -> dict[int, int]:
-    """`runsc ps` (UID PID PPID C TTY STIME TIME CMD): {pid: ppid}. Lines that are not
-    two numbers in those columns are skipped (CMD is the process's own name: hostile)."""
-    table: dict[int, int] = {}
+def parse_ps(out: bytes) -> dict[int, set[int]]:
+    """`runsc ps` (UID PID PPID C TTY STIME TIME CMD): {pid: the ppids claimed for it}.
+    CMD is the process's own name (hostile: up to 15 bytes it chose, a newline included),
+    so a line is taken only with numeric UID, PID and PPID, and a pid a forged line names
+    again keeps every parent claimed: a command's kill then takes more of the sandbox's
+    processes, never fewer (the forger is inside and could kill them itself anyway)."""
+    table: dict[int, set[int]] = {}
     for line in out[:STATE_MAX].splitlines()[1:]:
         fields = line.split()
-        if len(fields) >= 3 and fields[1].isdigit() and fields[2].isdigit() \
-                and len(fields[1]) < 10 and len(fields[2]) < 10:
-            table[int(fields[1])] = int(fields[2])
+        if len(fields) >= 3 and all(f.isdigit() and len(f) < 10 for f in fields[:3]):
+            table.setdefault(int(fields[1]), set()).add(int(fields[2]))
     return table
 
 
-def _descendants(table: dict[int, int], root: int) -> set[int]:
+def _descendants(table: dict[int, set[int]], root: int) -> set[int]:
     if root not in table:
         return set()
     found, frontier = {root}, [root]
     while frontier:
         parent = frontier.pop()
-        for pid, ppid in table.items():
-            if ppid == parent and pid not in found:
+        for pid, ppids in table.items():
+            if parent in ppids and pid not in found:
                 found.add(pid)
                 frontier.append(pid)
     return found

@@ -309,7 +309,12 @@ class GvisorLive(GvisorSandbox):
         SandboxSetupError when the sandbox is not running.
 
         `tty_fd`: a terminal's slave as its stdin, stdout, stderr and controlling terminal
-        (the process file's terminal: true; the Sentry makes it the new session's)."""
+        (the process file's terminal: true; the Sentry makes it the new session's).
+
+        `cpu_seconds` sets no rlimit here: runsc 20221219's exec ignores a process file's
+        rlimits and gives every command the container's (the policy's, RLIMIT_CPU
+        limits.cpu_time + 1 s included); a command's own cpu_time is the supervisor's,
+        read from the sandbox's cgroup counter (CommandGroup.cpu_seconds)."""
         if self.target is None or not self.target.alive():
             raise SandboxSetupError("the sandbox is not running", step="enter")
         with self._cmd_lock:
@@ -318,10 +323,6 @@ class GvisorLive(GvisorSandbox):
         base = os.path.join(self.dir.path, f"cmd-{n}")
         proc = dict(self.spec["process"], args=list(argv), cwd=cwd,
                     env=[f"{k}={v}" for k, v in env.items()], terminal=tty_fd is not None)
-        if cpu_seconds is not None:
-            proc["rlimits"] = [r for r in proc["rlimits"] if r["type"] != "RLIMIT_CPU"] + [
-                {"type": "RLIMIT_CPU", "soft": int(cpu_seconds) + 1,
-                 "hard": int(cpu_seconds) + 2}]
         fd = os.open(base + ".json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
                      0o600)
         with open(fd, "w") as f:

@@ -564,3 +564,27 @@ def test_files_on_a_live_sandbox_see_its_own_tree_and_never_the_hosts(tier):
                         sb.files.read(link)
     finally:
         os.unlink(host_secret)
+
+
+def test_review_mode_on_a_live_sandbox_holds_writes_until_apply(tier, tmp_path):
+    """A review workspace on a live sandbox: every command's writes land in the overlay;
+    the host directory is untouched until apply_changes."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("orig\n")
+    policy = {"isolation": tier, "filesystem": {"workspace": {"path": str(ws),
+                                                              "mode": "review"}}}
+    if tier_unavailable(tier, policy):
+        pytest.skip(tier_unavailable(tier, policy))
+    with corral.Sandbox.create(policy, timeout=120) as sb:
+        assert sb.commands.run("echo changed > /workspace/a.txt").verdict == "ok"
+        h = sb.commands.run("echo new > /workspace/b.txt; sleep 300", background=True)
+        _wait_for(lambda: sb.commands.run("cat /workspace/b.txt").stdout == "new\n",
+                  "the background command's write")
+        assert (ws / "a.txt").read_text() == "orig\n" and not (ws / "b.txt").exists()
+        assert sorted((c.path, c.kind) for c in sb.changes()) == [("a.txt", "modified"),
+                                                                  ("b.txt", "added")]
+        applied = sb.apply_changes()
+        assert sorted(applied.applied) == ["a.txt", "b.txt"], applied
+        h.kill()
+    assert (ws / "a.txt").read_text() == "changed\n" and (ws / "b.txt").read_text() == "new\n"

@@ -115,7 +115,14 @@ def test_seccomp_refuses_as_in_one_shot_runs(sb):
     once = corral.run(["/usr/bin/python3", "-c", SYSCALLS], {"isolation": sb.isolation})
     if sb.isolation == "namespace":
         assert live.stdout == once.stdout == "EPERM ENOSYS\n", (live, once)
-    else:   # gVisor's Sentry answers; the deny list is not on runsc exec's commands
+    else:   # gVisor's Sentry answers; the deny list is not on runsc exec's commands,
+        # as explain says and each Result's unenforced event
+        from corral.policy import policy_from_dict
+        from corral.runtime.explain import explain
+
+        note = next(r["note"] for r in explain(policy_from_dict({}), "gvisor")["rules"]
+                    if "seccomp" in r["rule"])
+        assert "a live sandbox's commands (runsc exec) go without them" in note
         assert once.stdout.split()[0] == "EPERM", once
         assert live.stdout.split()[0] != "EPERM", live
         assert any(e["kind"] == "unenforced" and e["rule"] == "Seccomp" for e in live.events)

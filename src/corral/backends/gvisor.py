@@ -328,7 +328,9 @@ class GvisorBackend(Backend):
             case Seccomp():
                 return "kernel", ("gVisor's Sentry serves every syscall (runsc's own host "
                                   "seccomp filter confines the Sentry); seccomp.py's EPERM "
-                                  "rules applied inside gVisor (OCI seccomp)")
+                                  "rules applied inside gVisor (OCI seccomp) to each run's "
+                                  "process tree; a live sandbox's commands (runsc exec) go "
+                                  "without them, with an unenforced event")
             case Namespaces():
                 return "kernel", ("gVisor's own kernel; uid 0 there with no capabilities, "
                                   "no_new_privs; gofer and Sentry in user namespaces as "

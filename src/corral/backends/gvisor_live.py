@@ -108,9 +108,10 @@ class _InitTarget:
 
 
 class GvisorStarted:
-    """A command started with runsc exec: its host pid (runsc exec, our child), the read
-    ends of its stdout and stderr, its pid inside, and its process group (`cgroup`: the
-    object the runtime kills, times and releases; see CommandGroup)."""
+    """A command started with runsc exec: its host pid (runsc exec, our child: wait on
+    it, never signal it), the read ends of its stdout and stderr, its pid inside, and its
+    process group (`cgroup`: the object the runtime kills, signals, times and releases;
+    see CommandGroup)."""
 
     __slots__ = ("before_wait", "cgroup", "err_r", "ns_pid", "out_r", "pid")
 
@@ -147,8 +148,8 @@ class CommandGroup:
 
     def cpu_seconds(self) -> float:
         cg = self._live.sandbox_cg
-        if cg is None:
-            return 0.0
+        if cg is None:   # the sandbox ended: its cgroup's last count
+            return max(0.0, (self._live.final_usage.cpu_s or 0.0) - self._cpu0)
         return max(0.0, (cg.cpu_seconds() or 0.0) - self._cpu0)
 
     def kill_all(self, timeout: float = 5.0) -> None:
@@ -164,13 +165,20 @@ class CommandGroup:
         """No host processes of its own (its processes are gVisor's tasks)."""
         return []
 
+    def signal(self, signum: int) -> None:
+        """Send signum to the command itself inside (`runsc kill --pid`), e.g. SIGINT for
+        an interrupt. Never signal the Started's host pid: that is runsc exec, which dies
+        of it (this runsc forwards nothing) and leaves the command unsupervised."""
+        if not self._exited and not self._emptied:
+            self._live.signal_pids({self.ns_pid}, str(int(signum)))
+
     def usage(self):
         """cpu_s since the command started, for the whole sandbox (gVisor's own included);
         the sandbox's memory peak; OOM kills in the sandbox's cgroup since it started."""
         cg = self._live.sandbox_cg
-        if cg is None:
-            return limits.Usage(cpu_s=None, memory_peak_bytes=None, oom_kills=None)
-        u = cg.usage()
+        # the sandbox may have ended first (an OOM kill of gVisor's own ends it): then
+        # its cgroup's last counts, read as it was removed
+        u = cg.usage() if cg is not None else self._live.final_usage
         oom = None if u.oom_kills is None else max(0, u.oom_kills - self._oom0)
         return limits.Usage(cpu_s=self.cpu_seconds(), memory_peak_bytes=u.memory_peak_bytes,
                             oom_kills=oom)
@@ -199,6 +207,8 @@ class GvisorLive(GvisorSandbox):
         self._cmd_lock = threading.Lock()
         self._execs: set[int] = set()     # runsc exec processes not yet reaped
         self.cid = ""
+        #: the sandbox cgroup's counts as close() removed it (for a command's Result then)
+        self.final_usage = limits.Usage(cpu_s=None, memory_peak_bytes=None, oom_kills=None)
         super().__init__(backend, plan, events, granted, upstream_ca)  # closes on failure
         try:
             self._start()
@@ -331,13 +341,16 @@ class GvisorLive(GvisorSandbox):
         a = self._runsc("exec", "--process", base + ".json",
                         f"--internal-pid-file={pid_file}", self.cid, log=log)
         # runsc exec only talks to the sandbox over its control socket (in the state dir):
-        # it needs neither the sandbox's user namespace nor a child_setup, so spawn takes
-        # its C fork-exec path. Should this process die, runsc run dies (its parent-death
-        # signal), the Sentry with it, and each runsc exec ends as its connection does.
+        # it needs neither the sandbox's user namespace nor its cgroup. It runs in a session
+        # of its own: this runsc does not forward signals to the command but dies of them,
+        # which would leave the command running unsupervised, so a ^C on the caller's
+        # terminal must not reach it (signal a command with CommandGroup.signal). Should
+        # this process die, runsc run dies (its parent-death signal), the Sentry with it,
+        # and each runsc exec ends as its connection does.
         try:
             pid, out_r, err_r = spawn(a[0], a, dict(_PATH_ENV),
                                       stdin_fd=tty_fd if tty_fd is not None else stdin_fd,
-                                      pass_fds=(), stdout_fd=tty_fd)
+                                      pass_fds=(), stdout_fd=tty_fd, child_setup=os.setsid)
         except BaseException:
             _unlink(base + ".json")
             raise
@@ -445,18 +458,18 @@ class GvisorLive(GvisorSandbox):
             new = _descendants(self.processes(), ns_pid) - stopped
             if not new or time.monotonic() > deadline:
                 break
-            self._signal(new, "STOP")
+            self.signal_pids(new, "STOP")
             stopped |= new
         for _ in range(KILL_ROUNDS):
             if stopped:
-                self._signal(stopped, "KILL")
+                self.signal_pids(stopped, "KILL")
             if time.monotonic() > deadline:
                 return
             stopped = _descendants(self.processes(), ns_pid)
             if not stopped:
                 return
 
-    def _signal(self, pids: set[int], sig: str) -> None:
+    def signal_pids(self, pids: set[int], sig: str) -> None:
         """`runsc kill --pid=P` for each pid at once; returns when each has answered."""
         procs = [spawn_quiet(self._runsc("kill", f"--pid={p}", self.cid, sig))
                  for p in sorted(pids)]
@@ -519,6 +532,14 @@ class GvisorLive(GvisorSandbox):
                     problems.append(e.get("message", "the egress proxy failed"))
         cg = self.sandbox_cg
         members: set[int] = set(cg.pids()) if cg is not None else set()
+        if cg is not None:
+            try:
+                u = cg.usage()
+                self.final_usage = limits.Usage(cpu_s=cg.cpu_seconds(),
+                                                memory_peak_bytes=u.memory_peak_bytes,
+                                                oom_kills=u.oom_kills)
+            except OSError:
+                pass
         if self.runsc_pid:
             kill_pid(self.runsc_pid)
             for p in list(self._execs):   # their supervisors reap them

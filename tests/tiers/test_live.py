@@ -637,3 +637,32 @@ def test_gvisor_a_signal_reaches_the_command_inside_and_runsc_exec_keeps_supervi
         assert h.running and os.path.exists(f"/proc/{h.host_pid}")
         h.kill()
         assert h.wait(30).verdict == "killed"
+
+
+def test_a_sandbox_made_in_a_thread_outlives_the_thread(tier):
+    """Parent-death signals (bwrap --die-with-parent, runsc's and the proxy's) fire when
+    the thread that forked the child exits: a sandbox made in a pool's filler, a server's
+    worker or any short-lived thread must keep running (linux/spawner.py)."""
+    policy = {"isolation": tier, "network": {"mode": "allow", "allow": ["allowed.invalid"]}}
+    if tier_unavailable(tier, policy):
+        policy = {"isolation": tier}
+    made = {}
+
+    def make():
+        made["sb"] = corral.Sandbox.create(policy, timeout=120)
+        made["h"] = made["sb"].commands.run(["sleep", "300"], background=True)
+
+    t = threading.Thread(target=make)
+    t.start()
+    t.join(120)
+    sb = made["sb"]
+    try:
+        time.sleep(0.5)    # a parent-death signal would have ended it by now
+        assert sb.state == "running", sb.events
+        assert made["h"].running
+        assert sb.commands.run("echo alive").stdout == "alive\n"
+        proxy = sb._live.proxy
+        if "network" in policy:
+            assert proxy is not None and os.path.exists(f"/proc/{proxy.pid}")
+    finally:
+        sb.kill()

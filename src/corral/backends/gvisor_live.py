@@ -50,7 +50,7 @@ import time
 
 from ..errors import SandboxSetupError, UsageError
 from ..events import UnenforcedEvent
-from ..linux import limits
+from ..linux import limits, spawner
 from ..linux._sys import set_pdeathsig, subreaper_acquire, subreaper_release
 from ..linux.supervise import ExecFailed, errno_from_message, kill_pid, spawn
 from ..plan import EgressProxy, Seccomp
@@ -252,8 +252,10 @@ class GvisorLive(GvisorSandbox):
 
                 config = proxy_config(egress[0].config_json, self.granted, self.ca,
                                       self.upstream_ca)
-                self.proxy = start_proxy(config, self.net.take_listener(), attach,
-                                         self.uid, self.gid)
+                # from the spawner thread: the parent-death signals of runsc and the
+                # proxy must not fire when the thread that created the sandbox exits
+                self.proxy = spawner.call(start_proxy, config, self.net.take_listener(),
+                                          attach, self.uid, self.gid)
             parent = os.getpid()
             host_proc = getattr(self, "host_proc", None)
             net = self.net
@@ -276,8 +278,9 @@ class GvisorLive(GvisorSandbox):
             argv = self.runsc_argv(self.cid)
             subreaper_acquire()    # the gofer and Sentry, if runsc goes first
             self._subreaper = True
-            pid, _, _ = spawn(argv[0], argv, dict(_PATH_ENV), stdin_fd=devnull_r,
-                              pass_fds=(), child_setup=child_setup, stdout_fd=devnull_w)
+            pid, _, _ = spawner.call(spawn, argv[0], argv, dict(_PATH_ENV),
+                                     stdin_fd=devnull_r, pass_fds=(), child_setup=child_setup,
+                                     stdout_fd=devnull_w)
             self.runsc_pid = pid
             self.target = _InitTarget(pid)
             self._wait_running()
@@ -345,12 +348,21 @@ class GvisorLive(GvisorSandbox):
         # of its own: this runsc does not forward signals to the command but dies of them,
         # which would leave the command running unsupervised, so a ^C on the caller's
         # terminal must not reach it (signal a command with CommandGroup.signal). Should
-        # this process die, runsc run dies (its parent-death signal), the Sentry with it,
-        # and each runsc exec ends as its connection does.
+        # this process die, runsc exec and runsc run die (parent-death signals), and the
+        # Sentry with the latter.
+        parent = os.getpid()
+
+        def child_setup() -> None:
+            os.setsid()
+            set_pdeathsig(SIGKILL)
+            if os.getppid() != parent:
+                os._exit(125)
+
         try:
-            pid, out_r, err_r = spawn(a[0], a, dict(_PATH_ENV),
-                                      stdin_fd=tty_fd if tty_fd is not None else stdin_fd,
-                                      pass_fds=(), stdout_fd=tty_fd, child_setup=os.setsid)
+            pid, out_r, err_r = spawner.call(
+                spawn, a[0], a, dict(_PATH_ENV),
+                stdin_fd=tty_fd if tty_fd is not None else stdin_fd, pass_fds=(),
+                stdout_fd=tty_fd, child_setup=child_setup)
         except BaseException:
             _unlink(base + ".json")
             raise

@@ -27,6 +27,10 @@ runsc 20221219 on the ptrace platform), side by side in the same run:
   runsc_exec_true     the raw tool: `runsc exec <id> /bin/true` into the same sandbox by
                       subprocess.run, no corral in between (the floor of this mechanism)
 
+Memory (printed apart, not timed): idle_pss_mb, the PSS of the processes in one idle
+sandbox's own cgroup (namespace: bwrap, its init, the holder; gvisor: runsc run, the gofer,
+the Sentry and its ptrace stubs, the sandbox's init and holder), from /proc/PID/smaps_rollup.
+
 Each of run_true, host_true and run_sh_true follows a GAP_S pause (agents think between
 commands; the sandbox prepares the next command's entrant meanwhile). Variants alternate
 run by run, so a load spike hits them alike. Goals (issue 16): create median <= 15 ms; claim <= 1 ms; run_true <= 1.1 x
@@ -159,6 +163,25 @@ def bench_gvisor(runs: int, warm: int) -> dict:
     return samples
 
 
+def idle_pss_mb(tier: str) -> float:
+    """PSS (MB) of the processes in an idle live sandbox's own cgroup, 1 s after create."""
+    sb = corral.Sandbox.create({"isolation": tier}, timeout=60)
+    try:
+        time.sleep(1)
+        total = 0
+        for pid in sb._live.sandbox_cg.pids():
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as f:
+                    for line in f:
+                        if line.startswith("Pss:"):
+                            total += int(line.split()[1])
+            except OSError:
+                pass
+        return total / 1024
+    finally:
+        sb.kill()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -188,6 +211,9 @@ def main() -> int:
               f"{goals.get(k, '')}")
     if "run_true" in stats:
         print(f"run_true / host_true = {stats['run_true']['median_ms'] / host:.2f}x")
+    pss = {t: round(idle_pss_mb(t), 2) for t in sorted(tiers)}
+    print("idle_pss_mb (one idle sandbox's cgroup): "
+          + ", ".join(f"{t} {v:.1f}" for t, v in pss.items()))
     if "gvisor_run_true" in stats:
         g = stats["gvisor_run_true"]["median_ms"]
         print(f"gvisor_run_true / runsc_exec_true = "
@@ -198,7 +224,7 @@ def main() -> int:
                   f"gvisor_run_true / run_true = {g / stats['run_true']['median_ms']:.1f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"runs": runs, "load_before": load, "stats": stats,
+            json.dump({"runs": runs, "load_before": load, "stats": stats, "idle_pss_mb": pss,
                        "samples": samples, "goals": {**GOALS, "run_true_ms": goal_run}},
                       f, indent=1)
     return 0

@@ -666,3 +666,42 @@ def test_a_sandbox_made_in_a_thread_outlives_the_thread(tier):
             assert proxy is not None and os.path.exists(f"/proc/{proxy.pid}")
     finally:
         sb.kill()
+
+
+def test_gvisor_a_terminal_command_gets_sigwinch_through_resized():
+    """gVisor reads a host terminal's new size but raises no SIGWINCH for it: the Started
+    of a terminal command has resized(), which has runsc exec forward one to the
+    terminal's foreground process group (the hook sb.pty's resize uses on gvisor)."""
+    import fcntl
+    import struct
+    import termios
+
+    if tier_unavailable("gvisor"):
+        pytest.skip(tier_unavailable("gvisor"))
+    with corral.Sandbox.create({"isolation": "gvisor"}, timeout=60) as sb:
+        master, slave = os.openpty()
+        out = []
+        h = sb.commands.run("trap 'echo winch $(stty size)' WINCH; echo ready; "
+                            "while :; do sleep 0.1; done", background=True, tty_fd=slave)
+        os.close(slave)
+
+        def read():
+            while True:
+                try:
+                    data = os.read(master, 4096)
+                except OSError:
+                    return
+                if not data:
+                    return
+                out.append(data)
+
+        threading.Thread(target=read, daemon=True).start()
+        _wait_for(lambda: b"ready" in b"".join(out), "the trap set")
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        time.sleep(0.5)
+        assert b"winch" not in b"".join(out)     # gVisor raised none by itself
+        h._started.resized()
+        _wait_for(lambda: b"winch 40 120" in b"".join(out), "the trap's output")
+        h.kill()
+        assert h.wait(30).verdict == "killed"
+        os.close(master)

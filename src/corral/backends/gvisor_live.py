@@ -113,15 +113,28 @@ class GvisorStarted:
     process group (`cgroup`: the object the runtime kills, signals, times and releases;
     see CommandGroup)."""
 
-    __slots__ = ("before_wait", "cgroup", "err_r", "ns_pid", "out_r", "pid")
+    __slots__ = ("before_wait", "cgroup", "err_r", "ns_pid", "out_r", "pid", "tty")
 
     #: runsc exec reports a signal as 128+N (commands.py decodes it so)
     signal_exit_codes = True
 
-    def __init__(self, pid: int, out_r: int, err_r: int, ns_pid: int, group) -> None:
+    def __init__(self, pid: int, out_r: int, err_r: int, ns_pid: int, group,
+                 tty: bool = False) -> None:
         self.pid, self.out_r, self.err_r, self.ns_pid = pid, out_r, err_r, ns_pid
         self.cgroup = group
         self.before_wait = group.exited
+        self.tty = tty
+
+    def resized(self) -> None:
+        """Call after a terminal command's window size changed (TIOCSWINSZ on the host
+        master): gVisor reads the new size from the host terminal but raises no SIGWINCH
+        for it, so it is sent here. runsc exec forwards a signal to the terminal's
+        foreground process group inside when the command has a terminal (and only then)."""
+        if self.tty and not self.cgroup._exited:
+            try:
+                os.kill(self.pid, 28)   # SIGWINCH; pid is ours and not reaped yet
+            except ProcessLookupError:
+                pass
 
 
 class CommandGroup:
@@ -386,7 +399,8 @@ class GvisorLive(GvisorSandbox):
             raise self._start_failure(status, log, argv[0], cwd)
         _unlink(pid_file)
         _unlink(log)
-        return GvisorStarted(pid, out_r, err_r, ns_pid, CommandGroup(self, ns_pid, pid))
+        return GvisorStarted(pid, out_r, err_r, ns_pid, CommandGroup(self, ns_pid, pid),
+                             tty=tty_fd is not None)
 
     def _started_pid(self, pid: int, pid_file: str) -> int | None:
         """The command's pid inside (runsc exec writes it once the Sentry started it), or

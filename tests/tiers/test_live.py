@@ -65,6 +65,28 @@ def _wait_for(pred, what: str, seconds: float = 30.0):
 
 
 
+def _running(pids: list[int]) -> list[int]:
+    """Those of pids that exist and are not zombies."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
+
+
+def _reap_ours(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
 def _mounts_below(path: str) -> list[str]:
     with open("/proc/self/mountinfo") as f:
         return [ln.split()[4] for ln in f if ln.split()[4].startswith(path)]
@@ -414,9 +436,13 @@ def test_a_sigkilled_supervisor_leaves_nothing_after_the_sweep(tier):
     corral.Sandbox.connect(sid).commands.run(["sleep", "303"], background=True)
     assert procs_of_uid(uid) and cgroups and _mounts_below(run_dir)
     os.kill(entry["pid"], signal.SIGKILL)
-    _wait_for(lambda: not os.path.exists(f"/proc/{entry['pid']}"), "the supervisor's end")
-    _wait_for(lambda: procs_of_uid(uid) == [] and _gone(sid) == [],
+    # dead means exited: a zombie counts (while this process is a child subreaper, e.g.
+    # a run_code interpreter of an earlier test still ending, orphans come to it), and
+    # those that are ours are reaped after
+    _wait_for(lambda: not _running([entry["pid"]]), "the supervisor's end")
+    _wait_for(lambda: not _running(procs_of_uid(uid) + _gone(sid)),
               "bwrap (or runsc) and every process inside to die")
+    _reap_ours([entry["pid"]])
     # (another corral process on this host may sweep it first: either way it goes)
     rundir.sweep_stale(base)
     assert not os.path.exists(run_dir) and _mounts_below(run_dir) == []

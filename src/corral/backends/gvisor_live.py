@@ -69,6 +69,8 @@ READY_S = 30.0
 START_S = 30.0
 #: the most of a state file or pid file that is read (runsc writes them; bounded anyway)
 STATE_MAX = 1 << 20
+#: how long a command that runsc exec could not wait for waits for the sandbox's end
+INIT_EXIT_WAIT_S = 0.25
 #: rounds of `runsc ps` + stop, and of kill + `runsc ps`, before a command's kill gives up
 KILL_ROUNDS = 8
 PS_TIMEOUT_S = 10.0
@@ -124,6 +126,16 @@ class GvisorStarted:
         self.cgroup = group
         self.before_wait = group.exited
         self.tty = tty
+
+    def final_status(self, status: int) -> int:
+        """The command's wait status from runsc exec's: when the sandbox ended under the
+        command, runsc exec cannot wait for it and fails itself (exit 128: "sandbox is
+        not running"); the command was killed with the sandbox, so SIGKILL's status."""
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == RUNSC_FAILED:
+            target = self.cgroup._live.target
+            if target is None or not _alive_after(target, INIT_EXIT_WAIT_S):
+                return SIGKILL
+        return status
 
     def resized(self) -> None:
         """Call after a terminal command's window size changed (TIOCSWINSZ on the host
@@ -195,6 +207,15 @@ class CommandGroup:
         oom = None if u.oom_kills is None else max(0, u.oom_kills - self._oom0)
         return limits.Usage(cpu_s=self.cpu_seconds(), memory_peak_bytes=u.memory_peak_bytes,
                             oom_kills=oom)
+
+
+def _alive_after(target: _InitTarget, seconds: float) -> bool:
+    """Whether runsc run is still there after waiting up to `seconds` for its exit."""
+    if target.pidfd < 0:
+        return False
+    poller = select.poll()
+    poller.register(target.pidfd, select.POLLIN)
+    return not poller.poll(int(seconds * 1000))
 
 
 def _oom_kills(cg) -> int:

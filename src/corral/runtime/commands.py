@@ -207,6 +207,9 @@ class CommandHandle:
             self.close_stdin()
             if s.before_wait is not None:
                 s.before_wait()      # the entrant, if supervise() did not get to it
+            final = getattr(s, "final_status", None)   # the tier's word on the status
+            if final is not None and outcome is not None and outcome.status is not None:
+                outcome.status = final(outcome.status)
             if outcome is not None:
                 usage, oom_kills = _usage(outcome, s.cgroup)
             # a tier whose command is a runtime's client (runsc exec) reports a signal

@@ -79,6 +79,20 @@ def _running(pids: list[int]) -> list[int]:
     return out
 
 
+def _describe(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ")[:120].decode(errors="replace")
+        except OSError:
+            continue
+        out.append(f"{pid} state {stat[0]} ppid {stat[1]}: {cmd}")
+    return out
+
+
 def _reap_ours(pids: list[int]) -> None:
     for pid in pids:
         try:
@@ -440,8 +454,11 @@ def test_a_sigkilled_supervisor_leaves_nothing_after_the_sweep(tier):
     # a run_code interpreter of an earlier test still ending, orphans come to it), and
     # those that are ours are reaped after
     _wait_for(lambda: not _running([entry["pid"]]), "the supervisor's end")
-    _wait_for(lambda: not _running(procs_of_uid(uid) + _gone(sid)),
-              "bwrap (or runsc) and every process inside to die")
+    try:
+        _wait_for(lambda: not _running(procs_of_uid(uid) + _gone(sid)),
+                  "bwrap (or runsc) and every process inside to die")
+    except AssertionError:
+        raise AssertionError(f"still running: {_describe(_running(procs_of_uid(uid) + _gone(sid)))}") from None
     _reap_ours([entry["pid"]])
     # (another corral process on this host may sweep it first: either way it goes)
     rundir.sweep_stale(base)

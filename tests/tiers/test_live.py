@@ -89,7 +89,13 @@ def _describe(pids: list[int]) -> list[str]:
                 cmd = f.read().replace(b"\0", b" ")[:120].decode(errors="replace")
         except OSError:
             continue
-        out.append(f"{pid} state {stat[0]} ppid {stat[1]}: {cmd}")
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = {k: v.strip() for k, _, v in (ln.partition(":") for ln in f)}
+        except OSError:
+            status = {}
+        out.append(f"{pid} state {stat[0]} ppid {stat[1]} (this process: {os.getpid()}) "
+                   f"name {status.get('Name')} nspid {status.get('NSpid')}: {cmd}")
     return out
 
 

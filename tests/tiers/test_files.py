@@ -1,4 +1,5 @@
-"""The files API (corral.runtime.files) on real sandboxes.
+"""The files API (corral.runtime.files) on real sandboxes, one-shot and live
+(Sandbox.create: "namespace-live", "gvisor-live", whose sb.files the runtime makes).
 
 namespace: the view is /proc/PID/root of a command running in the sandbox (a `sleep`
 started with Sandbox.exec in a thread), as a live sandbox's init will give it.
@@ -21,6 +22,8 @@ from conftest import tier_unavailable
 from corral.runtime.files import Caps, FileNotFound, Files, FilesError, open_root
 
 TIERS = ("namespace", "gvisor")
+#: the live sandboxes' own sb.files (runtime/live.py) on the same tests
+VIEWS = (*TIERS, "namespace-live", "gvisor-live")
 HOST_MARK = "corral-host-only-" + secrets.token_hex(4)
 
 
@@ -45,12 +48,21 @@ class Live:
     def __init__(self, tier: str, caps: Caps | None = None, policy: dict | None = None):
         import corral
 
-        self.sb = corral.Sandbox({"isolation": tier, **(policy or {})}).open()
+        tier, _, kept = tier.partition("-")
         self.tier = tier
-        live = self.sb._live
-        self.uid, self.gid = live.uid, live.gid
         self.thread = None
         self.pid = None
+        if kept:   # a live sandbox: its own sb.files, its commands through sb.exec
+            self.sb = corral.Sandbox.create({"isolation": tier, **(policy or {})},
+                                            timeout=300)
+            self.uid, self.gid = self.sb.ids
+            self.files = self.sb.files
+            if caps is not None:
+                self.files.caps = caps
+            return
+        self.sb = corral.Sandbox({"isolation": tier, **(policy or {})}).open()
+        live = self.sb._live
+        self.uid, self.gid = live.uid, live.gid
         if tier == "namespace":
             token = f"{500 + secrets.randbelow(10**6) / 10**6:.6f}"
             self.thread = threading.Thread(target=self.sb.exec, args=(["sleep", token],),
@@ -113,9 +125,9 @@ class Live:
         self.sb.close()
 
 
-@pytest.fixture(params=TIERS)
+@pytest.fixture(params=VIEWS)
 def live(request):
-    why = tier_unavailable(request.param)
+    why = tier_unavailable(request.param.partition("-")[0])
     if why:
         pytest.skip(why)
     lv = Live(request.param)

@@ -1,6 +1,8 @@
-"""Live sandboxes on the namespace tier: one set of namespaces for many commands, each
-command entered from the host (runtime/live.py, backends/namespace_live.py,
-linux/enter.py). Real bwrap, real namespaces, real cgroups."""
+"""Live sandboxes on the namespace and gvisor tiers: one set of namespaces (one bwrap, one
+runsc sandbox) for many commands, each command started from the host (runtime/live.py,
+backends/namespace_live.py with linux/enter.py; backends/gvisor_live.py with runsc exec).
+Real bwrap, real runsc, real namespaces, real cgroups. Where the tiers differ the test
+says how, as docs/sessions.md does."""
 
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ import threading
 import time
 
 import pytest
-from conftest import procs_of_uid, tier_unavailable
+from conftest import procs_mentioning, procs_of_uid, tier_unavailable
 from netfix import free_port
 
 import corral
 from corral.errors import BackendUnavailable, SandboxClosed, UsageError
 
-pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
+TIERS = ("namespace", "gvisor")
+_NAMESPACE = pytest.mark.skipif(tier_unavailable("namespace") is not None,
                                 reason=f"namespace tier: {tier_unavailable('namespace')}")
 
 SYSCALLS = textwrap.dedent("""
@@ -31,11 +34,24 @@ SYSCALLS = textwrap.dedent("""
 """)
 
 
+@pytest.fixture(params=TIERS)
+def tier(request):
+    why = tier_unavailable(request.param)
+    if why is not None:
+        pytest.skip(f"{request.param} tier: {why}")
+    return request.param
+
+
 @pytest.fixture
-def sb():
-    s = corral.Sandbox.create(timeout=120)
+def sb(tier):
+    s = corral.Sandbox.create({"isolation": tier}, timeout=120)
     yield s
     s.kill()
+
+
+def _gone(sb_id: str) -> list[int]:
+    """Host processes naming the sandbox's run dir (runsc run, exec, ps, kill: --root)."""
+    return procs_mentioning(f"/{sb_id}/")
 
 
 def _wait_for(pred, what: str, seconds: float = 30.0):
@@ -47,6 +63,48 @@ def _wait_for(pred, what: str, seconds: float = 30.0):
         time.sleep(0.05)
     raise AssertionError(f"gave up waiting for {what}")
 
+
+
+def _running(pids: list[int]) -> list[int]:
+    """Those of pids that exist and are not zombies."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
+
+
+def _describe(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ")[:120].decode(errors="replace")
+        except OSError:
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = {k: v.strip() for k, _, v in (ln.partition(":") for ln in f)}
+        except OSError:
+            status = {}
+        out.append(f"{pid} state {stat[0]} ppid {stat[1]} (this process: {os.getpid()}) "
+                   f"name {status.get('Name')} nspid {status.get('NSpid')}: {cmd}")
+    return out
+
+
+def _reap_ours(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
 
 
 def _mounts_below(path: str) -> list[str]:
@@ -64,7 +122,11 @@ def test_state_survives_between_commands_variables_do_not(sb):
     ps = sb.commands.run("ps -e -o args").stdout.splitlines()
     assert "sleep 300" in ps and "sleep 301" in ps, ps
     assert h.running and h.pid in [c.pid for c in sb.commands.list()]
-    assert any(c.detached and c.cmd[-1].startswith("sleep 300") for c in sb.commands.list())
+    if sb.isolation == "namespace":   # its own cgroup keeps what a command left behind
+        assert any(c.detached and c.cmd[-1].startswith("sleep 300")
+                   for c in sb.commands.list())
+    else:   # gvisor: a left-behind process is init's (gVisor's tasks have no host cgroup)
+        assert not any(c.detached for c in sb.commands.list())
 
 
 def test_a_command_is_inside_every_namespace_without_capabilities(sb):
@@ -75,7 +137,12 @@ def test_a_command_is_inside_every_namespace_without_capabilities(sb):
     assert lines[0] == ["corral"], r
     assert int(lines[1][0]) < 50, r          # a pid of the sandbox's own namespace
     assert ["CapEff:", "0000000000000000"] in lines and ["CapBnd:", "0000000000000000"] in lines
-    assert ["NoNewPrivs:", "1"] in lines and ["Seccomp:", "2"] in lines
+    if sb.isolation == "namespace":
+        assert ["NoNewPrivs:", "1"] in lines and ["Seccomp:", "2"] in lines
+    else:   # runsc exec starts commands without the OCI deny list: every Result says so
+        assert ["Seccomp:", "2"] not in lines
+        assert any(e["kind"] == "unenforced" and e["rule"] == "Seccomp"
+                   and "runsc exec" in e["reason"] for e in r.events), r.events
     assert ["lo"] in lines and len([x for x in lines if len(x) == 1 and x[0].isalpha()
                                     and x[0] not in ("corral", "lo")]) == 0, r
     assert lines[-2:] == [["0"], ["/scratch"]], r
@@ -87,8 +154,20 @@ def test_a_command_is_inside_every_namespace_without_capabilities(sb):
 
 def test_seccomp_refuses_as_in_one_shot_runs(sb):
     live = sb.commands.run(["/usr/bin/python3", "-c", SYSCALLS])
-    once = corral.run(["/usr/bin/python3", "-c", SYSCALLS])
-    assert live.stdout == once.stdout == "EPERM ENOSYS\n", (live, once)
+    once = corral.run(["/usr/bin/python3", "-c", SYSCALLS], {"isolation": sb.isolation})
+    if sb.isolation == "namespace":
+        assert live.stdout == once.stdout == "EPERM ENOSYS\n", (live, once)
+    else:   # gVisor's Sentry answers; the deny list is not on runsc exec's commands,
+        # as explain says and each Result's unenforced event
+        from corral.policy import policy_from_dict
+        from corral.runtime.explain import explain
+
+        note = next(r["note"] for r in explain(policy_from_dict({}), "gvisor")["rules"]
+                    if "seccomp" in r["rule"])
+        assert "a live sandbox's commands (runsc exec) go without them" in note
+        assert once.stdout.split()[0] == "EPERM", once
+        assert live.stdout.split()[0] != "EPERM", live
+        assert any(e["kind"] == "unenforced" and e["rule"] == "Seccomp" for e in live.events)
 
 
 def test_background_server_reachable_inside_never_from_the_host(sb):
@@ -154,8 +233,8 @@ def test_foreground_stdin_env_cwd_and_exec_failure(sb):
         sb.commands.run([])
 
 
-def test_sandbox_wide_pids_limit_holds_across_commands():
-    with corral.Sandbox.create({"limits": {"pids": 24}}, timeout=120) as sb:
+def test_sandbox_wide_pids_limit_holds_across_commands(tier):
+    with corral.Sandbox.create({"isolation": tier, "limits": {"pids": 24}}, timeout=120) as sb:
         hold = sb.commands.run("for i in $(seq 16); do sleep 300 & done; wait",
                                background=True)
         _wait_for(lambda: sb.commands.run("ps -e -o args").stdout.splitlines().count("sleep 300") == 16,
@@ -165,8 +244,8 @@ def test_sandbox_wide_pids_limit_holds_across_commands():
         assert hold.running
 
 
-def test_sandbox_timeout_leaves_nothing_behind():
-    sb = corral.Sandbox.create(timeout=2)
+def test_sandbox_timeout_leaves_nothing_behind(tier):
+    sb = corral.Sandbox.create({"isolation": tier}, timeout=2)
     sb.commands.run("sleep 300 > /dev/null 2>&1 &")
     bg = sb.commands.run(["sleep", "301"], background=True)
     run_dir = sb._live.dir.path
@@ -177,7 +256,7 @@ def test_sandbox_timeout_leaves_nothing_behind():
     assert sb.get_info().ended_by == "timeout"
     assert any("timeout" in e["message"] for e in sb.events)
     assert bg.wait(30).verdict == "killed"
-    left = procs_of_uid(uid)
+    left = procs_of_uid(uid) + _gone(sb.id)
     assert left == [], left
     assert _mounts_below(run_dir) == [] and not os.path.exists(run_dir)
     assert not any(map(os.path.exists, cgroups))
@@ -186,22 +265,26 @@ def test_sandbox_timeout_leaves_nothing_behind():
 
 
 def test_killing_init_from_inside_closes_the_sandbox_with_an_event(sb):
-    # init (pid 1) ignores signals from inside its own namespace: SIGKILL does nothing
-    r = sb.commands.run("kill -KILL 1; echo rc=$?")
-    assert r.stdout == "rc=0\n" and sb.state == "running"
-    # killing what init waits for ends init, and the namespace with every process in it
     run_dir = sb._live.dir.path
-    r = sb.commands.run("kill -KILL -1; sleep 5; echo survived")
+    if sb.isolation == "namespace":
+        # init (pid 1) ignores signals from inside its own namespace: SIGKILL does nothing
+        r = sb.commands.run("kill -KILL 1; echo rc=$?")
+        assert r.stdout == "rc=0\n" and sb.state == "running"
+        # killing what init waits for ends init, and the namespace with every process
+        r = sb.commands.run("kill -KILL -1; sleep 5; echo survived")
+    else:   # gVisor lets pid 1 be killed from inside: that ends the container at once
+        r = sb.commands.run("kill -KILL 1; sleep 5; echo survived")
     assert r.verdict == "killed" and "survived" not in r.stdout, r
     assert any(e["kind"] == "teardown" and "init" in e["message"] for e in r.events), r
     assert sb.state == "ended" and sb.get_info().ended_by == "init"
-    assert not os.path.exists(run_dir)
+    assert not os.path.exists(run_dir) and _gone(sb.id) == []
     with pytest.raises(SandboxClosed, match="init"):
         sb.commands.run("true")
 
 
-def test_idle_timeout_ends_an_unused_sandbox():
-    sb = corral.Sandbox.create({"limits": {"idle_timeout": "1s"}}, timeout=120)
+def test_idle_timeout_ends_an_unused_sandbox(tier):
+    sb = corral.Sandbox.create({"isolation": tier, "limits": {"idle_timeout": "1s"}},
+                               timeout=120)
     try:
         assert sb.get_info().idle_timeout == 1
         h = sb.commands.run(["sleep", "2"], background=True)   # running: not idle
@@ -215,7 +298,7 @@ def test_idle_timeout_ends_an_unused_sandbox():
 
 def test_set_timeout_get_info_kill(sb):
     info = sb.get_info()
-    assert info.id == sb.id and info.state == "running" and info.isolation == "namespace"
+    assert info.id == sb.id and info.state == "running" and info.isolation == sb.isolation
     assert info.policy_digest.startswith("sha256:") and len(info.policy_digest) == 71
     assert 110 < info.ends - info.created <= 120
     sb.set_timeout(600)
@@ -245,11 +328,13 @@ def test_concurrent_foreground_commands(sb):
     assert results == {i: f"{i}\n" for i in range(4)}
 
 
+@_NAMESPACE
 def test_the_process_tier_refuses_a_live_sandbox():
     with pytest.raises(BackendUnavailable, match="live sandbox"):
         corral.Sandbox.create({"isolation": "process"})
 
 
+@_NAMESPACE
 def test_one_shot_sandbox_and_exec_are_unchanged():
     with corral.Sandbox() as sb:
         sb.exec(["sh", "-c", "echo x > /scratch/f; sleep 300 > /dev/null 2>&1 &"])
@@ -257,8 +342,8 @@ def test_one_shot_sandbox_and_exec_are_unchanged():
         assert "sleep 300" not in sb.exec(["ps", "-e", "-o", "args"]).stdout
 
 
-def test_pool_claims_distinct_never_used_sandboxes():
-    with corral.Pool(size=2, timeout=60) as pool:
+def test_pool_claims_distinct_never_used_sandboxes(tier):
+    with corral.Pool({"isolation": tier}, size=2, timeout=60) as pool:
         _wait_for(lambda: pool.ready() == 2, "two ready sandboxes")
         a, b = pool.claim(), pool.claim()
         c = pool.claim()     # made behind the first claims
@@ -290,12 +375,13 @@ def _cli(*args, input=None, timeout=120):
                           timeout=timeout)
 
 
-def test_connect_from_another_process_and_the_sandbox_outlives_its_creator():
+def test_connect_from_another_process_and_the_sandbox_outlives_its_creator(tier):
     import subprocess
     import sys
 
     make = ("import corral\n"
-            "sb = corral.Sandbox.create(timeout=60, detached=True, metadata={'k': 'v'})\n"
+            f"sb = corral.Sandbox.create({{'isolation': {tier!r}}}, timeout=60, detached=True,"
+            " metadata={'k': 'v'})\n"
             "sb.commands.run('echo from-creator > /scratch/note')\n"
             "sb.commands.run(['sleep', '302'], background=True)\n"
             "print(sb.id)\n")
@@ -305,7 +391,7 @@ def test_connect_from_another_process_and_the_sandbox_outlives_its_creator():
     sid = p.stdout.strip()             # its creator has exited
     sb = corral.Sandbox.connect(sid)
     try:
-        assert sb.get_info().metadata == {"k": "v"}
+        assert sb.get_info().metadata == {"k": "v"} and sb.get_info().isolation == tier
         assert sb.commands.run("cat /scratch/note").stdout == "from-creator\n"
         assert any(c.cmd == ("sleep", "302") for c in sb.commands.list())
         got = []
@@ -326,8 +412,8 @@ def test_connect_from_another_process_and_the_sandbox_outlives_its_creator():
         corral.Sandbox.connect("../../etc")
 
 
-def test_cli_create_ls_exec_kill():
-    p = _cli("sandbox", "create", "--timeout", "60", "--memory", "256M")
+def test_cli_create_ls_exec_kill(tier):
+    p = _cli("sandbox", "create", "--isolation", tier, "--timeout", "60", "--memory", "256M")
     assert p.returncode == 0, p.stderr
     sid = p.stdout.strip()
     try:
@@ -352,13 +438,13 @@ def test_cli_create_ls_exec_kill():
     assert _cli("sandbox", "exec", "not-an-id", "--", "true").returncode == 2
 
 
-def test_a_sigkilled_supervisor_leaves_nothing_after_the_sweep():
+def test_a_sigkilled_supervisor_leaves_nothing_after_the_sweep(tier):
     import signal
 
     from corral.linux import rundir
     from corral.runtime import registry
 
-    p = _cli("sandbox", "create", "--timeout", "120")
+    p = _cli("sandbox", "create", "--isolation", tier, "--timeout", "120")
     assert p.returncode == 0, p.stderr
     sid = p.stdout.strip()
     entry = registry.read_entry(sid)
@@ -370,8 +456,16 @@ def test_a_sigkilled_supervisor_leaves_nothing_after_the_sweep():
     corral.Sandbox.connect(sid).commands.run(["sleep", "303"], background=True)
     assert procs_of_uid(uid) and cgroups and _mounts_below(run_dir)
     os.kill(entry["pid"], signal.SIGKILL)
-    _wait_for(lambda: not os.path.exists(f"/proc/{entry['pid']}"), "the supervisor's end")
-    _wait_for(lambda: procs_of_uid(uid) == [], "bwrap and every process inside to die")
+    # dead means exited: a zombie counts (while this process is a child subreaper, e.g.
+    # a run_code interpreter of an earlier test still ending, orphans come to it), and
+    # those that are ours are reaped after
+    _wait_for(lambda: not _running([entry["pid"]]), "the supervisor's end")
+    try:
+        _wait_for(lambda: not _running(procs_of_uid(uid) + _gone(sid)),
+                  "bwrap (or runsc) and every process inside to die")
+    except AssertionError:
+        raise AssertionError(f"still running: {_describe(_running(procs_of_uid(uid) + _gone(sid)))}") from None
+    _reap_ours([entry["pid"]])
     # (another corral process on this host may sweep it first: either way it goes)
     rundir.sweep_stale(base)
     assert not os.path.exists(run_dir) and _mounts_below(run_dir) == []
@@ -381,8 +475,8 @@ def test_a_sigkilled_supervisor_leaves_nothing_after_the_sweep():
     assert sid not in _cli("sandbox", "ls").stdout
 
 
-def test_per_command_output_and_cpu_limits_sandbox_wide_memory():
-    policy = {"limits": {"output": "1K", "cpu_time": "1s", "memory": "96M"}}
+def test_per_command_output_and_cpu_limits_sandbox_wide_memory(tier):
+    policy = {"isolation": tier, "limits": {"output": "1K", "cpu_time": "1s", "memory": "96M"}}
     with corral.Sandbox.create(policy, timeout=120) as sb:
         r = sb.commands.run("head -c 5000 /dev/zero | tr '\\0' x")
         assert len(r.stdout) == 1024 and r.stdout_truncated, r
@@ -400,12 +494,36 @@ def test_per_command_output_and_cpu_limits_sandbox_wide_memory():
         # alone it fits (70 MB < 96 MB); with the other's 40 MB it does not, and the OOM
         # killer takes the largest process of the sandbox: this one
         take = "b = bytearray(70 << 20); b[::4096] = b'x' * len(b[::4096]); print('took')"
+        if sb.isolation == "gvisor":
+            # gvisor's per-command cpu_time is the sandbox's counter (gVisor's own CPU in
+            # it): 1 s is gone in the allocations; the memory part runs without it below
+            h.kill()
+            return _gvisor_memory_ends_the_sandbox(take, hold)
         r = sb.commands.run(["python3", "-c", take], timeout=60)
         assert r.verdict == "oom" and "took" not in r.stdout, r
         assert any(e.get("limit") == "memory" for e in r.events)
         assert h.running
         h.kill()
         assert sb.commands.run(["python3", "-c", take], timeout=60).stdout == "took\n"
+
+
+def _gvisor_memory_ends_the_sandbox(take: str, hold: str) -> None:
+    """gvisor: the sandbox's memory limit holds across commands; the host's OOM killer
+    takes one of gVisor's own processes (the Sentry holds the sandbox's memory), so
+    gVisor's kernel ends, and the sandbox with it says why."""
+    with corral.Sandbox.create({"isolation": "gvisor", "limits": {"memory": "96M"}},
+                               timeout=120) as sb:
+        got = []
+        h = sb.commands.run(["python3", "-c", hold], background=True, on_stdout=got.append)
+        _wait_for(lambda: b"held" in b"".join(got) or not h.running, "40 MB held")
+        assert h.running
+        r = sb.commands.run(["python3", "-c", take], timeout=60)
+        assert r.verdict == "oom" and "took" not in r.stdout, r
+        assert any(e.get("limit") == "memory" for e in r.events)
+        _wait_for(lambda: sb.state == "ended", "the sandbox's end")
+        assert sb.get_info().ended_by == "init"
+        assert any("memory" in e["message"] and "OOM" in e["message"]
+                   for e in sb.events), sb.events
 
 
 def test_a_command_on_a_terminal_slave_has_it_as_controlling_terminal(sb):
@@ -436,10 +554,10 @@ def test_a_command_on_a_terminal_slave_has_it_as_controlling_terminal(sb):
             os.close(slave)
 
 
-def test_network_allow_one_proxy_for_the_sandbox_events_in_each_result():
-    policy = {"network": {"mode": "allow", "allow": ["allowed.invalid"]}}
-    if tier_unavailable("namespace", policy):
-        pytest.skip(tier_unavailable("namespace", policy))
+def test_network_allow_one_proxy_for_the_sandbox_events_in_each_result(tier):
+    policy = {"isolation": tier, "network": {"mode": "allow", "allow": ["allowed.invalid"]}}
+    if tier_unavailable(tier, policy):
+        pytest.skip(tier_unavailable(tier, policy))
     fetch = ("import urllib.request as u, urllib.error as e\n"
              "try:\n    u.urlopen('http://{}/', timeout=30)\n"
              "except e.HTTPError as x:\n    print(x.code)\n")
@@ -456,6 +574,7 @@ def test_network_allow_one_proxy_for_the_sandbox_events_in_each_result():
     assert not os.path.exists(f"/proc/{pid}")
 
 
+@_NAMESPACE
 def test_destroying_a_cgroup_kills_and_removes_its_children():
     """RunCgroup.child(): a live sandbox's command cgroups go with the sandbox's, even
     with processes still in them (cgroup v1 lists only a cgroup's own processes)."""
@@ -482,7 +601,7 @@ def test_destroying_a_cgroup_kills_and_removes_its_children():
         p.wait()
 
 
-def test_files_on_a_live_sandbox_see_its_own_tree_and_never_the_hosts():
+def test_files_on_a_live_sandbox_see_its_own_tree_and_never_the_hosts(tier):
     """sb.files on a live sandbox works on its running tree (init's root): a file a command
     wrote is read back, one written from the host is seen by the next command, and a link
     planted inside to a host path resolves inside the sandbox, never on the host."""
@@ -492,19 +611,29 @@ def test_files_on_a_live_sandbox_see_its_own_tree_and_never_the_hosts():
     with open(host_secret, "w") as f:
         f.write("HOST ONLY\n")
     try:
-        with corral.Sandbox.create({"limits": {"timeout": "30s"}}, timeout=60) as sb:
+        with corral.Sandbox.create({"isolation": tier, "limits": {"timeout": "30s"}},
+                                   timeout=60) as sb:
             assert sb.commands.run("echo made inside > /scratch/a").verdict == "ok"
             assert sb.files.read("/scratch/a") == "made inside\n"
             data = os.urandom(1 << 20)
             sb.files.write("/tmp/b.bin", data)
-            r = sb.commands.run("sha256sum /tmp/b.bin; stat -c %u /tmp/b.bin")
+            r = sb.commands.run("sha256sum /tmp/b.bin; python3 -c \"import os; "
+                                "print(os.stat('/tmp/b.bin').st_uid)\"")
             import hashlib
             assert r.stdout.split()[0] == hashlib.sha256(data).hexdigest(), r
             assert r.stdout.split()[-1] == "0", r          # owned by the sandbox's root
             sb.commands.run(f"ln -s {host_secret} /scratch/leak; ln -s /etc/shadow /scratch/sh")
+            # namespace: resolved in the sandbox's root, where neither exists; gvisor: the
+            # view is the host directories behind its mounts, and a link out is refused
+            from corral.runtime.files import FilesError
+
             for link in ("/scratch/leak", "/scratch/sh"):
-                with pytest.raises(FileNotFoundError):
-                    sb.files.read(link)
+                if tier == "namespace":
+                    with pytest.raises(FileNotFoundError):
+                        sb.files.read(link)
+                else:
+                    with pytest.raises(FilesError, match="leads out of its mount: refused"):
+                        sb.files.read(link)
     finally:
         os.unlink(host_secret)
 
@@ -528,3 +657,121 @@ def test_pty_in_a_live_sandbox_is_a_command_of_it(sb):
     t2.kill()
     assert t2.wait(60).verdict == "killed"
     assert sb.commands.list() == []
+
+
+def test_review_mode_on_a_live_sandbox_holds_writes_until_apply(tier, tmp_path):
+    """A review workspace on a live sandbox: every command's writes land in the overlay;
+    the host directory is untouched until apply_changes."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("orig\n")
+    # a host change just before the sandbox opens counts as made while it ran (the safe
+    # side): wait until the coarse clock is well past the file's ctime (test_review.settle)
+    while time.clock_gettime_ns(5) <= (ws / "a.txt").stat().st_ctime_ns + 100_000_000:
+        time.sleep(0.005)
+    policy = {"isolation": tier, "filesystem": {"workspace": {"path": str(ws),
+                                                              "mode": "review"}}}
+    if tier_unavailable(tier, policy):
+        pytest.skip(tier_unavailable(tier, policy))
+    with corral.Sandbox.create(policy, timeout=120) as sb:
+        assert sb.commands.run("echo changed > /workspace/a.txt").verdict == "ok"
+        h = sb.commands.run("echo new > /workspace/b.txt; sleep 300", background=True)
+        _wait_for(lambda: sb.commands.run("cat /workspace/b.txt").stdout == "new\n",
+                  "the background command's write")
+        assert (ws / "a.txt").read_text() == "orig\n" and not (ws / "b.txt").exists()
+        assert sorted((c.path, c.kind) for c in sb.changes()) == [("a.txt", "modified"),
+                                                                  ("b.txt", "added")]
+        applied = sb.apply_changes()
+        assert sorted(applied.applied) == ["a.txt", "b.txt"], applied
+        h.kill()
+    assert (ws / "a.txt").read_text() == "changed\n" and (ws / "b.txt").read_text() == "new\n"
+
+
+def test_gvisor_a_signal_reaches_the_command_inside_and_runsc_exec_keeps_supervising():
+    """On gvisor a command's host process is runsc exec, which forwards no signal and
+    would die of one, leaving the command unsupervised: it runs in a session of its own
+    (no ^C of the caller's terminal reaches it), and a signal for the command goes to it
+    inside through runsc kill (CommandGroup.signal)."""
+    import signal
+
+    if tier_unavailable("gvisor"):
+        pytest.skip(tier_unavailable("gvisor"))
+    with corral.Sandbox.create({"isolation": "gvisor"}, timeout=60) as sb:
+        got = []
+        h = sb.commands.run("trap 'echo got-int' INT; echo ready; while :; do sleep 0.1; done",
+                            background=True, on_stdout=got.append)
+        _wait_for(lambda: b"ready" in b"".join(got), "the trap set")
+        assert os.getsid(h.host_pid) == h.host_pid != os.getsid(0)
+        h._started.cgroup.signal(signal.SIGINT)
+        _wait_for(lambda: b"got-int" in b"".join(got), "the trap's output")
+        assert h.running and os.path.exists(f"/proc/{h.host_pid}")
+        h.kill()
+        assert h.wait(30).verdict == "killed"
+
+
+def test_a_sandbox_made_in_a_thread_outlives_the_thread(tier):
+    """Parent-death signals (bwrap --die-with-parent, runsc's and the proxy's) fire when
+    the thread that forked the child exits: a sandbox made in a pool's filler, a server's
+    worker or any short-lived thread must keep running (linux/spawner.py)."""
+    policy = {"isolation": tier, "network": {"mode": "allow", "allow": ["allowed.invalid"]}}
+    if tier_unavailable(tier, policy):
+        policy = {"isolation": tier}
+    made = {}
+
+    def make():
+        made["sb"] = corral.Sandbox.create(policy, timeout=120)
+        made["h"] = made["sb"].commands.run(["sleep", "300"], background=True)
+
+    t = threading.Thread(target=make)
+    t.start()
+    t.join(120)
+    sb = made["sb"]
+    try:
+        time.sleep(0.5)    # a parent-death signal would have ended it by now
+        assert sb.state == "running", sb.events
+        assert made["h"].running
+        assert sb.commands.run("echo alive").stdout == "alive\n"
+        proxy = sb._live.proxy
+        if "network" in policy:
+            assert proxy is not None and os.path.exists(f"/proc/{proxy.pid}")
+    finally:
+        sb.kill()
+
+
+def test_gvisor_a_terminal_command_gets_sigwinch_through_resized():
+    """gVisor reads a host terminal's new size but raises no SIGWINCH for it: the Started
+    of a terminal command has resized(), which has runsc exec forward one to the
+    terminal's foreground process group (the hook sb.pty's resize uses on gvisor)."""
+    import fcntl
+    import struct
+    import termios
+
+    if tier_unavailable("gvisor"):
+        pytest.skip(tier_unavailable("gvisor"))
+    with corral.Sandbox.create({"isolation": "gvisor"}, timeout=60) as sb:
+        master, slave = os.openpty()
+        out = []
+        h = sb.commands.run("trap 'echo winch $(stty size)' WINCH; echo ready; "
+                            "while :; do sleep 0.1; done", background=True, tty_fd=slave)
+        os.close(slave)
+
+        def read():
+            while True:
+                try:
+                    data = os.read(master, 4096)
+                except OSError:
+                    return
+                if not data:
+                    return
+                out.append(data)
+
+        threading.Thread(target=read, daemon=True).start()
+        _wait_for(lambda: b"ready" in b"".join(out), "the trap set")
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        time.sleep(0.5)
+        assert b"winch" not in b"".join(out)     # gVisor raised none by itself
+        h._started.resized()
+        _wait_for(lambda: b"winch 40 120" in b"".join(out), "the trap's output")
+        h.kill()
+        assert h.wait(30).verdict == "killed"
+        os.close(master)

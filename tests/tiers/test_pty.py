@@ -42,17 +42,14 @@ class Screen:
                 self.cond.wait(left)
 
 
-@pytest.fixture(params=["namespace", "gvisor", "process", "live"])
+@pytest.fixture(params=["namespace", "gvisor", "process", "namespace-live", "gvisor-live"])
 def sb(request):
-    """"live": a live namespace sandbox, whose terminals are background commands of it."""
-    tier = "namespace" if request.param == "live" else request.param
+    tier, _, kept = request.param.partition("-")
     why = tier_unavailable(tier)
     if why:
         pytest.skip(why)
     policy = {"isolation": tier, "limits": {"timeout": "5m"}}
-    box = (corral.Sandbox.create(policy, timeout=600) if request.param == "live"
-           else corral.Sandbox(policy))
-    with box as s:
+    with (corral.Sandbox.create(policy, timeout=600) if kept else corral.Sandbox(policy)) as s:
         yield s
 
 

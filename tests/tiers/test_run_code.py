@@ -19,9 +19,9 @@ from conftest import ROOT, tier_unavailable
 import corral
 from corral.runtime.session import CodeSession, ContextError
 
-#: "live": a live namespace sandbox (Sandbox.create), whose contexts are stream commands
+#: "TIER-live": a live sandbox (Sandbox.create), whose contexts are stream commands
 #: (runtime/channels.CommandChannel) rather than one long exec each
-TIERS = ("namespace", "gvisor", "live")
+TIERS = ("namespace", "gvisor", "namespace-live", "gvisor-live")
 POLICY = {"limits": {"cpu_time": "10m", "timeout": "60s"}}
 
 
@@ -31,12 +31,13 @@ def _has(tier: str, argv: list[str]) -> bool:
 
 
 def open_box(kind: str, policy: dict):
-    """A sandbox of `kind` (a tier, or "live"), or a skip naming why it cannot run here."""
-    tier = "namespace" if kind == "live" else kind
+    """A sandbox of `kind` (a tier, or TIER-live: Sandbox.create, whose contexts are stream
+    commands of the running sandbox), or a skip naming why it cannot run here."""
+    tier, _, kept = kind.partition("-")
     why = tier_unavailable(tier, {**policy, "isolation": tier})
     if why:
         pytest.skip(f"{kind}: {why}")
-    if kind == "live":
+    if kept:
         return corral.Sandbox.create({**policy, "isolation": tier}, timeout=900)
     return corral.Sandbox({**policy, "isolation": tier})
 

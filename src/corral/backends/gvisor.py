@@ -328,7 +328,9 @@ class GvisorBackend(Backend):
             case Seccomp():
                 return "kernel", ("gVisor's Sentry serves every syscall (runsc's own host "
                                   "seccomp filter confines the Sentry); seccomp.py's EPERM "
-                                  "rules applied inside gVisor (OCI seccomp)")
+                                  "rules applied inside gVisor (OCI seccomp) to each run's "
+                                  "process tree; a live sandbox's commands (runsc exec) go "
+                                  "without them, with an unenforced event")
             case Namespaces():
                 return "kernel", ("gVisor's own kernel; uid 0 there with no capabilities, "
                                   "no_new_privs; gofer and Sentry in user namespaces as "
@@ -420,6 +422,12 @@ class GvisorBackend(Backend):
     def open(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None
              ) -> GvisorSandbox:
         return GvisorSandbox(self, plan, check.admit(self.name), list(granted), upstream_ca)
+
+    def open_live(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None):
+        """One runsc sandbox for the sandbox's life, commands started with runsc exec."""
+        from .gvisor_live import GvisorLive
+
+        return GvisorLive(self, plan, events, list(granted), upstream_ca)
 
 
 class GvisorSandbox(LiveSandbox):

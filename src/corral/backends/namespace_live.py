@@ -29,7 +29,7 @@ import time
 
 from ..errors import SandboxSetupError
 from ..events import NoticeEvent
-from ..linux import enter
+from ..linux import enter, spawner
 from ..linux._sys import subreaper_acquire, subreaper_release
 from ..linux.supervise import kill_pid, spawn
 from ..plan import EgressProxy, Environment
@@ -125,10 +125,12 @@ class NamespaceLive(NamespaceSandbox):
             subreaper_acquire()
             self._subreaper = True
             try:
-                pid, out_r, err_r = spawn(line[0], line, {}, stdin_fd=devnull,
-                                          pass_fds=(*theirs, *self.fds.values()),
-                                          uid=uid if self.root else None,
-                                          gid=gid if self.root else None)
+                # from the spawner thread: bwrap's --die-with-parent fires when the
+                # thread that forked it exits, not only the process (linux/spawner.py)
+                pid, out_r, err_r = spawner.call(spawn, line[0], line, {}, stdin_fd=devnull,
+                                                 pass_fds=(*theirs, *self.fds.values()),
+                                                 uid=uid if self.root else None,
+                                                 gid=gid if self.root else None)
             finally:
                 for fd in theirs:
                     os.close(fd)
@@ -165,8 +167,8 @@ class NamespaceLive(NamespaceSandbox):
 
                 config = proxy_config(egress[0].config_json, self.granted, self.ca,
                                       self.upstream_ca)
-                self.proxy = start_proxy(config, listen_in_netns(init), attach, uid, gid,
-                                         live=True)
+                self.proxy = spawner.call(start_proxy, config, listen_in_netns(init), attach,
+                                          uid, gid, live=True)
                 if self.proxy.notice:
                     self.notices.append(NoticeEvent(self.proxy.notice).to_dict())
             self._wait_holder()

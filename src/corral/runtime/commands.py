@@ -273,14 +273,20 @@ class CommandHandle:
             self.close_stdin()
             if s.before_wait is not None:
                 s.before_wait()      # the entrant, if supervise() did not get to it
+            final = getattr(s, "final_status", None)   # the tier's word on the status
+            if final is not None and outcome is not None and outcome.status is not None:
+                outcome.status = final(outcome.status)
             if outcome is not None:
                 usage, oom_kills = _usage(outcome, s.cgroup)
+            # a tier whose command is a runtime's client (runsc exec) reports a signal
+            # as 128+N
+            by_exit = getattr(s, "signal_exit_codes", False)
+            exit_code, sig = decode_status((outcome.status or 0) if outcome else 0,
+                                           signal_exit_codes=by_exit)
             stray = (outcome is not None and not outcome.timed_out and not self._killed
-                     and not oom_kills and os.WIFSIGNALED(outcome.status or 0)
-                     and os.WTERMSIG(outcome.status) == 9)
+                     and not oom_kills and sig == 9)
             owner._command_ended(self, stray)
         events = owner._events_copy() + owner._net_since(net_from)
-        exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=False)
         result = finish(outcome, exit_code=exit_code, sig=sig, events=events,
                         usage=usage, oom_kills=oom_kills, wall=wall, cpu=cpu,
                         memory=lim.memory, cap=cap,

@@ -178,13 +178,27 @@ class Live(Sandbox):
     def files(self):
         """The files API (corral.runtime.files) on the running sandbox's whole tree, as its
         init sees it: every path resolved by the kernel inside /proc/INIT/root
-        (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), as the sandbox's user."""
+        (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), as the sandbox's user. On gvisor, whose
+        root lives in gVisor's own kernel: the host directories behind its /scratch, /tmp,
+        /dev/shm and workspace mounts (RESOLVE_BENEATH in each), as on a one-shot sandbox."""
         if self._files is None:
             from .files import Files
 
             target = self.enter_target()
             uid, gid = self.ids
-            self._files = Files(target.root_fd, uid, gid, cwd=self.plan.cwd)
+            if target.root_fd < 0:
+                # gvisor: the root is in gVisor's own kernel; the host holds the
+                # directories behind its scratch and workspace mounts
+                from ..backends.host.views import persistent_mounts
+
+                mounts = persistent_mounts(self._live)
+                try:
+                    self._files = Files.over_mounts(mounts, uid, gid, cwd=self.plan.cwd)
+                finally:
+                    for _, fd, _ in mounts:
+                        os.close(fd)
+            else:
+                self._files = Files(target.root_fd, uid, gid, cwd=self.plan.cwd)
         return self._files
 
     def open(self) -> Live:
@@ -317,7 +331,7 @@ class Live(Sandbox):
                                            tty_fd=tty_fd, **extra)
             except SandboxSetupError:
                 if not self._live.alive():
-                    self._end("init", _INIT_EXITED)
+                    self._end("init", self._init_exited())
                     self._check_open()
                 raise
             self._started_count += 1
@@ -332,7 +346,7 @@ class Live(Sandbox):
         namespace going down, whose init exits only after every process in it did."""
         live = self._live
         if self._ended is None and live is not None and not _init_alive(live, sigkilled):
-            self._end("init", _INIT_EXITED)    # before it leaves _running: its Result says so
+            self._end("init", self._init_exited())    # before it leaves _running: its Result says so
         with self._lock:
             self._last_use = time.monotonic()
             if handle in self._running:
@@ -398,6 +412,13 @@ class Live(Sandbox):
             self.events += [TeardownEvent(p).to_dict() for p in problems]
             return problems
 
+    def _init_exited(self) -> str:
+        """Why init exited, in words: the tier's own account where it has one (gvisor:
+        the host's OOM killer ended gVisor's kernel), else _INIT_EXITED."""
+        live = self._live
+        why = getattr(live, "exit_reason", None)
+        return (why() if why is not None else None) or _INIT_EXITED
+
     def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"x")
@@ -434,7 +455,7 @@ class Live(Sandbox):
                     if self._ended is not None:
                         return
                     if fd == pidfd:
-                        self._end("init", _INIT_EXITED)
+                        self._end("init", self._init_exited())
                         return
                     if fd == self._wake_r:
                         os.read(self._wake_r, 512)

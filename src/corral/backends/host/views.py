@@ -20,7 +20,7 @@ _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 def persistent_mounts(live) -> list[tuple[str, int, bool]]:
     """The scratch and workspace mounts of a namespace or gvisor LiveSandbox."""
     name = type(live).__name__
-    if name not in ("NamespaceSandbox", "GvisorSandbox"):
+    if name not in ("NamespaceSandbox", "GvisorSandbox", "GvisorLive"):
         raise UnsupportedRule(f"the files API is not built for {name}'s tier (its sandbox "
                               "sees host paths); use the namespace or gvisor tier",
                               field="isolation")

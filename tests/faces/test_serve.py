@@ -74,8 +74,8 @@ class Server:
         return client
 
     def stop(self):
-        for client in self._clients:
-            client.close()
+        for c in self._cs:
+            c.close()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -74,7 +74,7 @@ class Server:
         return client
 
     def stop(self):
-        for c in self._cs:
+        for c in self._clients:
             c.close()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

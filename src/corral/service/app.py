@@ -85,7 +85,11 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
     for router in ROUTERS:
         app.include_router(router)
 
-    wrapped = Counted(BodyCap(app, body_max) if body_max else app, svc.metrics)
+    from .e2b import Dispatch
+
+    # E2B's wire protocol on the same port, told apart by its headers (service/e2b/)
+    inner = Dispatch(app, svc)
+    wrapped = Counted(BodyCap(inner, body_max) if body_max else inner, svc.metrics)
     wrapped.state = app.state          # create_app(...).state.service, as on the app
     return wrapped
 

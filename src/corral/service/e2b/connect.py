@@ -347,7 +347,10 @@ def app(state) -> Starlette:
         r(P + "Update", unary(update)),
         r(F + "Stat", unary(fs.stat)), r(F + "MakeDir", unary(fs.make_dir)),
         r(F + "Move", unary(fs.move)), r(F + "ListDir", unary(fs.list_dir)),
-        r(F + "Remove", unary(fs.remove)), r(F + "WatchDir", server_stream(fs.watch_dir)),
+        r(F + "Remove", unary(fs.remove)),
+        r(F + "CreateWatcher", unary(fs.create_watcher)),
+        r(F + "GetWatcherEvents", unary(fs.get_watcher_events)),
+        r(F + "RemoveWatcher", unary(fs.remove_watcher)), r(F + "WatchDir", server_stream(fs.watch_dir)),
         r("/files", fs.read, ("GET",)), r("/files", fs.write, ("POST",)),
         r("/health", health, ("GET",)),
     ], exception_handlers={ApiError: _on_error, RpcError: _on_error})

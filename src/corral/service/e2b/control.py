@@ -185,7 +185,7 @@ async def create(state, request: Request):
 def _sandbox(face) -> dict:
     return {"templateID": face.template, "sandboxID": face.sid, "clientID": "corral",
             "envdVersion": ENVD_VERSION, "envdAccessToken": face.access_token,
-            "alias": face.template, "domain": None}
+            "trafficAccessToken": face.access_token, "alias": face.template, "domain": None}
 
 
 def _iso(t: float) -> str:
@@ -196,6 +196,7 @@ def _detail(e, face) -> dict:
     info = e.sandbox.get_info()
     d = _sandbox(face)
     d.pop("envdAccessToken")
+    d.pop("trafficAccessToken")
     d.update(startedAt=_iso(e.created), endAt=_iso(info.ends), cpuCount=1, memoryMB=0,
              diskSizeMB=0, state="running", metadata=dict(info.metadata or {}))
     return d

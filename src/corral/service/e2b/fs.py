@@ -113,11 +113,7 @@ async def watch_dir(state, request, msg):
             while not w.done:
                 evs = await run_in_threadpool(w.next_events, 1.0)
                 for ev in evs:
-                    if ev.type == "overflow":
-                        raise RpcError("resource_exhausted", "the kernel dropped events "
-                                       "(too many at once): list the directory again")
-                    yield {"filesystem": {"name": ev.name, "type": EVENTS.get(
-                        ev.type, "EVENT_TYPE_UNSPECIFIED")}}
+                    yield {"filesystem": _event(ev)}
                     last = loop.time()
                 if loop.time() - last >= KEEPALIVE_S:
                     yield {"keepalive": {}}
@@ -127,6 +123,56 @@ async def watch_dir(state, request, msg):
         finally:
             w.stop()
     return gen()
+
+
+#: watchers one sandbox holds at once (CreateWatcher)
+MAX_WATCHERS = 64
+
+
+def _event(ev) -> dict:
+    if ev.type == "overflow":
+        raise RpcError("resource_exhausted", "the kernel dropped events (too many at "
+                       "once): list the directory again")
+    return {"name": ev.name, "type": EVENTS.get(ev.type, "EVENT_TYPE_UNSPECIFIED")}
+
+
+async def create_watcher(state, request, msg):
+    """The sync SDK's watch_dir: a watcher polled with GetWatcherEvents."""
+    import secrets
+
+    p = _path(msg)
+    e, face = state.sandbox(request.headers)
+    if len(face.watchers) >= MAX_WATCHERS:
+        raise RpcError("resource_exhausted", f"this sandbox has {MAX_WATCHERS} watchers; "
+                       "stop one first")
+    with e.files_lock:
+        w = await run_in_threadpool(e.sandbox.files.watch, p,
+                                    recursive=msg.get("recursive") is True)
+    wid = "w_" + secrets.token_hex(8)
+    face.watchers[wid] = w
+    return {"watcherId": wid}
+
+
+def _watcher(face, msg):
+    w = face.watchers.get(msg.get("watcherId") or "")
+    if w is None:
+        raise RpcError("not_found", "no such watcher (stopped, or never made here)")
+    return w
+
+
+async def get_watcher_events(state, request, msg):
+    _, face = state.sandbox(request.headers)
+    w = _watcher(face, msg)
+    evs = await run_in_threadpool(w.get_new_events)
+    return {"events": [_event(ev) for ev in evs]}
+
+
+async def remove_watcher(state, request, msg):
+    _, face = state.sandbox(request.headers)
+    w = _watcher(face, msg)
+    face.watchers.pop(msg.get("watcherId"), None)
+    w.stop()
+    return {}
 
 
 # -- plain HTTP /files --------------------------------------------------------------------

@@ -26,6 +26,7 @@ class Face:
         self.sid, self.owner, self.template, self.envs = sid, owner, template, envs
         self.access_token = "ea_" + secrets.token_urlsafe(24)
         self.started = time.time()
+        self.watchers: dict = {}      # CreateWatcher's, by id
 
 
 class E2bState:
@@ -44,7 +45,9 @@ class E2bState:
 
     def drop(self, sid: str) -> None:
         with self._mu:
-            self._faces.pop(sid, None)
+            face = self._faces.pop(sid, None)
+        for w in (face.watchers.values() if face is not None else ()):
+            w.stop()
 
     def api_token(self, headers):
         """The corral token X-API-Key carries (401 otherwise)."""
@@ -61,7 +64,10 @@ class E2bState:
         answer: no oracle for ids)."""
         sid = headers.get("e2b-sandbox-id") or ""
         face = self.face(sid)
-        given = headers.get("x-access-token") or ""
+        # envd's calls carry X-Access-Token; the code interpreter's context calls only
+        # E2B-Traffic-Access-Token (create answers the same secret as both)
+        given = headers.get("x-access-token") or headers.get("e2b-traffic-access-token") \
+            or ""
         if face is None or not hmac.compare_digest(face.access_token.encode(),
                                                    given.encode()):
             raise ApiError(404, "not_found", f"no sandbox {sid[:64]!r} (or a wrong "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import struct
 
 from starlette.applications import Starlette
@@ -25,8 +26,9 @@ from starlette.routing import Route
 from ...errors import CorralError
 from ..common import ApiError, status_of
 
-#: a stream's keepalive event every this many seconds (the SDK asks for <= 50)
-KEEPALIVE_S = 30.0
+#: a stream's keepalive event every this many seconds (the SDK asks for <= 50);
+#: CORRAL_E2B_KEEPALIVE_S sets it (from 0.1 to 50)
+KEEPALIVE_S = min(50.0, max(0.1, float(os.environ.get("CORRAL_E2B_KEEPALIVE_S") or 30)))
 #: one request envelope's bound (bytes)
 MAX_MESSAGE = 1 << 20
 

@@ -18,13 +18,12 @@ from starlette.routing import Route
 
 from ...errors import CorralError
 from ..common import ApiError, status_of
+from .connect import KEEPALIVE_S
 from .state import strict_json
 
 LANGUAGES = ("python", "javascript", "bash")
 #: a cell's deadline here (the SDK's timeout is the client's: it disconnects)
 CELL_TIMEOUT_S = 300.0
-#: seconds between keepalive lines ({"type": "keepalive"}: the SDK ignores unknown types)
-KEEPALIVE_S = 30.0
 
 
 def _err(e: Exception) -> JSONResponse:

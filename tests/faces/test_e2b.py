@@ -244,9 +244,22 @@ def test_refusals(env, monkeypatch):
         assert pol["network"]["allow"] == ["api.example.com"]
     finally:
         sb.kill()
-    with pytest.raises(SandboxException, match="pty"):
-        with Sandbox.create() as sb:
-            sb.pty.create(size=e2b.PtySize(rows=24, cols=80))
+
+
+def test_pty(env):
+    with Sandbox.create(timeout=120) as sb:
+        t = sb.pty.create(size=e2b.PtySize(rows=24, cols=80), envs={"MARK": "m4rk"})
+        sb.pty.resize(t.pid, e2b.PtySize(rows=40, cols=100))
+        sb.pty.send_stdin(t.pid, b"stty size; echo $MARK; exit 7\n")
+        seen = []
+        with pytest.raises(CommandExitException) as ei:
+            t.wait(on_pty=seen.append)
+        shown = b"".join(seen)
+        assert b"40 100" in shown and b"m4rk" in shown and ei.value.exit_code == 7
+        t2 = sb.pty.create(size=e2b.PtySize(rows=24, cols=80))
+        assert sb.pty.kill(t2.pid) is True
+        with pytest.raises(CommandExitException):
+            t2.wait()
 
 
 def test_auth(env, monkeypatch):

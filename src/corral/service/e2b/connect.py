@@ -263,12 +263,14 @@ async def start(state, request, msg):
 
 
 async def connect_(state, request, msg):
-    e, _ = state.sandbox(request.headers)
-    c = _cmd(e, _selector(msg))
-    if getattr(c, "term", None) is not None:
+    e, face = state.sandbox(request.headers)
+    pid = _selector(msg)
+    t = face.ptys.get(pid)
+    if t is not None:
         from .pty import pty_events
 
-        return pty_events(c, connect=True)
+        return pty_events(t, connect=True)
+    c = _cmd(e, pid)
     return events(c, len(c.output_since(0)))
 
 
@@ -285,14 +287,16 @@ async def list_(state, request, msg):
 
 
 async def send_input(state, request, msg):
-    e, _ = state.sandbox(request.headers)
-    c = _cmd(e, _selector(msg))
+    e, face = state.sandbox(request.headers)
+    pid = _selector(msg)
     inp = msg.get("input") or {}
-    if "pty" in inp:
+    t = face.ptys.get(pid)
+    if t is not None:
         from .pty import write_pty
 
-        await write_pty(c, unb64(inp["pty"], "input.pty"))
+        await write_pty(t, unb64(inp.get("pty", inp.get("stdin", "")), "input.pty"))
         return {}
+    c = _cmd(e, pid)
     data = unb64(inp.get("stdin", ""), "input.stdin")
     try:
         await run_in_threadpool(c.handle.send_stdin, data)
@@ -311,21 +315,25 @@ async def close_stdin(state, request, msg):
 async def send_signal(state, request, msg):
     """SIGKILL and SIGTERM both kill the command and every process it started (its
     cgroup): corral has no gentler stop."""
-    e, _ = state.sandbox(request.headers)
-    c = _cmd(e, _selector(msg))
+    e, face = state.sandbox(request.headers)
+    pid = _selector(msg)
     sig = msg.get("signal")
     if sig not in ("SIGNAL_SIGKILL", "SIGNAL_SIGTERM", 9, 15):
         raise RpcError("invalid_argument", "signal is SIGNAL_SIGKILL or SIGNAL_SIGTERM")
-    await run_in_threadpool(c.handle.kill)
+    t = face.ptys.get(pid)
+    await run_in_threadpool((t or _cmd(e, pid)).handle.kill)
     return {}
 
 
 async def update(state, request, msg):
-    e, _ = state.sandbox(request.headers)
-    c = _cmd(e, _selector(msg))
+    _, face = state.sandbox(request.headers)
+    pid = _selector(msg)
+    t = face.ptys.get(pid)
+    if t is None:
+        raise RpcError("not_found", f"no terminal with pid {pid}")
     from .pty import resize
 
-    await resize(c, msg.get("pty"))
+    await resize(t, msg.get("pty"))
     return {}
 
 

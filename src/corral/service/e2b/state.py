@@ -27,6 +27,7 @@ class Face:
         self.access_token = "ea_" + secrets.token_urlsafe(24)
         self.started = time.time()
         self.watchers: dict = {}      # CreateWatcher's, by id
+        self.ptys: dict = {}          # terminals (e2b/pty.py), by pid inside
 
 
 class E2bState:

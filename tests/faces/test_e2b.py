@@ -75,6 +75,10 @@ def test_lifecycle(env):
         assert sb.get_info().end_at > before
         again = Sandbox.connect(sb.sandbox_id)
         assert again.commands.run("echo $FOO").stdout == "bar\n"   # create's envs
+        from e2b_code_interpreter import Sandbox as CI
+
+        ci = CI.connect(sb.sandbox_id)
+        assert ci.run_code("import os; os.environ['FOO']").text == "'bar'"
         # the same sandbox on the native API, under the same token
         with env.http(env.tokens["a"]) as c:
             assert c.get(f"/sandboxes/{sb.sandbox_id}").status_code == 200

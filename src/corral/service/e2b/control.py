@@ -153,6 +153,8 @@ async def create(state, request: Request):
             raise ApiError(400, "invalid", f"{name} is an object of at most {MAX_ENVS} "
                            "string values", name)
     raw = dict(TEMPLATES[template])
+    if envs:           # the sandbox's own environment (commands and code contexts alike)
+        raw["env"] = {"set": dict(envs)}
     net = network_policy(body)
     if net:
         raw["network"] = net
@@ -172,7 +174,7 @@ async def create(state, request: Request):
                               metadata=metadata or None)
 
     e = await run_in_threadpool(make)
-    face = Face(e.id, token.name, template, dict(envs))
+    face = Face(e.id, token.name, template, {})
     state.add(face)
     with svc.metrics.mu:
         svc.metrics.created += 1

@@ -40,13 +40,17 @@ def server(tmp_path_factory):
     s.tokens["a"] = _token(s.state, "a")
     s.tokens["b"] = _token(s.state, "b")
     s.tokens["net"] = _token(s.state, "net", "--ceiling", str(net))
+    templates = tmp / "templates.toml"
+    templates.write_text('[small]\nlimits = { memory = "200M" }\n\n'
+                         '[wide]\nnetwork = { mode = "allow", allow = ["*.other.org"] }\n')
     import os
 
     os.environ["CORRAL_E2B_KEEPALIVE_S"] = "0.5"     # the subprocess's keepalive period
+    os.environ["CORRAL_E2B_TEMPLATES"] = str(templates)
     try:
         s.start()
     finally:
-        del os.environ["CORRAL_E2B_KEEPALIVE_S"]
+        del os.environ["CORRAL_E2B_KEEPALIVE_S"], os.environ["CORRAL_E2B_TEMPLATES"]
     yield s
     s.stop()
 
@@ -225,6 +229,20 @@ def test_async(env):
             await ci.kill()
 
     asyncio.run(main())
+
+
+def test_templates(env):
+    """A template of the server's file is its policy, within the token's ceiling."""
+    sb = Sandbox.create(template="small")
+    try:
+        assert sb.get_info().template_id == "small"
+        with env.http(env.tokens["a"]) as c:
+            pol = c.get(f"/sandboxes/{sb.sandbox_id}").json()["policy"]
+        assert pol["limits"]["memory"] in ("200M", 200 << 20)
+    finally:
+        sb.kill()
+    with pytest.raises(SandboxException, match="network"):   # beyond token a's ceiling
+        Sandbox.create(template="wide")
 
 
 def test_refusals(env, monkeypatch):

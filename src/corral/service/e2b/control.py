@@ -29,6 +29,36 @@ log = logging.getLogger("corral.serve")
 
 #: E2B template name -> the policy request it is (the token's ceiling fills the rest)
 TEMPLATES: dict[str, dict] = {"base": {}, "code-interpreter-v1": {}}
+
+
+def load_templates(path: str | None) -> dict[str, dict]:
+    """The templates: the two defaults, then each table of the TOML file `path` (the
+    CORRAL_E2B_TEMPLATES variable of corral serve), a template name to a policy request
+    in the TOML layout (docs/policy.md), checked now (a bad file stops the service at
+    start, naming the template) and against each token's ceiling at every create."""
+    out = {k: dict(v) for k, v in TEMPLATES.items()}
+    if not path:
+        return out
+    import os
+
+    from ...errors import PolicyError
+    from ...policy.load import policy_from_dict, read_toml
+
+    if not os.path.isfile(path):
+        raise PolicyError(f"{path!r} is not a file: point the variable at a TOML file of "
+                          "templates (docs/e2b.md)", field="CORRAL_E2B_TEMPLATES")
+    data = read_toml(path)
+    for name, table in data.items():
+        if not isinstance(table, dict) or not 0 < len(name) <= 128:
+            raise PolicyError(f"{path}: [{name[:64]}] is a table: a template's policy",
+                              field=f"templates.{name[:64]}")
+        try:
+            policy_from_dict(table, allow_literal=False)
+        except PolicyError as e:
+            raise PolicyError(f"{path}: template {name!r}: {e.message}",
+                              field=f"templates.{name}") from None
+        out[name] = table
+    return out
 #: create's fields corral takes; the rest are refused unless left at their "off" value
 KNOWN = {"templateID", "timeout", "metadata", "envVars", "allow_internet_access", "network",
          "autoPause", "autoPauseMemory", "autoResume", "mcp", "iam", "volumeMounts",
@@ -137,9 +167,10 @@ async def create(state, request: Request):
     body = strict_json(await request.body(), "body")
     _check_off(body)
     template = body.get("templateID", "base")
-    if template not in TEMPLATES:
-        raise ApiError(400, "invalid", f"no template {str(template)[:64]!r}: corral maps "
-                       f"{', '.join(sorted(TEMPLATES))} (docs/e2b.md)", "templateID")
+    if not isinstance(template, str) or template not in state.templates:
+        raise ApiError(400, "invalid", f"no template {str(template)[:64]!r}: this server "
+                       f"maps {', '.join(sorted(state.templates))} (CORRAL_E2B_TEMPLATES, "
+                       "docs/e2b.md)", "templateID")
     timeout = body.get("timeout", 300)
     if not isinstance(timeout, int) or isinstance(timeout, bool) or not \
             0 < timeout <= MAX_TIMEOUT_S:
@@ -152,12 +183,15 @@ async def create(state, request: Request):
                 isinstance(k, str) and isinstance(v, str) for k, v in d.items()):
             raise ApiError(400, "invalid", f"{name} is an object of at most {MAX_ENVS} "
                            "string values", name)
-    raw = dict(TEMPLATES[template])
+    from ...policy.load import merge
+
+    raw = dict(state.templates[template])
     if envs:           # the sandbox's own environment (commands and code contexts alike)
-        raw["env"] = {"set": dict(envs)}
+        raw = merge(raw, {"env": {"set": {**(raw.get("env") or {}).get("set", {}),
+                                          **envs}}})
     net = network_policy(body)
     if net:
-        raw["network"] = net
+        raw = merge(raw, {"network": net})
     if svc.draining:
         raise ApiError(503, "draining", "the service is shutting down: no new sandboxes",
                        None, {"Retry-After": "5"})

@@ -32,7 +32,12 @@ class Face:
 
 class E2bState:
     def __init__(self, svc) -> None:
+        import os
+
+        from .control import load_templates
+
         self.svc = svc
+        self.templates = load_templates(os.environ.get("CORRAL_E2B_TEMPLATES"))
         self._faces: dict[str, Face] = {}
         self._mu = threading.Lock()
 

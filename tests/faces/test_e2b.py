@@ -336,3 +336,51 @@ def test_stream_starts_with_start_and_sends_keepalives(env):
         assert envs[-1][0] == 0x02 and json.loads(envs[-1][1]) == {}
     finally:
         sb.kill()
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_debug_mode(tmp_path, monkeypatch):
+    """E2B_DEBUG=true: the SDK makes no control-plane call and talks to localhost:49983
+    and :49999; `corral serve --e2b-debug NAME` answers there with one sandbox of token
+    NAME, made on first use."""
+    import subprocess
+
+    if not (_port_free(49983) and _port_free(49999)):
+        pytest.skip("127.0.0.1:49983 or :49999 is taken on this host")
+    s = Server(tmp_path)
+    s.tokens["dev"] = _token(s.state, "dev")
+    real_popen = subprocess.Popen
+
+    def popen(argv, **kw):                 # Server.start, with the flag added
+        return real_popen([*argv, "--e2b-debug", "dev"], **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    s.start()
+    monkeypatch.setattr(subprocess, "Popen", real_popen)
+    try:
+        monkeypatch.setenv("E2B_DEBUG", "true")
+        for v in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"):
+            monkeypatch.delenv(v, raising=False)
+        from e2b_code_interpreter import Sandbox as CI
+
+        sb = CI.create()
+        assert sb.sandbox_id == "debug_sandbox_id"
+        assert sb.commands.run("echo dbg").stdout == "dbg\n"
+        sb.files.write("/tmp/kept", "1")
+        assert sb.run_code("3 * 3").text == "9"
+        again = CI.connect("debug_sandbox_id")
+        assert again.files.read("/tmp/kept") == "1"           # the same sandbox
+        with s.http(s.tokens["dev"]) as c:                   # the token's, natively
+            assert len(c.get("/sandboxes").json()["sandboxes"]) == 1
+    finally:
+        s.stop()

@@ -22,17 +22,19 @@ from __future__ import annotations
 
 ENVD_PORT = b"49983"
 JUPYTER_PORT = b"49999"
+#: E2B_DEBUG mode's ports (corral serve --e2b-debug TOKEN_NAME listens on them too)
+DEBUG_PORTS = (49983, 49999)
 
 
 class Dispatch:
     """ASGI: E2B's requests to the E2B apps, the rest to the native app."""
 
-    def __init__(self, native, svc) -> None:
+    def __init__(self, native, svc, *, debug_owner: str | None = None) -> None:
         from . import connect, control, interp
         from .state import E2bState
 
         self.native = native
-        self.state = E2bState(svc)
+        self.state = E2bState(svc, debug_owner=debug_owner)
         self.control = control.app(self.state)
         self.envd = connect.app(self.state)
         self.interp = interp.app(self.state)
@@ -45,6 +47,10 @@ class Dispatch:
                     port = v
                 elif k == b"x-api-key":
                     api = v
+            local = (scope.get("server") or (None, None))[1]
+            if self.state.debug_owner and local in DEBUG_PORTS:
+                # E2B_DEBUG mode: the SDK calls localhost:49983 and :49999 directly
+                port = ENVD_PORT if local == DEBUG_PORTS[0] else JUPYTER_PORT
             if port is not None:
                 app = self.interp if port == JUPYTER_PORT else self.envd
                 if port not in (ENVD_PORT, JUPYTER_PORT):

@@ -226,7 +226,7 @@ async def events(c, start: int, *, with_start: bool = True):
 
 
 async def start(state, request, msg):
-    e, face = state.sandbox(request.headers)
+    e, face = state.sandbox(request)
     state.user(request.headers)
     if msg.get("pty") is not None:
         from .pty import start_pty
@@ -263,7 +263,7 @@ async def start(state, request, msg):
 
 
 async def connect_(state, request, msg):
-    e, face = state.sandbox(request.headers)
+    e, face = state.sandbox(request)
     pid = _selector(msg)
     t = face.ptys.get(pid)
     if t is not None:
@@ -275,7 +275,7 @@ async def connect_(state, request, msg):
 
 
 async def list_(state, request, msg):
-    e, _ = state.sandbox(request.headers)
+    e, _ = state.sandbox(request)
     out = []
     for info in await run_in_threadpool(e.sandbox.commands.list):
         if info.detached:
@@ -287,7 +287,7 @@ async def list_(state, request, msg):
 
 
 async def send_input(state, request, msg):
-    e, face = state.sandbox(request.headers)
+    e, face = state.sandbox(request)
     pid = _selector(msg)
     inp = msg.get("input") or {}
     t = face.ptys.get(pid)
@@ -307,7 +307,7 @@ async def send_input(state, request, msg):
 
 
 async def close_stdin(state, request, msg):
-    e, _ = state.sandbox(request.headers)
+    e, _ = state.sandbox(request)
     _cmd(e, _selector(msg)).handle.close_stdin()
     return {}
 
@@ -315,7 +315,7 @@ async def close_stdin(state, request, msg):
 async def send_signal(state, request, msg):
     """SIGKILL and SIGTERM both kill the command and every process it started (its
     cgroup): corral has no gentler stop."""
-    e, face = state.sandbox(request.headers)
+    e, face = state.sandbox(request)
     pid = _selector(msg)
     sig = msg.get("signal")
     if sig not in ("SIGNAL_SIGKILL", "SIGNAL_SIGTERM", 9, 15):
@@ -326,7 +326,7 @@ async def send_signal(state, request, msg):
 
 
 async def update(state, request, msg):
-    _, face = state.sandbox(request.headers)
+    _, face = state.sandbox(request)
     pid = _selector(msg)
     t = face.ptys.get(pid)
     if t is None:

@@ -48,7 +48,7 @@ def entry(info) -> dict:
 
 
 async def _files(state, request, fn):
-    e, _ = state.sandbox(request.headers)
+    e, _ = state.sandbox(request)
     state.user(request.headers)
 
     def call():
@@ -101,7 +101,7 @@ async def watch_dir(state, request, msg):
     as a FilesystemEvent, keepalives between; ends with the sandbox."""
     p = _path(msg)
     recursive = msg.get("recursive") is True
-    e, _ = state.sandbox(request.headers)
+    e, _ = state.sandbox(request)
     with e.files_lock:
         w = await run_in_threadpool(e.sandbox.files.watch, p, recursive=recursive)
 
@@ -141,7 +141,7 @@ async def create_watcher(state, request, msg):
     import secrets
 
     p = _path(msg)
-    e, face = state.sandbox(request.headers)
+    e, face = state.sandbox(request)
     if len(face.watchers) >= MAX_WATCHERS:
         raise RpcError("resource_exhausted", f"this sandbox has {MAX_WATCHERS} watchers; "
                        "stop one first")
@@ -161,14 +161,14 @@ def _watcher(face, msg):
 
 
 async def get_watcher_events(state, request, msg):
-    _, face = state.sandbox(request.headers)
+    _, face = state.sandbox(request)
     w = _watcher(face, msg)
     evs = await run_in_threadpool(w.get_new_events)
     return {"events": [_event(ev) for ev in evs]}
 
 
 async def remove_watcher(state, request, msg):
-    _, face = state.sandbox(request.headers)
+    _, face = state.sandbox(request)
     w = _watcher(face, msg)
     face.watchers.pop(msg.get("watcherId"), None)
     w.stop()

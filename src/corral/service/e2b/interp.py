@@ -46,7 +46,7 @@ def _view(c) -> dict:
 
 
 async def execute(state, request: Request):
-    e, _ = state.sandbox(request.headers)
+    e, _ = state.sandbox(request)
     body = strict_json(await request.body(), "body")
     code, cid, lang = body.get("code"), body.get("context_id"), body.get("language")
     if not isinstance(code, str):
@@ -114,7 +114,7 @@ async def execute(state, request: Request):
 
 
 async def create_context(state, request):
-    e, _ = state.sandbox(request.headers)
+    e, _ = state.sandbox(request)
     body = strict_json(await request.body(), "body")
     lang = body.get("language") or "python"
     cwd = body.get("cwd")
@@ -128,19 +128,19 @@ async def create_context(state, request):
 
 
 async def list_contexts(state, request):
-    e, _ = state.sandbox(request.headers)
+    e, _ = state.sandbox(request)
     return JSONResponse([_view(c) for c in e.sandbox.list_contexts()])
 
 
 async def restart(state, request):
-    e, _ = state.sandbox(request.headers)
+    e, _ = state.sandbox(request)
     c = _context(e, request.path_params["cid"])
     await run_in_threadpool(e.sandbox.restart_context, c)
     return Response(status_code=204)
 
 
 async def remove(state, request):
-    e, _ = state.sandbox(request.headers)
+    e, _ = state.sandbox(request)
     c = _context(e, request.path_params["cid"])
     await run_in_threadpool(e.sandbox.remove_context, c)
     return Response(status_code=204)

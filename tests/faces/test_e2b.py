@@ -342,6 +342,7 @@ def _port_free(port: int) -> bool:
     import socket
 
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as corral serve binds
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -212,6 +212,18 @@ def test_async(env):
             await sb.commands.run("echo x > /tmp/aw/made")
             await asyncio.wait_for(seen.wait(), 60)
             await w.stop()
+            seen = []
+            t = await sb.pty.create(e2b.PtySize(rows=24, cols=80), on_data=seen.append)
+            await sb.pty.send_stdin(t.pid, b"echo a5ync; exit 4\n")
+            with pytest.raises(CommandExitException) as ei:
+                await t.wait()
+            assert ei.value.exit_code == 4 and b"a5ync" in b"".join(seen)
+            h = await sb.commands.run("read x; echo got $x", background=True, stdin=True)
+            out = []
+            h2 = await sb.commands.connect(h.pid, on_stdout=out.append)
+            await sb.commands.send_stdin(h.pid, "it\n")
+            assert (await h2.wait()).exit_code == 0
+            assert "".join(out) == "got it\n"
             paginator = AsyncSandbox.list()
             assert sb.sandbox_id in [s.sandbox_id for s in await paginator.next_items()]
             info = await sb.get_info()

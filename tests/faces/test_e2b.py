@@ -86,8 +86,10 @@ def test_lifecycle(env):
         # the same sandbox on the native API, under the same token
         with env.http(env.tokens["a"]) as c:
             assert c.get(f"/sandboxes/{sb.sandbox_id}").status_code == 200
+        assert sb.is_running()
     finally:
         sb.kill()
+    assert not sb.is_running()
     with pytest.raises(NotFoundException):
         Sandbox.get_info(sb.sandbox_id)
     with Sandbox.create() as sb2:

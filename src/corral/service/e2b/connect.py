@@ -338,6 +338,14 @@ async def update(state, request, msg):
 
 
 async def health(state, request):
+    """204 while the sandbox runs; 502 once it has ended (or was never), which the SDK's
+    is_running() and its probe after a failed call read as "not running"."""
+    try:
+        state.sandbox(request)
+    except ApiError as e:
+        if e.status != 404:
+            raise
+        return Response(status_code=502)
     return Response(status_code=204)
 
 

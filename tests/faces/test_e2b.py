@@ -92,6 +92,13 @@ def test_lifecycle(env):
     assert not sb.is_running()
     with pytest.raises(NotFoundException):
         Sandbox.get_info(sb.sandbox_id)
+    k1 = Sandbox.create(idempotency_key="retry-1")
+    try:
+        assert Sandbox.create(idempotency_key="retry-1").sandbox_id == k1.sandbox_id
+        assert Sandbox.create(idempotency_key="retry-2").sandbox_id != k1.sandbox_id
+    finally:
+        for s in Sandbox.list().next_items():
+            Sandbox.kill(s.sandbox_id)
     with Sandbox.create() as sb2:
         assert sb2.commands.run("true").exit_code == 0
     assert sb2.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]

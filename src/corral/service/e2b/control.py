@@ -11,6 +11,7 @@ corral cannot honour is a 400 naming it, never silently dropped. Errors are E2B'
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import urllib.parse
 
@@ -161,9 +162,35 @@ def _check_off(body: dict) -> None:
                            "its timeout it is killed", k)
 
 
+#: Idempotency-Key: the key's form (as the SDK checks it), and how many keys are kept
+KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+MAX_KEYS = 4096
+
+
 async def create(state, request: Request):
-    svc = state.svc
+    """POST /v2/sandboxes. With an Idempotency-Key, the same key from the same token
+    answers the sandbox it made while that runs (a retried create makes no second one)."""
     token = state.api_token(request.headers)
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return await _create(state, request, token)
+    if not 0 < len(key) <= 255 or not set(key) <= KEY_CHARS:
+        raise ApiError(400, "invalid", "Idempotency-Key is 1 to 255 lowercase letters, "
+                       "digits or hyphens", "Idempotency-Key")
+    async with state.idem_lock:
+        sid = state.idem.get((token.name, key))
+        face = state.face(sid) if sid else None
+        if face is not None and state.svc.registry.get(token.name, sid) is not None:
+            return JSONResponse(_sandbox(face), status_code=201)
+        r = await _create(state, request, token)
+        state.idem[(token.name, key)] = json.loads(r.body)["sandboxID"]
+        while len(state.idem) > MAX_KEYS:
+            state.idem.pop(next(iter(state.idem)))
+        return r
+
+
+async def _create(state, request: Request, token):
+    svc = state.svc
     body = strict_json(await request.body(), "body")
     _check_off(body)
     template = body.get("templateID", "base")

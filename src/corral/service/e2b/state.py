@@ -42,6 +42,11 @@ class E2bState:
         #: E2B_DEBUG mode: the token name whose one sandbox "debug_sandbox_id" stands for
         self.debug_owner = debug_owner
         self._debug_mu = threading.Lock()
+        #: Idempotency-Key of a create: (token name, key) -> sandbox id, oldest first
+        self.idem: dict[tuple[str, str], str] = {}
+        import asyncio
+
+        self.idem_lock = asyncio.Lock()
         self.templates = load_templates(os.environ.get("CORRAL_E2B_TEMPLATES"))
         self._faces: dict[str, Face] = {}
         self._mu = threading.Lock()

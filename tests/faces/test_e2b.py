@@ -74,6 +74,11 @@ def test_lifecycle(env):
         assert info.metadata == {"who": "test"}
         ids = [s.sandbox_id for s in Sandbox.list().next_items()]
         assert sb.sandbox_id in ids
+        from e2b import SandboxQuery
+
+        hit = Sandbox.list(query=SandboxQuery(metadata={"who": "test"})).next_items()
+        miss = Sandbox.list(query=SandboxQuery(metadata={"who": "other"})).next_items()
+        assert [s.sandbox_id for s in hit] == [sb.sandbox_id] and not miss
         before = info.end_at
         sb.set_timeout(600)
         assert sb.get_info().end_at > before

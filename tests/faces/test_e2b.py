@@ -47,10 +47,12 @@ def server(tmp_path_factory):
 
     os.environ["CORRAL_E2B_KEEPALIVE_S"] = "0.5"     # the subprocess's keepalive period
     os.environ["CORRAL_E2B_TEMPLATES"] = str(templates)
+    os.environ["CORRAL_E2B_DOMAIN"] = "corral.test"
     try:
         s.start()
     finally:
-        del os.environ["CORRAL_E2B_KEEPALIVE_S"], os.environ["CORRAL_E2B_TEMPLATES"]
+        for v in ("CORRAL_E2B_KEEPALIVE_S", "CORRAL_E2B_TEMPLATES", "CORRAL_E2B_DOMAIN"):
+            del os.environ[v]
     yield s
     s.stop()
 
@@ -325,6 +327,29 @@ def test_auth(env, monkeypatch):
             "E2b-Sandbox-Id": sb.sandbox_id, "E2b-Sandbox-Port": "49983",
             "X-Access-Token": "ea_wrong"})
         assert r.status_code == 404 and r.json()["code"] == "not_found"
+    finally:
+        sb.kill()
+
+
+def test_domain_host_names(env):
+    """CORRAL_E2B_DOMAIN: behind a TLS proxy the SDK names the sandbox and port in the
+    host name (PORT-ID.DOMAIN), not in headers; the host name wins over the headers.
+    (The TLS proxy itself and the SDK in E2B_DOMAIN mode are not exercised here.)"""
+    sb = Sandbox.create(timeout=120)
+    try:
+        h = {"Host": f"49983-{sb.sandbox_id}.corral.test",
+             "X-Access-Token": sb._envd_access_token}
+        r = httpx.post(env.url + "/process.Process/List", json={}, headers=h)
+        assert r.status_code == 200 and "processes" in r.json()
+        r = httpx.post(env.url + "/process.Process/List", json={}, headers={
+            **h, "E2b-Sandbox-Id": "someone-else", "E2b-Sandbox-Port": "49983"})
+        assert r.status_code == 200
+        r = httpx.get(env.url + "/health", headers={
+            **h, "Host": f"49999-{sb.sandbox_id}.corral.test"})
+        assert r.json() == "OK"
+        r = httpx.get(env.url + "/v2/sandboxes", headers={
+            "Host": "api.corral.test", "X-API-Key": env.tokens["a"]})
+        assert sb.sandbox_id in [d["sandboxID"] for d in r.json()]
     finally:
         sb.kill()
 

@@ -30,16 +30,24 @@ class Dispatch:
     """ASGI: E2B's requests to the E2B apps, the rest to the native app."""
 
     def __init__(self, native, svc, *, debug_owner: str | None = None) -> None:
+        import os
+
         from . import connect, control, interp
         from .state import E2bState
 
         self.native = native
         self.state = E2bState(svc, debug_owner=debug_owner)
+        #: E2B_DOMAIN mode behind a TLS reverse proxy: host names api.DOMAIN and
+        #: PORT-ID.DOMAIN (CORRAL_E2B_DOMAIN names DOMAIN) stand for the headers
+        d = (os.environ.get("CORRAL_E2B_DOMAIN") or "").strip().lower().strip(".")
+        self.domain = ("." + d).encode() if d else None
         self.control = control.app(self.state)
         self.envd = connect.app(self.state)
         self.interp = interp.app(self.state)
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.domain is not None:
+            scope = self._by_host(scope)
         if scope["type"] == "http":
             port = api = None
             for k, v in scope["headers"]:
@@ -62,3 +70,20 @@ class Dispatch:
             if api is not None:
                 return await self.control(scope, receive, send)
         return await self.native(scope, receive, send)
+
+    def _by_host(self, scope):
+        """PORT-ID.DOMAIN: the scope with E2b-Sandbox-Port and E2b-Sandbox-Id set from the
+        host name (what a client sent in those headers is dropped); api.DOMAIN: as is."""
+        host = next((v for k, v in scope["headers"] if k == b"host"), b"").lower()
+        host = host.rsplit(b":", 1)[0] if host.count(b":") == 1 else host
+        if not host.endswith(self.domain):
+            return scope
+        label = host[:-len(self.domain)]
+        port, dash, sid = label.partition(b"-")
+        if not dash or port not in (ENVD_PORT, JUPYTER_PORT) or not sid or len(sid) > 64 \
+                or not all(c in b"abcdefghijklmnopqrstuvwxyz0123456789_" for c in sid):
+            return scope
+        headers = [(k, v) for k, v in scope["headers"]
+                   if k not in (b"e2b-sandbox-port", b"e2b-sandbox-id")]
+        headers += [(b"e2b-sandbox-port", port), (b"e2b-sandbox-id", sid)]
+        return {**scope, "headers": headers}

@@ -31,7 +31,7 @@ BODY_MAX = 16 << 20          # bytes of one request body (a file write's content
 
 
 def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BODY_MAX,
-               sweep: bool = True):
+               sweep: bool = True, e2b_debug: str | None = None):
     """The ASGI app. `opener(policy, timeout=, metadata=) -> sandbox` (registry.open_sandbox,
     a live sandbox, by default). `sweep`: at start-up, remove what a previous run left
     (its sandboxes' run directories, mounts and cgroups, if it died without its end)."""
@@ -85,7 +85,11 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
     for router in ROUTERS:
         app.include_router(router)
 
-    wrapped = Counted(BodyCap(app, body_max) if body_max else app, svc.metrics)
+    from .e2b import Dispatch
+
+    # E2B's wire protocol on the same port, told apart by its headers (service/e2b/)
+    inner = Dispatch(app, svc, debug_owner=e2b_debug)
+    wrapped = Counted(BodyCap(inner, body_max) if body_max else inner, svc.metrics)
     wrapped.state = app.state          # create_app(...).state.service, as on the app
     return wrapped
 
@@ -137,7 +141,7 @@ DRAIN_S = 30.0
 
 
 def serve(host: str, port: int, state_dir: str | None, *, log_level: str = "info",
-          drain: float = DRAIN_S) -> int:
+          drain: float = DRAIN_S, e2b_debug: str | None = None) -> int:
     """Run the service until SIGTERM or SIGINT, then drain: no new sandboxes (503), the
     requests in flight get `drain` seconds to finish, then whatever still runs is
     cancelled (a foreground command is killed with its request), and every sandbox is
@@ -147,7 +151,7 @@ def serve(host: str, port: int, state_dir: str | None, *, log_level: str = "info
     from ..backends.host import zygote
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    app = create_app(state_dir)
+    app = create_app(state_dir, e2b_debug=e2b_debug)
     svc = app.state.service
 
     class Server(uvicorn.Server):
@@ -161,5 +165,20 @@ def serve(host: str, port: int, state_dir: str | None, *, log_level: str = "info
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=drain)
     zygote.warm()   # the egress proxies' template, ready before the first sandbox asks
-    Server(config).run()
+    sockets = None
+    if e2b_debug:      # E2B_DEBUG mode: envd's and the code interpreter's ports on loopback
+        import socket
+
+        from .e2b import DEBUG_PORTS
+
+        sockets = []
+        for h, p in [(host, port)] + [("127.0.0.1", d) for d in DEBUG_PORTS]:
+            s = socket.socket(socket.AF_INET6 if ":" in h else socket.AF_INET)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((h, p))
+            sockets.append(s)
+        log.info("corral serve: E2B_DEBUG mode: envd on 127.0.0.1:%d, the code "
+                 "interpreter on 127.0.0.1:%d, one sandbox of token %r", *DEBUG_PORTS,
+                 e2b_debug)
+    Server(config).run(sockets=sockets)
     return 0

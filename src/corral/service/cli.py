@@ -8,12 +8,16 @@ from ..errors import CorralError, UsageError
 
 SERVE_USAGE = """\
 usage: corral serve [--host ADDR] [--port N] [--state-dir DIR] [--drain-timeout S]
+                    [--e2b-debug TOKEN_NAME]
 
 The HTTP service (docs/service.md): sandboxes over a JSON API, OpenAPI at /openapi.json,
 docs at /docs, /health and /metrics. Every other route needs Authorization: Bearer TOKEN
 (corral token create). Listens on 127.0.0.1:8787 by default. On SIGTERM it drains: no
 new sandboxes, requests in flight get --drain-timeout seconds (default 30) to finish, then
 every sandbox is killed. At start it sweeps what a previous run that died left behind.
+The same port speaks E2B's wire protocol (docs/e2b.md); --e2b-debug TOKEN_NAME also
+listens on 127.0.0.1:49983 and :49999 for the E2B SDKs' E2B_DEBUG mode, one sandbox of
+that token for every caller on this host (a development mode).
 """
 
 TOKEN_USAGE = """\
@@ -81,7 +85,8 @@ def main(name: str, args: list[str]) -> int:
 
 
 def serve(args: list[str]) -> int:
-    a = Args(args, {"--host", "--port", "--state-dir", "--drain-timeout"}, SERVE_USAGE)
+    a = Args(args, {"--host", "--port", "--state-dir", "--drain-timeout", "--e2b-debug"},
+             SERVE_USAGE)
     if a.rest:
         raise UsageError(f"unexpected {a.rest[0]!r}", field="serve")
     host = a.opts.get("--host", "127.0.0.1")
@@ -101,7 +106,8 @@ def serve(args: list[str]) -> int:
         drain_s = -1.0
     if not 0 <= drain_s <= 3600:
         raise UsageError("--drain-timeout is seconds from 0 to 3600", field="--drain-timeout")
-    return run(host, port, a.opts.get("--state-dir"), drain=drain_s)
+    return run(host, port, a.opts.get("--state-dir"), drain=drain_s,
+               e2b_debug=a.opts.get("--e2b-debug"))
 
 
 def token(args: list[str]) -> int:

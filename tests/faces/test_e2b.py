@@ -1,0 +1,438 @@
+"""The official E2B SDKs (e2b 2.63.0, e2b-code-interpreter 2.11.5, pinned in the dev lock),
+unmodified, against a real `corral serve` subprocess on 127.0.0.1 with live namespace-tier
+sandboxes: E2B_API_URL and E2B_SANDBOX_URL point at it, E2B_API_KEY is a corral token.
+Sync and async: lifecycle, commands, files, watch_dir, run_code and contexts; what is
+refused (templates, network beyond the ceiling, unsupported fields, users, terminals);
+the raw Connect stream's first event and keepalives; one token never reaching another's
+sandbox."""
+
+import asyncio
+import io
+import struct
+
+import httpx
+import pytest
+from conftest import tier_unavailable
+from test_serve import Server, _token
+
+e2b = pytest.importorskip("e2b")
+e2b_ci = pytest.importorskip("e2b_code_interpreter")
+
+from e2b import (  # noqa: E402
+    AsyncSandbox,
+    CommandExitException,
+    NotFoundException,
+    Sandbox,
+    TimeoutException,
+)
+from e2b.exceptions import AuthenticationException, SandboxException  # noqa: E402
+
+pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
+                                reason=f"namespace tier: {tier_unavailable('namespace')}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve-e2b")
+    s = Server(tmp)
+    net = tmp / "net.toml"
+    net.write_text('[network]\nmode = "allow"\nallow = ["*.example.com"]\n')
+    s.tokens["a"] = _token(s.state, "a")
+    s.tokens["b"] = _token(s.state, "b")
+    s.tokens["net"] = _token(s.state, "net", "--ceiling", str(net))
+    templates = tmp / "templates.toml"
+    templates.write_text('[small]\nlimits = { memory = "200M" }\n\n'
+                         '[wide]\nnetwork = { mode = "allow", allow = ["*.other.org"] }\n')
+    import os
+
+    os.environ["CORRAL_E2B_KEEPALIVE_S"] = "0.5"     # the subprocess's keepalive period
+    os.environ["CORRAL_E2B_TEMPLATES"] = str(templates)
+    os.environ["CORRAL_E2B_DOMAIN"] = "corral.test"
+    try:
+        s.start()
+    finally:
+        for v in ("CORRAL_E2B_KEEPALIVE_S", "CORRAL_E2B_TEMPLATES", "CORRAL_E2B_DOMAIN"):
+            del os.environ[v]
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def env(server, monkeypatch):
+    """The three variables, as a user sets them (token a)."""
+    monkeypatch.setenv("E2B_API_URL", server.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
+    monkeypatch.setenv("E2B_API_KEY", server.tokens["a"])
+    monkeypatch.delenv("E2B_DEBUG", raising=False)
+    monkeypatch.delenv("E2B_DOMAIN", raising=False)
+    return server
+
+
+def test_lifecycle(env):
+    sb = Sandbox.create(timeout=120, metadata={"who": "test"}, envs={"FOO": "bar"})
+    try:
+        info = sb.get_info()
+        assert info.sandbox_id == sb.sandbox_id and info.template_id == "base"
+        assert info.metadata == {"who": "test"}
+        ids = [s.sandbox_id for s in Sandbox.list().next_items()]
+        assert sb.sandbox_id in ids
+        from e2b import SandboxQuery
+
+        hit = Sandbox.list(query=SandboxQuery(metadata={"who": "test"})).next_items()
+        miss = Sandbox.list(query=SandboxQuery(metadata={"who": "other"})).next_items()
+        assert [s.sandbox_id for s in hit] == [sb.sandbox_id] and not miss
+        before = info.end_at
+        sb.set_timeout(600)
+        assert sb.get_info().end_at > before
+        again = Sandbox.connect(sb.sandbox_id)
+        assert again.commands.run("echo $FOO").stdout == "bar\n"   # create's envs
+        from e2b_code_interpreter import Sandbox as CI
+
+        ci = CI.connect(sb.sandbox_id)
+        assert ci.run_code("import os; os.environ['FOO']").text == "'bar'"
+        # the same sandbox on the native API, under the same token
+        with env.http(env.tokens["a"]) as c:
+            assert c.get(f"/sandboxes/{sb.sandbox_id}").status_code == 200
+        assert sb.is_running()
+    finally:
+        sb.kill()
+    assert not sb.is_running()
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sb.sandbox_id)
+    k1 = Sandbox.create(idempotency_key="retry-1")
+    try:
+        assert Sandbox.create(idempotency_key="retry-1").sandbox_id == k1.sandbox_id
+        assert Sandbox.create(idempotency_key="retry-2").sandbox_id != k1.sandbox_id
+    finally:
+        for s in Sandbox.list().next_items():
+            Sandbox.kill(s.sandbox_id)
+    with Sandbox.create() as sb2:
+        assert sb2.commands.run("true").exit_code == 0
+    assert sb2.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
+
+
+def test_commands(env):
+    with Sandbox.create(timeout=120) as sb:
+        out, err = [], []
+        r = sb.commands.run("echo one; echo two >&2; echo $A; pwd", envs={"A": "x"},
+                            cwd="/tmp", on_stdout=out.append, on_stderr=err.append)
+        assert r.stdout == "one\nx\n/tmp\n" and r.stderr == "two\n" and r.exit_code == 0
+        assert "".join(out) == r.stdout and "".join(err) == r.stderr
+        with pytest.raises(CommandExitException) as ei:
+            sb.commands.run("echo no >&2; exit 3")
+        assert ei.value.exit_code == 3 and ei.value.stderr == "no\n"
+        with pytest.raises(TimeoutException):
+            sb.commands.run("sleep 30", timeout=1)
+        h = sb.commands.run("cat", background=True, stdin=True)
+        sb.commands.send_stdin(h.pid, "fed\n")
+        sb.commands.close_stdin(h.pid)
+        assert h.wait().stdout == "fed\n"
+        h = sb.commands.run("sleep 300", background=True)
+        assert h.pid in [p.pid for p in sb.commands.list()]
+        assert sb.commands.kill(h.pid) is True
+        with pytest.raises(CommandExitException) as ei:
+            h.wait()
+        assert ei.value.exit_code == -1
+        assert h.pid not in [p.pid for p in sb.commands.list()]
+        assert sb.commands.run("id -u", user="root").stdout == "0\n"
+        with pytest.raises(SandboxException, match="user"):
+            sb.commands.run("id -u", user="user")      # no uid switch inside: refused
+
+
+def test_files(env):
+    with Sandbox.create(timeout=120) as sb:
+        f = sb.files
+        assert f.write("/tmp/a.txt", "text").path == "/tmp/a.txt"
+        f.write("/tmp/b.bin", b"\x00\xff")
+        f.write("/tmp/c.bin", io.BytesIO(b"from a file object"))
+        f.write_files([{"path": "/tmp/d/1", "data": "one"}, {"path": "/tmp/d/2",
+                                                              "data": b"two"}])
+        assert f.read("/tmp/a.txt") == "text"
+        assert bytes(f.read("/tmp/b.bin", format="bytes")) == b"\x00\xff"
+        assert b"".join(f.read("/tmp/c.bin", format="stream")) == b"from a file object"
+        assert sb.commands.run("cat /tmp/d/1 /tmp/d/2").stdout == "onetwo"
+        top = {e.path for e in f.list("/tmp")}
+        assert "/tmp/d" in top and "/tmp/d/1" not in top
+        assert "/tmp/d/1" in {e.path for e in f.list("/tmp", depth=2)}
+        assert f.exists("/tmp/a.txt") and not f.exists("/tmp/none")
+        info = f.get_info("/tmp/b.bin")
+        assert info.size == 2 and info.type.value == "file"
+        assert f.make_dir("/tmp/new") is True and f.make_dir("/tmp/new") is False
+        assert f.rename("/tmp/a.txt", "/tmp/new/a.txt").path == "/tmp/new/a.txt"
+        f.remove("/tmp/new")
+        assert not f.exists("/tmp/new/a.txt")
+        with pytest.raises(NotFoundException):
+            f.read("/tmp/none")
+
+
+def test_watch_dir(env):
+    with Sandbox.create(timeout=120) as sb:
+        sb.files.make_dir("/tmp/w")
+        w = sb.files.watch_dir("/tmp/w")
+        sb.commands.run("echo x > /tmp/w/made")
+        names = set()
+        for _ in range(100):
+            names |= {e.name for e in w.get_new_events()}
+            if "made" in names:
+                break
+        w.stop()
+        assert "made" in names
+
+
+def test_run_code_and_contexts(env):
+    from e2b_code_interpreter import Sandbox as CI
+
+    with CI.create(timeout=120) as sb:
+        out = []
+        ex = sb.run_code("x = 40 + 2\nprint('hi')\nx", on_stdout=out.append)
+        assert ex.text == "42" and ex.logs.stdout == ["hi\n"] and ex.error is None
+        assert [o.line for o in out] == ["hi\n"]
+        n = ex.execution_count
+        assert sb.run_code("x").execution_count == n + 1
+        ex = sb.run_code("1/0")
+        assert ex.error.name == "ZeroDivisionError" and "division" in ex.error.value
+        assert "Traceback" in ex.error.traceback
+        ctx = sb.create_code_context()
+        assert ctx.id in [c.id for c in sb.list_code_contexts()]
+        sb.run_code("y = 5", context=ctx)
+        assert sb.run_code("y", context=ctx).text == "5"
+        assert sb.run_code("y").error.name == "NameError"        # another context
+        sb.restart_code_context(ctx)
+        assert sb.run_code("y", context=ctx).error.name == "NameError"
+        sb.remove_code_context(ctx)
+        assert ctx.id not in [c.id for c in sb.list_code_contexts()]
+        with pytest.raises(SandboxException, match="env_vars"):
+            sb.run_code("1", envs={"A": "1"})
+
+
+def test_async(env):
+    from e2b_code_interpreter import AsyncSandbox as ACI
+
+    async def main():
+        sb = await AsyncSandbox.create(timeout=120)
+        try:
+            assert (await sb.commands.run("echo async")).stdout == "async\n"
+            with pytest.raises(CommandExitException):
+                await sb.commands.run("false")
+            h = await sb.commands.run("sleep 300", background=True)
+            await sb.commands.kill(h.pid)
+            with pytest.raises(CommandExitException):
+                await h.wait()
+            await sb.files.write("/tmp/q", "q")
+            assert await sb.files.read("/tmp/q") == "q"
+            assert await sb.files.exists("/tmp/q")
+            await sb.files.make_dir("/tmp/aw")
+            seen = asyncio.Event()
+            w = await sb.files.watch_dir("/tmp/aw", lambda e: seen.set()
+                                         if e.name == "made" else None)
+            await sb.commands.run("echo x > /tmp/aw/made")
+            await asyncio.wait_for(seen.wait(), 60)
+            await w.stop()
+            seen = []
+            t = await sb.pty.create(e2b.PtySize(rows=24, cols=80), on_data=seen.append)
+            await sb.pty.send_stdin(t.pid, b"echo a5ync; exit 4\n")
+            with pytest.raises(CommandExitException) as ei:
+                await t.wait()
+            assert ei.value.exit_code == 4 and b"a5ync" in b"".join(seen)
+            h = await sb.commands.run("read x; echo got $x", background=True, stdin=True)
+            out = []
+            h2 = await sb.commands.connect(h.pid, on_stdout=out.append)
+            await sb.commands.send_stdin(h.pid, "it\n")
+            assert (await h2.wait()).exit_code == 0
+            assert "".join(out) == "got it\n"
+            paginator = AsyncSandbox.list()
+            assert sb.sandbox_id in [s.sandbox_id for s in await paginator.next_items()]
+            info = await sb.get_info()
+            assert info.sandbox_id == sb.sandbox_id
+        finally:
+            await sb.kill()
+        ci = await ACI.create(timeout=120)
+        try:
+            ex = await ci.run_code("6 * 7")
+            assert ex.text == "42"
+            ctx = await ci.create_code_context()
+            await ci.run_code("z = 1", context=ctx)
+            assert (await ci.run_code("z", context=ctx)).text == "1"
+        finally:
+            await ci.kill()
+
+    asyncio.run(main())
+
+
+def test_templates(env):
+    """A template of the server's file is its policy, within the token's ceiling."""
+    sb = Sandbox.create(template="small")
+    try:
+        assert sb.get_info().template_id == "small"
+        with env.http(env.tokens["a"]) as c:
+            pol = c.get(f"/sandboxes/{sb.sandbox_id}").json()["policy"]
+        assert pol["limits"]["memory"] in ("200M", 200 << 20)
+    finally:
+        sb.kill()
+    with pytest.raises(SandboxException, match="network"):   # beyond token a's ceiling
+        Sandbox.create(template="wide")
+
+
+def test_refusals(env, monkeypatch):
+    with pytest.raises(SandboxException, match="templateID"):
+        Sandbox.create(template="my-own-template")
+    with pytest.raises(SandboxException, match="allow_internet_access"):
+        Sandbox.create(allow_internet_access=True)
+    with pytest.raises(SandboxException, match="network"):     # beyond token a's ceiling
+        Sandbox.create(network={"allow_out": ["api.example.com"]})
+    with pytest.raises(SandboxException, match="autoPause|pause"):
+        Sandbox.create(lifecycle={"on_timeout": "pause"})
+    assert not Sandbox.list().next_items()        # nothing was made by the refusals
+    monkeypatch.setenv("E2B_API_KEY", env.tokens["net"])
+    with pytest.raises(SandboxException, match="network"):     # beyond net's too
+        Sandbox.create(network={"allow_out": ["evil.invalid"]})
+    sb = Sandbox.create(network={"allow_out": ["api.example.com"]})
+    try:
+        with env.http(env.tokens["net"]) as c:
+            pol = c.get(f"/sandboxes/{sb.sandbox_id}").json()["policy"]
+        assert pol["network"]["mode"] == "allow"
+        assert pol["network"]["allow"] == ["api.example.com"]
+    finally:
+        sb.kill()
+
+
+def test_pty(env):
+    with Sandbox.create(timeout=120) as sb:
+        t = sb.pty.create(size=e2b.PtySize(rows=24, cols=80), envs={"MARK": "m4rk"})
+        sb.pty.resize(t.pid, e2b.PtySize(rows=40, cols=100))
+        sb.pty.send_stdin(t.pid, b"stty size; echo $MARK; exit 7\n")
+        seen = []
+        with pytest.raises(CommandExitException) as ei:
+            t.wait(on_pty=seen.append)
+        shown = b"".join(seen)
+        assert b"40 100" in shown and b"m4rk" in shown and ei.value.exit_code == 7
+        t2 = sb.pty.create(size=e2b.PtySize(rows=24, cols=80))
+        assert sb.pty.kill(t2.pid) is True
+        with pytest.raises(CommandExitException):
+            t2.wait()
+
+
+def test_auth(env, monkeypatch):
+    sb = Sandbox.create(timeout=120)
+    try:
+        monkeypatch.setenv("E2B_API_KEY", "corral_not-a-token")
+        with pytest.raises(AuthenticationException):
+            Sandbox.list().next_items()
+        monkeypatch.setenv("E2B_API_KEY", env.tokens["b"])
+        with pytest.raises(NotFoundException):
+            Sandbox.connect(sb.sandbox_id)
+        assert sb.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
+        # the data plane without the sandbox's access token: no such sandbox
+        r = httpx.post(env.url + "/process.Process/List", json={}, headers={
+            "E2b-Sandbox-Id": sb.sandbox_id, "E2b-Sandbox-Port": "49983",
+            "X-Access-Token": "ea_wrong"})
+        assert r.status_code == 404 and r.json()["code"] == "not_found"
+    finally:
+        sb.kill()
+
+
+def test_domain_host_names(env):
+    """CORRAL_E2B_DOMAIN: behind a TLS proxy the SDK names the sandbox and port in the
+    host name (PORT-ID.DOMAIN), not in headers; the host name wins over the headers.
+    (The TLS proxy itself and the SDK in E2B_DOMAIN mode are not exercised here.)"""
+    sb = Sandbox.create(timeout=120)
+    try:
+        h = {"Host": f"49983-{sb.sandbox_id}.corral.test",
+             "X-Access-Token": sb._envd_access_token}
+        r = httpx.post(env.url + "/process.Process/List", json={}, headers=h)
+        assert r.status_code == 200 and "processes" in r.json()
+        r = httpx.post(env.url + "/process.Process/List", json={}, headers={
+            **h, "E2b-Sandbox-Id": "someone-else", "E2b-Sandbox-Port": "49983"})
+        assert r.status_code == 200
+        r = httpx.get(env.url + "/health", headers={
+            **h, "Host": f"49999-{sb.sandbox_id}.corral.test"})
+        assert r.json() == "OK"
+        r = httpx.get(env.url + "/v2/sandboxes", headers={
+            "Host": "api.corral.test", "X-API-Key": env.tokens["a"]})
+        assert sb.sandbox_id in [d["sandboxID"] for d in r.json()]
+    finally:
+        sb.kill()
+
+
+def _envelopes(raw: bytes) -> list[tuple[int, bytes]]:
+    out, i = [], 0
+    while i < len(raw):
+        flags, n = struct.unpack(">BI", raw[i:i + 5])
+        out.append((flags, raw[i + 5:i + 5 + n]))
+        i += 5 + n
+    return out
+
+
+def test_stream_starts_with_start_and_sends_keepalives(env):
+    """The raw Connect stream of process.Process/Start: `start` first, keepalives while a
+    quiet command runs (the server's period is 0.5 s here), `end` and the end-of-stream
+    envelope last."""
+    import json
+
+    sb = Sandbox.create(timeout=120)
+    try:
+        body = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", "sleep 2; echo"
+                                                                   " done"]}}).encode()
+        r = httpx.post(env.url + "/process.Process/Start",
+                       content=struct.pack(">BI", 0, len(body)) + body, timeout=60,
+                       headers={"E2b-Sandbox-Id": sb.sandbox_id,
+                                "E2b-Sandbox-Port": "49983",
+                                "X-Access-Token": sb._envd_access_token,
+                                "Content-Type": "application/connect+json"})
+        envs = _envelopes(r.content)
+        msgs = [json.loads(b) for _, b in envs[:-1]]
+        kinds = [next(iter(m["event"])) for m in msgs]
+        assert kinds[0] == "start" and kinds[-1] == "end"
+        assert "keepalive" in kinds
+        assert envs[-1][0] == 0x02 and json.loads(envs[-1][1]) == {}
+    finally:
+        sb.kill()
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as corral serve binds
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_debug_mode(tmp_path, monkeypatch):
+    """E2B_DEBUG=true: the SDK makes no control-plane call and talks to localhost:49983
+    and :49999; `corral serve --e2b-debug NAME` answers there with one sandbox of token
+    NAME, made on first use."""
+    import subprocess
+
+    if not (_port_free(49983) and _port_free(49999)):
+        pytest.skip("127.0.0.1:49983 or :49999 is taken on this host")
+    s = Server(tmp_path)
+    s.tokens["dev"] = _token(s.state, "dev")
+    real_popen = subprocess.Popen
+
+    def popen(argv, **kw):                 # Server.start, with the flag added
+        return real_popen([*argv, "--e2b-debug", "dev"], **kw)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    s.start()
+    monkeypatch.setattr(subprocess, "Popen", real_popen)
+    try:
+        monkeypatch.setenv("E2B_DEBUG", "true")
+        for v in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"):
+            monkeypatch.delenv(v, raising=False)
+        from e2b_code_interpreter import Sandbox as CI
+
+        sb = CI.create()
+        assert sb.sandbox_id == "debug_sandbox_id"
+        assert sb.commands.run("echo dbg").stdout == "dbg\n"
+        sb.files.write("/tmp/kept", "1")
+        assert sb.run_code("3 * 3").text == "9"
+        again = CI.connect("debug_sandbox_id")
+        assert again.files.read("/tmp/kept") == "1"           # the same sandbox
+        with s.http(s.tokens["dev"]) as c:                   # the token's, natively
+            assert len(c.get("/sandboxes").json()["sandboxes"]) == 1
+    finally:
+        s.stop()

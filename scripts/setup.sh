@@ -42,7 +42,7 @@ fi
 # (-S, written -IS: a #! line passes one argument; no .pth processing, no sitecustomize; ~2 ms of every start): it puts corral's source
 # and the venv's site-packages on sys.path itself, which is all a .pth here would add
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-printf '#!%s -IS\nimport sys\nsys.path[:0] = [%s, %s]\nfrom corral.cli import main\nsys.exit(main())\n' \
+printf '#!%s -IS\nimport sys\nsys.path[:0] = [%s, %s]\nfrom corral.cli import entry\nentry()\n' \
   "$PWD/.venv/bin/python3" "'$PWD/src'" "'$site'" > .venv/bin/corral
 chmod 755 .venv/bin/corral
 # setuptools' distutils shim costs every start a little and corral does not need it

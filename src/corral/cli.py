@@ -258,6 +258,11 @@ def parse_secret_flag(text: str) -> dict[str, dict]:
 
 
 def effective_policy(r: RunArgs):
+    if not (r.policy_file or r.overrides or r.env_pass or r.env_set or r.net_lists
+            or r.ro_binds or r.secrets or r.plain_http):
+        from .policy import Policy  # what policy_from_dict({}) gives, without the loader
+
+        return Policy()
     from .policy import merge, policy_from_dict
     from .policy.load import read_toml
 

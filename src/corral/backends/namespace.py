@@ -29,7 +29,6 @@ import select
 import time
 
 from ..errors import BackendUnavailable, SandboxSetupError
-from ..events import TeardownEvent
 from ..linux import limits, rundir, seccomp
 from ..linux._sys import real_ids, subreaper_acquire, subreaper_release
 from ..linux.supervise import (
@@ -72,7 +71,6 @@ from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of
 from .host.etc import HOSTNAME, ensure_etc
 from .host.execlimits import ExecLimits
 from .host.finish import finish, interpreter_inside
-from .host.proxy import egress_files, start_proxy
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 
 #: on bwrap's command line, not in its --args: --hostname needs --unshare-uts, which is in
@@ -332,8 +330,11 @@ class NamespaceSandbox(LiveSandbox):
         else:
             for op in plan.find(ReadOnlyBind):
                 self.fds[op.path] = open_source(op.path, op.rule)
-        self.ca, self.ca_file, self.upstream_ca = egress_files(self.dir, self.granted,
-                                                               self.upstream_ca)
+        if self.granted or self.upstream_ca:   # host/proxy.py: only for an egress proxy
+            from .host.proxy import egress_files
+
+            self.ca, self.ca_file, self.upstream_ca = egress_files(self.dir, self.granted,
+                                                                   self.upstream_ca)
         self.bpf = seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"))
         if len(self.bpf) > 4096:  # PIPE_BUF: the gate's one write must not be split
             raise AssertionError(f"the seccomp program is {len(self.bpf)} bytes, over 4096")
@@ -532,6 +533,7 @@ class NamespaceSandbox(LiveSandbox):
                         config = proxy_config(egress[0].config_json, self.granted, self.ca,
                                               self.upstream_ca)
                         from .host.launch import listen_in_netns
+                        from .host.proxy import start_proxy
 
                         proxy = start_proxy(config, listen_in_netns(init_pid), attach, uid,
                                             gid)
@@ -567,7 +569,10 @@ class NamespaceSandbox(LiveSandbox):
         finally:
             if cg is not None:
                 problems = keep_cgroup(cg, self._cgroups)
-                events += [TeardownEvent(p).to_dict() for p in problems]
+                if problems:
+                    from ..events import TeardownEvent
+
+                    events += [TeardownEvent(p).to_dict() for p in problems]
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
         failed = None
         if (init_pid is not None and exit_code == 1 and not outcome.timed_out

@@ -7,9 +7,8 @@ from __future__ import annotations
 import os
 
 from ..errors import BackendUnavailable, UnsupportedRule
-from ..events import UnenforcedEvent
 from ..plan import Plan, build_plan
-from ..policy import Policy, load_policy, policy_from_dict
+from ..policy import Policy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -22,6 +21,8 @@ def coerce_policy(policy: Policy | dict | str | os.PathLike | None) -> Policy:
         return Policy()
     if isinstance(policy, Policy):
         return policy
+    from ..policy import load_policy, policy_from_dict  # not for a Policy or None
+
     if isinstance(policy, dict):
         return policy_from_dict(policy)
     return load_policy(os.fspath(policy))
@@ -116,6 +117,10 @@ def prepare(policy: Policy, host_env: Mapping[str, str] | None = None, backend=N
                     else "; no tier available here could")
             raise UnsupportedRule(f"the {backend.name} tier cannot enforce it on this host: "
                                   f"{reason}{hint}", field=op.rule)
+    if not unenforced:
+        return backend, plan, []
+    from ..events import UnenforcedEvent
+
     events = [UnenforcedEvent(op.rule or type(op).__name__, backend.name, why).to_dict()
               for op, why in unenforced]
     return backend, plan, events

@@ -333,6 +333,7 @@ def cmd_run(args: list[str]) -> int:
             writers = [on_out, on_err]
         with _terminate_cleanly():
             with Sandbox(policy) as sb:
+                gc_back_on()
                 result = sb.exec(r.command, stdin=stdin, on_stdout=on_out, on_stderr=on_err)
                 for w in writers:
                     if hasattr(w, "finish"):
@@ -509,6 +510,7 @@ def _run_tty(r: RunArgs, policy) -> int:
         with _terminate_cleanly():
             with Sandbox(policy) as sb:
                 sb.open()   # set-up errors show before the terminal goes raw
+                gc_back_on()
                 with raw_mode(0):
                     result = sb.exec(r.command, stdin=0, tty=True, on_stdout=on_out)
     except CorralError as e:
@@ -856,6 +858,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(f"corral {__version__}\n")
         return 0
     cmd = COMMANDS.get(args[0])
+    if cmd is not cmd_run:
+        gc_back_on()
     if cmd is None:
         sys.stderr.write(f"corral: unknown command {args[0]!r}; see corral --help\n")
         return 2
@@ -864,6 +868,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("corral: interrupted; the sandbox was torn down\n")
         return 130
+
+
+def gc_back_on() -> None:
+    """The launcher (scripts/setup.sh) starts `corral` with the cyclic garbage collector
+    off: importing the run path makes some 8,000 objects the GC tracks, and the collections they set
+    off (a generation-1 pass among them) cost ~1 ms of a `corral run`. It comes back on
+    here, before a sandbox's command starts (and first thing for every other command,
+    `corral serve` among them), with what exists by then frozen (gc.freeze: modules,
+    classes, the plan), so later collections skip it."""
+    import gc
+
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
 
 
 def entry() -> None:

@@ -193,18 +193,34 @@ OFF_THE_RUN_PATH = ("corral.policy.load", "corral.policy.units", "corral.events"
 RUN_PATH_MODULES = 27
 
 
-def test_run_path_imports_only_what_a_run_needs(tmp_path):
-    """The launcher as installed, with a hook that lists sys.modules at exit."""
-    out = tmp_path / "modules"
-    hook = ("import atexit, sys\n"
-            f"atexit.register(lambda: open({str(out)!r}, 'w').write('\\n'.join(sys.modules)))\n")
+def launched(tmp_path, *args) -> tuple[set[str], str]:
+    """Run the launcher as installed with a hook that notes, at exit, sys.modules and
+    whether the cyclic GC is on (and how many objects gc_back_on() froze)."""
+    out = tmp_path / "at-exit"
+    hook = ("import atexit, gc, sys\n"
+            f"atexit.register(lambda: open({str(out)!r}, 'w').write("
+            "f'{gc.isenabled()} {gc.get_freeze_count()}\\n' + '\\n'.join(sys.modules)))\n")
     with open(CORRAL) as f:
         launcher = f.read()
     python = launcher.splitlines()[0][2:].split()
-    r = subprocess.run([*python, "-c", hook + launcher, "run", "--", "/bin/true"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*python, "-c", hook + launcher, *args], capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    mods = set(out.read_text().split("\n"))
+    gc_line, *mods = out.read_text().split("\n")
+    return set(mods), gc_line
+
+
+def test_the_gc_is_back_on_before_any_command_runs(tmp_path):
+    """The launcher turns the cyclic GC off for the imports; a sandbox's command and every
+    other subcommand (corral serve runs for days) run with it on."""
+    for args in (["run", "--", "/bin/true"], ["policy", "show"]):
+        _, gc_line = launched(tmp_path, *args)
+        on, frozen = gc_line.split()
+        assert on == "True" and int(frozen) > 1000, (args, gc_line)
+
+
+def test_run_path_imports_only_what_a_run_needs(tmp_path):
+    mods, _ = launched(tmp_path, "run", "--", "/bin/true")
     assert "corral.backends.namespace" in mods and "corral.linux._sys" in mods
     assert not mods & set(OFF_THE_RUN_PATH), sorted(mods & set(OFF_THE_RUN_PATH))
     ours = sorted(m for m in mods if m == "corral" or m.startswith("corral."))

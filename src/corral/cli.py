@@ -469,34 +469,14 @@ def _print_events(events: list[dict], *, output_limit: bool = True) -> None:
                 output_limit or e.get("limit") != "output"):
             what = e.get("limit") or e.get("rule") or e["kind"]
             text = e.get("message") or e.get("reason")
-            if _standing(e):
-                if not _due(e):
-                    continue
-                text += " (shown once a day; --json reports it on every run)"
+            if e["kind"] == "unenforced":
+                from .runtime.notices import due_event, standing
+
+                if standing(e):
+                    if not due_event(e):
+                        continue
+                    text += " (shown once a day; --json reports it on every run)"
             sys.stderr.write(f"corral: {e['kind']} {what}: {text}\n")
-
-
-def _standing(e: dict) -> bool:
-    """An unenforced part of the tier itself (e.g. the process tier's missing namespaces):
-    no policy key names it, so no policy changes it, and it is the same on every run."""
-    from .policy.schema import SECTIONS
-
-    rule = e.get("rule") or ""
-    return e["kind"] == "unenforced" and rule.split(".")[0] not in (
-        *SECTIONS, "isolation", "secrets")
-
-
-def _due(e: dict) -> bool:
-    """Whether a standing notice is due on stderr: once a day per host and user."""
-    import zlib
-
-    from .runtime.notices import due
-
-    key = f"{e.get('tier')}-{e['rule']}-{zlib.crc32(str(e.get('reason')).encode()):08x}"
-    try:
-        return due(key)
-    except ValueError:   # a name unfit for a file name: show it every time
-        return True
 
 
 def _run_tty(r: RunArgs, policy) -> int:
@@ -871,12 +851,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def gc_back_on() -> None:
-    """The launcher (scripts/setup.sh) starts `corral` with the cyclic garbage collector
-    off: importing the run path makes some 8,000 objects the GC tracks, and the collections they set
-    off (a generation-1 pass among them) cost ~1 ms of a `corral run`. It comes back on
-    here, before a sandbox's command starts (and first thing for every other command,
-    `corral serve` among them), with what exists by then frozen (gc.freeze: modules,
-    classes, the plan), so later collections skip it."""
+    """The launcher starts with the cyclic GC off (the run path's imports would set off
+    ~1 ms of collections). On again, what exists by then frozen (gc.freeze), before a
+    sandbox's command starts and first thing for every other command (serve runs for days)."""
     import gc
 
     if not gc.isenabled():
@@ -885,25 +862,19 @@ def gc_back_on() -> None:
 
 
 def entry() -> None:
-    """The `corral` command (the launcher and `python -m corral.cli` call this): main(),
-    then the end of a normal interpreter exit, without its finalization.
-
-    Python's finalization frees every module and object one by one; after a run that is
-    about 2 ms, a tenth of `corral run -- /bin/true`, and nothing of it matters to a
-    process that ends. So, in the order Py_FinalizeEx uses: wait for threads (if any
-    non-daemon thread is alive, the normal exit does it: nothing is skipped), run the
-    atexit handlers (open sandboxes close, the cgroup pool is drained), flush stdout and
-    stderr (a failed flush exits 120, as Python does), then os._exit with main's status.
-    An exception other than SystemExit takes the normal path (traceback, exit 1)."""
+    """`corral` (the launcher, [project.scripts]): main(), then Python's own exit without
+    the interpreter's finalization (~1.4 ms of `corral run`): threads (one alive: the normal
+    exit, which waits), atexit handlers, stdout and stderr flushed (failed: 120, as Python
+    exits), os._exit. An exception other than SystemExit takes the normal path."""
     try:
         code = main()
     except SystemExit as e:
         if not isinstance(e.code, int | None):
             raise
-        code = e.code or 0
-    threading = sys.modules.get("threading")
-    if threading is not None and any(t is not threading.main_thread() and not t.daemon
-                                     for t in threading.enumerate()):
+        code = e.code
+    code = code or 0
+    th = sys.modules.get("threading")
+    if th and any(t is not th.main_thread() and not t.daemon for t in th.enumerate()):
         sys.exit(code)
     import atexit
 

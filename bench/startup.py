@@ -1,6 +1,7 @@
 """Start-up latency of a sandboxed `/bin/true` and `/usr/bin/python3 -c pass`.
 
     .venv/bin/python bench/startup.py [--runs N] [--quick] [--json FILE] [--no-runsc]
+                                      [--baseline-cli LAUNCHER]
 
 Each sample is the wall time from the call to the finished result (exit status or corral
 Result), teardown included, with fresh namespaces every run. Variants (bench/README.md):
@@ -17,6 +18,8 @@ Result), teardown included, with fresh namespaces every run. Variants (bench/REA
   interp        `/usr/bin/python3 -I -c pass`: one bare interpreter start, the floor of any
                 Python CLI (measured once per round, shown under /bin/true); issue 14's goal:
                 cli - bwrap <= 1.3x interp
+  cli-base      with --baseline-cli: another corral launcher (an older checkout's
+                .venv/bin/corral) `run -- cmd`, in the same rounds: before/after side by side
 
 Variants run round robin: every variant once per round, in an order shuffled afresh each
 round (seeded: --seed), so that no variant always follows the same one (a heavy one such
@@ -116,7 +119,7 @@ def check_result(r) -> None:
 
 
 class Bench:
-    def __init__(self, use_runsc: bool) -> None:
+    def __init__(self, use_runsc: bool, baseline_cli: str | None = None) -> None:
         import corral
         from corral.linux import seccomp
         from corral.plan import Environment
@@ -139,6 +142,7 @@ class Bench:
         if not os.access(self.cli, os.X_OK):
             self.cli = shutil.which("corral") or self.cli
         self.runsc = shutil.which("runsc") if use_runsc else None
+        self.baseline_cli = baseline_cli
 
     def close(self) -> None:
         os.close(self.seccomp_fd)
@@ -165,6 +169,9 @@ class Bench:
     def cli_run(self, argv: list[str]) -> None:
         run_checked([self.cli, "run", "--", *argv])
 
+    def cli_base(self, argv: list[str]) -> None:
+        run_checked([self.baseline_cli, "run", "--", *argv])
+
     def runsc_do(self, argv: list[str]) -> None:
         run_checked([self.runsc, "--network=none", "--platform=ptrace", "do", *argv],
                     timeout=60)
@@ -175,6 +182,8 @@ class Bench:
     def variants(self) -> dict:
         v = {"bare": self.bare, "bwrap": self.bwrap, "corral.run": self.corral_run,
              "sb.exec": self.sb_exec, "cli": self.cli_run, "interp": self.interp}
+        if self.baseline_cli:
+            v["cli-base"] = self.cli_base
         if self.runsc:
             v["runsc"] = self.runsc_do
         return v
@@ -202,6 +211,9 @@ def main() -> int:
                     help="idle this long before each run (default 0: back to back); "
                          "e.g. 200 to see a one-shot call on a quiet host")
     ap.add_argument("--seed", type=int, default=1, help="of the per-round shuffle (default 1)")
+    ap.add_argument("--baseline-cli", metavar="LAUNCHER",
+                    help="also time this corral launcher (e.g. an older checkout's "
+                         ".venv/bin/corral) as the cli-base variant, in the same rounds")
     args = ap.parse_args()
     runs = args.runs if args.runs is not None else (10 if args.quick else 30)
     if runs < 1:
@@ -214,7 +226,9 @@ def main() -> int:
         print(f"  {k:7} {info[k]}")
     print(f"  raw bwrap started with {RAW_BWRAP_SPAWN}")
 
-    bench = Bench(use_runsc=not args.no_runsc)
+    if args.baseline_cli and not os.access(args.baseline_cli, os.X_OK):
+        ap.error(f"--baseline-cli: {args.baseline_cli} is not an executable launcher")
+    bench = Bench(use_runsc=not args.no_runsc, baseline_cli=args.baseline_cli)
     errors: dict[str, str] = {}
     if args.no_runsc:
         errors["runsc"] = "skipped (--no-runsc)"
@@ -306,13 +320,16 @@ def main() -> int:
                   f"(+{s['median_ms'] - base:.2f} ms)  {'MET' if ok else 'NOT MET'}")
 
     interp = summary.get("interp true", {}).get("median_ms")
-    base, cli = (summary.get(f"{v} true", {}).get("median_ms") for v in ("bwrap", "cli"))
-    if interp and base and cli:
+    base = summary.get("bwrap true", {}).get("median_ms")
+    for v in ("cli", "cli-base"):
+        cli = summary.get(f"{v} true", {}).get("median_ms")
+        if not (interp and base and cli):
+            continue
         extra = cli - base
         ok = extra <= GOAL_CLI_INTERP * interp
-        goals.append({"goal": f"cli - bwrap <= {GOAL_CLI_INTERP}x interp", "command": "true",
+        goals.append({"goal": f"{v} - bwrap <= {GOAL_CLI_INTERP}x interp", "command": "true",
                       "value_ms": extra, "limit_ms": GOAL_CLI_INTERP * interp, "met": ok})
-        print(f"  true     cli - bwrap <= {GOAL_CLI_INTERP}x interp: {extra:7.2f} vs "
+        print(f"  true     {v + ' - bwrap':14} <= {GOAL_CLI_INTERP}x interp: {extra:7.2f} vs "
               f"{GOAL_CLI_INTERP * interp:7.2f} ms ({extra / interp:.2f}x a bare "
               f"`python3 -I -c pass`, {interp:.2f} ms)  {'MET' if ok else 'NOT MET'}")
 

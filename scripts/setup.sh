@@ -40,9 +40,11 @@ fi
 # a launcher without the `re` import of pip's template, in isolated mode (-I: no PYTHON*
 # variables, no user site, no current directory on sys.path) and without the site module
 # (-S, written -IS: a #! line passes one argument; no .pth processing, no sitecustomize; ~2 ms of every start): it puts corral's source
-# and the venv's site-packages on sys.path itself, which is all a .pth here would add
+# and the venv's site-packages on sys.path itself, which is all a .pth here would add;
+# and it starts with the cyclic GC off (the run path's imports set off ~1 ms of collections;
+# corral.cli.gc_back_on() turns it on, with those objects frozen, before a command starts)
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-printf '#!%s -IS\nimport sys\nsys.path[:0] = [%s, %s]\nfrom corral.cli import main\nsys.exit(main())\n' \
+printf '#!%s -IS\nimport gc, sys\ngc.disable()  # corral.cli.gc_back_on() turns it on again\nsys.path[:0] = [%s, %s]\nfrom corral.cli import entry\nentry()\n' \
   "$PWD/.venv/bin/python3" "'$PWD/src'" "'$site'" > .venv/bin/corral
 chmod 755 .venv/bin/corral
 # setuptools' distutils shim costs every start a little and corral does not need it

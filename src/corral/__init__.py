@@ -14,7 +14,7 @@ from .errors import (
                      UnsupportedRule,
                      UsageError,
 )
-from .policy import Policy, load_policy
+from .policy import Policy
 from .result import Result, Usage
 from .runtime.sandbox import Sandbox, TextChunks, run
 
@@ -27,6 +27,10 @@ def __getattr__(name: str):
         from .runtime.pool import Pool
 
         return Pool
+    if name == "load_policy":   # policy.load is imported when a policy is read
+        from .policy import load_policy
+
+        return load_policy
     raise AttributeError(f"module 'corral' has no attribute {name!r}")
 
 __all__ = ["BackendUnavailable", "CorralError", "Policy", "PolicyError", "Pool", "Result",

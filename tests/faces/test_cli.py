@@ -180,3 +180,62 @@ def test_stdin_that_is_a_terminal_is_refused():
         os.close(master)
         os.close(slave)
     assert r.returncode == 2 and "terminal" in r.stderr
+
+
+# -- the start-up path (issue 14): what `corral run` imports, and how it ends -------------
+
+#: imported only when needed: a policy to read, an event to make, an egress proxy, the
+#: whole ctypes package, OpenSSL's hashlib; none is on the path of a plain run
+OFF_THE_RUN_PATH = ("corral.policy.load", "corral.policy.units", "corral.events",
+                    "corral.backends.host.proxy", "ctypes", "hashlib", "json", "enum",
+                    "typing", "re", "threading", "subprocess", "dataclasses", "inspect")
+#: the corral modules `corral run -- /bin/true` imports (v0.1 imported 20; docs/benchmarks.md)
+RUN_PATH_MODULES = 27
+
+
+def launched(tmp_path, *args) -> tuple[set[str], str]:
+    """Run the launcher as installed with a hook that notes, at exit, sys.modules and
+    whether the cyclic GC is on (and how many objects gc_back_on() froze)."""
+    out = tmp_path / "at-exit"
+    hook = ("import atexit, gc, sys\n"
+            f"atexit.register(lambda: open({str(out)!r}, 'w').write("
+            "f'{gc.isenabled()} {gc.get_freeze_count()}\\n' + '\\n'.join(sys.modules)))\n")
+    with open(CORRAL) as f:
+        launcher = f.read()
+    python = launcher.splitlines()[0][2:].split()
+    r = subprocess.run([*python, "-c", hook + launcher, *args], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    gc_line, *mods = out.read_text().split("\n")
+    return set(mods), gc_line
+
+
+def test_the_gc_is_back_on_before_any_command_runs(tmp_path):
+    """The launcher turns the cyclic GC off for the imports; a sandbox's command and every
+    other subcommand (corral serve runs for days) run with it on."""
+    for args in (["run", "--", "/bin/true"], ["policy", "show"]):
+        _, gc_line = launched(tmp_path, *args)
+        on, frozen = gc_line.split()
+        assert on == "True" and int(frozen) > 1000, (args, gc_line)
+
+
+def test_run_path_imports_only_what_a_run_needs(tmp_path):
+    mods, _ = launched(tmp_path, "run", "--", "/bin/true")
+    assert "corral.backends.namespace" in mods and "corral.linux._sys" in mods
+    assert not mods & set(OFF_THE_RUN_PATH), sorted(mods & set(OFF_THE_RUN_PATH))
+    ours = sorted(m for m in mods if m == "corral" or m.startswith("corral."))
+    assert len(ours) <= RUN_PATH_MODULES, ours
+
+
+def test_the_command_ends_like_a_python_exit():
+    """entry() skips the interpreter's finalization: stdout is still flushed (a failed
+    flush exits 120, as Python's own exit does) and the status is main()'s."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([CORRAL, "--version"], stdout=full, stderr=subprocess.PIPE,
+                           timeout=60)
+    assert r.returncode == 120
+    r = corral("--version")
+    assert r.returncode == 0 and r.stdout.startswith("corral ")
+    assert corral("frobnicate").returncode == 2
+    r = corral("run", "--", "/bin/sh", "-c", "printf 'x%.0s' $(seq 100000)")
+    assert r.returncode == 0 and r.stdout == "x" * 100000

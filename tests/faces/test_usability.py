@@ -428,7 +428,7 @@ def test_sink_records_what_a_slow_sender_sent_before_it_is_read():
 def test_only_the_tiers_standing_gaps_are_shown_once_a_day():
     """A gap no policy key names (the process tier's missing namespaces) is the tier's own
     and the same on every run; a default the policy names (limits.memory) shows each time."""
-    from corral.cli import _standing
+    from corral.runtime.notices import standing as _standing
 
     e = {"kind": "unenforced", "rule": "Namespaces", "tier": "process", "reason": "x"}
     assert _standing(e)

@@ -71,6 +71,10 @@ def _dead_run(base: str) -> str:
     return run_id
 
 
+def runs_in(base: str) -> list[str]:
+    return sorted(n for n in os.listdir(base) if n != rundir.STAMP)
+
+
 def test_sweep_if_due_sweeps_once_per_interval(tmp_path, monkeypatch):
     """Opening a sandbox sweeps (sweep_if_due): the first time in a process, then at most
     every SWEEP_EVERY_S; a dead run left in between waits for the next due sweep."""
@@ -81,8 +85,54 @@ def test_sweep_if_due_sweeps_once_per_interval(tmp_path, monkeypatch):
     assert rundir.sweep_if_due(base) == [first]
     second = _dead_run(base)
     assert rundir.sweep_if_due(base) == []          # swept just now: not due
-    assert os.listdir(base) == [second]
+    assert runs_in(base) == [second]
     monkeypatch.setattr(rundir, "SWEEP_EVERY_S", 0.05)
     time.sleep(0.1)
     assert rundir.sweep_if_due(base) == [second]
-    assert os.listdir(base) == []
+    assert runs_in(base) == []
+
+
+def _sweep_in_child(base: str) -> list[str]:
+    """sweep_if_due() in a new process of this uid (its own _last_sweep)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            rundir._last_sweep.clear()
+            os.write(w, " ".join(rundir.sweep_if_due(base)).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    out = os.read(r, 1000).decode().split()
+    os.close(r)
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_another_process_s_sweep_counts(tmp_path, monkeypatch):
+    """A sweep by any process in the last SWEEP_EVERY_S (the stamp) lets a new process skip
+    its own; once that is over, the next start sweeps what was left meanwhile. A stamp
+    that is not a regular file of ours (a link, another uid's) is not trusted."""
+    base = str(tmp_path / "base")
+    os.makedirs(base, mode=0o711)
+    monkeypatch.setattr(rundir, "_last_sweep", {})
+    first = _dead_run(base)
+    assert _sweep_in_child(base) == [first]         # another process swept
+    second = _dead_run(base)
+    assert rundir.sweep_if_due(base) == []          # so this one, new to it, skips
+    assert runs_in(base) == [second]
+    monkeypatch.setattr(rundir, "SWEEP_EVERY_S", 0.05)
+    time.sleep(0.1)
+    assert _sweep_in_child(base) == [second]        # due again
+    stamp = os.path.join(base, rundir.STAMP)
+    third = _dead_run(base)
+    os.unlink(stamp)
+    os.symlink(os.path.join(base, "elsewhere"), stamp)   # a fresh link: not a stamp
+    assert _sweep_in_child(base) == [third]
+    assert os.path.islink(stamp) and not os.path.exists(os.path.join(base, "elsewhere"))
+    os.unlink(stamp)
+    with open(stamp, "w"):
+        pass
+    os.chown(stamp, 65534, 65534)                   # another uid's: not trusted
+    fourth = _dead_run(base)
+    assert _sweep_in_child(base) == [fourth]

@@ -376,13 +376,31 @@ def test_cache_hit_returns_same_program_without_libseccomp(tmp_path):
     assert first == seccomp.compile_bpf()
     [f] = cache.iterdir()
     assert f.name == f"seccomp-{seccomp.PROFILE_VERSION}-{seccomp.cache_key()}.bpf"
-    assert f.read_bytes() == first
+    assert f.read_bytes()[:-32] == first      # then its digest
+    assert f.stat().st_mode & 0o777 == 0o600
+    assert cache.stat().st_mode & 0o777 == 0o700
     r = _venv_python(
         "import sys; from corral.linux import seccomp as s\n"
         "data = s.bpf_bytes(sys.argv[1])\n"
         "print(len(data), 'seccomp' in sys.modules)", str(cache))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [str(len(first)), "False"]
+
+
+def test_cache_key_follows_the_profile_source(tmp_path):
+    """The key hashes seccomp.py's bytes: an edit of a rule (or of anything in the file)
+    gives another file name, so a program built from other rules is never read."""
+    key = seccomp.cache_key()
+    assert len(key) == 32 and key == seccomp.cache_key()
+    src = tmp_path / "seccomp.py"
+    src.write_bytes(Path(seccomp.__file__).read_bytes().replace(
+        b'"kexec_load"', b'"kexec_load "', 1))
+    try:
+        seccomp.__file__, real = str(src), seccomp.__file__
+        assert seccomp.cache_key() != key
+    finally:
+        seccomp.__file__ = real
+    assert seccomp.cache_key() == key
 
 
 def from_disk(cache):
@@ -395,15 +413,56 @@ def test_cache_ignores_bad_files(tmp_path):
     cache = tmp_path / "cache"
     good = from_disk(cache)
     [f] = cache.iterdir()
-    f.write_bytes(good[:-3])  # not a whole number of instructions
+    stored = f.read_bytes()
+    f.write_bytes(stored[:-3])  # cut short
     assert from_disk(cache) == good
-    assert f.read_bytes() == good  # rewritten
-    f.write_bytes(b"\0" * 8)
-    f.chmod(0o666)  # writable by others: not trusted
+    assert f.read_bytes() == stored  # rewritten
+    f.write_bytes(b"\0" * 8)   # a whole instruction, no digest
     assert from_disk(cache) == good
-    f.write_bytes(b"\0" * 8)
-    f.chmod(0o644)
+    f.write_bytes(stored)
+    f.chmod(0o644)  # readable by others: not trusted
+    assert from_disk(cache) == good
+    assert f.stat().st_mode & 0o777 == 0o600
+    f.write_bytes(stored)
     os.chown(f, 65534, 65534)  # not ours: not trusted
+    assert from_disk(cache) == good
+    assert f.stat().st_uid == os.geteuid()
+
+
+def _allow_everything() -> bytes:
+    """A program that allows every call (BPF_RET|BPF_K SECCOMP_RET_ALLOW)."""
+    return (0x06).to_bytes(2, "little") + bytes(2) + (0x7FFF0000).to_bytes(4, "little")
+
+
+def test_cache_refuses_a_tampered_program(tmp_path):
+    """A program swapped in the cache file (allow everything, its old digest kept) is
+    refused; so is one whose digest was recomputed but whose file is linked from
+    elsewhere, or that sits in a directory others may write; each time the real program
+    is compiled and the file written again."""
+    cache = tmp_path / "cache"
+    good = from_disk(cache)
+    [f] = cache.iterdir()
+    stored = f.read_bytes()
+    evil = _allow_everything()
+    f.write_bytes(evil + stored[-32:])              # the old digest: does not match
+    assert from_disk(cache) == good
+    assert f.read_bytes() == stored
+    forged = evil + seccomp._file_digest(str(f), evil)
+    f.write_bytes(forged)
+    assert seccomp._read_cache(str(f)) == evil       # the digest alone is consistent...
+    f.unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(forged)
+    elsewhere.chmod(0o600)
+    os.link(elsewhere, f)                            # ...but a second link is refused
+    assert from_disk(cache) == good
+    f.unlink()
+    f.symlink_to(elsewhere)                          # and so is a symbolic link
+    assert from_disk(cache) == good
+    assert not f.is_symlink() and f.read_bytes() == stored
+    cache.chmod(0o770)                               # others may write the directory
+    f.write_bytes(forged)
+    assert seccomp._read_cache(str(f)) is None
     assert from_disk(cache) == good
 
 

@@ -30,7 +30,7 @@ from conftest import ALL_TIERS, CORRAL, tier_unavailable
 
 import corral
 from corral.errors import UnsupportedRule
-from corral.linux import limits
+from corral.linux import limits, rundir
 from corral.policy import policy_from_dict
 from corral.runtime.explain import explain
 
@@ -514,7 +514,7 @@ def test_supervisor_death_leaves_nothing_running(tier, corral_bin):
                          stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline() == "up\n"
-        new = set(os.listdir("/run/corral")) - before
+        new = set(os.listdir("/run/corral")) - before - {rundir.STAMP}   # the run's own
         assert new
         def mine():
             return [pid for pid in os.listdir("/proc") if pid.isdigit()
@@ -528,17 +528,26 @@ def test_supervisor_death_leaves_nothing_running(tier, corral_bin):
     while mine() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert mine() == []
-    # the next corral start sweeps what the dead supervisor left: a new process, which
-    # always sweeps at its first sandbox (this one may have swept less than a second ago)
+    # a corral start sweeps what the dead supervisor left: the next one once no process
+    # has swept for SWEEP_EVERY_S (rundir.sweep_if_due), or any other process's sweep
+    # since (one may be half way through it: what it removes is looked at for a while)
+    time.sleep(rundir.SWEEP_EVERY_S + 0.1)
     r = subprocess.run([corral_bin, "run", "--isolation", tier.name, "--", "/bin/true"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r
-    assert not new & set(os.listdir("/run/corral"))
-    with open("/proc/self/mountinfo") as f:
-        assert not [m for m in f if any(f"/run/corral/{d}" in m for d in new)]
-    for _, parent in limits.detect().parents:
-        if os.path.isdir(parent):
-            assert not [n for n in os.listdir(parent) if n.split("-")[0] in new]
+
+    def left() -> list[str]:
+        with open("/proc/self/mountinfo") as f:
+            found = [m for m in f if any(f"/run/corral/{d}" in m for d in new)]
+        found += sorted(new & set(os.listdir("/run/corral")))
+        for _, parent in limits.detect().parents:
+            if os.path.isdir(parent):
+                found += [n for n in os.listdir(parent) if n.split("-")[0] in new]
+        return found
+    deadline = time.monotonic() + 10
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left() == []
 
 
 # -- the workspace and read-only binds ----------------------------------------------------------

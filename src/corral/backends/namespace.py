@@ -29,7 +29,6 @@ import select
 import time
 
 from ..errors import BackendUnavailable, SandboxSetupError
-from ..events import TeardownEvent
 from ..linux import limits, rundir, seccomp
 from ..linux._sys import real_ids, subreaper_acquire, subreaper_release
 from ..linux.supervise import (
@@ -68,11 +67,10 @@ from ..plan import (
 from ..result import Result
 from .base import Backend, LiveSandbox, TierCheck, assert_never
 from .host import ids
-from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of
+from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of, with_relay_tasks
 from .host.etc import HOSTNAME, ensure_etc
 from .host.execlimits import ExecLimits
 from .host.finish import finish, interpreter_inside
-from .host.proxy import egress_files, start_proxy, with_relay_tasks
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 
 #: on bwrap's command line, not in its --args: --hostname needs --unshare-uts, which is in
@@ -347,8 +345,11 @@ class NamespaceSandbox(LiveSandbox):
         else:
             for op in plan.find(ReadOnlyBind):
                 self.fds[op.path] = open_source(op.path, op.rule)
-        self.ca, self.ca_file, self.upstream_ca = egress_files(self.dir, self.granted,
-                                                               self.upstream_ca)
+        if self.granted or self.upstream_ca:   # host/proxy.py: only for an egress proxy
+            from .host.proxy import egress_files
+
+            self.ca, self.ca_file, self.upstream_ca = egress_files(self.dir, self.granted,
+                                                                   self.upstream_ca)
         self.bpf = seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"))
         if len(self.bpf) > 4096:  # PIPE_BUF: the gate's one write must not be split
             raise AssertionError(f"the seccomp program is {len(self.bpf)} bytes, over 4096")
@@ -548,6 +549,7 @@ class NamespaceSandbox(LiveSandbox):
                         config = proxy_config(egress[0].config_json, self.granted, self.ca,
                                               self.upstream_ca)
                         from .host.launch import listen_in_netns
+                        from .host.proxy import start_proxy
 
                         proxy = start_proxy(config, listen_in_netns(init_pid), attach, uid,
                                             gid)
@@ -583,7 +585,10 @@ class NamespaceSandbox(LiveSandbox):
         finally:
             if cg is not None:
                 problems = keep_cgroup(cg, self._cgroups)
-                events += [TeardownEvent(p).to_dict() for p in problems]
+                if problems:
+                    from ..events import TeardownEvent
+
+                    events += [TeardownEvent(p).to_dict() for p in problems]
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=True)
         failed = None
         if (init_pid is not None and exit_code == 1 and not outcome.timed_out

@@ -1,10 +1,16 @@
 """The few libc calls the standard library lacks (mount, umount2, prctl, capget/capset) and
-the per-thread id changes glibc does not offer (raw syscalls). Via ctypes."""
+the per-thread id changes glibc does not offer (raw syscalls).
+
+Through `_ctypes`, the C core of ctypes, with the four C types and the function class
+below made exactly as ctypes makes them: the ctypes package defines some thirty types on
+import, ~0.7 ms of every `corral run` (bench/startup.py), for the five calls made here.
+`_libc`, a whole `ctypes.CDLL(None, use_errno=True)`, is made on first use for the modules
+off the run path that call other functions (enter, process_reaper, gvisor_runsc)."""
 
 from __future__ import annotations
 
+import _ctypes
 import _thread
-import ctypes
 import errno as _errno
 import os
 
@@ -17,30 +23,78 @@ MS_PRIVATE = 1 << 18
 MNT_DETACH = 0x2
 PR_SET_PDEATHSIG = 1
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                        ctypes.c_char_p)
-_libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
-_libc.prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                        ctypes.c_ulong)
+
+class _Int(_ctypes._SimpleCData):      # ctypes.c_int
+    _type_ = "i"
+
+
+class _UInt(_ctypes._SimpleCData):     # ctypes.c_uint, c_uint32
+    _type_ = "I"
+
+
+class _ULong(_ctypes._SimpleCData):    # ctypes.c_ulong
+    _type_ = "L"
+
+
+class _CharP(_ctypes._SimpleCData):    # ctypes.c_char_p
+    _type_ = "z"
+
+
+class _Function(_ctypes.CFuncPtr):
+    """A C function as ctypes.CDLL(None, use_errno=True) gives it: cdecl, an int result,
+    errno saved for get_errno() after each call."""
+    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+    _restype_ = _Int
+
+
+class _Process:
+    """The process's own symbols (libc among them), as CDLL(None) opens them."""
+    _handle = _ctypes.dlopen(None, os.RTLD_LOCAL)
+
+
+def _function(name: str, *argtypes) -> _Function:
+    f = _Function((name, _Process))
+    if argtypes:
+        f.argtypes = argtypes
+    return f
+
+
+_mount = _function("mount", _CharP, _CharP, _CharP, _ULong, _CharP)
+_umount2 = _function("umount2", _CharP, _Int)
+_prctl = _function("prctl", _Int, _ULong, _ULong, _ULong, _ULong)
+_syscall = _function("syscall")   # arguments as ctypes passes them untyped: int, NULL, array
+_get_errno = _ctypes.get_errno
+
+
+def __getattr__(name: str):
+    if name == "_libc":
+        import ctypes
+
+        global _libc
+        _libc = ctypes.CDLL(None, use_errno=True)   # typed as the functions above
+        _libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                ctypes.c_ulong, ctypes.c_char_p)
+        _libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
+        _libc.prctl.argtypes = (ctypes.c_int, *(ctypes.c_ulong,) * 4)
+        return _libc
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def mount(source: str, target: str, fstype: str, flags: int, data: str) -> None:
-    if _libc.mount(source.encode(), target.encode(), fstype.encode(), flags,
-                   data.encode()) != 0:
-        e = ctypes.get_errno()
+    if _mount(source.encode(), target.encode(), fstype.encode(), flags, data.encode()) != 0:
+        e = _get_errno()
         raise OSError(e, os.strerror(e), target)
 
 
 def umount(target: str) -> int:
     """umount2(MNT_DETACH); returns 0 or the errno."""
-    if _libc.umount2(target.encode(), MNT_DETACH) != 0:
-        return ctypes.get_errno()
+    if _umount2(target.encode(), MNT_DETACH) != 0:
+        return _get_errno()
     return 0
 
 
 def set_pdeathsig(sig: int) -> None:
-    _libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    _prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -57,7 +111,7 @@ def subreaper_acquire() -> None:
     global _subreaper_users
     with _subreaper_lock:
         if _subreaper_users == 0:
-            _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         _subreaper_users += 1
 
 
@@ -66,7 +120,7 @@ def subreaper_release() -> None:
     with _subreaper_lock:
         _subreaper_users -= 1
         if _subreaper_users == 0:
-            _libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+            _prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 #: setresuid/setresgid/setgroups syscall numbers, for a change of one thread's ids only
@@ -76,8 +130,8 @@ _SETRES = {"x86_64": (117, 119, 116), "aarch64": (147, 149, 159)}.get(os.uname()
 
 def _raw(nr: int, *args) -> None:
     """A raw syscall (glibc's wrappers of the id calls act on every thread)."""
-    if _libc.syscall(nr, *args) != 0:
-        e = ctypes.get_errno()
+    if _syscall(nr, *args) != 0:
+        e = _get_errno()
         raise OSError(e, os.strerror(e))
 
 
@@ -128,8 +182,8 @@ _child_ids_ok: bool | None = None
 
 
 def _keepcaps(on: int) -> None:
-    if _libc.prctl(PR_SET_KEEPCAPS, on, 0, 0, 0) != 0:
-        e = ctypes.get_errno()
+    if _prctl(PR_SET_KEEPCAPS, on, 0, 0, 0) != 0:
+        e = _get_errno()
         raise OSError(e, os.strerror(e))
 
 
@@ -168,19 +222,19 @@ class child_ids:
                 ok = len(amb) == 1 and int(amb[0].split()[1], 16) == 0
             _child_ids_ok = ok
         return (_child_ids_ok and os.getresuid() == (0, 0, 0) and os.getresgid() == (0, 0, 0)
-                and _libc.prctl(PR_GET_SECUREBITS, 0, 0, 0, 0) == 0
-                and _libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) in (0, 1))
+                and _prctl(PR_GET_SECUREBITS, 0, 0, 0, 0) == 0
+                and _prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) in (0, 1))
 
     def __enter__(self) -> None:
         _child_ids_lock.acquire()
         try:
-            sig = ctypes.c_int(0)
-            _libc.prctl(PR_GET_PDEATHSIG, ctypes.addressof(sig), 0, 0, 0)
+            sig = _Int(0)
+            _prctl(PR_GET_PDEATHSIG, _ctypes.addressof(sig), 0, 0, 0)
             self._pdeathsig = sig.value
-            self._dumpable = _libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
+            self._dumpable = _prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
             self._groups = os.getgroups()
-            self._caps = (ctypes.c_uint32 * 6)()
-            _raw(_CAPS[0], (ctypes.c_uint32 * 2)(_CAP_V3, 0), self._caps)
+            self._caps = (_UInt * 6)()
+            _raw(_CAPS[0], (_UInt * 2)(_CAP_V3, 0), self._caps)
             try:
                 _keepcaps(1)
                 _raw(_SETRES[2], 0, None)                      # setgroups(0, NULL)
@@ -200,16 +254,16 @@ class child_ids:
             _child_ids_lock.release()
 
     def _restore(self) -> None:
-        header = (ctypes.c_uint32 * 2)(_CAP_V3, 0)
+        header = (_UInt * 2)(_CAP_V3, 0)
         _raw(_CAPS[1], header, self._caps)  # CAP_SETUID effective again, from permitted
         _raw(_SETRES[0], 0, 0, 0)
         _raw(_SETRES[1], 0, 0, 0)
-        groups = (ctypes.c_uint * len(self._groups))(*self._groups)
+        groups = (_UInt * len(self._groups))(*self._groups)
         _raw(_SETRES[2], len(self._groups), groups)
         _keepcaps(0)
         _raw(_CAPS[1], header, self._caps)  # exactly as before (setuid(0) raised them all)
-        _libc.prctl(PR_SET_DUMPABLE, self._dumpable, 0, 0, 0)
-        _libc.prctl(PR_SET_PDEATHSIG, self._pdeathsig, 0, 0, 0)
+        _prctl(PR_SET_DUMPABLE, self._dumpable, 0, 0, 0)
+        _prctl(PR_SET_PDEATHSIG, self._pdeathsig, 0, 0, 0)
 
 
 def _after_fork_in_child() -> None:

@@ -202,14 +202,19 @@ def _remove_cgroups(record: str) -> None:
             pass  # stuck processes: the cgroup stays; the next sweep tries again
 
 
-#: a process sweeps when it opens its first sandbox, then at most this often: the sweep
-#: only collects what dead supervisors left, and need not cost every start
+#: a process sweeps when it opens its first sandbox, then at most this often, and not when
+#: any process swept `base` less than this long ago (the stamp's mtime): the sweep only
+#: collects what dead supervisors left, and need not cost every start (trying the lock of
+#: every live run dir is ~6 us each: 0.6 ms of each `corral run` beside 100 live sandboxes)
 SWEEP_EVERY_S = 1.0
+#: in <base>, touched by each sweep before it starts (not a run dir: the sweep skips it)
+STAMP = "swept"
 _last_sweep: dict[tuple[str, int], float] = {}
 
 
 def sweep_if_due(base: str | None = None) -> list[str]:
-    """sweep_stale(), unless this process swept `base` less than SWEEP_EVERY_S ago."""
+    """sweep_stale(), unless this process, or another (the stamp), swept `base` less than
+    SWEEP_EVERY_S ago. A stamp that is not a regular file of ours is not trusted."""
     import time
 
     base = base or base_dir()
@@ -218,7 +223,31 @@ def sweep_if_due(base: str | None = None) -> list[str]:
     if last is not None and now - last < SWEEP_EVERY_S:
         return []
     _last_sweep[key] = now
+    stamp = os.path.join(base, STAMP)
+    try:
+        st = os.lstat(stamp)
+        if (st.st_uid == os.geteuid() and st.st_mode & 0o170000 == 0o100000
+                and 0 <= time.time() - st.st_mtime < SWEEP_EVERY_S):
+            return []
+    except OSError:
+        pass
+    _touch(stamp)
     return sweep_stale(base)
+
+
+def _touch(path: str) -> None:
+    """The stamp's mtime set to now (made if missing, never through a link); a stamp that
+    cannot be written means the next start sweeps too."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        os.utime(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def sweep_stale(base: str | None = None) -> list[str]:

@@ -1,7 +1,18 @@
 """The policy: one schema (schema.py), loading with clear errors (load.py), TOML out (dump.py)."""
 
-from .load import load_policy, merge, policy_from_dict
 from .schema import BASE_ENV, FIELDS, TIERS, Env, Filesystem, Limits, Network, Policy, Workspace
+
+_LOADERS = ("load_policy", "merge", "policy_from_dict")
+
+
+def __getattr__(name: str):
+    # load.py (and units.py) are imported when a policy is read: `corral run` with no
+    # policy file and no options has nothing to read (Policy() is that policy)
+    if name in _LOADERS:
+        from . import load
+
+        return getattr(load, name)
+    raise AttributeError(f"module 'corral.policy' has no attribute {name!r}")
 
 
 def dump_toml(policy: Policy) -> str:

@@ -93,3 +93,24 @@ def _open_dir(path: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def standing(e: dict) -> bool:
+    """An unenforced part of the tier itself (e.g. the process tier's missing namespaces):
+    no policy key names it, so no policy changes it, and it is the same on every run."""
+    from ..policy.schema import SECTIONS
+
+    rule = e.get("rule") or ""
+    return e["kind"] == "unenforced" and rule.split(".")[0] not in (
+        *SECTIONS, "isolation", "secrets")
+
+
+def due_event(e: dict) -> bool:
+    """Whether a standing notice (an event) is due on stderr: once a day per host and user."""
+    import zlib
+
+    key = f"{e.get('tier')}-{e['rule']}-{zlib.crc32(str(e.get('reason')).encode()):08x}"
+    try:
+        return due(key)
+    except ValueError:   # a name unfit for a file name: show it every time
+        return True

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 
-from ..events import LimitEvent, TeardownEvent
 from ..plan import Plan
 from ..policy import Policy
 from ..result import Result
@@ -165,6 +164,8 @@ class Sandbox:
         result.stdout, result.stdout_truncated = text, term.truncated
         result.stderr, result.stderr_truncated = "", False
         if term.truncated:
+            from ..events import LimitEvent
+
             result.events.append(LimitEvent.terminal_output(cap).to_dict())
         return result
 
@@ -268,6 +269,8 @@ class Sandbox:
         if problems:
             self.teardown_problems += problems
             if self._last is not None:   # kept, never dropped: the last Result carries them
+                from ..events import TeardownEvent  # off the path of a run that went well
+
                 self._last.events += [TeardownEvent(p).to_dict() for p in problems]
         return problems
 

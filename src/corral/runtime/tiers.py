@@ -9,7 +9,7 @@ import os
 
 from ..errors import BackendUnavailable, UnsupportedRule
 from ..plan import Plan, build_plan
-from ..policy import Policy, load_policy, policy_from_dict
+from ..policy import Policy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -22,6 +22,8 @@ def coerce_policy(policy: Policy | dict | str | os.PathLike | None) -> Policy:
         return Policy()
     if isinstance(policy, Policy):
         return policy
+    from ..policy import load_policy, policy_from_dict  # not for a Policy or None
+
     if isinstance(policy, dict):
         return policy_from_dict(policy)
     return load_policy(os.fspath(policy))

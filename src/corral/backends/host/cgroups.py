@@ -15,6 +15,21 @@ import os
 
 from ...errors import SandboxSetupError
 
+#: tasks an egress proxy may add to its sandbox's cgroup beyond itself: its relay threads
+#: (egress/relay.py MAX_RELAY_THREADS), granted on top of limits.pids so that a bulk
+#: download never takes a process from the command
+RELAY_TASKS = 4
+
+
+def with_relay_tasks(plan, pids=lambda n: n):
+    """`pids` (the policy's count -> the cgroup's), plus RELAY_TASKS when the plan starts
+    an egress proxy in the run's cgroup."""
+    from ...plan import EgressProxy
+
+    if not plan.find(EgressProxy):
+        return pids
+    return lambda n: pids(n) + RELAY_TASKS
+
 
 def run_cgroup(run_dir, run_id: str, plan, check, *, pids=lambda n: n,
                kept: list | None = None):

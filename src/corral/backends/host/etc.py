@@ -110,11 +110,25 @@ def _ensure(base: str, prebind: bool, sources, root: str) -> tuple[str, tuple[st
             fresh = f.read() == state
     except OSError:
         fresh = False
+    if fresh and prebind and path not in _bound and _all_bound(path, root, dirs):
+        _bound.add(path)   # another process made and bound it: nothing to lock or write
     if not fresh or prebind and path not in _bound:
         _update(base, path, root, layout, prints, state, dirs if prebind else ())
         if prebind:
             _bound.add(path)
     return path, () if prebind else dirs
+
+
+def _all_bound(path: str, root: str, dirs: tuple[str, ...]) -> bool:
+    """Is every directory bind of the tree in place? A mount point shows another device
+    than the tree's own directory (the tree is on root's base tmpfs, never on a host
+    /etc's filesystem); False when in doubt, and _update() looks properly (ismount)."""
+    try:
+        dev = os.lstat(path).st_dev
+        return all(os.lstat(os.path.join(path, os.path.relpath(p, root))).st_dev != dev
+                   for p in dirs)
+    except OSError:
+        return False
 
 
 def _state_text(prints: dict[str, str]) -> str:

@@ -3,7 +3,6 @@ failure inside means (a missing #! interpreter is read by a second short command
 
 from __future__ import annotations
 
-from ...events import ExecEvent, LimitEvent
 from ...linux.supervise import MAX_NAME, ExecFailed, Outcome, _errno_name, exec_failure
 
 #: read inside the sandbox: the first 256 bytes of the file a command name resolves to
@@ -43,6 +42,8 @@ def finish(outcome: Outcome, *, exit_code: int | None, sig: int | None, events: 
 
     stderr = outcome.stderr.text()
     if failed is not None:
+        from ...events import ExecEvent
+
         name, e = failed
         exit_code, line = exec_failure(name, e.errno, e.interpreter)
         sig, stderr = None, line + "\n"
@@ -50,6 +51,8 @@ def finish(outcome: Outcome, *, exit_code: int | None, sig: int | None, events: 
     timed_out = outcome.timed_out
     if sig == 24 and not timed_out:  # SIGXCPU: RLIMIT_CPU, the second layer of cpu_time
         timed_out = "cpu_time"
+    if timed_out or oom_kills or outcome.stdout.truncated or outcome.stderr.truncated:
+        from ...events import LimitEvent  # events.py: off the path of a run that went well
     if timed_out == "timeout":
         events.append(LimitEvent.timeout(wall).to_dict())
     elif timed_out == "cpu_time":

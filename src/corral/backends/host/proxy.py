@@ -13,21 +13,7 @@ import time
 
 from ...events import NoticeEvent, TeardownEvent
 from ...linux.supervise import kill_pid
-
-#: tasks an egress proxy may add to its sandbox's cgroup beyond itself: its relay threads
-#: (egress/relay.py MAX_RELAY_THREADS), granted on top of limits.pids so that a bulk
-#: download never takes a process from the command
-RELAY_TASKS = 4
-
-
-def with_relay_tasks(plan, pids=lambda n: n):
-    """`pids` (the policy's count -> the cgroup's), plus RELAY_TASKS when the plan starts
-    an egress proxy in the run's cgroup."""
-    from ...plan import EgressProxy
-
-    if not plan.find(EgressProxy):
-        return pids
-    return lambda n: pids(n) + RELAY_TASKS
+from .cgroups import RELAY_TASKS, with_relay_tasks  # noqa: F401 - re-exported
 
 
 def egress_files(run_dir, granted: list, upstream_ca: str | None):

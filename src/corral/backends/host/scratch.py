@@ -14,7 +14,6 @@ import os
 import stat
 
 from ...errors import SandboxSetupError
-from ...events import LimitEvent
 from ...linux._sys import MS_NODEV, MS_NOSUID, mount
 
 #: the directories of the scratch tmpfs: bound at /scratch, /tmp and /dev/shm
@@ -116,7 +115,11 @@ def scratch_events(scratch: str) -> list[dict]:
         st = os.statvfs(scratch)
     except OSError:
         return []
-    out = []
+    out: list[dict] = []
+    if not (st.f_blocks and st.f_bavail == 0 or st.f_files and st.f_favail == 0):
+        return out
+    from ...events import LimitEvent  # only for a full scratch
+
     if st.f_blocks and st.f_bavail == 0:
         out.append(LimitEvent.scratch_full().to_dict())
     if st.f_files and st.f_favail == 0:

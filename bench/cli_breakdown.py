@@ -1,0 +1,113 @@
+"""Where the time of `corral run -- /bin/true` goes, stage by stage (issue 14).
+
+    .venv/bin/python bench/cli_breakdown.py [--runs N] [--launcher FILE]
+
+Each run is one fresh process started like the launcher (.venv/bin/corral: its #! line's
+interpreter and flags, its prelude), which does what `corral run` does, step by step, and
+notes the time after each step (time.perf_counter_ns, in the process):
+
+  imports   import corral.cli, then the sandbox and the namespace tier (what `run` imports)
+  prepare   Sandbox(policy): plan the default policy, check it against the tier
+  open      the run dir, the /etc tree, scratch, the seccomp program, bwrap's argv
+  exec      one `/bin/true`: its cgroup, bwrap, the command, the Result (bwrap's own time,
+            measured on its own by bench/startup.py, is most of it)
+  close     scratch unmounted, run dir removed, cgroups given back
+  atexit    the exit handlers (the cgroup pool drained: the run's cgroups removed)
+
+Around them, timed from outside (wall clock of the whole process, as bench/startup.py):
+`interp` is the launcher's interpreter with its flags and nothing else (`-c pass`),
+`interp -I` the bare `/usr/bin/python3 -I -c pass` of issue 14's goal, and `rest` what the
+whole process took beyond `interp` and the stages (the launcher's prelude, parsing the
+command line, and the exit: os._exit after cli.entry(), the interpreter's finalization
+for an older launcher whose main() returns). Runs are interleaved, each stage's median and minimum are shown; the
+machine is shared, so read the minimum as "at best" and the median as "typically".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+STAGES = ("imports", "prepare", "open", "exec", "close", "atexit")
+
+DRIVER = """
+import time; _t = [time.perf_counter_ns()]
+{prelude}
+import corral.cli
+from corral.runtime.sandbox import Sandbox
+import corral.backends.namespace
+_t.append(time.perf_counter_ns())
+r = corral.cli.parse_run_args(["--", "/bin/true"], want_command=True)
+sb = Sandbox(corral.cli.effective_policy(r))
+_t.append(time.perf_counter_ns())
+sb.open()
+_t.append(time.perf_counter_ns())
+res = sb.exec(r.command)
+assert res.exit_code == 0, res
+_t.append(time.perf_counter_ns())
+sb.close()
+_t.append(time.perf_counter_ns())
+import atexit, os
+atexit._run_exitfuncs()
+_t.append(time.perf_counter_ns())
+os.write(1, " ".join(str(b - a) for a, b in zip(_t, _t[1:])).encode())
+if hasattr(corral.cli, "entry"):   # it ends with os._exit; an older main() does not
+    os._exit(0)
+"""
+
+
+def launcher_parts(path: str) -> tuple[list[str], str]:
+    """The launcher's interpreter with its flags, and its prelude (what comes before it
+    imports corral.cli)."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    if not lines or not lines[0].startswith("#!"):
+        raise SystemExit(f"{path}: not a launcher script (no #! line)")
+    interp = lines[0][2:].split()
+    prelude = [ln for ln in lines[1:] if not ln.startswith(("from corral", "entry(",
+                                                             "sys.exit("))]
+    return interp, "\n".join(prelude)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--launcher", default=os.path.join(os.path.dirname(sys.executable),
+                                                       "corral"))
+    args = ap.parse_args()
+    interp, prelude = launcher_parts(args.launcher)
+    driver = DRIVER.format(prelude=prelude)
+    walls: dict[str, list[float]] = {"interp -I": [], "interp": [], "whole": []}
+    stages: dict[str, list[float]] = {s: [] for s in STAGES}
+    for _ in range(args.runs):
+        for name, argv in (("interp -I", ["/usr/bin/python3", "-I", "-c", "pass"]),
+                           ("interp", [*interp, "-c", "pass"]),
+                           ("whole", [*interp, "-c", driver])):
+            t = time.perf_counter_ns()
+            p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
+            walls[name].append((time.perf_counter_ns() - t) / 1e6)
+            if p.returncode != 0:
+                raise SystemExit(f"{name} failed: {p.stderr.decode()[-800:]}")
+            if name == "whole":
+                for s, ns in zip(STAGES, p.stdout.split()):
+                    stages[s].append(int(ns) / 1e6)
+    print(f"{args.runs} runs, launcher {args.launcher} ({' '.join(interp)})")
+    print(f"  {'stage':10} {'median ms':>10} {'min ms':>8}")
+    rows = [("interp -I", walls["interp -I"]), ("interp", walls["interp"]),
+            *((s, stages[s]) for s in STAGES)]
+    for name, xs in rows:
+        print(f"  {name:10} {statistics.median(xs):10.2f} {min(xs):8.2f}")
+    for what, f in (("median", statistics.median), ("min", min)):
+        rest = f(walls["whole"]) - f(walls["interp"]) - sum(f(stages[s]) for s in STAGES)
+        print(f"  rest ({what}: whole - interp - stages) {rest:.2f} ms")
+    print(f"  {'whole':10} {statistics.median(walls['whole']):10.2f} "
+          f"{min(walls['whole']):8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

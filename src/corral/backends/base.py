@@ -16,7 +16,6 @@ then opens live sandboxes (`open(plan, check)`, on that very check) that run com
 from __future__ import annotations
 
 from .._record import Record
-from ..events import UnenforcedEvent
 from ..plan import Op, Plan
 from ..result import Result
 
@@ -189,8 +188,12 @@ class TierCheck(Record):
     def events(self) -> list[dict]:
         """The standing events of every Result of a sandbox opened on this check: one
         "unenforced" event per default left unenforced (fresh dicts on every call)."""
-        return [UnenforcedEvent(g.rule, self.tier, g.reason).to_dict()
-                for g in self.gaps if not g.explicit]
+        defaults = [g for g in self.gaps if not g.explicit]
+        if not defaults:
+            return []
+        from ..events import UnenforcedEvent  # only when there is one: off a plain run's path
+
+        return [UnenforcedEvent(g.rule, self.tier, g.reason).to_dict() for g in defaults]
 
     def admit(self, tier: str) -> TierCheck:
         """The check, for `tier`'s open(): a check of another tier, or one that refuses

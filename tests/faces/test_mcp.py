@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
                                 reason=f"namespace tier: {tier_unavailable('namespace')}")
 
 TOOLS = {"create_sandbox", "run_command", "run_code", "read_file", "write_file", "list_files",
-         "explain_policy", "recent_denials", "kill_sandbox"}
+         "explain_policy", "get_changes", "recent_denials", "kill_sandbox"}
 
 
 def _session(args, body):
@@ -39,6 +39,9 @@ def test_tools_and_their_schemas():
     assert tools["list_files"].input_schema["properties"]["depth"]["maximum"] == 8
     for t in tools.values():
         assert len(t.description) > 30, t.name
+        assert "ctx" not in t.input_schema.get("properties", {}), t.name
+    # nothing that applies changes to the host or widens a policy
+    assert not {n for n in tools if "apply" in n or "allow" in n or "widen" in n}
 
 
 def test_run_code_files_and_a_refusal(tmp_path):

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import BackendUnavailable, CorralError, PolicyError, UnsupportedRule, UsageError
 from .ceiling import Exceeds, requested
+from .limits import Concurrency, Limited, RateLimiter
 from .registry import Registry
 from .tokens import Token, TokenStore
 
@@ -219,19 +220,24 @@ def auth(request: Request) -> Token:
     if t is None:
         raise ApiError(401, "auth", "the token is not valid (unknown or revoked)",
                        "authorization", {"WWW-Authenticate": "Bearer"})
+    request.app.state.rates.admit(t.name, t.rate, t.burst)   # Limited: 429 (limits.py)
     return t
 
 
 Auth = Annotated[Token, Depends(auth)]
 
 
-def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BODY_MAX):
-    """The ASGI app. `opener(policy) -> sandbox` (registry.open_sandbox by default)."""
-    tokens = TokenStore(state_dir)
+def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BODY_MAX,
+               config=None):
+    """The ASGI app. `opener(policy) -> sandbox` (registry.open_sandbox by default);
+    `config`: a config.Config (the server's [limits], [secrets] and --mcp)."""
+    from .config import Config
+
+    config = config if config is not None else Config()
+    tokens = TokenStore(state_dir, config.limits)
     registry = Registry(opener) if opener is not None else Registry()
     metrics = Metrics()
-    busy: dict[str, int] = {}
-    busy_mu = threading.Lock()
+    busy = Concurrency()
 
     from contextlib import asynccontextmanager
 
@@ -247,10 +253,17 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
         lifespan=_lifespan)
     app.state.registry = registry
     app.state.tokens = tokens
+    app.state.rates = RateLimiter()
+    app.state.busy = busy
+    app.state.config = config
 
     @app.exception_handler(ApiError)
     async def _api_error(request, e: ApiError):
         return _error(e.status, e.kind, e.message, e.field, e.headers)
+
+    @app.exception_handler(Limited)
+    async def _limited(request, e: Limited):
+        return _error(429, "rate", e.message, e.field, {"Retry-After": str(e.retry_after)})
 
     @app.exception_handler(Exceeds)
     async def _exceeds(request, e: Exceeds):
@@ -292,16 +305,10 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
             self.token = token
 
         def __enter__(self):
-            with busy_mu:
-                n = busy.get(self.token.name, 0)
-                if self.token.max_concurrent is not None and n >= self.token.max_concurrent:
-                    raise ApiError(429, "rate", f"this token has {n} operations running, its "
-                                   f"max_concurrent", "max_concurrent", {"Retry-After": "1"})
-                busy[self.token.name] = n + 1
+            busy.enter(self.token.name, self.token.max_concurrent)   # Limited: 429
 
         def __exit__(self, *exc):
-            with busy_mu:
-                busy[self.token.name] -= 1
+            busy.leave(self.token.name)
 
     # -- routes -------------------------------------------------------------------------------
     @app.get("/health", tags=["service"])
@@ -319,7 +326,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
             raise ApiError(429, "rate", f"this token holds {token.max_sandboxes} sandboxes, "
                            "its max_sandboxes; kill one first", "max_sandboxes",
                            {"Retry-After": "5"})
-        policy = _requested(body.policy, token)
+        policy = _requested(body.policy, token, config)
         with _Busy(token):
             e = registry.create(token.name, policy)
         with metrics.mu:
@@ -456,13 +463,22 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
     def explain_policy(body: ExplainBody, token: Auth):
         from ..runtime.explain import explain
 
-        return explain(_requested(body.policy, token))
+        return explain(_requested(body.policy, token, config))
 
-    return BodyCap(app, body_max) if body_max else app
+    asgi = app
+    if config.mcp:
+        from .mcp_http import mount
+
+        asgi = mount(app)          # /mcp: the MCP tools behind the same tokens (mcp_http.py)
+    return BodyCap(asgi, body_max) if body_max else asgi
 
 
-def _requested(raw: dict, token: Token):
-    return requested(raw, token.ceiling)
+def _requested(raw: dict, token: Token, config):
+    """The policy `raw` asks for within the token's ceiling, the ceiling's secrets given
+    their sources from the server config (config.with_sources)."""
+    from .config import with_sources
+
+    return requested(raw, with_sources(token.ceiling, config.secrets))
 
 
 def _view(e) -> dict:
@@ -476,10 +492,16 @@ def _version() -> str:
     return __version__
 
 
-def serve(host: str, port: int, state_dir: str | None, *, log_level: str = "info") -> int:
+def serve(config) -> int:
+    """Run the service for a config.Config (host and port filled) until SIGTERM/SIGINT."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    app = create_app(state_dir)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    app = create_app(config.state_dir, config=config)
+    tls = {}
+    if config.tls_cert is not None:
+        tls = {"ssl_certfile": config.tls_cert, "ssl_keyfile": config.tls_key}
+    log.info("corral serve: %s://%s:%d%s", "https" if tls else "http", config.host,
+             config.port, " (MCP at /mcp)" if config.mcp else "")
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, **tls)
     return 0

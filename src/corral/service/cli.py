@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ..errors import CorralError, UsageError
 
 SERVE_USAGE = """\
-usage: corral serve [--host ADDR] [--port N] [--state-dir DIR]
+usage: corral serve [--host ADDR] [--port N] [--state-dir DIR] [--config FILE]
+                    [--tls-cert PEM --tls-key PEM] [--mcp]
 
 The HTTP service (docs/service.md): sandboxes over a JSON API, OpenAPI at /openapi.json,
 docs at /docs, /health and /metrics. Every other route needs Authorization: Bearer TOKEN
-(corral token create). Listens on 127.0.0.1:8787 by default.
+(corral token create). Listens on 127.0.0.1:8787 by default; another address without TLS
+prints a warning. --config: a TOML file with [server], [limits] (defaults of the token
+limits) and [secrets] (where the server reads each secret a ceiling may grant); flags win
+over it. --tls-cert/--tls-key: serve HTTPS. --mcp: MCP over streamable HTTP at /mcp,
+behind the same tokens and ceilings (docs/mcp.md).
 """
 
 TOKEN_USAGE = """\
 usage: corral token create --name N [--ceiling POLICY_FILE] [--max-sandboxes K]
-                           [--max-concurrent C] [--state-dir DIR]
+                           [--max-concurrent C] [--rate N/s [--burst B]] [--state-dir DIR]
        corral token ls [--state-dir DIR]
        corral token revoke NAME [--state-dir DIR]
 
@@ -24,7 +30,10 @@ Bearer tokens for corral serve and corral mcp, stored hashed in the state direct
 ($CORRAL_STATE_DIR, else /var/lib/corral for root, else ~/.local/share/corral). create
 prints the token once, alone on the last line of stdout. --ceiling: a policy file (TOML)
 that the token's sandboxes cannot exceed (default: corral's default policy: no network,
-no secrets, no workspace, the default limits, namespace tier).
+no secrets, no workspace, the default limits, namespace tier). --max-sandboxes: live
+sandboxes at once; --max-concurrent: commands or cells running at once; --rate: requests
+(N/s, N/min or N/h) with bursts of --burst (default a second's worth). Past any: 429 with
+Retry-After. Limits left unset take the server config's [limits] (docs/service.md).
 """
 
 MCP_USAGE = """\
@@ -38,8 +47,10 @@ gets a sandbox lazily, killed when the session ends.
 
 
 class Args:
-    def __init__(self, args: list[str], values: set[str], usage: str) -> None:
+    def __init__(self, args: list[str], values: set[str], usage: str,
+                 flags: frozenset[str] = frozenset()) -> None:
         self.opts: dict[str, str] = {}
+        self.flags: set[str] = set()
         self.rest: list[str] = []
         it = iter(args)
         for a in it:
@@ -47,7 +58,9 @@ class Args:
                 sys.stdout.write(usage)
                 raise SystemExit(0)
             name, eq, val = a.partition("=")
-            if name in values:
+            if a in flags:
+                self.flags.add(a)
+            elif name in values:
                 if not eq:
                     val = next(it, None)
                     if val is None:
@@ -77,26 +90,61 @@ def main(name: str, args: list[str]) -> int:
 
 
 def serve(args: list[str]) -> int:
-    a = Args(args, {"--host", "--port", "--state-dir"}, SERVE_USAGE)
+    a = Args(args, {"--host", "--port", "--state-dir", "--config", "--tls-cert", "--tls-key"},
+             SERVE_USAGE, frozenset({"--mcp"}))
     if a.rest:
         raise UsageError(f"unexpected {a.rest[0]!r}", field="serve")
-    host = a.opts.get("--host", "127.0.0.1")
-    port = _int(a.opts.get("--port", "8787"), "--port")
-    if not 0 <= port <= 65535:
+    from .config import Config, load
+
+    c = load(a.opts["--config"]) if "--config" in a.opts else Config()
+    if "--host" in a.opts:
+        c.host = a.opts["--host"]
+    if "--port" in a.opts:
+        c.port = _int(a.opts["--port"], "--port")
+    for flag, attr in (("--state-dir", "state_dir"), ("--tls-cert", "tls_cert"),
+                       ("--tls-key", "tls_key")):
+        if flag in a.opts:
+            setattr(c, attr, os.path.abspath(a.opts[flag]))
+    if "--mcp" in a.flags:
+        c.mcp = True
+    c.host = c.host or "127.0.0.1"
+    c.port = 8787 if c.port is None else c.port
+    if not 0 <= c.port <= 65535:
         raise UsageError("a port is from 0 to 65535", field="--port")
-    if host not in ("127.0.0.1", "::1", "localhost"):
-        sys.stderr.write(f"corral serve: warning: listening on {host}, beyond loopback, "
-                         "without TLS: put it behind a TLS reverse proxy (docs/service.md)\n")
+    if (c.tls_cert is None) != (c.tls_key is None):
+        raise UsageError("TLS needs both --tls-cert and --tls-key (a PEM certificate chain "
+                         "and its private key)",
+                         field="--tls-key" if c.tls_key is None else "--tls-cert")
+    for flag, p in (("--tls-cert", c.tls_cert), ("--tls-key", c.tls_key)):
+        if p is not None and not os.access(p, os.R_OK):
+            raise UsageError(f"cannot read {p}", field=flag)
+    if c.tls_cert is None and not is_loopback(c.host):
+        sys.stderr.write(f"corral serve: warning: listening on {c.host}, beyond loopback, "
+                         "without TLS: tokens and code cross the network in clear; give "
+                         "--tls-cert/--tls-key or put a TLS reverse proxy in front "
+                         "(docs/service.md)\n")
     from .app import serve as run
 
-    return run(host, port, a.opts.get("--state-dir"))
+    return run(c)
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: an address only this machine reaches."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def token(args: list[str]) -> int:
     from .tokens import TokenStore
 
-    a = Args(args, {"--name", "--ceiling", "--max-sandboxes", "--max-concurrent",
-                    "--state-dir"}, TOKEN_USAGE)
+    a = Args(args, {"--name", "--ceiling", "--max-sandboxes", "--max-concurrent", "--rate",
+                    "--burst", "--state-dir"}, TOKEN_USAGE)
     if not a.rest:
         sys.stderr.write(TOKEN_USAGE)
         return 2
@@ -108,13 +156,17 @@ def token(args: list[str]) -> int:
         ceiling = {}
         if "--ceiling" in a.opts:
             from ..policy.load import policy_from_dict, read_toml
+            from .config import with_sources
 
             ceiling = read_toml(a.opts["--ceiling"])
-            policy_from_dict(ceiling, allow_literal=False)   # a bad ceiling fails here
+            # a bad ceiling fails here; a secret without `from` is the server config's
+            policy_from_dict(with_sources(ceiling, None), allow_literal=False)
         tok = store.create(a.opts["--name"], ceiling=ceiling,
                            max_sandboxes=_int(a.opts.get("--max-sandboxes"), "--max-sandboxes"),
                            max_concurrent=_int(a.opts.get("--max-concurrent"),
-                                               "--max-concurrent"))
+                                               "--max-concurrent"),
+                           rate=a.opts.get("--rate"),
+                           burst=_int(a.opts.get("--burst"), "--burst"))
         sys.stderr.write(f"corral token: created {a.opts['--name']!r}; the token follows, "
                          "shown only now\n")
         sys.stdout.write(tok + "\n")
@@ -128,6 +180,12 @@ def token(args: list[str]) -> int:
                 limits.append(f"max-sandboxes={t.max_sandboxes}")
             if t.max_concurrent is not None:
                 limits.append(f"max-concurrent={t.max_concurrent}")
+            if t.rate is not None:
+                from .limits import format_rate
+
+                limits.append(f"rate={format_rate(t.rate)}")
+                if t.burst is not None:
+                    limits.append(f"burst={t.burst}")
             state = "revoked" if t.revoked else "live"
             when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.created))
             ceil = "ceiling" if t.ceiling else "default-ceiling"

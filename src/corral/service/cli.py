@@ -118,6 +118,16 @@ def serve(args: list[str]) -> int:
     for flag, p in (("--tls-cert", c.tls_cert), ("--tls-key", c.tls_key)):
         if p is not None and not os.access(p, os.R_OK):
             raise UsageError(f"cannot read {p}", field=flag)
+    if c.tls_cert is not None:
+        import ssl
+
+        try:    # uvicorn would load them only once serving, with a traceback
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                c.tls_cert, c.tls_key)
+        except (ssl.SSLError, OSError) as e:
+            raise UsageError(f"{c.tls_cert} and {c.tls_key} are not a PEM certificate chain "
+                             f"and its private key ({getattr(e, 'reason', None) or e})",
+                             field="--tls-cert") from None
     if c.tls_cert is None and not is_loopback(c.host):
         sys.stderr.write(f"corral serve: warning: listening on {c.host}, beyond loopback, "
                          "without TLS: tokens and code cross the network in clear; give "

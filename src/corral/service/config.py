@@ -198,8 +198,9 @@ def check_source(source: str, key: str, path: str) -> None:
         if not stat.S_ISREG(st.st_mode) or not os.access(source[5:], os.R_OK):
             raise _fail(path, key, f"{source[5:]} is not a file the server can read")
         return
-    raise _fail(path, key, f"{source!r} is not a source; write \"env:VAR\" or "
-                "\"file:/abs/path\"")
+    # not echoed: a value written where its source belongs must not reach a log
+    raise _fail(path, key, "is not a source (not shown: it may be a value); write "
+                "\"env:VAR\" or \"file:/abs/path\"")
 
 
 def with_sources(ceiling: dict, secrets: dict[str, str] | None) -> dict:

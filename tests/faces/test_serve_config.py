@@ -5,7 +5,6 @@ it, a real HTTPS echo server for the secret (netfix's world)."""
 import json
 import os
 import subprocess
-import time
 
 import pytest
 from conftest import CORRAL, tier_unavailable

@@ -13,6 +13,7 @@ with the human on the host (`corral changes apply`, the policy file).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Annotated, Any, Literal, NamedTuple
 
 from mcp.server.mcpserver import Context
@@ -60,6 +61,7 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
         def caller(ctx):
             return Caller(OWNER, ceiling_data, "stdio")
     defaults: dict[str, str] = {}
+    used: dict[str, float] = {}          # session key -> when its own sandbox was last used
     defaults_mu = threading.Lock()
     server = MCPServer("corral", instructions=(
         "Run commands and code in corral sandboxes: isolated from the host, no network "
@@ -113,7 +115,8 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
             with defaults_mu:
                 sid = defaults.get(who.session)
                 if sid is None or registry.get(who.owner, sid) is None:
-                    sid = defaults[who.session] = create(who, {}).id
+                    sid = defaults[who.session] = create(who, _whole(who.ceiling)).id
+                used[who.session] = time.monotonic()
         e = registry.get(who.owner, sid)
         if e is None:
             raise ToolError(f"no sandbox {sid!r}; create_sandbox makes one")
@@ -297,12 +300,29 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
         """Kill the session's own sandbox (its others live on until killed)."""
         with defaults_mu:
             sid = defaults.pop(key, None)
+            used.pop(key, None)
         if sid is not None:
             registry.remove(owner, sid)
 
+    def idle(key: str) -> float:
+        """Seconds since the session's own sandbox was last used."""
+        with defaults_mu:
+            return time.monotonic() - used.get(key, time.monotonic())
+
     server.corral_end_session = end_session
+    server.corral_idle = idle
     server.corral_defaults = defaults
     return server, registry
+
+
+def _whole(ceiling: dict) -> dict:
+    """The ceiling itself as a request (a session's own sandbox gets all it allows): its
+    secrets by name and hosts, their sources left to the ceiling."""
+    raw = dict(ceiling)
+    if isinstance(raw.get("secrets"), dict):
+        raw["secrets"] = {n: {k: v for k, v in t.items() if k not in ("from", "value")}
+                          if isinstance(t, dict) else t for n, t in raw["secrets"].items()}
+    return raw
 
 
 def _result(d: dict, text: str, extra=()):

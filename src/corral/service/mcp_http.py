@@ -9,7 +9,9 @@ and its sandboxes are the REST API's (the same registry, the token's name as own
 an agent can make one over MCP and a program read its files over REST. An MCP session is
 bound to the token that opened it (the SDK answers 404 to another token); its own lazy
 sandbox is killed when the session ends (the client's DELETE, the SDK's idle timeout, or
-the server's end).
+the server's end). A client of protocol 2026-07-28 has no session (each POST stands
+alone): its calls without a sandbox_id share the token's own sandbox, killed after
+IDLE_S unused, by kill_sandbox, or at the server's end.
 
 The official SDK's StreamableHTTPSessionManager does the protocol; it runs inside the
 FastAPI app's lifespan. Its DNS-rebinding check (Host and Origin headers) is off: it
@@ -27,6 +29,9 @@ from contextlib import asynccontextmanager
 log = logging.getLogger("corral.serve")
 
 PATHS = ("/mcp", "/mcp/")
+#: seconds a sessionless client's own sandbox lives unused (protocol 2026-07-28 has no
+#: sessions: the token's own sandbox stands in for the session's)
+IDLE_S = 1800
 
 
 def mount(app):
@@ -72,13 +77,13 @@ def mount(app):
 
     def sweep() -> None:
         """Kill the own sandbox of every session the SDK no longer holds (ended by the
-        client's DELETE or its idle timeout)."""
+        client's DELETE or its idle timeout), and a sessionless client's after IDLE_S
+        unused."""
         live = getattr(manager, "_server_instances", None)
-        if live is None:
-            return
         for key in list(server.corral_defaults):
             owner, _, sid = key.partition("/")
-            if sid not in live:
+            if sid == "-" and server.corral_idle(key) > IDLE_S or \
+                    sid != "-" and live is not None and sid not in live:
                 server.corral_end_session(key, owner)
 
     async def refuse(send, status: int, kind: str, field: str, message: str,

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,6 +30,7 @@ from .tokens import Token, TokenStore
 log = logging.getLogger("corral.serve")
 
 BODY_MAX = 16 << 20          # bytes of one request body (a file write's content included)
+TIMEOUT_MAX = 86400          # seconds: the longest timeout a request may ask for
 
 
 class ApiError(Exception):
@@ -48,7 +49,8 @@ def _error(status: int, kind: str, message: str, field: str | None = None,
 
 # -- request and response bodies -------------------------------------------------------------
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: `true` is not a timeout of 1 s, "5" is not a number (schemathesis found it)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class CreateBody(Strict):
@@ -62,8 +64,8 @@ class ExecBody(Strict):
     argv: list[str] | None = Field(None, min_length=1, description="the command and arguments")
     cmd: str | None = Field(None, description="a shell command line, run with /bin/sh -c")
     stdin: str | None = Field(None, description="text given to the command's stdin")
-    timeout: float | None = Field(None, gt=0, description="seconds; default the policy's "
-                                  "limits.timeout")
+    timeout: float | None = Field(None, gt=0, le=TIMEOUT_MAX, description=(
+        "seconds, at most 86400; default the policy's limits.timeout"))
 
 
 class WriteBody(Strict):
@@ -75,7 +77,8 @@ class WriteBody(Strict):
 class CodeBody(Strict):
     code: str
     language: Literal["python", "javascript", "bash"] = "python"
-    timeout: float | None = Field(None, gt=0, description="seconds")
+    timeout: float | None = Field(None, gt=0, le=TIMEOUT_MAX, description="seconds, at most "
+                                  "86400; default 300")
 
 
 class ExplainBody(Strict):
@@ -273,16 +276,30 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
     async def _corral(request, e: CorralError):
         return _error(_status_of(e), e.kind, e.message, e.field)
 
+    @app.exception_handler(Exception)
+    async def _internal(request, e: Exception):
+        log.exception("corral serve: %s %s failed", request.method, request.url.path)
+        return _error(500, "internal", "the server failed on this request (its log says "
+                      "why)", None)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, e: RequestValidationError):
         first = (e.errors() or [{}])[0]
-        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
+        loc = list(first.get("loc", ()))
+        if loc and loc[0] in ("body", "query", "path", "header"):
+            loc = loc[1:]
+        loc = ".".join(str(x) for x in loc) or None
         return _error(422, "invalid", first.get("msg", "invalid request"), loc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, e: StarletteHTTPException):
         kind = {404: "not_found", 405: "method"}.get(e.status_code, "http")
-        return _error(e.status_code, kind, str(e.detail), None)
+        headers = dict(getattr(e, "headers", None) or {})
+        if e.status_code == 405:
+            from .openapi import allowed
+
+            headers["Allow"] = allowed(request)
+        return _error(e.status_code, kind, str(e.detail), None, headers)
 
     @app.middleware("http")
     async def _count(request: Request, call_next):
@@ -445,9 +462,9 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
         return info.to_dict()
 
     @app.get("/sandboxes/{sid}/files/list", tags=["files"])
-    def list_files(sid: str, token: Auth, path: str = ".", depth: int = 1):
-        if not 1 <= depth <= 16:
-            raise ApiError(400, "invalid", "depth is from 1 to 16", "depth")
+    def list_files(sid: str, token: Auth, path: str = ".",
+                   depth: Annotated[int, Query(ge=1, le=16, description="levels to "
+                                               "descend, 1 to 16")] = 1):
         e = entry(sid, token)
         with e.files_lock:
             entries = e.sandbox.files.list(path, depth=depth)
@@ -465,6 +482,9 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
 
         return explain(_requested(body.policy, token, config))
 
+    from .openapi import document
+
+    document(app)                  # the error statuses and the bearer scheme (openapi.py)
     asgi = app
     if config.mcp:
         from .mcp_http import mount

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
 from typing import Any
 
 import httpx
@@ -93,6 +94,30 @@ def _config(api_url: str | None, api_key: str | None) -> tuple[str, dict]:
         raise UsageError("no API key: pass api_key= or set CORRAL_API_KEY (corral token "
                          "create prints one)", field="api_key")
     return url, {"Authorization": f"Bearer {key}"}
+
+
+_tls = None
+_tls_mu = threading.Lock()
+
+
+def _tls_context():
+    """One TLS context for every client of this process: httpx builds one per client
+    (reading the CA bundle: tens of ms), which a create per sandbox would pay each time.
+    The system's CAs as httpx picks them (SSL_CERT_FILE / SSL_CERT_DIR honoured)."""
+    global _tls
+    with _tls_mu:
+        if _tls is None:
+            _tls = httpx.create_ssl_context(trust_env=True)
+        return _tls
+
+
+def _client(url: str, headers: dict, timeout: float) -> httpx.Client:
+    return httpx.Client(base_url=url, headers=headers, timeout=timeout, verify=_tls_context())
+
+
+def _async_client(url: str, headers: dict, timeout: float) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout,
+                             verify=_tls_context())
 
 
 def _argv_or_cmd(cmd) -> dict:
@@ -214,7 +239,7 @@ class Sandbox:
         """A new sandbox for `policy` (a dict in the TOML layout), within the token's
         ceiling (CeilingError naming the rule otherwise)."""
         url, headers = _config(api_url, api_key)
-        http = httpx.Client(base_url=url, headers=headers, timeout=request_timeout)
+        http = _client(url, headers, request_timeout)
         try:
             r = http.post("/sandboxes", json={"policy": policy or {}})
             _raise(r)
@@ -227,7 +252,7 @@ class Sandbox:
     def connect(cls, sandbox_id: str, *, api_url: str | None = None,
                 api_key: str | None = None, request_timeout: float = 300.0) -> Sandbox:
         url, headers = _config(api_url, api_key)
-        http = httpx.Client(base_url=url, headers=headers, timeout=request_timeout)
+        http = _client(url, headers, request_timeout)
         try:
             r = http.get(f"/sandboxes/{sandbox_id}")
             _raise(r)
@@ -239,7 +264,7 @@ class Sandbox:
     @staticmethod
     def list(*, api_url: str | None = None, api_key: str | None = None) -> list[dict]:
         url, headers = _config(api_url, api_key)
-        with httpx.Client(base_url=url, headers=headers) as http:
+        with _client(url, headers, 30.0) as http:
             r = http.get("/sandboxes")
             _raise(r)
             return r.json()["sandboxes"]
@@ -324,7 +349,7 @@ class AsyncSandbox:
                      api_key: str | None = None,
                      request_timeout: float = 300.0) -> AsyncSandbox:
         url, headers = _config(api_url, api_key)
-        http = httpx.AsyncClient(base_url=url, headers=headers, timeout=request_timeout)
+        http = _async_client(url, headers, request_timeout)
         try:
             r = await http.post("/sandboxes", json={"policy": policy or {}})
             _raise(r)

@@ -30,11 +30,15 @@ def limited(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("limits")
     cfg = tmp / "serve.toml"
     cfg.write_text('[limits]\nrate = "1/min"\nburst = 3\n')
+    net = tmp / "net.toml"
+    net.write_text('[network]\nmode = "allow"\nallow = ["allowed.invalid"]\n')
     s = Serve(tmp, "--config", str(cfg))
     s.tokens = {"default": s.token("default"),
                 "own": s.token("own", "--rate", "1/min", "--burst", "5"),
                 "fast": s.token("fast", "--rate", "1000/s", "--burst", "1000"),
-                "other": s.token("other")}
+                "other": s.token("other"),
+                "three": s.token("three", "--max-sandboxes", "3", "--rate", "1000/s",
+                                 "--burst", "1000", "--ceiling", str(net))}
     s.start()
     yield s
     s.stop()
@@ -62,6 +66,44 @@ def test_the_configs_limits_apply_to_tokens_without_their_own(limited):
     assert [r.status_code for r in got] == [200] * 3 + [429] * 2
     fast = _burst(limited, limited.tokens["fast"], 40)
     assert {r.status_code for r in fast} == {200}
+
+
+#: a sandbox with an egress proxy: made in tens of ms, so creates at once overlap
+SLOW = {"network": {"mode": "allow", "allow": ["allowed.invalid"]}}
+
+
+@pytest.mark.skipif(tier_unavailable("namespace", SLOW) is not None, reason="namespace tier")
+def test_max_sandboxes_holds_under_concurrent_creates(limited):
+    """Ten creates at once for a token of max-sandboxes 3: three made, seven 429 (a check
+    that saw room before the others had made theirs would let them all through)."""
+    import threading
+
+    import httpx
+
+    got = []
+    go = threading.Barrier(10)
+
+    def one():
+        with httpx.Client(base_url=limited.url, timeout=120, headers={
+                "Authorization": f"Bearer {limited.tokens['three']}"}) as h:
+            go.wait()
+            got.append(h.post("/sandboxes", json={"policy": SLOW}))
+
+    threads = [threading.Thread(target=one) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert sorted(r.status_code for r in got) == [201] * 3 + [429] * 7
+        for r in got:
+            if r.status_code == 429:
+                _err(r, 429, "rate", "max_sandboxes")
+    finally:
+        with limited.http(limited.tokens["three"]) as h:
+            for r in got:
+                if r.status_code == 201:
+                    h.delete(f"/sandboxes/{r.json()['id']}")
 
 
 def test_token_ls_shows_the_limits(limited):

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import BackendUnavailable, CorralError, PolicyError, UnsupportedRule, UsageError
 from .ceiling import Exceeds, requested
-from .limits import Concurrency, Limited, RateLimiter
+from .limits import Concurrency, Limited, Quota, RateLimiter
 from .registry import Registry
 from .tokens import Token, TokenStore
 
@@ -241,6 +241,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
     registry = Registry(opener) if opener is not None else Registry()
     metrics = Metrics()
     busy = Concurrency()
+    quota = Quota()
 
     from contextlib import asynccontextmanager
 
@@ -258,6 +259,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
     app.state.tokens = tokens
     app.state.rates = RateLimiter()
     app.state.busy = busy
+    app.state.quota = quota
     app.state.config = config
 
     @app.exception_handler(ApiError)
@@ -339,12 +341,9 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
 
     @app.post("/sandboxes", status_code=201, tags=["sandboxes"])
     def create(body: CreateBody, token: Auth):
-        if token.max_sandboxes is not None and registry.count(token.name) >= token.max_sandboxes:
-            raise ApiError(429, "rate", f"this token holds {token.max_sandboxes} sandboxes, "
-                           "its max_sandboxes; kill one first", "max_sandboxes",
-                           {"Retry-After": "5"})
         policy = _requested(body.policy, token, config)
-        with _Busy(token):
+        with quota.reserve(token.name, token.max_sandboxes,       # Limited: 429
+                           lambda: registry.count(token.name)), _Busy(token):
             e = registry.create(token.name, policy)
         with metrics.mu:
             metrics.created += 1

@@ -159,3 +159,39 @@ class _Slot:
 
     def __exit__(self, *exc) -> None:
         self.owner.leave(self.name)
+
+
+class Quota:
+    """max_sandboxes, counted with the creates still under way: `reserve(name, most,
+    have)` (have: a function giving the token's live sandboxes now) holds one place while
+    a sandbox is made, so ten creates at once cannot all pass a check that saw room for
+    one. Raises Limited when the live ones and those being made reach `most`."""
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._pending: dict[str, int] = {}
+
+    def reserve(self, name: str, most: int | None, have):
+        return _Reservation(self, name, most, have)
+
+
+class _Reservation:
+    def __init__(self, quota: Quota, name: str, most: int | None, have) -> None:
+        self.q, self.name, self.most, self.have = quota, name, most, have
+
+    def __enter__(self):
+        with self.q._mu:
+            pending = self.q._pending.get(self.name, 0)
+            if self.most is not None and self.have() + pending >= self.most:
+                raise Limited("max_sandboxes", f"this token holds {self.most} sandboxes "
+                              "(or is making them), its max_sandboxes; kill one first", 5)
+            self.q._pending[self.name] = pending + 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self.q._mu:
+            n = self.q._pending.get(self.name, 1) - 1
+            if n > 0:
+                self.q._pending[self.name] = n
+            else:
+                self.q._pending.pop(self.name, None)

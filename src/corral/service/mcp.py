@@ -45,10 +45,11 @@ class Caller(NamedTuple):
 
 
 def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry | None = None,
-          caller=None, busy=None):
+          caller=None, busy=None, quota=None):
     """The MCPServer with corral's tools; returns (server, registry).
     `caller(ctx) -> Caller` (default: the one stdio user within `ceiling_data`); `busy`:
-    a limits.Concurrency shared with the REST API. server.corral_end_session(key, owner)
+    a limits.Concurrency and `quota` a limits.Quota shared with the REST API (None: no
+    token limits, as on stdio). server.corral_end_session(key, owner)
     kills a session's own sandbox (mcp_http calls it when an HTTP session ends)."""
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
@@ -85,14 +86,17 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
             raise ToolError(str(e)) from None
 
     def create(who: Caller, raw: dict):
-        tok = who.token
-        if tok is not None and tok.max_sandboxes is not None and \
-                registry.count(who.owner) >= tok.max_sandboxes:
-            raise ToolError(f"refused: max_sandboxes: this token holds {tok.max_sandboxes} "
-                            "sandboxes; kill_sandbox one first")
+        from contextlib import nullcontext
+
         policy = guard(lambda: requested(raw, who.ceiling))
-        with slot(who):
-            return guard(lambda: registry.create(who.owner, policy))
+        tok = who.token
+        hold = nullcontext() if quota is None or tok is None else quota.reserve(
+            who.owner, tok.max_sandboxes, lambda: registry.count(who.owner))
+        return guard(lambda: _made(hold, who, policy))
+
+    def _made(hold, who, policy):
+        with hold, slot(who):
+            return registry.create(who.owner, policy)
 
     def slot(who: Caller):
         from contextlib import nullcontext

@@ -59,7 +59,8 @@ def mount(app):
         return Caller(tok.name, with_sources(tok.ceiling, config.secrets),
                       f"{tok.name}/{sid}", tok)
 
-    server, _ = build(registry=state.registry, caller=caller, busy=state.busy)
+    server, _ = build(registry=state.registry, caller=caller, busy=state.busy,
+                      quota=state.quota)
     server.streamable_http_app(transport_security=TransportSecuritySettings(
         enable_dns_rebinding_protection=False))
     manager = server.session_manager

@@ -113,6 +113,24 @@ def test_token_ls_shows_the_limits(limited):
     assert "rate=1/min" in own and "burst=5" in own
 
 
+def test_the_config_turns_mcp_on_and_sets_the_log_level(tmp_path):
+    import httpx
+
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text('[server]\nmcp = true\nlog_level = "warning"\n')
+    s = Serve(tmp_path, "--config", str(cfg))
+    s.start()
+    try:
+        r = httpx.post(s.url + "/mcp", json={}, timeout=30)
+        assert r.status_code == 401 and r.json()["error"]["kind"] == "auth"
+        with s.http() as h:
+            h.get("/health")
+    finally:
+        s.stop()
+    log = s.log.read_text()
+    assert "(MCP at /mcp)" in log and "GET /health" not in log    # no access log
+
+
 @pytest.mark.parametrize("text,key", [
     ('[server]\nhots = "0.0.0.0"\n', "server.hots"),
     ('[sever]\nhost = "0.0.0.0"\n', "sever"),

@@ -149,9 +149,19 @@ def test_images_changes_and_denials(tmp_path):
         out["fetch"] = r.structured_content["stdout"]
         r = await c.call_tool("recent_denials", {})
         out["denials"] = r.structured_content["denials"]
+        # the session's own sandbox, seen from the host: its scratch, while it lives
+        await c.call_tool("write_file", {"path": f"/scratch/{owned}", "content": "x"})
+        out["scratch"] = glob.glob(f"{base_dir()}/*/scratch/home/{owned}")
         return out
 
+    import glob
+
+    from corral.linux.rundir import base_dir
+
+    owned = f"owned-{tmp_path.name}"
     out = _session(["--policy", str(policy)], body)
+    assert len(out["scratch"]) == 1, out["scratch"]
+    assert glob.glob(f"{base_dir()}/*/scratch/home/{owned}") == []   # gone with the session
     kinds = [k for k, _, _ in out["image"]]
     assert kinds == ["text", "image"], out["image"]
     _, mime, data = out["image"][1]

@@ -131,6 +131,39 @@ def test_the_config_turns_mcp_on_and_sets_the_log_level(tmp_path):
     assert "(MCP at /mcp)" in log and "GET /health" not in log    # no access log
 
 
+def test_the_config_gives_host_port_and_state_dir(tmp_path):
+    """No flags: the address and the state directory (relative to the file) are the
+    config's, and a token made in that state directory is the one the server knows."""
+    import time
+
+    import httpx
+    from servefix import make_token
+
+    port = free_port()
+    conf = tmp_path / "etc"
+    conf.mkdir()
+    cfg = conf / "serve.toml"
+    cfg.write_text(f'[server]\nhost = "127.0.0.1"\nport = {port}\nstate_dir = "../state"\n')
+    tok = make_token(str(tmp_path / "state"), "t")
+    log = open(tmp_path / "serve.log", "wb")
+    p = subprocess.Popen([CORRAL, "serve", "--config", str(cfg)], stdout=log,
+                         stderr=subprocess.STDOUT)
+    try:
+        for _ in range(600):
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/sandboxes", timeout=5,
+                              headers={"Authorization": f"Bearer {tok}"})
+                break
+            except httpx.TransportError:
+                assert p.poll() is None, (tmp_path / "serve.log").read_text()
+                time.sleep(0.05)
+        assert r.status_code == 200, r.text
+    finally:
+        p.terminate()
+        p.wait(60)
+        log.close()
+
+
 @pytest.mark.parametrize("text,key", [
     ('[server]\nhots = "0.0.0.0"\n', "server.hots"),
     ('[sever]\nhost = "0.0.0.0"\n', "sever"),

@@ -62,8 +62,13 @@ def test_a_burst_past_the_tokens_rate_is_429_with_retry_after(limited):
 
 
 def test_the_configs_limits_apply_to_tokens_without_their_own(limited):
+    from corral import client
+
     got = _burst(limited, limited.tokens["default"], 5)
     assert [r.status_code for r in got] == [200] * 3 + [429] * 2
+    with pytest.raises(client.RateLimited) as e:           # the SDK's class for it
+        client.Sandbox.list(api_url=limited.url, api_key=limited.tokens["default"])
+    assert e.value.field == "rate" and e.value.retry_after >= 1
     fast = _burst(limited, limited.tokens["fast"], 40)
     assert {r.status_code for r in fast} == {200}
 

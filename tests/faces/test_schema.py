@@ -98,10 +98,16 @@ def test_what_schemathesis_found(server):
                 assert r.status_code == 422 and r.json()["error"]["field"] == "timeout", r.text
             r = h.get(f"/sandboxes/{sid}/files/list", params={"depth": -3})
             assert r.status_code == 422 and r.json()["error"]["field"] == "depth", r.text
+            # a command that cannot be executed: its Result (127) has a usage like any
+            # other (it was a tuple, and the service's thread that counted it failed)
+            r = h.post(f"/sandboxes/{sid}/exec", json={"argv": ["/nonexistent-cmd"]})
+            assert r.status_code == 200 and r.json()["exit_code"] == 127, r.text
+            assert isinstance(r.json()["usage"], dict), r.text
             doc = h.get("/openapi.json").json()
     finally:
         with server.http(server.tok) as h:
             h.delete(f"/sandboxes/{sid}")
+    assert "Traceback" not in server.log.read_text()
     create = doc["paths"]["/sandboxes"]["post"]
     assert {"401", "403", "413", "422", "429"} <= set(create["responses"])
     assert create["security"] == [{"bearer": []}]

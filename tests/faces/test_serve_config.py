@@ -100,7 +100,8 @@ def test_max_sandboxes_holds_under_concurrent_creates(limited):
     for t in threads:
         t.join()
     try:
-        assert sorted(r.status_code for r in got) == [201] * 3 + [429] * 7
+        assert sorted(r.status_code for r in got) == [201] * 3 + [429] * 7, [
+            (r.status_code, r.text[:300]) for r in got if r.status_code not in (201, 429)]
         for r in got:
             if r.status_code == 429:
                 _err(r, 429, "rate", "max_sandboxes")

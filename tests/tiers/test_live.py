@@ -507,3 +507,24 @@ def test_files_on_a_live_sandbox_see_its_own_tree_and_never_the_hosts():
                     sb.files.read(link)
     finally:
         os.unlink(host_secret)
+
+
+def test_pty_in_a_live_sandbox_is_a_command_of_it(sb):
+    """sb.pty on a live sandbox: a terminal whose command runs in the sandbox's own
+    namespaces (it sees the sandbox's scratch), resized, killed, its Result its screen."""
+    sb.commands.run("echo from-the-sandbox > /scratch/mark")
+    out = []
+    term = sb.pty.create(80, 24, ["bash", "--norc", "-i"], on_data=out.append)
+    assert term.pid_inside and term.pid_inside in [c.pid for c in sb.commands.list()]
+    term.send_input(b"cat /scratch/mark; test -t 0 && echo tty-yes\r")
+    _wait_for(lambda: b"tty-yes" in b"".join(out), "the terminal's echo")
+    term.resize(120, 40)
+    term.send_input(b"stty size\r")
+    _wait_for(lambda: b"40 120" in b"".join(out), "the new size")
+    term.send_input(b"exit\r")
+    r = term.wait(60)
+    assert r.verdict == "ok" and "from-the-sandbox" in r.stdout and r.stderr == "", r
+    t2 = sb.pty.create(80, 24, "sleep 1000")
+    t2.kill()
+    assert t2.wait(60).verdict == "killed"
+    assert sb.commands.list() == []

@@ -83,3 +83,17 @@ def test_the_cli_prints_the_token_once_on_the_last_line(tmp_path):
     bad = subprocess.run([CORRAL, "token", "create", "--name", "y", "--ceiling", str(ceiling),
                           "--state-dir", state], capture_output=True, text=True)
     assert bad.returncode == 2 and "limits.memory" in bad.stderr and bad.stdout == ""
+
+
+def test_apply_changes_is_off_unless_asked_and_the_cli_sets_it(tmp_path):
+    s = TokenStore(str(tmp_path))
+    assert s.verify(s.create("agent")).apply_changes is False
+    assert s.verify(s.create("person", apply_changes=True)).apply_changes is True
+    out = subprocess.run([CORRAL, "token", "create", "--name", "rev", "--apply-changes",
+                          "--state-dir", str(tmp_path)], capture_output=True, text=True,
+                         check=True)
+    assert s.verify(out.stdout.splitlines()[-1]).apply_changes is True
+    ls = subprocess.run([CORRAL, "token", "ls", "--state-dir", str(tmp_path)],
+                        capture_output=True, text=True, check=True).stdout
+    lines = {ln.split("\t")[0]: ln for ln in ls.splitlines()}
+    assert "apply-changes" in lines["rev"] and "apply-changes" not in lines["agent"]

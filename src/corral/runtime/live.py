@@ -183,6 +183,17 @@ class Live(Sandbox):
             self._files = Files(target.root_fd, uid, gid, cwd=self.plan.cwd)
         return self._files
 
+    @property
+    def pty(self):
+        """Terminals in the running sandbox (`sb.pty.create(...)`, runtime.pty): each a
+        background command of its own on a pty pair (tty_fd=), its Result's stdout what
+        the terminal showed. A terminal's timeout defaults to the sandbox's life."""
+        from ..plan import OutputCap
+        from .pty import Pty
+
+        return Pty(lambda argv, term, timeout: _LivePty(self, argv, term, timeout),
+                   output_cap=self.plan.find(OutputCap)[0].bytes)
+
     def open(self) -> Live:
         self._check_open()
         return self
@@ -441,6 +452,39 @@ class Live(Sandbox):
                     cg.kill_all()
                     self._live.release(cg)
             self._lingering = still
+
+
+class _LivePty:
+    """A terminal's command in a live sandbox (runtime.pty's Started): the pty pair from
+    the host's /dev/ptmx (its slave passed in as the command's fds 0-2 and controlling
+    terminal by setsid --ctty; TIOCSTI stays refused by seccomp)."""
+
+    def __init__(self, sb: Live, argv, term, timeout) -> None:
+        self._term = term
+        self._mu = threading.Lock()
+        self._result = None
+        slave = term.open(None)
+        try:
+            self._handle = sb.commands.run(argv, background=True, tty_fd=slave,
+                                           timeout=timeout)
+        except BaseException:
+            term.finish(errors=False)
+            raise
+        term.start()
+        self.pid_inside = self._handle.pid
+
+    def kill(self) -> None:
+        self._handle.kill()
+
+    def wait(self, timeout: float | None = None):
+        r = self._handle.wait(timeout)          # TimeoutError while it runs
+        with self._mu:
+            if self._result is None:
+                text = self._term.finish(errors=False)
+                r.stdout, r.stdout_truncated = text, self._term.truncated
+                r.stderr, r.stderr_truncated = "", False
+                self._result = r
+            return self._result
 
 
 def _init_alive(live, wait: bool) -> bool:

@@ -101,6 +101,12 @@ class PtyHandle:
         """The host pid of the terminal's session leader (see kill), or None."""
         return self._term.session()
 
+    @property
+    def pid_inside(self) -> int | None:
+        """The pid of the terminal's command inside the sandbox, where the starter knows it
+        (a live sandbox's); None otherwise."""
+        return getattr(self._started, "pid_inside", None)
+
     def send_input(self, data: bytes | str) -> None:
         """Type data into the terminal (str: UTF-8). Waits while the terminal is not taking
         input (its buffers full). BrokenPipeError once the command has ended."""

@@ -9,7 +9,7 @@ from ..errors import CorralError, UsageError
 
 SERVE_USAGE = """\
 usage: corral serve [--host ADDR] [--port N] [--state-dir DIR] [--config FILE]
-                    [--tls-cert PEM --tls-key PEM] [--mcp]
+                    [--tls-cert PEM --tls-key PEM] [--mcp] [--drain-timeout S]
 
 The HTTP service (docs/service.md): sandboxes over a JSON API, OpenAPI at /openapi.json,
 docs at /docs, /health and /metrics. Every other route needs Authorization: Bearer TOKEN
@@ -17,12 +17,15 @@ docs at /docs, /health and /metrics. Every other route needs Authorization: Bear
 prints a warning. --config: a TOML file with [server], [limits] (defaults of the token
 limits) and [secrets] (where the server reads each secret a ceiling may grant); flags win
 over it. --tls-cert/--tls-key: serve HTTPS. --mcp: MCP over streamable HTTP at /mcp,
-behind the same tokens and ceilings (docs/mcp.md).
+behind the same tokens and ceilings (docs/mcp.md). On SIGTERM it drains: no new
+sandboxes, requests in flight get --drain-timeout seconds (default 30) to finish, then
+every sandbox is killed. At start it sweeps what a previous run that died left behind.
 """
 
 TOKEN_USAGE = """\
 usage: corral token create --name N [--ceiling POLICY_FILE] [--max-sandboxes K]
-                           [--max-concurrent C] [--rate N/s [--burst B]] [--state-dir DIR]
+                           [--max-concurrent C] [--rate N/s [--burst B]] [--apply-changes]
+                           [--state-dir DIR]
        corral token ls [--state-dir DIR]
        corral token revoke NAME [--state-dir DIR]
 
@@ -34,6 +37,8 @@ no secrets, no workspace, the default limits, namespace tier). --max-sandboxes: 
 sandboxes at once; --max-concurrent: commands or cells running at once; --rate: requests
 (N/s, N/min or N/h) with bursts of --burst (default a second's worth). Past any: 429 with
 Retry-After. Limits left unset take the server config's [limits] (docs/service.md).
+--apply-changes: the token may apply a review-mode sandbox's changes to the host's
+workspace (give it to a person's review tool, never to an agent; without it apply is 403).
 """
 
 MCP_USAGE = """\
@@ -90,8 +95,8 @@ def main(name: str, args: list[str]) -> int:
 
 
 def serve(args: list[str]) -> int:
-    a = Args(args, {"--host", "--port", "--state-dir", "--config", "--tls-cert", "--tls-key"},
-             SERVE_USAGE, frozenset({"--mcp"}))
+    a = Args(args, {"--host", "--port", "--state-dir", "--config", "--tls-cert", "--tls-key",
+                    "--drain-timeout"}, SERVE_USAGE, frozenset({"--mcp"}))
     if a.rest:
         raise UsageError(f"unexpected {a.rest[0]!r}", field="serve")
     from .config import Config, load
@@ -133,6 +138,10 @@ def serve(args: list[str]) -> int:
                          "without TLS: tokens and code cross the network in clear; give "
                          "--tls-cert/--tls-key or put a TLS reverse proxy in front "
                          "(docs/service.md)\n")
+    if "--drain-timeout" in a.opts:
+        from .config import drain_seconds
+
+        c.drain_timeout = drain_seconds(a.opts["--drain-timeout"], "--drain-timeout")
     from .app import serve as run
 
     return run(c)
@@ -154,7 +163,7 @@ def token(args: list[str]) -> int:
     from .tokens import TokenStore
 
     a = Args(args, {"--name", "--ceiling", "--max-sandboxes", "--max-concurrent", "--rate",
-                    "--burst", "--state-dir"}, TOKEN_USAGE)
+                    "--burst", "--state-dir"}, TOKEN_USAGE, frozenset({"--apply-changes"}))
     if not a.rest:
         sys.stderr.write(TOKEN_USAGE)
         return 2
@@ -176,7 +185,8 @@ def token(args: list[str]) -> int:
                            max_concurrent=_int(a.opts.get("--max-concurrent"),
                                                "--max-concurrent"),
                            rate=a.opts.get("--rate"),
-                           burst=_int(a.opts.get("--burst"), "--burst"))
+                           burst=_int(a.opts.get("--burst"), "--burst"),
+                           apply_changes="--apply-changes" in a.flags)
         sys.stderr.write(f"corral token: created {a.opts['--name']!r}; the token follows, "
                          "shown only now\n")
         sys.stdout.write(tok + "\n")
@@ -196,6 +206,8 @@ def token(args: list[str]) -> int:
                 limits.append(f"rate={format_rate(t.rate)}")
                 if t.burst is not None:
                     limits.append(f"burst={t.burst}")
+            if t.apply_changes:
+                limits.append("apply-changes")
             state = "revoked" if t.revoked else "live"
             when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.created))
             ceil = "ceiling" if t.ceiling else "default-ceiling"

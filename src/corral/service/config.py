@@ -8,6 +8,7 @@
     tls_key = "/etc/corral/key.pem"
     mcp = true                  # --mcp: MCP over streamable HTTP at /mcp
     log_level = "info"          # uvicorn's: critical, error, warning, info, debug
+    drain_timeout = 30          # --drain-timeout: seconds requests get at SIGTERM
 
     [limits]                    # for every token that does not set its own
     rate = "20/s"               # requests; N/s, N/min or N/h
@@ -36,7 +37,10 @@ import re
 
 from ..errors import UsageError
 
-SERVER_KEYS = ("host", "port", "state_dir", "tls_cert", "tls_key", "mcp", "log_level")
+SERVER_KEYS = ("host", "port", "state_dir", "tls_cert", "tls_key", "mcp", "log_level",
+               "drain_timeout")
+#: SIGTERM: how long running requests (foreground commands, cells) get to finish
+DRAIN_S = 30.0
 LIMIT_KEYS = ("rate", "burst", "max_sandboxes", "max_concurrent")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 SECRET_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -57,6 +61,7 @@ class Config:
         self.tls_key: str | None = None
         self.mcp: bool = False
         self.log_level: str = "info"
+        self.drain_timeout: float = DRAIN_S
         #: defaults of the token limits (tokens.LIMITS): rate in requests a second
         self.limits: dict = {}
         #: secret name -> source ("env:VAR" or "file:/abs/path"), never a value
@@ -127,6 +132,11 @@ def _server(c: Config, t: dict, path: str) -> None:
             if not isinstance(v, bool):
                 raise _fail(path, key, "must be true or false")
             c.mcp = v
+        elif k == "drain_timeout":
+            try:
+                c.drain_timeout = drain_seconds(v, key)
+            except UsageError as e:
+                raise _fail(path, key, e.message) from None
         elif k == "log_level":
             if v not in LOG_LEVELS:
                 raise _fail(path, key, f"must be one of {', '.join(LOG_LEVELS)}")
@@ -136,6 +146,17 @@ def _server(c: Config, t: dict, path: str) -> None:
             if k in ("state_dir", "tls_cert", "tls_key"):
                 v = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(path)), v))
             setattr(c, k, v)
+
+
+def drain_seconds(v, field: str) -> float:
+    """Seconds from 0 to 3600 (a number, or its text from the command line)."""
+    try:
+        s = float(v) if not isinstance(v, bool) else -1.0
+    except (TypeError, ValueError):
+        s = -1.0
+    if not 0 <= s <= 3600:
+        raise UsageError("the drain timeout is seconds from 0 to 3600", field=field)
+    return s
 
 
 def _limits(c: Config, t: dict, path: str) -> None:

@@ -25,6 +25,8 @@ from .ceiling import Exceeds, requested
 from .registry import Registry
 
 OWNER = "mcp"
+#: seconds a sandbox of an MCP session lives at most (the session's end kills it sooner)
+SANDBOX_S = 8 * 3600
 OUTPUT_SHOWN = 2000          # characters of a stream put into the short text of a result
 CHANGES_MAX = 1 << 20        # characters of diffs in one get_changes answer
 
@@ -85,18 +87,18 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
         except CorralError as e:
             raise ToolError(str(e)) from None
 
-    def create(who: Caller, raw: dict):
+    def create(who: Caller, raw: dict, timeout: float = SANDBOX_S):
         from contextlib import nullcontext
 
         policy = guard(lambda: requested(raw, who.ceiling))
         tok = who.token
         hold = nullcontext() if quota is None or tok is None else quota.reserve(
             who.owner, tok.max_sandboxes, lambda: registry.count(who.owner))
-        return guard(lambda: _made(hold, who, policy))
+        return guard(lambda: _made(hold, who, policy, timeout))
 
-    def _made(hold, who, policy):
+    def _made(hold, who, policy, timeout):
         with hold, slot(who):
-            return registry.create(who.owner, policy)
+            return registry.create(who.owner, policy, timeout=timeout)
 
     def slot(who: Caller):
         from contextlib import nullcontext
@@ -132,11 +134,14 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
         "\"timeout\": \"2m\"}, \"network\": {\"mode\": \"allow\", \"allow\": "
         "[\"pypi.org\"]}}); it must stay within the server's policy (a wider one is refused "
         "naming the rule). Fields left out take the server's. The sandbox lives until "
-        "kill_sandbox or the session's end."))
+        "kill_sandbox, the session's end or its timeout."))
     def create_sandbox(ctx: Context, policy: Annotated[dict[str, Any] | None, Field(
             description="a corral policy as JSON; omitted: the server's own")] = None,
-                       ) -> CallToolResult:
-        e = create(caller(ctx), policy or {})
+                       timeout: Annotated[float, Field(description=(
+                           "seconds the sandbox lives at most (then every process of it "
+                           "is killed); default 28800 (8 h), at most 7 days"), gt=0,
+                           le=7 * 86400)] = SANDBOX_S) -> CallToolResult:
+        e = create(caller(ctx), policy or {}, timeout)
         return _result({"sandbox_id": e.id, "isolation": e.sandbox.isolation},
                        f"sandbox {e.id} ({e.sandbox.isolation} tier)")
 

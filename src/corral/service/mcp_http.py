@@ -47,8 +47,8 @@ def mount(app):
     from .limits import Limited
     from .mcp import Caller, build
 
-    state = app.state
-    config = state.config
+    svc = app.state.service
+    config = svc.config
 
     def caller(ctx) -> Caller:
         req = ctx.request_context.request
@@ -59,8 +59,8 @@ def mount(app):
         return Caller(tok.name, with_sources(tok.ceiling, config.secrets),
                       f"{tok.name}/{sid}", tok)
 
-    server, _ = build(registry=state.registry, caller=caller, busy=state.busy,
-                      quota=state.quota)
+    server, _ = build(registry=svc.registry, caller=caller, busy=svc.busy,
+                      quota=svc.quota)
     server.streamable_http_app(transport_security=TransportSecuritySettings(
         enable_dns_rebinding_protection=False))
     manager = server.session_manager
@@ -108,12 +108,12 @@ def mount(app):
         if scheme.lower() != "bearer" or not value.strip():
             return await refuse(send, 401, "auth", "authorization", "missing bearer token: "
                                 "send Authorization: Bearer TOKEN (corral token create)", www)
-        tok = await anyio.to_thread.run_sync(state.tokens.verify, value.strip())
+        tok = await anyio.to_thread.run_sync(svc.tokens.verify, value.strip())
         if tok is None:
             return await refuse(send, 401, "auth", "authorization",
                                 "the token is not valid (unknown or revoked)", www)
         try:
-            state.rates.admit(tok.name, tok.rate, tok.burst)
+            svc.rates.admit(tok.name, tok.rate, tok.burst)
         except Limited as e:
             return await refuse(send, 429, "rate", e.field, e.message,
                                 [(b"retry-after", str(e.retry_after).encode())])

@@ -2,8 +2,9 @@
 every authenticated operation the error statuses it can give, each with the one error
 body (`{"error": {"kind", "field", "message"}}`).
 
-Added to the document FastAPI builds from the routes (whichever module defines them), by
-rule rather than route by route:
+The routers list their own error statuses (common.errors); this adds, by rule, whatever a
+router does not list, the bearer scheme, the Retry-After of a 429 and the
+WWW-Authenticate of a 401, and makes FastAPI's own 422 the error body the service sends:
 
 - every operation but /health, /metrics and the document itself: 401 (no or bad token),
   429 (a rate or concurrency limit, with Retry-After), 422 (a request that does not match
@@ -64,11 +65,13 @@ def document(app) -> None:
             return app.openapi_schema
         doc = build()
         comps = doc.setdefault("components", {})
-        comps.setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+        schemas = comps.setdefault("schemas", {})
+        if "ErrorBody" not in schemas:        # the routers' own error model, if they list one
+            schemas["ErrorBody"] = ERROR_SCHEMA
         comps.setdefault("securitySchemes", {})["bearer"] = {
             "type": "http", "scheme": "bearer",
             "description": "a token from `corral token create`"}
-        ref = {"$ref": "#/components/schemas/Error"}
+        ref = {"$ref": "#/components/schemas/ErrorBody"}
         for path, ops in doc.get("paths", {}).items():
             if path in OPEN:
                 continue
@@ -80,7 +83,8 @@ def document(app) -> None:
                 responses = op.setdefault("responses", {})
                 for code in statuses(method, path, op):
                     r = responses.setdefault(code, {"description": WHY[code]})
-                    r["content"] = {"application/json": {"schema": ref}}
+                    if code == "422" or "content" not in r:   # FastAPI's own 422 is not ours
+                        r["content"] = {"application/json": {"schema": ref}}
                     if code == "429":
                         r["headers"] = {"Retry-After": {
                             "description": "whole seconds to wait", "schema": {
@@ -99,11 +103,23 @@ def allowed(request) -> str:
     from starlette.routing import Match
 
     methods: set[str] = set()
-    for route in request.app.routes:
-        match, _ = route.matches({**request.scope, "method": "GET"})
+    for route in _routes(request.app.routes):
         got = getattr(route, "methods", None)
-        if got:
-            m2, _ = route.matches(request.scope)
-            if match != Match.NONE or m2 != Match.NONE:
-                methods |= set(got)
+        if not got:
+            continue
+        for method in got:
+            match, _ = route.matches({**request.scope, "method": method})
+            if match == Match.FULL:
+                methods.add(method)
     return ", ".join(sorted(methods))
+
+
+def _routes(routes):
+    """Every route, those of included routers too (FastAPI keeps an included router as
+    one entry: its routes are the original router's)."""
+    for r in routes:
+        inner = getattr(r, "original_router", None)
+        if inner is not None:
+            yield from _routes(inner.routes)
+        else:
+            yield r

@@ -1,29 +1,40 @@
-"""The service's sandboxes, behind a small interface, so the live sandbox (one bwrap for
-a sandbox's life, background commands) slots in by replacing `open_sandbox`.
+"""The service's sandboxes: live sandboxes (corral.Sandbox.create, runtime/live.py), one
+bwrap for each sandbox's life, held by this process, each with its token's name as owner.
 
-A sandbox object the service holds needs: `exec(argv, stdin=bytes|None, timeout=s) ->
-Result`, `files` (read/write/list as runtime.files.Files), `run_code(code, language=,
-timeout=) -> Execution`, `isolation`, `policy`, `close()`. corral.Sandbox has all of them.
+A sandbox object the service holds needs what runtime.live.Live has: `commands` (run,
+list), `exec`, `files`, `pty`, `run_code`, `set_timeout`, `get_info`, `kill`, the review
+calls (`changes`, `changes_patch`, `apply_changes`, `discard_changes`), `events`,
+`isolation`, `policy`. `Registry(opener=...)` takes another opener(policy, timeout=,
+metadata=) for tests of the faces.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
 
+from .commands import CommandTable
+from .events import EventLog
 
-def open_sandbox(policy):
-    """A sandbox for `policy`, open. Replace this (or pass `opener` to Registry) with the
-    live sandbox's Sandbox.create when it lands."""
+log = logging.getLogger("corral.serve")
+
+#: a sandbox's life when the request names none (seconds), as Sandbox.create's default
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def open_sandbox(policy, *, timeout: float = DEFAULT_TIMEOUT_S, metadata=None):
+    """A live sandbox for `policy`, running."""
     from ..runtime.sandbox import Sandbox
 
-    return Sandbox(policy).open()
+    return Sandbox.create(policy, timeout=timeout, metadata=metadata)
 
 
 class Entry:
     """One sandbox the service holds: its id, owner (a token's name), the object itself,
-    and a lock that serializes the calls into it."""
+    its commands (service.commands), its event log, and the locks of the calls that must
+    not overlap (code cells; files calls)."""
 
     def __init__(self, sid: str, owner: str, sandbox, policy) -> None:
         self.id = sid
@@ -31,8 +42,10 @@ class Entry:
         self.sandbox = sandbox
         self.policy = policy
         self.created = time.time()
-        self.lock = threading.Lock()          # commands and code, one at a time
-        self.files_lock = threading.Lock()    # files calls: they need not wait for a command
+        self.lock = threading.Lock()          # run_code cells, one at a time
+        self.files_lock = threading.Lock()    # files calls (one Files object)
+        self.events = EventLog()
+        self.commands = CommandTable(self)
 
 
 class Registry:
@@ -41,26 +54,43 @@ class Registry:
         self._by_id: dict[str, Entry] = {}
         self._mu = threading.Lock()
 
-    def create(self, owner: str, policy) -> Entry:
-        sb = self._opener(policy)
-        e = Entry("sb_" + secrets.token_hex(8), owner, sb, policy)
+    def create(self, owner: str, policy, *, timeout: float = DEFAULT_TIMEOUT_S,
+               metadata=None) -> Entry:
+        sb = self._opener(policy, timeout=timeout, metadata=metadata)
+        sid = getattr(sb, "id", None) or "sb_" + secrets.token_hex(8)
+        e = Entry(sid, owner, sb, policy)
+        e.events.add("sandbox.created", {"id": sid, "isolation": sb.isolation})
         with self._mu:
             self._by_id[e.id] = e
         return e
 
     def get(self, owner: str, sid: str) -> Entry | None:
-        """The sandbox `sid` if `owner` holds it; None for another owner's, as for none."""
+        """The sandbox `sid` if `owner` holds it and it runs; None for another owner's, as
+        for none. One that ended by itself (its timeout, its init) is forgotten here."""
         with self._mu:
             e = self._by_id.get(sid)
-        return e if e is not None and e.owner == owner else None
+        if e is None or e.owner != owner:
+            return None
+        if _ended(e):
+            self._forget(e)
+            return None
+        return e
 
     def list(self, owner: str) -> list[Entry]:
         with self._mu:
-            return [e for e in self._by_id.values() if e.owner == owner]
+            mine = [e for e in self._by_id.values() if e.owner == owner]
+        for e in [e for e in mine if _ended(e)]:
+            self._forget(e)
+        return [e for e in mine if not _ended(e)]
+
+    def all(self) -> list[Entry]:
+        with self._mu:
+            return list(self._by_id.values())
 
     def count(self, owner: str | None = None) -> int:
         with self._mu:
-            return sum(1 for e in self._by_id.values() if owner is None or e.owner == owner)
+            return sum(1 for e in self._by_id.values()
+                       if (owner is None or e.owner == owner) and not _ended(e))
 
     def remove(self, owner: str, sid: str) -> bool:
         with self._mu:
@@ -78,7 +108,32 @@ class Registry:
             _close(e)
         return len(entries)
 
+    def _forget(self, e: Entry) -> None:
+        with self._mu:
+            if self._by_id.get(e.id) is e:
+                del self._by_id[e.id]
+        _close(e)
+
+
+def _ended(e: Entry) -> bool:
+    return getattr(e.sandbox, "state", "running") == "ended"
+
 
 def _close(e: Entry) -> None:
-    with e.lock, e.files_lock:
+    """End it: kill first (no lock: a command or cell in flight fails at once rather than
+    holding the end up), then close what the files calls hold."""
+    kill = getattr(e.sandbox, "kill", None)
+    if kill is not None:
+        kill()
+    e.events.add("sandbox.ended", {"id": e.id, "by": _ended_by(e)})
+    e.events.close()
+    e.commands.close()
+    with e.files_lock:
         e.sandbox.close()
+
+
+def _ended_by(e: Entry) -> str | None:
+    try:
+        return e.sandbox.get_info().ended_by
+    except Exception:   # noqa: BLE001 - not a live sandbox
+        return None

@@ -1,0 +1,355 @@
+"""The SDK with `await`: AsyncSandbox and its commands, files, terminals, changes, events
+(the sync names and shapes; see sync.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+
+from ..result import Result
+from ._common import (
+    ApiError,
+    CommandInfo,
+    Execution,
+    SandboxInfo,
+    _config,
+    _file_content,
+    _raise,
+    _raise_error,
+    _result,
+    _write_body,
+    applied_of,
+    changes_of,
+    exec_body,
+    info_of,
+    line_item,
+    patch_of,
+    rec,
+    sse_events,
+    stdin_body,
+    tls_context,
+    ws_url,
+)
+
+
+class AsyncCommandHandle:
+    """A background command (await wait(), kill(), send_stdin(), close_stdin())."""
+
+    def __init__(self, sb: AsyncSandbox, d: dict, on_stdout=None, on_stderr=None) -> None:
+        self._sb = sb
+        self.pid: int = d["pid"]
+        self.cmd = tuple(d.get("cmd", ()))
+        self.background = True
+        self.started: float | None = d.get("started")
+        self._result: Result | None = None
+        self._task = None
+        if on_stdout is not None or on_stderr is not None:
+            self._task = asyncio.ensure_future(self._follow(on_stdout, on_stderr))
+
+    async def _follow(self, on_stdout, on_stderr) -> None:
+        sb = self._sb
+        try:
+            async with sb._http.stream("GET", f"/sandboxes/{sb.id}/commands/{self.pid}/output",
+                                       timeout=httpx.Timeout(None, connect=30)) as r:
+                if r.status_code >= 400:
+                    return
+                async for line in r.aiter_lines():
+                    if line:
+                        res = line_item(line, on_stdout, on_stderr)
+                        if res is not None:
+                            self._result = res
+                            return
+        except (httpx.HTTPError, ApiError):
+            return
+
+    async def wait(self, timeout: float | None = None) -> Result:
+        if self._result is None:
+            params = {} if timeout is None else {"timeout": timeout}
+            self._result = _result(await self._sb._call(
+                "GET", f"commands/{self.pid}/wait", params=params,
+                timeout=None if timeout is None else timeout + 30))
+        if self._task is not None:
+            await asyncio.wait_for(self._task, 30)
+        return self._result
+
+    async def kill(self) -> None:
+        await self._sb._call("POST", f"commands/{self.pid}/kill")
+
+    async def send_stdin(self, data: bytes | str) -> None:
+        await self._sb._call("POST", f"commands/{self.pid}/stdin", json=stdin_body(data))
+
+    async def close_stdin(self) -> None:
+        await self._sb._call("POST", f"commands/{self.pid}/stdin",
+                             json=stdin_body(b"", True))
+
+
+class AsyncCommands:
+    def __init__(self, sb: AsyncSandbox) -> None:
+        self._sb = sb
+
+    async def run(self, cmd, *, env: dict[str, str] | None = None, cwd: str | None = None,
+                  stdin: bytes | str | None = None, timeout: float | None = None,
+                  on_stdout=None, on_stderr=None, background: bool = False):
+        sb = self._sb
+        body = exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
+                         background=background)
+        if background:
+            return AsyncCommandHandle(sb, await sb._call("POST", "exec", json=body),
+                                      on_stdout, on_stderr)
+        http_timeout = httpx.Timeout(None if timeout is None else timeout + 60, connect=30)
+        if on_stdout is None and on_stderr is None:
+            return _result(await sb._call("POST", "exec", json=body, timeout=http_timeout))
+        async with sb._http.stream("POST", f"/sandboxes/{sb.id}/exec",
+                                   params={"stream": "ndjson"}, json=body,
+                                   timeout=http_timeout) as r:
+            if r.status_code >= 400:
+                await r.aread()
+                _raise(r)
+            async for line in r.aiter_lines():
+                if line:
+                    res = line_item(line, on_stdout, on_stderr)
+                    if res is not None:
+                        return res
+        raise ApiError(502, "stream", "the output stream ended without a result")
+
+    async def list(self) -> list[CommandInfo]:
+        d = await self._sb._call("GET", "commands")
+        return [rec(CommandInfo, c) for c in d["commands"]]
+
+
+class AsyncFiles:
+    def __init__(self, sb: AsyncSandbox) -> None:
+        self._sb = sb
+
+    async def read(self, path: str, format: str = "text"):
+        d = await self._sb._call("GET", "files", params={"path": path, "encoding": "base64"})
+        return _file_content(d, format)
+
+    async def write(self, path: str, data) -> dict:
+        return await self._sb._call("PUT", "files", json=_write_body(path, data))
+
+    async def list(self, path: str = ".", depth: int = 1) -> list[dict]:
+        d = await self._sb._call("GET", "files/list", params={"path": path, "depth": depth})
+        return d["entries"]
+
+
+class AsyncPtyHandle:
+    """A terminal (await send_input(), resize(), kill(), wait()); on_data gets output."""
+
+    def __init__(self, ws, on_data, pid) -> None:
+        self._ws = ws
+        self._on_data = on_data
+        self.pid = pid
+        self._result: Result | None = None
+        self._task = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            async for msg in self._ws:
+                if isinstance(msg, bytes):
+                    if self._on_data is not None:
+                        self._on_data(msg)
+                    continue
+                m = json.loads(msg)
+                if m.get("type") == "exit":
+                    self._result = _result(m["result"])
+                    return
+        except ConnectionClosed:
+            pass
+
+    async def send_input(self, data: bytes | str) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        try:
+            await self._ws.send(bytes(data))
+        except ConnectionClosed:
+            raise BrokenPipeError("the terminal has ended") from None
+
+    async def resize(self, cols: int, rows: int) -> None:
+        await self._ws.send(json.dumps({"type": "resize", "cols": cols, "rows": rows}))
+
+    async def kill(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            await self._ws.send(json.dumps({"type": "kill"}))
+        except ConnectionClosed:
+            pass
+
+    async def wait(self, timeout: float | None = None) -> Result:
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"the terminal's command is still running after "
+                               f"{timeout} s") from None
+        await self._ws.close()
+        if self._result is None:
+            raise ApiError(502, "stream", "the terminal's connection closed without a result")
+        return self._result
+
+
+class AsyncPty:
+    def __init__(self, sb: AsyncSandbox) -> None:
+        self._sb = sb
+
+    async def create(self, cols: int = 80, rows: int = 24, cmd: str | None = None, *,
+                     on_data=None, cwd: str | None = None,
+                     timeout: float | None = None) -> AsyncPtyHandle:
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import InvalidStatus
+
+        sb = self._sb
+        url = ws_url(str(sb._http.base_url).rstrip("/"), f"/sandboxes/{sb.id}/pty",
+                     {"cols": cols, "rows": rows, "cmd": cmd, "cwd": cwd, "timeout": timeout})
+        try:
+            ws = await connect(url, additional_headers={
+                "Authorization": sb._http.headers["authorization"]}, open_timeout=60,
+                max_size=2 << 20)
+        except InvalidStatus as e:
+            r = e.response
+            try:
+                err = json.loads(r.body)["error"]
+            except (ValueError, KeyError, TypeError):
+                err = {"kind": "http", "field": None, "message": f"HTTP {r.status_code}"}
+            _raise_error(r.status_code, err)
+        first = json.loads(await asyncio.wait_for(ws.recv(), 60))
+        return AsyncPtyHandle(ws, on_data, first.get("pid"))
+
+
+class AsyncSandbox:
+    """Sandbox with `await`: `sb = await AsyncSandbox.create(...)`, `async with`."""
+
+    def __init__(self, info: dict, http: httpx.AsyncClient) -> None:
+        self.id: str = info["id"]
+        self.isolation: str = info.get("isolation", "")
+        self.info = info
+        self._http = http
+        self.commands = AsyncCommands(self)
+        self.files = AsyncFiles(self)
+        self.pty = AsyncPty(self)
+
+    @classmethod
+    async def create(cls, policy: dict | None = None, *, timeout: float = 300,
+                     metadata: dict[str, str] | None = None, api_url: str | None = None,
+                     api_key: str | None = None,
+                     request_timeout: float = 300.0) -> AsyncSandbox:
+        url, headers = _config(api_url, api_key)
+        http = httpx.AsyncClient(base_url=url, headers=headers, timeout=request_timeout,
+                                 verify=tls_context())
+        try:
+            r = await http.post("/sandboxes", json={"policy": policy or {},
+                                                    "timeout": timeout, "metadata": metadata})
+            _raise(r)
+        except BaseException:
+            await http.aclose()
+            raise
+        return cls(r.json(), http)
+
+    @classmethod
+    async def connect(cls, sandbox_id: str, *, api_url: str | None = None,
+                      api_key: str | None = None,
+                      request_timeout: float = 300.0) -> AsyncSandbox:
+        url, headers = _config(api_url, api_key)
+        http = httpx.AsyncClient(base_url=url, headers=headers, timeout=request_timeout,
+                                 verify=tls_context())
+        try:
+            r = await http.get(f"/sandboxes/{sandbox_id}")
+            _raise(r)
+        except BaseException:
+            await http.aclose()
+            raise
+        return cls(r.json(), http)
+
+    @staticmethod
+    async def list(*, api_url: str | None = None, api_key: str | None = None) -> list[dict]:
+        url, headers = _config(api_url, api_key)
+        async with httpx.AsyncClient(base_url=url, headers=headers, verify=tls_context()) as http:
+            r = await http.get("/sandboxes")
+            _raise(r)
+            return r.json()["sandboxes"]
+
+    async def _call(self, method: str, sub: str, **kw) -> Any:
+        r = await self._http.request(method, f"/sandboxes/{self.id}/{sub}" if sub else
+                                     f"/sandboxes/{self.id}", **kw)
+        _raise(r)
+        return r.json()
+
+    async def get_info(self) -> SandboxInfo:
+        return info_of(dict(await self._call("GET", ""), id=self.id))
+
+    async def set_timeout(self, seconds: float) -> None:
+        await self._call("POST", "timeout", json={"timeout": seconds})
+
+    async def exec(self, argv, *, stdin: str | bytes | None = None,
+                   timeout: float | None = None) -> Result:
+        return await self.commands.run(argv, stdin=stdin, timeout=timeout)
+
+    async def run_code(self, code: str, *, language: str = "python",
+                       timeout: float | None = None) -> Execution:
+        return Execution(await self._call("POST", "run_code", json={
+            "code": code, "language": language, "timeout": timeout}))
+
+    async def explain(self) -> dict:
+        return await self._call("GET", "explain")
+
+    async def changes(self) -> list:
+        return changes_of(await self._call("GET", "changes"))
+
+    async def changes_patch(self, paths=None) -> tuple[bytes, list]:
+        return patch_of(await self._call("GET", "changes/diff", params={
+            "path": list(paths or ()), "encoding": "base64"}))
+
+    async def apply_changes(self, paths=None, *, exact: bool = False):
+        return applied_of(await self._call("POST", "changes/apply", json={
+            "paths": None if paths is None else list(paths), "exact": exact}))
+
+    async def discard_changes(self) -> None:
+        await self._call("POST", "changes/discard")
+
+    async def stream_events(self, since: int = 0, *, follow: bool = True):
+        """The sandbox's events as they come: an async iterator of {id, kind, data}."""
+        async with self._http.stream("GET", f"/sandboxes/{self.id}/events",
+                                     params={"since": since, "follow": follow},
+                                     timeout=httpx.Timeout(None, connect=30)) as r:
+            if r.status_code >= 400:
+                await r.aread()
+                _raise(r)
+            lines = [line async for line in r.aiter_lines()] if not follow else None
+            if lines is not None:
+                for ev in sse_events(lines):
+                    if ev["kind"] == "end":
+                        return
+                    yield ev
+                return
+            buf: list[str] = []
+            async for line in r.aiter_lines():
+                buf.append(line)
+                if line == "":
+                    for ev in sse_events(buf):
+                        if ev["kind"] == "end":
+                            return
+                        yield ev
+                    buf = []
+
+    async def kill(self) -> None:
+        if self._http.is_closed:
+            return
+        try:
+            r = await self._http.delete(f"/sandboxes/{self.id}")
+            if r.status_code != 404:
+                _raise(r)
+        finally:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.kill()

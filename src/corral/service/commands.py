@@ -1,0 +1,134 @@
+"""The commands of one sandbox the service holds: each started as a live sandbox's
+background command (sb.commands.run(background=True)), its output kept as it comes (at
+most the policy's limits.output a stream: supervise() caps what reaches us) for whoever
+streams it, its Result once it has ended.
+
+A *foreground* command (POST .../exec without background) is started the same way, with
+the policy's limits.timeout as its deadline and its stdin closed after what the request
+gave; the route waits for it and kills it when the client goes away (routes/commands.py).
+A background command runs on until it exits, is killed or the sandbox ends, whoever
+listens. Ended commands are kept for their Result (`wait`), the last KEEP_ENDED of them;
+the output chunks of all but the last KEEP_CHUNKS are let go (an output stream of such a
+command gives its Result alone, whose stdout and stderr hold the same text): a sandbox's
+memory here is bounded by about (KEEP_ENDED + KEEP_CHUNKS) x 2 x limits.output.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .notify import Notifier
+
+KEEP_ENDED = 16
+KEEP_CHUNKS = 4
+
+
+class Cmd:
+    """One command: its handle, what it printed so far, and its Result once ended."""
+
+    def __init__(self, background: bool) -> None:
+        self.background = background
+        self.handle = None
+        self.pid = 0
+        self.chunks: list[tuple[str, str]] = []     # ("stdout" | "stderr", text)
+        self.trimmed = False                         # chunks let go (the Result has them)
+        self.result = None
+        self.done = threading.Event()
+        self.notifier = Notifier()
+        self._mu = threading.Lock()
+
+    def _out(self, stream: str, text: str) -> None:
+        with self._mu:
+            self.chunks.append((stream, text))
+        self.notifier.notify()
+
+    def output_since(self, i: int) -> list[tuple[str, str]]:
+        with self._mu:
+            return [] if self.trimmed else self.chunks[i:]
+
+    def trim(self) -> None:
+        with self._mu:
+            self.chunks, self.trimmed = [], True
+
+    def info(self) -> dict:
+        h = self.handle
+        return {"pid": self.pid, "cmd": list(h.cmd) if h else [],
+                "background": self.background, "started": h.started if h else None,
+                "running": not self.done.is_set(),
+                "verdict": self.result.verdict if self.result is not None else None}
+
+
+class CommandTable:
+    def __init__(self, entry) -> None:
+        self._entry = entry
+        self._mu = threading.Lock()
+        self._by_pid: dict[int, Cmd] = {}
+        self._ended: list[int] = []
+
+    def start(self, argv: list[str], *, env=None, cwd=None, stdin: bytes | None = None,
+              timeout: float | None = None, background: bool = False, on_end=None) -> Cmd:
+        """Start argv in the sandbox; returns its Cmd at once. `on_end(cmd)` is called
+        (from a thread of its own) after its Result is in."""
+        from ..runtime.sandbox import TextChunks
+
+        sb = self._entry.sandbox
+        if not background and timeout is None:
+            from ..backends.host.execlimits import ExecLimits
+
+            timeout = ExecLimits.from_plan(sb.plan).wall
+        c = Cmd(background)
+        out = TextChunks(lambda t: c._out("stdout", t))
+        err = TextChunks(lambda t: c._out("stderr", t))
+        h = sb.commands.run(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
+                            on_stdout=out, on_stderr=err, background=True)
+        if not background:
+            h.close_stdin()      # what the request gave, then end of file
+        c.handle, c.pid = h, h.pid
+        with self._mu:
+            self._by_pid[c.pid] = c
+        self._entry.events.add("command.started", {"pid": c.pid, "cmd": list(h.cmd),
+                                                   "background": background})
+
+        def watch():
+            r = h.wait()
+            out.close()
+            err.close()
+            c.result = r
+            c.done.set()
+            c.notifier.notify()
+            self._entry.events.add("command.ended", {"pid": c.pid, "verdict": r.verdict,
+                                                     "exit_code": r.exit_code})
+            self._ended_one(c.pid)
+            if on_end is not None:
+                on_end(c)
+
+        threading.Thread(target=watch, daemon=True, name=f"svc-cmd-{c.pid}").start()
+        return c
+
+    def _ended_one(self, pid: int) -> None:
+        with self._mu:
+            self._ended.append(pid)
+            while len(self._ended) > KEEP_ENDED:
+                old = self._ended.pop(0)
+                c = self._by_pid.get(old)
+                if c is not None and c.done.is_set():
+                    del self._by_pid[old]
+            if len(self._ended) > KEEP_CHUNKS:
+                c = self._by_pid.get(self._ended[-KEEP_CHUNKS - 1])
+                if c is not None and c.done.is_set():
+                    c.trim()
+
+    def get(self, pid: int) -> Cmd | None:
+        with self._mu:
+            return self._by_pid.get(pid)
+
+    def running(self) -> list[Cmd]:
+        with self._mu:
+            return [c for c in self._by_pid.values() if not c.done.is_set()]
+
+    def close(self) -> None:
+        """The sandbox ended: wake every listener (their commands are gone with it)."""
+        with self._mu:
+            cmds = list(self._by_pid.values())
+        for c in cmds:
+            c.notifier.notify()

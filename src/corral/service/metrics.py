@@ -1,0 +1,49 @@
+"""The service's counters, in Prometheus text format (GET /metrics)."""
+
+from __future__ import annotations
+
+import threading
+
+
+class Metrics:
+    BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+    def __init__(self) -> None:
+        self.mu = threading.Lock()
+        self.created = 0
+        self.runs: dict[str, int] = {}
+        self.requests: dict[int, int] = {}
+        self.hist = [0] * (len(self.BUCKETS) + 1)
+        self.hist_sum = 0.0
+
+    def run(self, verdict: str, seconds: float) -> None:
+        with self.mu:
+            self.runs[verdict] = self.runs.get(verdict, 0) + 1
+            i = next((i for i, b in enumerate(self.BUCKETS) if seconds <= b), len(self.BUCKETS))
+            self.hist[i] += 1
+            self.hist_sum += seconds
+
+    def response(self, status: int) -> None:
+        with self.mu:
+            self.requests[status] = self.requests.get(status, 0) + 1
+
+    def text(self, live: int) -> str:
+        with self.mu:
+            out = ["# TYPE corral_sandboxes_live gauge", f"corral_sandboxes_live {live}",
+                   "# TYPE corral_sandboxes_created_total counter",
+                   f"corral_sandboxes_created_total {self.created}",
+                   "# TYPE corral_runs_total counter"]
+            out += [f'corral_runs_total{{verdict="{v}"}} {n}' for v, n in sorted(self.runs.items())]
+            out.append("# TYPE corral_http_responses_total counter")
+            out += [f'corral_http_responses_total{{status="{s}"}} {n}'
+                    for s, n in sorted(self.requests.items())]
+            out.append("# TYPE corral_run_seconds histogram")
+            acc = 0
+            for b, n in zip(self.BUCKETS, self.hist):
+                acc += n
+                out.append(f'corral_run_seconds_bucket{{le="{b}"}} {acc}')
+            acc += self.hist[-1]
+            out += [f'corral_run_seconds_bucket{{le="+Inf"}} {acc}',
+                    f"corral_run_seconds_sum {self.hist_sum:.6f}",
+                    f"corral_run_seconds_count {acc}"]
+        return "\n".join(out) + "\n"

@@ -1,0 +1,6 @@
+"""The service's routes, one module a resource; app.py includes every router here."""
+
+from . import changes, code, commands, events, explain, files, pty, sandboxes, system
+
+ROUTERS = [system.router, sandboxes.router, commands.router, code.router, files.router,
+           changes.router, events.router, pty.router, explain.router]

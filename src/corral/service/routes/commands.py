@@ -1,0 +1,249 @@
+"""Commands: run one (foreground: its Result, or its output as NDJSON while it runs;
+background: a handle at once), list them, write to a background command's stdin, kill
+one, wait for one, stream a background command's output.
+
+A foreground command's request is its life: when the client goes away before the Result
+(a dropped connection, a cancelled stream), the command is killed with every process it
+started. A background command runs on, whoever listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from typing import Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from ..common import COMMON_ERRORS, ApiError, Auth, Svc
+
+router = APIRouter(tags=["commands"], responses=COMMON_ERRORS)
+
+#: how long one wait for a change (output, the end, a disconnect) lasts at most
+WAKE_S = 15.0
+#: the longest `wait?timeout=` (seconds)
+MAX_WAIT_S = 3600.0
+
+
+class ExecBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    argv: list[str] | None = Field(None, min_length=1, description="the command and arguments")
+    cmd: str | None = Field(None, description="a shell command line, run with /bin/sh -c")
+    stdin: str | None = Field(None, description="text given to the command's stdin (UTF-8; "
+                              "see stdin_encoding)")
+    stdin_encoding: Literal["utf-8", "base64"] = "utf-8"
+    env: dict[str, str] | None = Field(None, description="variables added to the "
+                                       "sandbox's environment for this command")
+    cwd: str | None = Field(None, description="the directory it starts in (inside)")
+    timeout: float | None = Field(None, gt=0, le=86400, description=(
+        "seconds, at most 86400; default the policy's limits.timeout (foreground), none "
+        "(background: it runs until it exits or the sandbox ends)"))
+    background: bool = Field(False, description="start it and answer at once with its pid "
+                             "(201); its output: GET .../commands/{pid}/output")
+
+
+class StdinBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    data: str = Field("", description="what to write")
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+    close: bool = Field(False, description="close its stdin after data (end of file)")
+
+
+def _bytes(text: str | None, encoding: str, field: str) -> bytes | None:
+    if text is None:
+        return None
+    if encoding == "base64":
+        try:
+            return base64.b64decode(text, validate=True)
+        except ValueError:
+            raise ApiError(400, "invalid", f"{field} is not base64", field) from None
+    return text.encode()
+
+
+def _cmd(svc, e, pid: int):
+    c = e.commands.get(pid)
+    if c is None:
+        raise ApiError(404, "not_found", f"no command {pid} in sandbox {e.id} (ended "
+                       "commands are kept for their Result, the last 16)", "pid")
+    return c
+
+
+async def _gone(request: Request) -> None:
+    """Returns when the client has disconnected."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+@router.post("/sandboxes/{sid}/exec", status_code=200, responses={
+    200: {"content": {"application/x-ndjson": {}}, "description": "the Result; with "
+          "stream=ndjson, one JSON object a line: {\"stdout\": text} and {\"stderr\": "
+          "text} chunks as they come, then {\"result\": Result}"},
+    201: {"description": "background: the command's handle {pid, cmd, background, "
+          "started, running}"}})
+async def exec_(sid: str, body: ExecBody, token: Auth, svc: Svc, request: Request,
+                stream: Literal["none", "ndjson"] = "none"):
+    if (body.argv is None) == (body.cmd is None):
+        raise ApiError(400, "usage", "give argv (a list) or cmd (a shell line), one of "
+                       "them", "argv")
+    argv = body.argv if body.argv is not None else ["/bin/sh", "-c", body.cmd]
+    e = svc.entry(sid, token)
+    stdin = _bytes(body.stdin, body.stdin_encoding, "stdin")
+    if body.background:
+        c = await run_in_threadpool(
+            e.commands.start, argv, env=body.env, cwd=body.cwd, stdin=stdin,
+            timeout=body.timeout, background=True, on_end=lambda c: _count(svc, c))
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse(c.info(), status_code=201)
+    slot = svc.slot(token)
+    slot.__enter__()             # 429 now, before a stream's 200
+    try:
+        c = await run_in_threadpool(
+            e.commands.start, argv, env=body.env, cwd=body.cwd, stdin=stdin,
+            timeout=body.timeout, on_end=lambda c: _count(svc, c))
+    except BaseException:
+        slot.__exit__(None, None, None)
+        raise
+    if stream == "ndjson":
+        return StreamingResponse(_lines(request, c, slot, foreground=True),
+                                 media_type="application/x-ndjson")
+    gone = asyncio.ensure_future(_gone(request))
+    try:
+        while not c.done.is_set():
+            waiter = asyncio.ensure_future(c.notifier.wait(WAKE_S, c.done.is_set))
+            await asyncio.wait({gone, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if gone.done() and not c.done.is_set():
+                raise ApiError(499, "disconnected", "the client went away; the command "
+                               "was killed")
+    finally:
+        gone.cancel()
+        slot.__exit__(None, None, None)
+        if not c.done.is_set():
+            c.handle.kill()   # the client went away, or the drain's deadline came
+    return c.result.to_dict()
+
+
+def _count(svc, c) -> None:
+    r = c.result
+    svc.metrics.run(r.verdict, r.usage.wall_s or 0.0)
+
+
+async def _lines(request: Request, c, slot=None, *, foreground: bool, start: int = 0,
+                 svc=None):
+    """NDJSON: the command's output from chunk `start` on as it comes, then its Result.
+    A foreground command is killed if the stream ends before its Result (the client went
+    away); a background one is left running."""
+    i, finished = start, False
+    gone = asyncio.ensure_future(_gone(request)) if foreground else None
+    try:
+        while True:
+            for stream, text in c.output_since(i):
+                i += 1
+                yield json.dumps({stream: text}) + "\n"
+            if c.done.is_set() and not c.output_since(i):
+                yield json.dumps({"result": c.result.to_dict()}) + "\n"
+                finished = True
+                return
+            waiter = asyncio.ensure_future(c.notifier.wait(
+                WAKE_S, lambda: c.done.is_set() or bool(c.output_since(i))))
+            await asyncio.wait({waiter} | ({gone} if gone else set()),
+                               return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if gone is not None and gone.done():
+                return
+            if svc is not None and svc.draining:
+                yield json.dumps({"error": {"kind": "draining", "field": None, "message":
+                                            "the service is shutting down"}}) + "\n"
+                return
+    finally:
+        if gone is not None:
+            gone.cancel()
+        if foreground and not finished and not c.done.is_set():
+            c.handle.kill()
+        if slot is not None:
+            slot.__exit__(None, None, None)
+
+
+@router.get("/sandboxes/{sid}/commands")
+def list_commands(sid: str, token: Auth, svc: Svc):
+    """The commands running now (and processes finished ones left behind: detached)."""
+    e = svc.entry(sid, token)
+    out = []
+    for info in e.sandbox.commands.list():
+        d = info.to_dict()
+        c = e.commands.get(info.pid)
+        if c is not None and not info.detached:
+            d["background"] = c.background
+        d.pop("pids", None)          # host pids: not the client's business
+        out.append(d)
+    return {"commands": out}
+
+
+@router.get("/sandboxes/{sid}/commands/{pid}")
+def get_command(sid: str, pid: int, token: Auth, svc: Svc):
+    c = _cmd(svc, svc.entry(sid, token), pid)
+    d = c.info()
+    if c.result is not None:
+        d["result"] = c.result.to_dict()
+    return d
+
+
+@router.post("/sandboxes/{sid}/commands/{pid}/stdin")
+def send_stdin(sid: str, pid: int, body: StdinBody, token: Auth, svc: Svc):
+    c = _cmd(svc, svc.entry(sid, token), pid)
+    if not c.background:
+        raise ApiError(409, "usage", "only a background command's stdin takes writes", "pid")
+    data = _bytes(body.data, body.encoding, "data") or b""
+    try:
+        if data:
+            c.handle.send_stdin(data)
+        if body.close:
+            c.handle.close_stdin()
+    except (BrokenPipeError, OSError):
+        raise ApiError(409, "closed", f"command {pid}'s stdin is closed (or it ended)",
+                       "pid") from None
+    return {"pid": pid, "written": len(data), "closed": body.close}
+
+
+@router.post("/sandboxes/{sid}/commands/{pid}/kill")
+def kill_command(sid: str, pid: int, token: Auth, svc: Svc):
+    c = _cmd(svc, svc.entry(sid, token), pid)
+    c.handle.kill()
+    return {"pid": pid, "killed": not c.done.is_set() or c.result.verdict == "killed"}
+
+
+@router.get("/sandboxes/{sid}/commands/{pid}/wait")
+async def wait_command(sid: str, pid: int, token: Auth, svc: Svc,
+                       timeout: float | None = None):
+    """The command's Result once it has ended; 409 (kind "running") if `timeout` seconds
+    pass first (it keeps running)."""
+    if timeout is not None and not 0 <= timeout <= MAX_WAIT_S:
+        raise ApiError(400, "invalid", f"timeout is seconds from 0 to {MAX_WAIT_S:g}",
+                       "timeout")
+    c = _cmd(svc, svc.entry(sid, token), pid)
+    deadline = time.monotonic() + (MAX_WAIT_S if timeout is None else timeout)
+    while not c.done.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ApiError(409, "running", f"command {pid} is still running after "
+                           f"{timeout}s", "timeout")
+        await c.notifier.wait(min(left, WAKE_S), c.done.is_set)
+    return c.result.to_dict()
+
+
+@router.get("/sandboxes/{sid}/commands/{pid}/output", responses={200: {"content": {
+    "application/x-ndjson": {}}, "description": "{\"stdout\"|\"stderr\": text} lines "
+    "from its start (or chunk `since`), as they come, then {\"result\": Result}"}})
+async def command_output(sid: str, pid: int, token: Auth, svc: Svc, request: Request,
+                         since: int = 0):
+    if since < 0:
+        raise ApiError(400, "invalid", "since is a chunk index from 0", "since")
+    c = _cmd(svc, svc.entry(sid, token), pid)
+    return StreamingResponse(_lines(request, c, foreground=False, start=since, svc=svc),
+                             media_type="application/x-ndjson")

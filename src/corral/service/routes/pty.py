@@ -1,0 +1,144 @@
+"""A terminal in a sandbox over a WebSocket: WS /sandboxes/{sid}/pty?cols=&rows=&cmd=.
+
+The handshake carries the bearer token like any request (Authorization header); a refusal
+is an HTTP answer with the JSON error where the server can send one, else a close with
+code 4401 (token), 4404 (sandbox), 4400 (bad parameters) or 4409 (the sandbox ended).
+
+Then, client to server: binary frames are input (keys, as bytes); text frames are JSON
+{"type": "input", "data": text}, {"type": "resize", "cols": N, "rows": N} or
+{"type": "kill"}. Server to client: {"type": "started", "pid": N} first, binary frames of
+output as the terminal shows it, and last {"type": "exit", "result": Result} before a
+normal close. A client that goes away kills the terminal's command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import APIRouter, WebSocket
+from starlette.concurrency import run_in_threadpool
+from starlette.websockets import WebSocketDisconnect
+
+from ...errors import CorralError
+from ..common import ApiError, auth, service, status_of
+
+router = APIRouter(tags=["terminal"])
+
+#: output chunks queued for a slow client before the terminal is made to wait
+QUEUE_CHUNKS = 256
+#: the largest text or binary frame taken from a client
+MAX_FRAME = 1 << 20
+
+
+async def _refuse(ws: WebSocket, status: int, kind: str, message: str, field=None) -> None:
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        from fastapi.responses import JSONResponse
+
+        await ws.send_denial_response(JSONResponse(
+            {"error": {"kind": kind, "field": field, "message": message}}, status_code=status))
+        return
+    await ws.close(code=4000 + status if status < 1000 else 1011, reason=message[:120])
+
+
+@router.websocket("/sandboxes/{sid}/pty")
+async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str | None = None,
+              cwd: str | None = None, timeout: float | None = None):
+    try:
+        token = await run_in_threadpool(auth, ws)     # reads the token file
+        svc = service(ws)
+        e = svc.entry(sid, token)
+    except ApiError as err:
+        return await _refuse(ws, err.status, err.kind, err.message, err.field)
+    loop = asyncio.get_running_loop()
+    out: asyncio.Queue = asyncio.Queue(QUEUE_CHUNKS)
+
+    def on_data(data: bytes) -> None:     # the relay thread: waits while the queue is full
+        try:
+            asyncio.run_coroutine_threadsafe(out.put(data), loop).result(60)
+        except Exception:  # noqa: BLE001, S110 - the socket's side is gone: drop it
+            pass
+
+    try:
+        term = await run_in_threadpool(e.sandbox.pty.create, cols, rows, cmd,
+                                       on_data=on_data, cwd=cwd, timeout=timeout)
+    except CorralError as err:
+        return await _refuse(ws, status_of(err), err.kind, err.message, err.field)
+    await ws.accept()
+    e.events.add("pty.started", {"cols": cols, "rows": rows})
+    done = asyncio.ensure_future(run_in_threadpool(term.wait))
+    reader = asyncio.ensure_future(_input(ws, term))
+    finished = False
+    try:
+        await ws.send_text(json.dumps({"type": "started", "pid": term.pid_inside}))
+        while True:
+            getter = asyncio.ensure_future(out.get())
+            await asyncio.wait({getter, done, reader}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                await ws.send_bytes(getter.result())
+                continue
+            getter.cancel()
+            if reader.done() and not done.done():     # the client went away (or broke
+                break                                  # the protocol): end the terminal
+            if done.done():
+                while not out.empty():
+                    await ws.send_bytes(out.get_nowait())
+                result = done.result()
+                finished = True
+                await ws.send_text(json.dumps({"type": "exit", "result": result.to_dict()}))
+                await ws.close(1000)
+                return
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        pass      # the client went away (uvicorn's ClientDisconnected is an OSError)
+    finally:
+        reader.cancel()
+        if not finished:
+            term.kill()
+            e.events.add("pty.ended", {"by": "disconnect"})
+            try:
+                await ws.close(1000)
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                pass
+
+
+async def _input(ws: WebSocket, term) -> None:
+    """Client frames until it disconnects (returns then) or sends {"type": "kill"}."""
+    while True:
+        msg = await ws.receive()
+        if msg["type"] == "websocket.disconnect":
+            return
+        data, text = msg.get("bytes"), msg.get("text")
+        if data is not None:
+            if len(data) > MAX_FRAME:
+                return
+            await run_in_threadpool(_send, term, data)
+            continue
+        if text is None or len(text) > MAX_FRAME:
+            return
+        try:
+            m = json.loads(text)
+            kind = m["type"]
+        except (ValueError, KeyError, TypeError):
+            await ws.send_text(json.dumps({"type": "error", "message": "a text frame is "
+                                           "JSON {\"type\": \"input\"|\"resize\"|\"kill\"}"}))
+            continue
+        if kind == "input" and isinstance(m.get("data"), str):
+            await run_in_threadpool(_send, term, m["data"].encode())
+        elif kind == "resize":
+            try:
+                term.resize(m.get("cols"), m.get("rows"))
+            except CorralError as err:
+                await ws.send_text(json.dumps({"type": "error", "field": err.field,
+                                               "message": err.message}))
+        elif kind == "kill":
+            term.kill()
+        else:
+            await ws.send_text(json.dumps({"type": "error", "message": f"unknown frame "
+                                           f"type {str(kind)[:40]!r}"}))
+
+
+def _send(term, data: bytes) -> None:
+    try:
+        term.send_input(data)
+    except BrokenPipeError:
+        pass

@@ -5,7 +5,8 @@ in process, and MCP over stdio.
 
 Starts `corral serve` (uvicorn, one process) on 127.0.0.1 with a fresh state directory and
 one token, then, each a median of --runs (default 40, --quick 10) after dropped warm-ups,
-variants alternating run by run so a load spike hits them alike:
+variants alternating run by run so a load spike hits them alike, each call after a GAP_S
+pause (agents think between calls; a live sandbox prepares its next entrant meanwhile):
 
   create        client.Sandbox.create(): from the call to the 201 (a new HTTP client and
                 connection, as a program that makes one sandbox pays); kill timed apart
@@ -52,6 +53,9 @@ import httpx
 
 from corral import client
 
+#: the pause before each timed call (agents think between calls), as bench/live.py's: a
+#: live sandbox prepares its next command's entrant meanwhile
+GAP_S = 0.02
 GOALS = {"create_ms": 25.0, "run_true_ms": 5.0, "run_code_ms": 3.0, "mcp_run_code_ms": 5.0}
 PUBLISHED = {"e2b_create_ms": 150.0, "e2b_create_third_party_ms": 230.0}
 
@@ -135,25 +139,23 @@ def bench_http(srv: Server, runs: int, warm: int) -> dict:
     try:
         sb.run_code("0")
         local.run_code("0")
+        calls = (("health", lambda: floor.get("/health")),
+                 ("run_true", lambda: sb.commands.run("true")),
+                 ("run_true_inproc", lambda: local.exec(["/bin/sh", "-c", "true"])),
+                 ("run_code", lambda: sb.run_code("1+1")),
+                 ("run_code_inproc", lambda: local.run_code("1+1")))
         for i in range(warm + runs):
-            t = time.perf_counter()
-            floor.get("/health")
-            t1 = time.perf_counter()
-            r = sb.commands.run("true")
-            t2 = time.perf_counter()
-            r2 = local.exec(["/bin/sh", "-c", "true"])
-            t3 = time.perf_counter()
-            ex = sb.run_code("1+1")
-            t4 = time.perf_counter()
-            ex2 = local.run_code("1+1")
-            t5 = time.perf_counter()
-            assert r.verdict == r2.verdict == "ok" and ex.text == ex2.text == "2", (r, ex)
-            if i >= warm:
-                s["health"].append(t1 - t)
-                s["run_true"].append(t2 - t1)
-                s["run_true_inproc"].append(t3 - t2)
-                s["run_code"].append(t4 - t3)
-                s["run_code_inproc"].append(t5 - t4)
+            for name, call in calls:
+                time.sleep(GAP_S)
+                t = time.perf_counter()
+                got = call()
+                dt = time.perf_counter() - t
+                if name.startswith("run_true"):
+                    assert got.verdict == "ok", got
+                elif name.startswith("run_code"):
+                    assert got.text == "2", got
+                if i >= warm:
+                    s[name].append(dt)
     finally:
         floor.close()
         sb.kill()

@@ -5,8 +5,10 @@ in process, and MCP over stdio.
 
 Starts `corral serve` (uvicorn, one process) on 127.0.0.1 with a fresh state directory and
 one token, then, each a median of --runs (default 40, --quick 10) after dropped warm-ups,
-variants alternating run by run so a load spike hits them alike, each call after a GAP_S
-pause (agents think between calls; a live sandbox prepares its next entrant meanwhile):
+variants alternating run by run so a load spike hits them alike (the service's calls
+together, then the in-process ones together: one live sandbox at a time in this process,
+whose threads would otherwise share the SDK's GIL), each call after a GAP_S pause (agents
+think between calls; a live sandbox prepares its next entrant meanwhile):
 
   create        client.Sandbox.create(): from the call to the 201 (a new HTTP client and
                 connection, as a program that makes one sandbox pays); kill timed apart
@@ -133,34 +135,44 @@ def bench_http(srv: Server, runs: int, warm: int) -> dict:
             s["first_true"].append(tf - t1)
             s["kill"].append(t2 - tf)
             s["create_inproc"].append(t3 - t2)
+    # the service's calls, then the same in process: one live sandbox at a time in this
+    # process (a live sandbox's own threads would share this process's GIL with the SDK)
     sb = client.Sandbox.create(**kw)
-    local = open_sandbox(_policy())
     floor = httpx.Client(base_url=srv.url)
     try:
         sb.run_code("0")
-        local.run_code("0")
-        calls = (("health", lambda: floor.get("/health")),
-                 ("run_true", lambda: sb.commands.run("true")),
-                 ("run_true_inproc", lambda: local.exec(["/bin/sh", "-c", "true"])),
-                 ("run_code", lambda: sb.run_code("1+1")),
-                 ("run_code_inproc", lambda: local.run_code("1+1")))
-        for i in range(warm + runs):
-            for name, call in calls:
-                time.sleep(GAP_S)
-                t = time.perf_counter()
-                got = call()
-                dt = time.perf_counter() - t
-                if name.startswith("run_true"):
-                    assert got.verdict == "ok", got
-                elif name.startswith("run_code"):
-                    assert got.text == "2", got
-                if i >= warm:
-                    s[name].append(dt)
+        _timed(s, runs, warm, (("health", lambda: floor.get("/health")),
+                               ("run_true", lambda: sb.commands.run("true")),
+                               ("run_code", lambda: sb.run_code("1+1"))))
     finally:
         floor.close()
         sb.kill()
+    local = open_sandbox(_policy())
+    try:
+        local.run_code("0")
+        _timed(s, runs, warm, (("run_true_inproc", lambda: local.exec(["/bin/sh", "-c",
+                                                                        "true"])),
+                               ("run_code_inproc", lambda: local.run_code("1+1"))))
+    finally:
         local.close()
     return s
+
+
+def _timed(s: dict, runs: int, warm: int, calls) -> None:
+    """Each call of `calls` ((name, fn) pairs) in turn, after a GAP_S pause, warm+runs
+    times; the timings after the warm-up go to s[name]."""
+    for i in range(warm + runs):
+        for name, call in calls:
+            time.sleep(GAP_S)
+            t = time.perf_counter()
+            got = call()
+            dt = time.perf_counter() - t
+            if name.startswith("run_true"):
+                assert got.verdict == "ok", got
+            elif name.startswith("run_code"):
+                assert got.text == "2", got
+            if i >= warm:
+                s[name].append(dt)
 
 
 def _policy():

@@ -443,6 +443,7 @@ def test_sigterm_kills_a_foreground_command_at_the_deadline(tmp_path):
     assert s.proc.wait(60) in (0, -signal.SIGTERM)   # uvicorn re-raises the signal
     t.join(60)
     s.logf.close()
+    sb._http.close()                      # its service is gone
     assert "e" in err
     assert not _procs_with("1009.5") and not procs_of_uid(uid)
     assert "1 sandbox(es) killed" in s.log.read_text()

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
                                 reason=f"namespace tier: {tier_unavailable('namespace')}")
 
 TOOLS = {"create_sandbox", "run_command", "run_code", "read_file", "write_file", "list_files",
-         "explain_policy", "recent_denials", "kill_sandbox"}
+         "explain_policy", "get_changes", "recent_denials", "kill_sandbox"}
 
 
 def _session(args, body):
@@ -39,6 +39,9 @@ def test_tools_and_their_schemas():
     assert tools["list_files"].input_schema["properties"]["depth"]["maximum"] == 8
     for t in tools.values():
         assert len(t.description) > 30, t.name
+        assert "ctx" not in t.input_schema.get("properties", {}), t.name
+    # nothing that applies changes to the host or widens a policy
+    assert not {n for n in tools if "apply" in n or "allow" in n or "widen" in n}
 
 
 def test_run_code_files_and_a_refusal(tmp_path):
@@ -94,3 +97,91 @@ def test_run_code_files_and_a_refusal(tmp_path):
     assert out["other"]["verdict"] == "error"          # another sandbox: not the file
     assert out["killed"] is True
     assert procs_mentioning(marker) == []
+
+
+PNG_CELL = """import struct, zlib
+def chunk(t, d):
+    return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d))
+PNG = (b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 1, 1, 8, 0, 0, 0, 0))
+       + chunk(b'IDAT', zlib.compress(b'\\x00\\x00')) + chunk(b'IEND', b''))
+class Picture:
+    def _repr_png_(self):
+        return PNG
+Picture()
+"""
+
+FETCH = ("import urllib.request as u, urllib.error as e\n"
+         "try:\n    u.urlopen('http://denied.invalid/', timeout=30)\n"
+         "except e.HTTPError as x:\n    print(x.code)\n")
+
+
+def test_images_changes_and_denials(tmp_path):
+    """run_code's image results come back as MCP image content; get_changes shows the
+    workspace's changes for review (the host's files untouched); recent_denials names
+    what the policy refused and the rule that would allow it."""
+    import base64
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("old\n")
+    policy = tmp_path / "p.toml"
+    policy.write_text(f'[filesystem]\nworkspace = {{ path = "{ws}", mode = "review" }}\n'
+                      '[network]\nmode = "allow"\nallow = ["allowed.invalid"]\n')
+    pol = {"filesystem": {"workspace": {"path": str(ws), "mode": "review"}},
+           "network": {"mode": "allow", "allow": ["allowed.invalid"]}}
+    if tier_unavailable("namespace", pol):
+        pytest.skip(tier_unavailable("namespace", pol))
+
+    async def body(c):
+        out = {}
+        r = await c.call_tool("run_code", {"code": PNG_CELL})
+        out["image"] = [(x.type, getattr(x, "mime_type", None), getattr(x, "data", None))
+                        for x in r.content]
+        out["png"] = r.structured_content["results"][0].get("png")
+        r = await c.call_tool("run_command", {"command": (
+            "echo new > /workspace/a.txt; echo hi > /workspace/b.txt")})
+        assert r.structured_content["verdict"] == "ok", r.structured_content
+        r = await c.call_tool("get_changes", {})
+        out["changes"] = r.structured_content["changes"]
+        out["changes_text"] = r.content[0].text
+        await c.call_tool("write_file", {"path": "/scratch/fetch.py", "content": FETCH})
+        r = await c.call_tool("run_command", {"command": "python3 /scratch/fetch.py"})
+        out["fetch"] = r.structured_content["stdout"]
+        r = await c.call_tool("recent_denials", {})
+        out["denials"] = r.structured_content["denials"]
+        # the session's own sandbox, seen from the host: its scratch, while it lives
+        await c.call_tool("write_file", {"path": f"/scratch/{owned}", "content": "x"})
+        out["scratch"] = glob.glob(f"{base_dir()}/*/scratch/home/{owned}")
+        return out
+
+    import glob
+
+    from corral.linux.rundir import base_dir
+
+    owned = f"owned-{tmp_path.name}"
+    out = _session(["--policy", str(policy)], body)
+    assert len(out["scratch"]) == 1, out["scratch"]
+    assert glob.glob(f"{base_dir()}/*/scratch/home/{owned}") == []   # gone with the session
+    kinds = [k for k, _, _ in out["image"]]
+    assert kinds == ["text", "image"], out["image"]
+    _, mime, data = out["image"][1]
+    assert mime == "image/png" and base64.b64decode(data).startswith(b"\x89PNG")
+    assert data == out["png"]
+    got = {c["path"]: c for c in out["changes"]}
+    assert got["a.txt"]["kind"] == "modified" and "+new" in got["a.txt"]["diff"]
+    assert got["b.txt"]["kind"] == "added"
+    assert "modified a.txt" in out["changes_text"]
+    assert (ws / "a.txt").read_text() == "old\n" and not (ws / "b.txt").exists()
+    assert out["fetch"] == "403\n"
+    (d,) = out["denials"]
+    assert (d["kind"], d["host"]) == ("net", "denied.invalid")
+    assert d["would_allow"] == 'network.allow += ["denied.invalid:80"]'
+
+
+def test_get_changes_without_a_review_workspace_says_how(tmp_path):
+    async def body(c):
+        r = await c.call_tool("get_changes", {})
+        return r.is_error, r.content[0].text
+
+    is_error, text = _session([], body)
+    assert is_error and "review" in text

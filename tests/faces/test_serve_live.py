@@ -154,6 +154,7 @@ def test_set_timeout_get_info_and_the_end(server):
         sb.get_info()
     with pytest.raises(client.NotFound):
         client.Sandbox.connect(sb.id, api_url=server.url, api_key=server.tokens["a"])
+    sb._http.close()
 
 
 def test_connect_sees_the_same_sandbox(server, sb):
@@ -187,6 +188,7 @@ def test_a_call_racing_the_end_is_sandbox_closed(server):
     assert r.verdict == "killed" or any(e.get("kind") == "teardown" for e in r.events), r
     with pytest.raises((SandboxClosed, client.NotFound)):
         sb.commands.run("true")
+    sb._http.close()
 
 
 # -- a client that goes away ----------------------------------------------------------------
@@ -211,7 +213,8 @@ def test_a_disconnect_kills_the_foreground_command(server, sb, stream):
     finally:
         s.close()
     _until(lambda: not _procs_with(arg), "the command's process is gone")
-    d = server.http(server.tokens["a"]).get(f"/sandboxes/{sb.id}/commands/{pid}").json()
+    with server.http(server.tokens["a"]) as h:
+        d = h.get(f"/sandboxes/{sb.id}/commands/{pid}").json()
     assert d["running"] is False and d["result"]["verdict"] == "killed", d
     assert sb.commands.run("echo still-here").stdout == "still-here\n"   # the sandbox lives
 
@@ -440,6 +443,7 @@ def test_sigterm_kills_a_foreground_command_at_the_deadline(tmp_path):
     assert s.proc.wait(60) in (0, -signal.SIGTERM)   # uvicorn re-raises the signal
     t.join(60)
     s.logf.close()
+    sb._http.close()                      # its service is gone
     assert "e" in err
     assert not _procs_with("1009.5") and not procs_of_uid(uid)
     assert "1 sandbox(es) killed" in s.log.read_text()
@@ -457,6 +461,7 @@ def test_a_restart_sweeps_what_a_killed_service_left(tmp_path):
     s.proc.kill()                         # no drain, no end: what is left is the sweep's
     s.proc.wait(60)
     s.logf.close()
+    sb._http.close()                      # its service is gone
     left = os.path.isdir(run_dir)         # (any process opening a sandbox sweeps too)
     (tmp_path / "again").mkdir()
     again = Server(tmp_path / "again")

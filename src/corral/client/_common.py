@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
 
 import httpx
 
@@ -88,6 +89,21 @@ def _raise_error(status: int, err: dict, retry: str | None = None) -> None:
         status, ApiError)
     raise cls(status, kind, message, field,
               float(retry) if retry and retry.isdigit() else None)
+
+
+_tls = None
+_tls_mu = threading.Lock()
+
+
+def tls_context():
+    """One TLS context for every client of this process: httpx builds one per client
+    (reading the CA bundle: tens of ms), which a create per sandbox would pay each time.
+    The system's CAs as httpx picks them (SSL_CERT_FILE / SSL_CERT_DIR honoured)."""
+    global _tls
+    with _tls_mu:
+        if _tls is None:
+            _tls = httpx.create_ssl_context(trust_env=True)
+        return _tls
 
 
 def _config(api_url: str | None, api_key: str | None) -> tuple[str, dict]:

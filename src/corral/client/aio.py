@@ -36,6 +36,7 @@ from ._common import (
     rec,
     sse_events,
     stdin_body,
+    tls_context,
     watch_line,
     write_info_of,
     ws_url,
@@ -431,7 +432,8 @@ class AsyncSandbox:
                      api_key: str | None = None,
                      request_timeout: float = 300.0) -> AsyncSandbox:
         url, headers = _config(api_url, api_key)
-        http = httpx.AsyncClient(base_url=url, headers=headers, timeout=request_timeout)
+        http = httpx.AsyncClient(base_url=url, headers=headers, timeout=request_timeout,
+                                 verify=tls_context())
         try:
             r = await http.post("/sandboxes", json={"policy": policy or {},
                                                     "timeout": timeout, "metadata": metadata})
@@ -446,7 +448,8 @@ class AsyncSandbox:
                       api_key: str | None = None,
                       request_timeout: float = 300.0) -> AsyncSandbox:
         url, headers = _config(api_url, api_key)
-        http = httpx.AsyncClient(base_url=url, headers=headers, timeout=request_timeout)
+        http = httpx.AsyncClient(base_url=url, headers=headers, timeout=request_timeout,
+                                 verify=tls_context())
         try:
             r = await http.get(f"/sandboxes/{sandbox_id}")
             _raise(r)
@@ -458,7 +461,7 @@ class AsyncSandbox:
     @staticmethod
     async def list(*, api_url: str | None = None, api_key: str | None = None) -> list[dict]:
         url, headers = _config(api_url, api_key)
-        async with httpx.AsyncClient(base_url=url, headers=headers) as http:
+        async with httpx.AsyncClient(base_url=url, headers=headers, verify=tls_context()) as http:
             r = await http.get("/sandboxes")
             _raise(r)
             return r.json()["sandboxes"]

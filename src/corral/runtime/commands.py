@@ -228,7 +228,7 @@ class CommandHandle:
         out.status = 0
         out.stdout, out.stderr = Stream(cap, None), Stream(cap, None)
         self._result = finish(out, exit_code=None, sig=None, events=self._owner._events_copy(),
-                              usage=_usage(out, None), oom_kills=0, wall=0, cpu=0,
+                              usage=_usage(out, None)[0], oom_kills=0, wall=0, cpu=0,
                               memory=lim.memory, cap=cap,
                               isolation=self._owner.isolation, failed=(self.cmd[0], e))
         if self._on_stderr is not None:

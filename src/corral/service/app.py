@@ -21,6 +21,7 @@ from ..errors import CorralError
 from .bodycap import BodyCap
 from .ceiling import Exceeds
 from .common import ApiError, Service, error, status_of
+from .limits import Limited
 from .metrics import Metrics
 from .registry import Registry
 from .tokens import TokenStore
@@ -31,14 +32,17 @@ BODY_MAX = 16 << 20          # bytes of one request body (a file write's content
 
 
 def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BODY_MAX,
-               sweep: bool = True, e2b_debug: str | None = None):
+               sweep: bool = True, config=None, e2b_debug: str | None = None):
     """The ASGI app. `opener(policy, timeout=, metadata=) -> sandbox` (registry.open_sandbox,
     a live sandbox, by default). `sweep`: at start-up, remove what a previous run left
-    (its sandboxes' run directories, mounts and cgroups, if it died without its end)."""
+    (its sandboxes' run directories, mounts and cgroups, if it died without its end).
+    `config`: a config.Config (the server's [limits], [secrets] and --mcp)."""
+    from .config import Config
     from .routes import ROUTERS
 
+    config = config if config is not None else Config()
     registry = Registry(opener) if opener is not None else Registry()
-    svc = Service(TokenStore(state_dir), registry, Metrics())
+    svc = Service(TokenStore(state_dir, config.limits), registry, Metrics(), config)
 
     @asynccontextmanager
     async def _lifespan(app):
@@ -63,6 +67,10 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
     async def _api_error(request, e: ApiError):
         return error(e.status, e.kind, e.message, e.field, e.headers)
 
+    @app.exception_handler(Limited)
+    async def _limited(request, e: Limited):
+        return error(429, "rate", e.message, e.field, {"Retry-After": str(e.retry_after)})
+
     @app.exception_handler(Exceeds)
     async def _exceeds(request, e: Exceeds):
         return error(403, "ceiling", e.message, e.field)
@@ -71,24 +79,46 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
     async def _corral(request, e: CorralError):
         return error(status_of(e), e.kind, e.message, e.field)
 
+    @app.exception_handler(Exception)
+    async def _internal(request, e: Exception):
+        log.exception("corral serve: %s %s failed", request.method, request.url.path)
+        return error(500, "internal", "the server failed on this request (its log says "
+                     "why)", None)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, e: RequestValidationError):
         first = (e.errors() or [{}])[0]
-        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
+        loc = list(first.get("loc", ()))
+        if loc and loc[0] in ("body", "query", "path", "header"):
+            loc = loc[1:]
+        loc = ".".join(str(x) for x in loc) or None
         return error(422, "invalid", first.get("msg", "invalid request"), loc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, e: StarletteHTTPException):
         kind = {404: "not_found", 405: "method"}.get(e.status_code, "http")
-        return error(e.status_code, kind, str(e.detail), None)
+        headers = dict(getattr(e, "headers", None) or {})
+        if e.status_code == 405:
+            from .openapi import allowed
+
+            headers["Allow"] = allowed(request)     # the router names one route's only
+        return error(e.status_code, kind, str(e.detail), None, headers)
 
     for router in ROUTERS:
         app.include_router(router)
 
+    from .openapi import document
+
+    document(app)                  # the bearer scheme, Retry-After, what no router lists
+    asgi = app
+    if config.mcp:
+        from .mcp_http import mount
+
+        asgi = mount(app)          # /mcp: the MCP tools behind the same tokens (mcp_http.py)
     from .e2b import Dispatch
 
     # E2B's wire protocol on the same port, told apart by its headers (service/e2b/)
-    inner = Dispatch(app, svc, debug_owner=e2b_debug)
+    inner = Dispatch(asgi, svc, debug_owner=e2b_debug)
     wrapped = Counted(BodyCap(inner, body_max) if body_max else inner, svc.metrics)
     wrapped.state = app.state          # create_app(...).state.service, as on the app
     return wrapped
@@ -136,34 +166,46 @@ def _version() -> str:
     return __version__
 
 
-#: SIGTERM: how long running requests (foreground commands, cells) get to finish
-DRAIN_S = 30.0
 
 
-def serve(host: str, port: int, state_dir: str | None, *, log_level: str = "info",
-          drain: float = DRAIN_S, e2b_debug: str | None = None) -> int:
-    """Run the service until SIGTERM or SIGINT, then drain: no new sandboxes (503), the
-    requests in flight get `drain` seconds to finish, then whatever still runs is
-    cancelled (a foreground command is killed with its request), and every sandbox is
-    killed."""
+def serve(config, *, e2b_debug: str | None = None) -> int:
+    """Run the service for a config.Config (host and port filled) until SIGTERM or SIGINT,
+    then drain: no new sandboxes (503), the requests in flight get config.drain_timeout
+    seconds to finish, then whatever still runs is cancelled (a foreground command is
+    killed with its request), and every sandbox is killed."""
     import uvicorn
 
     from ..backends.host import zygote
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    app = create_app(state_dir, e2b_debug=e2b_debug)
+    app = create_app(config.state_dir, config=config, e2b_debug=e2b_debug)
     svc = app.state.service
+    drain = config.drain_timeout
+    tls = {}
+    if config.tls_cert is not None:
+        tls = {"ssl_certfile": config.tls_cert, "ssl_keyfile": config.tls_key}
+    log.info("corral serve: %s://%s:%d%s", "https" if tls else "http", config.host,
+             config.port, " (MCP at /mcp)" if config.mcp else "")
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
-            if not svc.draining:
-                svc.draining = True
-                log.info("corral serve: signal %d: draining (no new sandboxes; requests "
-                         "in flight have %gs, then every sandbox is killed)", sig, drain)
-            super().handle_exit(sig, frame)
+            first = not svc.draining
+            svc.draining = True
+            super().handle_exit(sig, frame)     # first: the exit must not hang on a log
+            if first:
+                # a signal handler may run while this thread is inside a write to stderr
+                # (the log is a stream): that write raises (reentrant call), and raised
+                # before super() it left the server running on; the line may be lost then
+                try:
+                    log.info("corral serve: signal %d: draining (no new sandboxes; "
+                             "requests in flight have %gs, then every sandbox is killed)",
+                             sig, drain)
+                except Exception:      # noqa: BLE001 - see above
+                    pass
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=drain)
+    uconfig = uvicorn.Config(app, host=config.host, port=config.port,
+                             log_level=config.log_level, timeout_graceful_shutdown=drain,
+                             **tls)
     zygote.warm()   # the egress proxies' template, ready before the first sandbox asks
     sockets = None
     if e2b_debug:      # E2B_DEBUG mode: envd's and the code interpreter's ports on loopback
@@ -172,7 +214,7 @@ def serve(host: str, port: int, state_dir: str | None, *, log_level: str = "info
         from .e2b import DEBUG_PORTS
 
         sockets = []
-        for h, p in [(host, port)] + [("127.0.0.1", d) for d in DEBUG_PORTS]:
+        for h, p in [(config.host, config.port)] + [("127.0.0.1", d) for d in DEBUG_PORTS]:
             s = socket.socket(socket.AF_INET6 if ":" in h else socket.AF_INET)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((h, p))
@@ -180,5 +222,5 @@ def serve(host: str, port: int, state_dir: str | None, *, log_level: str = "info
         log.info("corral serve: E2B_DEBUG mode: envd on 127.0.0.1:%d, the code "
                  "interpreter on 127.0.0.1:%d, one sandbox of token %r", *DEBUG_PORTS,
                  e2b_debug)
-    Server(config).run(sockets=sockets)
+    Server(uconfig).run(sockets=sockets)
     return 0

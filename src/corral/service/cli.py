@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ..errors import CorralError, UsageError
 
 SERVE_USAGE = """\
-usage: corral serve [--host ADDR] [--port N] [--state-dir DIR] [--drain-timeout S]
+usage: corral serve [--host ADDR] [--port N] [--state-dir DIR] [--config FILE]
+                    [--tls-cert PEM --tls-key PEM] [--mcp] [--drain-timeout S]
                     [--e2b-debug TOKEN_NAME]
 
 The HTTP service (docs/service.md): sandboxes over a JSON API, OpenAPI at /openapi.json,
 docs at /docs, /health and /metrics. Every other route needs Authorization: Bearer TOKEN
-(corral token create). Listens on 127.0.0.1:8787 by default. On SIGTERM it drains: no
-new sandboxes, requests in flight get --drain-timeout seconds (default 30) to finish, then
+(corral token create). Listens on 127.0.0.1:8787 by default; another address without TLS
+prints a warning. --config: a TOML file with [server], [limits] (defaults of the token
+limits) and [secrets] (where the server reads each secret a ceiling may grant); flags win
+over it. --tls-cert/--tls-key: serve HTTPS. --mcp: MCP over streamable HTTP at /mcp,
+behind the same tokens and ceilings (docs/mcp.md). On SIGTERM it drains: no new
+sandboxes, requests in flight get --drain-timeout seconds (default 30) to finish, then
 every sandbox is killed. At start it sweeps what a previous run that died left behind.
 The same port speaks E2B's wire protocol (docs/e2b.md); --e2b-debug TOKEN_NAME also
 listens on 127.0.0.1:49983 and :49999 for the E2B SDKs' E2B_DEBUG mode, one sandbox of
@@ -22,7 +28,8 @@ that token for every caller on this host (a development mode).
 
 TOKEN_USAGE = """\
 usage: corral token create --name N [--ceiling POLICY_FILE] [--max-sandboxes K]
-                           [--max-concurrent C] [--apply-changes] [--state-dir DIR]
+                           [--max-concurrent C] [--rate N/s [--burst B]] [--apply-changes]
+                           [--state-dir DIR]
        corral token ls [--state-dir DIR]
        corral token revoke NAME [--state-dir DIR]
 
@@ -30,9 +37,12 @@ Bearer tokens for corral serve and corral mcp, stored hashed in the state direct
 ($CORRAL_STATE_DIR, else /var/lib/corral for root, else ~/.local/share/corral). create
 prints the token once, alone on the last line of stdout. --ceiling: a policy file (TOML)
 that the token's sandboxes cannot exceed (default: corral's default policy: no network,
-no secrets, no workspace, the default limits, namespace tier). --apply-changes: the
-token may apply a review-mode sandbox's changes to the host's workspace (give it to a
-person's review tool, never to an agent; without it apply is 403).
+no secrets, no workspace, the default limits, namespace tier). --max-sandboxes: live
+sandboxes at once; --max-concurrent: commands or cells running at once; --rate: requests
+(N/s, N/min or N/h) with bursts of --burst (default a second's worth). Past any: 429 with
+Retry-After. Limits left unset take the server config's [limits] (docs/service.md).
+--apply-changes: the token may apply a review-mode sandbox's changes to the host's
+workspace (give it to a person's review tool, never to an agent; without it apply is 403).
 """
 
 MCP_USAGE = """\
@@ -46,8 +56,10 @@ gets a sandbox lazily, killed when the session ends.
 
 
 class Args:
-    def __init__(self, args: list[str], values: set[str], usage: str) -> None:
+    def __init__(self, args: list[str], values: set[str], usage: str,
+                 flags: frozenset[str] = frozenset()) -> None:
         self.opts: dict[str, str] = {}
+        self.flags: set[str] = set()
         self.rest: list[str] = []
         it = iter(args)
         for a in it:
@@ -55,7 +67,9 @@ class Args:
                 sys.stdout.write(usage)
                 raise SystemExit(0)
             name, eq, val = a.partition("=")
-            if name in values:
+            if a in flags:
+                self.flags.add(a)
+            elif name in values:
                 if not eq:
                     val = next(it, None)
                     if val is None:
@@ -85,38 +99,75 @@ def main(name: str, args: list[str]) -> int:
 
 
 def serve(args: list[str]) -> int:
-    a = Args(args, {"--host", "--port", "--state-dir", "--drain-timeout", "--e2b-debug"},
-             SERVE_USAGE)
+    a = Args(args, {"--host", "--port", "--state-dir", "--config", "--tls-cert", "--tls-key",
+                    "--drain-timeout", "--e2b-debug"}, SERVE_USAGE, frozenset({"--mcp"}))
     if a.rest:
         raise UsageError(f"unexpected {a.rest[0]!r}", field="serve")
-    host = a.opts.get("--host", "127.0.0.1")
-    port = _int(a.opts.get("--port", "8787"), "--port")
-    if not 0 <= port <= 65535:
+    from .config import Config, load
+
+    c = load(a.opts["--config"]) if "--config" in a.opts else Config()
+    if "--host" in a.opts:
+        c.host = a.opts["--host"]
+    if "--port" in a.opts:
+        c.port = _int(a.opts["--port"], "--port")
+    for flag, attr in (("--state-dir", "state_dir"), ("--tls-cert", "tls_cert"),
+                       ("--tls-key", "tls_key")):
+        if flag in a.opts:
+            setattr(c, attr, os.path.abspath(a.opts[flag]))
+    if "--mcp" in a.flags:
+        c.mcp = True
+    c.host = c.host or "127.0.0.1"
+    c.port = 8787 if c.port is None else c.port
+    if not 0 <= c.port <= 65535:
         raise UsageError("a port is from 0 to 65535", field="--port")
-    if host not in ("127.0.0.1", "::1", "localhost"):
-        sys.stderr.write(f"corral serve: warning: listening on {host}, beyond loopback, "
-                         "without TLS: put it behind a TLS reverse proxy (docs/service.md)\n")
-    from .app import DRAIN_S
+    if (c.tls_cert is None) != (c.tls_key is None):
+        raise UsageError("TLS needs both --tls-cert and --tls-key (a PEM certificate chain "
+                         "and its private key)",
+                         field="--tls-key" if c.tls_key is None else "--tls-cert")
+    for flag, p in (("--tls-cert", c.tls_cert), ("--tls-key", c.tls_key)):
+        if p is not None and not os.access(p, os.R_OK):
+            raise UsageError(f"cannot read {p}", field=flag)
+    if c.tls_cert is not None:
+        import ssl
+
+        try:    # uvicorn would load them only once serving, with a traceback
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                c.tls_cert, c.tls_key)
+        except (ssl.SSLError, OSError) as e:
+            raise UsageError(f"{c.tls_cert} and {c.tls_key} are not a PEM certificate chain "
+                             f"and its private key ({getattr(e, 'reason', None) or e})",
+                             field="--tls-cert") from None
+    if c.tls_cert is None and not is_loopback(c.host):
+        sys.stderr.write(f"corral serve: warning: listening on {c.host}, beyond loopback, "
+                         "without TLS: tokens and code cross the network in clear; give "
+                         "--tls-cert/--tls-key or put a TLS reverse proxy in front "
+                         "(docs/service.md)\n")
+    if "--drain-timeout" in a.opts:
+        from .config import drain_seconds
+
+        c.drain_timeout = drain_seconds(a.opts["--drain-timeout"], "--drain-timeout")
     from .app import serve as run
 
-    drain = a.opts.get("--drain-timeout")
+    return run(c, e2b_debug=a.opts.get("--e2b-debug"))
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: an address only this machine reaches."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
     try:
-        drain_s = DRAIN_S if drain is None else float(drain)
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
-        drain_s = -1.0
-    if not 0 <= drain_s <= 3600:
-        raise UsageError("--drain-timeout is seconds from 0 to 3600", field="--drain-timeout")
-    return run(host, port, a.opts.get("--state-dir"), drain=drain_s,
-               e2b_debug=a.opts.get("--e2b-debug"))
+        return False
 
 
 def token(args: list[str]) -> int:
     from .tokens import TokenStore
 
-    may_apply = "--apply-changes" in args
-    args = [x for x in args if x != "--apply-changes"]
-    a = Args(args, {"--name", "--ceiling", "--max-sandboxes", "--max-concurrent",
-                    "--state-dir"}, TOKEN_USAGE)
+    a = Args(args, {"--name", "--ceiling", "--max-sandboxes", "--max-concurrent", "--rate",
+                    "--burst", "--state-dir"}, TOKEN_USAGE, frozenset({"--apply-changes"}))
     if not a.rest:
         sys.stderr.write(TOKEN_USAGE)
         return 2
@@ -128,14 +179,18 @@ def token(args: list[str]) -> int:
         ceiling = {}
         if "--ceiling" in a.opts:
             from ..policy.load import policy_from_dict, read_toml
+            from .config import with_sources
 
             ceiling = read_toml(a.opts["--ceiling"])
-            policy_from_dict(ceiling, allow_literal=False)   # a bad ceiling fails here
+            # a bad ceiling fails here; a secret without `from` is the server config's
+            policy_from_dict(with_sources(ceiling, None), allow_literal=False)
         tok = store.create(a.opts["--name"], ceiling=ceiling,
                            max_sandboxes=_int(a.opts.get("--max-sandboxes"), "--max-sandboxes"),
                            max_concurrent=_int(a.opts.get("--max-concurrent"),
                                                "--max-concurrent"),
-                           apply_changes=may_apply)
+                           rate=a.opts.get("--rate"),
+                           burst=_int(a.opts.get("--burst"), "--burst"),
+                           apply_changes="--apply-changes" in a.flags)
         sys.stderr.write(f"corral token: created {a.opts['--name']!r}; the token follows, "
                          "shown only now\n")
         sys.stdout.write(tok + "\n")
@@ -149,6 +204,12 @@ def token(args: list[str]) -> int:
                 limits.append(f"max-sandboxes={t.max_sandboxes}")
             if t.max_concurrent is not None:
                 limits.append(f"max-concurrent={t.max_concurrent}")
+            if t.rate is not None:
+                from .limits import format_rate
+
+                limits.append(f"rate={format_rate(t.rate)}")
+                if t.burst is not None:
+                    limits.append(f"burst={t.burst}")
             if t.apply_changes:
                 limits.append("apply-changes")
             state = "revoked" if t.revoked else "live"

@@ -4,7 +4,6 @@ views of a sandbox and its policy. The routes live in routes/, one module a reso
 
 from __future__ import annotations
 
-import threading
 from typing import Annotated
 
 from fastapi import Depends
@@ -86,13 +85,20 @@ def status_of(e: CorralError) -> int:
 
 
 class Service:
-    """The state one app holds: its token store, its sandboxes, its metrics and each
-    token's operations in flight (for max_concurrent)."""
+    """The state one app holds: its token store, its sandboxes, its metrics, its config
+    (config.Config), and each token's limits at work (limits.py): its request bucket,
+    its operations in flight (max_concurrent) and its creates under way (max_sandboxes),
+    shared by the REST routes and /mcp."""
 
-    def __init__(self, tokens, registry, metrics) -> None:
+    def __init__(self, tokens, registry, metrics, config=None) -> None:
+        from .config import Config
+        from .limits import Concurrency, Quota, RateLimiter
+
         self.tokens, self.registry, self.metrics = tokens, registry, metrics
-        self.busy: dict[str, int] = {}
-        self.busy_mu = threading.Lock()
+        self.config = config if config is not None else Config()
+        self.rates = RateLimiter()
+        self.busy = Concurrency()
+        self.quota = Quota()
         self.draining = False
 
     def entry(self, sid: str, token: Token):
@@ -101,48 +107,39 @@ class Service:
             raise ApiError(404, "not_found", f"no sandbox {sid!r}", "sandbox_id")
         return e
 
-    def slot(self, token: Token) -> Busy:
-        return Busy(self, token)
+    def slot(self, token: Token):
+        """One operation of a token in flight; over its max_concurrent: Limited (429)."""
+        return self.busy.slot(token.name, token.max_concurrent)
+
+    def reserve(self, token: Token):
+        """A place for one more sandbox of the token while it is made; past its
+        max_sandboxes (those live and those being made): Limited (429)."""
+        return self.quota.reserve(token.name, token.max_sandboxes,
+                                  lambda: self.registry.count(token.name))
 
 
-class Busy:
-    """One operation of a token in flight; over its max_concurrent: 429."""
-
-    def __init__(self, svc: Service, token: Token) -> None:
-        self.svc, self.token = svc, token
-
-    def __enter__(self):
-        svc = self.svc
-        with svc.busy_mu:
-            n = svc.busy.get(self.token.name, 0)
-            if self.token.max_concurrent is not None and n >= self.token.max_concurrent:
-                raise ApiError(429, "rate", f"this token has {n} operations running, its "
-                               f"max_concurrent", "max_concurrent", {"Retry-After": "1"})
-            svc.busy[self.token.name] = n + 1
-        return self
-
-    def __exit__(self, *exc):
-        with self.svc.busy_mu:
-            self.svc.busy[self.token.name] -= 1
-
-
-def service(request: HTTPConnection) -> Service:
+async def service(request: HTTPConnection) -> Service:
+    # async (as auth): FastAPI runs a sync dependency in a worker thread, a hop of its
+    # own per request (milliseconds on a loaded machine) for a dict lookup
     return request.app.state.service
 
 
-def auth(request: HTTPConnection) -> Token:
+async def auth(request: HTTPConnection) -> Token:
     """The live token a request carries (401 otherwise): read from the state dir each time,
-    so a revocation counts from the next request."""
+    so a revocation counts from the next request (a small file, read in the event loop:
+    cheaper than the worker-thread hop a sync dependency costs)."""
     h = request.headers.get("authorization", "")
     scheme, _, value = h.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
         raise ApiError(401, "auth", "missing bearer token: send Authorization: Bearer "
                        "TOKEN (corral token create)", "authorization",
                        {"WWW-Authenticate": "Bearer"})
-    t = request.app.state.service.tokens.verify(value.strip())
+    svc = request.app.state.service
+    t = svc.tokens.verify(value.strip())
     if t is None:
         raise ApiError(401, "auth", "the token is not valid (unknown or revoked)",
                        "authorization", {"WWW-Authenticate": "Bearer"})
+    svc.rates.admit(t.name, t.rate, t.burst)        # Limited: 429 (limits.py)
     return t
 
 
@@ -150,8 +147,12 @@ Auth = Annotated[Token, Depends(auth)]
 Svc = Annotated[Service, Depends(service)]
 
 
-def requested_policy(raw: dict, token: Token):
-    return requested(raw, token.ceiling)
+def requested_policy(raw: dict, token: Token, svc: Service):
+    """The policy `raw` asks for within the token's ceiling, the ceiling's secrets given
+    their sources from the server config (config.with_sources)."""
+    from .config import with_sources
+
+    return requested(raw, with_sources(token.ceiling, svc.config.secrets))
 
 
 def policy_view(policy) -> dict:

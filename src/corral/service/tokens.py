@@ -1,8 +1,8 @@
 """Bearer tokens for `corral serve`, stored hashed in corral's state directory.
 
     STATE/service/tokens.json   {"tokens": [{name, sha256, created, ceiling, max_sandboxes,
-                                             max_concurrent, revoked, apply_changes}]}
-                                                                          mode 0600
+                                             max_concurrent, rate, burst, revoked,
+                                             apply_changes}]}   mode 0600
 
 A token is "corral_" and 32 random bytes in URL-safe base64: high entropy, so one sha256 is
 as good as a slow hash and lets the service look a token up at once. Only the hash is
@@ -43,17 +43,29 @@ def digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-class Token:
-    """One token's record (never the token itself)."""
+#: the limits a token may set; those it leaves unset take the server config's [limits]
+LIMITS = ("max_sandboxes", "max_concurrent", "rate", "burst")
 
-    def __init__(self, d: dict) -> None:
+
+class Token:
+    """One token's record (never the token itself). `defaults`: the server's [limits] for
+    those the record leaves unset (the record on disk keeps only its own)."""
+
+    def __init__(self, d: dict, defaults: dict | None = None) -> None:
         self.name: str = d["name"]
         self.sha256: str = d["sha256"]
         self.created: float = d.get("created", 0.0)
         #: the ceiling policy as a dict in the TOML layout ({}: corral's defaults)
         self.ceiling: dict = d.get("ceiling") or {}
-        self.max_sandboxes: int | None = d.get("max_sandboxes")
-        self.max_concurrent: int | None = d.get("max_concurrent")
+        self.own = {k: d.get(k) for k in LIMITS}
+        eff = {k: (v if v is not None else (defaults or {}).get(k)) for k, v in self.own.items()}
+        if self.own["rate"] is not None and self.own["burst"] is None:
+            eff["burst"] = None          # a token's own rate with the burst it implies
+        self.max_sandboxes: int | None = eff["max_sandboxes"]
+        self.max_concurrent: int | None = eff["max_concurrent"]
+        #: requests a second (None: no limit) and the bucket's size
+        self.rate: float | None = eff["rate"]
+        self.burst: int | None = eff["burst"]
         self.revoked: bool = bool(d.get("revoked"))
         #: may apply a review-mode sandbox's changes to the host (corral token create
         #: --apply-changes); an agent's token should not
@@ -61,8 +73,7 @@ class Token:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "sha256": self.sha256, "created": self.created,
-                "ceiling": self.ceiling, "max_sandboxes": self.max_sandboxes,
-                "max_concurrent": self.max_concurrent, "revoked": self.revoked,
+                "ceiling": self.ceiling, **self.own, "revoked": self.revoked,
                 "apply_changes": self.apply_changes}
 
     def ceiling_policy(self):
@@ -72,9 +83,10 @@ class Token:
 
 
 class TokenStore:
-    def __init__(self, state: str | None = None) -> None:
+    def __init__(self, state: str | None = None, defaults: dict | None = None) -> None:
         self.dir = os.path.join(state_dir(state), "service")
         self.path = os.path.join(self.dir, "tokens.json")
+        self.defaults = dict(defaults or {})
 
     def _ensure(self) -> None:
         os.makedirs(self.dir, 0o700, exist_ok=True)
@@ -109,7 +121,7 @@ class TokenStore:
             raise UsageError(f"{self.path} is over {FILE_MAX} bytes", field="--state-dir")
         try:
             data = json.loads(raw)
-            return [Token(d) for d in data["tokens"]]
+            return [Token(d, self.defaults) for d in data["tokens"]]
         except (ValueError, KeyError, TypeError):
             raise UsageError(f"{self.path} is not a corral token file", field="--state-dir") \
                 from None
@@ -134,6 +146,7 @@ class TokenStore:
 
     def create(self, name: str, *, ceiling: dict | None = None,
                max_sandboxes: int | None = None, max_concurrent: int | None = None,
+               rate: float | None = None, burst: int | None = None,
                apply_changes: bool = False) -> str:
         """Record a new token and return it (the only time it exists in clear)."""
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -143,6 +156,14 @@ class TokenStore:
                                                                  max_concurrent)):
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise UsageError("must be a whole number of at least 1", field=field)
+        if burst is not None and rate is None:
+            raise UsageError("a burst needs a rate: --rate N/s --burst B", field="--burst")
+        if rate is not None:
+            from .limits import check_burst, parse_rate
+
+            rate = parse_rate(rate)
+            if burst is not None:
+                check_burst(burst)
         token = PREFIX + secrets.token_urlsafe(32)
         fd = self._lock()
         try:
@@ -153,8 +174,8 @@ class TokenStore:
             tokens = [t for t in tokens if t.name != name]
             tokens.append(Token({"name": name, "sha256": digest(token), "created": time.time(),
                                  "ceiling": ceiling or {}, "max_sandboxes": max_sandboxes,
-                                 "max_concurrent": max_concurrent,
-                                 "apply_changes": bool(apply_changes)}))
+                                 "max_concurrent": max_concurrent, "rate": rate,
+                                 "burst": burst, "apply_changes": bool(apply_changes)}))
             self._save(tokens)
         finally:
             os.close(fd)

@@ -23,7 +23,7 @@ router = APIRouter(tags=["changes"], responses=COMMON_ERRORS)
 
 
 class ApplyBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     paths: list[str] | None = Field(None, description="apply the changes at or below these "
                                     "workspace-relative paths (default: all)")
     exact: bool = Field(False, description="only these paths (with the directories they "

@@ -35,14 +35,14 @@ Language = Literal["python", "javascript", "bash"]
 
 
 class CodeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     code: str
     language: Language | None = Field(None, description="default python; with a context, "
                                       "its own (give one or the other)")
     context: str | None = Field(None, max_length=64, description="a context's id "
                                 "(POST .../contexts); default the language's own")
-    timeout: float | None = Field(None, gt=0, description="seconds; default the policy's "
-                                  "limits.timeout")
+    timeout: float | None = Field(None, gt=0, le=86400, description="seconds, at most "
+                                  "86400; default the policy's limits.timeout")
 
 
 class ContextBody(BaseModel):

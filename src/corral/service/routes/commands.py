@@ -31,7 +31,7 @@ MAX_WAIT_S = 3600.0
 
 
 class ExecBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     argv: list[str] | None = Field(None, min_length=1, description="the command and arguments")
     cmd: str | None = Field(None, description="a shell command line, run with /bin/sh -c")
     stdin: str | None = Field(None, description="text given to the command's stdin (UTF-8; "
@@ -40,15 +40,15 @@ class ExecBody(BaseModel):
     env: dict[str, str] | None = Field(None, description="variables added to the "
                                        "sandbox's environment for this command")
     cwd: str | None = Field(None, description="the directory it starts in (inside)")
-    timeout: float | None = Field(None, gt=0, description="seconds; default the policy's "
-                                  "limits.timeout (foreground), none (background: it runs "
-                                  "until it exits or the sandbox ends)")
+    timeout: float | None = Field(None, gt=0, le=86400, description=(
+        "seconds, at most 86400; default the policy's limits.timeout (foreground), none "
+        "(background: it runs until it exits or the sandbox ends)"))
     background: bool = Field(False, description="start it and answer at once with its pid "
                              "(201); its output: GET .../commands/{pid}/output")
 
 
 class StdinBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     data: str = Field("", description="what to write")
     encoding: Literal["utf-8", "base64"] = "utf-8"
     close: bool = Field(False, description="close its stdin after data (end of file)")

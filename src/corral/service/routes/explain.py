@@ -13,7 +13,7 @@ router = APIRouter(tags=["explain"], responses=COMMON_ERRORS)
 
 
 class ExplainBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     policy: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -25,7 +25,7 @@ def explain_sandbox(sid: str, token: Auth, svc: Svc):
 
 
 @router.post("/explain", responses=errors(403))
-def explain_policy(body: ExplainBody, token: Auth):
+def explain_policy(body: ExplainBody, token: Auth, svc: Svc):
     from ...runtime.explain import explain
 
-    return explain(requested_policy(body.policy, token))
+    return explain(requested_policy(body.policy, token, svc))

@@ -16,9 +16,9 @@ import json
 import posixpath
 import threading
 import weakref
-from typing import Literal
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
@@ -44,7 +44,7 @@ _STREAM_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-store"}
 
 
 class WriteBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     path: str
     content: str
     encoding: Literal["utf-8", "base64"] = "utf-8"
@@ -227,9 +227,9 @@ async def write_archive(sid: str, path: str, token: Auth, svc: Svc, request: Req
 
 # -- the tree ----------------------------------------------------------------------------------
 @router.get("/sandboxes/{sid}/files/list")
-def list_files(sid: str, token: Auth, svc: Svc, path: str = ".", depth: int = 1):
-    if not 1 <= depth <= MAX_DEPTH:
-        raise ApiError(400, "invalid", f"depth is from 1 to {MAX_DEPTH}", "depth")
+def list_files(sid: str, token: Auth, svc: Svc, path: str = ".",
+               depth: Annotated[int, Query(ge=1, le=MAX_DEPTH, description="levels to "
+                                           f"descend, 1 to {MAX_DEPTH}")] = 1):
     e = svc.entry(sid, token)
     entries = _call(e, lambda f: f.list(path, depth=depth))
     return {"entries": [x.to_dict() for x in entries]}

@@ -44,12 +44,16 @@ async def _refuse(ws: WebSocket, status: int, kind: str, message: str, field=Non
 @router.websocket("/sandboxes/{sid}/pty")
 async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str | None = None,
               cwd: str | None = None, timeout: float | None = None):
+    from ..limits import Limited
+
     try:
-        token = await run_in_threadpool(auth, ws)     # reads the token file
-        svc = service(ws)
+        token = await auth(ws)            # reads the token file; over the rate: Limited
+        svc = await service(ws)
         e = svc.entry(sid, token)
     except ApiError as err:
         return await _refuse(ws, err.status, err.kind, err.message, err.field)
+    except Limited as err:
+        return await _refuse(ws, 429, "rate", err.message, err.field)
     loop = asyncio.get_running_loop()
     out: asyncio.Queue = asyncio.Queue(QUEUE_CHUNKS)
 

@@ -15,7 +15,8 @@ router = APIRouter(tags=["sandboxes"], responses=COMMON_ERRORS)
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: `true` is not a timeout of 1 s, "5" is not a number (schemathesis found it)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class CreateBody(Strict):
@@ -41,12 +42,8 @@ def create(body: CreateBody, token: Auth, svc: Svc):
         raise ApiError(503, "draining", "the service is shutting down: no new sandboxes",
                        None, {"Retry-After": "5"})
     reg = svc.registry
-    if token.max_sandboxes is not None and reg.count(token.name) >= token.max_sandboxes:
-        raise ApiError(429, "rate", f"this token holds {token.max_sandboxes} sandboxes, "
-                       "its max_sandboxes; kill one first", "max_sandboxes",
-                       {"Retry-After": "5"})
-    policy = requested_policy(body.policy, token)
-    with svc.slot(token):
+    policy = requested_policy(body.policy, token, svc)
+    with svc.reserve(token), svc.slot(token):   # max_sandboxes, max_concurrent: 429
         e = reg.create(token.name, policy, timeout=body.timeout, metadata=body.metadata)
     with svc.metrics.mu:
         svc.metrics.created += 1

@@ -223,14 +223,10 @@ async def _create(state, request: Request, token):
         raise ApiError(503, "draining", "the service is shutting down: no new sandboxes",
                        None, {"Retry-After": "5"})
     reg = svc.registry
-    if token.max_sandboxes is not None and reg.count(token.name) >= token.max_sandboxes:
-        raise ApiError(429, "rate", f"this token holds {token.max_sandboxes} sandboxes, "
-                       "its max_sandboxes; kill one first", "max_sandboxes",
-                       {"Retry-After": "5"})
-    policy = requested_policy(raw, token)
+    policy = requested_policy(raw, token, svc)
 
     def make():
-        with svc.slot(token):
+        with svc.reserve(token), svc.slot(token):   # max_sandboxes, max_concurrent: 429
             return reg.create(token.name, policy, timeout=float(timeout),
                               metadata=metadata or None)
 

@@ -118,7 +118,7 @@ class E2bState:
                 from ..common import requested_policy
                 from .control import load_templates
 
-                policy = requested_policy(load_templates(None)["base"], t)
+                policy = requested_policy(load_templates(None)["base"], t, self.svc)
                 e = self.svc.registry.create(t.name, policy, timeout=3600.0)
                 face = Face(e.id, t.name, "base", {})
                 with self._mu:

@@ -214,7 +214,9 @@ def _joined(base: str, name: str | None, field: str) -> str:
 
 
 @router.put("/sandboxes/{sid}/files/archive", openapi_extra={"requestBody": {
-    "content": {"application/x-tar": {}}, "required": True}})
+    # the tar's bytes (any content type is read as such; declared as octet-stream, which
+    # generic OpenAPI tools can send, where application/x-tar has no serializer)
+    "content": {"application/octet-stream": {}}, "required": True}})
 async def write_archive(sid: str, path: str, token: Auth, svc: Svc, request: Request):
     """A tar (plain, gzip, bzip2 or xz) unpacked into the directory `path` (made if
     missing). Checked whole first: a member absolute or with `..`, a link leading out, a

@@ -319,7 +319,7 @@ def test_list_info_exists_remove_rename_make_dir(sb, raw):
         sb.files.info("/scratch/tree/a")
     with pytest.raises(FileNotFound):
         sb.files.remove("/scratch/tree/a")
-    _err(raw.get("/files/list", params={"path": "/scratch", "depth": 0}), 400, "invalid")
+    _err(raw.get("/files/list", params={"path": "/scratch", "depth": 0}), 422, "invalid")   # a query outside its schema
     with pytest.raises(FilesError, match="read-only"):
         sb.files.write("/usr/x", "no")
 

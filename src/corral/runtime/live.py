@@ -57,6 +57,14 @@ class SandboxInfo(Record):
     metadata: dict = Default(dict)
     usage: dict = Default(dict)    # cpu_s, memory_bytes, memory_peak_bytes, commands, running
     ended_by: str | None = None    # "killed" | "timeout" | "idle" | "init"
+    #: what the tier offers in a live sandbox: commands, shell, pty, run_code, files, ...
+    offers: dict = Default(dict)
+
+
+#: get_info().offers of a tier that says nothing of its own (the namespace tier's)
+OFFERS = {"commands": "any argv or /bin/sh command line", "shell": True, "pty": True,
+          "run_code": "stateful", "files": "the sandbox's whole tree", "background": True,
+          "network": "per policy"}
 
 
 def _check_timeout(seconds, field: str = "timeout") -> float:
@@ -158,7 +166,8 @@ class Live(Sandbox):
                                created=self.created, ends=self.ends,
                                policy_digest=policy_digest(self.policy),
                                idle_timeout=self.idle_timeout, metadata=dict(self.metadata),
-                               usage=usage, ended_by=self._ended)
+                               usage=usage, ended_by=self._ended,
+                               offers=dict(getattr(live, "offers", None) or OFFERS))
 
     def kill(self) -> list[str]:
         """End the sandbox now: every process, mount, cgroup and the proxy go. Returns
@@ -179,6 +188,16 @@ class Live(Sandbox):
         if self._files is None:
             from .files import Files
 
+            own = getattr(self._live, "file_mounts", None)   # a tier's own reach (wasm)
+            if own is not None:
+                self.enter_target()    # SandboxClosed once it ended
+                mounts = own()
+                try:
+                    self._files = Files.over_mounts(mounts, *self.ids, cwd=self.plan.cwd)
+                finally:
+                    for _, fd, _ in mounts:
+                        os.close(fd)
+                return self._files
             target = self.enter_target()
             uid, gid = self.ids
             self._files = Files(target.root_fd, uid, gid, cwd=self.plan.cwd)
@@ -192,6 +211,11 @@ class Live(Sandbox):
         from ..plan import OutputCap
         from .pty import Pty
 
+        refusal = getattr(self._live, "no_pty", None)   # a tier without terminals (wasm)
+        if refusal:
+            from ..errors import UnsupportedRule
+
+            raise UnsupportedRule(refusal, field="pty")
         return Pty(lambda argv, term, timeout: _LivePty(self, argv, term, timeout),
                    output_cap=self.plan.find(OutputCap)[0].bytes)
 

@@ -380,6 +380,14 @@ class WasmSandbox(LiveSandbox):
                 pre.append((op.path, op.path, False))
         return [str(len(pre)), *(x for h, g, w in pre for x in (h, g, "1" if w else "0"))]
 
+    @property
+    def uid(self) -> int:   # the host uid of wasmtime's process: the files API writes as it
+        return self.ns.uid
+
+    @property
+    def gid(self) -> int:
+        return self.ns.gid
+
     def file_mounts(self) -> list[tuple[str, int, bool]]:
         """What Sandbox.files reaches (backends/host/views.py): /scratch and the workspace,
         the guest's preopens that outlive an exec; not the host side's /tmp."""

@@ -63,7 +63,7 @@ IN_DOUBLE = frozenset("$`\\")
 LIVE_WALL_S = 1e6
 PTY_REFUSAL = ("a terminal (sb.pty) is not offered on the wasm tier: WASI has no terminals; "
                "use isolation = \"namespace\" for sb.pty")
-CWD_REFUSAL = ("cwd= is not offered on the wasm tier (the guest starts in /scratch); "
+CWD_REFUSAL = ("cwd= other than /scratch or the workspace is not offered on the wasm tier; "
                "call os.chdir() in the code, or use isolation = \"namespace\"")
 
 
@@ -140,7 +140,7 @@ class WasmLive(NamespaceLive):
               cpu_seconds: float | None = None, tty_fd: int | None = None) -> WasmStarted:
         if tty_fd is not None:
             raise UnsupportedRule(PTY_REFUSAL, field="tty")
-        if os.path.normpath(cwd) != SCRATCH:
+        if os.path.normpath(cwd) not in (SCRATCH, self.wasm_plan.cwd):
             raise UnsupportedRule(CWD_REFUSAL, field="cwd")
         gargv = live_argv(argv)
         session = _is_session_runner(argv)

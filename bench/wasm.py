@@ -93,9 +93,12 @@ def main() -> int:
     ap.add_argument("--json")
     a = ap.parse_args()
     runs = a.runs or (5 if a.quick else 20)
-    out = {"print1": print1(runs), "loop": loop(max(3, runs // 4))}
+    load0 = [round(x, 2) for x in os.getloadavg()]
+    out = {"command": " ".join([".venv/bin/python", "bench/wasm.py", *sys.argv[1:]]),
+           "print1": print1(runs), "loop": loop(max(3, runs // 4))}
     if a.compile:
         out["first_compile"] = first_compile()
+    out["load"] = {"start": load0, "end": [round(x, 2) for x in os.getloadavg()]}
     p, lp = out["print1"], out["loop"]
     lines = [f"print(1): wasm {p['median_ms']['wasm']:.0f} ms, namespace "
              f"{p['median_ms']['namespace']:.0f} ms (median of {p['runs']}): "

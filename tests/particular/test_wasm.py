@@ -138,6 +138,20 @@ def test_a_1gib_allocation_stops_at_the_memory_limit():
     assert (r.verdict, r.stdout) == ("ok", "allocated\n"), r
 
 
+def test_the_oom_verdict_comes_from_the_host_not_the_guests_stderr():
+    # a guest that only says MemoryError, with no growth refused: not oom
+    r = run("import sys; sys.stderr.write('MemoryError\\n'); sys.exit(1)", limits(memory="256M"))
+    assert (r.verdict, r.exit_code) == ("error", 1) and not kinds(r, "memory"), r
+    # a refusal the guest caught and got over: its own exit stands
+    r = run("try:\n    b = bytearray(1 << 30)\nexcept MemoryError:\n    print('caught')",
+            limits(memory="256M"))
+    assert (r.verdict, r.stdout) == ("ok", "caught\n"), r
+    # a refusal, then an exit of the guest's own that hides the MemoryError: still oom
+    r = run("import os\ntry:\n    b = bytearray(1 << 30)\nexcept MemoryError:\n    os._exit(3)",
+            limits(memory="256M"))
+    assert (r.verdict, r.exit_code) == ("oom", 3) and kinds(r, "memory"), r
+
+
 def test_output_is_capped():
     r = run("import sys; sys.stdout.write('x' * 100000)", limits(output="1K"))
     assert r.stdout_truncated and len(r.stdout) <= 1024

@@ -7,8 +7,9 @@ Two layers, each enough on its own for what it holds:
     the policy sets, stdin/stdout/stderr, a clock, random, and preopened directories
     (/scratch, the workspace ro or rw, the ro_binds read-only). No socket is granted and
     no host function is linked beyond WASI: there is no bridge from the guest to the host
-    (unlike Pyodide in Deno), and corral adds none. Memory: wasmtime's store limiter
-    (memory.grow fails past the policy's limit); CPU time and wall clock: epoch
+    (unlike Pyodide in Deno), and corral adds none. Memory: the host side makes the
+    guest's linear memories itself (wasmtime's host memory creator) and refuses a growth
+    past the policy's limit (memory.grow fails; verdict oom because the host refused); CPU time and wall clock: epoch
     interruption (guest/wasm_host.py).
  2. wasmtime itself (guest/wasm_host.py: ctypes over wasmtime's C library, from the
     wasmtime package, run by Debian's python3) is a
@@ -217,8 +218,10 @@ class WasmBackend(Backend):
             case Environment():
                 return "supervisor", "the guest's env is only what the policy sets (WASI env)"
             case MemoryLimit():
-                return "supervisor", ("wasmtime's store limiter caps the guest's linear memory "
-                                      "(memory.grow fails: MemoryError, verdict oom); the host "
+                return "supervisor", ("wasmtime's process makes the guest's linear memory "
+                                      "itself (its host memory creator) and refuses growth past "
+                                      "the limit (memory.grow fails: MemoryError; verdict oom "
+                                      "from that refusal, not from the guest's output); the host "
                                       f"process's memory cgroup at the limit + "
                                       f"{HOST_OVERHEAD >> 20} MiB as a second layer")
             case CpuTime():
@@ -269,7 +272,7 @@ class WasmBackend(Backend):
         seen = {id(op) for op, _ in missing}
         for op in plan.ops:
             if isinstance(op, (MemoryLimit, CpuTime, WallClock)):
-                continue   # held by wasmtime itself (store limiter, epochs); the cgroup's
+                continue   # held by wasmtime's process (memory creator, epochs); the cgroup's
                 # and supervisor's are backstops
             if op.rule and op.rule in by_rule and id(op) not in seen:
                 missing.append((op, by_rule[op.rule] + " (wasmtime's host process)"))
@@ -448,8 +451,8 @@ class WasmSandbox(LiveSandbox):
                 r.verdict = "oom"
                 events.append(LimitEvent("memory", message=(
                     f"the guest needed more than the {min(lim.memory, WASM32_MAX)} byte "
-                    f"limit of its linear memory: wasmtime's store limiter refused it (a "
-                    f"MemoryError in the guest, or no room to start)")).to_dict())
+                    f"limit of its linear memory: the host side refused its growth (a "
+                    f"MemoryError in the guest), or it had no room to start")).to_dict())
         r.events = events
         return r
 

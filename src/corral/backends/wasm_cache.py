@@ -37,7 +37,7 @@ import zlib
 from ..errors import SandboxSetupError
 
 #: what the engine is configured with (guest/wasm_host.py must configure the same)
-ENGINE_CONFIG = "epoch_interruption=1"
+ENGINE_CONFIG = "epoch_interruption=1;memory_init_cow=0"
 #: an entry another corral would use is removed only once unused for this long
 STALE_S = 7 * 86400
 #: a lookup that uses an entry touches its record when the mtime is older than this
@@ -221,6 +221,7 @@ class ModuleCache:
 
         conf = wasmtime.Config()
         conf.epoch_interruption = True
+        conf.memory_init_cow = False   # the host side makes the guest's memories itself
         serialized = bytes(wasmtime.Module(wasmtime.Engine(conf), data).serialize())
         rec = self.record(module_sha, wasmtime_dir)
         cwasm, meta = self.paths(rec)

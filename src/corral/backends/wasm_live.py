@@ -21,7 +21,7 @@ instance reading cells from stdin: guest/wasm_session.py).
 
 Limits per command: its timeout and limits.cpu_time by the host (the command's cgroup is
 killed at them: wasmtime's process and its guest with it, nothing left behind), memory by
-wasmtime's store limiter at limits.memory per guest, the sandbox's cgroup at limits.memory
+wasmtime's process at limits.memory per guest (guest/wasm_host.py's Memories), the sandbox's cgroup at limits.memory
 + HOST_OVERHEAD for all of them together.
 """
 

@@ -91,7 +91,6 @@ class Memories:
     def __init__(self, lib, limit):
         self.lib, self.limit = lib, limit
         self.refused = []    # (bytes asked for, the limit)
-        self.peak = 0
         self.libc = libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype, libc.mmap.argtypes = P, [P, ctypes.c_size_t, ctypes.c_int,
                                                     ctypes.c_int, ctypes.c_int,
@@ -119,7 +118,6 @@ class Memories:
         if minimum and self.libc.mprotect(base, minimum, 3) != 0:   # PROT_READ|PROT_WRITE
             return self._error("cannot map the guest's memory")
         state["size"] = minimum
-        self.peak = max(self.peak, minimum)
 
         @GET_MEMORY
         def get(_e, byte_size, max_size):
@@ -136,7 +134,6 @@ class Memories:
                 if self.libc.mprotect(state["base"], new_size, 3) != 0:
                     return self._error("cannot map the guest's memory")
                 state["size"] = new_size
-                self.peak = max(self.peak, new_size)
             return None
 
         self.keep += [get, grow, state]

@@ -161,7 +161,11 @@ def test_timeouts_and_kills_leave_nothing_behind(sb):
     h = sb.commands.run(["python3", "-c", "while True: pass"], background=True)
     run_dir, pid = sb._live.dir.path, h.host_pid
     assert os.path.isdir(run_dir)
+    files = sb.files
+    files.write("/scratch/left", "x")
     sb.kill()
+    with pytest.raises(FilesError, match="closed"):   # no fd of it keeps its scratch alive
+        files.read("/scratch/left")
     assert h.wait(30).verdict == "killed"
     assert not os.path.exists(f"/proc/{pid}") and not os.path.exists(run_dir)
     assert sb.get_info().ended_by == "killed"

@@ -385,6 +385,9 @@ class Live(Sandbox):
             for h in self._running:      # their Results say why they ended
                 h._end_event = event
             self._wake()
+            files, self._files = self._files, None   # its fds would keep mounts alive
+            if files is not None:
+                files.close()
             problems = []
             if live is not None and live in _sandbox._left_open:
                 _sandbox._left_open.discard(live)

@@ -325,6 +325,7 @@ def test_explain_says_what_the_guest_can_reach(tmp_path):
     assert d["properties"]["stateful_sessions"] is True
     text = render(d)
     assert "native extensions: none" in text and "run_code sessions: stateful" in text
+    assert "live sandboxes: Sandbox.create" in text and "sb.pty refused" in text
     d = explain(policy_from_dict({"isolation": "wasm", "network": {
         "mode": "allow", "allow": ["example.org"]}}))
     assert not d["runs"] and d["refused"]["field"] == "network.mode"

@@ -168,7 +168,11 @@ class WasmBackend(Backend):
                              "reading cells from stdin (guest/wasm_session.py); an "
                              "interrupt cannot stop a running cell (no signals in WASI): "
                              "the context is killed after the grace instead; each exec "
-                             "is a fresh interpreter")}
+                             "is a fresh interpreter"),
+                "live": ("Sandbox.create keeps wasmtime's namespace sandbox; each command "
+                         "a fresh guest in a wasmtime process (the python3 argv forms "
+                         "only, no shell); sb.files on /scratch and the workspace; no "
+                         "terminal (sb.pty refused: use namespace)")}
 
     @property
     def egress_note(self) -> str:

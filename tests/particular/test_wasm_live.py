@@ -179,3 +179,13 @@ def test_the_per_exec_sandbox_has_files_on_wasm_too():
         assert s.files.read("/scratch/b") == "kept"
         with pytest.raises(FilesError):
             s.files.read("/tmp/.corral-wasm-status")
+
+
+def test_a_run_code_cell_past_its_timeout_is_killed_with_nothing_left(sb):
+    sb._code_session().interrupt_grace = 0.5   # WASI has no signals: the grace, then a kill
+    assert sb.run_code("x = 1").error is None
+    ex = sb.run_code("while True: pass", timeout=1)
+    assert ex.error is not None and ex.error.name == "ContextDied", ex
+    assert sb.commands.list() == []            # the guest's wasmtime process is gone
+    ex = sb.run_code("x")                      # a fresh interpreter, state lost
+    assert ex.error is not None and ex.error.name == "NameError", ex

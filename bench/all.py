@@ -15,6 +15,8 @@ Sections, each a script of its own writing bench/out/NAME.json and NAME.txt:
                                    proxies), and a new sandbox's first proxied request
   network     bench/network.py     the egress proxy: throughput, added latency, storm
   flood       bench/flood.py       1 GiB of output against a 1 MB cap
+  wasm        bench/wasm.py        the wasm tier: print(1) vs namespace, a pure-Python
+                                   loop vs native CPython, the first compile (not --quick)
 
 Then bench/report.py runs in bench/.venv (matplotlib from requirements/bench.lock,
 installed with --require-hashes on first use) and writes docs/benchmarks.md,
@@ -44,6 +46,7 @@ SECTIONS = {
     "idle": "idle.py",
     "network": "network.py",
     "flood": "flood.py",
+    "wasm": "wasm.py",
 }
 
 
@@ -71,6 +74,8 @@ def run_section(name: str, quick: bool, no_peers: bool) -> dict:
             argv += ["--runs", "2"]
     if name == "idle":                  # --n, not --quick: 50 sandboxes on a quick run
         argv = [a for a in argv if a != "--quick"] + (["--n", "50"] if quick else [])
+    if name == "wasm" and not quick:    # the module's first compile: ~7 s of CPU
+        argv.append("--compile")
     if no_peers and name == "startup":
         argv.append("--no-peers")
     shown = " ".join(["python", os.path.relpath(argv[1], ROOT), *argv[2:]]).replace(

@@ -492,6 +492,36 @@ def flood_section(fl: dict) -> list[str]:
     return L
 
 
+def wasm_section(w: dict) -> list[str]:
+    p, lp = w["print1"], w["loop"]
+    load = w.get("load", {})
+    L = ["## 6. The wasm tier (bench/wasm.py)", "",
+         (f"From `{w.get('command', 'bench/wasm.py')}`; load average "
+          f"{load.get('start', '?')} at the start, {load.get('end', '?')} at the end. "
+          "`corral run --isolation wasm -- python3 -c 'print(1)'` (the compiled module "
+          "cached) and `corral run -- python3 -c 'print(1)'` (namespace) alternate, whole "
+          "commands timed; a live command is `sb.commands.run(...)` in a kept sandbox of each "
+          "tier (Sandbox.create), alternating; the loop is 10^6 pure-Python iterations timed inside each "
+          "interpreter (CPython 3.12 for WASI in wasmtime vs Debian's native python3)."), ""]
+    rows = [["print(1), wasm vs namespace (median of "
+             f"{p['runs']})", f"{p['median_ms']['wasm']:.0f} ms",
+             f"{p['median_ms']['namespace']:.0f} ms", f"{p['ratio']:.2f}x",
+             met(p["ratio"] <= p["goal_ratio"]) + f" goal <= {p['goal_ratio']:g}x"],
+            *([[f"live sandbox command print(1), wasm vs namespace (median of "
+                f"{w['live']['runs']})", f"{w['live']['median_ms']['wasm']:.0f} ms",
+                f"{w['live']['median_ms']['namespace']:.0f} ms",
+                f"{w['live']['ratio']:.2f}x", ""]] if "live" in w else []),
+            [f"10^6-iteration loop, wasm vs native (median of {lp['runs']})",
+             f"{lp['loop_ms']['wasm']:.0f} ms", f"{lp['loop_ms']['native']:.0f} ms",
+             f"{lp['ratio']:.2f}x", ""]]
+    L += table(["", "wasm", "other", "ratio", ""], rows, "lrrrl") + [""]
+    fc = w.get("first_compile")
+    if fc:
+        L += [(f"The module's first compile on this host (once per wasmtime version and "
+               f"CPU, then cached): {fc['wall_s']:.1f} s wall, {fc['cpu_s']:.1f} s CPU."), ""]
+    return L
+
+
 def main() -> int:
     meta = load("run") or {}
     st, tp, mem, net, fl = (load(n) for n in ("startup", "throughput", "memory", "network",
@@ -507,6 +537,13 @@ def main() -> int:
         g = tp["goal"]
         goals.append([g["goal"] + " on 2 cores", "`python3`", (f"best {g['value']:.1f}/s "
                       f"({g['at']})"), met(g["met"])])
+    wasm = load("wasm")
+    if wasm:
+        p = wasm["print1"]
+        goals.append(["wasm print(1) at most 3x namespace (issue 20)", "`python3 -c`",
+                      f"{p['ratio']:.2f}x ({p['median_ms']['wasm']:.0f} vs "
+                      f"{p['median_ms']['namespace']:.0f} ms)",
+                      met(p["ratio"] <= p["goal_ratio"])])
     if mem:
         g = mem["goal"]
         goals.append([g["goal"], "`sleep`", f"worst {f2(g['value_mb'])} MB (N={g['at_n']})",
@@ -565,6 +602,7 @@ def main() -> int:
     L += idle_section(idle) if idle else ["## 3b. Idle live sandboxes", "", "not run", ""]
     L += network_section(net) if net else ["## 4. Network", "", "not run", ""]
     L += flood_section(fl) if fl else ["## 5. Output flood", "", "not run", ""]
+    L += wasm_section(wasm) if wasm else ["## 6. The wasm tier", "", "not run", ""]
     L += ["## How to read these", "",
           ("- Every figure is from this machine, in one run, with corral and its comparisons "
           "interleaved, so drift and other load hit all of them alike; absolute numbers move "

@@ -6,6 +6,9 @@
                  cached) vs `corral run -- python3 -c 'print(1)'` (namespace), alternating,
                  N runs each (default 20, --quick 5): median wall time of the whole command
                  and the ratio (issue 20's goal: wasm at most 3x namespace)
+  live command   `sb.commands.run(["python3", "-c", "print(1)"])` in a live sandbox
+                 (Sandbox.create) of the wasm tier vs one of the namespace tier,
+                 alternating, N runs each: median and ratio
   first compile  (--compile) the module compiled from scratch into a fresh cache directory,
                  as the first run on a host does: wall and CPU seconds
   loop           a pure-Python loop of 10^6 iterations: on wasm (corral run) vs native
@@ -61,6 +64,30 @@ def print1(runs: int) -> dict:
             "goal_ratio": 3.0}
 
 
+def live(runs: int) -> dict:
+    import corral
+
+    boxes = {"wasm": corral.Sandbox.create({"isolation": "wasm"}, timeout=600),
+             "namespace": corral.Sandbox.create({}, timeout=600)}
+    argv = {"wasm": ["python3", "-c", "print(1)"], "namespace": [PY, "-c", "print(1)"]}
+    got = {k: [] for k in boxes}
+    try:
+        for k, sb in boxes.items():   # warm
+            sb.commands.run(argv[k])
+        for _ in range(runs):
+            for k, sb in boxes.items():
+                t = time.perf_counter()
+                r = sb.commands.run(argv[k])
+                got[k].append((time.perf_counter() - t) * 1000)
+                if r.verdict != "ok":
+                    raise SystemExit(f"live {k}: {r.verdict} {r.stderr[-300:]}")
+    finally:
+        for sb in boxes.values():
+            sb.kill()
+    med = {k: statistics.median(v) for k, v in got.items()}
+    return {"runs": runs, "median_ms": med, "ratio": med["wasm"] / med["namespace"]}
+
+
 def first_compile() -> dict:
     from corral.backends.wasm import MODULE_SHA256, WasmBackend
     from corral.backends.wasm_cache import ModuleCache
@@ -93,13 +120,19 @@ def main() -> int:
     ap.add_argument("--json")
     a = ap.parse_args()
     runs = a.runs or (5 if a.quick else 20)
-    out = {"print1": print1(runs), "loop": loop(max(3, runs // 4))}
+    load0 = [round(x, 2) for x in os.getloadavg()]
+    out = {"command": " ".join([".venv/bin/python", "bench/wasm.py", *sys.argv[1:]]),
+           "print1": print1(runs), "live": live(runs), "loop": loop(max(3, runs // 4))}
     if a.compile:
         out["first_compile"] = first_compile()
+    out["load"] = {"start": load0, "end": [round(x, 2) for x in os.getloadavg()]}
     p, lp = out["print1"], out["loop"]
     lines = [f"print(1): wasm {p['median_ms']['wasm']:.0f} ms, namespace "
              f"{p['median_ms']['namespace']:.0f} ms (median of {p['runs']}): "
              f"{p['ratio']:.2f}x (goal <= {p['goal_ratio']:g}x)",
+             f"live command print(1): wasm {out['live']['median_ms']['wasm']:.0f} ms, "
+             f"namespace {out['live']['median_ms']['namespace']:.0f} ms: "
+             f"{out['live']['ratio']:.2f}x",
              f"10^6-iteration loop: wasm {lp['loop_ms']['wasm']:.0f} ms, native "
              f"{lp['loop_ms']['native']:.0f} ms: {lp['ratio']:.2f}x"]
     if "first_compile" in out:

@@ -138,6 +138,20 @@ def test_a_1gib_allocation_stops_at_the_memory_limit():
     assert (r.verdict, r.stdout) == ("ok", "allocated\n"), r
 
 
+def test_the_oom_verdict_comes_from_the_host_not_the_guests_stderr():
+    # a guest that only says MemoryError, with no growth refused: not oom
+    r = run("import sys; sys.stderr.write('MemoryError\\n'); sys.exit(1)", limits(memory="256M"))
+    assert (r.verdict, r.exit_code) == ("error", 1) and not kinds(r, "memory"), r
+    # a refusal the guest caught and got over: its own exit stands
+    r = run("try:\n    b = bytearray(1 << 30)\nexcept MemoryError:\n    print('caught')",
+            limits(memory="256M"))
+    assert (r.verdict, r.stdout) == ("ok", "caught\n"), r
+    # a refusal, then an exit of the guest's own that hides the MemoryError: still oom
+    r = run("import os\ntry:\n    b = bytearray(1 << 30)\nexcept MemoryError:\n    os._exit(3)",
+            limits(memory="256M"))
+    assert (r.verdict, r.exit_code) == ("oom", 3) and kinds(r, "memory"), r
+
+
 def test_output_is_capped():
     r = run("import sys; sys.stdout.write('x' * 100000)", limits(output="1K"))
     assert r.stdout_truncated and len(r.stdout) <= 1024
@@ -311,6 +325,7 @@ def test_explain_says_what_the_guest_can_reach(tmp_path):
     assert d["properties"]["stateful_sessions"] is True
     text = render(d)
     assert "native extensions: none" in text and "run_code sessions: stateful" in text
+    assert "live sandboxes: Sandbox.create" in text and "sb.pty refused" in text
     d = explain(policy_from_dict({"isolation": "wasm", "network": {
         "mode": "allow", "allow": ["example.org"]}}))
     assert not d["runs"] and d["refused"]["field"] == "network.mode"
@@ -436,3 +451,78 @@ def test_what_the_guest_cannot_have_is_refused_naming_a_tier_that_could(tmp_path
     with pytest.raises(corral.BackendUnavailable, match="terminal"):
         with corral.Sandbox({"isolation": "wasm"}) as sb:
             sb.exec(["python3", "-c", "1"], tty=True)
+
+
+def test_stale_cache_entries_are_swept_when_an_entry_is_written(tmp_path):
+    """A compile (here of a tiny module, with the real wasmtime) removes the entries this
+    corral would never use once unused for STALE_S, temporaries and records-less compiled
+    files of dead compiles, and links (never what they point at); it keeps the rest."""
+    import hashlib
+    import time
+
+    from corral.backends.wasm import MODULE_SHA256, _find
+    from corral.backends.wasm_cache import STALE_S, ModuleCache, format_record
+
+    wt = _find("wasmtime")
+    import wasmtime
+
+    tiny = wasmtime.wat2wasm('(module (func (export "_start")))')
+    module = tmp_path / "tiny.wasm"
+    module.write_bytes(tiny)
+    sha = hashlib.sha256(tiny).hexdigest()
+    cache = ModuleCache(str(tmp_path / "cache"))
+    os.makedirs(cache.root, 0o700)
+    now = time.time()
+    old = now - STALE_S - 3600
+    here = cache.record(sha, wt)
+
+    def entry(key, age, **over):
+        rec = {**here, "size": "3", **over}
+        for suffix, data in ((".cwasm", b"abc"), (".rec", format_record(rec))):
+            p = os.path.join(cache.root, key + suffix)
+            with open(p, "wb") as f:
+                f.write(data)
+            os.utime(p, (age, age))
+
+    def plain(name, age, data=b"x"):
+        p = os.path.join(cache.root, name)
+        with open(p, "wb") as f:
+            f.write(data)
+        os.utime(p, (age, age))
+
+    entry("v49", old, wasmtime="49.0.0")                        # another wasmtime
+    entry("othercpu", old, cpu="x86_64;another;sse2")           # another CPU
+    entry("othermod", old, module_sha256="1" * 64)              # another module
+    entry("othermod-fresh", now, module_sha256="2" * 64)        # in use lately: kept
+    entry("pinned", old, module_sha256=MODULE_SHA256)           # the pinned module: kept
+    plain("garbage.rec", old, b"not a record")                  # unreadable record
+    plain("garbage.cwasm", old)
+    plain("orphan.cwasm", old)                                  # its record never came
+    plain("young-orphan.cwasm", now)                            # a compile under way
+    plain("k.cwasm.123.abcd.tmp", old)                          # a compile that died
+    plain("notes.txt", old)                                     # not the cache's: kept
+    target = tmp_path / "target"
+    target.write_bytes(b"keep me")
+    os.symlink(target, os.path.join(cache.root, "evil.rec"))
+    os.symlink(target, os.path.join(cache.root, "evil.cwasm"))
+
+    path = cache.ensure(str(module), sha, wt)
+    assert cache.compiled and cache.lookup(sha, wt) == path
+    left = sorted(os.listdir(cache.root))
+    key = os.path.basename(path)[:-len(".cwasm")]
+    assert left == sorted([key + ".cwasm", key + ".rec", "othermod-fresh.cwasm",
+                           "othermod-fresh.rec", "pinned.cwasm", "pinned.rec",
+                           "young-orphan.cwasm", "notes.txt"]), left
+    assert target.read_bytes() == b"keep me"
+
+    # an entry in use is refreshed by its lookups and survives a later sweep
+    meta = os.path.join(cache.root, key + ".rec")
+    os.utime(meta, (old, old))
+    assert cache.lookup(sha, wt) == path
+    assert os.stat(meta).st_mtime > now - 60
+    assert cache.sweep((MODULE_SHA256,), wt, now=now + 60) == []
+    # not a hash to keep any more and unused past STALE_S: it goes, its record last
+    gone = cache.sweep((MODULE_SHA256,), wt, now=now + STALE_S + 7200)
+    assert {key + ".cwasm", key + ".rec", "othermod-fresh.rec"} <= set(gone), gone
+    assert not {"pinned.rec", "pinned.cwasm", "notes.txt"} & set(gone), gone
+    assert cache.lookup(sha, wt) is None

@@ -7,8 +7,9 @@ Two layers, each enough on its own for what it holds:
     the policy sets, stdin/stdout/stderr, a clock, random, and preopened directories
     (/scratch, the workspace ro or rw, the ro_binds read-only). No socket is granted and
     no host function is linked beyond WASI: there is no bridge from the guest to the host
-    (unlike Pyodide in Deno), and corral adds none. Memory: wasmtime's store limiter
-    (memory.grow fails past the policy's limit); CPU time and wall clock: epoch
+    (unlike Pyodide in Deno), and corral adds none. Memory: the host side makes the
+    guest's linear memories itself (wasmtime's host memory creator) and refuses a growth
+    past the policy's limit (memory.grow fails; verdict oom because the host refused); CPU time and wall clock: epoch
     interruption (guest/wasm_host.py).
  2. wasmtime itself (guest/wasm_host.py: ctypes over wasmtime's C library, from the
     wasmtime package, run by Debian's python3) is a
@@ -167,7 +168,11 @@ class WasmBackend(Backend):
                              "reading cells from stdin (guest/wasm_session.py); an "
                              "interrupt cannot stop a running cell (no signals in WASI): "
                              "the context is killed after the grace instead; each exec "
-                             "is a fresh interpreter")}
+                             "is a fresh interpreter"),
+                "live": ("Sandbox.create keeps wasmtime's namespace sandbox; each command "
+                         "a fresh guest in a wasmtime process (the python3 argv forms "
+                         "only, no shell); sb.files on /scratch and the workspace; no "
+                         "terminal (sb.pty refused: use namespace)")}
 
     @property
     def egress_note(self) -> str:
@@ -217,8 +222,10 @@ class WasmBackend(Backend):
             case Environment():
                 return "supervisor", "the guest's env is only what the policy sets (WASI env)"
             case MemoryLimit():
-                return "supervisor", ("wasmtime's store limiter caps the guest's linear memory "
-                                      "(memory.grow fails: MemoryError, verdict oom); the host "
+                return "supervisor", ("wasmtime's process makes the guest's linear memory "
+                                      "itself (its host memory creator) and refuses growth past "
+                                      "the limit (memory.grow fails: MemoryError; verdict oom "
+                                      "from that refusal, not from the guest's output); the host "
                                       f"process's memory cgroup at the limit + "
                                       f"{HOST_OVERHEAD >> 20} MiB as a second layer")
             case CpuTime():
@@ -269,7 +276,7 @@ class WasmBackend(Backend):
         seen = {id(op) for op, _ in missing}
         for op in plan.ops:
             if isinstance(op, (MemoryLimit, CpuTime, WallClock)):
-                continue   # held by wasmtime itself (store limiter, epochs); the cgroup's
+                continue   # held by wasmtime's process (memory creator, epochs); the cgroup's
                 # and supervisor's are backstops
             if op.rule and op.rule in by_rule and id(op) not in seen:
                 missing.append((op, by_rule[op.rule] + " (wasmtime's host process)"))
@@ -278,6 +285,13 @@ class WasmBackend(Backend):
     def open(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None
              ) -> WasmSandbox:
         return WasmSandbox(self, plan, check.admit(self.name))
+
+    def open_live(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None):
+        """A live sandbox: wasmtime's namespace sandbox kept, each command a wasmtime
+        process entered into it (backends/wasm_live.py)."""
+        from .wasm_live import WasmLive
+
+        return WasmLive(self, plan, check.admit(self.name))
 
 
 def guest_env(plan: Plan) -> list[tuple[str, str]]:
@@ -359,22 +373,47 @@ class WasmSandbox(LiveSandbox):
                                    TierCheck(nscheck.tier, tuple(
                                        g.replace(explicit=False) for g in nscheck.gaps)))
         self.review = None
+        self.tail = self.preopen_tail(plan)
+
+    @staticmethod
+    def preopen_tail(plan: Plan) -> list[str]:
+        """The runner's command line after its fixed fields (guest/wasm_host.py): the
+        preopens, each (directory here, its path for the guest, 1 if writable)."""
         pre = [(SCRATCH, SCRATCH, True)]
         for op in plan.ops:
             if isinstance(op, WorkspaceMount):
                 pre.append((op.dest, op.dest, op.writable))
             elif isinstance(op, ReadOnlyBind):
                 pre.append((op.path, op.path, False))
-        #: the runner's command line after its fixed fields (guest/wasm_host.py)
-        self.tail = [str(len(pre)), *(x for h, g, w in pre for x in (h, g, "1" if w else "0"))]
+        return [str(len(pre)), *(x for h, g, w in pre for x in (h, g, "1" if w else "0"))]
+
+    @property
+    def uid(self) -> int:   # the host uid of wasmtime's process: the files API writes as it
+        return self.ns.uid
+
+    @property
+    def gid(self) -> int:
+        return self.ns.gid
+
+    def file_mounts(self) -> list[tuple[str, int, bool]]:
+        """What Sandbox.files reaches (backends/host/views.py): /scratch and the workspace,
+        the guest's preopens that outlive an exec; not the host side's /tmp."""
+        from .wasm_live import _DIR, wasm_file_mounts
+
+        ws = None
+        if self.plan.find(WorkspaceMount):
+            src = getattr(self.ns, "workspace_src", None)
+            ws = os.open(src, _DIR) if src is not None else os.dup(self.ns.fds[""])
+        return wasm_file_mounts(self.ns.scratch, self.plan, ws)
 
     def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
              on_stderr=None, timeout: float | None = None, tty=None) -> Result:
         if not argv:
             raise SandboxSetupError("no command given", step="exec")
         if tty is not None:
-            raise BackendUnavailable("a terminal (-t) is not offered on the wasm tier; run "
-                                     "without -t", field="tty")
+            raise BackendUnavailable("a terminal (-t, sb.pty) is not offered on the wasm tier "
+                                     "(WASI has no terminals); run without -t, or use "
+                                     "isolation = \"namespace\"", field="tty")
         gargv = guest_argv(argv)
         session = _is_session_runner(argv)
         if session:   # run_code's interpreter: its WASI start-up instead
@@ -393,10 +432,16 @@ class WasmSandbox(LiveSandbox):
                          timeout=None if timeout is None else timeout + BACKSTOP_S)
         status = read_status(status_dir)
         _unlink(status_dir)
-        return self._result(r, status, lim)
+        return self.apply_status(r, status, lim, self.events)
 
-    def _result(self, r: Result, status: dict | None, lim) -> Result:
-        events = [*self.events, *(e for e in r.events if e.get("kind") != "unenforced")]
+    @staticmethod
+    def apply_status(r: Result, status: dict | None, lim, standing: list[dict] | None
+                     ) -> Result:
+        """The namespace sandbox's Result of wasmtime's process made the guest's: this
+        tier's standing events in place of that sandbox's (None: r has them already), and
+        the guest's own end from its status line."""
+        events = list(r.events) if standing is None else [
+            *standing, *(e for e in r.events if e.get("kind") != "unenforced")]
         r.isolation = "wasm"
         if status is not None and r.verdict not in ("oom", "timeout"):
             end = status["end"]
@@ -410,8 +455,8 @@ class WasmSandbox(LiveSandbox):
                 r.verdict = "oom"
                 events.append(LimitEvent("memory", message=(
                     f"the guest needed more than the {min(lim.memory, WASM32_MAX)} byte "
-                    f"limit of its linear memory: wasmtime's store limiter refused it (a "
-                    f"MemoryError in the guest, or no room to start)")).to_dict())
+                    f"limit of its linear memory: the host side refused its growth (a "
+                    f"MemoryError in the guest), or it had no room to start")).to_dict())
         r.events = events
         return r
 
@@ -437,19 +482,19 @@ def _tmp_fd(status_dir: str) -> int | None:
         return None
 
 
-def _unlink(status_dir: str) -> None:
+def _unlink(status_dir: str, name: str = STATUS_NAME) -> None:
     d = _tmp_fd(status_dir)
     if d is None:
         return
     try:
-        os.unlink(STATUS_NAME, dir_fd=d)
+        os.unlink(name, dir_fd=d)
     except OSError:
         pass   # absent, or a directory in its place: read_status refuses it
     finally:
         os.close(d)
 
 
-def read_status(status_dir: str) -> dict | None:
+def read_status(status_dir: str, name: str = STATUS_NAME) -> dict | None:
     """How the guest ended, as the host side wrote it in the sandbox's /tmp: opened without
     following a link, a regular file, at most STATUS_MAX bytes, one line "END CODE" with a
     known END and a code of 0-255 (then padding); None for anything else (the namespace
@@ -458,7 +503,7 @@ def read_status(status_dir: str) -> dict | None:
     if d is None:
         return None
     try:
-        fd = os.open(STATUS_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                      dir_fd=d)
     except OSError:
         return None

@@ -7,6 +7,15 @@ directory, bound read-only into each sandbox.
         <key>.rec                  its record: "name value" lines of module_sha256,
                                    wasmtime, cpu, config, size
 
+Stale entries are removed when an entry is written (sweep()): those whose record names
+another wasmtime version, CPU or config, or a module hash that is neither the pinned one
+nor the one just compiled, and records that cannot be read; but only once unused for
+STALE_S (a lookup that uses an entry refreshes its record's mtime, at most once per
+REFRESH_S), so two corral installs sharing a state directory do not undo each other.
+Temporary files and compiled files without a record go after TMP_GRACE_S. Only names of
+this cache's own forms are touched, by unlinkat in the directory opened without following
+a link (a link is removed itself, never followed).
+
 The key is made of (module sha256, wasmtime version, CPU model and flags, engine config):
 a new wasmtime, another CPU or another module gets an entry of its own. An entry is used
 only if its record names exactly that module hash, version, CPU and config, the compiled
@@ -28,7 +37,13 @@ import zlib
 from ..errors import SandboxSetupError
 
 #: what the engine is configured with (guest/wasm_host.py must configure the same)
-ENGINE_CONFIG = "epoch_interruption=1"
+ENGINE_CONFIG = "epoch_interruption=1;memory_init_cow=0"
+#: an entry another corral would use is removed only once unused for this long
+STALE_S = 7 * 86400
+#: a lookup that uses an entry touches its record when the mtime is older than this
+REFRESH_S = 3600
+#: a temporary file, or a compiled file whose record never came, is a compile that died
+TMP_GRACE_S = 3600
 #: one compile at a time in this process (sandboxes opened from many threads at once)
 _COMPILING = _thread.allocate_lock()
 
@@ -98,16 +113,70 @@ class ModuleCache:
             fd = os.open(meta, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 saved = parse_record(os.read(fd, RECORD_MAX + 1))
+                st = os.lstat(cwasm)
+                if (saved is None or any(saved.get(k) != v for k, v in rec.items())
+                        or not _ours(st) or str(st.st_size) != saved.get("size")):
+                    return None
+                import time
+
+                if os.fstat(fd).st_mtime < time.time() - REFRESH_S:
+                    os.utime(fd)   # in use: sweep() leaves it be
             finally:
                 os.close(fd)
-            st = os.lstat(cwasm)
         except OSError:
             return None
-        if saved is None or any(saved.get(k) != v for k, v in rec.items()):
-            return None
-        if not _ours(st) or str(st.st_size) != saved.get("size"):
-            return None
         return cwasm
+
+    def sweep(self, keep_sha: tuple[str, ...], wasmtime_dir: str, now: float | None = None
+              ) -> list[str]:
+        """Remove the entries this corral would never use (see the module's docstring);
+        `keep_sha`: the module hashes whose entries stay. Returns the names removed.
+        Never raises: a sweep that cannot finish leaves the rest for the next one."""
+        import time
+
+        now = time.time() if now is None else now
+        want = self.record("", wasmtime_dir)
+        removed: list[str] = []
+        try:
+            d = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return removed
+        try:
+            if not _ours(os.fstat(d), directory=True):
+                return removed
+            names = os.listdir(d)
+            recs = {n[:-4] for n in names if n.endswith(".rec")}
+            for name in names:
+                try:
+                    st = os.lstat(name, dir_fd=d)
+                except OSError:
+                    continue
+                age = now - st.st_mtime
+                if name.endswith(".tmp") and (".cwasm." in name or ".rec." in name):
+                    stale = age > TMP_GRACE_S
+                elif name.endswith(".cwasm") and name[:-6] not in recs:
+                    stale = age > TMP_GRACE_S
+                elif name.endswith(".rec"):
+                    if stat.S_ISLNK(st.st_mode):
+                        stale = True
+                    elif age <= STALE_S:
+                        continue
+                    else:
+                        saved = _read_record(d, name)
+                        stale = (saved is None or saved.get("module_sha256") not in keep_sha
+                                 or any(saved.get(k) != want[k]
+                                        for k in ("wasmtime", "cpu", "config")))
+                    if stale:   # the record last: a reader never sees a record alone
+                        removed += _remove(d, name[:-4] + ".cwasm")
+                else:
+                    continue
+                if stale:
+                    removed += _remove(d, name)
+        except OSError:
+            pass
+        finally:
+            os.close(d)
+        return removed
 
     def ensure(self, module: str, module_sha: str, wasmtime_dir: str) -> str:
         """The compiled module's path: the cached entry, else the module checked against
@@ -152,6 +221,7 @@ class ModuleCache:
 
         conf = wasmtime.Config()
         conf.epoch_interruption = True
+        conf.memory_init_cow = False   # the host side makes the guest's memories itself
         serialized = bytes(wasmtime.Module(wasmtime.Engine(conf), data).serialize())
         rec = self.record(module_sha, wasmtime_dir)
         cwasm, meta = self.paths(rec)
@@ -164,6 +234,9 @@ class ModuleCache:
                                     f"corral may write", step="wasm-cache",
                                     errno=e.errno) from None
         self.compiled = True
+        from .wasm import MODULE_SHA256
+
+        self.sweep((MODULE_SHA256, module_sha), wasmtime_dir)
         return cwasm
 
 
@@ -172,6 +245,29 @@ def _ours(st, directory: bool = False) -> bool:
     corral's own (its euid) and that nobody else may write, not through a link."""
     kind = stat.S_ISDIR if directory else stat.S_ISREG
     return kind(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def _read_record(d: int, name: str) -> dict | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=d)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return parse_record(os.read(fd, RECORD_MAX + 1))
+    finally:
+        os.close(fd)
+
+
+def _remove(d: int, name: str) -> list[str]:
+    """unlinkat(d, name): a link goes itself, never what it points at; a directory stays."""
+    try:
+        os.unlink(name, dir_fd=d)
+    except OSError:
+        return []
+    return [name]
 
 
 RECORD_FIELDS = ("module_sha256", "wasmtime", "cpu", "config", "size")

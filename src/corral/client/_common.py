@@ -290,6 +290,7 @@ class SandboxInfo(Record):
     metadata: dict = Default(dict)
     usage: dict = Default(dict)
     ended_by: str | None = None
+    offers: dict = Default(dict)   # what the tier gives: shell, pty, run_code, files, ...
 
 
 class CommandInfo(Record):

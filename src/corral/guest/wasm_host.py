@@ -9,8 +9,11 @@ Run by backends/wasm.py as
 with wasmtime's shared library, the compiled module and this file bound read-only.
 Standard library only (ctypes over wasmtime's C API: the Python bindings' import alone
 costs ~25 ms of every run). LIB: wasmtime's libwasmtime.so; CWASM: the compiled module,
-compiled and written by corral on the host side; MEMORY: bytes of linear memory the store
-limiter allows (memory.grow fails past it); CPU, WALL: seconds of this process's CPU time
+compiled and written by corral on the host side; MEMORY: bytes of linear memory the guest
+may have (Memories, below: this process makes the guest's memories itself through
+wasmtime's host memory creator, refuses a growth past MEMORY, so memory.grow returns -1
+and CPython raises MemoryError, and knows that it refused: the "memory" end comes from
+that, never from what the guest prints); CPU, WALL: seconds of this process's CPU time
 and of wall clock for the guest (epoch interruption); STATUS: where to write how the guest
 ended, one line "END CODE" (a path no preopen reaches); then the preopens (a directory
 here, its path for the guest, 1 if writable), the guest's argv. The guest's whole
@@ -36,8 +39,6 @@ import time
 TICK_S = 0.01
 #: how long the ticker waits, after the epoch bump, for the guest to trap by itself
 GRACE_S = 0.2
-#: the last bytes of the guest's stderr kept to tell a MemoryError from other failures
-TAIL = 512
 STATUS_SIZE = 64
 ENV_PREFIX = "CORRAL_WASM_ENV_"
 
@@ -62,10 +63,91 @@ class Extern(ctypes.Structure):       # wasmtime_extern_t: a kind byte, then the
     _fields_ = [("kind", ctypes.c_uint8), ("func", Func), ("rest", ctypes.c_uint8 * 32)]
 
 
+GET_MEMORY = ctypes.CFUNCTYPE(P, P, ctypes.POINTER(ctypes.c_size_t),
+                              ctypes.POINTER(ctypes.c_size_t))
+GROW_MEMORY = ctypes.CFUNCTYPE(P, P, ctypes.c_size_t)
+
+
+class LinearMemory(ctypes.Structure):   # wasmtime_linear_memory_t
+    _fields_ = [("env", P), ("get_memory", GET_MEMORY), ("grow_memory", GROW_MEMORY),
+                ("finalizer", FINALIZE)]
+
+
+NEW_MEMORY = ctypes.CFUNCTYPE(P, P, P, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t,
+                              ctypes.c_size_t, ctypes.POINTER(LinearMemory))
+
+
+class MemoryCreator(ctypes.Structure):  # wasmtime_memory_creator_t
+    _fields_ = [("env", P), ("new_memory", NEW_MEMORY), ("finalizer", FINALIZE)]
+
+
+class Memories:
+    """The guest's linear memories, made here (wasmtime's host memory creator) so that this
+    process itself holds the memory limit and sees every refusal: each memory a region
+    reserved PROT_NONE (wasmtime's reservation plus its guard, never moved), its first
+    bytes made read-write as the guest grows it; a growth past `limit` is refused here
+    (memory.grow returns -1 in the guest: a MemoryError), and `refused` records it."""
+
+    def __init__(self, lib, limit):
+        self.lib, self.limit = lib, limit
+        self.refused = []    # (bytes asked for, the limit)
+        self.libc = libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype, libc.mmap.argtypes = P, [P, ctypes.c_size_t, ctypes.c_int,
+                                                    ctypes.c_int, ctypes.c_int,
+                                                    ctypes.c_long]
+        libc.mprotect.restype = ctypes.c_int
+        libc.mprotect.argtypes = [P, ctypes.c_size_t, ctypes.c_int]
+        self.keep = []       # the ctypes objects wasmtime holds pointers to
+        self.creator = MemoryCreator(None, NEW_MEMORY(self._new), FINALIZE(0))
+
+    def _error(self, text):
+        return self.lib.wasmtime_error_new(text.encode())
+
+    def _new(self, _env, _ty, minimum, maximum, reserved, guard, ret):
+        page = 1 << 16
+        if minimum > self.limit:
+            self.refused.append((minimum, self.limit))
+            return self._error(f"{minimum} bytes exceeds memory limits")
+        size = reserved if reserved else max(minimum, min(maximum, self.limit))
+        size = -(-size // page) * page
+        base = self.libc.mmap(None, size + guard, 0, 0x22 | 0x4000, -1, 0)  # PROT_NONE,
+        # MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE
+        if base in (None, ctypes.c_void_p(-1).value):
+            return self._error("cannot reserve the guest's memory")
+        state = {"base": base, "size": 0, "cap": size, "max": min(maximum, size)}
+        if minimum and self.libc.mprotect(base, minimum, 3) != 0:   # PROT_READ|PROT_WRITE
+            return self._error("cannot map the guest's memory")
+        state["size"] = minimum
+
+        @GET_MEMORY
+        def get(_e, byte_size, max_size):
+            byte_size[0] = state["size"]
+            max_size[0] = state["max"]
+            return state["base"]
+
+        @GROW_MEMORY
+        def grow(_e, new_size):
+            if new_size > self.limit or new_size > state["cap"]:
+                self.refused.append((new_size, self.limit))
+                return self._error(f"{new_size} bytes exceeds memory limits")
+            if new_size > state["size"]:
+                if self.libc.mprotect(state["base"], new_size, 3) != 0:
+                    return self._error("cannot map the guest's memory")
+                state["size"] = new_size
+            return None
+
+        self.keep += [get, grow, state]
+        ret[0] = LinearMemory(None, get, grow, FINALIZE(0))
+        return None
+
+
 def bind(lib):
     """The few functions of wasmtime's C API used here, typed."""
     sig = {
         "wasm_config_new": (P, []),
+        "wasmtime_config_host_memory_creator_set": (None, [P, ctypes.POINTER(MemoryCreator)]),
+        "wasmtime_error_new": (P, [ctypes.c_char_p]),
+        "wasmtime_config_memory_init_cow_set": (None, [P, ctypes.c_bool]),
         "wasmtime_config_epoch_interruption_set": (None, [P, ctypes.c_bool]),
         "wasm_engine_new_with_config": (P, [P]),
         "wasmtime_engine_increment_epoch": (None, [P]),
@@ -160,6 +242,9 @@ def main(argv):
 
     conf = lib.wasm_config_new()
     lib.wasmtime_config_epoch_interruption_set(conf, True)
+    memories = Memories(lib, memory)   # the memory limit is held, and seen, here
+    lib.wasmtime_config_host_memory_creator_set(conf, ctypes.byref(memories.creator))
+    lib.wasmtime_config_memory_init_cow_set(conf, False)   # images map only into wasmtime's
     engine = lib.wasm_engine_new_with_config(conf)   # takes the config
     module = P()
     check(lib, lib.wasmtime_module_deserialize_file(engine, cwasm.encode(),
@@ -172,7 +257,6 @@ def main(argv):
     lib.wasi_config_set_env(wasi, len(env), names, values)
     lib.wasi_config_inherit_stdin(wasi)
     lib.wasi_config_inherit_stdout(wasi)
-    tail = bytearray()
 
     @OUTPUT
     def on_stderr(_data, ptr, size):
@@ -183,8 +267,6 @@ def main(argv):
                 view = view[os.write(2, view):]
         except OSError:
             return -5   # EIO to the guest
-        tail.extend(data[-TAIL:])
-        del tail[:-TAIL]
         return size
 
     lib.wasi_config_set_stderr_custom(wasi, on_stderr, None, FINALIZE(0))
@@ -194,7 +276,10 @@ def main(argv):
 
     store = lib.wasmtime_store_new(engine, None, None)
     ctx = lib.wasmtime_store_context(store)
-    lib.wasmtime_store_limiter(store, memory, -1, -1, -1, -1)
+    # linear memory: Memories (a refusal by wasmtime's store limiter would be invisible
+    # here, the C API has no callback for it);
+    # tables, instances and memories: wasmtime's defaults
+    lib.wasmtime_store_limiter(store, -1, -1, -1, -1, -1)
     check(lib, lib.wasmtime_context_set_wasi(ctx, wasi), "WASI")   # takes the config
     lib.wasmtime_context_set_epoch_deadline(ctx, 1)
     linker = lib.wasmtime_linker_new(engine)
@@ -279,7 +364,7 @@ def main(argv):
                      if ln.strip()]
             why = lines[-1:] or ["?"]
             os.write(2, ("corral: the wasm guest trapped: " + why[-1][:200] + "\n").encode())
-    elif code == 1 and _memory_error(bytes(tail)):
+    elif code != 0 and memories.refused:   # it failed after a growth was refused here
         end = "memory"
     with lock:
         if finished:   # the ticker is ending the process
@@ -289,13 +374,6 @@ def main(argv):
     # no interpreter teardown: wasmtime's stdin worker thread may still be blocked in a
     # read, and unwinding under it aborts the process
     os._exit(code & 0xFF if end in ("exit", "memory") else 1)
-
-
-def _memory_error(tail):
-    """Whether the guest's stderr ends with CPython's top-level MemoryError report (what a
-    refused memory.grow becomes in the guest: malloc fails)."""
-    last = tail.rstrip(b"\n").rpartition(b"\n")[2]
-    return last == b"MemoryError" or last.startswith(b"MemoryError: ")
 
 
 if __name__ == "__main__":

@@ -291,6 +291,9 @@ class CommandHandle:
                         usage=usage, oom_kills=oom_kills, wall=wall, cpu=cpu,
                         memory=lim.memory, cap=cap,
                         isolation=owner.isolation)
+        hook = getattr(s, "on_result", None)   # a tier's own account of how it ended (wasm)
+        if hook is not None:
+            result = hook(result)
         if self._end_event is not None:
             result.events.append(dict(self._end_event))
         return result

@@ -169,6 +169,8 @@ def render(d: dict) -> str:
                                                for p in guest["preopens"]))
         lines.append(f"native extensions: {guest['native_extensions']}")
         lines.append(f"run_code sessions: {guest['sessions']}")
+        if guest.get("live"):
+            lines.append(f"live sandboxes: {guest['live']}")
     elif root.get("kind") == "image":
         pin = "pinned by digest" if root["pinned"] else "by name, not pinned (the name can " \
             "move)"

@@ -57,6 +57,14 @@ class SandboxInfo(Record):
     metadata: dict = Default(dict)
     usage: dict = Default(dict)    # cpu_s, memory_bytes, memory_peak_bytes, commands, running
     ended_by: str | None = None    # "killed" | "timeout" | "idle" | "init"
+    #: what the tier offers in a live sandbox: commands, shell, pty, run_code, files, ...
+    offers: dict = Default(dict)
+
+
+#: get_info().offers of a tier that says nothing of its own (the namespace tier's)
+OFFERS = {"commands": "any argv or /bin/sh command line", "shell": True, "pty": True,
+          "run_code": "stateful", "files": "the sandbox's whole tree", "background": True,
+          "network": "per policy"}
 
 
 def _check_timeout(seconds, field: str = "timeout") -> float:
@@ -158,7 +166,8 @@ class Live(Sandbox):
                                created=self.created, ends=self.ends,
                                policy_digest=policy_digest(self.policy),
                                idle_timeout=self.idle_timeout, metadata=dict(self.metadata),
-                               usage=usage, ended_by=self._ended)
+                               usage=usage, ended_by=self._ended,
+                               offers=dict(getattr(live, "offers", None) or OFFERS))
 
     def kill(self) -> list[str]:
         """End the sandbox now: every process, mount, cgroup and the proxy go. Returns
@@ -184,6 +193,16 @@ class Live(Sandbox):
         if self._files is None:
             from .files import Files
 
+            own = getattr(self._live, "file_mounts", None)   # a tier's own reach (wasm)
+            if own is not None:
+                self.enter_target()    # SandboxClosed once it ended
+                mounts = own()
+                try:
+                    self._files = Files.over_mounts(mounts, *self.ids, cwd=self.plan.cwd)
+                finally:
+                    for _, fd, _ in mounts:
+                        os.close(fd)
+                return self._files
             target = self.enter_target()
             uid, gid = self.ids
             if target.root_fd < 0:
@@ -211,6 +230,11 @@ class Live(Sandbox):
         own (commands.run(tty_fd=slave)), among the sandbox's other processes."""
         from .pty import Pty
 
+        refusal = getattr(self._live, "no_pty", None)   # a tier without terminals (wasm)
+        if refusal:
+            from ..errors import UnsupportedRule
+
+            raise UnsupportedRule(refusal, field="pty")
         return Pty.for_live(self)
 
     def _code_session(self):
@@ -404,6 +428,9 @@ class Live(Sandbox):
             for h in self._running:      # their Results say why they ended
                 h._end_event = event
             self._wake()
+            files, self._files = self._files, None   # its fds would keep mounts alive
+            if files is not None:
+                files.close()
             problems = []
             if live is not None and live in _sandbox._left_open:
                 _sandbox._left_open.discard(live)

@@ -18,8 +18,13 @@ _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def persistent_mounts(live) -> list[tuple[str, int, bool]]:
-    """The scratch and workspace mounts of a namespace or gvisor LiveSandbox."""
+    """The scratch and workspace mounts of a namespace or gvisor LiveSandbox, or what a
+    LiveSandbox with a `file_mounts()` of its own gives (the wasm tier: /scratch and the
+    workspace, the guest's preopens)."""
     name = type(live).__name__
+    own = getattr(live, "file_mounts", None)   # a tier that says what of it is reachable
+    if own is not None:
+        return own()
     if name not in ("NamespaceSandbox", "GvisorSandbox", "GvisorLive"):
         raise UnsupportedRule(f"the files API is not built for {name}'s tier (its sandbox "
                               "sees host paths); use the namespace or gvisor tier",

@@ -423,11 +423,11 @@ class GvisorBackend(Backend):
              ) -> GvisorSandbox:
         return GvisorSandbox(self, plan, check.admit(self.name), list(granted), upstream_ca)
 
-    def open_live(self, plan: Plan, events: list[dict], granted=(), upstream_ca=None):
+    def open_live(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None):
         """One runsc sandbox for the sandbox's life, commands started with runsc exec."""
         from .gvisor_live import GvisorLive
 
-        return GvisorLive(self, plan, events, list(granted), upstream_ca)
+        return GvisorLive(self, plan, check.admit(self.name), list(granted), upstream_ca)
 
 
 class GvisorSandbox(LiveSandbox):

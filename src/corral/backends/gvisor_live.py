@@ -1,7 +1,7 @@
 """The gvisor tier's live sandbox: one runsc sandbox (one Sentry, one gofer) for the
 sandbox's whole life, each command started into it from the host with `runsc exec`.
 
-    live = GvisorLive(backend, plan, events)          # runsc run + its init running, ready
+    live = GvisorLive(backend, plan, check)           # runsc run + its init running, ready
     cmd = live.start(argv, env, cwd="/scratch", stdin_fd=fd)   # a Started: pid, pipes, group
     ...                                               # the runtime supervises it
     live.release(cmd.cgroup)
@@ -56,7 +56,7 @@ from ..linux.supervise import ExecFailed, errno_from_message, kill_pid, spawn
 from ..plan import EgressProxy, Seccomp
 from .gvisor import PIDS_OVERHEAD, SIGKILL, GvisorSandbox
 from .gvisor_runsc import _reap, enter_userns, remove_state
-from .host.cgroups import destroy_cgroup, run_cgroup
+from .host.cgroups import destroy_cgroup, run_cgroup, with_relay_tasks
 
 #: the container's own process: pid 1 of gVisor's kernel for the sandbox's life
 HOLDER = ("/bin/sh", "-c", "while :; do sleep 1000000; done")
@@ -190,6 +190,13 @@ class CommandGroup:
         """No host processes of its own (its processes are gVisor's tasks)."""
         return []
 
+    def emptied_now(self) -> bool:
+        """Whether nothing of the command lingers for the host to kill once it exited: on
+        gVisor what it left running is init's from then on (see kill_all), never listed
+        as the command's, so the group counts as emptied."""
+        self._emptied = True
+        return True
+
     def signal(self, signum: int) -> None:
         """Send signum to the command itself inside (`runsc kill --pid`), e.g. SIGINT for
         an interrupt. Never signal the Started's host pid: that is runsc exec, which dies
@@ -230,7 +237,7 @@ def _oom_kills(cg) -> int:
 class GvisorLive(GvisorSandbox):
     """A gvisor-tier sandbox kept running; see the module's docstring."""
 
-    def __init__(self, backend, plan, events, granted=None, upstream_ca=None) -> None:
+    def __init__(self, backend, plan, check, granted=None, upstream_ca=None) -> None:
         self.runsc_pid = 0
         self.target = None
         self.sandbox_cg = None
@@ -243,7 +250,7 @@ class GvisorLive(GvisorSandbox):
         self.cid = ""
         #: the sandbox cgroup's counts as close() removed it (for a command's Result then)
         self.final_usage = limits.Usage(cpu_s=None, memory_peak_bytes=None, oom_kills=None)
-        super().__init__(backend, plan, events, granted, upstream_ca)  # closes on failure
+        super().__init__(backend, plan, check, granted, upstream_ca)  # closes on failure
         try:
             self._start()
         except BaseException:
@@ -260,8 +267,9 @@ class GvisorLive(GvisorSandbox):
         spec = dict(self.spec)
         self.env = dict(e.split("=", 1) for e in spec["process"]["env"])
         spec["process"] = dict(spec["process"], args=list(HOLDER), terminal=False)
-        cg = self.sandbox_cg = run_cgroup(self.dir, self.cid, plan, self.events,
-                                          pids=lambda n: n * PIDS_PER_TASK + PIDS_OVERHEAD)
+        cg = self.sandbox_cg = run_cgroup(self.dir, self.cid, plan, self.check,
+                                          pids=with_relay_tasks(plan, lambda n: n * PIDS_PER_TASK
+                                                                + PIDS_OVERHEAD))
         egress = plan.find(EgressProxy)
         if egress:
             from .gvisor_net import ProxyNet

@@ -301,7 +301,11 @@ class Live(Sandbox):
         from ..backends.host.scratch import scratch_events
 
         live = self._live
-        return self._check.events() + (scratch_events(live.scratch) if live else [])
+        if live is None:
+            return self._check.events()
+        # the tier's standing events: its check's, and what it added itself (gvisor: the
+        # deny list a runsc exec command goes without)
+        return [dict(e) for e in live.events] + scratch_events(live.scratch)
 
     def _net_mark(self) -> int:
         return len(self._net)

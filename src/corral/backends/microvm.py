@@ -119,7 +119,7 @@ class MicrovmBackend(Backend):
         accel, why = _accel()
         how = ("accelerated by KVM" if accel == "kvm" else
                "emulated by QEMU's TCG (no usable KVM: " + why + ")")
-        return (f"yes: Debian's cloud kernel {assets.KERNEL_RELEASE} in a virtual machine, "
+        return (f"Debian's cloud kernel {assets.KERNEL_RELEASE} in a virtual machine, "
                 f"{how}; a guest-kernel exploit lands in QEMU's process (its own uid, "
                 f"cgroup and seccomp sandbox), not on the host kernel directly")
 
@@ -269,7 +269,7 @@ class MicrovmSandbox(LiveSandbox):
         from .host.ids import free_uids
 
         self.plan, self.events = plan, check.events()
-        self.proc = self.cg = self.sock = None
+        self.proc = self.cg = self.sock = self.drainer = None
         self.dead: str | None = None
         self.console = bytearray()
         lim = ExecLimits.from_plan(plan)
@@ -321,15 +321,16 @@ class MicrovmSandbox(LiveSandbox):
         finally:
             for fd in fds:
                 os.close(fd)
-        threading.Thread(target=self._drain, daemon=True).start()
+        self.drainer = threading.Thread(target=self._drain, daemon=True)
+        self.drainer.start()
         self.boot_s = self._wait_ready()
 
     def _drain(self) -> None:
         """QEMU's stdout (the guest's console): the last CONSOLE_TAIL bytes are kept."""
-        out = self.proc.stdout
-        while chunk := os.read(out.fileno(), 65536):
-            self.console += chunk
-            del self.console[:-CONSOLE_TAIL]
+        with self.proc.stdout as out:
+            while chunk := os.read(out.fileno(), 65536):
+                self.console += chunk
+                del self.console[:-CONSOLE_TAIL]
 
     def _tail(self) -> str:
         lines = bytes(self.console).decode("utf-8", "replace").strip().splitlines()
@@ -376,7 +377,7 @@ class MicrovmSandbox(LiveSandbox):
         env = dict(envop.env)
         env.setdefault("HOME", SCRATCH)
         spec = {"argv": list(argv), "env": env, "cwd": SCRATCH, "cpu": lim.cpu,
-                "nofile": lim.rlimits.get("nofile"), "pids": lim.pids}
+                "rlimits": {k: int(v) for k, v in lim.rlimits.items()}, "pids": lim.pids}
         t0 = time.monotonic()
         self.sock.sendall(frame(b"C", json.dumps(spec).encode()))
         if stdin is None:
@@ -486,6 +487,8 @@ class MicrovmSandbox(LiveSandbox):
     def close(self) -> list[str]:
         problems: list[str] = []
         self._kill(self.dead or "closed")
+        if self.drainer is not None:
+            self.drainer.join(5)
         if self.sock is not None:
             self.sock.close()
             self.sock = None

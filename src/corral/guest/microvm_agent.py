@@ -78,8 +78,9 @@ def limits(spec):
         cpu = spec.get("cpu")
         if cpu:
             resource.setrlimit(resource.RLIMIT_CPU, (int(cpu) + 1, int(cpu) + 2))
-        if spec.get("nofile"):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (spec["nofile"],) * 2)
+        for name, value in (spec.get("rlimits") or {}).items():
+            if name in ("nofile", "fsize", "core"):
+                resource.setrlimit(getattr(resource, "RLIMIT_" + name.upper()), (value,) * 2)
         if spec.get("pids"):
             resource.setrlimit(resource.RLIMIT_NPROC, (spec["pids"],) * 2)
         os.setgroups([])

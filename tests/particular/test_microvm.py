@@ -1,0 +1,188 @@
+"""The microvm tier with real QEMU boots (TCG here: /dev/kvm is a nested PVM that the KVM
+probe finds unusable), on the suite's cached trixie image (imagefix.py).
+
+Boots cost seconds under TCG, so the boot tests are marked slow and share one sandbox for
+what can be checked in one guest; the refusals and the frame parser need no boot."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import CORRAL, ROOT
+from imagefix import corral_in
+
+import corral
+from corral.backends import AUTO_ORDER
+from corral.backends.microvm import FrameReader, frame, parse_exit
+from corral.errors import UnsupportedRule
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _usable() -> str | None:
+    from corral.backends.microvm import MicrovmBackend
+    from corral.errors import BackendUnavailable
+
+    try:
+        MicrovmBackend()._require()
+    except BackendUnavailable as e:
+        return e.message
+    return None
+
+
+@pytest.fixture(scope="module")
+def vm_image(mini_image):
+    """(state, image name), with CORRAL_STATE_DIR pointing at the image's store."""
+    why = _usable()
+    if why:
+        pytest.skip(why)
+    state, name, _ = mini_image
+    old = os.environ.get("CORRAL_STATE_DIR")
+    os.environ["CORRAL_STATE_DIR"] = state
+    yield state, name
+    if old is None:
+        del os.environ["CORRAL_STATE_DIR"]
+    else:
+        os.environ["CORRAL_STATE_DIR"] = old
+
+
+def policy(name, **limits):
+    return {"isolation": "microvm", "image": name, "limits": limits}
+
+
+# -- no boot: refusals, auto, explain, the frame parser -------------------------------------
+
+def test_the_host_root_is_refused_in_one_line():
+    if _usable():
+        pytest.skip(_usable())
+    p = subprocess.run([CORRAL, "run", "--isolation", "microvm", "--", "true"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 3 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("corral: image: the microvm tier boots an image")
+    assert 'image = "NAME"' in p.stderr
+
+
+def test_what_it_cannot_do_yet_is_refused_naming_a_tier_that_could(vm_image, tmp_path):
+    state, name = vm_image
+    for extra in (["--allow-domain", "example.com"], ["--workspace", str(tmp_path)]):
+        p = corral_in(state, "run", "--isolation", "microvm", "--image", name, *extra,
+                      "--", "true", check=False)
+        assert p.returncode == 3 and p.stderr.count("\n") == 1, p.stderr
+        assert 'isolation = "namespace" could' in p.stderr, p.stderr
+    with pytest.raises(UnsupportedRule):
+        corral.run(["true"], {**policy(name), "network": {"mode": "allow",
+                                                            "allow": ["example.com"]}})
+
+
+def test_auto_never_picks_it_and_explain_says_own_kernel(vm_image):
+    state, name = vm_image
+    assert "microvm" not in AUTO_ORDER
+    d = json.loads(corral_in(state, "explain", "--isolation", "microvm", "--image", name,
+                             "--json").stdout)
+    assert d["runs"] and d["own_kernel"] is True
+    assert ("emulated by QEMU's TCG" in d["kernel_note"]
+            or "accelerated by KVM" in d["kernel_note"]), d["kernel_note"]
+    text = corral_in(state, "explain", "--isolation", "microvm", "--image", name).stdout
+    assert "1. its own kernel? yes; Debian's cloud kernel" in text
+
+
+def test_frames_from_the_guest_are_parsed_strictly():
+    r = FrameReader(b"OEX")
+    assert r.feed(frame(b"O", b"hi") + frame(b"X", b'{"code": 0, "signal": null, '
+                                              b'"cpu": 0.5}')[:3]) == [(b"O", b"hi")]
+    assert r.feed(b"") == [] and len(r.buf) == 3
+    with pytest.raises(ValueError):   # an unknown type
+        FrameReader(b"OEX").feed(frame(b"R", b"{}"))
+    with pytest.raises(ValueError):   # a length past the bound, before its bytes arrive
+        FrameReader(b"OEX").feed(b"O" + (1 << 20).to_bytes(4, "big"))
+    assert parse_exit(b'{"code": 3, "signal": null, "cpu": 0.1}')["code"] == 3
+    for bad in (b'{"code": 3, "signal": 9, "cpu": 0}', b'{"code": 300, "signal": null, '
+                b'"cpu": 0}', b'{"code": null, "signal": null, "cpu": 0}', b'[]',
+                b'{"code": 0, "signal": null, "cpu": 0, "x": 1}', b'{"code": true, '
+                b'"signal": null, "cpu": 0}', b"\xff"):
+        with pytest.raises(ValueError):
+            parse_exit(bad)
+
+
+# -- real boots ------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_command_in_a_vm_of_its_own(vm_image):
+    state, name = vm_image
+    with open("/etc/os-release") as f:
+        host = f.readline().strip()
+    with corral.Sandbox(policy(name, timeout="60s", cpu_time="3s", output="64KiB")) as sb:
+        r = sb.exec(["sh", "-c", "head -1 /etc/os-release; echo oops >&2; exit 7"])
+        assert r.isolation == "microvm"
+        assert (r.verdict, r.exit_code) == ("error", 7), r
+        assert r.stdout == 'PRETTY_NAME="Debian GNU/Linux 13 (trixie)"\n' != host + "\n"
+        assert r.stderr == "oops\n"
+        # the guest's kernel, not the host's; the root is read-only; /scratch is writable
+        r = sb.exec(["sh", "-c", "uname -r; touch /usr/x 2>/dev/null && echo WROTE || "
+                     "echo ro; echo hi > /scratch/f && cat /scratch/f; id -u"])
+        assert r.stdout.split() == ["6.1.0-57-cloud-amd64", "ro", "hi", "1000"], r
+        assert os.uname().release != "6.1.0-57-cloud-amd64"
+        # wall clock: the command is killed, the sandbox lives on
+        r = sb.exec(["sleep", "30"], timeout=2)
+        assert r.verdict == "timeout" and r.exit_code is None
+        assert any(e.get("limit") == "timeout" for e in r.events), r.events
+        # CPU time: the guest kernel's RLIMIT_CPU
+        r = sb.exec(["python3", "-c", "while True: pass"])
+        assert r.verdict == "timeout", r
+        assert any(e.get("limit") == "cpu_time" for e in r.events), r.events
+        # output past the cap is dropped, with the limit event
+        r = sb.exec(["sh", "-c", "head -c 1000000 /dev/zero | tr '\\0' x"])
+        assert r.verdict == "ok" and r.stdout_truncated and len(r.stdout) == 64 << 10
+        assert any(e.get("limit") == "output" for e in r.events), r.events
+        assert sb.exec(["echo", "alive"]).stdout == "alive\n"
+
+
+def _children(pid):
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(x) for x in f.read().split()]
+    return out
+
+
+def _is_qemu(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().startswith(b"/usr/bin/qemu-system-x86_64\0")
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_killing_the_supervisor_leaves_no_qemu(vm_image):
+    state, name = vm_image
+    code = ("import corral, sys\n"
+            f"sb = corral.Sandbox({policy(name, timeout='300s')!r}).open()\n"
+            "print('up', flush=True)\n"
+            "sb.exec(['sleep', '300'])\n")
+    sup = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                           env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src")))
+    try:
+        assert sup.stdout.readline() == b"up\n"
+        (qemu,) = [p for p in _children(sup.pid) if _is_qemu(p)]
+        assert os.stat(f"/proc/{qemu}").st_uid >= 1_500_000_000   # its own uid, not root
+        # a stopped QEMU cannot notice its control channel's end: only the kernel's
+        # parent-death signal (SIGKILL) ends it
+        os.kill(qemu, signal.SIGSTOP)
+        sup.send_signal(signal.SIGKILL)
+        sup.wait()
+        for _ in range(200):   # bounded wait for the kernel to deliver PDEATHSIG
+            if not _is_qemu(qemu):
+                break
+            time.sleep(0.05)
+        assert not _is_qemu(qemu), f"QEMU {qemu} outlived its supervisor"
+    finally:
+        if "qemu" in locals() and _is_qemu(qemu):
+            os.kill(qemu, signal.SIGKILL)
+        sup.kill()
+        sup.wait()
+        sup.stdout.close()

@@ -93,17 +93,20 @@ def test_auto_never_picks_it_and_explain_says_own_kernel(vm_image):
 def test_frames_from_the_guest_are_parsed_strictly():
     r = FrameReader(b"OEX")
     assert r.feed(frame(b"O", b"hi") + frame(b"X", b'{"code": 0, "signal": null, '
-                                              b'"cpu": 0.5}')[:3]) == [(b"O", b"hi")]
+                                              b'"cpu": 0.5, "oom": 0}')[:3]) == [(b"O", b"hi")]
     assert r.feed(b"") == [] and len(r.buf) == 3
     with pytest.raises(ValueError):   # an unknown type
         FrameReader(b"OEX").feed(frame(b"R", b"{}"))
     with pytest.raises(ValueError):   # a length past the bound, before its bytes arrive
         FrameReader(b"OEX").feed(b"O" + (1 << 20).to_bytes(4, "big"))
-    assert parse_exit(b'{"code": 3, "signal": null, "cpu": 0.1}')["code"] == 3
-    for bad in (b'{"code": 3, "signal": 9, "cpu": 0}', b'{"code": 300, "signal": null, '
-                b'"cpu": 0}', b'{"code": null, "signal": null, "cpu": 0}', b'[]',
-                b'{"code": 0, "signal": null, "cpu": 0, "x": 1}', b'{"code": true, '
-                b'"signal": null, "cpu": 0}', b"\xff"):
+    assert parse_exit(b'{"code": 3, "signal": null, "cpu": 0.1, "oom": 0}')["code"] == 3
+    for bad in (b'{"code": 3, "signal": 9, "cpu": 0, "oom": 0}',
+                b'{"code": 300, "signal": null, "cpu": 0, "oom": 0}',
+                b'{"code": null, "signal": null, "cpu": 0, "oom": 0}', b'[]',
+                b'{"code": 0, "signal": null, "cpu": 0, "oom": 0, "x": 1}',
+                b'{"code": true, "signal": null, "cpu": 0, "oom": 0}',
+                b'{"code": 0, "signal": null, "cpu": 0, "oom": -1}',
+                b'{"code": 0, "signal": null, "cpu": 0}', b"\xff"):
         with pytest.raises(ValueError):
             parse_exit(bad)
 
@@ -139,6 +142,24 @@ def test_a_command_in_a_vm_of_its_own(vm_image):
         assert r.verdict == "ok" and r.stdout_truncated and len(r.stdout) == 64 << 10
         assert any(e.get("limit") == "output" for e in r.events), r.events
         assert sb.exec(["echo", "alive"]).stdout == "alive\n"
+
+
+@pytest.mark.slow
+def test_memory_gives_oom_and_a_guest_that_stops_answering_is_killed(vm_image):
+    from corral.errors import SandboxSetupError
+
+    state, name = vm_image
+    with corral.Sandbox(policy(name, memory="256MiB", timeout="60s")) as sb:
+        r = sb.exec(["python3", "-c", "b = b'x' * (1 << 30); print('survived')"])
+        assert r.verdict == "oom" and "survived" not in r.stdout, r
+        assert any(e.get("limit") == "memory" for e in r.events), r.events
+        (qemu,) = [p for p in _children(os.getpid()) if _is_qemu(p)]
+        os.kill(qemu, signal.SIGSTOP)   # the guest stops answering, even to a kill
+        r = sb.exec(["sleep", "30"], timeout=2)
+        assert r.verdict == "timeout", r
+        assert not _is_qemu(qemu) or open(f"/proc/{qemu}/stat").read().split()[2] == "Z"
+        with pytest.raises(SandboxSetupError, match="gone"):
+            sb.exec(["true"])
 
 
 def _children(pid):

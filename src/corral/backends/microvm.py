@@ -249,11 +249,14 @@ class FrameReader:
 
 
 def parse_exit(data: bytes) -> dict:
-    """The X frame: {"code": 0-255 or None, "signal": 1-64 or None, "cpu": seconds}."""
+    """The X frame: {"code": 0-255 or None, "signal": 1-64 or None, "cpu": seconds,
+    "oom": the guest kernel's OOM kills during the command}."""
     x = json.loads(data.decode("utf-8"))
-    if not isinstance(x, dict) or set(x) != {"code", "signal", "cpu"}:
+    if not isinstance(x, dict) or set(x) != {"code", "signal", "cpu", "oom"}:
         raise ValueError("bad exit frame from the guest")
-    code, sig, cpu = x["code"], x["signal"], x["cpu"]
+    code, sig, cpu, oom = x["code"], x["signal"], x["cpu"], x["oom"]
+    if not (type(oom) is int and 0 <= oom < 1 << 31):
+        raise ValueError("bad exit frame from the guest")
     if not ((code is None or type(code) is int and 0 <= code <= 255)
             and (sig is None or type(sig) is int and 1 <= sig <= 64)
             and (code is None) != (sig is None)
@@ -430,24 +433,34 @@ class MicrovmSandbox(LiveSandbox):
         for kind, stream in ((b"O", "stdout"), (b"E", "stderr")):
             if trunc[kind]:
                 events.append(LimitEvent.output(stream, lim.cap).to_dict())
-        oom = self.cg.usage().oom_kills if self.cg is not None else 0
+        # QEMU's own cgroup OOM (the VM is then gone), or the guest kernel's OOM killer
+        # during the command (the guest's RAM is the policy's memory limit)
+        host_oom = (self.cg.usage().oom_kills or 0) if self.cg is not None else 0
+        guest_oom = 0
         code = sig = None
         cpu = None
         if ended is not None:
             code, sig, cpu = ended["code"], ended["signal"], float(ended["cpu"])
+            guest_oom = ended["oom"] if sig == signal.SIGKILL else 0
             if (timed_out is None and sig in (signal.SIGXCPU, signal.SIGKILL)
                     and cpu >= lim.cpu - 0.05):
                 timed_out = "cpu_time"
         elif timed_out is None:
             sig = signal.SIGKILL
+        oom = host_oom + guest_oom
         if timed_out == "timeout":
             events.append(LimitEvent.timeout(lim.wall).to_dict())
             code = sig = None
         elif timed_out == "cpu_time":
             events.append(LimitEvent.cpu_time(lim.cpu).to_dict())
             code = sig = None
-        if oom:
-            events.append(LimitEvent.memory(oom, self.cg_limit()).to_dict())
+        (m,) = self.plan.find(MemoryLimit)
+        if host_oom:
+            events.append(LimitEvent.memory(host_oom, m.bytes + QEMU_OVERHEAD).to_dict())
+        if guest_oom:
+            events.append(LimitEvent("memory", message=(
+                f"the guest kernel's OOM killer killed {guest_oom} process(es): the guest's "
+                f"RAM is the {max(m.bytes, MIN_RAM)} byte limit")).to_dict())
         from ..result import decide_verdict
 
         verdict = decide_verdict(exit_code=code, signal=sig, oom_kills=oom or 0,
@@ -458,10 +471,6 @@ class MicrovmSandbox(LiveSandbox):
                       stdout_truncated=trunc[b"O"], stderr_truncated=trunc[b"E"],
                       usage=Usage(wall_s=wall, cpu_s=cpu), events=events,
                       isolation="microvm")
-
-    def cg_limit(self) -> int:
-        (m,) = self.plan.find(MemoryLimit)
-        return max(m.bytes, MIN_RAM) + QEMU_OVERHEAD
 
     def _feed_stdin(self, fd: int) -> None:
         try:

@@ -50,12 +50,16 @@ MKSQUASHFS = "/usr/bin/mksquashfs"
 #: read-only, a tmpfs /scratch capped at corral_scratch bytes (from the kernel command
 #: line: the kernel hands unknown name=value words to init's environment), /tmp in it, the
 #: agent on a small tmpfs /run/corral, then switch_root to the image's python3 running it.
+#: Overcommit is always allowed, as for a process in a memory cgroup on the host: a large
+#: allocation succeeds and the guest kernel's OOM killer ends the command once its pages
+#: no longer fit (verdict oom), rather than a MemoryError at malloc.
 #: Any failure powers the guest off (PID 1 exits: panic=-1 and -no-reboot end QEMU).
 INIT = r"""#!/bin/busybox sh
 B=/bin/busybox
 $B mount -t proc proc /proc
 $B mount -t sysfs sys /sys
 $B mount -t devtmpfs dev /dev
+$B echo 1 > /proc/sys/vm/overcommit_memory
 for m in MODULES; do $B insmod /m/$m.ko || { $B echo "corral-init: insmod $m failed"; exit 1; }; done
 i=0
 while [ ! -b /dev/vda ]; do i=$((i+1)); [ $i -gt 500 ] && { $B echo "corral-init: no /dev/vda"; exit 1; }; $B usleep 10000; done

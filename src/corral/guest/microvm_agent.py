@@ -89,9 +89,22 @@ def limits(spec):
     return apply
 
 
+def oom_kills():
+    """The guest kernel's OOM kills so far (/proc/vmstat oom_kill)."""
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def run(ch, spec, pending):
     import subprocess
 
+    oom0 = oom_kills()
     argv, env = spec["argv"], spec["env"]
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
         raise SystemExit("corral-agent: bad argv")
@@ -102,7 +115,8 @@ def run(ch, spec, pending):
                              preexec_fn=limits(spec), close_fds=True)
     except OSError as e:
         ch.send(b"E", f"corral: cannot run {argv[0]!r}: {e.strerror}\n".encode())
-        ch.send(b"X", json.dumps({"code": 127, "signal": None, "cpu": 0.0}).encode())
+        ch.send(b"X", json.dumps({"code": 127, "signal": None, "cpu": 0.0,
+                                  "oom": 0}).encode())
         return
     sel = selectors.DefaultSelector()
     sel.register(p.stdout, selectors.EVENT_READ, b"O")
@@ -158,8 +172,8 @@ def run(ch, spec, pending):
     sel.close()
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-    ch.send(b"X", json.dumps({"code": code, "signal": sig,
-                              "cpu": ru.ru_utime + ru.ru_stime}).encode())
+    ch.send(b"X", json.dumps({"code": code, "signal": sig, "cpu": ru.ru_utime + ru.ru_stime,
+                              "oom": oom_kills() - oom0}).encode())
 
 
 def main():

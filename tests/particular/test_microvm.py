@@ -162,6 +162,22 @@ def test_memory_gives_oom_and_a_guest_that_stops_answering_is_killed(vm_image):
             sb.exec(["true"])
 
 
+@pytest.mark.slow
+def test_sandboxes_restored_from_one_snapshot_get_different_random_bytes(vm_image):
+    state, name = vm_image
+    code = ("import os, random; print(open('/dev/urandom', 'rb').read(16).hex(), "
+            "os.urandom(16).hex(), random.getrandbits(64))")
+    outs = []
+    for _ in range(2):
+        with corral.Sandbox(policy(name)) as sb:
+            sb.open()
+            assert sb._live.mode == "restore"   # from the warm template, not a boot
+            r = sb.exec(["python3", "-c", code])
+            assert r.verdict == "ok", r
+            outs.append(r.stdout.split())
+    assert len(outs[0]) == 3 and all(a != b for a, b in zip(*outs)), outs
+
+
 def _children(pid):
     out = []
     for task in os.listdir(f"/proc/{pid}/task"):

@@ -127,6 +127,11 @@ class MicrovmBackend(Backend):
     def egress_note(self) -> str:
         return "none: the guest has no network device"
 
+    def __init__(self, warm: bool = True) -> None:
+        """`warm`: start sandboxes from the warm template (backends/microvm_snap.py);
+        False: a cold boot each (for benches and tests of the boot itself)."""
+        self.warm = warm
+
     def auto_skip(self) -> str | None:
         return "isolation = \"auto\" never picks microvm; ask for it by name"
 
@@ -221,7 +226,27 @@ class MicrovmBackend(Backend):
         for g in check.gaps:   # fail closed: a default this tier cannot give is not
             if isinstance(g.op, (WorkspaceMount, ReadOnlyBind, EgressProxy, ImageRoot)):
                 raise UnsupportedRule(g.reason, field=g.rule)   # quietly dropped either
-        return MicrovmSandbox(plan, check)
+        if not self.warm:
+            return MicrovmSandbox(plan, check)
+        from . import microvm_snap as snap
+
+        path = snap.snap_path(machine(plan)["key"])
+        if not os.path.isfile(path):
+            try:
+                snap.template(plan, check, MicrovmSandbox, path)
+            except SandboxSetupError:
+                return MicrovmSandbox(plan, check)   # no template: a cold boot, slower only
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return MicrovmSandbox(plan, check, mode="restore", snapshot=fd)
+        except SandboxSetupError:
+            try:
+                os.unlink(path)   # a template that does not restore is made again next time
+            except OSError:
+                pass
+            return MicrovmSandbox(plan, check)
+        finally:
+            os.close(fd)
 
 
 def frame(kind: bytes, data: bytes = b"") -> bytes:
@@ -265,40 +290,60 @@ def parse_exit(data: bytes) -> dict:
     return x
 
 
+def machine(plan: Plan) -> dict:
+    """The VM a plan boots: RAM, vCPUs, scratch, files, accelerator, and the key a warm
+    snapshot of it is kept under."""
+    from .host.execlimits import ExecLimits
+
+    lim = ExecLimits.from_plan(plan)
+    (img,) = plan.find(ImageRoot)
+    (scratch,) = plan.find(Scratch)
+    quota = plan.find(CpuQuota)
+    cpus = quota[0].cpus if quota else None
+    ncpu = max(1, min(os.cpu_count() or 1, int(-(-cpus // 1)))) if cpus else 1
+    ram = max(lim.memory, MIN_RAM)
+    accel = _accel()
+    vmlinuz, _ = assets.kernel_files()
+    rd = assets.initramfs()
+    disk = assets.root_disk(img.digest.removeprefix("sha256:"), img.tree)
+    key = (img.digest, assets.KERNEL_VERSION, os.path.basename(rd), ram, ncpu, scratch.size,
+           scratch.inodes, accel[0], TB_SIZE_MB)
+    return {"ram": ram, "ncpu": ncpu, "scratch": scratch, "cpus": cpus, "accel": accel,
+            "files": (vmlinuz, rd, disk), "key": key}
+
+
 class MicrovmSandbox(LiveSandbox):
-    def __init__(self, plan: Plan, check: TierCheck) -> None:
+    """One VM. `mode`: "boot" (a cold boot), "template" (a cold boot with a QMP monitor,
+    for backends/microvm_snap.py to save and end), or "restore" (from `snapshot`, an
+    open file of a saved template; the guest is reseeded and answers ready again)."""
+
+    def __init__(self, plan: Plan, check: TierCheck, *, mode: str = "boot",
+                 snapshot: int | None = None) -> None:
         from ..linux.limits import RunCgroup
-        from .host.execlimits import ExecLimits
         from .host.ids import free_uids
 
-        self.plan, self.events = plan, check.events()
-        self.proc = self.cg = self.sock = self.drainer = None
+        self.plan, self.events, self.mode = plan, check.events(), mode
+        self.proc = self.cg = self.sock = self.drainer = self.qmp = None
         self.dead: str | None = None
         self.console = bytearray()
-        lim = ExecLimits.from_plan(plan)
-        (img,) = plan.find(ImageRoot)
-        (scratch,) = plan.find(Scratch)
-        cpus = plan.find(CpuQuota)
-        ncpu = max(1, min(os.cpu_count() or 1, int(-(-cpus[0].cpus // 1)))) if cpus else 1
-        ram = max(lim.memory, MIN_RAM)
-        self.accel, self.accel_why = _accel()
-        vmlinuz, _ = assets.kernel_files()
-        rd = assets.initramfs()
-        disk = assets.root_disk(img.digest.removeprefix("sha256:"), img.tree)
+        m = machine(plan)
+        ram, ncpu, scratch, cpus = m["ram"], m["ncpu"], m["scratch"], m["cpus"]
+        vmlinuz, rd, disk = m["files"]
+        self.accel, self.accel_why = m["accel"]
+        #: what a snapshot of this VM must match to be restored into it
+        self.machine_key = m["key"]
         self.run_id = "mvm-" + os.urandom(6).hex()
         self.uid = free_uids(1)[0]
         fds: list[int] = []
         try:
             self.cg = RunCgroup.create(self.run_id, memory=ram + QEMU_OVERHEAD,
-                                       pids=QEMU_PIDS, cpus=cpus[0].cpus if cpus else None)
+                                       pids=QEMU_PIDS, cpus=cpus)
             files = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in (vmlinuz, rd, disk)]
             fds += files
             host, guest = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock = host
             fds.append(guest.detach())
-            cgfds = self.cg.attach_fds()
-            fds += cgfds
-            kf, rf, df, gf = (f"/proc/self/fd/{fd}" for fd in (*files, fds[3]))
+            kf, rf, df = (f"/proc/self/fd/{fd}" for fd in files)
             accel = "kvm" if self.accel == "kvm" else f"tcg,tb-size={TB_SIZE_MB}"
             argv = [assets.QEMU, "-M", "q35", "-accel", accel,
                     *(["-cpu", "host"] if self.accel == "kvm" else []),
@@ -316,8 +361,19 @@ class MicrovmSandbox(LiveSandbox):
                     "-device", "virtio-rng-pci",
                     "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,"
                                 "resourcecontrol=deny"]
-            del gf
-            self.proc = _spawn(argv, self.uid, cgfds, fds[:4])
+            if mode == "template":
+                mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.qmp = mine
+                fds.append(theirs.detach())
+                argv += ["-chardev", f"socket,id=qmp,fd={fds[-1]}",
+                         "-mon", "chardev=qmp,mode=control"]
+            elif mode == "restore":
+                fds.append(os.dup(snapshot))
+                argv += ["-incoming", f"fd:{fds[-1]}"]
+            passed = list(fds)
+            cgfds = self.cg.attach_fds()
+            fds += cgfds
+            self.proc = _spawn(argv, self.uid, cgfds, passed)
         except BaseException:
             self.close()
             raise
@@ -326,6 +382,9 @@ class MicrovmSandbox(LiveSandbox):
                 os.close(fd)
         self.drainer = threading.Thread(target=self._drain, daemon=True)
         self.drainer.start()
+        if mode == "restore":   # fresh entropy before anything runs: the agent mixes it
+            # into the guest kernel's pool and forces a reseed of its CRNG
+            self._send(frame(b"S", os.urandom(64)))
         self.boot_s = self._wait_ready()
 
     def _drain(self) -> None:
@@ -498,9 +557,10 @@ class MicrovmSandbox(LiveSandbox):
         self._kill(self.dead or "closed")
         if self.drainer is not None:
             self.drainer.join(5)
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        for attr in ("sock", "qmp"):
+            if getattr(self, attr, None) is not None:
+                getattr(self, attr).close()
+                setattr(self, attr, None)
         if self.cg is not None:
             try:
                 self.cg.destroy()

@@ -4,7 +4,8 @@ virtio-serial port named "corral.ctl"; it trusts nothing else and holds no secre
 
 Frames both ways: 1 byte type, 4 bytes big-endian length, then that many bytes (at most
 MAX_FRAME). Host to guest: C (a command: JSON argv, env, cwd, limits), I (stdin bytes),
-D (stdin's end), K (kill the running command). Guest to host: R (ready, JSON), O and E
+D (stdin's end), K (kill the running command), S (fresh entropy, after a restore from a
+snapshot: answered with R). Guest to host: R (ready, JSON), O and E
 (stdout and stderr bytes), X (how the command ended: JSON). A frame the agent cannot parse
 ends the guest: it powers off (PID 1 exits).
 
@@ -64,7 +65,7 @@ class Channel:
         frames = []
         while len(self.buf) >= 5:
             kind, n = self.buf[:1], struct.unpack(">I", self.buf[1:5])[0]
-            if kind not in (b"C", b"I", b"D", b"K") or n > MAX_FRAME:
+            if kind not in (b"C", b"I", b"D", b"K", b"S") or n > MAX_FRAME:
                 raise SystemExit("corral-agent: bad frame from host")
             if len(self.buf) < 5 + n:
                 break
@@ -176,6 +177,18 @@ def run(ch, spec, pending):
                               "oom": oom_kills() - oom0}).encode())
 
 
+def reseed(seed):
+    """After a restore from a snapshot: mix the host's fresh bytes into the kernel's pool,
+    credited, and force the CRNG to reseed, so that no two restored guests share a random
+    stream (each command is a new process: Python's os.urandom and random read it anew)."""
+    import fcntl
+
+    rnd_add_entropy, rnd_reseed_crng = 0x40085203, 0x5207
+    with open("/dev/urandom", "wb") as f:
+        fcntl.ioctl(f, rnd_add_entropy, struct.pack("ii", len(seed) * 8, len(seed)) + seed)
+        fcntl.ioctl(f, rnd_reseed_crng)
+
+
 def main():
     os.chown("/scratch", UID, UID)
     os.chmod("/scratch", 0o755)
@@ -190,6 +203,10 @@ def main():
         pending += frames
         while pending:
             kind, data = pending.pop(0)
+            if kind == b"S":
+                reseed(data)
+                ch.send(b"R", json.dumps({"agent": 1, "restored": True}).encode())
+                continue
             if kind != b"C":
                 continue   # stdin or kill of no command: nothing to do
             run(ch, json.loads(data), pending)

@@ -62,8 +62,9 @@ def test_the_host_root_is_refused_in_one_line():
     p = subprocess.run([CORRAL, "run", "--isolation", "microvm", "--", "true"],
                        capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode == 3 and p.stderr.count("\n") == 1, p.stderr
-    assert p.stderr.startswith("corral: image: the microvm tier boots an image")
-    assert 'image = "NAME"' in p.stderr
+    assert p.stderr.startswith("corral: image: the microvm tier cannot enforce it")
+    assert "boots an image, not the host's /usr" in p.stderr and 'image = "NAME"' in p.stderr
+    assert 'isolation = "namespace" could' in p.stderr
 
 
 def test_what_it_cannot_do_yet_is_refused_naming_a_tier_that_could(vm_image, tmp_path):

@@ -61,7 +61,7 @@ from ..plan import (
 )
 from ..result import Result, Usage
 from . import microvm_assets as assets
-from .base import Backend, LiveSandbox, TierCheck, assert_never
+from .base import Backend, Gap, LiveSandbox, TierCheck, assert_never
 
 MAX_FRAME = 65536
 #: QEMU's own memory beside the guest's RAM (its code, TCG's translation cache, capped at
@@ -198,9 +198,7 @@ class MicrovmBackend(Backend):
         for op in plan.ops:
             match op:
                 case SystemRoot():
-                    # the policy's default root: refused outright, never run on something
-                    # weaker (there is no host root to boot)
-                    raise UnsupportedRule(_CANNOT["host"], field="image")
+                    pass   # refused below, whether the policy named "host" or not
                 case ImageRoot():
                     if op.layers:
                         missing.append((op, _CANNOT["layers"]))
@@ -218,7 +216,13 @@ class MicrovmBackend(Backend):
                     pass
                 case _:
                     assert_never(op)
-        return TierCheck.of(self.name, plan, missing)
+        check = TierCheck.of(self.name, plan, missing)
+        if plan.find(SystemRoot):
+            # the default root, image = "host": refused even as a default (there is no
+            # host root to boot, and nothing weaker is run), under the rule "image"
+            check = TierCheck(self.name, (*check.gaps, Gap(SystemRoot(rule="image"),
+                                                           _CANNOT["host"], explicit=True)))
+        return check
 
     def open(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None
              ) -> MicrovmSandbox:

@@ -142,6 +142,14 @@ def test_a_command_in_a_vm_of_its_own(vm_image):
         r = sb.exec(["sh", "-c", "head -c 1000000 /dev/zero | tr '\\0' x"])
         assert r.verdict == "ok" and r.stdout_truncated and len(r.stdout) == 64 << 10
         assert any(e.get("limit") == "output" for e in r.events), r.events
+        # nothing a command starts outlives it, even in a session of its own
+        r = sb.exec(["python3", "-c", "import subprocess as s; s.Popen(['sleep', '1000'], "
+                     "start_new_session=True, stdout=s.DEVNULL, stderr=s.DEVNULL); "
+                     "print('started')"])
+        assert r.stdout == "started\n", r
+        r = sb.exec(["python3", "-c", "import os; print(sum(open(f'/proc/{p}/comm').read() "
+                     "== 'sleep\\n' for p in os.listdir('/proc') if p.isdigit()))"])
+        assert r.stdout == "0\n", r
         assert sb.exec(["echo", "alive"]).stdout == "alive\n"
 
 

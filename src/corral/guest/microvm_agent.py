@@ -102,6 +102,22 @@ def oom_kills():
     return 0
 
 
+def end_all():
+    """Kill every process of the guest but this one (PID 1: kill(-1) spares the caller),
+    and reap them: nothing a command started outlives it."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+
+
 def run(ch, spec, pending):
     import subprocess
 
@@ -166,10 +182,7 @@ def run(ch, spec, pending):
                 sel.unregister(key.fileobj)
                 open_pipes -= 1
     _, status, ru = os.wait4(p.pid, 0)
-    try:
-        os.killpg(p.pid, signal.SIGKILL)   # what the command left running
-    except OSError:
-        pass
+    end_all()   # what the command left running, even in sessions of its own
     sel.close()
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None

@@ -156,9 +156,9 @@ def run(ch, spec, pending):
                 p.stdin.close()
             except OSError:
                 pass
-        elif kind == b"K":
+        elif kind == b"K":   # every process but PID 1: the command and all it started
             try:
-                os.killpg(p.pid, signal.SIGKILL)
+                os.kill(-1, signal.SIGKILL)
             except OSError:
                 pass
         elif kind == b"C":

@@ -217,6 +217,9 @@ def test_killing_the_supervisor_leaves_no_qemu(vm_image):
         assert sup.stdout.readline() == b"up\n"
         (qemu,) = [p for p in _children(sup.pid) if _is_qemu(p)]
         assert os.stat(f"/proc/{qemu}").st_uid >= 1_500_000_000   # its own uid, not root
+        with open(f"/proc/{qemu}/cgroup") as f:   # the run's cgroup, recorded in its run dir
+            cgs = [line.strip().split(":", 2)[2] for line in f if "-mvm" in line]
+        assert cgs, "QEMU is not in a run cgroup of its own"
         # a stopped QEMU cannot notice its control channel's end: only the kernel's
         # parent-death signal (SIGKILL) ends it
         os.kill(qemu, signal.SIGSTOP)
@@ -227,6 +230,16 @@ def test_killing_the_supervisor_leaves_no_qemu(vm_image):
                 break
             time.sleep(0.05)
         assert not _is_qemu(qemu), f"QEMU {qemu} outlived its supervisor"
+        # the dead supervisor's cgroup is left; the next start's sweep removes it
+        from corral.linux.rundir import sweep_stale
+
+        def left():
+            return [c for c in cgs for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/memory",
+                                                "/sys/fs/cgroup/unified")
+                    if os.path.isdir(root + c)]
+        assert left()
+        sweep_stale()
+        assert not left()
     finally:
         if "qemu" in locals() and _is_qemu(qemu):
             os.kill(qemu, signal.SIGKILL)

@@ -336,12 +336,20 @@ class MicrovmSandbox(LiveSandbox):
         self.accel, self.accel_why = m["accel"]
         #: what a snapshot of this VM must match to be restored into it
         self.machine_key = m["key"]
-        self.run_id = "mvm-" + os.urandom(6).hex()
+        from ..linux import rundir
+
         self.uid = free_uids(1)[0]
         fds: list[int] = []
+        self.dir = None
         try:
+            # a locked run directory records the cgroup: if this supervisor dies, the next
+            # corral start's sweep kills what is left in it (QEMU, were PDEATHSIG missed)
+            rundir.sweep_if_due()
+            self.dir = rundir.RunDir()
+            self.run_id = f"{self.dir.id}-mvm"
             self.cg = RunCgroup.create(self.run_id, memory=ram + QEMU_OVERHEAD,
                                        pids=QEMU_PIDS, cpus=cpus)
+            self.dir.track(self.cg)
             files = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in (vmlinuz, rd, disk)]
             fds += files
             host, guest = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -571,6 +579,9 @@ class MicrovmSandbox(LiveSandbox):
             except Exception as e:   # noqa: BLE001 - teardown reports, never raises
                 problems.append(f"could not remove the microvm's cgroup: {e}")
             self.cg = None
+        if getattr(self, "dir", None) is not None:
+            problems += self.dir.remove()
+            self.dir = None
         return problems
 
 

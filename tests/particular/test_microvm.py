@@ -94,20 +94,21 @@ def test_auto_never_picks_it_and_explain_says_own_kernel(vm_image):
 def test_frames_from_the_guest_are_parsed_strictly():
     r = FrameReader(b"OEX")
     assert r.feed(frame(b"O", b"hi") + frame(b"X", b'{"code": 0, "signal": null, '
-                                              b'"cpu": 0.5, "oom": 0}')[:3]) == [(b"O", b"hi")]
+                                              b'"cpu": 0.5, "oom": 0, "full": 0}')[:3]) == [(b"O", b"hi")]
     assert r.feed(b"") == [] and len(r.buf) == 3
     with pytest.raises(ValueError):   # an unknown type
         FrameReader(b"OEX").feed(frame(b"R", b"{}"))
     with pytest.raises(ValueError):   # a length past the bound, before its bytes arrive
         FrameReader(b"OEX").feed(b"O" + (1 << 20).to_bytes(4, "big"))
-    assert parse_exit(b'{"code": 3, "signal": null, "cpu": 0.1, "oom": 0}')["code"] == 3
-    for bad in (b'{"code": 3, "signal": 9, "cpu": 0, "oom": 0}',
-                b'{"code": 300, "signal": null, "cpu": 0, "oom": 0}',
-                b'{"code": null, "signal": null, "cpu": 0, "oom": 0}', b'[]',
-                b'{"code": 0, "signal": null, "cpu": 0, "oom": 0, "x": 1}',
-                b'{"code": true, "signal": null, "cpu": 0, "oom": 0}',
-                b'{"code": 0, "signal": null, "cpu": 0, "oom": -1}',
-                b'{"code": 0, "signal": null, "cpu": 0}', b"\xff"):
+    assert parse_exit(b'{"code": 3, "signal": null, "cpu": 0.1, "oom": 0, "full": 0}')["code"] == 3
+    for bad in (b'{"code": 3, "signal": 9, "cpu": 0, "oom": 0, "full": 0}',
+                b'{"code": 300, "signal": null, "cpu": 0, "oom": 0, "full": 0}',
+                b'{"code": null, "signal": null, "cpu": 0, "oom": 0, "full": 0}', b'[]',
+                b'{"code": 0, "signal": null, "cpu": 0, "oom": 0, "full": 0, "x": 1}',
+                b'{"code": true, "signal": null, "cpu": 0, "oom": 0, "full": 0}',
+                b'{"code": 0, "signal": null, "cpu": 0, "oom": -1, "full": 0}',
+                b'{"code": 0, "signal": null, "cpu": 0, "oom": 0, "full": 4}',
+                b'{"code": 0, "signal": null, "cpu": 0, "oom": 0}', b"\xff"):
         with pytest.raises(ValueError):
             parse_exit(bad)
 
@@ -119,7 +120,8 @@ def test_a_command_in_a_vm_of_its_own(vm_image):
     state, name = vm_image
     with open("/etc/os-release") as f:
         host = f.readline().strip()
-    with corral.Sandbox(policy(name, timeout="60s", cpu_time="3s", output="64KiB")) as sb:
+    with corral.Sandbox(policy(name, timeout="60s", cpu_time="3s", output="64KiB",
+                               scratch="16MiB")) as sb:
         r = sb.exec(["sh", "-c", "head -1 /etc/os-release; echo oops >&2; exit 7"])
         assert r.isolation == "microvm"
         assert (r.verdict, r.exit_code) == ("error", 7), r
@@ -143,6 +145,13 @@ def test_a_command_in_a_vm_of_its_own(vm_image):
         r = sb.exec(["sh", "-c", "head -c 1000000 /dev/zero | tr '\\0' x"])
         assert r.verdict == "ok" and r.stdout_truncated and len(r.stdout) == 64 << 10
         assert any(e.get("limit") == "output" for e in r.events), r.events
+        # no network device at all, only loopback
+        assert sb.exec(["ls", "/sys/class/net"]).stdout.split() == ["lo"]
+        # the scratch cap: ENOSPC, and the limit event
+        r = sb.exec(["sh", "-c", "head -c 32000000 /dev/zero > /scratch/big"])
+        assert r.verdict == "error" and "No space left" in r.stderr, r
+        assert any(e.get("limit") == "scratch" for e in r.events), r.events
+        sb.exec(["rm", "/scratch/big"])
         # nothing a command starts outlives it, even in a session of its own
         r = sb.exec(["python3", "-c", "import subprocess as s; s.Popen(['sleep', '1000'], "
                      "start_new_session=True, stdout=s.DEVNULL, stderr=s.DEVNULL); "

@@ -279,12 +279,14 @@ class FrameReader:
 
 def parse_exit(data: bytes) -> dict:
     """The X frame: {"code": 0-255 or None, "signal": 1-64 or None, "cpu": seconds,
-    "oom": the guest kernel's OOM kills during the command}."""
+    "oom": the guest kernel's OOM kills during the command, "full": /scratch out of bytes
+    (1) and/or inodes (2) at the end}."""
     x = json.loads(data.decode("utf-8"))
-    if not isinstance(x, dict) or set(x) != {"code", "signal", "cpu", "oom"}:
+    if not isinstance(x, dict) or set(x) != {"code", "signal", "cpu", "oom", "full"}:
         raise ValueError("bad exit frame from the guest")
     code, sig, cpu, oom = x["code"], x["signal"], x["cpu"], x["oom"]
-    if not (type(oom) is int and 0 <= oom < 1 << 31):
+    if not (type(oom) is int and 0 <= oom < 1 << 31 and x["full"] in (0, 1, 2, 3)
+            and type(x["full"]) is int):
         raise ValueError("bad exit frame from the guest")
     if not ((code is None or type(code) is int and 0 <= code <= 255)
             and (sig is None or type(sig) is int and 1 <= sig <= 64)
@@ -519,6 +521,11 @@ class MicrovmSandbox(LiveSandbox):
         elif timed_out is None:
             sig = signal.SIGKILL
         oom = host_oom + guest_oom
+        full = ended["full"] if ended is not None else 0
+        if full & 1:
+            events.append(LimitEvent.scratch_full().to_dict())
+        if full & 2:
+            events.append(LimitEvent.scratch_inodes().to_dict())
         if timed_out == "timeout":
             events.append(LimitEvent.timeout(lim.wall).to_dict())
             code = sig = None

@@ -102,6 +102,16 @@ def oom_kills():
     return 0
 
 
+def scratch_full():
+    """1: /scratch has no bytes left; 2: no inodes left (both: 3)."""
+    try:
+        st = os.statvfs("/scratch")
+    except OSError:
+        return 0
+    return (1 if st.f_blocks and st.f_bavail == 0 else 0) | (
+        2 if st.f_files and st.f_favail == 0 else 0)
+
+
 def end_all():
     """Kill every process of the guest but this one (PID 1: kill(-1) spares the caller),
     and reap them: nothing a command started outlives it."""
@@ -133,7 +143,7 @@ def run(ch, spec, pending):
     except OSError as e:
         ch.send(b"E", f"corral: cannot run {argv[0]!r}: {e.strerror}\n".encode())
         ch.send(b"X", json.dumps({"code": 127, "signal": None, "cpu": 0.0,
-                                  "oom": 0}).encode())
+                                  "oom": 0, "full": scratch_full()}).encode())
         return
     sel = selectors.DefaultSelector()
     sel.register(p.stdout, selectors.EVENT_READ, b"O")
@@ -187,7 +197,7 @@ def run(ch, spec, pending):
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     ch.send(b"X", json.dumps({"code": code, "signal": sig, "cpu": ru.ru_utime + ru.ru_stime,
-                              "oom": oom_kills() - oom0}).encode())
+                              "oom": oom_kills() - oom0, "full": scratch_full()}).encode())
 
 
 def reseed(seed):

@@ -164,6 +164,21 @@ def test_a_command_in_a_vm_of_its_own(vm_image):
 
 
 @pytest.mark.slow
+def test_stdin_run_code_and_one_command_at_a_time(vm_image):
+    state, name = vm_image
+    with corral.Sandbox(policy(name)) as sb:
+        r = sb.exec(["sh", "-c", "wc -c"], stdin=b"x" * 200000)
+        assert (r.verdict, r.stdout) == ("ok", "200000\n"), r
+        ex = sb.run_code("x = 6 * 7\nprint(x)")
+        assert ex.error is None and ex.logs.stdout == ["42\n"], ex
+        # the context's interpreter holds the one command slot: a second is refused in
+        # one line, and the guest lives on
+        with pytest.raises(corral.BackendUnavailable, match="one command at a time"):
+            sb.exec(["true"])
+        assert sb.run_code("print(x + 1)").logs.stdout == ["43\n"]
+
+
+@pytest.mark.slow
 def test_memory_gives_oom_and_a_guest_that_stops_answering_is_killed(vm_image):
     from corral.errors import SandboxSetupError
 

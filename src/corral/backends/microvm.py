@@ -332,6 +332,7 @@ class MicrovmSandbox(LiveSandbox):
         self.proc = self.cg = self.sock = self.drainer = self.qmp = None
         self.dead: str | None = None
         self.console = bytearray()
+        self.busy = threading.Lock()
         m = machine(plan)
         ram, ncpu, scratch, cpus = m["ram"], m["ncpu"], m["scratch"], m["cpus"]
         vmlinuz, rd, disk = m["files"]
@@ -439,7 +440,6 @@ class MicrovmSandbox(LiveSandbox):
 
     def exec(self, argv: list[str], *, stdin: int | None = None, on_stdout=None,
              on_stderr=None, timeout: float | None = None, tty=None) -> Result:
-        from .host.execlimits import ExecLimits
 
         if not argv:
             raise SandboxSetupError("no command given", step="exec")
@@ -448,6 +448,19 @@ class MicrovmSandbox(LiveSandbox):
                                      "yet; run without -t", field="tty")
         if self.dead:
             raise SandboxSetupError(f"the microvm sandbox is gone ({self.dead})", step="exec")
+        if not self.busy.acquire(blocking=False):
+            raise BackendUnavailable("the microvm tier runs one command at a time in a "
+                                     "sandbox (a run_code context holds one while it lives); "
+                                     "use isolation = \"namespace\" for concurrent commands",
+                                     field="isolation")
+        try:
+            return self._exec(argv, stdin, on_stdout, on_stderr, timeout)
+        finally:
+            self.busy.release()
+
+    def _exec(self, argv, stdin, on_stdout, on_stderr, timeout) -> Result:
+        from .host.execlimits import ExecLimits
+
         lim = ExecLimits.from_plan(self.plan, timeout)
         (envop,) = self.plan.find(Environment)
         env = dict(envop.env)

@@ -87,6 +87,7 @@ def test_auto_never_picks_it_and_explain_says_own_kernel(vm_image):
     assert d["runs"] and d["own_kernel"] is True
     assert ("emulated by QEMU's TCG" in d["kernel_note"]
             or "accelerated by KVM" in d["kernel_note"]), d["kernel_note"]
+    assert "restored from a warm snapshot" in d["kernel_note"]
     text = corral_in(state, "explain", "--isolation", "microvm", "--image", name).stdout
     assert "1. its own kernel? yes; Debian's cloud kernel" in text
 

@@ -121,7 +121,11 @@ class MicrovmBackend(Backend):
                "emulated by QEMU's TCG (no usable KVM: " + why + ")")
         return (f"Debian's cloud kernel {assets.KERNEL_RELEASE} in a virtual machine, "
                 f"{how}; a guest-kernel exploit lands in QEMU's process (its own uid, "
-                f"cgroup and seccomp sandbox), not on the host kernel directly")
+                f"cgroup and seccomp sandbox), not on the host kernel directly" + (
+                    "; each sandbox is a fresh QEMU restored from a warm snapshot of a "
+                    "booted guest (one per image, kernel and memory size), reseeded with "
+                    "fresh host entropy before it runs anything" if self.warm else
+                    "; each sandbox is a cold boot"))
 
     @property
     def egress_note(self) -> str:

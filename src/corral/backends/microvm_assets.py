@@ -225,6 +225,10 @@ def initramfs(root: str | None = None) -> str:
         with open(os.path.join(mdir, n + ".ko"), "rb") as f:
             entries.append((f"m/{n}.ko", f644, f.read()))
     _write_atomic(path, _cpio(entries))
+    for old in os.listdir(os.path.dirname(path)):   # the ones an older agent was built into
+        if old.startswith("initrd-") and old.endswith(".cpio") and old != os.path.basename(path):
+            with _quiet():   # a QEMU reading one holds it open: unlinking is safe
+                os.unlink(os.path.join(os.path.dirname(path), old))
     return path
 
 

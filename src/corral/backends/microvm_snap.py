@@ -26,6 +26,9 @@ from ..errors import SandboxSetupError
 
 QMP_LINE_MAX = 1 << 16
 SAVE_TIMEOUT = 120.0
+#: templates kept (the newest by modification time); older ones (other memory sizes,
+#: images, or an initramfs since rebuilt) are removed when a new one is written
+KEEP = 8
 
 
 def snap_path(key: tuple) -> str:
@@ -113,12 +116,27 @@ def save(vm, path: str) -> None:
             time.sleep(0.05)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+        _prune(d, keep=path)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+
+
+def _prune(d: str, keep: str) -> None:
+    try:
+        old = sorted((e for e in os.scandir(d) if e.name.endswith(".vmstate")
+                      and e.is_file(follow_symlinks=False) and e.path != keep),
+                     key=lambda e: e.stat(follow_symlinks=False).st_mtime, reverse=True)
+    except OSError:
+        return
+    for e in old[KEEP - 1:]:
+        try:
+            os.unlink(e.path)   # a restore that has it open keeps reading it
+        except OSError:
+            pass
 
 
 def template(plan, check, sandbox_cls, path: str) -> None:

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(bubblewrap runsc dnsmasq-base python3-seccomp python3-venv socat curl git iproute2 python3-requests mmdebstrap)
+apt_packages=(bubblewrap runsc dnsmasq-base python3-seccomp python3-venv socat curl git iproute2 python3-requests mmdebstrap qemu-system-x86 squashfs-tools busybox-static)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -65,3 +65,9 @@ fi
 # byte-compile corral (PYTHONDONTWRITEBYTECODE may be set): `corral run` starts faster
 .venv/bin/python -m compileall -q src/corral >/dev/null
 .venv/bin/python -c 'import corral, seccomp' || { echo "setup: the venv is broken; delete .venv and run again" >&2; exit 1; }
+# the microvm tier's guest kernel: Debian's cloud kernel package, pinned by version and
+# sha256 in src/corral/backends/microvm_assets.py, extracted into corral's state dir
+if [ "$(id -u)" -eq 0 ]; then
+  .venv/bin/python -m corral.backends.microvm_assets >/dev/null ||
+    echo "setup: could not install the microvm tier's guest kernel (the microvm tier is unavailable)" >&2
+fi

@@ -40,7 +40,7 @@ memory, processes, CPU, time and output.
 
 options (each overrides the policy file):
   --policy FILE          a policy in TOML (see docs/policy.md); never read from the workspace
-  --isolation T          the tier: namespace (default), gvisor, process, wasm or auto
+  --isolation T          the tier: namespace (default), gvisor, process, wasm, microvm or auto
                          (docs/tiers.md; corral explain --isolation T says what each
                          enforces here)                               [isolation]
   --image NAME           the root: host (default), an image name or sha256:... [image]

@@ -67,7 +67,7 @@ def test_json_result_has_every_field():
     (["--workspace", "/nonexistent-corral-ws"], "filesystem.workspace.path", 2),
     (["--ro-bind", "/proc"], "filesystem.ro_binds[0]", 2),
     (["--env", "BAD-NAME"], "env.pass[0]", 2),
-    (["--isolation", "microvm"], "isolation", 3),
+    (["--isolation", "microvm"], "image", 3),   # microvm boots images only
     (["--frob"], "--frob", 2),
     (["--policy", "/nonexistent.toml"], "--policy", 2),
 ])

@@ -26,7 +26,7 @@ REGISTRY = (
     Tier("namespace", "namespace:NamespaceBackend", auto=2),
     Tier("gvisor", "gvisor:GvisorBackend", auto=1),
     Tier("process", "process:ProcessBackend", auto=3),
-    Tier("microvm", None, auto=0),
+    Tier("microvm", "microvm:MicrovmBackend"),  # own kernel; used when asked for, never by auto
     Tier("wasm", "wasm:WasmBackend"),  # computation only: used when asked for, never by auto
     # scripted results for tests of the faces' own logic; no policy can name it
     Tier("fake", "fake:FakeBackend", public=False),

@@ -155,7 +155,9 @@ FIELDS: tuple[Spec, ...] = (
          "`gvisor` (runsc: a user-space kernel between the code and the host's), `process` "
          "(rlimits + Landlock + seccomp, no namespaces: the weakest), `wasm` (Python code "
          "only, in wasmtime: CPython for WASI, no shell, no network, no native extensions; "
-         "wasmtime's own process in a namespace sandbox), or `auto` (the first of "
+         "wasmtime's own process in a namespace sandbox), `microvm` (a QEMU virtual "
+         "machine with its own kernel, KVM or TCG-emulated; needs an image, no network "
+         "or workspace yet), or `auto` (the first of "
          "gvisor, namespace, process available here that enforces every rule set "
          "explicitly). docs/tiers.md compares them; `corral explain --isolation T` says what "
          "each enforces on this host."),

@@ -42,10 +42,19 @@ def _kvm() -> str:
             version = fcntl.ioctl(fd, 0xAE00)  # KVM_GET_API_VERSION
         finally:
             os.close(fd)
-        return f"/dev/kvm answers (API {version}); whether it boots a stock guest is " \
-               f"checked by the microvm tier"
+        api = f"/dev/kvm answers (API {version})"
     except OSError as e:
         return f"/dev/kvm present but unusable: {e.strerror}"
+    from ..errors import BackendUnavailable
+
+    try:   # whether it boots the microvm tier's guest kernel: a cached probe boot
+        from ..backends.microvm_assets import kvm_usable
+
+        ok, why = kvm_usable()
+    except (BackendUnavailable, OSError) as e:
+        return f"{api}; whether it boots a guest is not known ({getattr(e, 'message', e)})"
+    return (f"{api}; usable by the microvm tier: {why}" if ok else
+            f"{api} but not usable by the microvm tier, which emulates with TCG: {why}")
 
 
 def _cgroup_attach() -> bool | str:
@@ -81,8 +90,11 @@ def _tiers() -> dict:
         except Exception as e:  # noqa: BLE001 - doctor reports, it does not crash
             out[tier] = f"check failed: {type(e).__name__}: {e}"
             continue
-        out[tier] = True if not check.gaps else "usable; unenforced here: " + ", ".join(
-            sorted({g.rule for g in check.gaps}))
+        unenforced = sorted({g.rule for g in check.unenforced})
+        refused = sorted({g.rule for g in check.refused})   # of the default policy
+        out[tier] = True if not check.gaps else "; ".join(
+            ["usable"] + ([f"unenforced here: {', '.join(unenforced)}"] if unenforced else [])
+            + ([f"refuses the default {', '.join(refused)} (set it)"] if refused else []))
     return out
 
 

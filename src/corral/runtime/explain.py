@@ -144,7 +144,9 @@ def render(d: dict) -> str:
     lines = [f"tier: {d['tier']} ({d['mechanism']})"]
     if not d["runs"]:
         lines.append(f"REFUSED: {d['refused']['field']}: {d['refused']['message']}")
-    lines.append("1. its own kernel? " + (f"no; {d['kernel_note']}" if d.get("kernel_note")
+    note = d.get("kernel_note")
+    yes_no = "yes" if d["own_kernel"] is True else "no"
+    lines.append("1. its own kernel? " + (f"{yes_no}; {note}" if note
                                           else own.get(d["own_kernel"], d["own_kernel"])))
     net = d["network"]
     reach = ", ".join(net["reachable"]) or "nothing"

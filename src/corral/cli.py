@@ -32,7 +32,7 @@ usage: corral run [--policy FILE] [--isolation T] [--image NAME] [--timeout D] [
                   [--allow-domain RULE]... [--deny-domain RULE]... [--allow-private CIDR]...
                   [--nameserver ADDR]... [--upstream-ca FILE]
                   [--secret NAME=SOURCE@HOSTS[/TTL]]... [--plain-http NAME]...
-                  [-t|--tty] [--stdin] [--raw] [--json] -- CMD...
+                  [-t|--tty] [--stdin] [--raw] [--json] [--receipt FILE] -- CMD...
 
 Run CMD in a sandbox: read-only root, no network unless domains are allowed through
 corral's egress proxy, /scratch as HOME, nothing of the host's environment, limits on
@@ -90,6 +90,9 @@ options (each overrides the policy file):
   --raw                  show output as is (by default control characters are neutralised
                          on a terminal)
   --json                 print the Result as one JSON object instead of the output
+  --receipt FILE         write a signed receipt of the run to FILE (hashes of the policy,
+                         image, argv, stdin, stdout, stderr, workspace changes, egress
+                         log; corral verify checks it: docs/audit.md)
   -h, --help             this help
 """
 
@@ -116,6 +119,13 @@ commands:
   serve    the HTTP service for remote sandboxes (corral serve --help)
   token    create, list and revoke the service's bearer tokens (corral token --help)
   mcp      an MCP server on stdio for coding assistants (corral mcp --help)
+  runs     what ran, from the audit store        (corral runs --help; docs/audit.md)
+  logs     the events of one run                 (corral logs RUN)
+  denials  what was refused, and the rule that would allow it (corral denials --help)
+  gc       drop audit records older than an age  (corral gc --older-than 30d)
+  audit    export the audit store as JSON lines  (corral audit export)
+  verify   check a signed receipt                (corral verify --help)
+  key      this host's receipt-signing key       (corral key show)
 
 corral {__version__}
 """
@@ -145,6 +155,7 @@ class RunArgs:
         self.raw = False
         self.json = False
         self.help = False
+        self.receipt: str | None = None
         self.command: list[str] = []
 
 
@@ -181,6 +192,8 @@ def parse_run_args(args: list[str], *, want_command: bool) -> RunArgs:
             r.tty = True
         elif name == "--patch":
             r.patch = value()
+        elif name == "--receipt":
+            r.receipt = os.path.abspath(value())
         elif name == "--policy":
             r.policy_file = value()
         elif name == "--isolation":
@@ -326,14 +339,31 @@ def cmd_run(args: list[str]) -> int:
         if not r.json:
             on_out, on_err = _writer(sys.stdout, r.raw), _writer(sys.stderr, r.raw)
             writers = [on_out, on_err]
-        with _terminate_cleanly():
+        if r.receipt:   # the bytes the command wrote (and read) are hashed as they pass
+            from .audit.cli import Hasher
+
+            on_out, on_err = Hasher(on_out), Hasher(on_err)
+            writers = [on_out, on_err]
+            stdin = sys.stdin.buffer.read() if r.stdin else b""
+        from .audit.record import acting_as, flush
+
+        with _terminate_cleanly(), acting_as(None, os.environ.get("CORRAL_AUDIT_FACE")
+                                             or "cli"):
             with Sandbox(policy) as sb:
-                result = sb.exec(r.command, stdin=stdin, on_stdout=on_out, on_stderr=on_err)
+                result = sb.exec(r.command, stdin=None if stdin == b"" else stdin,
+                                 on_stdout=on_out,
+                                 on_stderr=on_err)
                 for w in writers:
                     if hasattr(w, "finish"):
                         w.finish()
                 if review:
                     review = _review(sb, r)
+                if r.receipt:
+                    from .audit.cli import write_receipt
+
+                    write_receipt(r.receipt, sb, result, r.command, stdin, on_out, on_err,
+                                  review.get("changes") if review else None)
+        flush()   # the record, before the Result is shown: a lost one is in its events
     except CorralError as e:
         return _fail(e, as_json)
     if r.json:
@@ -828,6 +858,14 @@ def cmd_sandbox(args: list[str]) -> int:
         return _fail(e, as_json)
 
 
+def cmd_audit(name: str):
+    def run(args: list[str]) -> int:   # loaded only here (audit/cli.py): never on run's path
+        from .audit.cli import main as audit_main
+
+        return audit_main(name, args)
+    return run
+
+
 def cmd_service(name: str):
     def run(args: list[str]) -> int:   # loaded only here: fastapi, uvicorn, mcp stay off run's path
         from .service.cli import main as service_main
@@ -840,6 +878,8 @@ COMMANDS = {"run": cmd_run, "shell": cmd_shell, "policy": cmd_policy, "doctor": 
             "explain": cmd_explain, "probe": cmd_probe, "image": cmd_image,
             "install": cmd_install, "sandbox": cmd_sandbox, "serve": cmd_service("serve"),
             "token": cmd_service("token"), "mcp": cmd_service("mcp")}
+for _name in ("runs", "logs", "denials", "gc", "audit", "verify", "key"):
+    COMMANDS[_name] = cmd_audit(_name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,12 +54,10 @@ def body(*, run_id, started, ended, tier, policy_toml: str, image_digest: str, a
     """The receipt body. stdout/stderr: the bytes, or an already computed "sha256:..."."""
     import socket
 
-    from .. import __version__
-
     egress = [e for e in events if e.get("kind") in ("net", "secret")]
     return {
         "run_id": run_id, "started": started, "ended": ended, "tier": tier,
-        "host": socket.gethostname(), "corral_version": __version__, "actor": actor,
+        "host": socket.gethostname(), "corral_version": corral_version(), "actor": actor,
         "policy_sha256": sha(policy_toml.encode()), "image": image_digest,
         "argv": list(argv), "argv_sha256": sha(canonical(list(argv))),
         "stdin_sha256": sha(stdin),
@@ -71,6 +69,17 @@ def body(*, run_id, started, ended, tier, policy_toml: str, image_digest: str, a
                    "denied": sum(e.get("decision") == "deny" for e in egress)},
         "verdict": verdict, "exit_code": exit_code, "signal": signal, "usage": usage,
     }
+
+
+def corral_version() -> str:
+    """The installed distribution's version (the package face, corral.__version__, is a
+    layer above this one)."""
+    try:
+        from importlib.metadata import version
+
+        return version("corral")
+    except Exception:   # noqa: BLE001 - not installed: a source tree
+        return "unknown"
 
 
 def key_dir() -> str:

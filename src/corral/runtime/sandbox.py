@@ -57,6 +57,7 @@ class Sandbox:
         #: the audit store's (face, actor) of whoever made it, and the last exec's run id
         self._audit_origin = _audit.origin()
         self.last_run_id: str | None = None
+        self.last_run_started: float | None = None
 
     @classmethod
     def create(cls, policy: Policy | dict | str | None = None, *, timeout: float = 300,
@@ -128,7 +129,7 @@ class Sandbox:
             if close_fd:
                 os.close(fd)
         self._last = result
-        self.last_run_id = run_id
+        self.last_run_id, self.last_run_started = run_id, started
         _audit.record_run(run_id, started, result, policy=self.policy, plan=self.plan,
                           argv=list(argv), isolation=self.isolation,
                           origin=self._audit_origin, stdin=stdin)

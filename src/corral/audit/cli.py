@@ -128,9 +128,9 @@ def _cmd_runs(args: list[str]) -> int:
         if f.get("--json"):
             sys.stdout.write(json.dumps(r) + "\n")
         else:
-            argv = " ".join(r["argv"])
+            argv = " ".join(r["argv"]).replace("\n", "\\n")
             sys.stdout.write(_show(f"{r['id']}  {_when(r['started'])}  {r['tier']:9} "
-                                   f"{r['verdict']:7} {r['actor']:16} {argv[:80]}") + "\n")
+                                   f"{r['verdict']:7} {r['face']:7} {r['actor']:16} {argv[:80]}") + "\n")
     return 0
 
 
@@ -257,8 +257,8 @@ def write_receipt(path: str, sb, result, argv, stdin: bytes, out: Hasher, err: H
     """`corral run --receipt FILE`: sign and write the receipt of the run just done."""
     import time
 
-    from . import store
     from . import receipt as rc
+    from . import store
 
     toml = store.policy_toml(sb.policy)
     b = rc.body(run_id=sb.last_run_id, started=sb.last_run_started, ended=time.time(),

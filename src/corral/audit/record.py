@@ -133,17 +133,17 @@ def flush(timeout: float = EXIT_DEADLINE_S) -> bool:
 
 
 class _Writer:
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self) -> None:
         self.queue: deque = deque()
         self.cv = threading.Condition()
         self.busy = False
-        self.conn = None
+        self.conns: dict = {}    # database path -> connection
         self.lost = 0
         self.thread = threading.Thread(target=self._loop, daemon=True, name="corral-audit")
         self.thread.start()
 
     def put(self, item: dict, result) -> None:
+        item["db"] = db_path()
         with self.cv:
             if len(self.queue) < QUEUE_MAX:
                 self.queue.append(item)
@@ -175,26 +175,32 @@ class _Writer:
                                                                  BATCH_MAX))]
                 self.busy = True
             try:
-                self._write(batch)
-            except Exception as e:   # noqa: BLE001 - a record is never worth a run
-                self._lose(batch, _why(e))
-                conn, self.conn = self.conn, None
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:   # noqa: BLE001
-                        pass
+                by_db: dict[str, list] = {}
+                for item in batch:
+                    by_db.setdefault(item["db"], []).append(item)
+                for path, items in by_db.items():
+                    self._write(path, items)
             finally:
                 with self.cv:
                     self.busy = False
                     self.cv.notify_all()
 
-    def _write(self, batch: list[dict]) -> None:
-        from . import store
+    def _write(self, path: str, batch: list[dict]) -> None:
+        try:
+            from . import store
 
-        if self.conn is None:
-            self.conn = store.connect(self.path, busy_timeout=BUSY_TIMEOUT_S)
-        store.write_batch(self.conn, batch)
+            conn = self.conns.get(path)
+            if conn is None:
+                conn = self.conns[path] = store.connect(path, busy_timeout=BUSY_TIMEOUT_S)
+            store.write_batch(conn, batch)
+        except Exception as e:   # noqa: BLE001 - a record is never worth a run
+            self._lose(batch, f"{str(e) or type(e).__name__} ({path})")
+            conn = self.conns.pop(path, None)
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:   # noqa: BLE001
+                    pass
 
     def _lose(self, items: list[dict], why: str) -> None:
         from ..events import AuditEvent
@@ -204,11 +210,6 @@ class _Writer:
             result = item.get("result")
             if result is not None:
                 result.events.append(AuditEvent.lost(why).to_dict())
-
-
-def _why(e: Exception) -> str:
-    text = str(e) or type(e).__name__
-    return f"{text} ({db_path()})"
 
 
 _writers: dict[int, _Writer] = {}
@@ -226,7 +227,7 @@ def _writer() -> _Writer:
                     import atexit
 
                     atexit.register(_at_exit)
-                w = _writers[pid] = _Writer(db_path())
+                w = _writers[pid] = _Writer()
     return w
 
 

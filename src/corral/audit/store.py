@@ -140,9 +140,7 @@ def run_row(item: dict) -> tuple[tuple, list[dict], str | None]:
                        changes=None, events=events, verdict=r.verdict,
                        exit_code=r.exit_code, signal=r.signal, usage=usage,
                        actor=item["actor"] or local_user())
-        from .record import db_path
-
-        receipt = _dumps(rc.sign(body, os.path.dirname(db_path())))
+        receipt = _dumps(rc.sign(body, os.path.dirname(item["db"])))
     row = (item["id"], item["kind"], item["sandbox"], item["started"], item["ended"],
            item["tier"], str(getattr(item["policy"], "image", "") or "host"), idig, pdig,
            toml, _dumps(list(item["argv"])), r.verdict, r.exit_code, r.signal,

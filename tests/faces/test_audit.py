@@ -7,7 +7,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import time
 
 import pytest
 from conftest import CORRAL, tier_unavailable
@@ -254,3 +253,52 @@ def test_a_tampered_signature_a_wrong_key_a_mismatch_and_junk_each_have_their_co
     junk.write_text("{not json")
     assert cli(state, "verify", str(junk)).returncode == 10
     assert cli(state, "verify", str(tmp_path / "missing")).returncode == 2
+
+
+# -- the service ---------------------------------------------------------------------------
+
+def _wait_runs(http, n=1):
+    for _ in range(200):
+        runs = http.get("/runs").json()["runs"]
+        if len(runs) >= n:
+            return runs
+        time.sleep(0.05)
+    return runs
+
+
+def test_service_runs_are_recorded_per_token_with_a_stored_receipt(tmp_path):
+    from test_serve import Server, _token
+
+    s = Server(tmp_path)
+    s.tokens["a"] = _token(s.state, "a")
+    s.tokens["b"] = _token(s.state, "b")
+    s.start()
+    try:
+        a, b = s.http(s.tokens["a"]), s.http(s.tokens["b"])
+        sid = a.post("/sandboxes", json={"policy": {}}).json()["id"]
+        r = a.post(f"/sandboxes/{sid}/exec", json={"argv": ["/bin/sh", "-c", "cat; echo svc"],
+                                                   "stdin": "in\n"})
+        assert r.status_code == 200 and r.json()["stdout"] == "in\nsvc\n", r.text
+        (run,) = _wait_runs(a)
+        assert run["actor"] == "token:a" and run["face"] == "service"
+        assert run["kind"] == "command" and run["sandbox"] == sid and run["receipt"] is True
+        assert b.get("/runs").json() == {"runs": []}             # only its own
+        assert b.get(f"/runs/{run['id']}/events").status_code == 404
+        assert b.get(f"/runs/{run['id']}/receipt").status_code == 404
+        assert a.get(f"/runs/{run['id']}/events").status_code == 200
+        assert a.get(f"/runs/{run['id']}").json()["policy"].startswith("isolation")
+        assert a.get("/runs", params={"verdict": "error"}).json() == {"runs": []}
+        assert a.get("/runs", params={"since": "soon"}).status_code == 400
+        assert a.get("/denials").json() == {"denials": []}
+        rec = a.get(f"/runs/{run['id']}/receipt")
+        assert rec.status_code == 200
+        rfile, out, inp = tmp_path / "r.json", tmp_path / "out", tmp_path / "in"
+        rfile.write_text(rec.text)
+        out.write_bytes(b"in\nsvc\n")
+        inp.write_bytes(b"in\n")
+        p = cli(s.state, "verify", str(rfile), "--stdout", str(out), "--stdin", str(inp))
+        assert p.returncode == 0, p.stderr
+        out.write_bytes(b"other\n")
+        assert cli(s.state, "verify", str(rfile), "--stdout", str(out)).returncode == 13
+    finally:
+        s.stop()

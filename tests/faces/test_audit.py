@@ -7,6 +7,7 @@ import json
 import os
 import sqlite3
 import subprocess
+import time
 
 import pytest
 from conftest import CORRAL, tier_unavailable

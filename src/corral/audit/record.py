@@ -29,6 +29,9 @@ from contextvars import ContextVar
 QUEUE_MAX = 10000
 #: records the writer puts in one transaction at most
 BATCH_MAX = 500
+#: how long the writer lets records gather before a transaction, seconds (a flush does
+#: not wait for it)
+LINGER_S = 0.05
 #: how long the writer waits for a lock another connection holds, seconds
 BUSY_TIMEOUT_S = 0.25
 #: how long the process waits at exit for what is queued, seconds
@@ -137,6 +140,7 @@ class _Writer:
         self.queue: deque = deque()
         self.cv = threading.Condition()
         self.busy = False
+        self.flushing = 0
         self.conns: dict = {}    # database path -> connection
         self.lost = 0
         self.thread = threading.Thread(target=self._loop, daemon=True, name="corral-audit")
@@ -154,6 +158,8 @@ class _Writer:
     def flush(self, timeout: float) -> bool:
         end = time.monotonic() + timeout
         with self.cv:
+            self.flushing += 1
+            self.cv.notify_all()
             while self.queue or self.busy:
                 left = end - time.monotonic()
                 if left <= 0:
@@ -162,7 +168,9 @@ class _Writer:
                     break
                 self.cv.wait(left)
             else:
+                self.flushing -= 1
                 return True
+            self.flushing -= 1
         self._lose(dropped, f"not written within the {timeout:g}s exit deadline")
         return False
 
@@ -171,6 +179,10 @@ class _Writer:
             with self.cv:
                 while not self.queue:
                     self.cv.wait()
+                linger = time.monotonic() + LINGER_S   # let a batch gather
+                while (not self.flushing and len(self.queue) < BATCH_MAX
+                       and (left := linger - time.monotonic()) > 0):
+                    self.cv.wait(left)
                 batch = [self.queue.popleft() for _ in range(min(len(self.queue),
                                                                  BATCH_MAX))]
                 self.busy = True

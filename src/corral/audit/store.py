@@ -85,10 +85,20 @@ def connect(path: str, *, busy_timeout: float = 5.0, create: bool = True):
     return conn
 
 
+_TOML: dict[int, tuple] = {}   # id(policy) -> (policy, its TOML): policies are frozen
+
+
 def policy_toml(policy) -> str:
+    hit = _TOML.get(id(policy))
+    if hit is not None and hit[0] is policy:
+        return hit[1]
     from ..policy.dump import dump_toml
 
-    return dump_toml(policy)
+    text = dump_toml(policy)
+    if len(_TOML) >= 64:
+        _TOML.clear()
+    _TOML[id(policy)] = (policy, text)
+    return text
 
 
 def digest(data: bytes) -> str:

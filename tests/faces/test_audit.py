@@ -303,3 +303,39 @@ def test_service_runs_are_recorded_per_token_with_a_stored_receipt(tmp_path):
         assert cli(s.state, "verify", str(rfile), "--stdout", str(out)).returncode == 13
     finally:
         s.stop()
+
+
+def test_an_unusable_state_directory_does_not_fail_the_run(tmp_path, monkeypatch):
+    """A link planted where the audit directory goes is refused, never followed: the run
+    goes on and says its record was lost."""
+    state = tmp_path / "state"
+    state.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, state / "audit")
+    monkeypatch.setenv("CORRAL_STATE_DIR", str(state))
+    monkeypatch.delenv("CORRAL_AUDIT", raising=False)
+    r = corral.run(["/bin/echo", "ran"])
+    assert r.verdict == "ok" and r.stdout == "ran\n"
+    assert record.flush(5)
+    (lost,) = [e for e in r.events if e["kind"] == "audit"]
+    assert "refused" in lost["message"]
+    assert os.listdir(elsewhere) == []
+
+
+def test_a_review_mode_receipt_hashes_the_changes(state, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("one\n")
+    rfile = tmp_path / "r.json"
+    p = cli(state, "run", "--json", "--workspace", f"{ws}:review", "--discard", "--receipt",
+            str(rfile), "--", "/bin/sh", "-c", "echo two > a.txt; echo new > b.txt")
+    assert p.returncode == 0, p.stderr
+    changes = json.loads(p.stdout)["review"]["changes"]
+    assert sorted(c["path"] for c in changes) == ["a.txt", "b.txt"]
+    from corral.audit.receipt import canonical, sha
+
+    body = _load(rfile)["body"]
+    assert body["changes_sha256"] == sha(canonical(changes))
+    assert (ws / "a.txt").read_text() == "one\n"
+    assert cli(state, "verify", str(rfile)).returncode == 0

@@ -26,7 +26,7 @@ DENY_POLICY = {"network": {"mode": "allow", "allow": ["allowed.test"],
 def state(tmp_path, monkeypatch):
     d = str(tmp_path / "state")
     monkeypatch.setenv("CORRAL_STATE_DIR", d)
-    monkeypatch.delenv("CORRAL_AUDIT", raising=False)
+    monkeypatch.setenv("CORRAL_AUDIT", "1")      # the suite's conftest turns it off
     monkeypatch.delenv("CORRAL_AUDIT_FACE", raising=False)
     return d
 
@@ -267,8 +267,10 @@ def _wait_runs(http, n=1):
     return runs
 
 
-def test_service_runs_are_recorded_per_token_with_a_stored_receipt(tmp_path):
+def test_service_runs_are_recorded_per_token_with_a_stored_receipt(tmp_path, monkeypatch):
     from test_serve import Server, _token
+
+    monkeypatch.setenv("CORRAL_AUDIT", "1")
 
     s = Server(tmp_path)
     s.tokens["a"] = _token(s.state, "a")
@@ -314,7 +316,7 @@ def test_an_unusable_state_directory_does_not_fail_the_run(tmp_path, monkeypatch
     elsewhere.mkdir()
     os.symlink(elsewhere, state / "audit")
     monkeypatch.setenv("CORRAL_STATE_DIR", str(state))
-    monkeypatch.delenv("CORRAL_AUDIT", raising=False)
+    monkeypatch.setenv("CORRAL_AUDIT", "1")
     r = corral.run(["/bin/echo", "ran"])
     assert r.verdict == "ok" and r.stdout == "ran\n"
     assert record.flush(5)

@@ -341,3 +341,21 @@ def test_a_review_mode_receipt_hashes_the_changes(state, tmp_path):
     assert body["changes_sha256"] == sha(canonical(changes))
     assert (ws / "a.txt").read_text() == "one\n"
     assert cli(state, "verify", str(rfile)).returncode == 0
+
+
+def test_mcp_commands_are_recorded_as_mcp(state):
+    import asyncio
+
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    async def main():
+        params = StdioServerParameters(command=CORRAL, args=["mcp"], env=dict(os.environ))
+        async with Client(params) as c:
+            r = await c.call_tool("run_command", {"command": "echo from-mcp"})
+            assert not r.is_error, r.content
+
+    asyncio.run(asyncio.wait_for(main(), 300))
+    runs = [r for r in query.runs() if r["kind"] == "command"]
+    assert [(r["argv"][-1], r["face"]) for r in runs] == [("echo from-mcp", "mcp")]
+    assert runs[0]["actor"].startswith("user:")

@@ -325,6 +325,7 @@ def cmd_run(args: list[str]) -> int:
                              field="CMD")
         policy = effective_policy(r)
         review = _review_mode(r, policy)
+        os.environ.setdefault("CORRAL_AUDIT_FACE", "cli")   # the audit store's face
         if r.tty:
             return _run_tty(r, policy)
         from .runtime.sandbox import Sandbox
@@ -345,10 +346,9 @@ def cmd_run(args: list[str]) -> int:
             on_out, on_err = Hasher(on_out), Hasher(on_err)
             writers = [on_out, on_err]
             stdin = sys.stdin.buffer.read() if r.stdin else b""
-        from .audit.record import acting_as, flush
+        from .audit.record import flush
 
-        with _terminate_cleanly(), acting_as(None, os.environ.get("CORRAL_AUDIT_FACE")
-                                             or "cli"):
+        with _terminate_cleanly():
             with Sandbox(policy) as sb:
                 result = sb.exec(r.command, stdin=None if stdin == b"" else stdin,
                                  on_stdout=on_out,
@@ -573,6 +573,7 @@ def cmd_shell(args: list[str]) -> int:
                              "corral run -- CMD", field="stdin")
         as_json = r.json
         policy = effective_policy(r)
+        os.environ.setdefault("CORRAL_AUDIT_FACE", "cli")   # the audit store's face
         return _shell(policy, r.command or None, r.json)
     except CorralError as e:
         return _fail(e, as_json)
@@ -767,6 +768,7 @@ def cmd_sandbox(args: list[str]) -> int:
     import json
 
     sub, rest = (args[0], args[1:]) if args else ("", [])
+    os.environ.setdefault("CORRAL_AUDIT_FACE", "cli")   # the audit store's face
     as_json = "--json" in (rest[:rest.index("--")] if "--" in rest else rest)
     try:
         if sub in ("-h", "--help", ""):

@@ -19,6 +19,7 @@ root, else ~/.local/share/corral), or `set_path()` (the service's --state-dir).
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -235,13 +236,15 @@ def _writer() -> _Writer:
         with _writers_mu:
             w = _writers.get(pid)
             if w is None:
-                if not _writers:
-                    import atexit
-
-                    atexit.register(_at_exit)
                 w = _writers[pid] = _Writer()
     return w
 
 
 def _at_exit() -> None:
     flush(EXIT_DEADLINE_S)
+
+
+# registered at import, before any sandbox's own exit hook: atexit runs hooks last in,
+# first out, so this flush comes after the sandboxes left open were closed (their teardown
+# events are records too)
+atexit.register(_at_exit)

@@ -340,19 +340,25 @@ def cmd_run(args: list[str]) -> int:
         if not r.json:
             on_out, on_err = _writer(sys.stdout, r.raw), _writer(sys.stderr, r.raw)
             writers = [on_out, on_err]
+        tee = None
         if r.receipt:   # the bytes the command wrote (and read) are hashed as they pass
-            from .audit.cli import Hasher
+            from .audit.cli import Hasher, StdinTee
 
             on_out, on_err = Hasher(on_out), Hasher(on_err)
             writers = [on_out, on_err]
-            stdin = sys.stdin.buffer.read() if r.stdin else b""
+            if r.stdin and not os.isatty(0):   # a terminal: refused by exec, as without
+                tee = StdinTee(0)
+                stdin = tee.r
         from .audit.record import flush
 
         with _terminate_cleanly():
             with Sandbox(policy) as sb:
-                result = sb.exec(r.command, stdin=None if stdin == b"" else stdin,
-                                 on_stdout=on_out,
-                                 on_stderr=on_err)
+                try:
+                    result = sb.exec(r.command, stdin=stdin, on_stdout=on_out,
+                                     on_stderr=on_err)
+                finally:
+                    if tee is not None:
+                        os.close(tee.r)
                 for w in writers:
                     if hasattr(w, "finish"):
                         w.finish()
@@ -361,7 +367,7 @@ def cmd_run(args: list[str]) -> int:
                 if r.receipt:
                     from .audit.cli import write_receipt
 
-                    write_receipt(r.receipt, sb, result, r.command, stdin, on_out, on_err,
+                    write_receipt(r.receipt, sb, result, r.command, tee, on_out, on_err,
                                   review.get("changes") if review else None)
         flush()   # the record, before the Result is shown: a lost one is in its events
     except CorralError as e:

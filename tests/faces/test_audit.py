@@ -359,3 +359,18 @@ def test_mcp_commands_are_recorded_as_mcp(state):
     runs = [r for r in query.runs() if r["kind"] == "command"]
     assert [(r["argv"][-1], r["face"]) for r in runs] == [("echo from-mcp", "mcp")]
     assert runs[0]["actor"].startswith("user:")
+
+
+def test_since_and_kind_leave_out_what_they_should(state):
+    corral.run(["/bin/sh", "-c", "curl -sS -m 5 http://denied.test/ >/dev/null"], DENY_POLICY)
+    corral.run(["/bin/sh", "-c", "head -c 5000 /dev/zero"], {"limits": {"output": "1K"}})
+    assert record.flush(5)
+    assert {g["kind"] for g in query.denials()} == {"net", "limit"}
+    assert [g["kind"] for g in query.denials(kind="limit")] == ["limit"]
+    conn = sqlite3.connect(db(state), isolation_level=None)
+    conn.execute("UPDATE runs SET started = started - 7200 WHERE argv LIKE '%curl%'")
+    conn.close()
+    assert [r["argv"][-1] for r in query.runs(since=3600)] == ["head -c 5000 /dev/zero"]
+    assert len(query.runs(since=3 * 3600)) == 2
+    assert [g["kind"] for g in query.denials(since=3600)] == ["limit"]
+    assert [g["what"] for g in query.denials(since=3 * 3600, kind="net")] == ["denied.test:80"]

@@ -252,8 +252,41 @@ class Hasher:
         return "sha256:" + self.h.hexdigest()
 
 
-def write_receipt(path: str, sb, result, argv, stdin: bytes, out: Hasher, err: Hasher,
+class StdinTee:
+    """`corral run --stdin --receipt`: this process's stdin copied to a pipe the command
+    reads, hashed on the way (nothing kept: any size)."""
+
+    def __init__(self, fd: int = 0) -> None:
+        import hashlib
+        import threading
+
+        self.h = hashlib.sha256()
+        self.src = fd
+        self.r, self._w = os.pipe()
+        self._t = threading.Thread(target=self._copy, daemon=True, name="corral-stdin")
+        self._t.start()
+
+    def _copy(self) -> None:
+        try:
+            while data := os.read(self.src, 1 << 16):
+                self.h.update(data)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._w, view):]
+        except OSError:     # the command closed its stdin early: the rest is not its
+            pass
+        finally:
+            os.close(self._w)
+
+    def digest(self) -> str:
+        """The hash of what was read (after the command ended, what it could read)."""
+        self._t.join(1.0)
+        return "sha256:" + self.h.hexdigest()
+
+
+def write_receipt(path: str, sb, result, argv, stdin, out: Hasher, err: Hasher,
                   changes) -> None:
+    """stdin: a StdinTee, or None (the command read /dev/null: the hash of nothing)."""
     """`corral run --receipt FILE`: sign and write the receipt of the run just done."""
     import time
 
@@ -264,7 +297,7 @@ def write_receipt(path: str, sb, result, argv, stdin: bytes, out: Hasher, err: H
     b = rc.body(run_id=sb.last_run_id, started=sb.last_run_started, ended=time.time(),
                 tier=sb.isolation, policy_toml=toml,
                 image_digest=store.image_digest(sb.plan, sb.policy), argv=argv,
-                stdin=stdin, stdout=out.hexdigest(), stderr=err.hexdigest(),
+                stdin=b"" if stdin is None else stdin.digest(), stdout=out.hexdigest(), stderr=err.hexdigest(),
                 changes=changes, events=result.events, verdict=result.verdict,
                 exit_code=result.exit_code, signal=result.signal,
                 usage=result.usage.to_dict(), actor=store.local_user())

@@ -49,9 +49,10 @@ def canonical(v) -> bytes:
 
 
 def body(*, run_id, started, ended, tier, policy_toml: str, image_digest: str, argv,
-         stdin: bytes, stdout: bytes | str, stderr: bytes | str, changes, events,
+         stdin: bytes | str, stdout: bytes | str, stderr: bytes | str, changes, events,
          verdict, exit_code, signal, usage, actor) -> dict:
-    """The receipt body. stdout/stderr: the bytes, or an already computed "sha256:..."."""
+    """The receipt body. stdin/stdout/stderr: the bytes, or an already computed
+    "sha256:..."."""
     import socket
 
     egress = [e for e in events if e.get("kind") in ("net", "secret")]
@@ -60,7 +61,7 @@ def body(*, run_id, started, ended, tier, policy_toml: str, image_digest: str, a
         "host": socket.gethostname(), "corral_version": corral_version(), "actor": actor,
         "policy_sha256": sha(policy_toml.encode()), "image": image_digest,
         "argv": list(argv), "argv_sha256": sha(canonical(list(argv))),
-        "stdin_sha256": sha(stdin),
+        "stdin_sha256": stdin if isinstance(stdin, str) else sha(stdin),
         "stdout_sha256": stdout if isinstance(stdout, str) else sha(stdout),
         "stderr_sha256": stderr if isinstance(stderr, str) else sha(stderr),
         "changes_sha256": None if changes is None else sha(canonical(changes)),

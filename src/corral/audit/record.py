@@ -26,8 +26,9 @@ import time
 from collections import deque
 from contextvars import ContextVar
 
-#: records waiting for the writer at most; past it a record is dropped (and said so)
-QUEUE_MAX = 10000
+#: records waiting for the writer at most; past it a record is dropped (and said so).
+#: Each holds its Result (up to limits.output per stream) until written.
+QUEUE_MAX = 1000
 #: records the writer puts in one transaction at most
 BATCH_MAX = 500
 #: how long the writer lets records gather before a transaction, seconds (a flush does

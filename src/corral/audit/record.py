@@ -19,12 +19,12 @@ root, else ~/.local/share/corral), or `set_path()` (the service's --state-dir).
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import os
-import threading
 import time
+from _contextvars import ContextVar  # contextvars only re-exports it
 from collections import deque
-from contextvars import ContextVar
 
 #: records waiting for the writer at most; past it a record is dropped (and said so).
 #: Each holds its Result (up to limits.output per stream) until written.
@@ -139,6 +139,8 @@ def flush(timeout: float = EXIT_DEADLINE_S) -> bool:
 
 class _Writer:
     def __init__(self) -> None:
+        import threading  # after the first run, not before it (the run path's imports)
+
         self.queue: deque = deque()
         self.cv = threading.Condition()
         self.busy = False
@@ -227,7 +229,7 @@ class _Writer:
 
 
 _writers: dict[int, _Writer] = {}
-_writers_mu = threading.Lock()
+_writers_mu = _thread.allocate_lock()
 
 
 def _writer() -> _Writer:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 # The writer thread of `corral run` imports this module after the command: what it imports
 # delays the process's exit (the record is flushed before the Result is shown). So the C
@@ -129,13 +130,21 @@ def image_digest(plan, policy) -> str:
     return "host" if getattr(policy, "image", "host") in (None, "host") else ""
 
 
-def local_user() -> str:
-    try:
-        import pwd
+_USERS: dict[int, str] = {}
 
-        return "user:" + pwd.getpwuid(os.geteuid()).pw_name
-    except (KeyError, ImportError):
-        return f"user:{os.geteuid()}"
+
+def local_user() -> str:
+    uid = os.geteuid()
+    name = _USERS.get(uid)
+    if name is None:
+        try:
+            import pwd
+
+            name = "user:" + pwd.getpwuid(uid).pw_name
+        except (KeyError, ImportError):
+            name = f"user:{uid}"
+        _USERS[uid] = name
+    return name
 
 
 def _dumps(v) -> str:
@@ -194,6 +203,9 @@ def write_batch(conn, batch: list[dict]) -> None:
     """Every record of the batch in one transaction: all kept, or (an error) none."""
     runs, events, sandboxes, ends = [], [], [], []
     for item in batch:
+        # let a run that waits for the GIL have it between records: this thread's Python
+        # work would otherwise hold it for up to the switch interval (5 ms)
+        time.sleep(0)
         t = item["t"]
         if t == "run":
             row, evs, _ = run_row(item)

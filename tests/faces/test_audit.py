@@ -374,3 +374,31 @@ def test_since_and_kind_leave_out_what_they_should(state):
     assert len(query.runs(since=3 * 3600)) == 2
     assert [g["kind"] for g in query.denials(since=3600)] == ["limit"]
     assert [g["what"] for g in query.denials(since=3 * 3600, kind="net")] == ["denied.test:80"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_a_full_disk_does_not_fail_the_run_and_the_result_says_so(tmp_path, monkeypatch):
+    state = tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(state)],
+                   check=True)
+    try:
+        monkeypatch.setenv("CORRAL_STATE_DIR", str(state))
+        monkeypatch.setenv("CORRAL_AUDIT", "1")
+        corral.run(["/bin/true"])
+        assert record.flush(5)
+        with open(state / "filler", "wb") as f:     # the rest of the disk
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        r = corral.run(["/bin/sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x"])
+        assert r.verdict == "ok" and len(r.stdout) == 200000
+        assert record.flush(5)
+        lost = [e for e in r.events if e["kind"] == "audit"]
+        assert len(lost) == 1 and "full" in lost[0]["message"], r.events
+    finally:
+        record.flush(5)
+        subprocess.run(["umount", "-l", str(state)], check=False)

@@ -89,12 +89,23 @@ def key_dir() -> str:
     return os.path.dirname(db_path())
 
 
+_KEYS: dict[str, object] = {}   # directory -> its key, once read (the service signs many)
+
+
 def _private_key(directory: str | None = None):
+    d = directory or key_dir()
+    key = _KEYS.get(d)
+    if key is None:
+        key = _KEYS[d] = _load_key(d)
+    return key
+
+
+def _load_key(directory: str):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from .store import private_dir
 
-    d = private_dir(directory or key_dir())
+    d = private_dir(directory)
     path = os.path.join(d, KEY_FILE)
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
@@ -108,7 +119,7 @@ def _private_key(directory: str | None = None):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                          | os.O_CLOEXEC, 0o600)
         except FileExistsError:     # another process made it meanwhile: use that one
-            return _private_key(directory)
+            return _load_key(directory)
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()

@@ -9,6 +9,11 @@ FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 if FIXTURES not in sys.path:
     sys.path.insert(0, FIXTURES)
 CORRAL = os.path.join(ROOT, ".venv", "bin", "corral")
+#: the audit store (docs/audit.md) is off for the suite unless a test turns it on: the
+#: suites of many worktrees share /var/lib/corral, and a test that asserts a Result's
+#: events must not see another suite's lock on the database. tests/faces/test_audit.py
+#: turns it on, each test in a state directory of its own.
+os.environ.setdefault("CORRAL_AUDIT", "0")
 PY = "/usr/bin/python3"
 
 #: the tiers a behavioural test runs in (each skipped where this host cannot run it)

@@ -32,7 +32,7 @@ usage: corral run [--policy FILE] [--isolation T] [--image NAME] [--timeout D] [
                   [--allow-domain RULE]... [--deny-domain RULE]... [--allow-private CIDR]...
                   [--nameserver ADDR]... [--upstream-ca FILE]
                   [--secret NAME=SOURCE@HOSTS[/TTL]]... [--plain-http NAME]...
-                  [-t|--tty] [--stdin] [--raw] [--json] -- CMD...
+                  [-t|--tty] [--stdin] [--raw] [--json] [--receipt FILE] -- CMD...
 
 Run CMD in a sandbox: read-only root, no network unless domains are allowed through
 corral's egress proxy, /scratch as HOME, nothing of the host's environment, limits on
@@ -90,6 +90,9 @@ options (each overrides the policy file):
   --raw                  show output as is (by default control characters are neutralised
                          on a terminal)
   --json                 print the Result as one JSON object instead of the output
+  --receipt FILE         write a signed receipt of the run to FILE (hashes of the policy,
+                         image, argv, stdin, stdout, stderr, workspace changes, egress
+                         log; corral verify checks it: docs/audit.md)
   -h, --help             this help
 """
 
@@ -116,6 +119,13 @@ commands:
   serve    the HTTP service for remote sandboxes (corral serve --help)
   token    create, list and revoke the service's bearer tokens (corral token --help)
   mcp      an MCP server on stdio for coding assistants (corral mcp --help)
+  runs     what ran, from the audit store        (corral runs --help; docs/audit.md)
+  logs     the events of one run                 (corral logs RUN)
+  denials  what was refused, and the rule that would allow it (corral denials --help)
+  gc       drop audit records older than an age  (corral gc --older-than 30d)
+  audit    export the audit store as JSON lines  (corral audit export)
+  verify   check a signed receipt                (corral verify --help)
+  key      this host's receipt-signing key       (corral key show)
 
 corral {__version__}
 """
@@ -145,6 +155,7 @@ class RunArgs:
         self.raw = False
         self.json = False
         self.help = False
+        self.receipt: str | None = None
         self.command: list[str] = []
 
 
@@ -181,6 +192,8 @@ def parse_run_args(args: list[str], *, want_command: bool) -> RunArgs:
             r.tty = True
         elif name == "--patch":
             r.patch = value()
+        elif name == "--receipt":
+            r.receipt = os.path.abspath(value())
         elif name == "--policy":
             r.policy_file = value()
         elif name == "--isolation":
@@ -317,6 +330,7 @@ def cmd_run(args: list[str]) -> int:
                              field="CMD")
         policy = effective_policy(r)
         review = _review_mode(r, policy)
+        os.environ.setdefault("CORRAL_AUDIT_FACE", "cli")   # the audit store's face
         if r.tty:
             return _run_tty(r, policy)
         from .runtime.sandbox import Sandbox
@@ -331,15 +345,37 @@ def cmd_run(args: list[str]) -> int:
         if not r.json:
             on_out, on_err = _writer(sys.stdout, r.raw), _writer(sys.stderr, r.raw)
             writers = [on_out, on_err]
+        tee = None
+        if r.receipt:   # the bytes the command wrote (and read) are hashed as they pass
+            from .audit.cli import Hasher, StdinTee
+
+            on_out, on_err = Hasher(on_out), Hasher(on_err)
+            writers = [on_out, on_err]
+            if r.stdin and not os.isatty(0):   # a terminal: refused by exec, as without
+                tee = StdinTee(0)
+                stdin = tee.r
+        from .audit.record import flush
+
         with _terminate_cleanly():
             with Sandbox(policy) as sb:
                 gc_back_on()
-                result = sb.exec(r.command, stdin=stdin, on_stdout=on_out, on_stderr=on_err)
+                try:
+                    result = sb.exec(r.command, stdin=stdin, on_stdout=on_out,
+                                     on_stderr=on_err)
+                finally:
+                    if tee is not None:
+                        os.close(tee.r)
                 for w in writers:
                     if hasattr(w, "finish"):
                         w.finish()
                 if review:
                     review = _review(sb, r)
+                if r.receipt:
+                    from .audit.cli import write_receipt
+
+                    write_receipt(r.receipt, sb, result, r.command, tee, on_out, on_err,
+                                  review.get("changes") if review else None)
+        flush()   # the record, before the Result is shown: a lost one is in its events
     except CorralError as e:
         return _fail(e, as_json)
     if r.json:
@@ -530,6 +566,7 @@ def cmd_shell(args: list[str]) -> int:
                              "corral run -- CMD", field="stdin")
         as_json = r.json
         policy = effective_policy(r)
+        os.environ.setdefault("CORRAL_AUDIT_FACE", "cli")   # the audit store's face
         return _shell(policy, r.command or None, r.json)
     except CorralError as e:
         return _fail(e, as_json)
@@ -724,6 +761,7 @@ def cmd_sandbox(args: list[str]) -> int:
     import json
 
     sub, rest = (args[0], args[1:]) if args else ("", [])
+    os.environ.setdefault("CORRAL_AUDIT_FACE", "cli")   # the audit store's face
     as_json = "--json" in (rest[:rest.index("--")] if "--" in rest else rest)
     try:
         if sub in ("-h", "--help", ""):
@@ -815,6 +853,14 @@ def cmd_sandbox(args: list[str]) -> int:
         return _fail(e, as_json)
 
 
+def cmd_audit(name: str):
+    def run(args: list[str]) -> int:   # loaded only here (audit/cli.py): never on run's path
+        from .audit.cli import main as audit_main
+
+        return audit_main(name, args)
+    return run
+
+
 def cmd_service(name: str):
     def run(args: list[str]) -> int:   # loaded only here: fastapi, uvicorn, mcp stay off run's path
         from .service.cli import main as service_main
@@ -827,6 +873,8 @@ COMMANDS = {"run": cmd_run, "shell": cmd_shell, "policy": cmd_policy, "doctor": 
             "explain": cmd_explain, "probe": cmd_probe, "image": cmd_image,
             "install": cmd_install, "sandbox": cmd_sandbox, "serve": cmd_service("serve"),
             "token": cmd_service("token"), "mcp": cmd_service("mcp")}
+for _name in ("runs", "logs", "denials", "gc", "audit", "verify", "key"):
+    COMMANDS[_name] = cmd_audit(_name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ only when set). Build them with the class methods, so each message is written on
     exec         command, errno (a name such as "ENOENT"), message
     net          host, port, decision ("allow" | "deny"), reason, bytes_in, bytes_out
     secret       name, host, port, decision ("injected" | "withheld" | ...), reason
+    audit        message (the audit store lost this run's record: the run went on)
 """
 
 from __future__ import annotations
@@ -119,5 +120,18 @@ class SecretEvent(Event):
     reason: str
 
 
+class AuditEvent(Event):
+    """The audit store (corral.audit) could not keep this run's record: the run itself
+    went on unchanged."""
+
+    KIND = "audit"
+    message: str
+
+    @classmethod
+    def lost(cls, why: str) -> AuditEvent:
+        return cls(f"the audit record of this run was lost: {why} (the run itself was "
+                   f"not affected; see docs/audit.md)")
+
+
 KINDS = {c.KIND: c for c in (LimitEvent, ExecEvent, UnenforcedEvent, TeardownEvent, NetEvent,
-                             SecretEvent, NoticeEvent)}
+                             SecretEvent, NoticeEvent, AuditEvent)}

@@ -5,6 +5,7 @@ import json
 
 from corral.events import (
     KINDS,
+    AuditEvent,
     ExecEvent,
     LimitEvent,
     NetEvent,
@@ -54,7 +55,12 @@ def test_the_other_kinds_are_todays_dicts():
          "message": "corral: command not found inside the sandbox: nosuch"})
     assert dump(NoticeEvent("zygote replaced")) == json.dumps(
         {"kind": "notice", "message": "zygote replaced"})
-    assert set(KINDS) == {"limit", "exec", "unenforced", "teardown", "net", "secret", "notice"}
+    assert dump(AuditEvent.lost("database is locked")) == json.dumps(
+        {"kind": "audit", "message": "the audit record of this run was lost: database is "
+                                     "locked (the run itself was not affected; see "
+                                     "docs/audit.md)"})
+    assert set(KINDS) == {"limit", "exec", "unenforced", "teardown", "net", "secret", "notice",
+                          "audit"}
 
 
 def test_the_proxys_event_lines_are_parsed_strictly_and_bounded():

@@ -9,6 +9,7 @@ Layers, lowest first (docs/architecture.md):
     2  egress/                                       the proxy process
     3  plan, grants                                  policy -> plan; secret values
     4  backends/ (host/ too), images/ (store, oci)   tiers and their host pieces; images
+    4  audit/ (record, store, query, receipt)        the audit store: runs, events, receipts
     5  images/build, install, policy_install         image work that runs sandboxes
     5  runtime/                                      one sandbox's life; the way in
     6  cli, probe/, images/cli                       faces
@@ -45,8 +46,10 @@ def layer(mod: str) -> int | None:
         return 2
     if mod in ("corral.plan", "corral.grants"):
         return 3
-    if mod.startswith("corral.images.cli"):
+    if mod.startswith(("corral.images.cli", "corral.audit.cli")):
         return 6
+    if top == "audit":
+        return 4
     if mod.startswith(("corral.images.build", "corral.images.install",
                        "corral.images.policy_install")):
         return 5                         # they run sandboxes: the runtime's peers

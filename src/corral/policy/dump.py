@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import json
+try:     # the C encoder json.dumps(ensure_ascii=False) uses, without json's import (re, enum):
+    from _json import encode_basestring as _quote  # the audit writer dumps on exit's path
+except ImportError:   # pragma: no cover
+    from json.encoder import py_encode_basestring as _quote
 
 from .schema import FIELDS, SECTIONS, Policy, Spec
 from .units import format_duration, format_size
@@ -10,7 +13,7 @@ from .units import format_duration, format_size
 
 def _s(text: str) -> str:
     # JSON's string escapes are a subset of TOML's basic-string escapes
-    return json.dumps(text, ensure_ascii=False)
+    return _quote(text)
 
 
 def format_value(spec: Spec, value) -> str:

@@ -222,7 +222,7 @@ class Runner:
             f.write(dump_toml(policy_from_dict(policy)))
             pfile = f.name
         env = dict(os.environ, CORRAL_PROBE_SECRET=self.cn.token,
-                   SSH_AUTH_SOCK=self.cn.agent_path)
+                   SSH_AUTH_SOCK=self.cn.agent_path, CORRAL_AUDIT_FACE="probe")
         cmd = [sys.executable, "-m", "corral.cli", "run", "--policy", pfile,
                *([] if tty else ["--json"]), "--", PY, "-c", prelude.build(code, self.consts)]
         if nohup:

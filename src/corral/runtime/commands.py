@@ -23,6 +23,7 @@ import threading
 import time
 
 from .._record import Record
+from ..audit import record as _audit
 from ..backends.host.execlimits import ExecLimits
 from ..backends.host.finish import finish
 from ..errors import UsageError
@@ -118,6 +119,9 @@ class CommandHandle:
         self._stream = stream
         self._pidfd = -1
         self._pidfd_lock = threading.Lock()   # a closed fd's number is never signalled
+        #: its record in the audit store (corral runs, corral logs ID)
+        self.run_id = _audit.new_id()
+        self._stdin_data = None
 
     # -- the public face --
     @property
@@ -233,13 +237,26 @@ class CommandHandle:
                               isolation=self._owner.isolation, failed=(self.cmd[0], e))
         if self._on_stderr is not None:
             self._on_stderr(self._result.stderr.encode())
+        self._record()
         self._done.set()
         if self._on_exit is not None:
             self._on_exit(self._result)
 
+    def _record(self) -> None:
+        if self._stream or self._result is None:
+            return     # a run_code interpreter: its cells are not commands
+        owner = self._owner
+        origin = getattr(owner, "_audit_origin", None) or _audit.origin()
+        _audit.record_run(self.run_id, self.started, self._result, policy=owner.policy,
+                          plan=owner.plan, argv=list(self.cmd), isolation=owner.isolation,
+                          origin=origin, sandbox=getattr(owner, "id", None),
+                          kind="command", stdin=self._stdin_data,
+                          receipt=origin[0] == "service")
+
     def _watch(self) -> None:
         try:
             self._result = self._supervise()
+            self._record()
         finally:
             with self._pidfd_lock:
                 fd, self._pidfd = self._pidfd, -1
@@ -368,6 +385,8 @@ class Commands:
                                stream=stream)
         if label is not None:
             handle.cmd = tuple(str(a) for a in label)
+        if isinstance(stdin, (bytes, bytearray)):
+            handle._stdin_data = bytes(stdin)
         if tty_fd is not None:
             if stdin is not None:
                 raise UsageError("stdin goes through the terminal with tty_fd", field="stdin")

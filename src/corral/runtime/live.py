@@ -25,6 +25,7 @@ import threading
 import time
 
 from .._record import Default, Record
+from ..audit import record as _audit
 from ..errors import SandboxClosed, UsageError
 from ..events import TeardownEvent
 from . import sandbox as _sandbox
@@ -118,6 +119,8 @@ class Live(Sandbox):
         _sandbox._close_at_exit(self._live)
         self.id = self._live.dir.id
         self.created = time.time()
+        _audit.record_sandbox(self.id, created=self.created, policy=self.policy,
+                              isolation=self.isolation, origin=self._audit_origin)
         self._ends = time.monotonic() + timeout
         self._ends_wall = self.created + timeout
         self._last_use = time.monotonic()
@@ -441,6 +444,7 @@ class Live(Sandbox):
                 problems = live.close()
             self.events.append(event)
             self.events += [TeardownEvent(p).to_dict() for p in problems]
+            _audit.record_sandbox_end(self.id, why, self.events)
             return problems
 
     def _init_exited(self) -> str:

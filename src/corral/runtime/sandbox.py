@@ -10,7 +10,9 @@ Each exec is a fresh set of namespaces and a fresh cgroup; its processes end wit
 from __future__ import annotations
 
 import os
+import time
 
+from ..audit import record as _audit
 from ..plan import Plan
 from ..policy import Policy
 from ..result import Result
@@ -51,6 +53,10 @@ class Sandbox:
         self.teardown_problems: list[str] = []
         self._files = None
         self._code = None       # the code contexts (runtime.session), made on first use
+        #: the audit store's (face, actor) of whoever made it, and the last exec's run id
+        self._audit_origin = _audit.origin()
+        self.last_run_id: str | None = None
+        self.last_run_started: float | None = None
 
     @classmethod
     def create(cls, policy: Policy | dict | str | None = None, *, timeout: float = 300,
@@ -110,6 +116,7 @@ class Sandbox:
         default the size of a terminal stdin (followed as it changes when called from the
         main thread), else 24x80."""
         self.open()
+        run_id, started = _audit.new_id(), time.time()
         fd, close_fd = _stdin_fd(stdin, tty=tty)
         try:
             if not tty:
@@ -121,6 +128,10 @@ class Sandbox:
             if close_fd:
                 os.close(fd)
         self._last = result
+        self.last_run_id, self.last_run_started = run_id, started
+        _audit.record_run(run_id, started, result, policy=self.policy, plan=self.plan,
+                          argv=list(argv), isolation=self.isolation,
+                          origin=self._audit_origin, stdin=stdin)
         return result
 
     @property
@@ -271,7 +282,10 @@ class Sandbox:
             if self._last is not None:   # kept, never dropped: the last Result carries them
                 from ..events import TeardownEvent  # off the path of a run that went well
 
-                self._last.events += [TeardownEvent(p).to_dict() for p in problems]
+                events = [TeardownEvent(p).to_dict() for p in problems]
+                self._last.events += events
+                if self.last_run_id is not None:
+                    _audit.record_events(self.last_run_id, events)
         return problems
 
     def __enter__(self) -> Sandbox:

@@ -11,6 +11,7 @@ resource; what they share (auth, the service's state, errors) is in common.py.
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -42,6 +43,10 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
 
     config = config if config is not None else Config()
     registry = Registry(opener) if opener is not None else Registry()
+    if state_dir:    # the audit store (docs/audit.md) lives in the same state directory
+        from ..audit.record import set_path
+
+        set_path(os.path.join(os.path.abspath(state_dir), "audit", "audit.db"))
     svc = Service(TokenStore(state_dir, config.limits), registry, Metrics(), config)
 
     @asynccontextmanager

@@ -91,6 +91,8 @@ def _int(v: str | None, field: str) -> int | None:
 
 
 def main(name: str, args: list[str]) -> int:
+    if name == "mcp":    # the audit store records this process's runs as MCP's
+        os.environ.setdefault("CORRAL_AUDIT_FACE", "mcp")
     try:
         return {"serve": serve, "token": token, "mcp": mcp}[name](args)
     except CorralError as e:

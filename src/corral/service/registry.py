@@ -11,6 +11,7 @@ metadata=) for tests of the faces.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 import time
@@ -56,7 +57,11 @@ class Registry:
 
     def create(self, owner: str, policy, *, timeout: float = DEFAULT_TIMEOUT_S,
                metadata=None) -> Entry:
-        sb = self._opener(policy, timeout=timeout, metadata=metadata)
+        from ..audit.record import acting_as
+
+        face = os.environ.get("CORRAL_AUDIT_FACE") or "service"    # corral mcp sets "mcp"
+        with acting_as(None if face == "mcp" else f"token:{owner}", face):   # the audit store
+            sb = self._opener(policy, timeout=timeout, metadata=metadata)
         sid = getattr(sb, "id", None) or "sb_" + secrets.token_hex(8)
         e = Entry(sid, owner, sb, policy)
         e.events.add("sandbox.created", {"id": sid, "isolation": sb.isolation})

@@ -1,6 +1,7 @@
 """The service's routes, one module a resource; app.py includes every router here."""
 
-from . import changes, code, commands, events, explain, files, pty, sandboxes, system
+from . import audit, changes, code, commands, events, explain, files, pty, sandboxes, system
 
 ROUTERS = [system.router, sandboxes.router, commands.router, code.router, files.router,
-           changes.router, events.router, pty.router, explain.router]
+           changes.router, events.router, pty.router, explain.router,
+           audit.router]

@@ -1,0 +1,242 @@
+"""The audit database: SQLite in WAL mode, owner-only, in corral's state directory.
+
+    STATE/audit/            0700, refused if it is a link or not ours
+      audit.db              0600 (with audit.db-wal, audit.db-shm)
+      receipt.key           the host's Ed25519 key (audit/receipt.py)
+
+Tables (the typed events of events.py are the schema of `events.data`):
+
+    runs       id, kind ("run" | "command"), sandbox (a live sandbox's id, for its
+               commands), started, ended, tier, image, image_digest, policy_digest,
+               policy (TOML), argv (JSON), verdict, exit_code, signal, usage (JSON),
+               actor ("token:NAME" | "user:NAME"), face (cli | api | service | mcp |
+               probe), receipt (JSON, service runs)
+    sandboxes  id, created, ended, ended_by, tier, policy_digest, policy, actor, face
+    events     run_id (a run's or a live sandbox's id), seq, kind, data (the event's
+               to_dict() as JSON)
+
+Only the writer thread (audit/record.py) writes during runs; queries (audit/query.py) and
+`corral gc` open their own connections.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+# The writer thread of `corral run` imports this module after the command: what it imports
+# delays the process's exit (the record is flushed before the Result is shown). So the C
+# modules are used directly: `sqlite3` would import datetime, `hashlib` OpenSSL, `json` re
+# and enum (~9 ms together). Queries (audit/query.py) use the full modules.
+try:
+    from _sqlite3 import connect as _sqlite_connect
+except ImportError:     # pragma: no cover - an interpreter without the C module's connect
+    from sqlite3 import connect as _sqlite_connect
+try:
+    from _sha256 import sha256 as _sha256
+except ImportError:     # pragma: no cover - Python 3.12 renamed it
+    from hashlib import sha256 as _sha256
+from _json import encode_basestring_ascii as _quote
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY, kind TEXT NOT NULL, sandbox TEXT, started REAL NOT NULL,
+    ended REAL, tier TEXT, image TEXT, image_digest TEXT, policy_digest TEXT, policy TEXT,
+    argv TEXT, verdict TEXT, exit_code INTEGER, signal INTEGER, usage TEXT, actor TEXT,
+    face TEXT, receipt TEXT);
+CREATE INDEX IF NOT EXISTS runs_started ON runs(started);
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY, created REAL NOT NULL, ended REAL, ended_by TEXT, tier TEXT,
+    policy_digest TEXT, policy TEXT, actor TEXT, face TEXT);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, data TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq));
+CREATE INDEX IF NOT EXISTS events_kind ON events(kind);
+"""
+
+
+def private_dir(path: str) -> str:
+    """Make (0700) and check a directory of ours: a link, another owner or a group- or
+    world-writable mode is refused."""
+    os.makedirs(path, 0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise PermissionError(f"{path} is not a directory of this user (a link?): refused")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def private_file(path: str) -> None:
+    """Create the file 0600 if missing; refuse a link or another owner's file."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise PermissionError(f"{path} is not a file of this user: refused")
+        if st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+def connect(path: str, *, busy_timeout: float = 5.0, create: bool = True):
+    if create:
+        private_dir(os.path.dirname(path))
+        private_file(path)
+    elif not os.path.exists(path):
+        raise FileNotFoundError(path)
+    elif os.path.islink(path):
+        raise PermissionError(f"{path} is a link: refused")
+    conn = _sqlite_connect(path, timeout=busy_timeout, isolation_level=None,
+                           check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+        conn.executescript(SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION};")
+    return conn
+
+
+_TOML: dict[int, tuple] = {}   # id(policy) -> (policy, its TOML): policies are frozen
+
+
+def policy_toml(policy) -> str:
+    hit = _TOML.get(id(policy))
+    if hit is not None and hit[0] is policy:
+        return hit[1]
+    from ..policy.dump import dump_toml
+
+    text = dump_toml(policy)
+    if len(_TOML) >= 64:
+        _TOML.clear()
+    _TOML[id(policy)] = (policy, text)
+    return text
+
+
+def digest(data: bytes) -> str:
+    return "sha256:" + _sha256(data).hexdigest()
+
+
+def image_digest(plan, policy) -> str:
+    from ..plan import ImageRoot
+
+    if plan is not None:
+        roots = plan.find(ImageRoot)
+        if roots and roots[0].digest:
+            return roots[0].digest
+    return "host" if getattr(policy, "image", "host") in (None, "host") else ""
+
+
+_USERS: dict[int, str] = {}
+
+
+def local_user() -> str:
+    uid = os.geteuid()
+    name = _USERS.get(uid)
+    if name is None:
+        try:
+            import pwd
+
+            name = "user:" + pwd.getpwuid(uid).pw_name
+        except (KeyError, ImportError):
+            name = f"user:{uid}"
+        _USERS[uid] = name
+    return name
+
+
+def _dumps(v) -> str:
+    """Compact JSON of what records hold (dict, list, str, int, float, bool, None; any
+    other value as its str), without importing json (see the imports)."""
+    if isinstance(v, str):
+        return _quote(v)
+    if v is None:
+        return "null"
+    if v is True or v is False:
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return int.__repr__(v)
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            return "null"
+        return float.__repr__(v)
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{_quote(str(k))}:{_dumps(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_dumps(x) for x in v) + "]"
+    return _quote(str(v))
+
+
+def run_row(item: dict) -> tuple[tuple, list[dict], str | None]:
+    """(the runs row, its events, its receipt JSON or None) of one queued run."""
+    r = item["result"]
+    toml = policy_toml(item["policy"]) if item["policy"] is not None else ""
+    pdig = digest(toml.encode())
+    idig = image_digest(item["plan"], item["policy"])
+    usage = r.usage.to_dict() if hasattr(r.usage, "to_dict") else dict(r.usage)
+    events = list(r.events[:item["n_events"]])
+    receipt = None
+    if item.get("receipt"):
+        from . import receipt as rc
+
+        stdin = item.get("stdin")
+        body = rc.body(run_id=item["id"], started=item["started"], ended=item["ended"],
+                       tier=item["tier"], policy_toml=toml, image_digest=idig,
+                       argv=item["argv"],
+                       stdin=stdin if isinstance(stdin, (bytes, bytearray)) else b"",
+                       stdout=r.stdout.encode("utf-8", "surrogateescape"),
+                       stderr=r.stderr.encode("utf-8", "surrogateescape"),
+                       changes=None, events=events, verdict=r.verdict,
+                       exit_code=r.exit_code, signal=r.signal, usage=usage,
+                       actor=item["actor"] or local_user())
+        receipt = _dumps(rc.sign(body, os.path.dirname(item["db"])))
+    row = (item["id"], item["kind"], item["sandbox"], item["started"], item["ended"],
+           item["tier"], str(getattr(item["policy"], "image", "") or "host"), idig, pdig,
+           toml, _dumps(list(item["argv"])), r.verdict, r.exit_code, r.signal,
+           _dumps(usage), item["actor"] or local_user(), item["face"], receipt)
+    return row, events, receipt
+
+
+def write_batch(conn, batch: list[dict]) -> None:
+    """Every record of the batch in one transaction: all kept, or (an error) none."""
+    runs, events, sandboxes, ends = [], [], [], []
+    for item in batch:
+        # let a run that waits for the GIL have it between records: this thread's Python
+        # work would otherwise hold it for up to the switch interval (5 ms)
+        time.sleep(0)
+        t = item["t"]
+        if t == "run":
+            row, evs, _ = run_row(item)
+            runs.append(row)
+            events.append((item["id"], evs))
+        elif t == "events":
+            events.append((item["id"], item["events"]))
+        elif t == "sandbox":
+            toml = policy_toml(item["policy"])
+            sandboxes.append((item["id"], item["created"], item["tier"],
+                              digest(toml.encode()), toml,
+                              item["actor"] or local_user(), item["face"]))
+        elif t == "sandbox_end":
+            ends.append((item["ended"], item["ended_by"], item["id"]))
+            events.append((item["id"], item["events"]))
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.executemany("INSERT OR REPLACE INTO runs VALUES "
+                         "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", runs)
+        conn.executemany("INSERT OR IGNORE INTO sandboxes (id, created, tier, policy_digest,"
+                         " policy, actor, face) VALUES (?,?,?,?,?,?,?)", sandboxes)
+        conn.executemany("UPDATE sandboxes SET ended = ?, ended_by = ? WHERE id = ?", ends)
+        for run_id, evs in events:
+            if not evs:
+                continue
+            (base,) = conn.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE "
+                                   "run_id = ?", (run_id,)).fetchone()
+            conn.executemany("INSERT INTO events VALUES (?,?,?,?)",
+                             [(run_id, base + i, str(e.get("kind", "")), _dumps(e))
+                              for i, e in enumerate(evs)])
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

@@ -1,0 +1,404 @@
+"""The audit store and signed receipts (docs/audit.md), with real SQLite and real
+namespace-tier sandboxes: records from the CLI, the Python API, live sandboxes, the
+service and the probe; a locked database never fails a run; queries, gc, receipts."""
+
+import base64
+import json
+import os
+import sqlite3
+import subprocess
+import time
+
+import pytest
+from conftest import CORRAL, tier_unavailable
+
+import corral
+from corral.audit import query, record
+
+pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
+                                reason=f"namespace tier: {tier_unavailable('namespace')}")
+
+DENY_POLICY = {"network": {"mode": "allow", "allow": ["allowed.test"],
+                           "nameservers": ["127.0.0.1:9"]}}
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    d = str(tmp_path / "state")
+    monkeypatch.setenv("CORRAL_STATE_DIR", d)
+    monkeypatch.setenv("CORRAL_AUDIT", "1")      # the suite's conftest turns it off
+    monkeypatch.delenv("CORRAL_AUDIT_FACE", raising=False)
+    return d
+
+
+def db(state):
+    return os.path.join(state, "audit", "audit.db")
+
+
+def cli(state, *args, stdin=None, env=None):
+    e = dict(os.environ, CORRAL_STATE_DIR=state)
+    e.pop("CORRAL_AUDIT_FACE", None)
+    e.update(env or {})
+    return subprocess.run([CORRAL, *args], capture_output=True, env=e, input=stdin,
+                          timeout=120)
+
+
+def test_api_run_is_recorded_with_its_events(state):
+    r = corral.run(["/bin/sh", "-c", "curl -sS -m 5 http://denied.test/; exit 3"],
+                   DENY_POLICY)
+    assert r.verdict == "error"
+    assert record.flush(5)
+    assert not [e for e in r.events if e["kind"] == "audit"], r.events
+    (run,) = query.runs()
+    assert run["argv"][-1].endswith("exit 3") and run["verdict"] == "error"
+    assert run["exit_code"] == 3 and run["tier"] == "namespace" and run["face"] == "api"
+    assert run["actor"].startswith("user:") and run["policy_digest"].startswith("sha256:")
+    assert run["usage"]["wall_s"] > 0
+    events = query.events(run["id"])
+    assert [(e["kind"], e["host"], e["decision"]) for e in events if e["kind"] == "net"] \
+        == [("net", "denied.test", "deny")]
+    st = os.stat(os.path.dirname(db(state)))
+    assert st.st_mode & 0o777 == 0o700 and os.stat(db(state)).st_mode & 0o777 == 0o600
+    conn = sqlite3.connect(db(state))
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    conn.close()
+
+
+def test_a_locked_database_does_not_fail_the_run_and_the_result_says_so(state):
+    corral.run(["/bin/true"])            # the database exists
+    assert record.flush(5)
+    holder = sqlite3.connect(db(state), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")    # another process holding the write lock
+    try:
+        r = corral.run(["/bin/sh", "-c", "echo still ran"])
+        assert r.verdict == "ok" and r.stdout == "still ran\n"
+        assert record.flush(5)
+        lost = [e for e in r.events if e["kind"] == "audit"]
+        assert len(lost) == 1 and "lost" in lost[0]["message"], r.events
+        assert "locked" in lost[0]["message"]
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    r2 = corral.run(["/bin/echo", "after"])
+    assert record.flush(5)
+    assert not [e for e in r2.events if e["kind"] == "audit"]
+    assert [x["argv"] for x in query.runs()] == [["/bin/echo", "after"], ["/bin/true"]]
+
+
+def test_the_switch_turns_recording_off(state, monkeypatch):
+    monkeypatch.setenv("CORRAL_AUDIT", "0")
+    corral.run(["/bin/true"])
+    assert record.flush(5)
+    assert not os.path.exists(db(state))
+
+
+def test_live_sandbox_and_its_commands_are_recorded(state):
+    sb = corral.Sandbox.create(timeout=60)
+    try:
+        sb.commands.run("echo one")
+        sb.commands.run(["/bin/sh", "-c", "exit 4"])
+    finally:
+        sb.kill()
+    assert record.flush(5)
+    runs = query.runs()
+    assert [(r["kind"], r["sandbox"], r["verdict"]) for r in runs] == [
+        ("command", sb.id, "error"), ("command", sb.id, "ok")]
+    conn = sqlite3.connect(db(state))
+    (row,) = conn.execute("SELECT id, ended_by, tier FROM sandboxes").fetchall()
+    conn.close()
+    assert row == (sb.id, "killed", "namespace")
+    assert [e["kind"] for e in query.events(sb.id)] == ["teardown"]
+
+
+def test_cli_runs_logs_denials_and_filters(state):
+    assert cli(state, "run", "--", "/bin/sh", "-c", "exit 2").returncode == 2
+    p = cli(state, "run", "--net", "allow", "--allow-domain", "allowed.test", "--nameserver",
+            "127.0.0.1:9", "--", "/bin/sh", "-c",
+            "curl -sS -m 5 http://denied.test/ >/dev/null; curl -sS -m 5 "
+            "http://denied.test/ >/dev/null; true")
+    assert p.returncode == 0, p.stderr
+    out = cli(state, "runs", "--json")
+    lines = [json.loads(x) for x in out.stdout.splitlines()]
+    assert [x["verdict"] for x in lines] == ["ok", "error"]        # newest first
+    assert all({"id", "argv", "verdict", "tier", "started"} <= set(x) for x in lines)
+    assert {x["face"] for x in lines} == {"cli"}
+    only = [json.loads(x) for x in cli(state, "runs", "--json", "--verdict",
+                                       "error").stdout.splitlines()]
+    assert [x["argv"] for x in only] == [["/bin/sh", "-c", "exit 2"]]
+    assert cli(state, "runs", "--json", "--tier", "gvisor").stdout == b""
+    assert len(cli(state, "runs", "--json", "--since", "1h").stdout.splitlines()) == 2
+    logs = cli(state, "logs", lines[0]["id"], "--json")
+    nets = [json.loads(x) for x in logs.stdout.splitlines()]
+    assert [(e["kind"], e["host"]) for e in nets if e["kind"] == "net"] == [
+        ("net", "denied.test")] * 2
+    human = cli(state, "logs", lines[0]["id"]).stdout.decode()
+    assert "net: host=denied.test" in human
+    d = [json.loads(x) for x in cli(state, "denials", "--json", "--kind",
+                                    "net").stdout.splitlines()]
+    assert d == [{"kind": "net", "what": "denied.test:80", "count": 2, "runs": 1,
+                  "reason": d[0]["reason"], "rule": 'network.allow += "denied.test"',
+                  "last": d[0]["last"]}]
+    assert "allow with: network.allow += \"denied.test\"" in cli(
+        state, "denials").stdout.decode()
+    bad = cli(state, "runs", "--since", "yesterday")
+    assert bad.returncode == 2 and b"--since" in bad.stderr
+    assert cli(state, "logs", "r-nope").returncode == 2
+    exported = [json.loads(x) for x in cli(state, "audit", "export").stdout.splitlines()]
+    assert [x["verdict"] for x in exported] == ["error", "ok"]      # oldest first
+    assert exported[1]["policy"].startswith("isolation") and exported[1]["events"]
+
+
+def test_gc_removes_old_rows_only(state):
+    corral.run(["/bin/echo", "old"], DENY_POLICY)
+    corral.run(["/bin/echo", "new"])
+    assert record.flush(5)
+    conn = sqlite3.connect(db(state), isolation_level=None)
+    conn.execute("UPDATE runs SET started = started - 40 * 86400 WHERE argv LIKE '%old%'")
+    conn.close()
+    p = cli(state, "gc", "--older-than", "30d")
+    assert p.returncode == 0 and b"removed 1 run(s)" in p.stdout, p.stdout
+    assert [r["argv"] for r in query.runs()] == [["/bin/echo", "new"]]
+    conn = sqlite3.connect(db(state))
+    assert conn.execute("SELECT COUNT(*) FROM events e WHERE NOT EXISTS (SELECT 1 FROM runs "
+                        "r WHERE r.id = e.run_id)").fetchone() == (0,)
+    conn.close()
+    assert cli(state, "gc").returncode == 2
+
+
+def test_probe_runs_are_recorded_as_the_probe(state):
+    """The probe drives `corral run` in subprocesses, recorded with the face "probe"."""
+    p = cli(state, "probe", "--isolation", "namespace", "--case", "res.file-size", "--json")
+    assert p.returncode == 0, p.stderr
+    runs = query.runs()
+    assert runs and {r["face"] for r in runs} == {"probe"}
+    assert all(r["tier"] == "namespace" for r in runs)
+
+
+# -- receipts ------------------------------------------------------------------------------
+
+def _load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+@pytest.fixture
+def receipt(state, tmp_path):
+    rfile, out, err, inp = (str(tmp_path / n) for n in ("r.json", "out", "err", "in"))
+    with open(inp, "wb") as f:
+        f.write(b"input bytes\n")
+    p = cli(state, "run", "--stdin", "--receipt", rfile, "--", "/bin/sh", "-c",
+            "cat; echo out; echo err >&2", stdin=b"input bytes\n")
+    assert p.returncode == 0, p.stderr
+    with open(out, "wb") as f:
+        f.write(p.stdout)
+    with open(err, "wb") as f:
+        f.write(p.stderr)
+    return rfile, out, err, inp
+
+
+def test_a_receipt_verifies_with_its_outputs(state, receipt):
+    rfile, out, err, inp = receipt
+    p = cli(state, "verify", rfile, "--stdout", out, "--stderr", err, "--stdin", inp)
+    assert p.returncode == 0 and b"OK" in p.stdout, p.stderr
+    key = cli(state, "key", "show").stdout.decode().strip()
+    assert key.startswith("ed25519:") and len(base64.b64decode(key[8:])) == 32
+    body = _load(rfile)["body"]
+    assert body["argv"] == ["/bin/sh", "-c", "cat; echo out; echo err >&2"]
+    assert body["verdict"] == "ok" and body["run_id"].startswith("r-")
+    assert body["stdout_sha256"].startswith("sha256:") and body["policy_sha256"]
+    st = os.stat(os.path.join(state, "audit", "receipt.key"))
+    assert st.st_mode & 0o777 == 0o600
+    # a third party: another state directory, the key given
+    other = os.path.join(os.path.dirname(state), "other")
+    p = cli(other, "verify", rfile, "--key", key, "--stdout", out)
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("field,value", [
+    ("verdict", "error"), ("exit_code", 1), ("argv", ["/bin/true"]),
+    ("stdout_sha256", "sha256:" + "0" * 64), ("policy_sha256", "sha256:" + "1" * 64),
+    ("image", "sha256:" + "2" * 64), ("egress_sha256", "sha256:" + "3" * 64),
+    ("usage", {"wall_s": 0.0}), ("host", "elsewhere"), ("stdin_sha256", "x")])
+def test_each_tampered_field_fails_with_the_signature_code(state, receipt, field, value):
+    rfile = receipt[0]
+    r = _load(rfile)
+    assert r["body"][field] != value
+    r["body"][field] = value
+    with open(rfile, "w") as f:
+        json.dump(r, f)
+    p = cli(state, "verify", rfile)
+    assert p.returncode == 11, p.stderr
+    assert p.stderr.count(b"\n") == 1 and b"altered" in p.stderr
+
+
+def test_a_tampered_signature_a_wrong_key_a_mismatch_and_junk_each_have_their_code(
+        state, receipt, tmp_path):
+    rfile, out, err, inp = receipt
+    r = _load(rfile)
+    sig = bytearray(base64.b64decode(r["signature"]))
+    sig[0] ^= 1
+    bad = tmp_path / "sig.json"
+    bad.write_text(json.dumps({**r, "signature": base64.b64encode(bytes(sig)).decode()}))
+    assert cli(state, "verify", str(bad)).returncode == 11
+    other = os.path.join(os.path.dirname(state), "other")
+    other_key = cli(other, "key", "show").stdout.decode().strip()
+    p = cli(state, "verify", rfile, "--key", other_key)
+    assert p.returncode == 12 and b"another key" not in p.stderr and b"signed by" in p.stderr
+    swapped = tmp_path / "swapped.json"        # the body re-signed claims the other key
+    swapped.write_text(json.dumps({**r, "key": other_key}))
+    assert cli(state, "verify", str(swapped)).returncode == 12
+    p = cli(state, "verify", rfile, "--stdout", err)
+    assert p.returncode == 13 and b"--stdout" in p.stderr
+    assert cli(state, "verify", rfile, "--stdin", out).returncode == 13
+    junk = tmp_path / "junk.json"
+    junk.write_text("{not json")
+    assert cli(state, "verify", str(junk)).returncode == 10
+    assert cli(state, "verify", str(tmp_path / "missing")).returncode == 2
+
+
+# -- the service ---------------------------------------------------------------------------
+
+def _wait_runs(http, n=1):
+    for _ in range(200):
+        runs = http.get("/runs").json()["runs"]
+        if len(runs) >= n:
+            return runs
+        time.sleep(0.05)
+    return runs
+
+
+def test_service_runs_are_recorded_per_token_with_a_stored_receipt(tmp_path, monkeypatch):
+    from test_serve import Server, _token
+
+    monkeypatch.setenv("CORRAL_AUDIT", "1")
+
+    s = Server(tmp_path)
+    s.tokens["a"] = _token(s.state, "a")
+    s.tokens["b"] = _token(s.state, "b")
+    s.start()
+    try:
+        a, b = s.http(s.tokens["a"]), s.http(s.tokens["b"])
+        sid = a.post("/sandboxes", json={"policy": {}}).json()["id"]
+        r = a.post(f"/sandboxes/{sid}/exec", json={"argv": ["/bin/sh", "-c", "cat; echo svc"],
+                                                   "stdin": "in\n"})
+        assert r.status_code == 200 and r.json()["stdout"] == "in\nsvc\n", r.text
+        (run,) = _wait_runs(a)
+        assert run["actor"] == "token:a" and run["face"] == "service"
+        assert run["kind"] == "command" and run["sandbox"] == sid and run["receipt"] is True
+        assert b.get("/runs").json() == {"runs": []}             # only its own
+        assert b.get(f"/runs/{run['id']}/events").status_code == 404
+        assert b.get(f"/runs/{run['id']}/receipt").status_code == 404
+        assert a.get(f"/runs/{run['id']}/events").status_code == 200
+        assert a.get(f"/runs/{run['id']}").json()["policy"].startswith("isolation")
+        assert a.get("/runs", params={"verdict": "error"}).json() == {"runs": []}
+        assert a.get("/runs", params={"since": "soon"}).status_code == 400
+        assert a.get("/denials").json() == {"denials": []}
+        rec = a.get(f"/runs/{run['id']}/receipt")
+        assert rec.status_code == 200
+        rfile, out, inp = tmp_path / "r.json", tmp_path / "out", tmp_path / "in"
+        rfile.write_text(rec.text)
+        out.write_bytes(b"in\nsvc\n")
+        inp.write_bytes(b"in\n")
+        p = cli(s.state, "verify", str(rfile), "--stdout", str(out), "--stdin", str(inp))
+        assert p.returncode == 0, p.stderr
+        out.write_bytes(b"other\n")
+        assert cli(s.state, "verify", str(rfile), "--stdout", str(out)).returncode == 13
+    finally:
+        s.stop()
+
+
+def test_an_unusable_state_directory_does_not_fail_the_run(tmp_path, monkeypatch):
+    """A link planted where the audit directory goes is refused, never followed: the run
+    goes on and says its record was lost."""
+    state = tmp_path / "state"
+    state.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, state / "audit")
+    monkeypatch.setenv("CORRAL_STATE_DIR", str(state))
+    monkeypatch.setenv("CORRAL_AUDIT", "1")
+    r = corral.run(["/bin/echo", "ran"])
+    assert r.verdict == "ok" and r.stdout == "ran\n"
+    assert record.flush(5)
+    (lost,) = [e for e in r.events if e["kind"] == "audit"]
+    assert "refused" in lost["message"]
+    assert os.listdir(elsewhere) == []
+
+
+def test_a_review_mode_receipt_hashes_the_changes(state, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("one\n")
+    rfile = tmp_path / "r.json"
+    p = cli(state, "run", "--json", "--workspace", f"{ws}:review", "--discard", "--receipt",
+            str(rfile), "--", "/bin/sh", "-c", "echo two > a.txt; echo new > b.txt")
+    assert p.returncode == 0, p.stderr
+    changes = json.loads(p.stdout)["review"]["changes"]
+    assert sorted(c["path"] for c in changes) == ["a.txt", "b.txt"]
+    from corral.audit.receipt import canonical, sha
+
+    body = _load(rfile)["body"]
+    assert body["changes_sha256"] == sha(canonical(changes))
+    assert (ws / "a.txt").read_text() == "one\n"
+    assert cli(state, "verify", str(rfile)).returncode == 0
+
+
+def test_mcp_commands_are_recorded_as_mcp(state):
+    import asyncio
+
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    async def main():
+        params = StdioServerParameters(command=CORRAL, args=["mcp"], env=dict(os.environ))
+        async with Client(params) as c:
+            r = await c.call_tool("run_command", {"command": "echo from-mcp"})
+            assert not r.is_error, r.content
+
+    asyncio.run(asyncio.wait_for(main(), 300))
+    runs = [r for r in query.runs() if r["kind"] == "command"]
+    assert [(r["argv"][-1], r["face"]) for r in runs] == [("echo from-mcp", "mcp")]
+    assert runs[0]["actor"].startswith("user:")
+
+
+def test_since_and_kind_leave_out_what_they_should(state):
+    corral.run(["/bin/sh", "-c", "curl -sS -m 5 http://denied.test/ >/dev/null"], DENY_POLICY)
+    corral.run(["/bin/sh", "-c", "head -c 5000 /dev/zero"], {"limits": {"output": "1K"}})
+    assert record.flush(5)
+    assert {g["kind"] for g in query.denials()} == {"net", "limit"}
+    assert [g["kind"] for g in query.denials(kind="limit")] == ["limit"]
+    conn = sqlite3.connect(db(state), isolation_level=None)
+    conn.execute("UPDATE runs SET started = started - 7200 WHERE argv LIKE '%curl%'")
+    conn.close()
+    assert [r["argv"][-1] for r in query.runs(since=3600)] == ["head -c 5000 /dev/zero"]
+    assert len(query.runs(since=3 * 3600)) == 2
+    assert [g["kind"] for g in query.denials(since=3600)] == ["limit"]
+    assert [g["what"] for g in query.denials(since=3 * 3600, kind="net")] == ["denied.test:80"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_a_full_disk_does_not_fail_the_run_and_the_result_says_so(tmp_path, monkeypatch):
+    state = tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(state)],
+                   check=True)
+    try:
+        monkeypatch.setenv("CORRAL_STATE_DIR", str(state))
+        monkeypatch.setenv("CORRAL_AUDIT", "1")
+        corral.run(["/bin/true"])
+        assert record.flush(5)
+        with open(state / "filler", "wb") as f:     # the rest of the disk
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        r = corral.run(["/bin/sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x"])
+        assert r.verdict == "ok" and len(r.stdout) == 200000
+        assert record.flush(5)
+        lost = [e for e in r.events if e["kind"] == "audit"]
+        assert len(lost) == 1 and "full" in lost[0]["message"], r.events
+    finally:
+        record.flush(5)
+        subprocess.run(["umount", "-l", str(state)], check=False)

@@ -20,6 +20,8 @@ Issue 3 (Speed) asks, side by side in one run, through the proxy vs direct on lo
        proxy        curl -x on the host -> `python -m corral.egress --listen` (standalone)
        proxy-loop   the same proxy with CORRAL_EGRESS_RELAY_THREADS=0: no relay thread,
                     every byte on the event loop (the A/B of relay.py's bulk threads)
+       proxy-splice the same proxy with CORRAL_EGRESS_RELAY_SPLICE=1: its relay threads
+                    splice(2) instead of copying through their ring (the way before)
   2. added latency per request, p50 and p95 (goal: p50 <= direct + 0.5 ms): small GETs, a new
      connection each, from a Python client on the host (direct and standalone proxy,
      interleaved) and from a Python client inside a sandbox through HTTP_PROXY;
@@ -315,6 +317,16 @@ class Bench:
         self.loop_cpu_ms: list[float] = []
         if "listening on" not in q.stderr.readline().decode():
             raise SystemExit("the standalone proxy (relay threads off) did not start")
+        # and with its relay threads splicing instead of copying (relay.py RELAY_COPY)
+        self.splice_port = free_port(self.proxy_ip)
+        self.splice_argv = [*self.proxy_argv[:-4], "--listen",
+                            f"{self.proxy_ip}:{self.splice_port}", "--events", "/dev/null"]
+        q = self._spawn(self.splice_argv, stderr=subprocess.PIPE,
+                        env={**HOST_ENV, "CORRAL_EGRESS_RELAY_SPLICE": "1"})
+        self.splice_pid = q.pid
+        self.splice_cpu_ms: list[float] = []
+        if "listening on" not in q.stderr.readline().decode():
+            raise SystemExit("the standalone proxy (relay threads splicing) did not start")
         #: CPU ms (user + system, every thread) the standalone proxy spent per download:
         #: what it costs, which load on the machine moves far less than MB/s
         self.proxy_cpu_ms: list[float] = []
@@ -393,6 +405,13 @@ class Bench:
         self.loop_cpu_ms.append(cpu_ms(self.loop_pid) - t0)
         return mbs
 
+    def tp_proxy_splice(self) -> float:
+        t0 = cpu_ms(self.splice_pid)
+        url = f"http://{self.proxy_ip}:{self.splice_port}"
+        mbs = self.host_curl(curl_argv(self.big_url, proxy=url))
+        self.splice_cpu_ms.append(cpu_ms(self.splice_pid) - t0)
+        return mbs
+
     def sandbox_curl_cmd(self) -> str:
         """A small GET first (it waits for the fresh proxy to start; its time to the first
         byte is kept), then the timed download."""
@@ -418,7 +437,8 @@ class Bench:
                 "sandbox-2cpu" if self.nproc == 2 else f"sandbox-{self.nproc}cpu":
                     self.tp_sandbox_ncpu,
                 "socat": self.tp_socat, "socat-256k": self.tp_socat_256k,
-                "proxy": self.tp_proxy, "proxy-loop": self.tp_proxy_loop}
+                "proxy": self.tp_proxy, "proxy-loop": self.tp_proxy_loop,
+                "proxy-splice": self.tp_proxy_splice}
 
     # -- latency -----------------------------------------------------------------------------
     def lat_host(self, n: int) -> tuple[list[float], list[float]]:
@@ -630,6 +650,9 @@ def main() -> int:
         "proxy-loop": f"the same with CORRAL_EGRESS_RELAY_THREADS=0 in the proxy's "
                       f"environment ({shlex.join(bench.loop_argv)}): every byte relayed on "
                       f"the event loop, as before the relay threads",
+        "proxy-splice": f"the same with CORRAL_EGRESS_RELAY_SPLICE=1 in the proxy's "
+                        f"environment ({shlex.join(bench.splice_argv)}): relay threads "
+                        f"that splice(2), as before their copy ring",
     }
     for v in names:
         if v.startswith("sandbox-"):
@@ -651,7 +674,8 @@ def main() -> int:
     print("  commands:")
     for v in names:
         print(f"    {v:13} {how[v]}")
-    for label, xs in (("proxy", bench.proxy_cpu_ms), ("proxy-loop", bench.loop_cpu_ms)):
+    for label, xs in (("proxy", bench.proxy_cpu_ms), ("proxy-loop", bench.loop_cpu_ms),
+                      ("proxy-splice", bench.splice_cpu_ms)):
         if xs:
             pc = stats(xs)
             print(f"  {label}: the standalone proxy's CPU time per {BIG // 10**6} MB download "
@@ -720,7 +744,9 @@ def main() -> int:
         if v == "direct" or not s or s["ratio"] is None:
             continue
         met = s["ratio"] >= GOAL_RATIO
-        reference = " (reference)" if v.startswith("socat") or v == "proxy-loop" else ""
+        reference = (" (reference)" if v.startswith("socat") or v in ("proxy-loop",
+                                                                       "proxy-splice")
+                     else "")
         goal(f"throughput {v} >= {GOAL_RATIO} x direct{reference}",
              f"{s['median']:.0f} vs {base:.0f} MB/s ({s['ratio']:.2f}x)", met)
     for k in ("proxy", "sandbox"):
@@ -757,6 +783,7 @@ def main() -> int:
                "storm": storms, "goals": goals,
                "sandbox_first_byte_ms": bench.first_byte_ms,
                "proxy_cpu_ms": bench.proxy_cpu_ms, "proxy_loop_cpu_ms": bench.loop_cpu_ms,
+               "proxy_splice_cpu_ms": bench.splice_cpu_ms,
                "sandbox_first_request_ms": bench.first_request_ms}
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -15,6 +15,9 @@ Issue 3 (Speed) asks, side by side in one run, through the proxy vs direct on lo
                     timed download
        sandbox-Ncpu the same with limits.cpus = nproc (the default is 1.0 and the proxy
                     shares the run's CPU quota with curl)
+       sandbox-splice  the same as sandbox, from a supervisor process of its own whose
+                    proxies have CORRAL_EGRESS_RELAY_SPLICE=1 (relay threads that splice,
+                    as before their copy ring): the A/B of the ring inside a sandbox
        socat        curl on the host -> a socat TCP forwarder on the host -> the server
        socat-256k   the same with socat -b 262144 (socat's default buffer is 8 KiB)
        proxy        curl -x on the host -> `python -m corral.egress --listen` (standalone)
@@ -429,6 +432,25 @@ class Bench:
                 from None
         return parse_curl(rest, r.stderr)
 
+    def tp_sandbox_splice(self) -> float:
+        """tp_sandbox from a child supervisor (--sandbox-run) with the splicing relay."""
+        argv = [sys.executable, os.path.abspath(__file__), "--sandbox-run",
+                json.dumps({"argv": ["/bin/sh", "-c", self.sandbox_curl_cmd()],
+                            "policy": self.policy()})]
+        p = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=180,
+                           env={**os.environ, "CORRAL_EGRESS_RELAY_SPLICE": "1"})
+        try:
+            r = json.loads(p.stdout)
+        except ValueError:
+            raise Failed(f"the child supervisor printed {p.stdout[-200:]!r}, stderr "
+                         f"{p.stderr[-300:]!r}") from None
+        if r["verdict"] != "ok" or r["exit_code"] != 0:
+            raise Failed(f"verdict {r['verdict']}, exit {r['exit_code']}: "
+                         f"{r['stderr'][-400:]!r}")
+        first, _, rest = r["stdout"].partition("\n")
+        return parse_curl(rest, r["stderr"])
+
     def tp_sandbox_ncpu(self) -> float:
         return self.tp_sandbox(cpus=float(self.nproc))
 
@@ -436,6 +458,7 @@ class Bench:
         return {"direct": self.tp_direct, "sandbox": self.tp_sandbox,
                 "sandbox-2cpu" if self.nproc == 2 else f"sandbox-{self.nproc}cpu":
                     self.tp_sandbox_ncpu,
+                "sandbox-splice": self.tp_sandbox_splice,
                 "socat": self.tp_socat, "socat-256k": self.tp_socat_256k,
                 "proxy": self.tp_proxy, "proxy-loop": self.tp_proxy_loop,
                 "proxy-splice": self.tp_proxy_splice}
@@ -528,9 +551,18 @@ def main() -> int:
                     help="limits.open_files of the storm's sandbox (2048)")
     ap.add_argument("--json", metavar="FILE", help="write every raw sample here")
     ap.add_argument("--serve", nargs=2, metavar=("IP", "FILE"), help=argparse.SUPPRESS)
+    ap.add_argument("--sandbox-run", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         serve(*args.serve)
+        return 0
+    if args.sandbox_run:                     # one corral.run in this (child) supervisor
+        import corral
+
+        spec = json.loads(args.sandbox_run)
+        r = corral.run(spec["argv"], policy=spec["policy"])
+        print(json.dumps({"verdict": r.verdict, "exit_code": r.exit_code,
+                          "stdout": r.stdout, "stderr": r.stderr}))
         return 0
     runs = args.runs if args.runs is not None else (3 if args.quick else 9)
     if runs < 1 or args.requests < 1 or args.storm < 1:
@@ -640,6 +672,11 @@ def main() -> int:
           f"round dropped")
     how = {
         "direct": shlex.join(curl_argv(bench.big_url)),
+        "sandbox-splice": "the same as sandbox, in a supervisor process of its own (this "
+                          "script's --sandbox-run) with CORRAL_EGRESS_RELAY_SPLICE=1, which "
+                          "its proxy inherits (backends/host/launch.py PROXY_ENV_PASSED): "
+                          "relay threads that splice(2), the way before their copy ring (a "
+                          "one-shot supervisor: its proxy starts afresh, not from the zygote)",
         "sandbox": f"corral.run(['/bin/sh', '-c', {bench.sandbox_curl_cmd()!r}]), network "
                    f"allow={bench.allow} allow_private=['127.0.0.0/8'], default limits "
                    f"(cpus 1.0; the proxy runs in the run's cgroup); the second curl's figure",
@@ -655,25 +692,25 @@ def main() -> int:
                         f"that splice(2), as before their copy ring",
     }
     for v in names:
-        if v.startswith("sandbox-"):
+        if v.startswith("sandbox-") and v.endswith("cpu"):
             how[v] = f"the same as sandbox with limits.cpus = {float(bench.nproc)}"
     base = statistics.median(tp["direct"]) if tp.get("direct") and "direct" not in errors \
         else None
-    print(f"  {'variant':13} {'median MB/s':>12} {'min':>9} {'max':>9} {'x direct':>9}")
+    print(f"  {'variant':14} {'median MB/s':>12} {'min':>9} {'max':>9} {'x direct':>9}")
     tp_summary = {}
     for v in names:
         xs = tp[v]
         if v in errors or not xs:
-            print(f"  {v:13} {'failed: see below':>41}")
+            print(f"  {v:14} {'failed: see below':>41}")
             continue
         s = stats(xs)
         s["ratio"] = s["median"] / base if base else None
         tp_summary[v] = s
         ratio = f"{s['ratio']:.2f}" if base else "-"
-        print(f"  {v:13} {s['median']:12.0f} {s['min']:9.0f} {s['max']:9.0f} {ratio:>9}")
+        print(f"  {v:14} {s['median']:12.0f} {s['min']:9.0f} {s['max']:9.0f} {ratio:>9}")
     print("  commands:")
     for v in names:
-        print(f"    {v:13} {how[v]}")
+        print(f"    {v:14} {how[v]}")
     for label, xs in (("proxy", bench.proxy_cpu_ms), ("proxy-loop", bench.loop_cpu_ms),
                       ("proxy-splice", bench.splice_cpu_ms)):
         if xs:
@@ -745,7 +782,8 @@ def main() -> int:
             continue
         met = s["ratio"] >= GOAL_RATIO
         reference = (" (reference)" if v.startswith("socat") or v in ("proxy-loop",
-                                                                       "proxy-splice")
+                                                                       "proxy-splice",
+                                                                       "sandbox-splice")
                      else "")
         goal(f"throughput {v} >= {GOAL_RATIO} x direct{reference}",
              f"{s['median']:.0f} vs {base:.0f} MB/s ({s['ratio']:.2f}x)", met)

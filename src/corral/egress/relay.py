@@ -8,7 +8,9 @@
   allowed connection (budget, SNI), whose event then becomes a deny.
 - `RelayMixin` moves bytes within the budgets (budget.py decides how many may go; this
   only asks and counts): `_pump` relays one direction with splice(2), socket -> pipe ->
-  socket, or by copying where splice is missing or no pipe can be had; `_send` sends one
+  socket, or by copying where splice is missing or no pipe can be had; past THREAD_AFTER
+  bytes a flow goes on in a `_Relay` thread, which copies through a ring (or splices,
+  with CORRAL_EGRESS_RELAY_SPLICE=1); `_send` sends one
   buffer; either cuts (`_Cut("budget: ...")`) rather than let a byte past the budget. The
   CONNECT tunnel (server.py) and plain-HTTP forwarding (forward.py) use them; terminated
   TLS (terminate.py) counts decrypted bytes through `_count`. `_end` emits a flow's one

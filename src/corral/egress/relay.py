@@ -383,7 +383,11 @@ class _Relay:
         Measured: 0.8x direct against 0.6x)."""
         import mmap
 
-        ring = mmap.mmap(-1, COPY_BUF)      # pages appear as they are first written
+        try:
+            ring = mmap.mmap(-1, COPY_BUF)  # pages appear as they are first written
+        except OSError:                     # no address space to be had: splice instead
+            self._splice_loop()
+            return
         view = memoryview(ring)
         size = COPY_BUF
         start = held = 0                # the ring: `held` bytes from `start` (mod size)

@@ -15,11 +15,16 @@ Issue 3 (Speed) asks, side by side in one run, through the proxy vs direct on lo
                     timed download
        sandbox-Ncpu the same with limits.cpus = nproc (the default is 1.0 and the proxy
                     shares the run's CPU quota with curl)
+       sandbox-splice  the same as sandbox, from a supervisor process of its own whose
+                    proxies have CORRAL_EGRESS_RELAY_SPLICE=1 (relay threads that splice,
+                    as before their copy ring): the A/B of the ring inside a sandbox
        socat        curl on the host -> a socat TCP forwarder on the host -> the server
        socat-256k   the same with socat -b 262144 (socat's default buffer is 8 KiB)
        proxy        curl -x on the host -> `python -m corral.egress --listen` (standalone)
        proxy-loop   the same proxy with CORRAL_EGRESS_RELAY_THREADS=0: no relay thread,
                     every byte on the event loop (the A/B of relay.py's bulk threads)
+       proxy-splice the same proxy with CORRAL_EGRESS_RELAY_SPLICE=1: its relay threads
+                    splice(2) instead of copying through their ring (the way before)
   2. added latency per request, p50 and p95 (goal: p50 <= direct + 0.5 ms): small GETs, a new
      connection each, from a Python client on the host (direct and standalone proxy,
      interleaved) and from a Python client inside a sandbox through HTTP_PROXY;
@@ -315,6 +320,16 @@ class Bench:
         self.loop_cpu_ms: list[float] = []
         if "listening on" not in q.stderr.readline().decode():
             raise SystemExit("the standalone proxy (relay threads off) did not start")
+        # and with its relay threads splicing instead of copying (relay.py RELAY_COPY)
+        self.splice_port = free_port(self.proxy_ip)
+        self.splice_argv = [*self.proxy_argv[:-4], "--listen",
+                            f"{self.proxy_ip}:{self.splice_port}", "--events", "/dev/null"]
+        q = self._spawn(self.splice_argv, stderr=subprocess.PIPE,
+                        env={**HOST_ENV, "CORRAL_EGRESS_RELAY_SPLICE": "1"})
+        self.splice_pid = q.pid
+        self.splice_cpu_ms: list[float] = []
+        if "listening on" not in q.stderr.readline().decode():
+            raise SystemExit("the standalone proxy (relay threads splicing) did not start")
         #: CPU ms (user + system, every thread) the standalone proxy spent per download:
         #: what it costs, which load on the machine moves far less than MB/s
         self.proxy_cpu_ms: list[float] = []
@@ -393,6 +408,13 @@ class Bench:
         self.loop_cpu_ms.append(cpu_ms(self.loop_pid) - t0)
         return mbs
 
+    def tp_proxy_splice(self) -> float:
+        t0 = cpu_ms(self.splice_pid)
+        url = f"http://{self.proxy_ip}:{self.splice_port}"
+        mbs = self.host_curl(curl_argv(self.big_url, proxy=url))
+        self.splice_cpu_ms.append(cpu_ms(self.splice_pid) - t0)
+        return mbs
+
     def sandbox_curl_cmd(self) -> str:
         """A small GET first (it waits for the fresh proxy to start; its time to the first
         byte is kept), then the timed download."""
@@ -410,6 +432,25 @@ class Bench:
                 from None
         return parse_curl(rest, r.stderr)
 
+    def tp_sandbox_splice(self) -> float:
+        """tp_sandbox from a child supervisor (--sandbox-run) with the splicing relay."""
+        argv = [sys.executable, os.path.abspath(__file__), "--sandbox-run",
+                json.dumps({"argv": ["/bin/sh", "-c", self.sandbox_curl_cmd()],
+                            "policy": self.policy()})]
+        p = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=180,
+                           env={**os.environ, "CORRAL_EGRESS_RELAY_SPLICE": "1"})
+        try:
+            r = json.loads(p.stdout)
+        except ValueError:
+            raise Failed(f"the child supervisor printed {p.stdout[-200:]!r}, stderr "
+                         f"{p.stderr[-300:]!r}") from None
+        if r["verdict"] != "ok" or r["exit_code"] != 0:
+            raise Failed(f"verdict {r['verdict']}, exit {r['exit_code']}: "
+                         f"{r['stderr'][-400:]!r}")
+        first, _, rest = r["stdout"].partition("\n")
+        return parse_curl(rest, r["stderr"])
+
     def tp_sandbox_ncpu(self) -> float:
         return self.tp_sandbox(cpus=float(self.nproc))
 
@@ -417,8 +458,10 @@ class Bench:
         return {"direct": self.tp_direct, "sandbox": self.tp_sandbox,
                 "sandbox-2cpu" if self.nproc == 2 else f"sandbox-{self.nproc}cpu":
                     self.tp_sandbox_ncpu,
+                "sandbox-splice": self.tp_sandbox_splice,
                 "socat": self.tp_socat, "socat-256k": self.tp_socat_256k,
-                "proxy": self.tp_proxy, "proxy-loop": self.tp_proxy_loop}
+                "proxy": self.tp_proxy, "proxy-loop": self.tp_proxy_loop,
+                "proxy-splice": self.tp_proxy_splice}
 
     # -- latency -----------------------------------------------------------------------------
     def lat_host(self, n: int) -> tuple[list[float], list[float]]:
@@ -508,9 +551,18 @@ def main() -> int:
                     help="limits.open_files of the storm's sandbox (2048)")
     ap.add_argument("--json", metavar="FILE", help="write every raw sample here")
     ap.add_argument("--serve", nargs=2, metavar=("IP", "FILE"), help=argparse.SUPPRESS)
+    ap.add_argument("--sandbox-run", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         serve(*args.serve)
+        return 0
+    if args.sandbox_run:                     # one corral.run in this (child) supervisor
+        import corral
+
+        spec = json.loads(args.sandbox_run)
+        r = corral.run(spec["argv"], policy=spec["policy"])
+        print(json.dumps({"verdict": r.verdict, "exit_code": r.exit_code,
+                          "stdout": r.stdout, "stderr": r.stderr}))
         return 0
     runs = args.runs if args.runs is not None else (3 if args.quick else 9)
     if runs < 1 or args.requests < 1 or args.storm < 1:
@@ -620,6 +672,11 @@ def main() -> int:
           f"round dropped")
     how = {
         "direct": shlex.join(curl_argv(bench.big_url)),
+        "sandbox-splice": "the same as sandbox, in a supervisor process of its own (this "
+                          "script's --sandbox-run) with CORRAL_EGRESS_RELAY_SPLICE=1, which "
+                          "its proxy inherits (backends/host/launch.py PROXY_ENV_PASSED): "
+                          "relay threads that splice(2), the way before their copy ring (a "
+                          "one-shot supervisor: its proxy starts afresh, not from the zygote)",
         "sandbox": f"corral.run(['/bin/sh', '-c', {bench.sandbox_curl_cmd()!r}]), network "
                    f"allow={bench.allow} allow_private=['127.0.0.0/8'], default limits "
                    f"(cpus 1.0; the proxy runs in the run's cgroup); the second curl's figure",
@@ -630,28 +687,32 @@ def main() -> int:
         "proxy-loop": f"the same with CORRAL_EGRESS_RELAY_THREADS=0 in the proxy's "
                       f"environment ({shlex.join(bench.loop_argv)}): every byte relayed on "
                       f"the event loop, as before the relay threads",
+        "proxy-splice": f"the same with CORRAL_EGRESS_RELAY_SPLICE=1 in the proxy's "
+                        f"environment ({shlex.join(bench.splice_argv)}): relay threads "
+                        f"that splice(2), as before their copy ring",
     }
     for v in names:
-        if v.startswith("sandbox-"):
+        if v.startswith("sandbox-") and v.endswith("cpu"):
             how[v] = f"the same as sandbox with limits.cpus = {float(bench.nproc)}"
     base = statistics.median(tp["direct"]) if tp.get("direct") and "direct" not in errors \
         else None
-    print(f"  {'variant':13} {'median MB/s':>12} {'min':>9} {'max':>9} {'x direct':>9}")
+    print(f"  {'variant':14} {'median MB/s':>12} {'min':>9} {'max':>9} {'x direct':>9}")
     tp_summary = {}
     for v in names:
         xs = tp[v]
         if v in errors or not xs:
-            print(f"  {v:13} {'failed: see below':>41}")
+            print(f"  {v:14} {'failed: see below':>41}")
             continue
         s = stats(xs)
         s["ratio"] = s["median"] / base if base else None
         tp_summary[v] = s
         ratio = f"{s['ratio']:.2f}" if base else "-"
-        print(f"  {v:13} {s['median']:12.0f} {s['min']:9.0f} {s['max']:9.0f} {ratio:>9}")
+        print(f"  {v:14} {s['median']:12.0f} {s['min']:9.0f} {s['max']:9.0f} {ratio:>9}")
     print("  commands:")
     for v in names:
-        print(f"    {v:13} {how[v]}")
-    for label, xs in (("proxy", bench.proxy_cpu_ms), ("proxy-loop", bench.loop_cpu_ms)):
+        print(f"    {v:14} {how[v]}")
+    for label, xs in (("proxy", bench.proxy_cpu_ms), ("proxy-loop", bench.loop_cpu_ms),
+                      ("proxy-splice", bench.splice_cpu_ms)):
         if xs:
             pc = stats(xs)
             print(f"  {label}: the standalone proxy's CPU time per {BIG // 10**6} MB download "
@@ -720,7 +781,10 @@ def main() -> int:
         if v == "direct" or not s or s["ratio"] is None:
             continue
         met = s["ratio"] >= GOAL_RATIO
-        reference = " (reference)" if v.startswith("socat") or v == "proxy-loop" else ""
+        reference = (" (reference)" if v.startswith("socat") or v in ("proxy-loop",
+                                                                       "proxy-splice",
+                                                                       "sandbox-splice")
+                     else "")
         goal(f"throughput {v} >= {GOAL_RATIO} x direct{reference}",
              f"{s['median']:.0f} vs {base:.0f} MB/s ({s['ratio']:.2f}x)", met)
     for k in ("proxy", "sandbox"):
@@ -757,6 +821,7 @@ def main() -> int:
                "storm": storms, "goals": goals,
                "sandbox_first_byte_ms": bench.first_byte_ms,
                "proxy_cpu_ms": bench.proxy_cpu_ms, "proxy_loop_cpu_ms": bench.loop_cpu_ms,
+               "proxy_splice_cpu_ms": bench.splice_cpu_ms,
                "sandbox_first_request_ms": bench.first_request_ms}
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

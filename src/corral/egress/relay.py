@@ -8,7 +8,9 @@
   allowed connection (budget, SNI), whose event then becomes a deny.
 - `RelayMixin` moves bytes within the budgets (budget.py decides how many may go; this
   only asks and counts): `_pump` relays one direction with splice(2), socket -> pipe ->
-  socket, or by copying where splice is missing or no pipe can be had; `_send` sends one
+  socket, or by copying where splice is missing or no pipe can be had; past THREAD_AFTER
+  bytes a flow goes on in a `_Relay` thread, which copies through a ring (or splices,
+  with CORRAL_EGRESS_RELAY_SPLICE=1); `_send` sends one
   buffer; either cuts (`_Cut("budget: ...")`) rather than let a byte past the budget. The
   CONNECT tunnel (server.py) and plain-HTTP forwarding (forward.py) use them; terminated
   TLS (terminate.py) counts decrypted bytes through `_count`. `_end` emits a flow's one
@@ -257,15 +259,22 @@ MAX_RELAY_THREADS = 4
 _env = os.environ.get("CORRAL_EGRESS_RELAY_THREADS", "")
 if _env.isdigit() and len(_env) < 4:
     MAX_RELAY_THREADS = int(_env)
+#: a relay thread copies through a ring of COPY_BUF (True) or splices (False: the way
+#: before; CORRAL_EGRESS_RELAY_SPLICE=1 in the proxy's environment, for bench/network.py's
+#: A/B in one run)
+RELAY_COPY = os.environ.get("CORRAL_EGRESS_RELAY_SPLICE", "") != "1"
+#: the copy ring of one relay thread (allocated while it runs; 1 MiB measured 0.65x
+#: direct, 4 MiB 0.8x: fewer wake-ups, and a whole window of the upstream per read)
+COPY_BUF = 4 << 20
 
 
 class _Relay:
-    """Part of one direction of a bulk flow, in a thread: the same splice loop, but
-    waiting in poll(2) instead of on the event loop, so that each chunk costs two splices
-    and at most a poll instead of a trip through the loop (bench/network.py: about 1.2x
-    the throughput for 60-85% of the CPU on loopback). It reads at most `grant` bytes (set
-    aside from the budget by the loop, which takes back what was not used, and which
-    alone decides a cut), empties the pipe, and hands back. The sockets stay open until
+    """Part of one direction of a bulk flow, in a thread: a copy ring (_copy_loop; or,
+    with RELAY_COPY off, the loop's splice loop) waiting in poll(2) instead of on the
+    event loop, so that each chunk costs a read, a write and at most a poll instead of a
+    trip through the loop. It reads at most `grant` bytes (set aside from the budget by
+    the loop, which takes back what was not used, and which alone decides a cut),
+    empties its ring (or the pipe), and hands back. The sockets stay open until
     it is done: a cancelled wait stops it through a wake pipe and waits for it first, so
     it never touches a reused fd."""
 
@@ -339,17 +348,96 @@ class _Relay:
         self.loop.call_soon_threadsafe(finish)
 
     def _loop(self) -> None:
+        if RELAY_COPY:
+            self._copy_loop()
+        else:
+            self._splice_loop()
+
+    def _wait(self, want_read: bool, want_write: bool) -> None:
         import select
 
+        p = select.poll()
+        p.register(self.wake_r, select.POLLIN)
+        if want_read:
+            p.register(self.sfd, select.POLLIN)
+        if want_write:
+            p.register(self.dfd, select.POLLOUT)
+        p.poll()
+
+    def _room(self) -> int:
+        """How many more bytes this thread may read: its grant, and the flow's length."""
+        n = self.grant - self.moved
+        if self.left is not None:
+            n = min(n, self.left - self.moved)
+        return 0 if self.eof else max(0, n)
+
+    def _copy_loop(self) -> None:
+        """A ring of COPY_BUF bytes between the sockets: read(2) into its free part, write(2)
+        from its full part, so that a blocked write does not stop the reading (and the
+        other way round); poll(2) only when neither can go on. Moving the bytes through
+        user space looks wasteful next to splice(2), and costs the proxy more CPU (about
+        80 against 55 ms per 200 MB here), but the copy the proxy makes is then the cold
+        one (from the upstream's pages) and the client reads bytes just written, still in
+        cache: on 2 CPUs the work is split between two processes instead of falling on the
+        client alone, as it does with splice and without a proxy (docs/network.md,
+        Measured: 0.8x direct against 0.6x)."""
+        import mmap
+
+        try:
+            ring = mmap.mmap(-1, COPY_BUF)  # pages appear as they are first written
+        except OSError:                     # no address space to be had: splice instead
+            self._splice_loop()
+            return
+        view = memoryview(ring)
+        size = COPY_BUF
+        start = held = 0                # the ring: `held` bytes from `start` (mod size)
+        try:
+            while not self.stop:
+                want_read = want_write = False
+                room = min(size - held, self._room())
+                if room:
+                    end = (start + held) % size
+                    n_max = min(room, size - end)       # contiguous free space
+                    try:
+                        n = os.readv(self.sfd, [view[end:end + n_max]])
+                    except BlockingIOError:
+                        want_read = True
+                    else:
+                        if n == 0:
+                            self.eof = True
+                        else:
+                            held += n
+                            self.moved += n
+                if held:
+                    n_max = min(held, size - start)     # contiguous data
+                    try:
+                        m = os.write(self.dfd, view[start:start + n_max])
+                    except BlockingIOError:
+                        want_write = True
+                    else:
+                        start = (start + m) % size
+                        held -= m
+                        if held == 0:
+                            start = 0
+                if held == 0 and self._room() == 0:
+                    return
+                self.st.last_active = time.monotonic()
+                if want_write or (want_read and not held):
+                    self._wait(want_read and held < size, want_write)
+            if held:                        # stopped with bytes in hand: the flow is cut
+                raise ConnectionError("relay stopped")
+        finally:
+            view.release()
+            ring.close()
+
+    def _splice_loop(self) -> None:
         flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
         in_pipe = 0
         while not self.stop:
             want_read = want_write = False
-            reading = not self.eof and self.left != 0 and self.moved < self.grant
+            reading = self._room() > 0
             if reading and in_pipe < self.cap:
-                n_max = min(self.cap - in_pipe, self.grant - self.moved)
-                if self.left is not None:
-                    n_max = min(n_max, self.left - self.moved)
+                n_max = min(self.cap - in_pipe, self._room())
                 try:
                     n = os.splice(self.sfd, self.pw, n_max, flags=flags)
                 except BlockingIOError:
@@ -365,19 +453,11 @@ class _Relay:
                     in_pipe -= os.splice(self.pr, self.dfd, in_pipe, flags=flags)
                 except BlockingIOError:
                     want_write = True
-            done_reading = (self.eof or self.moved >= self.grant
-                            or (self.left is not None and self.moved >= self.left))
-            if in_pipe == 0 and done_reading:
+            if in_pipe == 0 and self._room() == 0:
                 return
             self.st.last_active = time.monotonic()
             if want_write or (want_read and not in_pipe):
-                p = select.poll()
-                p.register(self.wake_r, select.POLLIN)
-                if want_read:
-                    p.register(self.sfd, select.POLLIN)
-                if want_write:
-                    p.register(self.dfd, select.POLLOUT)
-                p.poll()
+                self._wait(want_read, want_write)
         if in_pipe:                        # stopped with bytes in the pipe: the flow is cut
             raise ConnectionError("relay stopped")
 

@@ -137,6 +137,18 @@ class EventLines:
                               ).to_dict()]
 
 
+#: the supervisor's variables a proxy (and the zygote) sees: the relay's bench knobs
+#: (egress/relay.py: CORRAL_EGRESS_RELAY_THREADS, CORRAL_EGRESS_RELAY_SPLICE); nothing else
+PROXY_ENV_PASSED = ("CORRAL_EGRESS_RELAY_THREADS", "CORRAL_EGRESS_RELAY_SPLICE")
+
+
+def proxy_env() -> dict[str, str]:
+    """The environment of a proxy process: PATH, and PROXY_ENV_PASSED where set."""
+    env = {"PATH": "/usr/bin:/bin"}
+    env.update({k: os.environ[k] for k in PROXY_ENV_PASSED if k in os.environ})
+    return env
+
+
 def start_proxy(config_json: str, listener: socket.socket, uid: int, gid: int,
                 child_setup) -> tuple[int, int, int]:
     """Start the proxy process serving `listener` (any address: the namespace tier's
@@ -150,7 +162,7 @@ def start_proxy(config_json: str, listener: socket.socket, uid: int, gid: int,
         argv = proxy_argv(cfd, listener.fileno(), uid, gid)
         devnull = os.open(os.devnull, os.O_RDONLY)
         try:
-            return spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"}, stdin_fd=devnull,
+            return spawn(argv[0], argv, proxy_env(), stdin_fd=devnull,
                          pass_fds=(cfd, listener.fileno()), child_setup=child_setup)
         finally:
             os.close(devnull)

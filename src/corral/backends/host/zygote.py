@@ -60,6 +60,7 @@ def disable() -> None:
 class _Zygote:
     def __init__(self) -> None:
         from ...linux.supervise import spawn
+        from .launch import proxy_env
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         null_r = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -67,7 +68,7 @@ class _Zygote:
         try:
             argv = [sys.executable, "-I", "-c", "import corral.egress.zygote as z; z.main()",
                     str(theirs.fileno())]
-            self.pid, _, _ = spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"}, stdin_fd=null_r,
+            self.pid, _, _ = spawn(argv[0], argv, proxy_env(), stdin_fd=null_r,
                                    pass_fds=(theirs.fileno(),), stdout_fd=null_w)
         finally:
             theirs.close()

@@ -23,6 +23,7 @@ Steps of one sandbox, in order (each names what enforces it):
 from __future__ import annotations
 
 import _signal  # the C module: `signal` would import enum on the start-up path
+import _thread
 import math
 import os
 import select
@@ -291,6 +292,9 @@ class NamespaceSandbox(LiveSandbox):
         self.execs = 0
         #: emptied cgroups of earlier execs, for the next ones (host/cgroups.CgroupPool)
         self._cgroups: list = []
+        #: the execs running now, each [its kill() once bwrap runs, a lock held until it
+        #: has ended], so that close() ends them (one in another thread, say)
+        self._inflight: dict[int, list] = {}
         rundir.sweep_if_due()
         self.dir = rundir.RunDir()
         try:
@@ -456,6 +460,18 @@ class NamespaceSandbox(LiveSandbox):
             without running the command."""
         if not argv:
             raise SandboxSetupError("no command given", step="exec")
+        if self.dir is None:
+            raise SandboxSetupError("the sandbox is closed", step="exec")
+        done = _thread.allocate_lock()
+        done.acquire()
+        slot = self._inflight[id(done)] = [None, done]
+        try:
+            return self._exec(argv, stdin, on_stdout, on_stderr, timeout, tty, slot)
+        finally:
+            self._inflight.pop(id(done), None)
+            done.release()
+
+    def _exec(self, argv, stdin, on_stdout, on_stderr, timeout, tty, slot) -> Result:
         plan = self.plan
         self.execs += 1
         events = [dict(e) for e in self.events]
@@ -509,6 +525,8 @@ class NamespaceSandbox(LiveSandbox):
                 kill_pid(pid)
                 if cg is not None:
                     cg.kill_all()
+
+            slot[0] = kill
 
             proxy = None
             init_pid = init_fd = None
@@ -642,6 +660,7 @@ class NamespaceSandbox(LiveSandbox):
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:
         problems: list[str] = []
+        self._end_inflight()
         for fd in getattr(self, "fds", {}).values():
             os.close(fd)
         self.fds = {}
@@ -654,6 +673,24 @@ class NamespaceSandbox(LiveSandbox):
             problems += POOL.give(kept)
             self.dir = None
         return problems
+
+
+    def _end_inflight(self) -> None:
+        """Kill the execs still running (another thread's: a code context's interpreter
+        that outlived its context, say) and wait until each has ended: its processes,
+        cgroup and hold on this process's subreaper flag go before the run dir does."""
+        slots = list(getattr(self, "_inflight", {}).values())
+        for kill, _ in slots:
+            if kill is not None:
+                kill()
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for kill, done in slots:
+            if done.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                done.release()
+
+
+#: how long close() waits for the execs it killed to finish their teardown
+CLOSE_WAIT_S = 10.0
 
 
 def _write_all(fd: int, data: bytes) -> None:

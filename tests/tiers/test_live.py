@@ -257,7 +257,7 @@ def test_sandbox_timeout_leaves_nothing_behind(tier):
     assert any("timeout" in e["message"] for e in sb.events)
     assert bg.wait(30).verdict == "killed"
     left = procs_of_uid(uid) + _gone(sb.id)
-    assert left == [], _describe(left)
+    assert left == [], (left, _describe(left))
     assert _mounts_below(run_dir) == [] and not os.path.exists(run_dir)
     assert not any(map(os.path.exists, cgroups))
     with pytest.raises(SandboxClosed, match="timeout"):

@@ -202,7 +202,8 @@ def test_a_hostile_runner_closes_its_context_with_a_clear_error(sb, what):
     sb.remove_context(c)
 
 
-def test_closing_a_one_shot_sandbox_ends_an_interpreter_that_outlived_its_context():
+@pytest.mark.parametrize("tier", ["namespace", "gvisor"])
+def test_closing_a_one_shot_sandbox_ends_an_interpreter_that_outlived_its_context(tier):
     """A runner that no longer reads the stdin whose close would end it (here: it stopped
     itself, SIGSTOP; sandboxed code may take the runner over in other ways) outlives its
     context's death: its exec, in the channel's thread, goes on. Closing the sandbox ends
@@ -211,11 +212,11 @@ def test_closing_a_one_shot_sandbox_ends_an_interpreter_that_outlived_its_contex
     sandbox's init waits in the kernel for such zombies of its commands)."""
     from corral.linux import _sys
 
-    why = tier_unavailable("namespace", {**POLICY, "isolation": "namespace"})
+    why = tier_unavailable(tier, {**POLICY, "isolation": tier})
     if why:
-        pytest.skip(f"namespace: {why}")
+        pytest.skip(f"{tier}: {why}")
     before = _sys._subreaper_users
-    sb = corral.Sandbox({**POLICY, "isolation": "namespace"})
+    sb = corral.Sandbox({**POLICY, "isolation": tier})
     try:
         c = sb.create_context()
         sb._code.interrupt_grace = 1.0

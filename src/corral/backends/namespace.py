@@ -23,7 +23,6 @@ Steps of one sandbox, in order (each names what enforces it):
 from __future__ import annotations
 
 import _signal  # the C module: `signal` would import enum on the start-up path
-import _thread
 import math
 import os
 import select
@@ -73,6 +72,7 @@ from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of
 from .host.etc import HOSTNAME, ensure_etc
 from .host.execlimits import ExecLimits
 from .host.finish import finish, interpreter_inside
+from .host.inflight import Inflight
 from .host.proxy import egress_files, start_proxy, with_relay_tasks
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 
@@ -292,9 +292,8 @@ class NamespaceSandbox(LiveSandbox):
         self.execs = 0
         #: emptied cgroups of earlier execs, for the next ones (host/cgroups.CgroupPool)
         self._cgroups: list = []
-        #: the execs running now, each [its kill() once bwrap runs, a lock held until it
-        #: has ended], so that close() ends them (one in another thread, say)
-        self._inflight: dict[int, list] = {}
+        #: the execs running now, which close() ends (one in another thread, say)
+        self._inflight = Inflight()
         rundir.sweep_if_due()
         self.dir = rundir.RunDir()
         try:
@@ -462,14 +461,8 @@ class NamespaceSandbox(LiveSandbox):
             raise SandboxSetupError("no command given", step="exec")
         if self.dir is None:
             raise SandboxSetupError("the sandbox is closed", step="exec")
-        done = _thread.allocate_lock()
-        done.acquire()
-        slot = self._inflight[id(done)] = [None, done]
-        try:
+        with self._inflight.run() as slot:
             return self._exec(argv, stdin, on_stdout, on_stderr, timeout, tty, slot)
-        finally:
-            self._inflight.pop(id(done), None)
-            done.release()
 
     def _exec(self, argv, stdin, on_stdout, on_stderr, timeout, tty, slot) -> Result:
         plan = self.plan
@@ -526,7 +519,7 @@ class NamespaceSandbox(LiveSandbox):
                 if cg is not None:
                     cg.kill_all()
 
-            slot[0] = kill
+            slot.kill = kill
 
             proxy = None
             init_pid = init_fd = None
@@ -660,7 +653,8 @@ class NamespaceSandbox(LiveSandbox):
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:
         problems: list[str] = []
-        self._end_inflight()
+        if getattr(self, "_inflight", None) is not None:
+            self._inflight.end_all()
         for fd in getattr(self, "fds", {}).values():
             os.close(fd)
         self.fds = {}
@@ -673,24 +667,6 @@ class NamespaceSandbox(LiveSandbox):
             problems += POOL.give(kept)
             self.dir = None
         return problems
-
-
-    def _end_inflight(self) -> None:
-        """Kill the execs still running (another thread's: a code context's interpreter
-        that outlived its context, say) and wait until each has ended: its processes,
-        cgroup and hold on this process's subreaper flag go before the run dir does."""
-        slots = list(getattr(self, "_inflight", {}).values())
-        for kill, _ in slots:
-            if kill is not None:
-                kill()
-        deadline = time.monotonic() + CLOSE_WAIT_S
-        for kill, done in slots:
-            if done.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                done.release()
-
-
-#: how long close() waits for the execs it killed to finish their teardown
-CLOSE_WAIT_S = 10.0
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -14,7 +14,7 @@ import zlib
 
 import pytest
 from codechan import local_start
-from conftest import ROOT, tier_unavailable
+from conftest import ROOT, procs_of_uid, tier_unavailable
 
 import corral
 from corral.runtime.session import CodeSession, ContextError
@@ -200,6 +200,39 @@ def test_a_hostile_runner_closes_its_context_with_a_clear_error(sb, what):
     other = sb.run_code("'fine'")                      # the sandbox and session go on
     assert other.text == "'fine'"
     sb.remove_context(c)
+
+
+@pytest.mark.parametrize("tier", ["namespace", "gvisor"])
+def test_closing_a_one_shot_sandbox_ends_an_interpreter_that_outlived_its_context(tier):
+    """A runner that no longer reads the stdin whose close would end it (here: it stopped
+    itself, SIGSTOP; sandboxed code may take the runner over in other ways) outlives its
+    context's death: its exec, in the channel's thread, goes on. Closing the sandbox ends
+    it, and with it corral's hold on this process's child-subreaper flag (kept, orphans
+    from anywhere below this process would come here and never be reaped: a live
+    sandbox's init waits in the kernel for such zombies of its commands)."""
+    from corral.linux import _sys
+
+    why = tier_unavailable(tier, {**POLICY, "isolation": tier})
+    if why:
+        pytest.skip(f"{tier}: {why}")
+    before = _sys._subreaper_users
+    sb = corral.Sandbox({**POLICY, "isolation": tier})
+    try:
+        c = sb.create_context()
+        sb._code.interrupt_grace = 1.0
+        ex = sb.run_code("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)",
+                         context=c, timeout=1)
+        assert ex.error.name == "ContextDied" and "did not stop" in ex.error.value
+        channel = sb._code._get(c).channel
+        uid = sb._live.uid
+        assert channel.thread.is_alive() and procs_of_uid(uid), "the runner outlived its context"
+        assert _sys._subreaper_users == before + 1
+    finally:
+        sb.close()
+    assert procs_of_uid(uid) == []
+    channel.thread.join(30)
+    assert not channel.thread.is_alive()
+    assert _sys._subreaper_users == before
 
 
 def test_a_runner_that_exits_closes_its_context(sb):

@@ -140,6 +140,7 @@ from .host.etc import HOSTNAME, ensure_etc
 from .host.execlimits import ExecLimits
 from .host.finish import finish, interpreter_inside
 from .host.ids import free_uids
+from .host.inflight import Inflight
 from .host.proxy import egress_files, start_proxy, with_relay_tasks
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 
@@ -442,6 +443,8 @@ class GvisorSandbox(LiveSandbox):
         self.check = check   # what it leaves unenforced here (backends/base.py)
         self.events = check.events()   # standing events, copied per exec
         self.execs = 0
+        #: the execs running now, which close() ends (one in another thread, say)
+        self._inflight = Inflight()
         rundir.sweep_if_due()
         self.dir = rundir.RunDir()
         try:
@@ -674,8 +677,10 @@ class GvisorSandbox(LiveSandbox):
             self.dir.mounts.append(net_path)  # close() and the stale sweep unmount it too
             net = ProxyNet.create(net_path, owner=self.userns)
         try:
-            return self._exec(argv, cid, events, lim, egress, net, stdin=stdin,
-                              on_stdout=on_stdout, on_stderr=on_stderr, tty=tty)
+            with self._inflight.run() as slot:
+                return self._exec(argv, cid, events, lim, egress, net, stdin=stdin,
+                                  on_stdout=on_stdout, on_stderr=on_stderr, tty=tty,
+                                  slot=slot)
         finally:
             if net is not None:
                 problems = net.close()
@@ -685,7 +690,7 @@ class GvisorSandbox(LiveSandbox):
                 # removal (close() and the sweep unmount what is left)
 
     def _exec(self, argv, cid, events, lim: ExecLimits, egress, net, *, stdin, on_stdout,
-              on_stderr, tty=None) -> Result:
+              on_stderr, tty=None, slot=None) -> Result:
         plan = self.plan
         wall, cpu, cap = lim.wall, lim.cpu, lim.cap
         spec = dict(self.spec)
@@ -776,6 +781,8 @@ class GvisorSandbox(LiveSandbox):
                 if cg is not None:
                     cg.kill_all()
 
+            if slot is not None:
+                slot.kill = kill
             try:
                 if tty is not None:
                     tty.start()
@@ -848,6 +855,8 @@ class GvisorSandbox(LiveSandbox):
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:
         problems: list[str] = []
+        if getattr(self, "_inflight", None) is not None:
+            self._inflight.end_all()   # execs still running (another thread's) end first
         if self.review is not None:
             self.review.close()
         if getattr(self, "userns", None) is not None:

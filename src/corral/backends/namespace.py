@@ -71,6 +71,7 @@ from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of, with_relay_ta
 from .host.etc import HOSTNAME, ensure_etc
 from .host.execlimits import ExecLimits
 from .host.finish import finish, interpreter_inside
+from .host.inflight import Inflight
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 
 #: on bwrap's command line, not in its --args: --hostname needs --unshare-uts, which is in
@@ -289,6 +290,8 @@ class NamespaceSandbox(LiveSandbox):
         self.execs = 0
         #: emptied cgroups of earlier execs, for the next ones (host/cgroups.CgroupPool)
         self._cgroups: list = []
+        #: the execs running now, which close() ends (one in another thread, say)
+        self._inflight = Inflight()
         rundir.sweep_if_due()
         self.dir = rundir.RunDir()
         try:
@@ -457,6 +460,12 @@ class NamespaceSandbox(LiveSandbox):
             without running the command."""
         if not argv:
             raise SandboxSetupError("no command given", step="exec")
+        if self.dir is None:
+            raise SandboxSetupError("the sandbox is closed", step="exec")
+        with self._inflight.run() as slot:
+            return self._exec(argv, stdin, on_stdout, on_stderr, timeout, tty, slot)
+
+    def _exec(self, argv, stdin, on_stdout, on_stderr, timeout, tty, slot) -> Result:
         plan = self.plan
         self.execs += 1
         events = [dict(e) for e in self.events]
@@ -510,6 +519,8 @@ class NamespaceSandbox(LiveSandbox):
                 kill_pid(pid)
                 if cg is not None:
                     cg.kill_all()
+
+            slot.kill = kill
 
             proxy = None
             init_pid = init_fd = None
@@ -647,6 +658,8 @@ class NamespaceSandbox(LiveSandbox):
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:
         problems: list[str] = []
+        if getattr(self, "_inflight", None) is not None:
+            self._inflight.end_all()
         for fd in getattr(self, "fds", {}).values():
             os.close(fd)
         self.fds = {}

@@ -115,6 +115,14 @@ def subreaper_acquire() -> None:
         _subreaper_users += 1
 
 
+def become_subreaper() -> None:
+    """This process is a child subreaper from now on (for a process that reaps all its
+    children; not counted, never released)."""
+    if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        e = _get_errno()
+        raise OSError(e, os.strerror(e))
+
+
 def subreaper_release() -> None:
     global _subreaper_users
     with _subreaper_lock:

@@ -27,7 +27,10 @@ bytes; anything else closes the connection. Requests (one per connection for "ru
     any failure -> {"ev": "error", "kind": ..., "message": ...}
 
 If the supervisor is killed (even SIGKILL), bwrap dies with it and the next corral start
-sweeps the run directory, its mounts, cgroups and registry entry (linux/rundir.py).
+sweeps the run directory, its mounts, cgroups and registry entry (linux/rundir.py). The
+supervisor runs below a reaper process of its own (`_reaper`), so that what its death
+leaves (the zombies of the commands it entered, which the sandbox's init waits for) is
+reaped whatever process started it and whatever subreaper or PID 1 is above.
 """
 
 from __future__ import annotations
@@ -280,6 +283,7 @@ def main() -> int:
     `ready ID` (or `error JSON`) on stdout, then serves until the sandbox ends."""
     if os.fork():      # the starter waits only for this first process: no zombie left
         os._exit(0)
+    _reaper()          # returns in the supervisor, a child of a reaper of its own
     raw = sys.stdin.buffer.read(MAX_FRAME + 1)
     out = sys.stdout
     try:
@@ -320,6 +324,41 @@ def main() -> int:
         sb.kill()
         remove_entry(sb.id)
     return 0
+
+
+def _reaper() -> None:
+    """Fork the supervisor under a process of its own that is a child subreaper and does
+    nothing but reap, until the supervisor and everything it left are gone; return in the
+    supervisor.
+
+    Why: a command entered into a live sandbox is a child of the supervisor (linux/enter.py),
+    outside the sandbox's pid namespace. Killed with the supervisor (init's end takes the
+    whole namespace), it is a zombie that only its new parent can reap, and the sandbox's
+    init does not finish exiting (zap_pid_ns_processes) until every process of its
+    namespace is reaped. The new parent would be the nearest child subreaper above, or the
+    host's PID 1: a PID 1 that never reaps (some containers), or a process that is a
+    subreaper and does not reap (an application while corral itself made it one for a run,
+    which then never waits for orphans it did not start) keeps the sandbox's init and its
+    namespaces for as long as it lives. With this reaper in between, the supervisor's
+    orphans come here, whoever started it, and are reaped at once."""
+    from ..linux._sys import become_subreaper
+
+    become_subreaper()
+    pid = os.fork()
+    if pid == 0:
+        return
+    # holds nothing of the starter's: its stdout pipe reaches EOF when the supervisor goes
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:   # nothing left below this process
+            os._exit(0)
+        except InterruptedError:
+            continue
 
 
 def start_detached(policy, *, timeout: float = 300, metadata=None, env=None) -> str:

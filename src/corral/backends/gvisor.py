@@ -138,9 +138,8 @@ from .gvisor_runsc import (
 from .host.cgroups import destroy_cgroup, run_cgroup, usage_of
 from .host.etc import HOSTNAME, ensure_etc
 from .host.execlimits import ExecLimits
-from .host.finish import finish, interpreter_inside
+from .host.finish import Inflight, finish, interpreter_inside
 from .host.ids import free_uids
-from .host.inflight import Inflight
 from .host.proxy import egress_files, start_proxy, with_relay_tasks
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 

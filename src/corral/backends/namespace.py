@@ -70,8 +70,7 @@ from .host import ids
 from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of, with_relay_tasks
 from .host.etc import HOSTNAME, ensure_etc
 from .host.execlimits import ExecLimits
-from .host.finish import finish, interpreter_inside
-from .host.inflight import Inflight
+from .host.finish import Inflight, finish, interpreter_inside
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 
 #: on bwrap's command line, not in its --args: --hostname needs --unshare-uts, which is in

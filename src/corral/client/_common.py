@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
 
 import httpx
 
@@ -97,6 +98,62 @@ def _config(api_url: str | None, api_key: str | None) -> tuple[str, dict]:
         raise UsageError("no API key: pass api_key= or set CORRAL_API_KEY (corral token "
                          "create prints one)", field="api_key")
     return url, {"Authorization": f"Bearer {key}"}
+
+
+_ssl_mu = threading.Lock()
+_ssl_ctx = None
+_pools: dict[tuple[int, str], httpx.HTTPTransport] = {}
+
+
+def ssl_context():
+    """One TLS context for the process. httpx builds one for every Client it makes
+    (loading the CA bundle: about 25 ms each), which made every Sandbox.create pay for it
+    even over plain HTTP."""
+    global _ssl_ctx
+    with _ssl_mu:
+        if _ssl_ctx is None:
+            _ssl_ctx = httpx.create_ssl_context()
+        return _ssl_ctx
+
+
+class _SharedPool(httpx.HTTPTransport):
+    """A connection pool the process's sync Sandboxes of one service share (kept-alive
+    connections: a create, a command, the next sandbox's create reuse them). A Sandbox's
+    own Client closing (kill) leaves it open; no bound on connections (each follower and
+    watch holds one for its stream, as with a Client each)."""
+
+    def close(self) -> None:
+        pass
+
+
+def shared_pool(url: str) -> httpx.HTTPTransport:
+    """The shared pool for `url` in this process (a new one after a fork: a child never
+    writes on its parent's connections)."""
+    key = (os.getpid(), url)
+    with _ssl_mu:
+        pool = _pools.get(key)
+    if pool is None:
+        ctx = ssl_context()
+        with _ssl_mu:
+            pool = _pools.get(key)
+            if pool is None:
+                pool = _pools[key] = _SharedPool(verify=ctx, limits=httpx.Limits(
+                    max_connections=None, max_keepalive_connections=20))
+    return pool
+
+
+def sync_client(url: str, headers: dict, timeout: float | None = None) -> httpx.Client:
+    """A sync client on the shared pool of `url` (timeout: httpx's default if None)."""
+    kw = {} if timeout is None else {"timeout": timeout}
+    return httpx.Client(base_url=url, headers=headers, transport=shared_pool(url),
+                        verify=ssl_context(), **kw)
+
+
+def async_client(url: str, headers: dict, timeout: float | None = None) -> httpx.AsyncClient:
+    """An async client of its own (its connections belong to one event loop) with the
+    process's TLS context."""
+    kw = {} if timeout is None else {"timeout": timeout}
+    return httpx.AsyncClient(base_url=url, headers=headers, verify=ssl_context(), **kw)
 
 
 def _argv_or_cmd(cmd) -> dict:

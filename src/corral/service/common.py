@@ -126,13 +126,16 @@ class Busy:
             self.svc.busy[self.token.name] -= 1
 
 
-def service(request: HTTPConnection) -> Service:
+# The two dependencies are coroutines: FastAPI runs a plain function dependency in its
+# thread pool, two thread hops a request for a few microseconds of work (the token file
+# is looked at with one lstat when it has not changed: tokens.TokenStore.verify).
+async def service(request: HTTPConnection) -> Service:
     return request.app.state.service
 
 
-def auth(request: HTTPConnection) -> Token:
-    """The live token a request carries (401 otherwise): read from the state dir each time,
-    so a revocation counts from the next request."""
+async def auth(request: HTTPConnection) -> Token:
+    """The live token a request carries (401 otherwise): the state dir's token file is
+    looked at each time, so a revocation counts from the next request."""
     h = request.headers.get("authorization", "")
     scheme, _, value = h.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():

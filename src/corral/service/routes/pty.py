@@ -45,8 +45,8 @@ async def _refuse(ws: WebSocket, status: int, kind: str, message: str, field=Non
 async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str | None = None,
               cwd: str | None = None, timeout: float | None = None):
     try:
-        token = await run_in_threadpool(auth, ws)     # reads the token file
-        svc = service(ws)
+        token = await auth(ws)     # an lstat of the token file (tokens.current)
+        svc = await service(ws)
         e = svc.entry(sid, token)
     except ApiError as err:
         return await _refuse(ws, err.status, err.kind, err.message, err.field)

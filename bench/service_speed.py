@@ -59,68 +59,81 @@ def _med(xs) -> float:
     return statistics.median(xs) * 1e3
 
 
-def _timed(fn, runs: int, warm: int = 3, gap: float = 0.0) -> list[float]:
-    for _ in range(warm):
-        fn()
-    out = []
+def _side_by_side(fns: dict, runs: int, warm: int = 3, gap: float = 0.0) -> dict:
+    """Each of fns timed `runs` times, alternating run by run (a load spike hits them
+    alike), after `warm` untimed runs each."""
+    for fn in fns.values():
+        for _ in range(warm):
+            fn()
+    out: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(runs):
-        if gap:
-            time.sleep(gap)
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
+        for k, fn in fns.items():
+            if gap:
+                time.sleep(gap)
+            t0 = time.perf_counter()
+            fn()
+            out[k].append(time.perf_counter() - t0)
     return out
 
 
-def bench_http(url: str, tok: str, runs: int) -> dict:
+def bench_pairs(url: str, tok: str, runs: int, inproc: bool) -> tuple[dict, dict]:
+    """(HTTP rows, in-process rows): create, run_true, run_code side by side."""
+    import corral
     from corral import client
 
-    rows = {}
-    with httpx.Client(base_url=url) as h:
-        rows["health"] = _timed(lambda: h.get("/health").raise_for_status(), runs * 3)
-
-    def create():
-        t0 = time.perf_counter()
+    def http_create():
         sb = client.Sandbox.create({}, timeout=60, api_url=url, api_key=tok)
-        dt = time.perf_counter() - t0
-        sb.kill()
-        return dt
+        made.append(sb)
 
+    def local_create():
+        made.append(corral.Sandbox.create({}, timeout=60))
+
+    made: list = []
+
+    def reap():
+        while made:
+            made.pop().kill()
+
+    fns = {"http": http_create}
+    if inproc:
+        fns["local"] = local_create
+    rows: dict[str, dict] = {"http": {}, "local": {}}
     for _ in range(3):
-        create()
-    rows["create"] = [create() for _ in range(runs)]
+        for fn in fns.values():
+            fn()
+            reap()
+    for _ in range(runs):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            rows[k].setdefault("create", []).append(time.perf_counter() - t0)
+            reap()           # the kill is not timed
 
-    sb = client.Sandbox.create({}, timeout=300, api_url=url, api_key=tok)
+    with httpx.Client(base_url=url) as h:
+        rows["http"]["health"] = _side_by_side(
+            {"h": lambda: h.get("/health").raise_for_status()}, runs * 3)["h"]
+    remote = client.Sandbox.create({}, timeout=300, api_url=url, api_key=tok)
+    local = corral.Sandbox.create({}, timeout=300) if inproc else None
     try:
-        assert sb.commands.run("true").exit_code == 0
-        rows["run_true"] = _timed(lambda: sb.commands.run("true"), runs, gap=GAP_S)
-        assert sb.run_code("1+1").text == "2"
-        rows["run_code"] = _timed(lambda: sb.run_code("1+1"), runs * 3, warm=5)
+        assert remote.commands.run("true").exit_code == 0
+        assert remote.run_code("1+1").text == "2"
+        sbs = {"http": remote}
+        if local is not None:
+            assert local.run_code("1+1").text == "2"
+            sbs["local"] = local
+        got = _side_by_side({k: (lambda sb=sb: sb.commands.run("true"))
+                             for k, sb in sbs.items()}, runs, gap=GAP_S)
+        for k, xs in got.items():
+            rows[k]["run_true"] = xs
+        got = _side_by_side({k: (lambda sb=sb: sb.run_code("1+1"))
+                             for k, sb in sbs.items()}, runs * 3, warm=5)
+        for k, xs in got.items():
+            rows[k]["run_code"] = xs
     finally:
-        sb.kill()
-    return rows
-
-
-def bench_inproc(runs: int) -> dict:
-    import corral
-
-    rows = {}
-
-    def create():
-        t0 = time.perf_counter()
-        sb = corral.Sandbox.create({}, timeout=60)
-        dt = time.perf_counter() - t0
-        sb.kill()
-        return dt
-
-    for _ in range(3):
-        create()
-    rows["create"] = [create() for _ in range(runs)]
-    with corral.Sandbox.create({}, timeout=300) as sb:
-        rows["run_true"] = _timed(lambda: sb.commands.run("true"), runs, gap=GAP_S)
-        assert sb.run_code("1+1").text == "2"
-        rows["run_code"] = _timed(lambda: sb.run_code("1+1"), runs * 3, warm=5)
-    return rows
+        remote.kill()
+        if local is not None:
+            local.kill()
+    return rows["http"], rows["local"]
 
 
 def bench_concurrent(url: str, tok: str, total: int = 100, clients: int = 10) -> dict:
@@ -194,13 +207,12 @@ def main() -> int:
                     break
             except httpx.TransportError:
                 time.sleep(0.05)
-        http = bench_http(url, tok, a.runs)
+        http, inproc = bench_pairs(url, tok, a.runs, "inproc" not in skip)
         conc = None if "concurrent" in skip else bench_concurrent(url, tok)
     finally:
         proc.terminate()
         proc.wait(60)
         log.close()
-    inproc = {} if "inproc" in skip else bench_inproc(a.runs)
     mcp = None if "mcp" in skip else bench_mcp(a.runs * 3)
 
     la = os.getloadavg()

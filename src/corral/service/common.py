@@ -4,6 +4,7 @@ views of a sandbox and its policy. The routes live in routes/, one module a reso
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Annotated
 
@@ -173,8 +174,15 @@ def policy_view(policy) -> dict:
 def view(e) -> dict:
     """A sandbox as the API shows it: id, isolation, created, policy, and what the live
     sandbox's get_info() says (state, ends, usage, metadata, ended_by)."""
+    pv = getattr(e, "policy_json", None)
+    if pv is None:          # the policy is fixed for the sandbox's life: made once
+        pv = policy_view(e.policy)
+        try:
+            e.policy_json = pv
+        except AttributeError:
+            pass
     d = {"id": e.id, "isolation": e.sandbox.isolation, "created": e.created,
-         "policy": policy_view(e.policy)}
+         "policy": copy.deepcopy(pv)}
     get_info = getattr(e.sandbox, "get_info", None)
     if get_info is not None:
         info = get_info().to_dict()

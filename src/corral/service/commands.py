@@ -19,17 +19,49 @@ memory here is bounded by about (KEEP_ENDED + KEEP_CHUNKS) x 2 x limits.output.
 
 from __future__ import annotations
 
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from .notify import Notifier
 
 KEEP_ENDED = 16
 KEEP_CHUNKS = 4
 
-#: the threads foreground commands wait in (made as needed, kept for the next); a
-#: token's max_concurrent bounds how many of its commands run at once
-FOREGROUND = ThreadPoolExecutor(max_workers=512, thread_name_prefix="svc-fg")
+
+class Threads:
+    """Daemon threads kept for the next job once one is done (a new one only when none
+    is idle): a job never waits for another's end, and the process's exit never waits
+    for a job (concurrent.futures' pool joins its threads at exit)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._mu = threading.Lock()
+        self._idle = 0
+
+    def submit(self, fn, *args) -> None:
+        with self._mu:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1
+        self._q.put((fn, args))
+        if spawn:
+            threading.Thread(target=self._work, daemon=True, name=self._name).start()
+
+    def _work(self) -> None:
+        while True:
+            fn, args = self._q.get()
+            try:
+                fn(*args)
+            except BaseException:  # noqa: BLE001 - a job reports its own failure
+                pass
+            with self._mu:
+                self._idle += 1
+
+
+#: the threads foreground commands wait in; a token's max_concurrent bounds how many of
+#: its commands run at once
+FOREGROUND = Threads("svc-fg")
 
 
 class Cmd:

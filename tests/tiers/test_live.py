@@ -217,6 +217,24 @@ def test_background_handle_stdin_streams_and_its_own_result(sb):
         h.send_stdin("late")
 
 
+def test_a_foreground_command_is_killed_from_another_thread_through_on_start(sb):
+    """on_start hands the running foreground command's handle out (corral serve kills a
+    foreground command when its client goes away); an exec failure never calls it."""
+    seen = []
+
+    def started(h):
+        seen.append(h.pid)
+        threading.Timer(0.3, h.kill).start()
+
+    t0 = time.monotonic()
+    r = sb.commands.run("sleep 60; echo never", on_start=started)
+    assert r.verdict == "killed" and "never" not in r.stdout, r
+    assert time.monotonic() - t0 < 30 and len(seen) == 1 and seen[0] > 0
+    r = sb.commands.run(["no-such-command"], on_start=seen.append)
+    assert r.exit_code == 127 and len(seen) == 1
+    assert sb.commands.run("echo still").stdout == "still\n"
+
+
 def test_foreground_stdin_env_cwd_and_exec_failure(sb):
     sb.commands.run("mkdir -p /scratch/d")
     r = sb.commands.run("cat; echo \"$GREETING\"; pwd", stdin=b"in\n", env={"GREETING": "hi"},

@@ -32,6 +32,19 @@ def test_create_verify_revoke(tmp_path):
     assert s.verify(tok2).name == "a" and s.verify(tok) is None
 
 
+def test_a_revocation_by_another_store_counts_at_the_next_verify(tmp_path):
+    """The service's store keeps what it read while the file is unchanged; `corral token
+    revoke` (another process: another store) replaces the file, seen at once."""
+    served, cli = TokenStore(str(tmp_path)), TokenStore(str(tmp_path))
+    tok = cli.create("a")
+    assert served.verify(tok).name == "a"
+    assert served.verify(tok).name == "a"          # from what it kept
+    cli.revoke("a")
+    assert served.verify(tok) is None
+    tok2 = cli.create("a")
+    assert served.verify(tok2).name == "a" and served.verify(tok) is None
+
+
 def test_a_link_in_place_of_the_file_is_refused_not_followed(tmp_path):
     s = TokenStore(str(tmp_path))
     s.create("a")

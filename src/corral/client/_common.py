@@ -115,6 +115,50 @@ def _config(api_url: str | None, api_key: str | None) -> tuple[str, dict]:
     return url, {"Authorization": f"Bearer {key}"}
 
 
+_ssl_mu = threading.Lock()
+_pools: dict[tuple[int, str], httpx.HTTPTransport] = {}
+
+
+class _SharedPool(httpx.HTTPTransport):
+    """A connection pool the process's sync Sandboxes of one service share (kept-alive
+    connections: a create, a command, the next sandbox's create reuse them). A Sandbox's
+    own Client closing (kill) leaves it open; no bound on connections (each follower and
+    watch holds one for its stream, as with a Client each)."""
+
+    def close(self) -> None:
+        pass
+
+
+def shared_pool(url: str) -> httpx.HTTPTransport:
+    """The shared pool for `url` in this process (a new one after a fork: a child never
+    writes on its parent's connections)."""
+    key = (os.getpid(), url)
+    with _ssl_mu:
+        pool = _pools.get(key)
+    if pool is None:
+        ctx = tls_context()
+        with _ssl_mu:
+            pool = _pools.get(key)
+            if pool is None:
+                pool = _pools[key] = _SharedPool(verify=ctx, limits=httpx.Limits(
+                    max_connections=None, max_keepalive_connections=20))
+    return pool
+
+
+def sync_client(url: str, headers: dict, timeout: float | None = None) -> httpx.Client:
+    """A sync client on the shared pool of `url` (timeout: httpx's default if None)."""
+    kw = {} if timeout is None else {"timeout": timeout}
+    return httpx.Client(base_url=url, headers=headers, transport=shared_pool(url),
+                        verify=tls_context(), **kw)
+
+
+def async_client(url: str, headers: dict, timeout: float | None = None) -> httpx.AsyncClient:
+    """An async client of its own (its connections belong to one event loop) with the
+    process's TLS context."""
+    kw = {} if timeout is None else {"timeout": timeout}
+    return httpx.AsyncClient(base_url=url, headers=headers, verify=tls_context(), **kw)
+
+
 def _argv_or_cmd(cmd) -> dict:
     return {"cmd": cmd} if isinstance(cmd, str) else {"argv": list(cmd)}
 

@@ -20,6 +20,7 @@ from ._common import (
     _result,
     applied_of,
     as_bytes,
+    async_client,
     batch_body,
     changes_of,
     check_format,
@@ -36,7 +37,6 @@ from ._common import (
     rec,
     sse_events,
     stdin_body,
-    tls_context,
     watch_line,
     write_info_of,
     ws_url,
@@ -432,8 +432,7 @@ class AsyncSandbox:
                      api_key: str | None = None,
                      request_timeout: float = 300.0) -> AsyncSandbox:
         url, headers = _config(api_url, api_key)
-        http = httpx.AsyncClient(base_url=url, headers=headers, timeout=request_timeout,
-                                 verify=tls_context())
+        http = async_client(url, headers, request_timeout)
         try:
             r = await http.post("/sandboxes", json={"policy": policy or {},
                                                     "timeout": timeout, "metadata": metadata})
@@ -448,8 +447,7 @@ class AsyncSandbox:
                       api_key: str | None = None,
                       request_timeout: float = 300.0) -> AsyncSandbox:
         url, headers = _config(api_url, api_key)
-        http = httpx.AsyncClient(base_url=url, headers=headers, timeout=request_timeout,
-                                 verify=tls_context())
+        http = async_client(url, headers, request_timeout)
         try:
             r = await http.get(f"/sandboxes/{sandbox_id}")
             _raise(r)
@@ -461,7 +459,7 @@ class AsyncSandbox:
     @staticmethod
     async def list(*, api_url: str | None = None, api_key: str | None = None) -> list[dict]:
         url, headers = _config(api_url, api_key)
-        async with httpx.AsyncClient(base_url=url, headers=headers, verify=tls_context()) as http:
+        async with async_client(url, headers) as http:
             r = await http.get("/sandboxes")
             _raise(r)
             return r.json()["sandboxes"]

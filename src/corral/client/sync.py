@@ -35,7 +35,7 @@ from ._common import (
     rec,
     sse_events,
     stdin_body,
-    tls_context,
+    sync_client,
     watch_line,
     write_info_of,
     ws_url,
@@ -518,8 +518,7 @@ class Sandbox:
         ceiling (CeilingError naming the rule otherwise), ended after `timeout` seconds
         (set_timeout changes it) or by kill()."""
         url, headers = _config(api_url, api_key)
-        http = httpx.Client(base_url=url, headers=headers, timeout=request_timeout,
-                            verify=tls_context())
+        http = sync_client(url, headers, request_timeout)
         try:
             r = http.post("/sandboxes", json={"policy": policy or {}, "timeout": timeout,
                                               "metadata": metadata})
@@ -534,8 +533,7 @@ class Sandbox:
                 api_key: str | None = None, request_timeout: float = 300.0) -> Sandbox:
         """A running sandbox of this token's, by id (NotFound otherwise)."""
         url, headers = _config(api_url, api_key)
-        http = httpx.Client(base_url=url, headers=headers, timeout=request_timeout,
-                            verify=tls_context())
+        http = sync_client(url, headers, request_timeout)
         try:
             r = http.get(f"/sandboxes/{sandbox_id}")
             _raise(r)
@@ -547,7 +545,7 @@ class Sandbox:
     @staticmethod
     def list(*, api_url: str | None = None, api_key: str | None = None) -> list[dict]:
         url, headers = _config(api_url, api_key)
-        with httpx.Client(base_url=url, headers=headers, verify=tls_context()) as http:
+        with sync_client(url, headers) as http:
             r = http.get("/sandboxes")
             _raise(r)
             return r.json()["sandboxes"]

@@ -209,7 +209,7 @@ class CommandHandle:
         return f"<CommandHandle pid={self.pid} {state} {list(self.cmd)!r:.60}>"
 
     # -- the owner's side --
-    def _run(self, started, stdin_w: int = -1) -> None:
+    def _run(self, started, stdin_w: int = -1, on_start=None) -> None:
         self._started = started
         self.host_pid, self.pid = started.pid, started.ns_pid
         self._stdin_w = stdin_w
@@ -221,8 +221,18 @@ class CommandHandle:
             self._thread = threading.Thread(target=self._watch, daemon=True,
                                             name=f"corral-cmd-{self.pid}")
             self._thread.start()
-        else:
-            self._watch()
+            if on_start is not None:
+                on_start(self)
+            return
+        if on_start is not None:
+            try:
+                on_start(self)
+            except BaseException:     # nobody would wait for it: not left running
+                self._killed = True
+                started.cgroup.kill_all()
+                self._watch()
+                raise
+        self._watch()
 
     def _failed(self, e: ExecFailed) -> None:
         """Its exec failed inside: the Result says so (127/126), nothing ran."""
@@ -340,7 +350,7 @@ class Commands:
     def run(self, cmd, *, env: dict[str, str] | None = None, cwd: str | None = None,
             stdin: bytes | int | None = None, timeout: float | None = None,
             on_stdout=None, on_stderr=None, background: bool = False,
-            tty_fd: int | None = None):
+            tty_fd: int | None = None, on_start=None):
         """Run a command line (str, by /bin/sh -c) or an argv list inside.
 
         Foreground (default): waits and returns its Result; stdin None (/dev/null),
@@ -353,11 +363,16 @@ class Commands:
 
         tty_fd (for sb.pty): a terminal's slave, the command's stdin, stdout, stderr and
         controlling terminal; its output is then read from the master by the caller (the
-        Result's stdout and stderr are empty), `stdin` must be None."""
+        Result's stdout and stderr are empty), `stdin` must be None.
+
+        on_start(handle): called once the command runs, before its output is read, with
+        its CommandHandle (pid, kill()): how a foreground command waited for in one thread
+        is killed from another (corral serve's foreground commands). Not called when its
+        exec failed (the Result says so)."""
         timeout = _seconds(timeout, "timeout")
         return self._run(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
                          on_stdout=on_stdout, on_stderr=on_stderr, background=background,
-                         tty_fd=tty_fd)
+                         tty_fd=tty_fd, on_start=on_start)
 
     def stream(self, cmd, *, on_stdout, on_stderr, on_exit, cwd: str | None = None,
                env: dict[str, str] | None = None, label=None) -> CommandHandle:
@@ -374,7 +389,7 @@ class Commands:
                          tty_fd=None, on_exit=on_exit, stream=True, label=label)
 
     def _run(self, cmd, *, env, cwd, stdin, timeout, on_stdout, on_stderr, background,
-             tty_fd, on_exit=None, stream=False, label=None):
+             tty_fd, on_exit=None, stream=False, label=None, on_start=None):
         owner = self._owner
         owner._check_open()
         argv = argv_of(cmd)
@@ -408,7 +423,7 @@ class Commands:
         finally:
             if close_fd:
                 os.close(stdin_fd)
-        handle._run(started, stdin_w)
+        handle._run(started, stdin_w, on_start)
         if background and isinstance(stdin, (bytes, bytearray, memoryview)):
             try:   # after _run: its thread drains the output meanwhile
                 handle.send_stdin(bytes(stdin))

@@ -43,6 +43,9 @@ LINGER_CHECK_S = 1.0
 #: ran) is kept ready while the sandbox is in use: until this long after the last call or
 #: command, then let go (an idle sandbox costs only bwrap, its init and the holder)
 ENTRANT_KEEP_S = 10.0
+#: after a command's end, the watchdog waits this long before it forks the next entrant
+#: (Python work holding the GIL): the command's caller delivers its Result meanwhile
+PREPARE_AFTER_S = 0.002
 
 
 class SandboxInfo(Record):
@@ -494,6 +497,11 @@ class Live(Sandbox):
                         return
                     if fd == self._wake_r:
                         os.read(self._wake_r, 512)
+                        if not self._running:
+                            # a command has just ended: its caller (a thread waiting for
+                            # its Result, a service answering a request) gets the GIL
+                            # first; the next entrant comes a moment later
+                            time.sleep(PREPARE_AFTER_S)
                     elif proxy is not None and fd == proxy.events_r:
                         if not self._read_net(block=False):
                             poller.unregister(fd)

@@ -3,9 +3,13 @@ background command (sb.commands.run(background=True)), its output kept as it com
 most the policy's limits.output a stream: supervise() caps what reaches us) for whoever
 streams it, its Result once it has ended.
 
-A *foreground* command (POST .../exec without background) is started the same way, with
-the policy's limits.timeout as its deadline and its stdin closed after what the request
-gave; the route waits for it and kills it when the client goes away (routes/commands.py).
+A *foreground* command (POST .../exec without background) is the live sandbox's own
+foreground command (sb.commands.run, the policy's limits.timeout its deadline, its stdin
+what the request gave, then end of file), run in a thread of FOREGROUND: the request's
+coroutine never blocks, no thread pool hop starts it, no thread of its own is started
+for it, and the sandbox readies its next command's entrant once it has ended (as
+in-process), not while it runs. The route waits for it and kills it when the client goes
+away (routes/commands.py; Cmd.cancel).
 A background command runs on until it exits, is killed or the sandbox ends, whoever
 listens. Ended commands are kept for their Result (`wait`), the last KEEP_ENDED of them;
 the output chunks of all but the last KEEP_CHUNKS are let go (an output stream of such a
@@ -15,12 +19,49 @@ memory here is bounded by about (KEEP_ENDED + KEEP_CHUNKS) x 2 x limits.output.
 
 from __future__ import annotations
 
+import queue
 import threading
 
 from .notify import Notifier
 
 KEEP_ENDED = 16
 KEEP_CHUNKS = 4
+
+
+class Threads:
+    """Daemon threads kept for the next job once one is done (a new one only when none
+    is idle): a job never waits for another's end, and the process's exit never waits
+    for a job (concurrent.futures' pool joins its threads at exit)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._mu = threading.Lock()
+        self._idle = 0
+
+    def submit(self, fn, *args) -> None:
+        with self._mu:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1
+        self._q.put((fn, args))
+        if spawn:
+            threading.Thread(target=self._work, daemon=True, name=self._name).start()
+
+    def _work(self) -> None:
+        while True:
+            fn, args = self._q.get()
+            try:
+                fn(*args)
+            except BaseException:  # noqa: BLE001 - a job reports its own failure
+                pass
+            with self._mu:
+                self._idle += 1
+
+
+#: the threads foreground commands wait in; a token's max_concurrent bounds how many of
+#: its commands run at once
+FOREGROUND = Threads("svc-fg")
 
 
 class Cmd:
@@ -33,9 +74,30 @@ class Cmd:
         self.chunks: list[tuple[str, str]] = []     # ("stdout" | "stderr", text)
         self.trimmed = False                         # chunks let go (the Result has them)
         self.result = None
+        #: what ended a foreground command that never gave a Result (the sandbox closed,
+        #: its setup failed): the route raises it
+        self.error: BaseException | None = None
+        self.started = threading.Event()     # running (a handle), or failed to start
         self.done = threading.Event()
         self.notifier = Notifier()
         self._mu = threading.Lock()
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """Kill it (the client went away, the drain's deadline came), also if it is only
+        about to start: it is killed as soon as it has a handle."""
+        with self._mu:
+            self._cancelled = True
+            h = self.handle
+        if h is not None:
+            h.kill()
+
+    def _set_handle(self, h) -> None:
+        with self._mu:
+            self.handle, self.pid = h, h.pid
+            cancelled = self._cancelled
+        if cancelled:
+            h.kill()
 
     def _out(self, stream: str, text: str) -> None:
         with self._mu:
@@ -67,43 +129,69 @@ class CommandTable:
 
     def start(self, argv: list[str], *, env=None, cwd=None, stdin: bytes | None = None,
               timeout: float | None = None, background: bool = False, on_end=None) -> Cmd:
-        """Start argv in the sandbox; returns its Cmd at once. `on_end(cmd)` is called
-        (from a thread of its own) after its Result is in."""
+        """Start argv in the sandbox. Background: started when this returns (it blocks:
+        call it off the event loop). Foreground: handed to a FOREGROUND thread, so this
+        returns at once; `cmd.started` is set once it runs (or could not: `cmd.error`),
+        `cmd.done` once its Result is in (or `cmd.error`). `on_end(cmd)` is called (from
+        another thread) after its Result is in."""
         from ..runtime.sandbox import TextChunks
 
-        sb = self._entry.sandbox
-        if not background and timeout is None:
-            from ..backends.host.execlimits import ExecLimits
-
-            timeout = ExecLimits.from_plan(sb.plan).wall
         c = Cmd(background)
         out = TextChunks(lambda t: c._out("stdout", t))
         err = TextChunks(lambda t: c._out("stderr", t))
-        h = sb.commands.run(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
-                            on_stdout=out, on_stderr=err, background=True)
         if not background:
-            h.close_stdin()      # what the request gave, then end of file
-        c.handle, c.pid = h, h.pid
-        with self._mu:
-            self._by_pid[c.pid] = c
-        self._entry.events.add("command.started", {"pid": c.pid, "cmd": list(h.cmd),
-                                                   "background": background})
+            FOREGROUND.submit(self._foreground, c, argv, env, cwd, stdin, timeout, out, err,
+                              on_end)
+            return c
+        h = self._entry.sandbox.commands.run(argv, env=env, cwd=cwd, stdin=stdin,
+                                             timeout=timeout, on_stdout=out, on_stderr=err,
+                                             background=True)
+        self._running(c, h)
 
         def watch():
             r = h.wait()
-            out.close()
-            err.close()
-            c.result = r
-            c.done.set()
-            c.notifier.notify()
-            self._entry.events.add("command.ended", {"pid": c.pid, "verdict": r.verdict,
-                                                     "exit_code": r.exit_code})
-            self._ended_one(c.pid)
-            if on_end is not None:
-                on_end(c)
+            self._finished(c, r, out, err, on_end)
 
         threading.Thread(target=watch, daemon=True, name=f"svc-cmd-{c.pid}").start()
         return c
+
+    def _running(self, c: Cmd, h) -> None:
+        c._set_handle(h)
+        with self._mu:
+            self._by_pid[c.pid] = c
+        self._entry.events.add("command.started", {"pid": c.pid, "cmd": list(h.cmd),
+                                                   "background": c.background})
+        c.started.set()
+        c.notifier.notify()
+
+    def _foreground(self, c: Cmd, argv, env, cwd, stdin, timeout, out, err, on_end) -> None:
+        try:
+            r = self._entry.sandbox.commands.run(
+                argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout, on_stdout=out,
+                on_stderr=err, on_start=lambda h: self._running(c, h))
+        except BaseException as e:  # noqa: BLE001 - the route raises it
+            c.error = e
+            c.started.set()
+            c.done.set()
+            c.notifier.notify()
+            return
+        if not c.started.is_set():     # its exec failed: a Result, no process
+            self._entry.events.add("command.started", {"pid": 0, "cmd": list(argv),
+                                                       "background": False})
+            c.started.set()
+        self._finished(c, r, out, err, on_end)
+
+    def _finished(self, c: Cmd, r, out, err, on_end) -> None:
+        out.close()
+        err.close()
+        c.result = r
+        c.done.set()
+        c.notifier.notify()
+        self._entry.events.add("command.ended", {"pid": c.pid, "verdict": r.verdict,
+                                                 "exit_code": r.exit_code})
+        self._ended_one(c.pid)
+        if on_end is not None:
+            on_end(c)
 
     def _ended_one(self, pid: int) -> None:
         with self._mu:

@@ -4,6 +4,7 @@ views of a sandbox and its policy. The routes live in routes/, one module a reso
 
 from __future__ import annotations
 
+import copy
 from typing import Annotated
 
 from fastapi import Depends
@@ -125,9 +126,8 @@ async def service(request: HTTPConnection) -> Service:
 
 
 async def auth(request: HTTPConnection) -> Token:
-    """The live token a request carries (401 otherwise): read from the state dir each time,
-    so a revocation counts from the next request (a small file, read in the event loop:
-    cheaper than the worker-thread hop a sync dependency costs)."""
+    """The live token a request carries (401 otherwise): the state dir's token file is
+    looked at each time, so a revocation counts from the next request."""
     h = request.headers.get("authorization", "")
     scheme, _, value = h.partition(" ")
     if scheme.lower() != "bearer" or not value.strip():
@@ -171,8 +171,15 @@ def policy_view(policy) -> dict:
 def view(e) -> dict:
     """A sandbox as the API shows it: id, isolation, created, policy, and what the live
     sandbox's get_info() says (state, ends, usage, metadata, ended_by)."""
+    pv = getattr(e, "policy_json", None)
+    if pv is None:          # the policy is fixed for the sandbox's life: made once
+        pv = policy_view(e.policy)
+        try:
+            e.policy_json = pv
+        except AttributeError:
+            pass
     d = {"id": e.id, "isolation": e.sandbox.isolation, "created": e.created,
-         "policy": policy_view(e.policy)}
+         "policy": copy.deepcopy(pv)}
     get_info = getattr(e.sandbox, "get_info", None)
     if get_info is not None:
         info = get_info().to_dict()

@@ -42,6 +42,7 @@ class Entry:
         self.owner = owner
         self.sandbox = sandbox
         self.policy = policy
+        self.policy_json: dict | None = None   # its view (common.view), made once
         self.created = time.time()
         self.lock = threading.Lock()          # run_code cells, one at a time
         self.files_lock = threading.Lock()    # files calls (one Files object)

@@ -87,6 +87,7 @@ class TokenStore:
         self.dir = os.path.join(state_dir(state), "service")
         self.path = os.path.join(self.dir, "tokens.json")
         self.defaults = dict(defaults or {})
+        self._cache: tuple[tuple, list[Token]] | None = None
 
     def _ensure(self) -> None:
         os.makedirs(self.dir, 0o700, exist_ok=True)
@@ -195,14 +196,32 @@ class TokenStore:
         finally:
             os.close(fd)
 
+    def current(self) -> list[Token]:
+        """The tokens as the file says now: read again whenever its lstat (device, inode,
+        size, times) differs from the last read's. Every change replaces the file (a new
+        inode: _save), so a revocation shows at once; a link planted there is refused by
+        load() as ever (an lstat never matches a regular file's)."""
+        try:
+            st = os.lstat(self.path)
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                   st.st_mode)
+        except OSError:
+            key = None
+        cached = self._cache
+        if key is not None and cached is not None and cached[0] == key:
+            return cached[1]
+        tokens = self.load()
+        self._cache = (key, tokens) if key is not None else None
+        return tokens
+
     def verify(self, token: str) -> Token | None:
-        """The live token record `token` belongs to, or None. Read from disk each time, so a
-        revocation takes effect on the next request."""
+        """The live token record `token` belongs to, or None. The file is looked at each
+        time (current()), so a revocation takes effect on the next request."""
         if not isinstance(token, str) or not token.startswith(PREFIX) or len(token) > 256:
             return None
         want = digest(token)
         found = None
-        for t in self.load():
+        for t in self.current():
             if hmac.compare_digest(t.sha256, want) and not t.revoked:
                 found = t
         return found

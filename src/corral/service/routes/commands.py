@@ -16,7 +16,7 @@ import time
 from typing import Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -97,36 +97,38 @@ async def exec_(sid: str, body: ExecBody, token: Auth, svc: Svc, request: Reques
         c = await run_in_threadpool(
             e.commands.start, argv, env=body.env, cwd=body.cwd, stdin=stdin,
             timeout=body.timeout, background=True, on_end=lambda c: _count(svc, c))
-        from fastapi.responses import JSONResponse
-
         return JSONResponse(c.info(), status_code=201)
     slot = svc.slot(token)
     slot.__enter__()             # 429 now, before a stream's 200
+    c = None
+    gone = asyncio.ensure_future(_gone(request))
     try:
-        c = await run_in_threadpool(
-            e.commands.start, argv, env=body.env, cwd=body.cwd, stdin=stdin,
-            timeout=body.timeout, on_end=lambda c: _count(svc, c))
+        # a foreground command starts in a thread of its own (service/commands.py): no
+        # hop here; this coroutine is woken when it runs and when it has ended
+        c = e.commands.start(argv, env=body.env, cwd=body.cwd, stdin=stdin,
+                             timeout=body.timeout, on_end=lambda c: _count(svc, c))
+        until = c.started.is_set if stream == "ndjson" else c.done.is_set
+        while not until():
+            waiter = asyncio.ensure_future(c.notifier.wait(WAKE_S, until))
+            await asyncio.wait({gone, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if gone.done() and not until():
+                raise ApiError(499, "disconnected", "the client went away; the command "
+                               "was killed")
+        if c.error is not None:
+            raise c.error        # the sandbox closed, its setup failed: the error's status
     except BaseException:
+        gone.cancel()
         slot.__exit__(None, None, None)
+        if c is not None and not c.done.is_set():
+            c.cancel()        # the client went away, or the drain's deadline came
         raise
+    gone.cancel()
     if stream == "ndjson":
         return StreamingResponse(_lines(request, c, slot, foreground=True),
                                  media_type="application/x-ndjson")
-    gone = asyncio.ensure_future(_gone(request))
-    try:
-        while not c.done.is_set():
-            waiter = asyncio.ensure_future(c.notifier.wait(WAKE_S, c.done.is_set))
-            await asyncio.wait({gone, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-            if gone.done() and not c.done.is_set():
-                raise ApiError(499, "disconnected", "the client went away; the command "
-                               "was killed")
-    finally:
-        gone.cancel()
-        slot.__exit__(None, None, None)
-        if not c.done.is_set():
-            c.handle.kill()   # the client went away, or the drain's deadline came
-    return c.result.to_dict()
+    slot.__exit__(None, None, None)
+    return JSONResponse(c.result.to_dict())
 
 
 def _count(svc, c) -> None:
@@ -165,7 +167,7 @@ async def _lines(request: Request, c, slot=None, *, foreground: bool, start: int
         if gone is not None:
             gone.cancel()
         if foreground and not finished and not c.done.is_set():
-            c.handle.kill()
+            c.cancel()
         if slot is not None:
             slot.__exit__(None, None, None)
 

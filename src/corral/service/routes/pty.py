@@ -47,7 +47,7 @@ async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str 
     from ..limits import Limited
 
     try:
-        token = await auth(ws)            # reads the token file; over the rate: Limited
+        token = await auth(ws)     # an lstat of the token file; over the rate: Limited
         svc = await service(ws)
         e = svc.entry(sid, token)
     except ApiError as err:

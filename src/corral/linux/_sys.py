@@ -118,7 +118,7 @@ def subreaper_acquire() -> None:
 def become_subreaper() -> None:
     """This process is a child subreaper from now on (for a process that reaps all its
     children; not counted, never released)."""
-    if _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         e = _get_errno()
         raise OSError(e, os.strerror(e))
 

@@ -351,9 +351,23 @@ def _zygote() -> _Zygote:
             if not done:
                 return _ZygoteUser(z)
             z.sock.close()
+        first = not _zygote_now
         z = _Zygote()
         _zygote_now[:] = [z]
+        if first:
+            import atexit
+
+            atexit.register(_close_at_exit)
         return _ZygoteUser(z)
+
+
+def _close_at_exit() -> None:
+    """At this process's exit: close its end of the zygote's socket (the zygote reaps
+    its entrants and ends at EOF) instead of leaving it to the interpreter's teardown."""
+    with _zygote_lock:
+        for z in _zygote_now:
+            if z.owner == os.getpid():
+                z.sock.close()
 
 
 class _ZygoteUser:

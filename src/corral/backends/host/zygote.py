@@ -179,6 +179,19 @@ def _ensure() -> None:
         _zygote = _Zygote()
     except OSError:
         _gave_up = True
+        return
+    if len(_restarts) == 1:
+        import atexit
+
+        atexit.register(_close_at_exit)
+
+
+def _close_at_exit() -> None:
+    """At this process's exit: close its end of the control socket (the zygote ends at
+    EOF), rather than leave the socket to the interpreter's teardown (a ResourceWarning)."""
+    z = _zygote
+    if z is not None:
+        z.ctrl.close()
 
 
 def _lost(why: str) -> None:

@@ -504,7 +504,9 @@ def _ask(changes) -> list[str]:
 
 def _print_events(events: list[dict], *, output_limit: bool = True) -> None:
     for e in events:
-        if e["kind"] in ("limit", "teardown", "unenforced") and (
+        if e["kind"] == "audit":   # the record of this run was lost (docs/audit.md)
+            sys.stderr.write(f"corral: audit: {e.get('message')}\n")
+        elif e["kind"] in ("limit", "teardown", "unenforced") and (
                 output_limit or e.get("limit") != "output"):
             what = e.get("limit") or e.get("rule") or e["kind"]
             text = e.get("message") or e.get("reason")

@@ -234,6 +234,21 @@ def _lines(fd: int):
             yield None   # past LINES_MAX: counted once, the rest left
 
 
+def _remove(path: str) -> None:
+    """Take what is not a spool file out of the way (never following it): unlinked, an
+    empty directory removed, else renamed to junk-* (which no ingest reads)."""
+    try:
+        os.unlink(path)
+    except IsADirectoryError:
+        try:
+            os.rmdir(path)
+        except OSError:
+            os.rename(path, os.path.join(os.path.dirname(path),
+                                         f"junk-{os.urandom(8).hex()}"))
+    except FileNotFoundError:
+        pass
+
+
 def ingest(conn, audit_dir: str) -> dict:
     """Move every spool file's runs into the store (see the module's doc). Returns
     {"runs": inserted, "skipped": malformed lines}."""
@@ -265,12 +280,12 @@ def ingest(conn, audit_dir: str) -> dict:
         except FileNotFoundError:
             continue
         except OSError:   # a link or worse, planted in our directory: not read, removed
-            os.unlink(path)
+            _remove(path)
             continue
         try:
             fst = os.fstat(fd)
             if not stat.S_ISREG(fst.st_mode) or fst.st_uid != os.geteuid():
-                os.unlink(path)
+                _remove(path)
                 continue
             fcntl.flock(fd, fcntl.LOCK_EX)   # writers that opened it before the rename
             rows = []

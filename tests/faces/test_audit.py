@@ -485,12 +485,13 @@ def test_a_malformed_spool_line_is_skipped_and_counted(state):
     with open(spool_file(state), "ab") as f:
         f.write(b"not json\n{}\n" + json.dumps(wrong_type).encode() + b"\n"
                 + json.dumps(extra_key).encode() + b"\n"
+                + b"[" * 100000 + b"\n"                      # deeper than json goes
                 + b'{"id": "' + b"x" * (2 << 20) + b'"}\n' + b'{"truncated": ')
     p = cli(state, "runs", "--json")
     assert p.returncode == 0
     (run,) = [json.loads(x) for x in p.stdout.splitlines()]
     assert run["id"] == good["id"] and run["exit_code"] == 5
-    assert b"6 malformed line(s)" in p.stderr, p.stderr
+    assert b"7 malformed line(s)" in p.stderr, p.stderr
     assert os.listdir(os.path.dirname(spool_file(state))) == []
 
 

@@ -186,7 +186,10 @@ def append(audit_dir: str, line: bytes) -> None:
                 raise PermissionError(f"{path} is not a regular file of this user: refused")
             # an ingest renames the file aside and then takes it exclusively: a writer
             # holds it shared and checks the name still leads to it, else takes the new one
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:   # an ingest has it (renamed aside): a new file
+                continue
             try:
                 now = os.lstat(path)
             except FileNotFoundError:
@@ -292,28 +295,28 @@ def ingest(conn, audit_dir: str) -> dict:
             for line in _lines(fd):
                 try:
                     rec = json.loads(line) if line is not None else None
-                except ValueError:
-                    rec = None
-                if not _valid(rec):
+                    if not _valid(rec):
+                        raise ValueError("not a run's record")
+                    row = tuple(dumps(rec[k]) if k in ("argv", "usage") else rec[k]
+                                for k in FIELDS if k != "events")
+                    evs = [(e["kind"], dumps(e)) for e in rec["events"]]
+                except (ValueError, RecursionError):
                     out["skipped"] += 1
                     continue
-                rows.append(rec)
+                rows.append((rec["id"], row, evs))
             conn.execute("BEGIN IMMEDIATE")
             try:
-                for rec in rows:
-                    cur = conn.execute(
-                        "INSERT OR IGNORE INTO runs VALUES "
-                        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL)",
-                        tuple(rec[k] if k not in ("argv", "usage") else dumps(rec[k])
-                              for k in FIELDS if k != "events"))
+                for run_id, row, evs in rows:
+                    cur = conn.execute("INSERT OR IGNORE INTO runs VALUES "
+                                       "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL)", row)
                     if cur.rowcount != 1:
                         continue   # already in: a file ingested twice keeps it once
                     out["runs"] += 1
                     (base,) = conn.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM events "
-                                           "WHERE run_id = ?", (rec["id"],)).fetchone()
+                                           "WHERE run_id = ?", (run_id,)).fetchone()
                     conn.executemany("INSERT INTO events VALUES (?,?,?,?)",
-                                     [(rec["id"], base + i, e["kind"], dumps(e))
-                                      for i, e in enumerate(rec["events"])])
+                                     [(run_id, base + i, kind, data)
+                                      for i, (kind, data) in enumerate(evs)])
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")

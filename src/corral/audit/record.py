@@ -174,7 +174,8 @@ def _flush_spool() -> bool:
             ok = False
             from ..events import AuditEvent
 
-            why = f"{str(e) or type(e).__name__} ({os.path.dirname(path)}/spool)"
+            why, where = str(e) or type(e).__name__, os.path.dirname(path)
+            why = why if where in why else f"{why} ({where}/spool)"
             item["result"].events.append(AuditEvent.lost(why).to_dict())
     return ok
 

@@ -511,3 +511,32 @@ def test_an_oversized_record_keeps_its_essentials_within_the_line_bound():
     (note,) = got["events"]
     assert note["kind"] == "audit" and "10000 events" in note["message"]
     assert spool._valid(got)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_a_full_disk_under_the_spool_gives_the_cli_the_lost_event(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORRAL_AUDIT", "1")
+    state = tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(state)],
+                   check=True)
+    try:
+        assert cli(str(state), "run", "--", "/bin/true").returncode == 0
+        assert len(cli(str(state), "runs", "--json").stdout.splitlines()) == 1   # ingested
+        with open(state / "filler", "wb", buffering=0) as f:     # the rest of the disk
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass
+        p = cli(str(state), "run", "--json", "--", "/bin/echo", "ran")
+        assert p.returncode == 0, p.stderr
+        res = json.loads(p.stdout)
+        assert res["stdout"] == "ran\n"
+        (lost,) = [e for e in res["events"] if e["kind"] == "audit"]
+        assert "No space left" in lost["message"], lost
+        os.unlink(state / "filler")
+        runs = [json.loads(x) for x in cli(str(state), "runs", "--json").stdout.splitlines()]
+        assert [r["argv"] for r in runs] == [["/bin/true"]]
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)

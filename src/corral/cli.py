@@ -331,6 +331,9 @@ def cmd_run(args: list[str]) -> int:
         policy = effective_policy(r)
         review = _review_mode(r, policy)
         os.environ.setdefault("CORRAL_AUDIT_FACE", "cli")   # the audit store's face
+        from .audit.record import flush, use_spool
+
+        use_spool()   # a short-lived process: its record goes to the spool, no SQLite here
         if r.tty:
             return _run_tty(r, policy)
         from .runtime.sandbox import Sandbox
@@ -354,7 +357,6 @@ def cmd_run(args: list[str]) -> int:
             if r.stdin and not os.isatty(0):   # a terminal: refused by exec, as without
                 tee = StdinTee(0)
                 stdin = tee.r
-        from .audit.record import flush
 
         with _terminate_cleanly():
             with Sandbox(policy) as sb:
@@ -375,7 +377,8 @@ def cmd_run(args: list[str]) -> int:
 
                     write_receipt(r.receipt, sb, result, r.command, tee, on_out, on_err,
                                   review.get("changes") if review else None)
-        flush()   # the record, before the Result is shown: a lost one is in its events
+        flush()   # the record (one spool line), before the Result is shown: a lost one
+        #         is in its events
     except CorralError as e:
         return _fail(e, as_json)
     if r.json:
@@ -501,7 +504,9 @@ def _ask(changes) -> list[str]:
 
 def _print_events(events: list[dict], *, output_limit: bool = True) -> None:
     for e in events:
-        if e["kind"] in ("limit", "teardown", "unenforced") and (
+        if e["kind"] == "audit":   # the record of this run was lost (docs/audit.md)
+            sys.stderr.write(f"corral: audit: {e.get('message')}\n")
+        elif e["kind"] in ("limit", "teardown", "unenforced") and (
                 output_limit or e.get("limit") != "output"):
             what = e.get("limit") or e.get("rule") or e["kind"]
             text = e.get("message") or e.get("reason")

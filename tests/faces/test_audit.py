@@ -402,3 +402,141 @@ def test_a_full_disk_does_not_fail_the_run_and_the_result_says_so(tmp_path, monk
     finally:
         record.flush(5)
         subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+# -- the spool: `corral run` appends one line, the store ingests it when opened -----------
+
+def spool_file(state, name="runs.jsonl"):
+    return os.path.join(state, "audit", "spool", name)
+
+
+def test_a_cli_run_is_spooled_and_found_by_runs(state):
+    p = cli(state, "run", "--", "/bin/sh", "-c", "echo hi; exit 4")
+    assert p.returncode == 4 and p.stdout == b"hi\n"
+    assert not os.path.exists(db(state))           # no SQLite in `corral run`
+    with open(spool_file(state), "rb") as f:
+        (line,) = f.read().splitlines()
+    assert json.loads(line)["exit_code"] == 4
+    st = os.stat(spool_file(state))
+    assert st.st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(spool_file(state))).st_mode & 0o777 == 0o700
+    assert os.stat(os.path.dirname(db(state))).st_mode & 0o777 == 0o700
+    (run,) = [json.loads(x) for x in cli(state, "runs", "--json").stdout.splitlines()]
+    assert run["face"] == "cli" and run["exit_code"] == 4 and run["argv"][0] == "/bin/sh"
+    assert os.listdir(os.path.dirname(spool_file(state))) == []   # taken and removed
+    assert len(cli(state, "runs", "--json").stdout.splitlines()) == 1
+
+
+@pytest.mark.parametrize("planted", ["link", "fifo", "directory"])
+def test_an_unwritable_spool_file_gives_the_lost_event_and_follows_no_link(state, tmp_path,
+                                                                           planted):
+    os.makedirs(os.path.dirname(spool_file(state)), mode=0o700)
+    target = tmp_path / "target"
+    target.write_bytes(b"keep\n")
+    if planted == "link":
+        os.symlink(target, spool_file(state))
+    elif planted == "fifo":
+        os.mkfifo(spool_file(state), 0o600)
+    else:
+        os.mkdir(spool_file(state))
+    p = cli(state, "run", "--json", "--", "/bin/echo", "ran")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["stdout"] == "ran\n" and res["verdict"] == "ok"
+    (lost,) = [e for e in res["events"] if e["kind"] == "audit"]
+    assert "lost" in lost["message"] and "spool" in lost["message"]
+    human = cli(state, "run", "--", "/bin/echo", "ran")      # the CLI shows it
+    assert human.returncode == 0 and b"audit record of this run was lost" in human.stderr
+    q = cli(state, "runs", "--json")
+    assert q.returncode == 0 and q.stdout == b"", q.stderr
+    assert target.read_bytes() == b"keep\n"                # nothing behind the link
+    p = cli(state, "run", "--", "/bin/true")               # the planted file was cleared
+    assert b"lost" not in p.stderr
+    assert len(cli(state, "runs", "--json").stdout.splitlines()) == 1
+
+
+def test_an_interrupted_ingest_is_taken_once(state):
+    assert cli(state, "run", "--net", "allow", "--allow-domain", "allowed.test",
+               "--nameserver", "127.0.0.1:9", "--", "/bin/sh", "-c",
+               "curl -sS -m 5 http://denied.test/; exit 0").returncode == 0
+    with open(spool_file(state), "rb") as f:
+        saved = f.read()
+    (first,) = [json.loads(x) for x in cli(state, "runs", "--json").stdout.splitlines()]
+    events = cli(state, "logs", first["id"], "--json").stdout.splitlines()
+    assert any(json.loads(e)["kind"] == "net" for e in events)
+    # a crash after the commit, before the unlink: the renamed-aside file is left over
+    with open(spool_file(state, "ingest-0123456789abcdef.jsonl"), "wb") as f:
+        f.write(saved)
+    # and a crash before the commit, in another state: the next ingest takes it
+    assert cli(state, "run", "--", "/bin/true").returncode == 0
+    os.rename(spool_file(state), spool_file(state, "ingest-fedcba9876543210.jsonl"))
+    runs = [json.loads(x) for x in cli(state, "runs", "--json").stdout.splitlines()]
+    assert sorted(r["argv"][0] for r in runs) == ["/bin/sh", "/bin/true"]
+    assert cli(state, "logs", first["id"], "--json").stdout.splitlines() == events
+    assert os.listdir(os.path.dirname(spool_file(state))) == []
+
+
+def test_a_malformed_spool_line_is_skipped_and_counted(state):
+    assert cli(state, "run", "--", "/bin/sh", "-c", "exit 5").returncode == 5
+    with open(spool_file(state), "rb") as f:
+        good = json.loads(f.read())
+    wrong_type = dict(good, id="r-other", exit_code="5")
+    extra_key = dict(good, id="r-extra", sneaky=1)
+    with open(spool_file(state), "ab") as f:
+        f.write(b"not json\n{}\n" + json.dumps(wrong_type).encode() + b"\n"
+                + json.dumps(extra_key).encode() + b"\n"
+                + b"[" * 100000 + b"\n"                      # deeper than json goes
+                + b'{"id": "' + b"x" * (2 << 20) + b'"}\n' + b'{"truncated": ')
+    p = cli(state, "runs", "--json")
+    assert p.returncode == 0
+    (run,) = [json.loads(x) for x in p.stdout.splitlines()]
+    assert run["id"] == good["id"] and run["exit_code"] == 5
+    assert b"7 malformed line(s)" in p.stderr, p.stderr
+    assert os.listdir(os.path.dirname(spool_file(state))) == []
+
+
+def test_an_oversized_record_keeps_its_essentials_within_the_line_bound():
+    from corral.audit import spool
+
+    f = {"id": "r-big", "kind": "run", "sandbox": None, "started": 1.0, "ended": 2.0,
+         "tier": "namespace", "image": "host", "image_digest": "host",
+         "policy_digest": "sha256:x", "policy": "", "argv": ["a" * 3000] * 600,
+         "verdict": "ok", "exit_code": 0, "signal": None, "usage": {"wall_s": 1.0},
+         "actor": "user:root", "face": "cli",
+         "events": [{"kind": "net", "host": "h" * 200}] * 10000}
+    line = spool.line_of(f)
+    assert len(line) <= spool.LINE_MAX and line.endswith(b"\n")
+    got = json.loads(line)
+    assert got["id"] == "r-big" and got["exit_code"] == 0 and got["argv"] == ["a" * 3000]
+    (note,) = got["events"]
+    assert note["kind"] == "audit" and "10000 events" in note["message"]
+    assert spool._valid(got)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_a_full_disk_under_the_spool_gives_the_cli_the_lost_event(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORRAL_AUDIT", "1")
+    state = tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(state)],
+                   check=True)
+    try:
+        assert cli(str(state), "run", "--", "/bin/true").returncode == 0
+        assert len(cli(str(state), "runs", "--json").stdout.splitlines()) == 1   # ingested
+        with open(state / "filler", "wb", buffering=0) as f:     # the rest of the disk
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass
+        p = cli(str(state), "run", "--json", "--", "/bin/echo", "ran")
+        assert p.returncode == 0, p.stderr
+        res = json.loads(p.stdout)
+        assert res["stdout"] == "ran\n"
+        (lost,) = [e for e in res["events"] if e["kind"] == "audit"]
+        assert "No space left" in lost["message"], lost
+        os.unlink(state / "filler")
+        runs = [json.loads(x) for x in cli(str(state), "runs", "--json").stdout.splitlines()]
+        assert [r["argv"] for r in runs] == [["/bin/true"]]
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)

@@ -228,6 +228,17 @@ def test_run_path_imports_only_what_a_run_needs(tmp_path):
     assert len(ours) <= RUN_PATH_MODULES, ours
 
 
+def test_a_recorded_run_spools_without_sqlite_or_a_thread(tmp_path, monkeypatch):
+    """With the audit store on, `corral run` keeps its record in the spool: after the
+    command it imports no sqlite3, threading or json (docs/audit.md)."""
+    monkeypatch.setenv("CORRAL_AUDIT", "1")
+    monkeypatch.setenv("CORRAL_STATE_DIR", str(tmp_path / "state"))
+    mods, _ = launched(tmp_path, "run", "--", "/bin/true")
+    assert "corral.audit.spool" in mods
+    assert not mods & {"_sqlite3", "sqlite3", "threading", "json", "corral.audit.store"}
+    assert (tmp_path / "state" / "audit" / "spool" / "runs.jsonl").stat().st_size > 0
+
+
 def test_the_command_ends_like_a_python_exit():
     """entry() skips the interpreter's finalization: stdout is still flushed (a failed
     flush exits 120, as Python's own exit does) and the status is main()'s."""

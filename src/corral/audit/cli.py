@@ -112,6 +112,20 @@ def main(name: str, args: list[str]) -> int:
     except (OSError, ValueError) as e:     # the store's directory or file refused
         sys.stderr.write(f"corral: the audit store: {e}\n")
         return 125
+    finally:
+        _spool_notes()
+
+
+def _spool_notes() -> None:
+    """What ingesting the spool (docs/audit.md) could not take, on stderr."""
+    from . import store
+
+    got = store.last_ingest
+    if got["skipped"]:
+        sys.stderr.write(f"corral: the audit spool had {got['skipped']} malformed "
+                         f"line(s): skipped (docs/audit.md)\n")
+    if got["error"]:
+        sys.stderr.write(f"corral: the audit spool was not ingested: {got['error']}\n")
 
 
 def _cmd_runs(args: list[str]) -> int:

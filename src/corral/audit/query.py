@@ -32,7 +32,10 @@ def open_db(path: str | None = None):
     """A reading connection, or None when there is no store yet."""
     path = path or db_path()
     if not os.path.exists(path):
-        return None
+        spooled = os.path.join(os.path.dirname(path), "spool")
+        if not os.path.isdir(spooled) or not os.listdir(spooled):
+            return None
+        return store.connect(path)   # runs of `corral run` only in the spool so far
     return store.connect(path, create=False)
 
 

@@ -9,6 +9,10 @@ own path). When the store cannot keep a record (the database locked past its bus
 a full disk, a full queue, the exit deadline) the run is unaffected and its Result gets an
 `audit` event (events.AuditEvent) saying the record was lost.
 
+A short-lived process (`corral run`: use_spool()) has no thread: flush() appends each run's
+record as one JSON line to the spool (audit/spool.py), which the store ingests whenever it
+is opened (a query, gc, export, the writer of a long-lived process).
+
     CORRAL_AUDIT=0                     no records at all (also "off", "false", "no")
     CORRAL_AUDIT_FACE=probe            the face recorded for runs of this process
     with acting_as("token:ci", "service"): ...   who asked and through which face
@@ -42,6 +46,8 @@ EXIT_DEADLINE_S = 1.0
 _face: ContextVar[str | None] = ContextVar("corral_audit_face", default=None)
 _actor: ContextVar[str | None] = ContextVar("corral_audit_actor", default=None)
 _path: list[str | None] = [None]
+_spooling = [False]   # use_spool()
+_spooled: list[dict] = []   # this process's runs for the spool, until flush()
 
 
 def enabled() -> bool:
@@ -103,16 +109,23 @@ def record_run(run_id: str, started: float, result, *, policy, plan, argv, isola
     events the Result gets after this call (teardown) come with `record_events`."""
     if not enabled():
         return
-    item = {"t": "run", "id": run_id, "started": started, "ended": time.time(),
+    item = {"t": "run", "id": run_id, "db": db_path(), "started": started, "ended": time.time(),
             "result": result, "n_events": len(result.events), "policy": policy,
             "plan": plan, "argv": argv, "tier": isolation, "face": origin[0],
             "actor": origin[1], "sandbox": sandbox, "kind": kind, "stdin": stdin,
             "receipt": receipt}
-    _writer().put(item, result)
+    if _spooling[0]:
+        _spooled.append(item)
+    else:
+        _writer().put(item, result)
 
 
 def record_events(run_id: str, events: list[dict]) -> None:
     if events and enabled():
+        for item in _spooled:
+            if item["id"] == run_id:   # a spooled run's teardown: in its own line
+                item.setdefault("more", []).extend(events)
+                return
         _writer().put({"t": "events", "id": run_id, "events": list(events)}, None)
 
 
@@ -130,11 +143,41 @@ def record_sandbox_end(sandbox_id: str, ended_by: str, events: list[dict]) -> No
                        "ended_by": ended_by, "events": list(events)}, None)
 
 
+def use_spool() -> None:
+    """This process is short-lived (`corral run`): its runs' records are appended to the
+    spool (audit/spool.py) at flush(), one line each, with no thread and no SQLite; the
+    store ingests them when it is next opened."""
+    _spooling[0] = True
+
+
 def flush(timeout: float = EXIT_DEADLINE_S) -> bool:
     """Wait up to `timeout` s for every queued record to be written (or lost). False when
-    some were still waiting: those are marked lost on their Results."""
+    some were still waiting: those are marked lost on their Results. Spooled records are
+    appended now (a failed append: lost, and said on the Result)."""
+    ok = _flush_spool()
     w = _writers.get(os.getpid())
-    return True if w is None else w.flush(timeout)
+    return ok if w is None else w.flush(timeout) and ok
+
+
+def _flush_spool() -> bool:
+    ok = True
+    while _spooled:
+        item = _spooled.pop(0)
+        path = item.get("db") or db_path()
+        try:
+            from . import spool
+
+            f = spool.run_fields(item)
+            f["events"].extend(item.get("more", ()))
+            spool.append(os.path.dirname(path), spool.line_of(f))
+        except Exception as e:   # noqa: BLE001 - a record is never worth a run
+            ok = False
+            from ..events import AuditEvent
+
+            why, where = str(e) or type(e).__name__, os.path.dirname(path)
+            why = why if where in why else f"{why} ({where}/spool)"
+            item["result"].events.append(AuditEvent.lost(why).to_dict())
+    return ok
 
 
 class _Writer:

@@ -15,8 +15,9 @@ Tables (the typed events of events.py are the schema of `events.data`):
     events     run_id (a run's or a live sandbox's id), seq, kind, data (the event's
                to_dict() as JSON)
 
-Only the writer thread (audit/record.py) writes during runs; queries (audit/query.py) and
-`corral gc` open their own connections.
+The writer thread (audit/record.py) writes during runs of long-lived processes; `corral run`
+appends its record to the spool (audit/spool.py), which every connect() ingests; queries
+(audit/query.py) and `corral gc` open their own connections.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ try:
     from _sqlite3 import connect as _sqlite_connect
 except ImportError:     # pragma: no cover - an interpreter without the C module's connect
     from sqlite3 import connect as _sqlite_connect
-try:
-    from _sha256 import sha256 as _sha256
-except ImportError:     # pragma: no cover - Python 3.12 renamed it
-    from hashlib import sha256 as _sha256
-from _json import encode_basestring_ascii as _quote
+
+from .spool import digest, image_digest, ingest, local_user, policy_toml, private_dir, run_fields
+from .spool import dumps as _dumps
+
+__all__ = ["connect", "digest", "image_digest", "ingest", "local_user", "policy_toml",
+           "private_dir", "run_row", "write_batch"]
 
 SCHEMA_VERSION = 1
 
@@ -58,18 +60,6 @@ CREATE INDEX IF NOT EXISTS events_kind ON events(kind);
 """
 
 
-def private_dir(path: str) -> str:
-    """Make (0700) and check a directory of ours: a link, another owner or a group- or
-    world-writable mode is refused."""
-    os.makedirs(path, 0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise PermissionError(f"{path} is not a directory of this user (a link?): refused")
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return path
-
-
 def private_file(path: str) -> None:
     """Create the file 0600 if missing; refuse a link or another owner's file."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -83,7 +73,8 @@ def private_file(path: str) -> None:
         os.close(fd)
 
 
-def connect(path: str, *, busy_timeout: float = 5.0, create: bool = True):
+def connect(path: str, *, busy_timeout: float = 5.0, create: bool = True,
+            spool: bool = True):
     if create:
         private_dir(os.path.dirname(path))
         private_file(path)
@@ -97,106 +88,49 @@ def connect(path: str, *, busy_timeout: float = 5.0, create: bool = True):
     conn.execute("PRAGMA synchronous=NORMAL")
     if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
         conn.executescript(SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION};")
+    if spool:
+        take_spool(conn, os.path.dirname(path))
     return conn
 
 
-_TOML: dict[int, tuple] = {}   # id(policy) -> (policy, its TOML): policies are frozen
+#: what ingesting the spool did in this process: runs taken, malformed lines skipped, the
+#: last error
+last_ingest: dict = {"runs": 0, "skipped": 0, "error": None}
 
 
-def policy_toml(policy) -> str:
-    hit = _TOML.get(id(policy))
-    if hit is not None and hit[0] is policy:
-        return hit[1]
-    from ..policy.dump import dump_toml
-
-    text = dump_toml(policy)
-    if len(_TOML) >= 64:
-        _TOML.clear()
-    _TOML[id(policy)] = (policy, text)
-    return text
-
-
-def digest(data: bytes) -> str:
-    return "sha256:" + _sha256(data).hexdigest()
-
-
-def image_digest(plan, policy) -> str:
-    from ..plan import ImageRoot
-
-    if plan is not None:
-        roots = plan.find(ImageRoot)
-        if roots and roots[0].digest:
-            return roots[0].digest
-    return "host" if getattr(policy, "image", "host") in (None, "host") else ""
-
-
-_USERS: dict[int, str] = {}
-
-
-def local_user() -> str:
-    uid = os.geteuid()
-    name = _USERS.get(uid)
-    if name is None:
-        try:
-            import pwd
-
-            name = "user:" + pwd.getpwuid(uid).pw_name
-        except (KeyError, ImportError):
-            name = f"user:{uid}"
-        _USERS[uid] = name
-    return name
-
-
-def _dumps(v) -> str:
-    """Compact JSON of what records hold (dict, list, str, int, float, bool, None; any
-    other value as its str), without importing json (see the imports)."""
-    if isinstance(v, str):
-        return _quote(v)
-    if v is None:
-        return "null"
-    if v is True or v is False:
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return int.__repr__(v)
-    if isinstance(v, float):
-        if v != v or v in (float("inf"), float("-inf")):
-            return "null"
-        return float.__repr__(v)
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{_quote(str(k))}:{_dumps(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_dumps(x) for x in v) + "]"
-    return _quote(str(v))
+def take_spool(conn, audit_dir: str) -> dict:
+    """Ingest the spool (audit/spool.py) into the store; a spool that cannot be read is
+    said in last_ingest["error"], never an error of the caller."""
+    try:
+        got = ingest(conn, audit_dir)
+        last_ingest["runs"] += got["runs"]
+        last_ingest["skipped"] += got["skipped"]
+    except Exception as e:   # noqa: BLE001 - the store stays readable
+        last_ingest["error"] = str(e) or type(e).__name__
+    return last_ingest
 
 
 def run_row(item: dict) -> tuple[tuple, list[dict], str | None]:
     """(the runs row, its events, its receipt JSON or None) of one queued run."""
-    r = item["result"]
-    toml = policy_toml(item["policy"]) if item["policy"] is not None else ""
-    pdig = digest(toml.encode())
-    idig = image_digest(item["plan"], item["policy"])
-    usage = r.usage.to_dict() if hasattr(r.usage, "to_dict") else dict(r.usage)
-    events = list(r.events[:item["n_events"]])
+    f = run_fields(item)
     receipt = None
     if item.get("receipt"):
         from . import receipt as rc
 
-        stdin = item.get("stdin")
-        body = rc.body(run_id=item["id"], started=item["started"], ended=item["ended"],
-                       tier=item["tier"], policy_toml=toml, image_digest=idig,
-                       argv=item["argv"],
+        r, stdin = item["result"], item.get("stdin")
+        body = rc.body(run_id=f["id"], started=f["started"], ended=f["ended"],
+                       tier=f["tier"], policy_toml=f["policy"],
+                       image_digest=f["image_digest"], argv=item["argv"],
                        stdin=stdin if isinstance(stdin, (bytes, bytearray)) else b"",
                        stdout=r.stdout.encode("utf-8", "surrogateescape"),
                        stderr=r.stderr.encode("utf-8", "surrogateescape"),
-                       changes=None, events=events, verdict=r.verdict,
-                       exit_code=r.exit_code, signal=r.signal, usage=usage,
-                       actor=item["actor"] or local_user())
+                       changes=None, events=f["events"], verdict=r.verdict,
+                       exit_code=r.exit_code, signal=r.signal, usage=f["usage"],
+                       actor=f["actor"])
         receipt = _dumps(rc.sign(body, os.path.dirname(item["db"])))
-    row = (item["id"], item["kind"], item["sandbox"], item["started"], item["ended"],
-           item["tier"], str(getattr(item["policy"], "image", "") or "host"), idig, pdig,
-           toml, _dumps(list(item["argv"])), r.verdict, r.exit_code, r.signal,
-           _dumps(usage), item["actor"] or local_user(), item["face"], receipt)
-    return row, events, receipt
+    row = tuple(_dumps(v) if k in ("argv", "usage") else v
+                for k, v in f.items() if k != "events") + (receipt,)
+    return row, f["events"], receipt
 
 
 def write_batch(conn, batch: list[dict]) -> None:

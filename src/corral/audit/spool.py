@@ -1,0 +1,330 @@
+"""The audit spool: how a short-lived process (`corral run`) keeps its record without
+SQLite.
+
+    STATE/audit/spool/          0700, refused if it is a link or not ours
+      runs.jsonl                0600, one JSON line per run, appended (O_APPEND)
+      ingest-<hex>.jsonl        a spool file renamed aside by an ingest under way (or
+                                interrupted: the next ingest takes it again)
+
+The writer side (`append`) is one os.write of one line per run: no sqlite3 import, no
+thread. The line is bounded (LINE_MAX): a bigger record keeps its essentials and drops its
+events (and a long argv's tail) with a note saying so. The reader side (`ingest`, called by
+audit/store.py whenever the store is opened: `corral runs/logs/denials/gc/audit`, the
+service's writer) renames the spool file aside, inserts its lines in one transaction, then
+unlinks it; runs are inserted by id (INSERT OR IGNORE, their events only with a new row),
+so a file ingested twice (a crash between the commit and the unlink) keeps each run once.
+Lines are parsed strictly and bounded; a malformed one is skipped and counted.
+
+The helpers the SQLite writer shares (the record's fields, compact JSON) live here too: this
+module imports no sqlite3, json, hashlib or re.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+try:
+    from _sha256 import sha256 as _sha256
+except ImportError:     # pragma: no cover - Python 3.12 renamed it
+    from hashlib import sha256 as _sha256
+from _json import encode_basestring_ascii as _quote
+
+#: the longest line one run writes (and ingest reads), bytes
+LINE_MAX = 1 << 20
+#: the most lines one spool file gives an ingest (the rest are skipped and counted)
+LINES_MAX = 100_000
+#: a long argv keeps this many bytes of it in a truncated record
+ARGV_KEEP = 4096
+SPOOL_NAME = "runs.jsonl"
+
+#: the fields of a run's line and their types (ingest checks each)
+FIELDS = {"id": str, "kind": str, "sandbox": (str, type(None)), "started": (int, float),
+          "ended": (int, float), "tier": str, "image": str, "image_digest": str,
+          "policy_digest": str, "policy": str, "argv": list, "verdict": str,
+          "exit_code": (int, type(None)), "signal": (int, type(None)), "usage": dict,
+          "actor": str, "face": str, "events": list}
+
+
+def private_dir(path: str) -> str:
+    """Make (0700) and check a directory of ours: a link, another owner or a group- or
+    world-writable mode is refused."""
+    os.makedirs(path, 0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise PermissionError(f"{path} is not a directory of this user (a link?): refused")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+_TOML: dict[int, tuple] = {}   # id(policy) -> (policy, its TOML): policies are frozen
+
+
+def policy_toml(policy) -> str:
+    hit = _TOML.get(id(policy))
+    if hit is not None and hit[0] is policy:
+        return hit[1]
+    from ..policy.dump import dump_toml
+
+    text = dump_toml(policy)
+    if len(_TOML) >= 64:
+        _TOML.clear()
+    _TOML[id(policy)] = (policy, text)
+    return text
+
+
+def digest(data: bytes) -> str:
+    return "sha256:" + _sha256(data).hexdigest()
+
+
+def image_digest(plan, policy) -> str:
+    from ..plan import ImageRoot
+
+    if plan is not None:
+        roots = plan.find(ImageRoot)
+        if roots and roots[0].digest:
+            return roots[0].digest
+    return "host" if getattr(policy, "image", "host") in (None, "host") else ""
+
+
+_USERS: dict[int, str] = {}
+
+
+def local_user() -> str:
+    uid = os.geteuid()
+    name = _USERS.get(uid)
+    if name is None:
+        try:
+            import pwd
+
+            name = "user:" + pwd.getpwuid(uid).pw_name
+        except (KeyError, ImportError):
+            name = f"user:{uid}"
+        _USERS[uid] = name
+    return name
+
+
+def dumps(v) -> str:
+    """Compact JSON of what records hold (dict, list, str, int, float, bool, None; any
+    other value as its str), without importing json."""
+    if isinstance(v, str):
+        return _quote(v)
+    if v is None:
+        return "null"
+    if v is True or v is False:
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return int.__repr__(v)
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            return "null"
+        return float.__repr__(v)
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{_quote(str(k))}:{dumps(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(dumps(x) for x in v) + "]"
+    return _quote(str(v))
+
+
+def run_fields(item: dict) -> dict:
+    """The runs row of one queued run as a dict (FIELDS), with its events."""
+    r = item["result"]
+    toml = policy_toml(item["policy"]) if item["policy"] is not None else ""
+    usage = r.usage.to_dict() if hasattr(r.usage, "to_dict") else dict(r.usage)
+    return {"id": item["id"], "kind": item["kind"], "sandbox": item["sandbox"],
+            "started": item["started"], "ended": item["ended"], "tier": item["tier"],
+            "image": str(getattr(item["policy"], "image", "") or "host"),
+            "image_digest": image_digest(item["plan"], item["policy"]),
+            "policy_digest": digest(toml.encode()), "policy": toml,
+            "argv": list(item["argv"]), "verdict": r.verdict, "exit_code": r.exit_code,
+            "signal": r.signal, "usage": usage, "actor": item["actor"] or local_user(),
+            "face": item["face"], "events": list(r.events[:item["n_events"]])}
+
+
+def line_of(fields: dict) -> bytes:
+    """One spool line (newline included) of at most LINE_MAX bytes: past it, the events
+    and the argv's tail give way to a note."""
+    line = (dumps(fields) + "\n").encode("ascii")
+    if len(line) <= LINE_MAX:
+        return line
+    cut = dict(fields)
+    argv, kept, size = [], 0, 0
+    for a in fields["argv"]:
+        a = str(a)
+        if size + len(a) > ARGV_KEEP:
+            break
+        argv.append(a)
+        size += len(a)
+        kept += 1
+    cut["argv"] = argv
+    cut["events"] = [{"kind": "audit", "message": (
+        f"this record was truncated to fit the audit spool's {LINE_MAX} byte line: "
+        f"{len(fields['events'])} events and {len(fields['argv']) - kept} of "
+        f"{len(fields['argv'])} arguments dropped (docs/audit.md)")}]
+    line = (dumps(cut) + "\n").encode("ascii")
+    if len(line) > LINE_MAX:    # the policy is bounded by its schema: not expected
+        cut["policy"] = ""
+        line = (dumps(cut) + "\n").encode("ascii")
+    return line
+
+
+def append(audit_dir: str, line: bytes) -> None:
+    """Append one line to the spool file: one write, on a regular file of ours, never
+    through a link; raises OSError (or PermissionError) if it cannot."""
+    import fcntl  # a C module: cheap
+
+    d = private_dir(os.path.join(private_dir(audit_dir), "spool"))
+    path = os.path.join(d, SPOOL_NAME)
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+             | os.O_NONBLOCK)
+    for _ in range(8):
+        fd = os.open(path, flags, 0o600)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise PermissionError(f"{path} is not a regular file of this user: refused")
+            # an ingest renames the file aside and then takes it exclusively: a writer
+            # holds it shared and checks the name still leads to it, else takes the new one
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:   # an ingest has it (renamed aside): a new file
+                continue
+            try:
+                now = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):
+                continue
+            if st.st_mode & 0o077:
+                os.fchmod(fd, 0o600)
+            n = os.write(fd, line)
+            if n != len(line):
+                raise OSError(f"a short write to {path} ({n} of {len(line)} bytes)")
+            return
+        finally:
+            os.close(fd)
+    raise OSError(f"{path} kept being renamed under this writer")
+
+
+def _valid(d) -> bool:
+    if not isinstance(d, dict) or set(d) != set(FIELDS):
+        return False
+    for k, t in FIELDS.items():
+        v = d[k]
+        if not isinstance(v, t) or (isinstance(v, bool) and k != "usage"):
+            return False
+    if not d["id"] or len(d["id"]) > 64 or not all(isinstance(a, str) for a in d["argv"]):
+        return False
+    return all(isinstance(e, dict) and isinstance(e.get("kind"), str) for e in d["events"])
+
+
+def _lines(fd: int):
+    """The lines of a spool file, each at most LINE_MAX bytes (a longer one: None)."""
+    with os.fdopen(os.dup(fd), "rb") as f:
+        for _ in range(LINES_MAX):
+            line = f.readline(LINE_MAX + 1)
+            if not line:
+                return
+            if len(line) > LINE_MAX or not line.endswith(b"\n"):
+                if not line.endswith(b"\n"):   # skip to the end of an overlong line
+                    while (rest := f.readline(LINE_MAX)) and not rest.endswith(b"\n"):
+                        pass
+                yield None
+                continue
+            yield line
+        if f.readline(1):
+            yield None   # past LINES_MAX: counted once, the rest left
+
+
+def _remove(path: str) -> None:
+    """Take what is not a spool file out of the way (never following it): unlinked, an
+    empty directory removed, else renamed to junk-* (which no ingest reads)."""
+    try:
+        os.unlink(path)
+    except IsADirectoryError:
+        try:
+            os.rmdir(path)
+        except OSError:
+            os.rename(path, os.path.join(os.path.dirname(path),
+                                         f"junk-{os.urandom(8).hex()}"))
+    except FileNotFoundError:
+        pass
+
+
+def ingest(conn, audit_dir: str) -> dict:
+    """Move every spool file's runs into the store (see the module's doc). Returns
+    {"runs": inserted, "skipped": malformed lines}."""
+    import json
+
+    d = os.path.join(audit_dir, "spool")
+    out = {"runs": 0, "skipped": 0}
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        return out
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise PermissionError(f"{d} is not a directory of this user (a link?): refused")
+    names = sorted(n for n in os.listdir(d) if n.startswith("ingest-")
+                   and n.endswith(".jsonl"))
+    if os.path.lexists(os.path.join(d, SPOOL_NAME)):
+        aside = f"ingest-{os.urandom(8).hex()}.jsonl"
+        try:
+            os.rename(os.path.join(d, SPOOL_NAME), os.path.join(d, aside))
+            names.append(aside)
+        except FileNotFoundError:   # another ingest took it
+            pass
+    import fcntl
+
+    for name in names:
+        path = os.path.join(d, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            continue
+        except OSError:   # a link or worse, planted in our directory: not read, removed
+            _remove(path)
+            continue
+        try:
+            fst = os.fstat(fd)
+            if not stat.S_ISREG(fst.st_mode) or fst.st_uid != os.geteuid():
+                _remove(path)
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX)   # writers that opened it before the rename
+            rows = []
+            for line in _lines(fd):
+                try:
+                    rec = json.loads(line) if line is not None else None
+                    if not _valid(rec):
+                        raise ValueError("not a run's record")
+                    row = tuple(dumps(rec[k]) if k in ("argv", "usage") else rec[k]
+                                for k in FIELDS if k != "events")
+                    evs = [(e["kind"], dumps(e)) for e in rec["events"]]
+                except (ValueError, RecursionError):
+                    out["skipped"] += 1
+                    continue
+                rows.append((rec["id"], row, evs))
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for run_id, row, evs in rows:
+                    cur = conn.execute("INSERT OR IGNORE INTO runs VALUES "
+                                       "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,NULL)", row)
+                    if cur.rowcount != 1:
+                        continue   # already in: a file ingested twice keeps it once
+                    out["runs"] += 1
+                    (base,) = conn.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM events "
+                                           "WHERE run_id = ?", (run_id,)).fetchone()
+                    conn.executemany("INSERT INTO events VALUES (?,?,?,?)",
+                                     [(run_id, base + i, kind, data)
+                                      for i, (kind, data) in enumerate(evs)])
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        finally:
+            os.close(fd)
+    return out

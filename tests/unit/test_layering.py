@@ -57,7 +57,7 @@ def layer(mod: str) -> int | None:
         return 4
     if top == "runtime":
         return 5
-    if top in ("cli", "probe", "__main__", "service", "client"):
+    if top in ("cli", "cli_help", "probe", "__main__", "service", "client"):
         return 6
     raise AssertionError(f"{mod} has no layer: add it to tests/unit/test_layering.py and "
                          f"docs/architecture.md")

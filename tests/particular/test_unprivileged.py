@@ -33,7 +33,8 @@ def test_unprivileged_run_is_contained_and_says_what_it_cannot_enforce():
     unenforced = {e["rule"] for e in d["events"] if e["kind"] == "unenforced"}
     assert {"limits.scratch", "limits.memory", "limits.pids"} <= unenforced
     for e in d["events"]:
-        assert e["reason"] and e["tier"] == "namespace"
+        if e["kind"] == "unenforced":   # (an "audit" one says a record with no home was lost)
+            assert e["reason"] and e["tier"] == "namespace"
 
 
 @pytest.mark.parametrize("flag,value,field", [

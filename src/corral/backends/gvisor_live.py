@@ -204,6 +204,9 @@ class CommandGroup:
         if not self._exited and not self._emptied:
             self._live.signal_pids({self.ns_pid}, str(int(signum)))
 
+    #: what runtime/commands.CommandHandle.send_signal uses for this tier
+    signal_command = signal
+
     def usage(self):
         """cpu_s since the command started, for the whole sandbox (gVisor's own included);
         the sandbox's memory peak; OOM kills in the sandbox's cgroup since it started."""

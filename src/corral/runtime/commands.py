@@ -153,6 +153,14 @@ class CommandHandle:
         it has exited."""
         import _signal
 
+        # a tier whose command's host process is not the command (gvisor: runsc exec,
+        # which forwards no signal and dies of one) signals the command inside itself
+        inside = getattr(getattr(self._started, "cgroup", None), "signal_command", None)
+        if inside is not None:
+            if not self.running:
+                return False
+            inside(sig)
+            return True
         with self._pidfd_lock:
             fd = self._pidfd
             if fd < 0 or not self.running:

@@ -30,6 +30,8 @@ import time
 from _contextvars import ContextVar  # contextvars only re-exports it
 from collections import deque
 
+from ..linux.rundir import state_dir
+
 #: records waiting for the writer at most; past it a record is dropped (and said so).
 #: Each holds its Result (up to limits.output per stream) until written.
 QUEUE_MAX = 1000
@@ -53,18 +55,6 @@ _spooled: list[dict] = []   # this process's runs for the spool, until flush()
 def enabled() -> bool:
     return os.environ.get("CORRAL_AUDIT", "1").strip().lower() not in ("0", "off", "false",
                                                                          "no")
-
-
-def state_dir() -> str:
-    """corral's state directory, as images/store.py reads it (kept here: that module's
-    import is not wanted on the run path)."""
-    d = os.environ.get("CORRAL_STATE_DIR")
-    if d:
-        return os.path.abspath(d)
-    if os.geteuid() == 0:
-        return "/var/lib/corral"
-    xdg = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
-    return os.path.join(xdg, "corral")
 
 
 def db_path() -> str:

@@ -43,6 +43,7 @@ import shutil
 import time
 
 from ..errors import ImageError
+from ..linux.rundir import state_dir  # noqa: F401 - also this module's face
 from .tree import Limits, TreeBuilder, digest_of
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
@@ -57,16 +58,6 @@ def layered_digest(base: str, layer: str) -> str:
 
     data = LAYERED_V1 + f"base {base}\nlayer {layer}\n".encode()
     return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def state_dir() -> str:
-    d = os.environ.get("CORRAL_STATE_DIR")
-    if d:
-        return os.path.abspath(d)
-    if os.geteuid() == 0:
-        return "/var/lib/corral"
-    xdg = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
-    return os.path.join(xdg, "corral")
 
 
 def check_name(name: str, field: str = "--name") -> str:

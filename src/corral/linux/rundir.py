@@ -14,6 +14,18 @@ import os
 from ..errors import SandboxSetupError
 
 
+def state_dir() -> str:
+    """corral's state directory (images, the audit store, tokens, caches): $CORRAL_STATE_DIR,
+    else /var/lib/corral for root, else $XDG_DATA_HOME/corral (~/.local/share/corral)."""
+    d = os.environ.get("CORRAL_STATE_DIR")
+    if d:
+        return os.path.abspath(d)
+    if os.geteuid() == 0:
+        return "/var/lib/corral"
+    xdg = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+    return os.path.join(xdg, "corral")
+
+
 def base_dir() -> str:
     if os.geteuid() == 0:
         return "/run/corral"

@@ -298,10 +298,16 @@ def _read(path: str) -> str:
 
 
 def _read_or_none(path: str) -> str | None:
+    """The file's text, or None when the cgroup is gone: not there (ENOENT), or removed
+    between the open and the read (kernfs answers ENODEV then)."""
     try:
         return _read(path)
     except FileNotFoundError:
         return None
+    except OSError as e:
+        if e.errno == errno.ENODEV:
+            return None
+        raise
 
 
 def _keyed(text: str | None, key: str) -> int | None:

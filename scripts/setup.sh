@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(bubblewrap runsc dnsmasq-base python3-seccomp python3-venv socat curl git iproute2 python3-requests mmdebstrap qemu-system-x86 squashfs-tools busybox-static)
+apt_packages=(bubblewrap runsc dnsmasq-base python3-seccomp python3-venv socat curl git iproute2 python3-requests mmdebstrap qemu-system-x86 squashfs-tools busybox-static chromium)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

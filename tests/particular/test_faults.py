@@ -1,0 +1,166 @@
+"""Fault injection (issue 23): a supervisor SIGKILLed at each stage of a namespace run
+leaves nothing running, and the next corral start sweeps what it left on the host.
+
+Each case runs `corral.run` in a child supervisor process that prints the id of every
+run directory it makes (its own and its cgroup pool's), and is killed:
+
+  planning   at the moment it would spawn bwrap: the run directory is made and locked, the
+             scratch tmpfs and the workspace's idmapped clone are mounted, the run's
+             cgroup exists (the child replaces namespace.spawn with a SIGKILL of itself)
+  bwrap      bwrap started, moved into the run's cgroup, its options written, the gate
+             (its seccomp program) still empty (namespace._pidfd, the step after the
+             limits, replaced the same way)
+  running    the command is running: the test waits for the marker file it writes to the
+             workspace (and for a daemon it double-forked), then SIGKILLs the supervisor
+             from outside: no hook at all
+  teardown   the command has ended and the run directory is half torn down: the first
+             unmount of the teardown succeeds, then the child SIGKILLs itself
+             (rundir._umount wrapped)
+
+The hooks are monkeypatches in the child's own script: corral has no fault switch.
+Afterwards: no process is left in any of the run's cgroups or mentions the run's token;
+once a new supervisor starts (`corral run /bin/true`, after rundir.SWEEP_EVERY_S), no run
+directory, mount, cgroup or registry entry of the dead one is left. The command ran only
+in the stages after the gate (running, teardown), and wrote nothing in the others.
+"""
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from conftest import CORRAL, procs_mentioning
+
+from corral.linux import limits, rundir
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the root path: /run/corral, uids")
+
+CHILD = r"""
+import os, sys
+import corral
+from corral.backends import namespace
+from corral.linux import rundir
+
+ws, token, stage = sys.argv[1:]
+real_init = rundir.RunDir.__init__
+
+def init(self, *a, **kw):
+    real_init(self, *a, **kw)
+    print(self.id, flush=True)      # the test's handle on what this run made
+
+rundir.RunDir.__init__ = init
+
+def die(*a, **kw):
+    os.kill(os.getpid(), 9)
+
+if stage == "planning":
+    namespace.spawn = die
+elif stage == "bwrap":
+    namespace._pidfd = die
+elif stage == "teardown":
+    real_umount = rundir._umount
+
+    def umount(path):
+        problem = real_umount(path)
+        die()
+    rundir._umount = umount
+cmd = (f"echo {token} > /workspace/ran; (setsid sleep 300 > /dev/null 2>&1 &); "
+       f"echo {token} > /workspace/daemon; " + ("sleep 300" if stage == "running" else "true"))
+r = corral.run(["/bin/sh", "-c", cmd, token],
+               {"filesystem": {"workspace": {"path": ws, "mode": "rw"}},
+                "limits": {"timeout": "120s"}})
+print("finished", r.verdict, flush=True)
+"""
+
+
+def _in_cgroup_of(pid: str, ids: set[str]) -> bool:
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return any(f"/{i}-" in text for i in ids)
+
+
+def _running(token: str, ids: set[str]) -> list[int]:
+    found = set(procs_mentioning(token))
+    found.update(int(p) for p in os.listdir("/proc") if p.isdigit() and _in_cgroup_of(p, ids))
+    return sorted(found)
+
+
+def _left(ids: set[str]) -> list[str]:
+    base = rundir.base_dir()
+    found = [f"run dir {i}" for i in ids if os.path.lexists(os.path.join(base, i))]
+    found += [f"registry {i}" for i in ids
+              if os.path.lexists(os.path.join(base, rundir.REGISTRY, i + ".json"))]
+    with open("/proc/self/mountinfo") as f:
+        found += [f"mount {line.split()[4]}" for line in f
+                  if any(f"{base}/{i}" in line.split()[4] for i in ids)]
+    for _, parent in limits.detect().parents:
+        if os.path.isdir(parent):
+            found += [f"cgroup {parent}/{n}" for n in os.listdir(parent)
+                      if n.split("-")[0] in ids]
+    return found
+
+
+def _wait(cond, seconds: float = 15.0):
+    deadline = time.monotonic() + seconds
+    while True:
+        got = cond()
+        if not got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("stage", ["planning", "bwrap", "running", "teardown"])
+def test_a_supervisor_killed_at_each_stage_leaves_nothing(tmp_path, stage):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    token = f"corral-fault-{uuid.uuid4().hex}"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(ws), token, stage],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ids: set[str] = set()
+    try:
+        if stage == "running":
+            # observable state only: the command's marker file and its daemon's
+            deadline = time.monotonic() + 60
+            while not (ws / "daemon").exists():
+                assert child.poll() is None, child.stderr.read()
+                assert time.monotonic() < deadline, "the command never started"
+                time.sleep(0.02)
+            assert _running(token, set()), "the command's processes should be visible"
+            child.kill()
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == -9, (out, err)
+    assert "finished" not in out
+    ids = {line for line in out.split() if len(line) == rundir.ID_LEN}
+    assert ids, out
+    # nothing of the run keeps running: bwrap dies with its parent, and what is left in
+    # the run's cgroup is inert until the sweep kills it
+    if stage in ("running", "teardown"):
+        assert (ws / "ran").read_text().strip() == token
+    else:
+        assert not (ws / "ran").exists(), "the command ran without its supervisor"
+    # the next corral start (once a sweep is due again) sweeps what the dead one left
+    time.sleep(rundir.SWEEP_EVERY_S + 0.1)
+    r = subprocess.run([CORRAL, "run", "--", "/bin/true"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert _wait(lambda: _running(token, ids)) == [], "a process outlived the sweep"
+    assert _wait(lambda: _left(ids)) == []
+    if stage == "teardown":
+        return
+    # the control: the same run with a live supervisor runs the command and ends cleanly
+    (ws / "ran").unlink(missing_ok=True)
+    p = subprocess.run([sys.executable, "-c", CHILD, str(ws), token, "none"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "finished ok" in p.stdout, p
+    assert (ws / "ran").read_text().strip() == token
+    done = {line for line in p.stdout.split() if len(line) == rundir.ID_LEN}
+    assert _wait(lambda: _running(token, done)) == []

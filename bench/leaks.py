@@ -119,6 +119,9 @@ class Tracker:
         zpid = zygote.zygote_pid()
         z = zygote._zygote
         keep = {zpid, z.spare if z is not None else None}   # the zygote and its spare proxy
+        from corral.linux import enter
+        if enter._zygote_now and enter._zygote_now[0] is not None:
+            keep.add(enter._zygote_now[0].pid)   # the entrants' zygote (live sandboxes)
         below -= keep
         sandbox_uid = [p for p, _, uid, _ in procs if p not in keep
                        and (uid in self.uids or (p in below and uid >= 1_500_000_000))]

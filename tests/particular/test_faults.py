@@ -164,3 +164,42 @@ def test_a_supervisor_killed_at_each_stage_leaves_nothing(tmp_path, stage):
     assert (ws / "ran").read_text().strip() == token
     done = {line for line in p.stdout.split() if len(line) == rundir.ID_LEN}
     assert _wait(lambda: _running(token, done)) == []
+
+
+def _fds() -> set[str]:
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found.add(f"{fd} {os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            pass
+    return found
+
+
+def test_live_sandboxes_killed_leave_no_fd_or_thread_in_the_supervisor():
+    """Found by bench/concurrency.py: each live sandbox left its watchdog's wake pipe (two
+    fds) open in the supervisor after it ended, so a service making sandboxes all day ran
+    out of fds."""
+    import threading
+
+    import corral
+
+    warm = corral.Sandbox.create({"isolation": "namespace"}, timeout=120)
+    warm.commands.run(["/bin/true"])
+    warm.kill()
+    before = _fds()
+    sbs = [corral.Sandbox.create({"isolation": "namespace"}, timeout=120) for _ in range(4)]
+    for sb in sbs:
+        assert sb.commands.run(["/bin/true"]).exit_code == 0
+    sbs[0].kill()                                   # killed by the caller
+    sbs[1].set_timeout(0.2)                         # ended by its timeout
+    # what init waits for killed from inside: init ends, and the sandbox with it
+    sbs[2].commands.run(["/bin/sh", "-c", "kill -KILL -1; sleep 5"])
+    sbs[3].close()
+
+    def open_still():
+        names = {f"corral-live-{sb.id}" for sb in sbs}
+        threads = [t.name for t in threading.enumerate() if t.name in names]
+        return threads + sorted(_fds() - before)
+    assert _wait(open_still) == []
+    assert all(sb.state == "ended" for sb in sbs)

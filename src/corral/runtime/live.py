@@ -132,6 +132,9 @@ class Live(Sandbox):
         self.commands = Commands(self)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
+        #: guards the wake pipe's fds, which the watchdog closes when it ends (a write to
+        #: a closed fd's number could land in a file opened since)
+        self._wake_mu = threading.Lock()
         self._watchdog = threading.Thread(target=self._watch, daemon=True,
                                           name=f"corral-live-{self.id}")
         self._watchdog.start()
@@ -458,10 +461,22 @@ class Live(Sandbox):
         return (why() if why is not None else None) or _INIT_EXITED
 
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass
+        with self._wake_mu:
+            if self._wake_w < 0:
+                return           # the watchdog has ended: nobody to wake
+            try:
+                os.write(self._wake_w, b"x")
+            except (BlockingIOError, OSError):
+                pass
+
+    def _close_wake(self) -> None:
+        """The watchdog's last act: its wake pipe goes (two fds a sandbox, else kept for
+        the supervisor's life: a service making sandboxes all day ran out of fds)."""
+        with self._wake_mu:
+            r, w, self._wake_r, self._wake_w = self._wake_r, self._wake_w, -1, -1
+        for fd in (r, w):
+            if fd >= 0:
+                os.close(fd)
 
     def _watch(self) -> None:
         """The sandbox's own thread: its timeout, its idle timeout, its init's exit, the
@@ -519,6 +534,7 @@ class Live(Sandbox):
                     self._sweep_lingering()
         finally:
             os.close(pidfd)
+            self._close_wake()
 
     def _prepare(self) -> None:
         """The next command's entrant, forked here (off the commands' own path)."""

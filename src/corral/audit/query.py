@@ -39,6 +39,37 @@ def open_db(path: str | None = None):
     return store.connect(path, create=False)
 
 
+#: why a lost live sandbox's record was closed (its teardown event)
+LOST = ("its supervisor died without ending it (the process holding the sandbox was "
+        "killed); every process, mount and cgroup of it went with it or with the sweep of "
+        "the next corral start")
+
+
+def end_lost(*, path: str | None = None) -> list[str]:
+    """Close the records of live sandboxes whose supervisor died without writing their end
+    (`corral serve` SIGKILLed, a host crash): ended now, ended_by "lost", one teardown
+    event. A sandbox whose run directory is still locked by a live supervisor on this host
+    is left alone. Returns the ids closed. (A supervisor whose run directories live under
+    another base directory, a non-root user's with another $XDG_RUNTIME_DIR, looks dead
+    from here: the service, which calls this at start, runs as one user.)"""
+    from ..events import TeardownEvent
+    from ..linux import rundir
+
+    conn = open_db(path)
+    if conn is None:
+        return []
+    try:
+        open_ids = [r[0] for r in conn.execute("SELECT id FROM sandboxes WHERE ended IS NULL")]
+        lost = [i for i in open_ids if not rundir.is_live(i)]
+        if lost:
+            now, event = time.time(), TeardownEvent(LOST).to_dict()
+            store.write_batch(conn, [{"t": "sandbox_end", "id": i, "ended": now,
+                                      "ended_by": "lost", "events": [event]} for i in lost])
+        return lost
+    finally:
+        conn.close()
+
+
 def _run(row) -> dict:
     (rid, kind, sandbox, started, ended, tier, image, image_digest, pdig, _policy, argv,
      verdict, exit_code, signal, usage, actor, face, receipt) = row

@@ -262,6 +262,25 @@ def _touch(path: str) -> None:
         os.close(fd)
 
 
+def is_live(run_id: str, base: str | None = None) -> bool:
+    """Does a supervisor hold run directory `run_id` (its lock taken)? False when the
+    directory is gone or its lock is free (its supervisor died)."""
+    if len(run_id) != ID_LEN or not all(c in "0123456789abcdef" for c in run_id):
+        return False
+    try:
+        fd = os.open(os.path.join(base or base_dir(), run_id, "lock"),
+                     os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)        # closing it releases a lock we took
+    return False
+
+
 def sweep_stale(base: str | None = None) -> list[str]:
     """Remove the run directories of dead supervisors. Returns the ids removed."""
     base = base or base_dir()

@@ -163,6 +163,22 @@ def _sweep() -> None:
                  "died: %s", len(dead), " ".join(sorted(dead)))
     else:
         log.info("corral serve: sweep: nothing left over")
+    # their audit records: a sandbox this service (or any process) held when it died has
+    # no end; it is closed as "lost" (docs/audit.md)
+    from ..audit import record
+    from ..audit.query import end_lost
+
+    if not record.enabled():
+        return
+    try:
+        lost = end_lost()
+    except Exception as e:  # noqa: BLE001 - the store's trouble must not stop the service
+        log.warning("corral serve: audit: could not close the records of lost sandboxes: %s",
+                    e)
+        return
+    if lost:
+        log.info("corral serve: audit: %d sandbox record(s) closed as lost: %s", len(lost),
+                 " ".join(sorted(lost)))
 
 
 def _version() -> str:

@@ -1,0 +1,104 @@
+"""Fault injection on `corral serve` (issue 23): SIGKILL in the middle of a request, then a
+restart on the same state directory, for real (uvicorn in a subprocess, namespace-tier
+sandboxes, the audit store in SQLite)."""
+
+import os
+import sqlite3
+import threading
+import time
+
+import httpx
+import pytest
+from conftest import procs_mentioning, tier_unavailable
+from servefix import Serve
+
+from corral.linux.rundir import base_dir
+
+pytestmark = [
+    pytest.mark.skipif(tier_unavailable("namespace") is not None,
+                       reason=f"namespace tier: {tier_unavailable('namespace')}"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="watches the run directories in /run/corral"),
+]
+
+
+def _until(pred, what: str, seconds: float = 60.0):
+    deadline = time.monotonic() + seconds
+    while True:
+        v = pred()
+        if v:
+            return v
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.05)
+
+
+def test_a_service_killed_mid_request_is_swept_and_its_records_closed_on_restart(tmp_path):
+    """The service dies (SIGKILL) while a foreground command of one of its sandboxes runs:
+    the command and the sandbox die with it; the restart sweeps the run directory and
+    closes the sandbox's audit record as "lost" (before the fix it stayed open forever,
+    a sandbox "running" in the audit with nothing behind it); every record written
+    before the kill is still there, the store intact."""
+    for d in ("one", "two"):
+        (tmp_path / d).mkdir()
+    s = Serve(tmp_path / "one", env={"CORRAL_AUDIT": "1"}).start()
+    tok = s.token("a")
+    marker = f"1011.{os.getpid()}"
+    out: dict = {}
+    try:
+        with s.http(tok) as h:
+            sid = h.post("/sandboxes", json={}).json()["id"]
+            r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "echo before"})
+            assert r.status_code == 200 and r.json()["stdout"] == "before\n", r.text
+            ended = h.post("/sandboxes", json={}).json()["id"]
+            assert h.delete(f"/sandboxes/{ended}").status_code in (200, 204)
+        run_dir = os.path.join(base_dir(), sid)
+        assert os.path.isdir(run_dir)
+
+        def request():       # a request in flight when the service dies
+            try:
+                with s.http(tok) as h2:
+                    out["r"] = h2.post(f"/sandboxes/{sid}/exec",
+                                       json={"cmd": f"sleep {marker}", "timeout": 300})
+            except httpx.TransportError as e:
+                out["e"] = e
+        t = threading.Thread(target=request, daemon=True)
+        t.start()
+        _until(lambda: procs_mentioning(f"sleep {marker}"), "the command runs")
+        s.proc.kill()
+        s.proc.wait(60)
+    finally:
+        s.stop()
+    t.join(60)
+    assert "e" in out, out          # the client sees its connection go, not an answer
+    # nothing of the sandbox outlives its service (bwrap dies with its parent)
+    _until(lambda: not procs_mentioning(f"sleep {marker}"), "the command is gone", 15)
+
+    again = Serve(tmp_path / "two", env={"CORRAL_AUDIT": "1"})
+    again.state = s.state
+    again.start()
+    try:
+        _until(lambda: b"sweep:" in again.log.read_bytes(), "the sweep is logged")
+        _until(lambda: not os.path.isdir(run_dir), "the run directory is swept")
+        db = sqlite3.connect(os.path.join(s.state, "audit", "audit.db"))
+        try:
+            assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+            rows = dict((i, (e, by)) for i, e, by in db.execute(
+                "SELECT id, ended, ended_by FROM sandboxes WHERE id IN (?, ?)", (sid, ended)))
+            assert rows[ended][1] == "killed" and rows[ended][0]
+            assert rows[sid][1] == "lost" and rows[sid][0], rows
+            kinds = [k for (k,) in db.execute("SELECT kind FROM events WHERE run_id = ?",
+                                               (sid,))]
+            assert "teardown" in kinds
+            runs = db.execute("SELECT verdict, argv FROM runs WHERE sandbox = ?",
+                              (sid,)).fetchall()
+            assert [v for v, a in runs if "before" in a] == ["ok"], runs
+            assert all(e is not None for (e,) in db.execute("SELECT ended FROM sandboxes"))
+        finally:
+            db.close()
+        assert "closed as lost" in again.log.read_text() and sid in again.log.read_text()
+        # the restarted service works
+        with again.http(tok) as h:
+            sid2 = h.post("/sandboxes", json={}).json()["id"]
+            r = h.post(f"/sandboxes/{sid2}/exec", json={"cmd": "echo after"})
+            assert r.json()["stdout"] == "after\n"
+    finally:
+        again.stop()

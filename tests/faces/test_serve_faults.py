@@ -102,3 +102,62 @@ def test_a_service_killed_mid_request_is_swept_and_its_records_closed_on_restart
             assert r.json()["stdout"] == "after\n"
     finally:
         again.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
+def test_a_full_state_directory_gives_clear_errors_and_loses_no_record(tmp_path):
+    """The state directory (tokens, the audit store) on a small tmpfs, filled up while the
+    service runs: commands still run (the Result's "audit" event says its record was
+    lost), the audit queries still answer with every record written before, `corral token
+    create` and `revoke` fail with one line naming the directory (exit 74) and leave the
+    token file as it was (before the fix: a traceback); once there is room again, all
+    works and nothing written before is missing."""
+    import subprocess
+
+    from servefix import CORRAL
+
+    for d in ("one", "state"):
+        (tmp_path / d).mkdir()
+    state = tmp_path / "state"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(state)], check=True)
+    s = None
+    try:
+        s = Serve(tmp_path / "one", env={"CORRAL_AUDIT": "1"})
+        s.state = str(state)
+        tok = s.token("a")
+        s.start()
+        with s.http(tok) as h:
+            sid = h.post("/sandboxes", json={}).json()["id"]
+            assert h.post(f"/sandboxes/{sid}/exec", json={"cmd": "echo one"}).json()[
+                "stdout"] == "one\n"
+            _until(lambda: h.get("/runs").json()["runs"], "the first record is written")
+            tokens = (state / "service" / "tokens.json").read_bytes()
+            with open(state / "filler", "wb", buffering=0) as f:     # the rest of the disk
+                try:
+                    while True:
+                        f.write(b"\0" * 4096)
+                except OSError:
+                    pass
+            r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "echo two"})
+            assert r.status_code == 200 and r.json()["stdout"] == "two\n", r.text
+            r = h.get("/runs")
+            assert r.status_code == 200, r.text
+            assert [x["argv"] for x in r.json()["runs"]][-1:] == [["/bin/sh", "-c",
+                                                                    "echo one"]], r.json()
+            for argv in (["token", "create", "--name", "b"], ["token", "revoke", "a"]):
+                p = subprocess.run([CORRAL, *argv, "--state-dir", str(state)],
+                                   capture_output=True, text=True, timeout=60)
+                assert p.returncode == 74, p
+                assert "Traceback" not in p.stderr and len(p.stderr.splitlines()) == 1, p
+                assert "No space left" in p.stderr and str(state) in p.stderr, p
+            assert (state / "service" / "tokens.json").read_bytes() == tokens
+            os.unlink(state / "filler")
+            r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "echo three"})
+            assert r.json()["stdout"] == "three\n"
+            _until(lambda: len(h.get("/runs").json()["runs"]) >= 2, "records again")
+            argvs = [x["argv"][-1] for x in h.get("/runs").json()["runs"]]
+            assert "echo one" in argvs and "echo three" in argvs, argvs
+    finally:
+        if s is not None:
+            s.stop()
+        subprocess.run(["umount", "-l", str(state)], check=False)

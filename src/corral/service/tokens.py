@@ -24,7 +24,16 @@ import re
 import secrets
 import time
 
-from ..errors import UsageError
+from ..errors import CorralError, UsageError
+
+
+class StateWriteError(CorralError):
+    """The state directory refused a write (full, read-only, a quota): the file there is
+    as it was before the call (the write goes to a temporary file first)."""
+
+    kind = "state"
+    exit_code = 74      # sysexits' EX_IOERR
+
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 PREFIX = "corral_"
@@ -102,9 +111,14 @@ class TokenStore:
     def _lock(self):
         import fcntl
 
-        self._ensure()
-        fd = os.open(os.path.join(self.dir, ".tokens.lock"),
-                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            self._ensure()
+            fd = os.open(os.path.join(self.dir, ".tokens.lock"),
+                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as e:
+            raise StateWriteError(f"cannot create {self.dir}/.tokens.lock: {e.strerror} "
+                                  f"(free space there, or point --state-dir elsewhere)",
+                                  field="--state-dir") from None
         fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
 
@@ -128,6 +142,16 @@ class TokenStore:
                 from None
 
     def _save(self, tokens: list[Token]) -> None:
+        """Replace the file (see the module's docstring); a write the disk refuses leaves it
+        as it was and says so in one line (StateWriteError)."""
+        try:
+            self._replace(tokens)
+        except OSError as e:
+            raise StateWriteError(f"cannot write {self.path}: {e.strerror}; the tokens there "
+                                  f"are unchanged (free space in {self.dir}, or point "
+                                  f"--state-dir elsewhere)", field="--state-dir") from None
+
+    def _replace(self, tokens: list[Token]) -> None:
         tmp = os.path.join(self.dir, f".tokens.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
                      0o600)

@@ -203,3 +203,116 @@ def test_live_sandboxes_killed_leave_no_fd_or_thread_in_the_supervisor():
         return threads + sorted(_fds() - before)
     assert _wait(open_still) == []
     assert all(sb.state == "ended" for sb in sbs)
+
+
+# -- the egress proxy killed in the middle of a download ----------------------------------
+
+def _slow_world():
+    """A server on a loopback address of its own that sends the headers and the first 64
+    KiB of a 4 MiB body, then waits (until `release` or 60 s); a dnsmasq naming it."""
+    import http.server
+    import threading
+
+    from netfix import start_dnsmasq
+
+    ip = "127.{}.{}.2".format(*os.urandom(2))
+    started, release = threading.Event(), threading.Event()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(4 << 20))
+            self.end_headers()
+            self.wfile.write(b"x" * 65536)
+            self.wfile.flush()
+            started.set()
+            release.wait(60)
+            try:
+                self.wfile.write(b"x" * ((4 << 20) - 65536))
+            except OSError:
+                pass
+
+    srv = http.server.ThreadingHTTPServer((ip, 80), Slow)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    dns, port = start_dnsmasq({"slow.test": ip})
+    return srv, dns, port, ip, started, release
+
+
+def _proxies_of(pid: int, mark: bytes) -> list[int]:
+    """The egress proxy serving the run whose command line holds `mark`: a child of `pid`
+    running corral.egress as the uid of that run's bwrap (a forked proxy keeps the
+    zygote's command line; the zygote and its idle spare run as root)."""
+    procs = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                st = dict(line.split(":", 1) for line in f if ":" in line)
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                procs[int(p)] = (int(st["PPid"]), int(st["Uid"].split()[0]), f.read())
+        except (OSError, KeyError):
+            continue
+    uids = {uid for ppid, uid, cmd in procs.values()
+            if ppid == pid and cmd.startswith(b"/usr/bin/bwrap") and mark in cmd}
+    return [p for p, (ppid, uid, cmd) in procs.items()
+            if ppid == pid and uid in uids and b"corral.egress" in cmd]
+
+
+def test_an_egress_proxy_killed_mid_download_cuts_the_client_and_says_so():
+    """SIGKILL of a run's egress proxy while its command downloads through it: the client
+    sees its connection cut (not a hang until the timeout, not a silent short body), and
+    the Result has a teardown event saying the proxy died (before the fix: none; a proxy
+    ended by signal 9 passed for one the supervisor had stopped)."""
+    import signal
+    import threading
+
+    import corral
+
+    srv, dns, port, ip, started, release = _slow_world()
+    out: dict = {}
+    try:
+        policy = {"isolation": "namespace",
+                  "network": {"mode": "allow", "allow": ["slow.test"],
+                              "allow_private": [ip + "/32"],
+                              "nameservers": [f"127.0.0.1:{port}"]},
+                  "limits": {"timeout": "60s"}}
+        client = ("import sys, urllib.request as u\n"
+                  "r = u.urlopen('http://slow.test/big', timeout=50)\n"
+                  "got = len(r.read(65536)); print('first', got, flush=True)\n"
+                  "try:\n"
+                  "    got += len(r.read())\n"
+                  "    print('whole', got)\n"
+                  "except Exception as e:\n"
+                  "    print('cut', type(e).__name__, got)\n")
+        first = threading.Event()
+        t = threading.Thread(target=lambda: out.update(r=corral.run(
+            ["/usr/bin/python3", "-c", client], policy,
+            on_stdout=lambda data: b"first" in data and first.set())))
+        t.start()
+        assert first.wait(30), "the download never started"
+        proxies = _wait(lambda: len(_proxies_of(os.getpid(), b"slow.test")) != 1, 5) or \
+            _proxies_of(os.getpid(), b"slow.test")
+        assert len(proxies) == 1, proxies
+        os.kill(proxies[0], signal.SIGKILL)
+        t.join(60)
+        assert not t.is_alive()
+    finally:
+        release.set()
+        dns.kill()
+        dns.wait()
+        srv.shutdown()
+        srv.server_close()
+    r = out["r"]
+    # EOF before Content-Length (IncompleteRead), or a reset (ConnectionResetError)
+    last = r.stdout.splitlines()[-1].split()
+    assert last[0] == "cut" and last[1] in ("IncompleteRead", "ConnectionResetError"), r
+    assert 65536 <= int(last[2]) < 4 << 20, r
+    assert r.verdict == "ok" and r.usage.wall_s < 30, r
+    teardown = [e for e in r.events if e["kind"] == "teardown"]
+    assert len(teardown) == 1 and "proxy" in teardown[0]["message"] \
+        and "signal 9" in teardown[0]["message"], r.events

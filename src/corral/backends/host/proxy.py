@@ -63,10 +63,17 @@ class Proxy:
         the way out), reap. Returns its events plus a teardown event if it failed."""
         import select
 
+        # dead already (killed, crashed) before we stop it: connections through it were
+        # cut mid-flight, which the Result must say (a signal 9 of ours is no failure)
         try:
-            os.kill(self.pid, 15)
-        except ProcessLookupError:
-            pass
+            done, early = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            done, early = 0, 0
+        if not done:
+            try:
+                os.kill(self.pid, 15)
+            except ProcessLookupError:
+                pass
         deadline = time.monotonic() + 3.0
         open_fds = {self.events_r, self.err_r}
         poller = select.poll()   # not select(): a busy supervisor has fds past 1024
@@ -84,12 +91,19 @@ class Proxy:
                     self.lines(data)
                 else:
                     err = (err + data)[-4000:]
-        kill_pid(self.pid)
-        _, status = os.waitpid(self.pid, 0)
+        if done:
+            status = early
+        else:
+            kill_pid(self.pid)
+            _, status = os.waitpid(self.pid, 0)
         os.close(self.events_r)
         os.close(self.err_r)
         events = list(self.lines.events) + self.lines.dropped_event()
-        if os.WIFEXITED(status) and os.WEXITSTATUS(status) not in (0, 143) or (
+        if done and os.WIFSIGNALED(status):
+            events.append(TeardownEvent(
+                f"the egress proxy died during the run (signal {os.WTERMSIG(status)}): "
+                f"connections through it were cut").to_dict())
+        elif os.WIFEXITED(status) and os.WEXITSTATUS(status) not in (0, 143) or (
                 os.WIFSIGNALED(status) and os.WTERMSIG(status) not in (9, 15)):
             last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
             events.append(TeardownEvent(f"the egress proxy failed: {last[0]}").to_dict())

@@ -12,8 +12,8 @@ BackendUnavailable on its first try, is dropped from that tier's mix and listed)
   python    /usr/bin/python3 -c "print(6*7)"
   fork      sh: a background child, a double-forked setsid daemon (sleep 30) left behind,
             and a foreground child: the daemon must not outlive the run
-  timeout   sleep 30 under limits.timeout = 0.3s: verdict "timeout"
-  oom       python allocating 200 MB under limits.memory = 64M: verdict "oom"
+  timeout   python sleeping 30 s under limits.timeout = 0.3s: verdict "timeout"
+  oom       python allocating 1 GB under limits.memory = 64M: verdict "oom"
   net       network.mode = "allow" for soak.test (a real HTTP server on a loopback /24 of
             its own, allow_private for it, names from a local dnsmasq): urllib GET through
             the sandbox's egress proxy
@@ -100,7 +100,7 @@ def start_world():
     return srv, dns, port
 
 
-def kinds_for(tier: str, dns_port: int, ws: str) -> dict:
+def kinds_for(tier: str, dns_port: int, ws: str, image: str | None = None) -> dict:
     """kind -> (argv, policy, check(Result) -> problem or None)."""
     net = {"mode": "allow", "allow": ["soak.test"], "allow_private": [f"{NET}.0/24"],
            "nameservers": [f"127.0.0.1:{dns_port}"]}
@@ -128,6 +128,8 @@ def kinds_for(tier: str, dns_port: int, ws: str) -> dict:
         return "review write reached the host" if os.listdir(ws) != ["keep.txt"] else None
 
     base = {"isolation": tier, "limits": {"timeout": "60s"}}
+    if image:
+        base["image"] = image
     fork = ("(sleep 0.01 &); (setsid sleep 30 > /dev/null 2>&1 &); "
             f"{PY} -c 'import os; pid = os.fork(); os._exit(0) if pid == 0 else "
             "os.waitpid(pid, 0); print(\"forked\")'")
@@ -137,8 +139,10 @@ def kinds_for(tier: str, dns_port: int, ws: str) -> dict:
         "fork": (["/bin/sh", "-c", fork], base, ok_out("forked")),
         "timeout": ([PY, "-c", "import time; time.sleep(30)"], {**base, "limits": {"timeout": "0.3s"}},
                     verdict("timeout")),
-        "oom": ([PY, "-c", "b = bytearray(200 << 20); print('allocated')"],
-                {**base, "limits": {"timeout": "60s", "memory": "64M"}}, verdict("oom")),
+        "oom": ([PY, "-c", "b = bytearray(1 << 30); print('allocated')"],
+                {**base, "limits": {"timeout": "60s",
+                                    "memory": "256M" if tier == "microvm" else "64M"}},
+                verdict("oom")),
         "net": ([PY, "-c", get.format("plain")], {**base, "network": net}, ok_out("soak-ok")),
         "secret": ([PY, "-c", "import os, urllib.request as u; print(u.urlopen(u.Request("
                     "'http://soak.test/secret', headers={'Authorization': 'Bearer ' + "
@@ -159,13 +163,13 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def soak_tier(tier: str, runs: int, dns_port: int, raw) -> dict:
+def soak_tier(tier: str, runs: int, dns_port: int, raw, image: str | None = None) -> dict:
     ws = tempfile.mkdtemp(prefix="corral-soak-ws-", dir="/var/tmp")
     os.chmod(ws, 0o755)
     with open(os.path.join(ws, "keep.txt"), "w") as f:
         f.write("kept\n")
     os.chmod(os.path.join(ws, "keep.txt"), 0o644)
-    mix = kinds_for(tier, dns_port, ws)
+    mix = kinds_for(tier, dns_port, ws, image)
     dropped: dict[str, str] = {}
     errors: list[str] = []
     lat: dict[str, list[float]] = {k: [] for k in mix}
@@ -252,6 +256,8 @@ def main() -> int:
     ap.add_argument("--tier", action="append", choices=TIERS + ("microvm",),
                     help="this tier only (repeatable); default: every available one but microvm")
     ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--image", help="run every kind on this image (the microvm tier needs "
+                    "one; CORRAL_STATE_DIR names its store)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("soak.py runs as root (sandbox uids, cgroups, the run directory)")
@@ -267,7 +273,7 @@ def main() -> int:
                 bench = startup.Bench(use_runsc=False)
                 raw = bench.bwrap
             try:
-                results.append(soak_tier(tier, a.runs, dns_port, raw))
+                results.append(soak_tier(tier, a.runs, dns_port, raw, a.image))
             finally:
                 if raw:
                     bench.close()

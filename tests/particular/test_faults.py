@@ -1,5 +1,7 @@
-"""Fault injection (issue 23): a supervisor SIGKILLed at each stage of a namespace run
-leaves nothing running, and the next corral start sweeps what it left on the host.
+"""Fault injection (issue 23), namespace tier, real processes: a supervisor SIGKILLed at
+each stage of a run leaves nothing running, and the next corral start sweeps what it left
+on the host; live sandboxes ended every way leave no fd or thread in the supervisor; an
+egress proxy SIGKILLed mid-download cuts its client and says so in the Result.
 
 Each case runs `corral.run` in a child supervisor process that prints the id of every
 run directory it makes (its own and its cgroup pool's), and is killed:

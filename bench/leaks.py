@@ -44,18 +44,20 @@ def _procs():
         yield int(pid), ppid, uid, _read(f"/proc/{pid}/cmdline") or b""
 
 
-def _cgroup_dirs() -> list[str]:
-    """Every cgroup directory below corral's parents (v1 hierarchies and the v2 one)."""
-    parents = {p for _, p in limits.detect().parents}
+def _cgroup_dirs() -> list[tuple[str, str]]:
+    """(hierarchy, directory) of every cgroup below corral's parents: each v1 hierarchy
+    corral uses (memory, pids, cpu, cpuacct, freezer) and the v2 tree (also on a hybrid
+    host, where it holds no controller)."""
+    parents = {(h, p) for h, p in limits.detect().parents}
     for line in (_read("/proc/self/mountinfo", "r") or "").splitlines():
         f = line.split(" ")
         sep = f.index("-")
-        if f[sep + 1] == "cgroup2":        # the v2 tree, also on a hybrid v1 host
-            parents.add(os.path.join(f[4], limits.PARENT))
+        if f[sep + 1] == "cgroup2":
+            parents.add(("v2", os.path.join(f[4], limits.PARENT)))
     found = []
-    for parent in sorted(parents):
+    for h, parent in sorted(parents):
         for top, dirs, _ in os.walk(parent):
-            found += [os.path.join(top, d) for d in dirs]
+            found += [(h, os.path.join(top, d)) for d in dirs]
     return found
 
 
@@ -152,11 +154,13 @@ class Tracker:
             "qemu processes": len(qemu),
             "mounts under the run dir": len(mine),
             "idmapped mounts": sum(1 for m in mine if b"idmapped" in m),
-            "cgroups": sum(1 for c in cgroups if self._ours(os.path.basename(c).encode())),
+            **{f"cgroups ({h})": sum(1 for hh, c in cgroups if hh == h
+                                     and self._ours(os.path.basename(c).encode()))
+               for h in sorted({h for h, _ in cgroups} | {"memory", "pids", "cpu", "v2"})},
             "run dirs": sum(1 for e in entries if e in self.ids),
             "registry entries": sum(1 for e in registry if e[:rundir.ID_LEN] in self.ids),
             "supervisor fds": len(os.listdir("/proc/self/fd")),
-            "host cgroups below corral": len(cgroups),
+            "host cgroups below corral (all hierarchies)": len(cgroups),
             "host mounts under the run dir": sum(
                 1 for m in mounts if m.split(b" ")[4].startswith(base.encode() + b"/")),
             "host idmapped mounts": sum(1 for m in mounts if b"idmapped" in m),

@@ -318,3 +318,56 @@ def test_an_egress_proxy_killed_mid_download_cuts_the_client_and_says_so():
     teardown = [e for e in r.events if e["kind"] == "teardown"]
     assert len(teardown) == 1 and "proxy" in teardown[0]["message"] \
         and "signal 9" in teardown[0]["message"], r.events
+
+
+def test_a_live_sandboxs_proxy_killed_mid_download_is_in_its_events():
+    """The same in a live sandbox: the command running through the proxy gets the cut
+    and its Result the teardown event, and so do the sandbox's own events (before the
+    fix: nothing said the sandbox had lost its network)."""
+    import signal
+    import threading
+
+    import corral
+
+    srv, dns, port, ip, started, release = _slow_world()
+    sb = None
+    out: dict = {}
+    try:
+        sb = corral.Sandbox.create({"isolation": "namespace",
+                                    "network": {"mode": "allow", "allow": ["slow.test"],
+                                                "allow_private": [ip + "/32"],
+                                                "nameservers": [f"127.0.0.1:{port}"]}},
+                                   timeout=120)
+        client = ("import urllib.request as u\n"
+                  "r = u.urlopen('http://slow.test/big', timeout=50)\n"
+                  "got = len(r.read(65536)); print('first', got, flush=True)\n"
+                  "try:\n"
+                  "    got += len(r.read()); print('whole', got)\n"
+                  "except Exception as e:\n"
+                  "    print('cut', type(e).__name__, got)\n")
+        first = threading.Event()
+        t = threading.Thread(target=lambda: out.update(r=sb.commands.run(
+            ["/usr/bin/python3", "-c", client], timeout=60,
+            on_stdout=lambda data: "first" in (data if isinstance(data, str) else
+                                               data.decode()) and first.set())))
+        t.start()
+        assert first.wait(30), "the download never started"
+        os.kill(sb._live.proxy.pid, signal.SIGKILL)
+        t.join(60)
+        assert not t.is_alive()
+        r = out["r"]
+        assert r.stdout.splitlines()[-1].split()[0] == "cut", r
+        assert any(e["kind"] == "teardown" and "proxy died" in e["message"]
+                   for e in r.events), r.events
+        _wait(lambda: not any("proxy died" in e.get("message", "") for e in sb.events), 10)
+        assert [e["kind"] for e in sb.events if "proxy died" in e.get("message", "")] == \
+            ["teardown"], sb.events
+        assert sb.state == "running"
+    finally:
+        release.set()
+        if sb is not None:
+            sb.kill()
+        dns.kill()
+        dns.wait()
+        srv.shutdown()
+        srv.server_close()

@@ -353,6 +353,18 @@ class Live(Sandbox):
                 if not block:
                     os.set_blocking(fd, True)
 
+    def _proxy_lost(self) -> None:
+        """The proxy's events fd ended while the sandbox lives: the proxy died (killed,
+        crashed). Its connections were cut and nothing reaches the network any more: said
+        in the sandbox's events and in the Results of the commands running now."""
+        with self._lock:
+            if self._ended is not None:
+                return
+            event = TeardownEvent("the egress proxy died: connections through it were cut, "
+                                  "and the sandbox has no network from now on").to_dict()
+            self.events.append(event)
+            self._net.append(event)
+
     def _start_command(self, handle, argv, env, cwd, stdin_fd, tty_fd=None,
                        cpu_seconds=None):
         with self._lock:
@@ -520,6 +532,7 @@ class Live(Sandbox):
                     elif proxy is not None and fd == proxy.events_r:
                         if not self._read_net(block=False):
                             poller.unregister(fd)
+                            self._proxy_lost()
                 now = time.monotonic()
                 if self._ended is not None:
                     return

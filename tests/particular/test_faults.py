@@ -371,3 +371,53 @@ def test_a_live_sandboxs_proxy_killed_mid_download_is_in_its_events():
         dns.wait()
         srv.shutdown()
         srv.server_close()
+
+
+def test_gvisor_reaps_runsc_strays_a_late_kill_left_as_zombies():
+    """Found by bench/soak.py on gvisor under load (~2% of runs): a gofer or Sentry that a
+    kill orphaned after the exec stopped waiting for it (1 s) became this process's zombie
+    for good. A stray like it (a process named "exe", as runsc's re-executions are, of the
+    sandbox's uid, our child, exited) is reaped by the sandbox's next exec and its close."""
+    import shutil
+    import subprocess
+
+    from conftest import tier_unavailable
+
+    import corral
+
+    why = tier_unavailable("gvisor")
+    if why:
+        pytest.skip(why)
+    import tempfile
+
+    d = tempfile.mkdtemp(dir="/var/tmp")       # reachable by the sandbox uids
+    os.chmod(d, 0o755)
+    exe = os.path.join(d, "exe")
+    shutil.copy("/bin/true", exe)
+
+    def zombie(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return False
+
+    def stray(uid: int) -> int:
+        p = subprocess.Popen([exe], user=uid, group=uid, extra_groups=[])
+        pid = p.pid
+        p.returncode = 0            # never waited for here: the sandbox must reap it
+        _wait(lambda: not zombie(pid))
+        return pid
+
+    with corral.Sandbox({"isolation": "gvisor"}) as sb:
+        assert sb.exec(["/bin/true"]).verdict == "ok"
+        live = sb._live
+        first = stray(live.sentry_uid)
+        other = stray(4242)                  # not the sandbox's: never touched
+        assert zombie(first) and zombie(other)
+        assert sb.exec(["/bin/true"]).verdict == "ok"
+        assert not zombie(first) and zombie(other)
+        second = stray(live.uid)
+    assert not zombie(second) and zombie(other)
+    os.waitpid(other, 0)
+    shutil.rmtree(d)

@@ -131,6 +131,7 @@ from .gvisor_runsc import (
     _reap,
     delete_container,
     enter_userns,
+    reap_strays,
     remove_state,
     runsc_error,
     runsc_userns,
@@ -801,6 +802,7 @@ class GvisorSandbox(LiveSandbox):
                     members.update(cg.pids())
                     cg.kill_all()  # nothing of the run outlives it
                     _reap(members - {pid})
+                reap_strays({self.uid, self.sentry_uid})   # this exec's late, earlier ones'
                 events += self._forget(cid, emptied=cg is not None)
             usage, oom_kills = usage_of(outcome, cg)
         finally:
@@ -856,6 +858,8 @@ class GvisorSandbox(LiveSandbox):
         problems: list[str] = []
         if getattr(self, "_inflight", None) is not None:
             self._inflight.end_all()   # execs still running (another thread's) end first
+        if getattr(self, "sentry_uid", None) is not None:
+            reap_strays({self.uid, self.sentry_uid})
         if self.review is not None:
             self.review.close()
         if getattr(self, "userns", None) is not None:

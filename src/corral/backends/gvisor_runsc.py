@@ -129,6 +129,33 @@ def _reap(pids: set[int], timeout: float = 1.0) -> None:
                 pass
 
 
+def reap_strays(uids: set[int]) -> int:
+    """Reap our zombie children that are runsc's own processes (it re-executes itself, so
+    each is named "exe") running as one of `uids` (a sandbox's): a gofer or Sentry that a
+    kill orphaned after _reap stopped waiting (under load, a killed process can take longer
+    than its second to die). Called at each exec and at close, so strays of one exec are
+    reaped by the next or by the sandbox's end. The supervised runsc itself and the egress
+    proxy are never named "exe": their own waits are untouched. Returns how many."""
+    n = 0
+    for child, state, _ in _children():
+        if state != "Z":
+            continue
+        try:
+            with open(f"/proc/{child}/status") as f:
+                st = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if st.get("Name", "").strip() != "exe" or \
+                int(st.get("Uid", "-1").split()[0]) not in uids:
+            continue
+        try:
+            if os.waitpid(child, os.WNOHANG)[0]:
+                n += 1
+        except ChildProcessError:
+            pass
+    return n
+
+
 def _children() -> list[tuple[int, str, int]]:
     """(pid, state, session) of this process's children (every thread's)."""
     out = []

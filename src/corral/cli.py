@@ -737,10 +737,16 @@ def cmd_service(name: str):
     return run
 
 
+def cmd_batch(args: list[str]) -> int:   # scale/cli.py: ray stays off run's path
+    from .scale.cli import main as batch_main
+
+    return batch_main(args)
+
+
 COMMANDS = {"run": cmd_run, "shell": cmd_shell, "policy": cmd_policy, "doctor": cmd_doctor,
             "explain": cmd_explain, "probe": cmd_probe, "image": cmd_image,
             "install": cmd_install, "sandbox": cmd_sandbox, "serve": cmd_service("serve"),
-            "token": cmd_service("token"), "mcp": cmd_service("mcp")}
+            "token": cmd_service("token"), "mcp": cmd_service("mcp"), "batch": cmd_batch}
 for _name in ("runs", "logs", "denials", "gc", "audit", "verify", "key"):
     COMMANDS[_name] = cmd_audit(_name)
 

@@ -96,6 +96,7 @@ commands:
   image    build, import, export and list pinned root images (corral image --help)
   install  install packages into a new image, in a sandbox (corral install --help)
   sandbox  live sandboxes: create, ls, exec, kill  (corral sandbox --help)
+  batch    many jobs, here or on a Ray cluster   (corral batch --help; docs/scale.md)
   serve    the HTTP service for remote sandboxes (corral serve --help)
   token    create, list and revoke the service's bearer tokens (corral token --help)
   mcp      an MCP server on stdio for coding assistants (corral mcp --help)
@@ -145,5 +146,31 @@ limits.timeout). `exec` runs CMD in it (files in /scratch and background process
 kept between execs) and exits with CMD's status, as `corral run` does.
 """
 
-USAGE = {"RUN": RUN_USAGE, "POLICY": POLICY_USAGE, "MAIN": MAIN_USAGE, "SHELL": SHELL_USAGE,
+BATCH_USAGE = """\
+usage: corral batch JOBS.jsonl --out RESULTS.jsonl [--policy FILE] [--ray ADDRESS]
+                    [--concurrency N]
+
+Run every job of JOBS.jsonl (one JSON object a line: {"id", "argv" | "code", "stdin",
+"files", "policy"}) in sandboxes of the policy, and append one JSON line per job to
+RESULTS.jsonl as each finishes: the Result's fields plus id, node, attempt, run_id and the
+node's signed receipt, or id, node and the error that refused it. Run again with the same
+--out to resume: jobs already there are skipped, none runs twice. Progress on a terminal.
+
+options:
+  --out FILE         where the result lines go (appended; read first to resume)
+  --policy FILE      the batch's policy (TOML, docs/policy.md); a job's own "policy" may
+                     only narrow it. [batch] reuse = true runs job after job in one
+                     sandbox, its scratch wiped between them (default: a fresh sandbox
+                     each, from a warm pool)
+  --ray ADDRESS      run on a Ray cluster (ADDRESS as `ray start --head` printed it, or
+                     "auto"): one actor a node, jobs only where their tier is
+                     (docs/scale.md)
+  --concurrency N    jobs at once: on this machine (default: its CPUs), or on each node
+                     (default: the node's CPUs)
+
+Exit status: 0 when every job ran (whatever its verdict), 1 when some job was refused or
+could not be run (its line has "error"), 2 for a bad JOBS line, option or policy.
+"""
+
+USAGE = {"BATCH": BATCH_USAGE, "RUN": RUN_USAGE, "POLICY": POLICY_USAGE, "MAIN": MAIN_USAGE, "SHELL": SHELL_USAGE,
          "EXPLAIN": EXPLAIN_USAGE, "SANDBOX": SANDBOX_USAGE}

@@ -114,7 +114,9 @@ def run_row(item: dict) -> tuple[tuple, list[dict], str | None]:
     """(the runs row, its events, its receipt JSON or None) of one queued run."""
     f = run_fields(item)
     receipt = None
-    if item.get("receipt"):
+    if item.get("signed"):
+        receipt = _dumps(item["signed"])
+    elif item.get("receipt"):
         from . import receipt as rc
 
         r, stdin = item["result"], item.get("stdin")

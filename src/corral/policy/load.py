@@ -15,6 +15,7 @@ from .schema import (
     SPEC_BY_PATH,
     TIERS,
     WORKSPACE_AT,
+    Batch,
     Budget,
     Env,
     Filesystem,
@@ -142,6 +143,7 @@ def policy_from_dict(data: dict, *, allow_literal: bool = True) -> Policy:
         env=pick("env", Env, {"pass": "pass_"}),
         network=pick("network", Network, budget=pick("network.budget", Budget)),
         install=pick("install", Install),
+        batch=pick("batch", Batch),
         secrets=_secrets(data.get("secrets", {}), allow_literal),
         explicit=frozenset(explicit | ({"secrets"} if data.get("secrets") else set())),
     )
@@ -293,6 +295,12 @@ def _float(raw: Any, path: str) -> float:
     if v != v or v in (float("inf"), float("-inf")):
         raise ValueError("expected a finite number")
     return v
+
+
+def _bool(raw: Any, path: str) -> bool:
+    if not isinstance(raw, bool):
+        raise ValueError(f"expected true or false, not {raw!r}")
+    return raw
 
 
 def _tier(raw: Any, path: str) -> str:
@@ -519,6 +527,7 @@ _CONVERTERS = {
     "size": lambda raw, path: parse_size(raw),
     "int": _int,
     "float": _float,
+    "bool": _bool,
     "tier": _tier,
     "netmode": _netmode,
     "paths": _paths,

@@ -89,7 +89,7 @@ def test_resume_skips_recorded_jobs_and_runs_none_twice(tmp_path):
     assert {i: len(glob.glob(str(ws / f"ran.{i}.*"))) for i in range(6)} == ran
 
 
-SCRIBBLE = ("echo $$; find /scratch /tmp /dev/shm -mindepth 1 | sort | tr '\\n' ' '; echo; "
+SCRIBBLE = ("stat -c %d /scratch; find /scratch /tmp /dev/shm -mindepth 1 | sort | tr '\\n' ' '; echo; "
             "echo x > /scratch/s.$1; echo y > /tmp/t.$1; echo z > /dev/shm/m.$1; "
             "mkdir -p /scratch/d/e && echo w > /scratch/d/e/f; "
             "(sleep 613 >/dev/null 2>&1 &) ; ps -e -o args= | grep -c '^sleep 613'")
@@ -106,14 +106,15 @@ def test_sandboxes_are_fresh_or_reused_with_scratch_wiped(tmp_path, reuse):
     assert p.returncode == 0, p.stderr
     lines = sorted(out_lines(tmp_path), key=lambda x: x["id"])
     assert all(x["verdict"] == "ok" for x in lines), lines
-    pids, listings, sleeps = zip(*(x["stdout"].split("\n")[:3] for x in lines))
+    devs, listings, sleeps = zip(*(x["stdout"].split("\n")[:3] for x in lines))
     # every job sees an empty scratch, and no process an earlier job left running
     assert listings == ("", "", ""), listings
     assert sleeps == ("1", "1", "1"), sleeps
-    if reuse:     # one sandbox: its pid namespace goes on counting
-        assert int(pids[0]) < int(pids[1]) < int(pids[2]), pids
-    else:         # a new sandbox each: the same pid for the same first command
-        assert len(set(pids)) == 1, pids
+    if reuse:     # one sandbox: its scratch is one tmpfs, emptied between the jobs
+        assert len(set(devs)) == 1, devs
+    else:         # a new sandbox each: a scratch tmpfs of its own (the next one is made
+        # while a job runs, so two jobs in a row never share a device number)
+        assert devs[0] != devs[1] != devs[2], devs
 
 
 @pytest.mark.parametrize("line,where", [
@@ -205,3 +206,14 @@ def test_results_land_in_this_machines_audit_store(tmp_path, monkeypatch):
                        capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, **env))
     assert v.returncode == 0, v.stderr
+
+
+def test_a_node_without_advertised_resources_offers_what_its_host_runs():
+    """What a Ray node offers when the cluster advertises no corral_* resource."""
+    from corral.scale.node import host_tiers
+
+    tiers = host_tiers()
+    assert "namespace" in tiers
+    assert "microvm" not in tiers      # refuses the default image: never offered
+    for t in ("gvisor", "process", "wasm"):
+        assert (t in tiers) == (tier_unavailable(t) is None), t

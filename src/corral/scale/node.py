@@ -9,25 +9,30 @@ checked again here, whoever sent it: the job's fields, its policy within the bat
 whether this machine's corral can enforce that policy (a tier that cannot refuses, as
 `corral run` would: the job never runs weaker).
 
-Sandboxes: by default every job gets a fresh live sandbox, claimed from a warm pool
-(runtime/pool.py) that a thread of the pool refills, and killed after the job. With
-`[batch] reuse = true` a sandbox runs job after job; between two jobs what the first left
-running is killed and /scratch, /tmp and /dev/shm are emptied (through the files API, as
-the sandbox's user, no link followed); a sandbox that cannot be wiped is killed, never
-handed on. Jobs whose own policy differs from the batch's get a sandbox of their own
-(no pool).
+Sandboxes: every job is one exec in a sandbox (runtime/sandbox.py: fresh namespaces and
+a fresh cgroup for the command; every process of it ends with it). By default each job
+gets a sandbox nobody used, taken from a warm pool (Warm: planned, checked against the
+tier, its run directory and scratch made ahead by a thread of the pool) and closed after
+the job. With `[batch] reuse = true` a sandbox runs job after job; between two jobs its
+/scratch, /tmp and /dev/shm are emptied (through the files API, as the sandbox's user, no
+link followed); a sandbox that cannot be emptied is closed, never handed on. Jobs whose
+own policy differs from the batch's get a sandbox of their own (no pool).
+
+Why not live sandboxes (runtime/live.py, one set of namespaces for many commands): a job
+is one command, and a live sandbox costs a holder process, its namespaces and a forked
+entrant per command on top of the command's own; an exec in an opened Sandbox is what
+`corral.run` does, at raw bwrap's pace (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 
 from ..errors import CorralError, UsageError
 from .jobs import job_policy, parse_job
 
-#: a job's sandbox lives at most this long past the job's own wall-clock limit
-SANDBOX_MARGIN_S = 60.0
 #: sandboxes a policy's pool keeps ready, at most
 POOL_MAX = 64
 
@@ -42,6 +47,24 @@ def error_line(job_id, node: str, attempt: int, e: CorralError) -> dict:
     """The output line of a refused job: the error's kind, field and message (`corral
     run` prints it as "FIELD: MESSAGE")."""
     return {"id": job_id, "node": node, "attempt": attempt, "error": e.to_dict()}
+
+
+def host_tiers() -> list[str]:
+    """The tiers this host runs the default policy on (with that tier named), as `corral
+    doctor` finds them: what a node offers when the cluster advertises no corral_*
+    resources (scale/ray.py)."""
+    from ..backends import KNOWN
+    from ..policy import policy_from_dict
+    from ..runtime.tiers import prepare
+
+    out = []
+    for tier in KNOWN:
+        try:
+            prepare(policy_from_dict({"isolation": tier}))
+        except CorralError:
+            continue
+        out.append(tier)
+    return out
 
 
 class NodeRunner:
@@ -79,26 +102,19 @@ class NodeRunner:
         from ..audit.record import new_id
 
         started = time.time()
-        handles: list = []
-        sb.audit_commands = False     # the batch's driver records it (with the receipt)
+        sb.audit_runs = False     # the batch's driver records it (with the receipt)
         try:
             for path, text in job.files:
                 sb.files.write(path, text.encode("utf-8", "surrogateescape"))
             stdin = job.stdin.encode("utf-8", "surrogateescape") if job.stdin is not None \
                 else None
-            result = sb.commands.run(list(job.argv), stdin=stdin, on_start=handles.append)
+            result = sb.exec(list(job.argv), stdin=stdin)
         except CorralError as e:
             return error_line(job.id, self.node, attempt, e)
         except OSError as e:    # the files API's own errors are CorralErrors; not these
             return error_line(job.id, self.node, attempt,
                               CorralError(f"the job's files could not be written: {e}",
                                           field="files"))
-        finally:
-            for h in handles:     # whatever the job left running goes with it
-                try:
-                    h.kill()
-                except CorralError:
-                    pass
         ended = time.time()
         run_id = new_id()
         line = {"id": job.id, "node": self.node, "attempt": attempt, "run_id": run_id,
@@ -135,39 +151,30 @@ class NodeRunner:
 
     # -- sandboxes --
     def _claim(self, key: str, policy, *, fresh: bool):
-        from ..runtime.live import Live
+        from ..runtime.sandbox import Sandbox
 
-        timeout = min(float(policy.limits.timeout) + SANDBOX_MARGIN_S, 86400.0)
-        if policy.batch.reuse:
-            with self._mu:
-                idle = self._idle.setdefault(key, [])
-                while idle:
-                    sb = idle.pop()
-                    if sb.state == "running":
-                        sb.set_timeout(timeout)
-                        return sb
-            return Live(policy, timeout=timeout)
         if fresh:
-            return Live(policy, timeout=timeout)
+            return Sandbox(policy).open()
         with self._mu:
             if self._closed:
                 raise UsageError("the node's runner is closed", field="batch")
+            if policy.batch.reuse:
+                idle = self._idle.setdefault(key, [])
+                if idle:
+                    return idle.pop()
             refused = self._refused.get(key)
             if refused is not None:
                 raise refused
             pool = self._pools.get(key)
             if pool is None:
-                from ..runtime.pool import Pool
-                from ..runtime.tiers import prepare
-
                 try:
-                    prepare(policy)       # a tier that cannot enforce it: refused at once
+                    Sandbox(policy)    # plan and tier check: a refusal now, not in the pool
                 except CorralError as e:
                     self._refused[key] = e
                     raise
-                pool = self._pools[key] = Pool(policy, size=min(self.slots, POOL_MAX))
+                pool = self._pools[key] = Warm(policy, min(self.slots, POOL_MAX))
         try:
-            return pool.claim(timeout=timeout)
+            return pool.claim()
         except CorralError as e:
             with self._mu:
                 self._refused[key] = e
@@ -179,10 +186,10 @@ class NodeRunner:
                 if not self._closed:
                     self._idle.setdefault(key, []).append(sb)
                     return
-        sb.kill()
+        sb.close()
 
     def close(self) -> None:
-        """Kill every sandbox this runner keeps (pools, reusable ones)."""
+        """Close every sandbox this runner keeps (pools, reusable ones)."""
         with self._mu:
             self._closed = True
             pools, self._pools = list(self._pools.values()), {}
@@ -191,7 +198,66 @@ class NodeRunner:
         for p in pools:
             p.close()
         for sb in idle:
-            sb.kill()
+            sb.close()
+
+
+class Warm:
+    """Opened sandboxes of one policy kept ready (planned, checked against the tier, run
+    directory, scratch mounted, seccomp program loaded), each handed out once, refilled
+    by a thread of its own."""
+
+    def __init__(self, policy, size: int) -> None:
+        self.policy, self.size = policy, size
+        self.ready: deque = deque()
+        self.cv = threading.Condition()
+        self.closed = False
+        self.error: CorralError | None = None
+        self.thread = threading.Thread(target=self._fill, daemon=True, name="corral-warm")
+        self.thread.start()
+
+    def _fill(self) -> None:
+        from ..runtime.sandbox import Sandbox
+
+        while True:
+            with self.cv:
+                while not self.closed and len(self.ready) >= self.size:
+                    self.cv.wait()
+                if self.closed:
+                    return
+            try:
+                sb = Sandbox(self.policy).open()
+            except CorralError as e:
+                with self.cv:
+                    self.error = e
+                    self.cv.notify_all()
+                return
+            with self.cv:
+                if self.closed:
+                    sb.close()
+                    return
+                self.ready.append(sb)
+                self.cv.notify_all()
+
+    def claim(self):
+        with self.cv:
+            while not self.ready:
+                if self.error is not None:
+                    raise self.error
+                if self.closed:
+                    raise UsageError("the node's runner is closed", field="batch")
+                self.cv.wait()
+            sb = self.ready.popleft()
+            self.cv.notify_all()
+            return sb
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            ready, self.ready = list(self.ready), deque()
+            self.cv.notify_all()
+        self.thread.join(60)
+        for sb in ready:
+            sb.close()
 
 
 def _wipe(sb) -> bool:
@@ -200,8 +266,6 @@ def _wipe(sb) -> bool:
     from ..backends.host.views import SCRATCH_MOUNTS
 
     try:
-        if sb.state != "running" or sb.commands.list():
-            return False
         files = sb.files
         for _, dest in SCRATCH_MOUNTS:
             for entry in files.list(dest, depth=1):
@@ -220,4 +284,4 @@ def _policy_key(base: dict, overrides: dict | None) -> str:
 
 
 
-__all__ = ["NodeRunner", "error_line", "node_name"]
+__all__ = ["NodeRunner", "error_line", "host_tiers", "node_name"]

@@ -52,19 +52,9 @@ class NodeActor:
         self.runner = NodeRunner(node_id, slots)
 
     def tiers(self) -> list[str]:
-        """The tiers this host runs the default policy on."""
-        from ..backends import KNOWN
-        from ..policy import policy_from_dict
-        from ..runtime.tiers import prepare
+        from .node import host_tiers
 
-        out = []
-        for tier in KNOWN:
-            try:
-                prepare(policy_from_dict({"isolation": tier}))
-            except CorralError:
-                continue
-            out.append(tier)
-        return out
+        return host_tiers()
 
     def run(self, wire: dict, base: dict, attempt: int) -> dict:
         return self.runner.run(wire, base, attempt)

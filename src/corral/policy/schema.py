@@ -254,8 +254,8 @@ FIELDS: tuple[Spec, ...] = (
          "(as `corral install --allow-name`)."),
     Spec("install.timeout", "duration", "Wall clock of the install phase.", 1, 86400),
     Spec("batch.reuse", "bool", "`corral batch` only: `true` lets one sandbox run many "
-         "jobs, one after another, its scratch (/scratch, /tmp, /dev/shm) wiped and what a "
-         "job left running killed between them (a job can still see what an earlier one "
+         "jobs, one after another, its scratch (/scratch, /tmp, /dev/shm) wiped between "
+         "them (each job's processes end with it; a job can still see what an earlier one "
          "changed elsewhere, e.g. a writable workspace); `false` (the default) gives every "
          "job a fresh sandbox from a warm pool. docs/scale.md."),
 )

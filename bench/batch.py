@@ -5,14 +5,17 @@ pool, and through a local Ray cluster of two nodes.
                                     [--ray] [--json FILE]
 
 Contenders, each running the same N jobs with P at once (default P = 2, this machine's
-cores), in rounds that rotate their order; the figure is the median over rounds:
+cores), in rounds that rotate their order; the figures: the median jobs/s over rounds, and
+the ratio to the bwrap pool as the median of each round's paired ratio (the load of other
+work on the machine changes from round to round, less within one):
 
   bwrap pool     a multiprocessing pool of P forked workers, each running the raw bwrap argv
                  of bench/startup.py (corral's own argv and seccomp program, same uid and
                  environment) with subprocess: the baseline of the ratio
-  batch local    corral.batch.map(jobs, concurrency=P): a fresh live sandbox a job from a
-                 warm pool, the result line with the node's signed receipt, the record in
-                 the audit store (a state directory of the benchmark's own)
+  batch local    corral.batch.map(jobs, concurrency=P): P forked workers, a fresh sandbox
+                 a job from each one's warm pool, the result line with the node's signed
+                 receipt, the record in the audit store (a state directory of the
+                 benchmark's own)
   batch reuse    the same with [batch] reuse = true: one sandbox per slot, scratch wiped
                  between jobs
   batch ray      (--ray) corral.batch.map(jobs, ray_address=...) on a local
@@ -172,11 +175,15 @@ def main() -> int:
     rate = {c: n / w for c, w in wall.items()}
     print(f"\n{n} jobs of {' '.join(CMD)}, {p} at once, median of {rounds} round(s); "
           f"load average {load0[0]:.2f} -> {load1[0]:.2f}")
+    # paired: each round's ratio to the bwrap pool of the same round, then the median
+    paired = {c: statistics.median(b / w for w, b in zip(walls[c], walls["bwrap pool"]))
+              for c in names}
     for c in names:
-        print(f"  {c:12} {rate[c]:7.1f} jobs/s   {rate[c] / rate['bwrap pool']:.2f}x bwrap "
-              f"pool")
+        print(f"  {c:12} {rate[c]:7.1f} jobs/s   {paired[c]:.2f}x bwrap pool (median of "
+              f"the rounds' paired ratios; of the medians: "
+              f"{rate[c] / rate['bwrap pool']:.2f}x)")
     out = {"machine": info, "jobs": n, "parallel": p, "rounds": rounds, "walls": walls,
-           "jobs_per_s": rate, "ratio_local": rate["batch local"] / rate["bwrap pool"],
+           "jobs_per_s": rate, "paired_ratio": paired, "ratio_local": paired["batch local"],
            "goal": f"batch local >= {GOAL}x bwrap pool"}
     if "batch ray" in wall:
         over = (wall["batch ray"] - wall["batch local"]) / n * p * 1000

@@ -217,3 +217,27 @@ def test_a_node_without_advertised_resources_offers_what_its_host_runs():
     assert "microvm" not in tiers      # refuses the default image: never offered
     for t in ("gvisor", "process", "wasm"):
         assert (t in tiers) == (tier_unavailable(t) is None), t
+
+
+def test_a_worker_killed_mid_batch_hangs_nothing_and_loses_no_job(tmp_path):
+    """The local runner's workers are forked processes: one SIGKILLed (the OOM killer)
+    fails no job for good: those in flight run again, every job has one line."""
+    import signal
+
+    def workers():
+        me = os.getpid()
+        kids = []
+        for tid in os.listdir(f"/proc/{me}/task"):
+            with open(f"/proc/{me}/task/{tid}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+        return kids
+
+    jobs = [{"id": i, "argv": ["sleep", "0.3"]} for i in range(8)]
+    lines = []
+    for line in corral.batch.map(jobs, None, concurrency=2):
+        lines.append(line)
+        if len(lines) == 1:
+            os.kill(workers()[0], signal.SIGKILL)
+    assert sorted(x["id"] for x in lines) == list(range(8))
+    assert all(x.get("verdict") == "ok" for x in lines), lines
+    assert any(x["attempt"] == 2 for x in lines)

@@ -61,25 +61,56 @@ def run_local(jobs: list[Job], base: dict, concurrency: int):
     """This machine: `concurrency` forked worker processes, each running one job at a time
     in sandboxes of a NodeRunner of its own (its warm pool keeps one ready). Processes,
     not threads: each job's supervision is Python, and on a busy host threads of one
-    process queue behind one another for the GIL (bench/batch.py measured 0.64x raw bwrap
-    with threads, where worker processes keep pace)."""
-    import multiprocessing
+    process queue behind one another for the GIL. When a worker dies (the OOM killer, a
+    signal), the pool cannot say which job it had: the jobs in flight run again on a new
+    set of workers (their lines say `attempt` 2), and a job in flight at a second death
+    gets an error line instead."""
+    from collections import deque
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+    from multiprocessing import get_context
 
-    if not jobs:
-        return
-    ctx = multiprocessing.get_context("fork")
-    pool = ctx.Pool(min(concurrency, len(jobs)), _worker_init, (node_name(),))
-    ok = False
+    todo = deque((j, 1) for j in jobs)
+    node = node_name()
+    slots = max(1, min(concurrency, len(jobs)))
+    pool = None
+    running: dict = {}
     try:
-        yield from pool.imap_unordered(_worker_run, ((j.to_wire(), base) for j in jobs),
-                                       chunksize=1)
-        ok = True
+        while todo or running:
+            if pool is None:
+                pool = ProcessPoolExecutor(slots, mp_context=get_context("fork"),
+                                           initializer=_worker_init, initargs=(node,))
+            while todo and len(running) < slots:
+                job, attempt = todo.popleft()
+                try:
+                    f = pool.submit(_worker_run, (job.to_wire(), base, attempt))
+                except BrokenProcessPool:
+                    todo.appendleft((job, attempt))
+                    break
+                running[f] = (job, attempt)
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            broken = False
+            for f in done:
+                job, attempt = running.pop(f)
+                try:
+                    yield f.result()
+                except BrokenProcessPool:
+                    broken = True
+                    if attempt < 2:
+                        todo.appendleft((job, attempt + 1))
+                    else:
+                        yield error_line(job.id, node, attempt, CorralError(
+                            "a worker process died twice while the job was in flight "
+                            "(killed, perhaps by the OOM killer); not run again",
+                            field="job"))
+            if broken:
+                pool.shutdown(wait=True, cancel_futures=True)
+                pool = None
     finally:
-        if ok:
-            pool.close()      # the workers close their sandboxes (a finalizer) and exit
-        else:
-            pool.terminate()  # interrupted: corral's stale sweep removes what they left
-        pool.join()
+        if pool is not None:
+            # the workers close their sandboxes (a finalizer) as they exit; interrupted,
+            # what a killed one left is removed by corral's stale sweep
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 _RUNNER: list = []
@@ -94,12 +125,12 @@ def _worker_init(node: str) -> None:
 
 
 def _worker_run(task) -> dict:
-    wire, base = task
+    wire, base, attempt = task
     runner = _RUNNER[0]
     try:
-        return runner.run(wire, base)
+        return runner.run(wire, base, attempt)
     except Exception as e:  # noqa: BLE001 - one job's failure is its own line
-        return error_line(wire.get("id"), runner.node, 1, CorralError(
+        return error_line(wire.get("id"), runner.node, attempt, CorralError(
             f"the job failed on this node: {type(e).__name__}: {e}", field="job"))
 
 

@@ -76,9 +76,9 @@ class NodeRunner:
         self.node = node or node_name()
         self.slots = slots
         self._mu = threading.Lock()
-        self._pools: dict[str, object] = {}       # policy key -> runtime.pool.Pool
+        self._pools: dict[str, Warm] = {}         # policy key -> its warm pool
         self._refused: dict[str, CorralError] = {}
-        self._idle: dict[str, list] = {}          # policy key -> reusable Live sandboxes
+        self._idle: dict[str, list] = {}          # policy key -> reusable sandboxes
         self._digests: dict[str, tuple] = {}      # policy key -> (toml, image digest)
         self._closed = False
 
@@ -117,10 +117,11 @@ class NodeRunner:
                                           field="files"))
         ended = time.time()
         run_id = new_id()
+        receipt = self._receipt(key, sb, job, run_id, started, ended, result, stdin)
         line = {"id": job.id, "node": self.node, "attempt": attempt, "run_id": run_id,
                 "started": started, "ended": ended}
-        line.update(result.to_dict())
-        line["receipt"] = self._receipt(key, sb, job, run_id, started, ended, result, stdin)
+        line.update(result.to_dict())      # after the receipt: its own event, if any
+        line["receipt"] = receipt
         return line
 
     def _receipt(self, key, sb, job, run_id, started, ended, result, stdin) -> dict | None:

@@ -1,6 +1,6 @@
-"""The driver of a batch: hands jobs to this machine's runner (threads over a pool of
-warm sandboxes) or to a Ray cluster (scale/ray.py), yields each job's output line as it
-finishes, at most once per job id, and records every job that ran in this machine's audit
+"""The driver of a batch: hands jobs to this machine's worker processes (each with a
+pool of warm sandboxes) or to a Ray cluster (scale/ray.py), yields each job's output line
+as it finishes, at most once per job id, and records every job that ran in this machine's audit
 store (audit/record.py: face "batch", the receipt signed by the node that ran it).
 
     for line in run_batch(jobs, base_policy, concurrency=4): ...

@@ -169,7 +169,8 @@ options:
                      (default: the node's CPUs)
 
 Exit status: 0 when every job ran (whatever its verdict), 1 when some job was refused or
-could not be run (its line has "error"), 2 for a bad JOBS line, option or policy.
+could not be run (its line has "error"), 2 for a bad JOBS line, option or policy, 3 when
+the Ray cluster cannot be reached.
 """
 
 USAGE = {"BATCH": BATCH_USAGE, "RUN": RUN_USAGE, "POLICY": POLICY_USAGE, "MAIN": MAIN_USAGE, "SHELL": SHELL_USAGE,

@@ -241,3 +241,12 @@ def test_a_worker_killed_mid_batch_hangs_nothing_and_loses_no_job(tmp_path):
     assert sorted(x["id"] for x in lines) == list(range(8))
     assert all(x.get("verdict") == "ok" for x in lines), lines
     assert any(x["attempt"] == 2 for x in lines)
+
+
+def test_an_unreachable_ray_address_is_one_line_at_once(tmp_path):
+    p = batch_cli(tmp_path, [{"id": 1, "argv": ["true"]}], "--ray", "127.0.0.1:1")
+    assert p.returncode == 3, p.stderr
+    assert p.stderr == ("corral: --ray: cannot reach the Ray cluster at '127.0.0.1:1': "
+                        "Connection refused; start one with ray start --head "
+                        "(docs/scale.md)\n")
+    assert (tmp_path / "out.jsonl").read_text() == ""     # nothing ran, nothing written

@@ -74,7 +74,14 @@ def run_on_ray(jobs, base: dict, address: str, concurrency: int | None):
     """Yield each job's output line as it finishes (see the module's docstring)."""
     mine = not ray.is_initialized()
     if mine:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
+        _check_reachable(address)
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except Exception as e:  # noqa: BLE001 - ray raises several kinds here
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise BackendUnavailable(f"cannot join the Ray cluster at {address!r}: {first}; "
+                                     f"start one with ray start --head (docs/scale.md)",
+                                     field="--ray") from None
     d = _Dispatch(jobs, base, concurrency)
     try:
         yield from d.run()
@@ -82,6 +89,22 @@ def run_on_ray(jobs, base: dict, address: str, concurrency: int | None):
         d.close()
         if mine:
             ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """A HOST:PORT address whose port does not answer is refused at once: ray.init would
+    retry for minutes."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return       # "auto", ray://...: ray.init says itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except (OSError, ValueError) as e:
+        raise BackendUnavailable(f"cannot reach the Ray cluster at {address!r}: "
+                                 f"{getattr(e, 'strerror', None) or e}; start one with "
+                                 f"ray start --head (docs/scale.md)", field="--ray") from None
 
 
 class _Dispatch:

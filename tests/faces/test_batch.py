@@ -92,7 +92,9 @@ def test_resume_skips_recorded_jobs_and_runs_none_twice(tmp_path):
 SCRIBBLE = ("stat -c %d /scratch; find /scratch /tmp /dev/shm -mindepth 1 | sort | tr '\\n' ' '; echo; "
             "echo x > /scratch/s.$1; echo y > /tmp/t.$1; echo z > /dev/shm/m.$1; "
             "mkdir -p /scratch/d/e && echo w > /scratch/d/e/f; "
-            "(sleep 613 >/dev/null 2>&1 &) ; ps -e -o args= | grep -c '^sleep 613'")
+            "(sleep 613 >/dev/null 2>&1 &) ; for i in $(seq 100); do "
+            "ps -e -o args= | grep -q '^sleep 613' && break; sleep 0.05; done; "
+            "ps -e -o args= | grep -c '^sleep 613'")   # its own sleep, started, and no other
 
 
 def scribble_jobs(n):

@@ -264,8 +264,6 @@ class CommandHandle:
         if self._stream or self._result is None:
             return     # a run_code interpreter: its cells are not commands
         owner = self._owner
-        if not getattr(owner, "audit_commands", True):
-            return     # its owner records the command itself (a batch job: scale/node.py)
         origin = getattr(owner, "_audit_origin", None) or _audit.origin()
         _audit.record_run(self.run_id, self.started, self._result, policy=owner.policy,
                           plan=owner.plan, argv=list(self.cmd), isolation=owner.isolation,

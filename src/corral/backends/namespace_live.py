@@ -27,7 +27,7 @@ import os
 import select
 import time
 
-from ..errors import SandboxSetupError
+from ..errors import SandboxSetupError, UsageError
 from ..events import NoticeEvent
 from ..linux import enter, spawner
 from ..linux._sys import subreaper_acquire, subreaper_release
@@ -36,7 +36,14 @@ from ..plan import EgressProxy, Environment
 from .host.cgroups import destroy_cgroup, run_cgroup
 from .host.execlimits import ExecLimits
 from .host.proxy import start_proxy, with_relay_tasks
-from .namespace import NamespaceSandbox, _child_pid, _confine, _read_rest, _write_all
+from .namespace import (
+    USER_ID,
+    NamespaceSandbox,
+    _child_pid,
+    _confine,
+    _read_rest,
+    _write_all,
+)
 
 #: what bwrap's init runs for the sandbox's life: it blocks forever and uses no CPU
 HOLDER = ("/usr/bin/sleep", "infinity")
@@ -76,7 +83,11 @@ def _ns_pid(pid: int) -> int:
 class NamespaceLive(NamespaceSandbox):
     """A namespace-tier sandbox kept running; see the module's docstring."""
 
-    def __init__(self, backend, plan, check, granted=None, upstream_ca=None) -> None:
+    def __init__(self, backend, plan, check, granted=None, upstream_ca=None, *,
+                 user_account: bool = False) -> None:
+        """`user_account`: an unprivileged account beside root (namespace.USER_ID, home
+        USER_HOME): start(user=USER_ID) runs a command as it."""
+        self.user_account = user_account
         self.bwrap_pid = 0
         self.init_pid = 0
         self.target = None
@@ -200,7 +211,8 @@ class NamespaceLive(NamespaceSandbox):
 
     # -- commands -------------------------------------------------------------------------
     def start(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
-              cpu_seconds: float | None = None, tty_fd: int | None = None) -> Started:
+              cpu_seconds: float | None = None, tty_fd: int | None = None,
+              user: int | None = None) -> Started:
         """Start argv inside, in a cgroup of its own (a child of the sandbox's), through
         the entrant prepared ahead (prepare()) or a new one. Raises supervise.ExecFailed
         when its exec failed inside (nothing ran), SandboxSetupError when the sandbox
@@ -219,9 +231,25 @@ class NamespaceLive(NamespaceSandbox):
             stdin_fd = tty_fd
         if self.target is None or not self.target.alive():
             raise SandboxSetupError("the sandbox is not running", step="enter")
-        if self._next is None:
-            self.prepare()
-        (entrant, cg), self._next = self._next, None
+        if user not in (None, 0):   # an entrant of its own, that account's id
+            if not self.user_account or user != USER_ID:
+                raise UsageError(f"user {user}: this sandbox has no such account (only "
+                                 f"{USER_ID}, in a sandbox made with a user account)",
+                                 field="user")
+            cg = self._cgroup()
+            attach = cg.attach_fds()
+            try:
+                entrant = enter.Entrant(self.target, attach, self.program, uid=user)
+            except BaseException:
+                self.release(cg)
+                raise
+            finally:
+                for fd in attach:
+                    os.close(fd)
+        else:
+            if self._next is None:
+                self.prepare()
+            (entrant, cg), self._next = self._next, None
         nofile, fsize, cpu = self.rlimits
         if cpu_seconds is not None:
             cpu = int(cpu_seconds) + 1

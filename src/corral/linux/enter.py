@@ -20,7 +20,8 @@ setgroups is denied), joins the command's cgroup, then joins every namespace of 
 with ONE setns(pidfd, flags) (Linux 5.8+: the user namespace first and the rest atomically,
 so no half-entered state exists). It then confines itself exactly as the command will be:
 the sandbox's root (fchdir to /proc/INIT/root, opened while the pidfd showed init alive,
-then chroot "."), uid and gid 0 of the sandbox's user namespace (the sandbox's host uid),
+then chroot "."), uid and gid 0 of the sandbox's user namespace (the sandbox's host uid;
+or another id the namespace maps, an unprivileged account: Entrant(uid=)),
 no capabilities (the bounding set emptied, then capset of zeros: an exec as uid 0 gains
 nothing from an empty bounding set), signals at their defaults, no_new_privs, the seccomp
 program. All of this happens before the command is asked for, so none of it (nor the fork,
@@ -161,7 +162,10 @@ class Entrant:
 
     If this process dies, A's end of the socket reads EOF and A exits."""
 
-    def __init__(self, target: Target, attach: list[int], program: Program) -> None:
+    def __init__(self, target: Target, attach: list[int], program: Program, *,
+                 uid: int = 0) -> None:
+        """`uid`: the id (uid and gid) inside the command takes: 0, the sandbox's root,
+        or another id its user namespace maps (an unprivileged account)."""
         if _posixsubprocess is None or _sys._CAPS is None:
             raise SandboxSetupError(f"entering a sandbox needs CPython on x86_64 or "
                                     f"aarch64, not {os.uname().machine}", step="enter")
@@ -171,7 +175,8 @@ class Entrant:
         self.pidfd = -1
         self._ready = False
         try:
-            self.pid, self.pidfd = _zygote().fork_entrant(theirs, target, attach, program)
+            self.pid, self.pidfd = _zygote().fork_entrant(theirs, target, attach, program,
+                                                          uid)
         except BaseException:
             ours.close()
             raise
@@ -311,9 +316,9 @@ class _Zygote:
         self.sock, self.pid, self.owner = ours, pid, os.getpid()
         self.lock = threading.Lock()
 
-    def fork_entrant(self, theirs, target: Target, attach: list[int], program: Program
-                     ) -> tuple[int, int]:
-        req = marshal.dumps((target.flags, target.last_cap, program.bpf))
+    def fork_entrant(self, theirs, target: Target, attach: list[int], program: Program,
+                     uid: int = 0) -> tuple[int, int]:
+        req = marshal.dumps((target.flags, target.last_cap, program.bpf, uid))
         with self.lock:
             socket.send_fds(self.sock, [req], [theirs.fileno(), target.pidfd,
                                                 target.root_fd, *attach])
@@ -376,22 +381,24 @@ class _ZygoteUser:
     def __init__(self, z: _Zygote) -> None:
         self.z = z
 
-    def fork_entrant(self, theirs, target, attach, program):
+    def fork_entrant(self, theirs, target, attach, program, uid=0):
         try:
-            return self.z.fork_entrant(theirs, target, attach, program)
+            return self.z.fork_entrant(theirs, target, attach, program, uid)
         except (BrokenPipeError, ConnectionResetError):
             with _zygote_lock:
                 if _zygote_now and _zygote_now[0] is self.z:
                     self.z.close()
                     _zygote_now.clear()
-            return _zygote().z.fork_entrant(theirs, target, attach, program)
+            return _zygote().z.fork_entrant(theirs, target, attach, program, uid)
 
 
 class _Received:
     """The target as the zygote receives it (a Target's fields, from the request)."""
 
-    def __init__(self, pidfd: int, root_fd: int, flags: int, last_cap: int) -> None:
+    def __init__(self, pidfd: int, root_fd: int, flags: int, last_cap: int,
+                 uid: int = 0) -> None:
         self.pidfd, self.root_fd, self.flags, self.last_cap = pidfd, root_fd, flags, last_cap
+        self.uid = uid
 
 
 def _zygote_main(sock) -> None:
@@ -417,7 +424,9 @@ def _zygote_main(sock) -> None:
             _reap_all(children)
             os._exit(0)
         try:
-            flags, last_cap, bpf = marshal.loads(msg)
+            flags, last_cap, bpf, uid = marshal.loads(msg)
+            if not isinstance(uid, int) or not 0 <= uid < 1 << 31:
+                raise ValueError("uid")
             theirs_fd, pidfd, root_fd, *attach = fds
         except (ValueError, TypeError, EOFError):
             for fd in fds:
@@ -435,7 +444,8 @@ def _zygote_main(sock) -> None:
         if a == 0:
             sock.close()
             theirs = socket.socket(fileno=theirs_fd)
-            _entrant(theirs, _Received(pidfd, root_fd, flags, last_cap), attach, program)
+            _entrant(theirs, _Received(pidfd, root_fd, flags, last_cap, uid), attach,
+                     program)
             os._exit(127)
         children += 1
         for fd in fds:
@@ -494,11 +504,14 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program) -> Non
         os.chroot(".")
         os.close(target.root_fd)
         os.close(target.pidfd)
-        os.setresgid(0, 0, 0)
-        os.setresuid(0, 0, 0)
-        for cap in caps:
+        for cap in caps:     # while it still has CAP_SETPCAP in the sandbox's namespace
             libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
         libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+        # the sandbox's root (0), or an account its namespace maps: leaving uid 0 clears
+        # every capability; an unmapped id is EINVAL, reported, and nothing runs
+        uid = getattr(target, "uid", 0)
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
         if libc.syscall(_sys._CAPS[1], header, zero_caps) != 0:
             e = ctypes.get_errno()
             raise OSError(e, f"capset: {os.strerror(e)}")

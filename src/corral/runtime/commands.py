@@ -358,8 +358,12 @@ class Commands:
     def run(self, cmd, *, env: dict[str, str] | None = None, cwd: str | None = None,
             stdin: bytes | int | None = None, timeout: float | None = None,
             on_stdout=None, on_stderr=None, background: bool = False,
-            tty_fd: int | None = None, on_start=None):
+            tty_fd: int | None = None, on_start=None, user: str | None = None):
         """Run a command line (str, by /bin/sh -c) or an argv list inside.
+
+        user: None or "root", the sandbox's root; "user", the unprivileged account of a
+        sandbox made with one (Sandbox.create(user_account=True), the namespace tier as
+        root): uid 1000 inside, HOME /home/user (refused in a sandbox without one).
 
         Foreground (default): waits and returns its Result; stdin None (/dev/null),
         bytes, or a readable fd; timeout defaults to the policy's limits.timeout.
@@ -380,7 +384,7 @@ class Commands:
         timeout = _seconds(timeout, "timeout")
         return self._run(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
                          on_stdout=on_stdout, on_stderr=on_stderr, background=background,
-                         tty_fd=tty_fd, on_start=on_start)
+                         tty_fd=tty_fd, on_start=on_start, user=user)
 
     def stream(self, cmd, *, on_stdout, on_stderr, on_exit, cwd: str | None = None,
                env: dict[str, str] | None = None, label=None) -> CommandHandle:
@@ -397,11 +401,15 @@ class Commands:
                          tty_fd=None, on_exit=on_exit, stream=True, label=label)
 
     def _run(self, cmd, *, env, cwd, stdin, timeout, on_stdout, on_stderr, background,
-             tty_fd, on_exit=None, stream=False, label=None, on_start=None):
+             tty_fd, on_exit=None, stream=False, label=None, on_start=None, user=None):
         owner = self._owner
         owner._check_open()
         argv = argv_of(cmd)
-        run_env = env_of(owner._command_env(), env)
+        uid = _user_id(owner, user)
+        base = owner._command_env()
+        if uid is not None:   # the account's own HOME, USER and LOGNAME
+            base = {**base, "HOME": "/home/user", "USER": "user", "LOGNAME": "user"}
+        run_env = env_of(base, env)
         cwd = owner._command_cwd(cwd)
         handle = CommandHandle(owner, argv, timeout=timeout, on_stdout=on_stdout,
                                on_stderr=on_stderr, background=background, on_exit=on_exit,
@@ -418,7 +426,8 @@ class Commands:
             stdin_fd, close_fd, stdin_w = _stdin(stdin, background)
         try:
             started = owner._start_command(handle, argv, run_env, cwd, stdin_fd, tty_fd,
-                                           cpu_seconds=NO_DEADLINE_S if stream else None)
+                                           cpu_seconds=NO_DEADLINE_S if stream else None,
+                                           **({"user": uid} if uid is not None else {}))
         except ExecFailed as e:
             if stdin_w >= 0:
                 os.close(stdin_w)
@@ -471,3 +480,19 @@ def _devnull() -> int:
 
 
 __all__ = ["CommandHandle", "CommandInfo", "Commands"]
+
+
+def _user_id(owner, user) -> int | None:
+    """The uid inside for commands.run(user=): None for the sandbox's root."""
+    if user is None or user == "root":
+        return None
+    uid = getattr(owner, "user_uid", None)
+    if user != "user":
+        raise UsageError(f"user {str(user)[:32]!r}: a command runs as \"root\" (the "
+                         "sandbox's own root) or \"user\" (its unprivileged account)",
+                         field="user")
+    if uid is None:
+        raise UsageError("user \"user\": this sandbox has no unprivileged account; create "
+                         "it with Sandbox.create(user_account=True) on the namespace tier "
+                         "(corral as root)", field="user")
+    return uid

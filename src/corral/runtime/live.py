@@ -103,7 +103,7 @@ class Live(Sandbox):
     """A live sandbox (see the module's docstring). Made by `Sandbox.create`."""
 
     def __init__(self, policy=None, *, timeout: float = 300, metadata=None, env=None,
-                 backend=None) -> None:
+                 backend=None, user_account: bool = False) -> None:
         timeout = _check_timeout(timeout)
         self.metadata = _check_metadata(metadata)
         super().__init__(policy, env=env, backend=backend)
@@ -115,8 +115,26 @@ class Live(Sandbox):
         self._started_count = 0
         #: the sandbox's own events: why it ended, and teardown problems
         self.events: list[dict] = []
-        self._live = self._backend.open_live(self.plan, self._check, self._granted,
-                                             self.policy.network.upstream_ca)
+        if user_account:   # an unprivileged account beside root: the namespace tier's
+            if self._backend.name != "namespace":
+                from ..errors import UnsupportedRule
+
+                raise UnsupportedRule(f"user_account: the {self._backend.name} tier cannot "
+                                      "give a sandbox an unprivileged uid beside its root; "
+                                      "isolation = \"namespace\" can (as root)",
+                                      field="user_account")
+            self._live = self._backend.open_live(self.plan, self._check, self._granted,
+                                                 self.policy.network.upstream_ca,
+                                                 user_account=True)
+        else:
+            self._live = self._backend.open_live(self.plan, self._check, self._granted,
+                                                 self.policy.network.upstream_ca)
+        #: the account's uid inside (commands.run(user="user")), or None
+        self.user_uid = None
+        if user_account:
+            from ..backends.namespace import USER_ID
+
+            self.user_uid = USER_ID
         self.events += getattr(self._live, "notices", [])
         self._pid = os.getpid()
         _sandbox._close_at_exit(self._live)
@@ -351,7 +369,7 @@ class Live(Sandbox):
                     os.set_blocking(fd, True)
 
     def _start_command(self, handle, argv, env, cwd, stdin_fd, tty_fd=None,
-                       cpu_seconds=None):
+                       cpu_seconds=None, user=None):
         with self._lock:
             self._check_open()
             self._last_use = time.monotonic()
@@ -360,6 +378,8 @@ class Live(Sandbox):
             extra = {}
             if cpu_seconds is not None and _takes_cpu_seconds(self._live):
                 extra["cpu_seconds"] = cpu_seconds   # else the policy's: stricter
+            if user is not None:
+                extra["user"] = user
             try:
                 started = self._live.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
                                            tty_fd=tty_fd, **extra)

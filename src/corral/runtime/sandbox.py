@@ -61,11 +61,20 @@ class Sandbox:
     @classmethod
     def create(cls, policy: Policy | dict | str | None = None, *, timeout: float = 300,
                metadata: Mapping[str, str] | None = None,
-               env: Mapping[str, str] | None = None, backend=None, detached: bool = False):
+               env: Mapping[str, str] | None = None, backend=None, detached: bool = False,
+               user_account: bool = False):
         """A live sandbox: one set of namespaces kept for many commands (sb.commands),
         ended by sb.kill(), by its timeout (seconds) or when its init dies. See
         runtime/live.py and docs/sessions.md. detached=True: a supervisor process of its
-        own keeps it (it outlives this process; others reach it with connect(id))."""
+        own keeps it (it outlives this process; others reach it with connect(id)).
+        user_account=True: an unprivileged account beside its root (uid 1000 inside, a
+        host uid of its own, home /home/user): commands.run(..., user="user"); the
+        namespace tier only, with corral as root."""
+        if detached and user_account:
+            from ..errors import UsageError
+
+            raise UsageError("user_account: not for a detached sandbox (yet); create it "
+                             "in this process", field="user_account")
         if detached:
             from .remote import connect
             from .supervisor import start_detached
@@ -74,7 +83,8 @@ class Sandbox:
                                           metadata=metadata, env=env))
         from .live import Live
 
-        return Live(policy, timeout=timeout, metadata=metadata, env=env, backend=backend)
+        return Live(policy, timeout=timeout, metadata=metadata, env=env, backend=backend,
+                    user_account=user_account)
 
     @staticmethod
     def connect(sandbox_id: str):

@@ -135,8 +135,33 @@ def test_commands(env):
         assert ei.value.exit_code == -1
         assert h.pid not in [p.pid for p in sb.commands.list()]
         assert sb.commands.run("id -u", user="root").stdout == "0\n"
+
+
+def test_users(env):
+    """user="user" is a real unprivileged uid inside (1000, a host uid of its own): it
+    cannot write what root made; /home/user is its home and the default cwd."""
+    with Sandbox.create(timeout=120) as sb:
+        r = sb.commands.run("id -u; id -g; pwd; echo $HOME; stat -c %u /home/user",
+                            user="user")
+        assert r.stdout == "1000\n1000\n/home/user\n/home/user\n1000\n"
+        assert sb.commands.run("id -u; pwd").stdout == "0\n/home/user\n"   # root: default
+        sb.commands.run("echo secret > /tmp/root-owned; chmod 644 /tmp/root-owned",
+                        user="root")
+        with pytest.raises(CommandExitException) as ei:
+            sb.commands.run("echo x >> /tmp/root-owned", user="user")
+        assert "Permission denied" in ei.value.stderr
+        assert sb.files.read("/tmp/root-owned") == "secret\n"
+        # host-side: the two ids of the sandbox are distinct host uids
+        maps = sb.commands.run("cat /proc/self/uid_map").stdout.split()
+        assert maps[0::3] == ["0", "1000"] and maps[1] != maps[4]
+        # files as the user: owned by it; as root: the user's file is not root's to change
+        sb.files.write("/home/user/mine.txt", "u", user="user")
+        assert sb.commands.run("stat -c %u /home/user/mine.txt").stdout == "1000\n"
+        assert sb.files.read("mine.txt", user="user") == "u"       # relative: its home
         with pytest.raises(SandboxException, match="user"):
-            sb.commands.run("id -u", user="user")      # no uid switch inside: refused
+            sb.commands.run("id -u", user="nobody")
+        with pytest.raises(SandboxException, match="user"):
+            sb.pty.create(e2b.PtySize(rows=24, cols=80), user="user")
 
 
 def test_files(env):

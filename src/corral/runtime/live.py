@@ -244,6 +244,21 @@ class Live(Sandbox):
                 self._files = Files(target.root_fd, uid, gid, cwd=self.plan.cwd)
         return self._files
 
+    @property
+    def user_files(self):
+        """The files API as the sandbox's unprivileged account (user_account=True): its
+        permissions apply, and what it makes is owned by it (uid 1000 inside)."""
+        if self.user_uid is None:
+            raise UsageError("this sandbox has no unprivileged account; create it with "
+                             "Sandbox.create(user_account=True)", field="user")
+        if getattr(self, "_user_files", None) is None:
+            from .files import Files
+
+            uid = self._live.user_uid      # its host uid
+            self._user_files = Files(self.enter_target().root_fd, uid, uid,
+                                     cwd="/home/user")
+        return self._user_files
+
     def open(self) -> Live:
         self._check_open()
         return self

@@ -225,13 +225,17 @@ async def _create(state, request: Request, token):
     reg = svc.registry
     policy = requested_policy(raw, token, svc)
 
+    from .state import _account_for
+
+    account = _account_for(policy)
+
     def make():
         with svc.reserve(token), svc.slot(token):   # max_sandboxes, max_concurrent: 429
             return reg.create(token.name, policy, timeout=float(timeout),
-                              metadata=metadata or None)
+                              metadata=metadata or None, user_account=account)
 
     e = await run_in_threadpool(make)
-    face = Face(e.id, token.name, template, {})
+    face = Face(e.id, token.name, template, {}, account=account, tier=policy.isolation)
     state.add(face)
     with svc.metrics.mu:
         svc.metrics.created += 1

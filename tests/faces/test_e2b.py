@@ -226,8 +226,18 @@ def test_run_code_and_contexts(env):
         assert sb.run_code("y", context=ctx).error.name == "NameError"
         sb.remove_code_context(ctx)
         assert ctx.id not in [c.id for c in sb.list_code_contexts()]
+        # envs: this cell's own, put back after it (E2B's per-execution variables)
+        code = "import os; os.environ.get('CELL_VAR', 'unset') + '/' + os.environ['HOME']"
+        assert sb.run_code(code, envs={"CELL_VAR": "one", "HOME": "/elsewhere"}).text \
+            == "'one//elsewhere'"
+        home = sb.run_code("import os; os.environ['HOME']").text
+        assert sb.run_code(code).text == f"'unset/{home[1:-1]}'"       # put back
+        assert sb.run_code("process.env.CELL_VAR", language="javascript",
+                           envs={"CELL_VAR": "js"}).text == "'js'"
+        assert sb.run_code("process.env.CELL_VAR", language="javascript").text in (
+            None, "undefined")
         with pytest.raises(SandboxException, match="env_vars"):
-            sb.run_code("1", envs={"A": "1"})
+            sb.run_code("echo $A", language="bash", envs={"A": "1"})
 
 
 def test_async(env):

@@ -248,13 +248,16 @@ class Sandbox:
 
     def run_code(self, code: str, *, language: str | None = None, context=None,
                  timeout: float | None = None, on_stdout=None, on_stderr=None,
-                 on_result=None, on_error=None):
+                 on_result=None, on_error=None, env=None):
         """Run a cell in a persistent interpreter and return its Execution (results,
         logs, error, execution_count: E2B's shape). See runtime.session and
-        docs/sessions.md; language "python" (the default), "javascript" or "bash"."""
+        docs/sessions.md; language "python" (the default), "javascript" or "bash".
+        env: variables set for this cell only (put back after it; python and
+        javascript)."""
+        extra = {"env": env} if env else {}
         return self._code_session().run_code(
             code, language=language, context=context, timeout=timeout, on_stdout=on_stdout,
-            on_stderr=on_stderr, on_result=on_result, on_error=on_error)
+            on_stderr=on_stderr, on_result=on_result, on_error=on_error, **extra)
 
     def create_context(self, language: str = "python", cwd: str | None = None, *,
                        engine: str | None = None):

@@ -56,11 +56,14 @@ async def execute(state, request: Request):
     if lang is not None and lang not in LANGUAGES:
         raise ApiError(400, "invalid", f"language is one of {', '.join(LANGUAGES)}",
                        "language")
-    if body.get("env_vars"):
-        raise ApiError(400, "unsupported", "env_vars: corral's code contexts keep the "
-                       "sandbox's environment; set variables in the code (os.environ) "
-                       "or in Sandbox.create(envs=) for commands", "env_vars")
     ctx = _context(e, cid) if cid is not None else None
+    env = body.get("env_vars") or None      # this cell's own (put back after it)
+    if env is not None and (not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise ApiError(400, "invalid", "env_vars is an object of strings", "env_vars")
+    if env and (lang == "bash" or (ctx is not None and ctx.language == "bash")):
+        raise ApiError(400, "unsupported", "env_vars: a bash cell takes no variables of "
+                       "its own in corral; export them in the cell", "env_vars")
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
 
@@ -80,7 +83,7 @@ async def execute(state, request: Request):
                     on_stderr=lambda t: put({"type": "stderr", "text": t,
                                              "timestamp": now()}),
                     on_result=lambda r: put({"type": "result", **r.to_dict()}),
-                    on_error=None)
+                    on_error=None, **({"env": env} if env else {}))
             if ex.error is not None:
                 put({"type": "error", **ex.error.to_dict()})
             if ex.execution_count is not None:

@@ -42,7 +42,10 @@ def server(tmp_path_factory):
     s.tokens["net"] = _token(s.state, "net", "--ceiling", str(net))
     templates = tmp / "templates.toml"
     templates.write_text('[small]\nlimits = { memory = "200M" }\n\n'
-                         '[wide]\nnetwork = { mode = "allow", allow = ["*.other.org"] }\n')
+                         '[wide]\nnetwork = { mode = "allow", allow = ["*.other.org"] }\n\n'
+                         # the defaults on the host's root: no image build in this file
+                         # (test_e2b_images.py runs them on the python and datascience images)
+                         '[base]\n\n[code-interpreter-v1]\n')
     import os
 
     os.environ["CORRAL_E2B_KEEPALIVE_S"] = "0.5"     # the subprocess's keepalive period
@@ -446,6 +449,9 @@ def test_debug_mode(tmp_path, monkeypatch):
         pytest.skip("127.0.0.1:49983 or :49999 is taken on this host")
     s = Server(tmp_path)
     s.tokens["dev"] = _token(s.state, "dev")
+    templates = tmp_path / "templates.toml"
+    templates.write_text("[base]\n")        # the host's root: no image build here
+    monkeypatch.setenv("CORRAL_E2B_TEMPLATES", str(templates))
     real_popen = subprocess.Popen
 
     def popen(argv, **kw):                 # Server.start, with the flag added

@@ -118,11 +118,14 @@ def test_sdk_in_domain_mode_over_tls(tmp_path):
     state = str(tmp_path / "state")
     token = _token(state, "dom")
     port = _free_port()
+    templates = tmp_path / "templates.toml"
+    templates.write_text("[base]\n\n[code-interpreter-v1]\n")   # the host's root
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen([CORRAL, "serve", "--port", str(port), "--state-dir", state,
                              "--tls-cert", str(cert), "--tls-key", str(key)],
                             stdout=log, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, CORRAL_E2B_DOMAIN=DOMAIN))
+                            env=dict(os.environ, CORRAL_E2B_DOMAIN=DOMAIN,
+                                     CORRAL_E2B_TEMPLATES=str(templates)))
     try:
         import ssl
 

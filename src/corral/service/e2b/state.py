@@ -120,9 +120,8 @@ class E2bState:
             e = self.svc.registry.get(t.name, face.sid) if face is not None else None
             if e is None:
                 from ..common import requested_policy
-                from .control import load_templates
 
-                policy = requested_policy(load_templates(None)["base"], t, self.svc)
+                policy = requested_policy(self.templates["base"], t, self.svc)
                 account = _account_for(policy)
                 e = self.svc.registry.create(t.name, policy, timeout=3600.0,
                                              user_account=account)

@@ -49,12 +49,14 @@ def server(tmp_path_factory):
     import os
 
     os.environ["CORRAL_E2B_KEEPALIVE_S"] = "0.5"     # the subprocess's keepalive period
+    os.environ["CORRAL_AUDIT"] = "1"                 # the audit store on (test_audited)
     os.environ["CORRAL_E2B_TEMPLATES"] = str(templates)
     os.environ["CORRAL_E2B_DOMAIN"] = "corral.test"
     try:
         s.start()
     finally:
-        for v in ("CORRAL_E2B_KEEPALIVE_S", "CORRAL_E2B_TEMPLATES", "CORRAL_E2B_DOMAIN"):
+        for v in ("CORRAL_E2B_KEEPALIVE_S", "CORRAL_E2B_TEMPLATES", "CORRAL_E2B_DOMAIN",
+                  "CORRAL_AUDIT"):
             del os.environ[v]
     yield s
     s.stop()
@@ -477,3 +479,39 @@ def test_debug_mode(tmp_path, monkeypatch):
             assert len(c.get("/sandboxes").json()["sandboxes"]) == 1
     finally:
         s.stop()
+
+
+def test_every_call_is_an_audited_run(env):
+    """Each command, terminal and code interpreter an E2B call starts is a run in the
+    audit store under the token's name, face "e2b", seen on the native /runs."""
+    import time
+
+    from e2b_code_interpreter import Sandbox as CI
+
+    with CI.create(timeout=120) as sb:
+        sid = sb.sandbox_id
+        sb.commands.run("echo audited")
+        h = sb.commands.run("sleep 30", background=True)
+        sb.commands.kill(h.pid)
+        t = sb.pty.create(e2b.PtySize(rows=24, cols=80))
+        sb.pty.send_stdin(t.pid, b"exit 0\n")
+        t.wait()
+        assert sb.run_code("1+1").text == "2"
+    want = {"/bin/bash -l -c echo audited", "/bin/bash -l -c sleep 30", "run_code python"}
+    with env.http(env.tokens["a"]) as c:
+        for _ in range(400):
+            runs = [r for r in c.get("/runs", params={"sandbox": sid}).json()["runs"]
+                    if r["sandbox"] == sid]
+            cmds = {" ".join(r["argv"]) for r in runs if r.get("argv")}
+            if want <= cmds and len(runs) >= 4:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(runs)
+        assert all(r["actor"] == "token:a" and r["face"] == "e2b" for r in runs), runs
+        kinds = sorted(r["kind"] for r in runs)
+        assert kinds == ["cell", "command", "command", "command"], kinds   # + the terminal
+        cell = next(r for r in runs if r["kind"] == "cell")
+        assert cell["verdict"] == "ok" and cell["receipt"] is True
+        with env.http(env.tokens["b"]) as other:        # never another token's
+            assert sid not in {r["sandbox"] for r in other.get("/runs").json()["runs"]}

@@ -269,7 +269,7 @@ class CommandHandle:
                           plan=owner.plan, argv=list(self.cmd), isolation=owner.isolation,
                           origin=origin, sandbox=getattr(owner, "id", None),
                           kind="command", stdin=self._stdin_data,
-                          receipt=origin[0] == "service")
+                          receipt=origin[0] in ("service", "e2b"))
 
     def _watch(self) -> None:
         try:

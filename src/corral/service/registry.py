@@ -61,10 +61,12 @@ class Registry:
         self._mu = threading.Lock()
 
     def create(self, owner: str, policy, *, timeout: float = DEFAULT_TIMEOUT_S,
-               metadata=None, user_account: bool = False) -> Entry:
+               metadata=None, user_account: bool = False, face: str | None = None) -> Entry:
+        """`face`: the audit store's name for the API it came through ("e2b"; else
+        CORRAL_AUDIT_FACE, "mcp" for corral mcp, or "service")."""
         from ..audit.record import acting_as
 
-        face = os.environ.get("CORRAL_AUDIT_FACE") or "service"    # corral mcp sets "mcp"
+        face = face or os.environ.get("CORRAL_AUDIT_FACE") or "service"
         with acting_as(None if face == "mcp" else f"token:{owner}", face):   # the audit store
             extra = {"user_account": True} if user_account else {}
             sb = self._opener(policy, timeout=timeout, metadata=metadata, **extra)

@@ -235,7 +235,7 @@ async def _create(state, request: Request, token):
     def make():
         with svc.reserve(token), svc.slot(token):   # max_sandboxes, max_concurrent: 429
             return reg.create(token.name, policy, timeout=float(timeout),
-                              metadata=metadata or None, user_account=account)
+                              metadata=metadata or None, user_account=account, face="e2b")
 
     e = await run_in_threadpool(make)
     face = Face(e.id, token.name, template, {}, account=account, tier=policy.isolation)

@@ -124,7 +124,7 @@ class E2bState:
                 policy = requested_policy(self.templates["base"], t, self.svc)
                 account = _account_for(policy)
                 e = self.svc.registry.create(t.name, policy, timeout=3600.0,
-                                             user_account=account)
+                                             user_account=account, face="e2b")
                 face = Face(e.id, t.name, "base", {}, account=account,
                             tier=policy.isolation)
                 with self._mu:

@@ -515,3 +515,35 @@ def test_every_call_is_an_audited_run(env):
         assert cell["verdict"] == "ok" and cell["receipt"] is True
         with env.http(env.tokens["b"]) as other:        # never another token's
             assert sid not in {r["sandbox"] for r in other.get("/runs").json()["runs"]}
+
+
+def test_execute_stream_sends_keepalives(env):
+    """The code interpreter's NDJSON /execute stream: keepalive lines while a quiet cell
+    runs (the server's period is 0.5 s here), then the cell's own lines."""
+    import json
+
+    from e2b_code_interpreter import Sandbox as CI
+
+    with CI.create(timeout=120) as sb:
+        r = httpx.post(env.url + "/execute", timeout=60, json={
+            "code": "import time\ntime.sleep(1.6)\nprint('late')"}, headers={
+            "E2b-Sandbox-Id": sb.sandbox_id, "E2b-Sandbox-Port": "49999",
+            "X-Access-Token": sb._envd_access_token})
+        kinds = [json.loads(line)["type"] for line in r.text.splitlines()]
+        assert kinds.count("keepalive") >= 2, kinds
+        assert kinds.index("keepalive") < kinds.index("stdout")
+        assert kinds[-1] == "end_of_execution"
+
+
+def test_user_refused_off_the_namespace_tier(env, tmp_path, monkeypatch):
+    """On gvisor there is no second uid to switch to: user="user" is refused with a
+    message naming the namespace tier (fail closed, never a silent root)."""
+    if tier_unavailable("gvisor") is not None:
+        pytest.skip(f"gvisor: {tier_unavailable('gvisor')}")
+    ceiling = tmp_path / "gvisor.toml"
+    ceiling.write_text('isolation = "gvisor"\n')
+    monkeypatch.setenv("E2B_API_KEY", _token(env.state, "gv", "--ceiling", str(ceiling)))
+    with Sandbox.create(timeout=120) as sb:
+        assert sb.commands.run("id -u").stdout == "0\n"
+        with pytest.raises(SandboxException, match="namespace tier"):
+            sb.commands.run("id -u", user="user")

@@ -45,7 +45,8 @@ def server(tmp_path_factory):
                          '[wide]\nnetwork = { mode = "allow", allow = ["*.other.org"] }\n\n'
                          # the defaults on the host's root: no image build in this file
                          # (test_e2b_images.py runs them on the python and datascience images)
-                         '[base]\n\n[code-interpreter-v1]\n')
+                         '[base]\n\n[code-interpreter-v1]\n\n'
+                         '[ghost]\nimage = "never-built"\n')
     import os
 
     os.environ["CORRAL_E2B_KEEPALIVE_S"] = "0.5"     # the subprocess's keepalive period
@@ -316,6 +317,8 @@ def test_templates(env):
 def test_refusals(env, monkeypatch):
     with pytest.raises(SandboxException, match="templateID"):
         Sandbox.create(template="my-own-template")
+    with pytest.raises(SandboxException, match="no image named .never-built.*corral image build"):
+        Sandbox.create(template="ghost")        # its image is not in the server's store
     with pytest.raises(SandboxException, match="allow_internet_access"):
         Sandbox.create(allow_internet_access=True)
     with pytest.raises(SandboxException, match="network"):     # beyond token a's ceiling

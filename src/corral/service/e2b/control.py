@@ -237,7 +237,14 @@ async def _create(state, request: Request, token):
             return reg.create(token.name, policy, timeout=float(timeout),
                               metadata=metadata or None, user_account=account, face="e2b")
 
-    e = await run_in_threadpool(make)
+    try:
+        e = await run_in_threadpool(make)
+    except CorralError as err:
+        if err.kind != "image":
+            raise
+        # the template's image is not in this server's store: the operator's to build
+        raise ApiError(422, "image", f"template {template!r}: {err.message}",
+                       "templateID") from None
     face = Face(e.id, token.name, template, {}, account=account, tier=policy.isolation)
     state.add(face)
     with svc.metrics.mu:

@@ -113,32 +113,87 @@ def _ca_and_wildcard(tmp):
     return tmp / "ca.pem", tmp / "wild.pem", tmp / "wild.key"
 
 
-def test_sdk_in_domain_mode_over_tls(tmp_path):
+#: the reverse proxy docs/e2b.md documents (nginx), with the test's own paths and ports
+NGINX = """
+worker_processes 1;
+daemon off;
+user root;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/nginx-body;
+    proxy_temp_path {tmp}/nginx-proxy;
+    fastcgi_temp_path {tmp}/nginx-fcgi;
+    uwsgi_temp_path {tmp}/nginx-uwsgi;
+    scgi_temp_path {tmp}/nginx-scgi;
+    server {{
+        listen 127.0.0.1:{port} ssl http2;
+        server_name {domain} *.{domain};
+        ssl_certificate {cert};
+        ssl_certificate_key {key};
+        client_max_body_size 16m;
+        location / {{
+            proxy_pass http://127.0.0.1:{upstream};
+            proxy_http_version 1.1;
+            proxy_set_header Host $host;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 1h;
+            proxy_send_timeout 1h;
+        }}
+    }}
+}}
+"""
+
+
+def _wait_up(url, trust, proc, log):
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health", verify=trust, timeout=5).status_code in (200, 204):
+                return
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None, log.read_text() if log.exists() else "exited"
+        time.sleep(0.05)
+    raise AssertionError(f"{url} did not come up")
+
+
+@pytest.mark.parametrize("front", ["direct", "nginx"])
+def test_sdk_in_domain_mode_over_tls(tmp_path, front):
+    """direct: corral serve --tls-cert/--tls-key; nginx: corral serve on plain HTTP behind
+    nginx terminating TLS with the wildcard certificate (docs/e2b.md's configuration)."""
+    import ssl
+
+    if front == "nginx" and shutil.which("nginx") is None:
+        pytest.skip("nginx is not installed (scripts/setup.sh installs it)")
     ca, cert, key = _ca_and_wildcard(tmp_path)
+    trust = ssl.create_default_context(cafile=str(ca))
     state = str(tmp_path / "state")
     token = _token(state, "dom")
     port = _free_port()
     templates = tmp_path / "templates.toml"
     templates.write_text("[base]\n\n[code-interpreter-v1]\n")   # the host's root
     log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([CORRAL, "serve", "--port", str(port), "--state-dir", state,
-                             "--tls-cert", str(cert), "--tls-key", str(key)],
-                            stdout=log, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, CORRAL_E2B_DOMAIN=DOMAIN,
-                                     CORRAL_E2B_TEMPLATES=str(templates)))
+    upstream = _free_port() if front == "nginx" else port
+    tls = ["--tls-cert", str(cert), "--tls-key", str(key)] if front == "direct" else []
+    procs = [subprocess.Popen([CORRAL, "serve", "--port", str(upstream), "--state-dir",
+                               state, *tls], stdout=log, stderr=subprocess.STDOUT,
+                              env=dict(os.environ, CORRAL_E2B_DOMAIN=DOMAIN,
+                                       CORRAL_E2B_TEMPLATES=str(templates)))]
     try:
-        import ssl
-
-        trust = ssl.create_default_context(cafile=str(ca))
-        for _ in range(600):
-            try:
-                if httpx.get(f"https://127.0.0.1:{port}/health", verify=trust,
-                             timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-            time.sleep(0.05)
+        if front == "nginx":
+            _wait_up(f"http://127.0.0.1:{upstream}", trust, procs[0], tmp_path / "serve.log")
+            conf = tmp_path / "nginx.conf"
+            conf.write_text(NGINX.format(tmp=tmp_path, port=port, domain=DOMAIN, cert=cert,
+                                         key=key, upstream=upstream))
+            procs.append(subprocess.Popen(["nginx", "-c", str(conf), "-p", str(tmp_path)],
+                                          stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        _wait_up(f"https://127.0.0.1:{port}", trust, procs[-1],
+                 tmp_path / ("nginx-error.log" if front == "nginx" else "serve.log"))
         hosts = tmp_path / "hosts"
         hosts.write_text(f"127.0.0.1 localhost\n127.0.0.1 api.{DOMAIN}\n")
         env = {k: v for k, v in os.environ.items()
@@ -170,14 +225,19 @@ def test_sdk_in_domain_mode_over_tls(tmp_path):
         # the host's /etc/hosts never had the test's names
         with open("/etc/hosts") as f:
             assert DOMAIN not in f.read()
-        # a plain-HTTP client is not served on the TLS port
-        with pytest.raises(httpx.TransportError):
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
-    finally:
-        proc.terminate()
+        # a plain-HTTP client is not served on the TLS port (uvicorn drops it; nginx
+        # answers 400, "plain HTTP request was sent to HTTPS port")
         try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+            assert front == "nginx" and r.status_code == 400, r.text
+        except httpx.TransportError:
+            assert front == "direct"
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         log.close()

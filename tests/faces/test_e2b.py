@@ -1,10 +1,13 @@
 """The official E2B SDKs (e2b 2.63.0, e2b-code-interpreter 2.11.5, pinned in the dev lock),
 unmodified, against a real `corral serve` subprocess on 127.0.0.1 with live namespace-tier
 sandboxes: E2B_API_URL and E2B_SANDBOX_URL point at it, E2B_API_KEY is a corral token.
-Sync and async: lifecycle, commands, files, watch_dir, run_code and contexts; what is
-refused (templates, network beyond the ceiling, unsupported fields, users, terminals);
-the raw Connect stream's first event and keepalives; one token never reaching another's
-sandbox."""
+Sync and async: lifecycle, commands, files, watch_dir, run_code (with per-cell envs) and
+contexts; the two users (root, and "user": a distinct unprivileged uid); what is refused
+(templates, network beyond the ceiling, unsupported fields, users off the namespace tier,
+terminals as "user"); the raw Connect and NDJSON streams' first event and keepalives;
+every call an audited run under the token; one token never reaching another's sandbox.
+The default templates here map to the host's root (a templates file): the python and
+datascience images are test_e2b_images.py's (slow)."""
 
 import asyncio
 import io
@@ -377,7 +380,7 @@ def test_auth(env, monkeypatch):
 def test_domain_host_names(env):
     """CORRAL_E2B_DOMAIN: behind a TLS proxy the SDK names the sandbox and port in the
     host name (PORT-ID.DOMAIN), not in headers; the host name wins over the headers.
-    (The TLS proxy itself and the SDK in E2B_DOMAIN mode are not exercised here.)"""
+    (The SDK itself in E2B_DOMAIN mode over TLS: test_e2b_domain.py.)"""
     sb = Sandbox.create(timeout=120)
     try:
         h = {"Host": f"49983-{sb.sandbox_id}.corral.test",

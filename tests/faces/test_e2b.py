@@ -52,16 +52,19 @@ def server(tmp_path_factory):
                          '[ghost]\nimage = "never-built"\n')
     import os
 
-    os.environ["CORRAL_E2B_KEEPALIVE_S"] = "0.5"     # the subprocess's keepalive period
-    os.environ["CORRAL_AUDIT"] = "1"                 # the audit store on (test_audited)
-    os.environ["CORRAL_E2B_TEMPLATES"] = str(templates)
-    os.environ["CORRAL_E2B_DOMAIN"] = "corral.test"
+    mine = {"CORRAL_E2B_KEEPALIVE_S": "0.5",        # the subprocess's keepalive period
+            "CORRAL_AUDIT": "1",                     # the audit store on (test_audited)
+            "CORRAL_E2B_TEMPLATES": str(templates), "CORRAL_E2B_DOMAIN": "corral.test"}
+    old = {k: os.environ.get(k) for k in mine}
+    os.environ.update(mine)
     try:
         s.start()
-    finally:
-        for v in ("CORRAL_E2B_KEEPALIVE_S", "CORRAL_E2B_TEMPLATES", "CORRAL_E2B_DOMAIN",
-                  "CORRAL_AUDIT"):
-            del os.environ[v]
+    finally:             # the suite's own values back (conftest sets CORRAL_AUDIT)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     yield s
     s.stop()
 

@@ -38,17 +38,19 @@ DOMAIN = "corral.test"
 
 #: step 1, control plane only (api.DOMAIN): two sandboxes, their ids printed
 CREATE = r'''
-import asyncio, json
+import asyncio, json, os, sys
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 async def acreate():
     return (await AsyncSandbox.create(timeout=120)).sandbox_id
 print(json.dumps([Sandbox.create(timeout=120).sandbox_id, asyncio.run(acreate())]))
+sys.stdout.flush()
+os._exit(0)    # the SDK's Rust client can abort in interpreter teardown (SIGABRT)
 '''
 
 #: step 2, with both sandboxes' names resolvable: the data plane, sync and async
 USE = r'''
-import asyncio, json, sys
+import asyncio, json, os, sys
 from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 sid, aid = sys.argv[1:3]
@@ -70,6 +72,8 @@ async def main():
         await a.kill()
 out["async"] = asyncio.run(main())
 print(json.dumps(out))
+sys.stdout.flush()
+os._exit(0)    # as above
 '''
 
 

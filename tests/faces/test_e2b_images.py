@@ -144,6 +144,13 @@ def test_code_interpreter_plots_a_png(env):
         assert 120 <= w <= 200 and 90 <= h <= 150 and w > h, (w, h)
         ex = sb.run_code("import ipykernel, matplotlib; matplotlib.get_backend()")
         assert ex.error is None and ex.text is not None
+        # envs through the IPython kernel: this cell's only (silent requests around it)
+        n = sb.run_code("1").execution_count
+        code = "import os; os.environ.get('CELL_VAR', 'unset')"
+        ex = sb.run_code(code, envs={"CELL_VAR": "kernel"})
+        assert ex.text == "'kernel'" and ex.execution_count == n + 1
+        ex = sb.run_code(code)
+        assert ex.text == "'unset'" and ex.execution_count == n + 2
 
 
 def test_template_beyond_the_ceiling_is_refused(env, monkeypatch):

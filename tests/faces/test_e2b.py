@@ -170,6 +170,8 @@ def test_users(env):
         sb.files.write("/home/user/mine.txt", "u", user="user")
         assert sb.commands.run("stat -c %u /home/user/mine.txt").stdout == "1000\n"
         assert sb.files.read("mine.txt", user="user") == "u"       # relative: its home
+        sb.files.write("by-root.txt", "r")          # root's relative path: /home/user too
+        assert sb.commands.run("cat by-root.txt; stat -c %u by-root.txt").stdout == "r0\n"
         with pytest.raises(SandboxException, match="user"):
             sb.commands.run("id -u", user="nobody")
         with pytest.raises(SandboxException, match="user"):

@@ -247,17 +247,31 @@ class Live(Sandbox):
     @property
     def user_files(self):
         """The files API as the sandbox's unprivileged account (user_account=True): its
-        permissions apply, and what it makes is owned by it (uid 1000 inside)."""
-        if self.user_uid is None:
+        permissions apply, what it makes is owned by it (uid 1000 inside), and relative
+        paths are from its home."""
+        return self.files_for("user")
+
+    def files_for(self, user: str = "root", cwd: str | None = None):
+        """The files API as `user` ("root", or "user" in a sandbox with the account),
+        relative paths from `cwd` (default: root's the policy's cwd, the account's its
+        home). On a tree the host can open (the namespace tier); one object per pair."""
+        if user not in ("root", "user"):
+            raise UsageError(f"user {str(user)[:32]!r}: \"root\" or \"user\"", field="user")
+        if user == "user" and self.user_uid is None:
             raise UsageError("this sandbox has no unprivileged account; create it with "
                              "Sandbox.create(user_account=True)", field="user")
-        if getattr(self, "_user_files", None) is None:
+        cwd = cwd or (self.plan.cwd if user == "root" else "/home/user")
+        cache = self.__dict__.setdefault("_files_for", {})
+        if (user, cwd) not in cache:
             from .files import Files
 
-            uid = self._live.user_uid      # its host uid
-            self._user_files = Files(self.enter_target().root_fd, uid, uid,
-                                     cwd="/home/user")
-        return self._user_files
+            target = self.enter_target()
+            if target.root_fd < 0:
+                raise UsageError("files_for: this tier's root is not a tree the host can "
+                                 "open; use sb.files", field="user")
+            uid, gid = self.ids if user == "root" else (self._live.user_uid,) * 2
+            cache[(user, cwd)] = Files(target.root_fd, uid, gid, cwd=cwd)
+        return cache[(user, cwd)]
 
     def open(self) -> Live:
         self._check_open()

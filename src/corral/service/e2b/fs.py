@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .connect import KEEPALIVE_S, RpcError, unary_error
+from .state import HOME
 
 TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY",
          "symlink": "FILE_TYPE_SYMLINK"}
@@ -47,13 +48,21 @@ def entry(info) -> dict:
     return d
 
 
+def _home(face, p: str) -> str:
+    """A relative path from /home/user where the sandbox has the account (as _files)."""
+    return posixpath.join(HOME, p) if face.account and not p.startswith("/") else p
+
+
 async def _files(state, request, fn, headers=None):
     e, face = state.sandbox(request)
     user = state.user(request.headers if headers is None else headers, face)
 
     def call():
         with e.files_lock:
-            return fn(e.sandbox.user_files if user == "user" else e.sandbox.files)
+            if not face.account:
+                return fn(e.sandbox.files)
+            # relative paths from /home/user, the commands' default cwd, for both users
+            return fn(e.sandbox.files_for(user or "root", HOME))
     return await run_in_threadpool(call)
 
 
@@ -101,7 +110,8 @@ async def watch_dir(state, request, msg):
     as a FilesystemEvent, keepalives between; ends with the sandbox."""
     p = _path(msg)
     recursive = msg.get("recursive") is True
-    e, _ = state.sandbox(request)
+    e, face = state.sandbox(request)
+    p = _home(face, p)
     with e.files_lock:
         w = await run_in_threadpool(e.sandbox.files.watch, p, recursive=recursive)
 
@@ -142,6 +152,7 @@ async def create_watcher(state, request, msg):
 
     p = _path(msg)
     e, face = state.sandbox(request)
+    p = _home(face, p)
     if len(face.watchers) >= MAX_WATCHERS:
         raise RpcError("resource_exhausted", f"this sandbox has {MAX_WATCHERS} watchers; "
                        "stop one first")

@@ -11,7 +11,7 @@ from . import query
 
 def denials_over_time(*, since: float, buckets: int = 24, actor: str | None = None,
                       path: str | None = None, now: float | None = None) -> dict:
-    """{"start", "step", "kinds": {kind: [count per bucket]}}: the refusals (as
+    """{"start", "step", "buckets", "kinds": {kind: [count per bucket]}}: the refusals (as
     query.denials counts them) of the runs that started in the last `since` seconds, in
     `buckets` equal buckets from oldest to newest, each dated by its run's start."""
     now = time.time() if now is None else now
@@ -36,4 +36,4 @@ def denials_over_time(*, since: float, buckets: int = 24, actor: str | None = No
                 out.setdefault(str(e.get("kind")), [0] * buckets)[i] += 1
         finally:
             conn.close()
-    return {"start": start, "step": step, "kinds": out}
+    return {"start": start, "step": step, "buckets": buckets, "kinds": out}

@@ -30,13 +30,24 @@ def clip(s: str, n: int) -> str:
     return s if len(s) <= n else s[:n] + f"… ({len(s) - n} more characters)"
 
 
+_BARE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+
+
+def _quote(a: str) -> str:
+    r"""One argument as a POSIX shell reads it back: bare, in '...', or in "..." with
+    \, ", $ and ` escaped (an argument that holds a single quote)."""
+    if _BARE.fullmatch(a):
+        return a
+    if "'" not in a:
+        return f"'{a}'"
+    return '"' + re.sub(r'([\\"$`])', r"\\\1", a) + '"'
+
+
 def argv_text(argv) -> str:
     """An argv as one line, each argument quoted the way a shell would need it."""
-    import shlex
-
     if not isinstance(argv, list):
         return str(argv)
-    return " ".join(shlex.quote(str(a)) for a in argv)
+    return " ".join(_quote(str(a)) for a in argv)
 
 
 def when(t) -> str:
@@ -101,11 +112,11 @@ KIND_COLOUR = {"net": "#d9534f", "secret": "#8e44ad", "limit": "#e69500", "fs": 
                "syscall": "#16a085"}
 
 
-def chart(series: dict, *, width: int = 760, height: int = 190) -> str:
+def chart(series: dict, *, width: int = 960, height: int = 170) -> str:
     """Stacked bars of denials per time bucket, one colour a kind, as inline SVG (no
     style attributes: the page's CSP allows none)."""
     kinds = sorted(series["kinds"])
-    n = max((len(v) for v in series["kinds"].values()), default=0) or 1
+    n = series["buckets"]
     totals = [sum(series["kinds"][k][i] for k in kinds) for i in range(n)] if kinds else [0]
     top = max(totals + [1])
     left, bottom, right, topm = 36, 28, 8, 10
@@ -113,12 +124,13 @@ def chart(series: dict, *, width: int = 760, height: int = 190) -> str:
     bw = w / max(n, 1)
     parts = [f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
              f'aria-label="denials over time" xmlns="http://www.w3.org/2000/svg">']
-    for frac in (0, 0.5, 1):
-        y = topm + h - h * frac
+    ticks = sorted({0, top, top // 2} if top >= 4 else {0, top})
+    for tick in ticks:
+        y = topm + h - h * tick / top
         parts.append(f'<line x1="{left}" x2="{left + w}" y1="{y:.1f}" y2="{y:.1f}" '
                      f'stroke="#d0d4da" stroke-width="1"/>')
         parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" '
-                     f'font-size="11" fill="#5b6470">{top * frac:.0f}</text>')
+                     f'font-size="11" fill="#5b6470">{tick}</text>')
     for i in range(n):
         y = topm + h
         for k in kinds:
@@ -186,6 +198,7 @@ code,pre,.mono{font:12.5px/1.4 ui-monospace,"DejaVu Sans Mono",Menlo,monospace}
 pre{background:#f3f5f7;border:1px solid var(--line);border-radius:4px;padding:8px 10px;
 overflow:auto;max-height:420px;margin:6px 0;white-space:pre-wrap;word-break:break-all}
 td.argv{max-width:460px;word-break:break-all}
+time,.nowrap,a.mono{white-space:nowrap}
 a{color:#1f5f99}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;
 font-weight:600;background:#e8eaed;color:#3c4450}
@@ -220,8 +233,10 @@ details summary{cursor:pointer;color:#1f5f99}
 
 JS = """
 document.querySelectorAll('time[data-ts]').forEach(function(t){
-  var d=new Date(parseFloat(t.dataset.ts)*1000);
-  t.title=t.textContent; t.textContent=d.toLocaleString();
+  var d=new Date(parseFloat(t.dataset.ts)*1000), p=function(n){return String(n).padStart(2,'0');};
+  t.title=t.textContent+' (shown here in local time)';
+  t.textContent=d.getFullYear()+'-'+p(d.getMonth()+1)+'-'+p(d.getDate())+' '+
+    p(d.getHours())+':'+p(d.getMinutes())+':'+p(d.getSeconds());
 });
 document.querySelectorAll('select.auto').forEach(function(s){
   s.addEventListener('change',function(){ s.form.submit(); });

@@ -40,7 +40,9 @@ def _usage(u: dict) -> str:
     mem = u.get("memory_peak_bytes", u.get("memory_bytes"))
     if mem is not None:
         bits.append(f"mem {size(mem)}")
-    return esc(", ".join(bits)) if bits else '<span class="dim">–</span>'
+    if not bits:
+        return '<span class="dim">–</span>'
+    return "<br>".join(f'<span class="nowrap">{esc(b)}</span>' for b in bits)
 
 
 def runs_table(runs: list[dict], *, actor_col: bool) -> str:

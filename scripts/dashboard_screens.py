@@ -1,0 +1,144 @@
+"""Screenshots of the dashboard (docs/dashboard.md), taken by a real browser: a real
+`corral serve` on loopback with its own state directory, real sandbox runs through the
+API (ok, error, denied network, out of memory, timeout, a hostile argv), a real
+`corral probe` of a few categories, then Debian's chromium (headless, driven by
+Playwright) logs in with an admin token and saves each page as a PNG.
+
+    .venv/bin/python scripts/dashboard_screens.py                 # into docs/dashboard/
+    .venv/bin/python scripts/dashboard_screens.py --out /tmp/shots --no-probe
+    .venv/bin/python scripts/dashboard_screens.py --category escape --category dns
+
+Needs the namespace tier (root or user namespaces) and /usr/bin/chromium (setup.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+
+from servefix import CORRAL, Serve  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+CEILING = """\
+[network]
+mode = "allow"
+allow = ["allowed.test", "pypi.org", "files.pythonhosted.org"]
+nameservers = ["127.0.0.1:9"]
+"""
+NET = {"mode": "allow", "allow": ["allowed.test", "pypi.org"],
+       "nameservers": ["127.0.0.1:9"]}
+PY = "/usr/bin/python3"
+
+
+def populate(s: Serve, admin: str, agent: str) -> dict:
+    """Sandboxes and runs through the API; returns the ids worth a screenshot."""
+    a, b = s.http(agent), s.http(admin)
+    sid = a.post("/sandboxes", json={"policy": {"network": NET, "limits": {"memory": "128M"}},
+                                     "metadata": {"task": "fix-failing-tests",
+                                                  "agent": "claude"}}).json()["id"]
+    other = b.post("/sandboxes", json={"policy": {}, "timeout": 3600,
+                                       "metadata": {"task": "review"}}).json()["id"]
+
+    def run(client, box, argv, **kw):
+        r = client.post(f"/sandboxes/{box}/exec", json={"argv": argv, **kw})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    run(a, sid, [PY, "-c", "print('collected 42 items; 42 passed')"])
+    run(a, sid, ["/bin/sh", "-c", "curl -sS -m 5 http://telemetry.evil.test/collect; "
+                 "curl -sS -m 5 https://api.unknown-llm.test/v1; "
+                 "curl -sS -m 5 http://telemetry.evil.test/collect; exit 7"])
+    run(a, sid, ["/bin/sh", "-c", "curl -sS -m 5 http://telemetry.evil.test:8080/x"])
+    run(a, sid, [PY, "-c", "b = b'x' * (512 << 20)"])
+    run(a, sid, ["/bin/sleep", "30"], timeout=1)
+    run(a, sid, ["/bin/sh", "-c", "ls /nonexistent"])
+    run(b, other, ["/bin/echo", "<script>alert('argv')</script><b>bold?</b>"])
+    run(b, other, [PY, "-c", "print('<img src=x onerror=alert(1)>'); import os; "
+                   "print(os.uname().sysname)"])
+    runs = b.get("/runs").json()["runs"]
+    pick = next(r["id"] for r in runs if r["argv"][-1].endswith("exit 7"))
+    return {"run": pick, "sandbox": sid}
+
+
+def shoot(url: str, token: str, out: Path, ids: dict) -> list[Path]:
+    from playwright.sync_api import sync_playwright
+
+    shots = [("login", None), ("overview", "/"), ("sandboxes", "/ui/sandboxes"),
+             ("runs", "/ui/runs"), ("run", f"/ui/runs/{ids['run']}"),
+             ("denials", "/ui/denials"), ("probe", "/ui/probe")]
+    made = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        page = browser.new_page(viewport={"width": 1200, "height": 760})
+        problems = []
+        page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+                if m.type in ("error", "warning") else None)
+        page.on("requestfailed", lambda r: problems.append(f"failed: {r.url}"))
+        page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
+        page.goto(url + "/")
+        for name, path in shots:
+            if path is None:
+                page.fill("#token", "corral_" + "•" * 10)
+                made.append(out / f"{name}.png")
+                page.screenshot(path=made[-1], clip={"x": 0, "y": 0, "width": 1200,
+                                                     "height": 520})
+                page.fill("#token", token)
+                page.click("button.primary")
+                page.wait_for_url(url + "/")
+                continue
+            page.goto(url + path)
+            if name == "run":
+                page.click("details summary >> nth=0")      # one event's fields, opened
+            made.append(out / f"{name}.png")
+            height = min(page.evaluate("document.documentElement.scrollHeight"), 1500)
+            page.screenshot(path=made[-1], full_page=True,
+                            clip={"x": 0, "y": 0, "width": 1200, "height": height})
+        browser.close()
+    if problems:
+        raise SystemExit("the pages were not clean:\n" + "\n".join(problems))
+    return made
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "docs" / "dashboard"))
+    ap.add_argument("--category", action="append", default=None,
+                    help="probe categories to run (default: escape, env-leak)")
+    ap.add_argument("--no-probe", action="store_true")
+    o = ap.parse_args()
+    out = Path(o.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="corral-screens-") as tmp:
+        s = Serve(Path(tmp), env={"CORRAL_AUDIT": "1"})
+        ceiling = Path(tmp) / "ceiling.toml"
+        ceiling.write_text(CEILING)
+        admin = s.token("admin", "--admin", "--ceiling", str(ceiling))
+        agent = s.token("agent1", "--ceiling", str(ceiling), "--max-sandboxes", "4")
+        if not o.no_probe:
+            args = [a for c in (o.category or ["escape", "env-leak"]) for a in
+                    ("--category", c)]
+            t = time.monotonic()
+            subprocess.run([CORRAL, "probe", *args], stdout=subprocess.DEVNULL,
+                           env={**os.environ, "CORRAL_STATE_DIR": s.state})
+            print(f"probe: {time.monotonic() - t:.0f} s", file=sys.stderr)
+        s.start()
+        try:
+            ids = populate(s, admin, agent)
+            time.sleep(0.3)       # the audit writer lets a batch gather for 50 ms
+            for p in shoot(s.url, admin, out, ids):
+                print(f"{p} {p.stat().st_size // 1024} KiB")
+        finally:
+            s.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

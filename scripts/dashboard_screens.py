@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 from servefix import CORRAL, Serve  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
+WIDTH = 1100
 CEILING = """\
 [network]
 mode = "allow"
@@ -71,25 +72,26 @@ def populate(s: Serve, admin: str, agent: str) -> dict:
 def shoot(url: str, token: str, out: Path, ids: dict) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
-    shots = [("login", None), ("overview", "/"), ("sandboxes", "/ui/sandboxes"),
-             ("runs", "/ui/runs"), ("run", f"/ui/runs/{ids['run']}"),
-             ("denials", "/ui/denials"), ("probe", "/ui/probe")]
+    # (name, path, the most pixels of height kept): small PNGs for the docs
+    shots = [("login", None, 430), ("overview", "/", 980), ("sandboxes", "/ui/sandboxes", 420),
+             ("runs", "/ui/runs", 760), ("run", f"/ui/runs/{ids['run']}", 940),
+             ("denials", "/ui/denials", 860), ("probe", "/ui/probe", 820)]
     made = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
-        page = browser.new_page(viewport={"width": 1200, "height": 760})
+        page = browser.new_page(viewport={"width": WIDTH, "height": 760})
         problems = []
         page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
                 if m.type in ("error", "warning") else None)
         page.on("requestfailed", lambda r: problems.append(f"failed: {r.url}"))
         page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
         page.goto(url + "/")
-        for name, path in shots:
+        for name, path, most in shots:
             if path is None:
                 page.fill("#token", "corral_" + "•" * 10)
                 made.append(out / f"{name}.png")
-                page.screenshot(path=made[-1], clip={"x": 0, "y": 0, "width": 1200,
-                                                     "height": 520})
+                page.screenshot(path=made[-1], clip={"x": 0, "y": 0, "width": WIDTH,
+                                                     "height": most})
                 page.fill("#token", token)
                 page.click("button.primary")
                 page.wait_for_url(url + "/")
@@ -98,9 +100,9 @@ def shoot(url: str, token: str, out: Path, ids: dict) -> list[Path]:
             if name == "run":
                 page.click("details summary >> nth=0")      # one event's fields, opened
             made.append(out / f"{name}.png")
-            height = min(page.evaluate("document.documentElement.scrollHeight"), 1500)
+            height = min(page.evaluate("document.documentElement.scrollHeight"), most)
             page.screenshot(path=made[-1], full_page=True,
-                            clip={"x": 0, "y": 0, "width": 1200, "height": height})
+                            clip={"x": 0, "y": 0, "width": WIDTH, "height": height})
         browser.close()
     if problems:
         raise SystemExit("the pages were not clean:\n" + "\n".join(problems))

@@ -37,3 +37,22 @@ def denials_over_time(*, since: float, buckets: int = 24, actor: str | None = No
         finally:
             conn.close()
     return {"start": start, "step": step, "buckets": buckets, "kinds": out}
+
+
+def verdicts(*, since: float, actor: str | None = None, path: str | None = None,
+             now: float | None = None) -> dict[str, int]:
+    """{verdict: runs} of the runs that started in the last `since` seconds (a run still
+    going, or whose end was not recorded, counts as "running")."""
+    now = time.time() if now is None else now
+    conn = query.open_db(path)
+    if conn is None:
+        return {}
+    sql = "SELECT COALESCE(verdict, 'running'), COUNT(*) FROM runs WHERE started >= ?"
+    args: list = [now - since]
+    if actor is not None:
+        sql += " AND actor = ?"
+        args.append(actor)
+    try:
+        return dict(conn.execute(sql + " GROUP BY 1", args).fetchall())
+    finally:
+        conn.close()

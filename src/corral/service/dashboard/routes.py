@@ -128,17 +128,14 @@ def overview(request: Request):
     from ...probe import last
 
     live = _live(request, v)
-    day = query.runs(since=86400, actor=v.actor, limit=100000)
-    by: dict[str, int] = {}
-    for r in day:
-        by[r.get("verdict") or "running"] = by.get(r.get("verdict") or "running", 0) + 1
+    by = series.verdicts(since=86400, actor=v.actor)
     s = series.denials_over_time(since=86400, buckets=24, actor=v.actor)
     body = pages.overview(
         sandboxes=pages.sandboxes_table(live[:10], owner_col=v.admin),
         n_sandboxes=len(live), by_verdict=by,
         n_denials=sum(sum(x) for x in s["kinds"].values()), series=s,
-        domains=query.denials(kind="net", actor=v.actor), recent=day[:10] or query.runs(
-            actor=v.actor, limit=10),
+        domains=query.denials(kind="net", actor=v.actor),
+        recent=query.runs(actor=v.actor, limit=10),
         probe=last.load(_state_dir(request)), actor_col=v.admin, audit_on=record.enabled())
     return _page("Overview", body, viewer=v, here="/")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,10 @@ def populate(s: Serve, admin: str, agent: str) -> dict:
         return r.json()
 
     run(a, sid, [PY, "-c", "print('collected 42 items; 42 passed')"])
+    for host in ("telemetry.evil.test", "api.unknown-llm.test", "telemetry.evil.test",
+                 "pastebin.test", "telemetry.evil.test", "api.unknown-llm.test",
+                 "telemetry.evil.test", "registry.npmjs.test"):
+        run(a, sid, ["/bin/sh", "-c", f"curl -sS -m 5 http://{host}/ >/dev/null"])
     run(a, sid, ["/bin/sh", "-c", "curl -sS -m 5 http://telemetry.evil.test/collect; "
                  "curl -sS -m 5 https://api.unknown-llm.test/v1; "
                  "curl -sS -m 5 http://telemetry.evil.test/collect; exit 7"])
@@ -64,18 +69,37 @@ def populate(s: Serve, admin: str, agent: str) -> dict:
     run(b, other, ["/bin/echo", "<script>alert('argv')</script><b>bold?</b>"])
     run(b, other, [PY, "-c", "print('<img src=x onerror=alert(1)>'); import os; "
                    "print(os.uname().sysname)"])
+    _spread(s)
     runs = b.get("/runs").json()["runs"]
     pick = next(r["id"] for r in runs if r["argv"][-1].endswith("exit 7"))
     return {"run": pick, "sandbox": sid}
+
+
+def _spread(s: Serve) -> None:
+    """Spread the service runs' start times over the last 20 hours (oldest first), so the
+    chart of denials over the last day has a shape: the one thing these screenshots
+    stage."""
+    import sqlite3
+
+    time.sleep(0.5)       # the audit writer lets a batch gather for 50 ms
+    conn = sqlite3.connect(os.path.join(s.state, "audit", "audit.db"))
+    with conn:
+        ids = [r[0] for r in conn.execute("SELECT id FROM runs WHERE face = 'service' "
+                                          "ORDER BY started")]
+        for i, rid in enumerate(ids):
+            back = 20 * 3600 * (1 - i / max(len(ids) - 1, 1))
+            conn.execute("UPDATE runs SET started = started - ?, ended = ended - ? "
+                         "WHERE id = ?", (back, back, rid))
+    conn.close()
 
 
 def shoot(url: str, token: str, out: Path, ids: dict) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
     # (name, path, the most pixels of height kept): small PNGs for the docs
-    shots = [("login", None, 430), ("overview", "/", 980), ("sandboxes", "/ui/sandboxes", 420),
-             ("runs", "/ui/runs", 760), ("run", f"/ui/runs/{ids['run']}", 940),
-             ("denials", "/ui/denials", 860), ("probe", "/ui/probe", 820)]
+    shots = [("login", None, 400), ("overview", "/", 900), ("sandboxes", "/ui/sandboxes", 400),
+             ("runs", "/ui/runs", 640), ("run", f"/ui/runs/{ids['run']}", 860),
+             ("denials", "/ui/denials", 660), ("probe", "/ui/probe", 640)]
     made = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
@@ -128,13 +152,17 @@ def main() -> int:
             args = [a for c in (o.category or ["escape", "env-leak"]) for a in
                     ("--category", c)]
             t = time.monotonic()
+            # in a state directory of its own (its runs stay out of the runs shown),
+            # then its matrix is handed to the server's
+            pstate = Path(tmp) / "probe-state"
             subprocess.run([CORRAL, "probe", *args], stdout=subprocess.DEVNULL,
-                           env={**os.environ, "CORRAL_STATE_DIR": s.state})
+                           env={**os.environ, "CORRAL_STATE_DIR": str(pstate)})
+            (Path(s.state) / "probe").mkdir(mode=0o700, parents=True)
+            shutil.copy(pstate / "probe" / "last.json", Path(s.state) / "probe" / "last.json")
             print(f"probe: {time.monotonic() - t:.0f} s", file=sys.stderr)
         s.start()
         try:
             ids = populate(s, admin, agent)
-            time.sleep(0.3)       # the audit writer lets a batch gather for 50 ms
             for p in shoot(s.url, admin, out, ids):
                 print(f"{p} {p.stat().st_size // 1024} KiB")
         finally:

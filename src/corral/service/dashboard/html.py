@@ -59,6 +59,18 @@ def when(t) -> str:
     return f'<time datetime="{iso}" data-ts="{t:.3f}">{shown}</time>'
 
 
+def until(t) -> str:
+    """A time to come as "in 5 min" (as of the page), the exact time in its title."""
+    if not isinstance(t, (int, float)):
+        return '<span class="dim">–</span>'
+    left = t - time.time()
+    text = "now" if left <= 0 else (f"in {left:.0f} s" if left < 120 else
+                                    f"in {left / 60:.0f} min" if left < 7200 else
+                                    f"in {left / 3600:.1f} h")
+    shown = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+    return f'<span class="nowrap" title="{shown}">{text}</span>'
+
+
 def seconds(v) -> str:
     if not isinstance(v, (int, float)):
         return "–"
@@ -197,8 +209,8 @@ tbody tr:hover{background:#f0f4f9}
 code,pre,.mono{font:12.5px/1.4 ui-monospace,"DejaVu Sans Mono",Menlo,monospace}
 pre{background:#f3f5f7;border:1px solid var(--line);border-radius:4px;padding:8px 10px;
 overflow:auto;max-height:420px;margin:6px 0;white-space:pre-wrap;word-break:break-all}
-td.argv{max-width:460px;word-break:break-all}
-time,.nowrap,a.mono{white-space:nowrap}
+code.argv{display:block;max-width:300px;word-break:break-all}
+time,.nowrap,a.mono,code.rule{white-space:nowrap}
 a{color:#1f5f99}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;
 font-weight:600;background:#e8eaed;color:#3c4450}

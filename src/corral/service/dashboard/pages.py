@@ -16,11 +16,12 @@ from .html import (
     select,
     size,
     table,
+    until,
     verdict,
     when,
 )
 
-ARGV_SHOWN = 240          # characters of an argv in a list
+ARGV_SHOWN = 150          # characters of an argv in a list
 OUTPUT_SHOWN = 64 << 10   # characters of one stream on a run's page
 EVENTS_SHOWN = 2000
 
@@ -29,13 +30,13 @@ def run_link(run_id: str, text: str | None = None) -> str:
     return f'<a class="mono" href="/ui/runs/{quote(run_id, safe="")}">{esc(text or run_id)}</a>'
 
 
-def _usage(u: dict) -> str:
+def _usage(u: dict, short: bool = False) -> str:
     if not isinstance(u, dict) or not u:
         return '<span class="dim">–</span>'
     bits = []
     if "wall_s" in u:
         bits.append(f"wall {seconds(u['wall_s'])}")
-    if "cpu_s" in u:
+    if "cpu_s" in u and not short:
         bits.append(f"cpu {seconds(u['cpu_s'])}")
     mem = u.get("memory_peak_bytes", u.get("memory_bytes"))
     if mem is not None:
@@ -46,18 +47,19 @@ def _usage(u: dict) -> str:
 
 
 def runs_table(runs: list[dict], *, actor_col: bool) -> str:
-    head = ["started", "run", "command", "verdict", "exit", "tier", "face", "usage"]
+    head = ["started", "run", "command", "verdict", "tier", "face", "usage"]
     if actor_col:
         head.append("actor")
     rows = []
     for r in runs:
         code = r.get("exit_code")
         sig = r.get("signal")
-        ex = esc(code) if code is not None else (f"signal {esc(sig)}" if sig else "–")
+        ex = f"exit {esc(code)}" if code is not None else (f"signal {esc(sig)}" if sig else "")
         row = [when(r.get("started")), run_link(r["id"]),
-               f'<code>{esc(clip(argv_text(r.get("argv")), ARGV_SHOWN))}</code>',
-               verdict(r.get("verdict")), ex, esc(r.get("tier") or "–"),
-               esc(r.get("face") or "–"), _usage(r.get("usage"))]
+               f'<code class="argv">{esc(clip(argv_text(r.get("argv")), ARGV_SHOWN))}</code>',
+               f'{verdict(r.get("verdict"))}<br><span class="dim nowrap">{ex}</span>',
+               esc(r.get("tier") or "–"), esc(r.get("face") or "–"),
+               _usage(r.get("usage"), short=True)]
         if actor_col:
             row.append(esc(r.get("actor") or "–"))
         rows.append(row)
@@ -83,8 +85,8 @@ def _policy_lines(policy: dict) -> str:
 
 
 def sandboxes_table(views: list[tuple[str, dict]], *, owner_col: bool) -> str:
-    head = ["sandbox", "tier", "created", "ends", "cpu", "memory (peak)", "commands",
-            "network", "policy"]
+    head = ["sandbox", "tier", "created", "ends", "cpu", "memory", "commands", "network",
+            "policy"]
     if owner_col:
         head.insert(1, "token")
     rows = []
@@ -101,12 +103,15 @@ def sandboxes_table(views: list[tuple[str, dict]], *, owner_col: bool) -> str:
                                        "</span>" for k, x in list(meta.items())[:6])
                     if meta else "")
         row = [f'<span class="mono">{esc(v.get("id"))}</span>{metacell}',
-               esc(v.get("isolation")), when(v.get("created")), when(v.get("ends")),
+               esc(v.get("isolation")), when(v.get("created")), until(v.get("ends")),
                seconds(u.get("cpu_s")),
-               f'{size(u.get("memory_bytes"))} ({size(u.get("memory_peak_bytes"))})',
-               f'{esc(u.get("commands", "–"))} ({esc(u.get("running", 0))} running)',
+               f'<span class="nowrap">now {size(u.get("memory_bytes"))}</span><br>'
+               f'<span class="nowrap">peak {size(u.get("memory_peak_bytes"))}</span>',
+               f'{esc(u.get("commands", "–"))}<br><span class="dim">{esc(u.get("running", 0))}'
+               " running</span>",
                netcell,
-               f"<details><summary>{esc(str(v.get('policy_digest', ''))[:19])}…</summary>"
+               f"<details><summary>show</summary><p class=\"mono dim\">"
+               f"{esc(v.get('policy_digest', ''))}</p>"
                f"<pre>{esc(_policy_lines(pol))}</pre></details>"]
         if owner_col:
             row.insert(1, esc(owner))
@@ -114,16 +119,22 @@ def sandboxes_table(views: list[tuple[str, dict]], *, owner_col: bool) -> str:
     return table(head, rows, empty="No live sandboxes.")
 
 
-def denials_table(denials: list[dict], *, limit: int | None = None) -> str:
+def denials_table(denials: list[dict], *, limit: int | None = None,
+                  reason: bool = True) -> str:
     rows = []
     for d in denials[:limit] if limit else denials:
-        rows.append([f'<b>{esc(d.get("count"))}×</b>', esc(d.get("kind")),
-                     f'<code>{esc(clip(str(d.get("what")), 200))}</code>',
-                     esc(d.get("runs")), f'<code>{esc(d.get("rule") or "–")}</code>',
-                     f'<span class="dim">{esc(clip(str(d.get("reason") or ""), 160))}</span>',
-                     when(d.get("last"))])
-    return table(["refused", "kind", "what", "runs", "rule that would allow it", "reason",
-                  "last"], rows, empty="Nothing was refused.")
+        row = [f'<b>{esc(d.get("count"))}×</b>', esc(d.get("kind")),
+               f'<code>{esc(clip(str(d.get("what")), 200))}</code>',
+               esc(d.get("runs")), f'<code class="rule">{esc(d.get("rule") or "–")}</code>',
+               when(d.get("last"))]
+        if reason:
+            row.insert(5, f'<span class="dim">{esc(clip(str(d.get("reason") or ""), 160))}'
+                          "</span>")
+        rows.append(row)
+    head = ["refused", "kind", "what", "runs", "rule that would allow it", "last"]
+    if reason:
+        head.insert(5, "reason")
+    return table(head, rows, empty="Nothing was refused.")
 
 
 def overview(*, sandboxes: str, n_sandboxes: int, by_verdict: dict, n_denials: int,
@@ -152,7 +163,7 @@ out of memory</span></div>
 </div>
 <div class="card"><h2>Runs by verdict, last 24 h</h2>{verd}</div>
 <div class="card"><h2>Denials, last 24 h</h2>{chart(series)}</div>
-<div class="card"><h2>Most-refused domains</h2>{denials_table(domains, limit=8)}
+<div class="card"><h2>Most-refused domains</h2>{denials_table(domains, limit=8, reason=False)}
 <p><a href="/ui/denials">All denials</a></p></div>
 <div class="card"><h2>Live sandboxes</h2>{sandboxes}</div>
 <div class="card"><h2>Recent runs</h2>{runs_table(recent, actor_col=actor_col)}
@@ -186,12 +197,14 @@ def denials_page(series: dict, denials: list[dict], *, since: str, kind: str | N
                               ("limit", "limit")], kind)
             + '<noscript><button type="submit">Filter</button></noscript></form>')
     net = [d for d in denials if d.get("kind") == "net"]
+    rest = [d for d in denials if d.get("kind") != "net"]
     return (f"<h1>Denials</h1><div class=card>{form}{chart(series)}</div>"
-            f"<div class=card><h2>Most-refused domains</h2>{denials_table(net)}</div>"
-            f"<div class=card><h2>Everything refused</h2>"
+            f"<div class=card><h2>Most-refused domains</h2>"
             f"<p class=dim>Grouped by what was refused, most frequent first, with the policy "
             f"change that would have allowed it. Read it before you take it: a denial is often "
-            f"the sandbox doing what it should not.</p>{denials_table(denials)}</div>")
+            f"the sandbox doing what it should not.</p>{denials_table(net)}</div>"
+            f"<div class=card><h2>Other refusals (secrets, limits)</h2>"
+            f"{denials_table(rest)}</div>")
 
 
 def probe_page(probe: dict | None) -> str:

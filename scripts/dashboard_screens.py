@@ -97,9 +97,9 @@ def shoot(url: str, token: str, out: Path, ids: dict) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
     # (name, path, the most pixels of height kept): small PNGs for the docs
-    shots = [("login", None, 400), ("overview", "/", 900), ("sandboxes", "/ui/sandboxes", 400),
-             ("runs", "/ui/runs", 640), ("run", f"/ui/runs/{ids['run']}", 860),
-             ("denials", "/ui/denials", 660), ("probe", "/ui/probe", 640)]
+    shots = [("login", None, 400), ("overview", "/", 800), ("sandboxes", "/ui/sandboxes", 580),
+             ("runs", "/ui/runs", 540), ("run", f"/ui/runs/{ids['run']}", 860),
+             ("denials", "/ui/denials", 600), ("probe", "/ui/probe", 540)]
     made = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)

@@ -198,6 +198,11 @@ def _same_origin(srv, h):
 
 
 def test_a_revoked_token_ends_its_sessions(srv):
+    ls = subprocess.run([CORRAL, "token", "ls", "--state-dir", srv.state], capture_output=True,
+                        text=True).stdout
+    assert [ln.split("\t")[-1] for ln in ls.splitlines() if ln.startswith("admin\t")] \
+        == ["admin"]
+    assert [ln.split("\t")[-1] for ln in ls.splitlines() if ln.startswith("bob\t")] == [""]
     tok = srv.token("carol")
     r = httpx.post(srv.url + "/ui/login", data={"token": tok}, headers={"Origin": srv.url},
                    timeout=30)

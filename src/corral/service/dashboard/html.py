@@ -224,6 +224,8 @@ button.primary{background:var(--acc);color:#fff;border:0;border-radius:4px;
 padding:7px 16px;font:inherit;cursor:pointer}
 dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px;margin:0}
 dl.facts dt{color:var(--dim)}dl.facts dd{margin:0;word-break:break-all}
+.split{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:18px}
+.split pre{margin:0;max-height:300px}
 svg.chart{width:100%;height:auto;display:block}
 .legend{font-size:12px;color:var(--dim);margin-top:4px}
 .key{display:inline-block;width:10px;height:10px;border-radius:2px;margin:0 4px 0 10px}

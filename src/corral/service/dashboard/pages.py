@@ -73,15 +73,15 @@ def _policy_lines(policy: dict) -> str:
     for section, v in policy.items():
         if isinstance(v, dict):
             flat = {k: x for k, x in v.items() if not isinstance(x, dict)}
-            out.append(f"[{section}]")
+            out += ["", f"[{section}]"]
             out += [f"{k} = {json.dumps(x)}" for k, x in flat.items()]
             for k, x in v.items():
                 if isinstance(x, dict):
-                    out.append(f"[{section}.{k}]")
+                    out += ["", f"[{section}.{k}]"]
                     out += [f"{kk} = {json.dumps(xx)}" for kk, xx in x.items()]
         else:
             out.insert(0, f"{section} = {json.dumps(v)}")
-    return "\n".join(out)
+    return "\n".join(out).strip("\n")
 
 
 def sandboxes_table(views: list[tuple[str, dict]], *, owner_col: bool) -> str:
@@ -110,13 +110,43 @@ def sandboxes_table(views: list[tuple[str, dict]], *, owner_col: bool) -> str:
                f'{esc(u.get("commands", "–"))}<br><span class="dim">{esc(u.get("running", 0))}'
                " running</span>",
                netcell,
-               f"<details><summary>show</summary><p class=\"mono dim\">"
-               f"{esc(v.get('policy_digest', ''))}</p>"
-               f"<pre>{esc(_policy_lines(pol))}</pre></details>"]
+               f'<a href="/ui/sandboxes#sb-{quote(str(v.get("id")), safe="")}">policy</a>']
         if owner_col:
             row.insert(1, esc(owner))
         rows.append(row)
     return table(head, rows, empty="No live sandboxes.")
+
+
+def sandbox_cards(views: list[tuple[str, dict]], *, owner_col: bool) -> str:
+    """The Sandboxes page: one card a sandbox, its facts beside its whole policy."""
+    if not views:
+        return '<div class="card"><p class="empty">No live sandboxes.</p></div>'
+    out = []
+    for owner, v in views:
+        u = v.get("usage") or {}
+        pol = v.get("policy") or {}
+        net = pol.get("network") or {}
+        meta = v.get("metadata") or {}
+        facts = [("tier", esc(v.get("isolation"))), ("created", when(v.get("created"))),
+                 ("ends", until(v.get("ends"))), ("cpu", seconds(u.get("cpu_s"))),
+                 ("memory", f"{size(u.get('memory_bytes'))} now, "
+                            f"{size(u.get('memory_peak_bytes'))} at its peak"),
+                 ("commands", f"{esc(u.get('commands', '–'))} run, "
+                              f"{esc(u.get('running', 0))} running"),
+                 ("network", esc(net.get("mode", "none")) + (
+                     ": " + esc(clip(", ".join(map(str, net.get("allow") or [])), 300))
+                     if net.get("allow") else "")),
+                 ("policy digest", f'<span class="mono">{esc(v.get("policy_digest", "–"))}'
+                                   "</span>")]
+        if owner_col:
+            facts.insert(0, ("token", esc(owner)))
+        facts += [(f"metadata {esc(k)}", esc(clip(str(x), 200)))
+                  for k, x in list(meta.items())[:16]]
+        dl = "".join(f"<dt>{k}</dt><dd>{x}</dd>" for k, x in facts)
+        out.append(f'<div class="card" id="sb-{esc(v.get("id"))}"><h2 class="mono">'
+                   f'{esc(v.get("id"))}</h2><div class="split"><dl class="facts">{dl}</dl>'
+                   f"<pre>{esc(_policy_lines(pol))}</pre></div></div>")
+    return "".join(out)
 
 
 def denials_table(denials: list[dict], *, limit: int | None = None,

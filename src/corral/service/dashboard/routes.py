@@ -146,9 +146,9 @@ def sandboxes(request: Request):
     if v is None:
         return _to_login(request)
     live = _live(request, v)
-    body = (f"<h1>Live sandboxes</h1><div class=card><p class=dim>{len(live)} live in "
-            f"this service, newest first; usage as of this page.</p>"
-            f"{pages.sandboxes_table(live, owner_col=v.admin)}</div>")
+    body = (f"<h1>Live sandboxes</h1><p class=dim>{len(live)} live in this service, "
+            f"newest first; usage as of this page (reload to refresh).</p>"
+            f"{pages.sandbox_cards(live, owner_col=v.admin)}")
     return _page("Sandboxes", body, viewer=v, here="/ui/sandboxes")
 
 

@@ -276,6 +276,14 @@ def test_a_hostile_argv_and_output_are_text_and_run_no_script(srv, admin, alice_
             == 0, path
         assert admin.page.locator("script").count() == 1, path       # the page's own
     assert admin.dialogs == [] and admin.problems == []
+    # and were escaping to miss one, the CSP would stop it: an inline script without the
+    # page's nonce does not run (the browser logs the violation)
+    admin.page.evaluate("() => { const s = document.createElement('script'); "
+                        "s.textContent = 'window.__pwned = \"csp\"'; "
+                        "document.body.appendChild(s); }")
+    assert admin.page.evaluate("window.__pwned") is None
+    assert any("Content Security Policy" in p for p in admin.problems), admin.problems
+    admin.problems.clear()
 
 
 def test_a_token_sees_only_its_own_runs_and_the_admin_sees_all(srv, browser, admin,

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import time
 from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Request
@@ -300,8 +299,7 @@ async def login(request: Request, next: str | None = None):    # noqa: A002
             token = None
     t = request.app.state.service.tokens.verify((token or "").strip())
     target = safe_next(next)
-    if t is None:
-        time.sleep(0)     # no hint beyond the status: unknown, revoked, malformed alike
+    if t is None:         # one answer for unknown, revoked and malformed alike
         return _page("Log in", pages.login_page(
             next_=target, error="That token is not valid (unknown or revoked)."),
             status=401)

@@ -197,6 +197,7 @@ padding:14px 16px;margin-bottom:16px}
 margin-bottom:16px}
 .stat{background:var(--card);border:1px solid var(--line);border-radius:6px;
 padding:12px 16px}
+a.stat{color:inherit;text-decoration:none}a.stat:hover{border-color:#8fa9c4}
 .stat b{display:block;font-size:26px;font-weight:600}
 .stat span{color:var(--dim);font-size:13px}
 .scroll{overflow-x:auto}

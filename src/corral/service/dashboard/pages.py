@@ -183,13 +183,14 @@ def overview(*, sandboxes: str, n_sandboxes: int, by_verdict: dict, n_denials: i
         ptxt = '<b>–</b><span>no probe report yet (corral probe)</span>'
     off = ("" if audit_on else '<div class="alert">The audit store is off '
            "(CORRAL_AUDIT=0): no runs are recorded.</div>")
+    ptxt = f'<a class="stat" href="/ui/probe">{ptxt}</a>'
     return f"""{off}<h1>Overview</h1>
 <div class="grid">
-<div class="stat"><b>{n_sandboxes}</b><span>live sandboxes</span></div>
-<div class="stat"><b>{total}</b><span>runs in the last 24 h; {bad} killed, timed out or
-out of memory</span></div>
-<div class="stat"><b>{n_denials}</b><span>denials in the last 24 h</span></div>
-<div class="stat">{ptxt}</div>
+<a class="stat" href="/ui/sandboxes"><b>{n_sandboxes}</b><span>live sandboxes</span></a>
+<a class="stat" href="/ui/runs?since=24h"><b>{total}</b><span>runs in the last 24 h; {bad}
+killed, timed out or out of memory</span></a>
+<a class="stat" href="/ui/denials"><b>{n_denials}</b><span>denials in the last 24 h</span></a>
+{ptxt}
 </div>
 <div class="card"><h2>Runs by verdict, last 24 h</h2>{verd}</div>
 <div class="card"><h2>Denials, last 24 h</h2>{chart(series)}</div>

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Request
@@ -42,11 +43,18 @@ LOGIN_BODY_MAX = 8 << 10
 RUNS_SHOWN = 200
 
 
+_MADE = threading.Lock()
+
+
 def _sessions(request: Request) -> Sessions:
+    """The app's sessions (made on first use, once: two first requests share one)."""
     st = request.app.state
     s = getattr(st, "dashboard_sessions", None)
     if s is None:
-        s = st.dashboard_sessions = Sessions()
+        with _MADE:
+            s = getattr(st, "dashboard_sessions", None)
+            if s is None:
+                s = st.dashboard_sessions = Sessions()
     return s
 
 

@@ -729,6 +729,12 @@ def cmd_audit(name: str):
     return run
 
 
+def cmd_learn(args: list[str]) -> int:   # audit/cli_learn.py: loaded only here
+    from .audit.cli_learn import main as learn_main
+
+    return learn_main(args, parse_run_args, effective_policy)
+
+
 def cmd_service(name: str):
     def run(args: list[str]) -> int:   # loaded only here: fastapi, uvicorn, mcp stay off run's path
         from .service.cli import main as service_main
@@ -739,7 +745,8 @@ def cmd_service(name: str):
 
 COMMANDS = {"run": cmd_run, "shell": cmd_shell, "policy": cmd_policy, "doctor": cmd_doctor,
             "explain": cmd_explain, "probe": cmd_probe, "image": cmd_image,
-            "install": cmd_install, "sandbox": cmd_sandbox, "serve": cmd_service("serve"),
+            "install": cmd_install, "sandbox": cmd_sandbox, "learn": cmd_learn,
+            "serve": cmd_service("serve"),
             "token": cmd_service("token"), "mcp": cmd_service("mcp")}
 for _name in ("runs", "logs", "denials", "gc", "audit", "verify", "key"):
     COMMANDS[_name] = cmd_audit(_name)

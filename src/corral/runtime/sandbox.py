@@ -13,6 +13,7 @@ import os
 import time
 
 from ..audit import record as _audit
+from ..errors import CorralError
 from ..plan import Plan
 from ..policy import Policy
 from ..result import Result
@@ -28,11 +29,33 @@ class Sandbox:
 
     def __init__(self, policy: Policy | dict | str | None = None, *,
                  env: Mapping[str, str] | None = None, backend=None,
-                 learn: bool = False) -> None:
+                 learn: bool = False, _argv: list[str] | None = None) -> None:
         """`backend`: a tier's Backend instance to use instead of the policy's isolation
         (for tests of the faces with backends.fake.FakeBackend). `learn`: learn mode
         (runtime/learn.py): a permissive run that records what it needed;
-        `learned_policy()` then writes the policy that would have let it succeed."""
+        `learned_policy()` then writes the policy that would have let it succeed.
+        A policy refused here (PolicyError, UnsupportedRule, ...) is recorded in the audit
+        store as a run with the verdict "refused" (`_argv`: the command it was for)."""
+        try:
+            self._set_up(policy, env, backend, learn)
+        except CorralError as e:
+            refused(e, _argv or [], policy)
+            raise
+        self._live = None
+        self._pid = 0
+        #: the Result of the last exec: close() adds its teardown problems to its events
+        self._last: Result | None = None
+        #: what went wrong when the sandbox was closed (each a sentence); also added to the
+        #: last Result's events as "teardown" events, so run() and the CLI show them
+        self.teardown_problems: list[str] = []
+        self._files = None
+        self._code = None       # the code contexts (runtime.session), made on first use
+        #: the audit store's (face, actor) of whoever made it, and the last exec's run id
+        self._audit_origin = _audit.origin()
+        self.last_run_id: str | None = None
+        self.last_run_started: float | None = None
+
+    def _set_up(self, policy, env, backend, learn: bool) -> None:
         if learn and isinstance(policy, dict):   # its network is the proxy, in learn mode
             net = policy.get("network")
             policy = {**policy, "network": {"mode": "allow",
@@ -58,19 +81,6 @@ class Sandbox:
 
             (proxy,) = self.plan.find(EgressProxy)
             self._granted = resolve(self.policy, dict(proxy.grants), host_env)
-        self._live = None
-        self._pid = 0
-        #: the Result of the last exec: close() adds its teardown problems to its events
-        self._last: Result | None = None
-        #: what went wrong when the sandbox was closed (each a sentence); also added to the
-        #: last Result's events as "teardown" events, so run() and the CLI show them
-        self.teardown_problems: list[str] = []
-        self._files = None
-        self._code = None       # the code contexts (runtime.session), made on first use
-        #: the audit store's (face, actor) of whoever made it, and the last exec's run id
-        self._audit_origin = _audit.origin()
-        self.last_run_id: str | None = None
-        self.last_run_started: float | None = None
 
     @classmethod
     def create(cls, policy: Policy | dict | str | None = None, *, timeout: float = 300,
@@ -415,9 +425,18 @@ class TextChunks:
             self.fn(text)
 
 
+def refused(e: CorralError, argv, policy) -> None:
+    """Record a run refused before it started (audit.record.record_refused), once."""
+    if getattr(e, "audit_recorded", False):
+        return
+    e.audit_recorded = True
+    _audit.record_refused(argv, e.kind, e.message, e.field,
+                          policy=policy if isinstance(policy, Policy) else None)
+
+
 def run(argv: list[str], policy: Policy | dict | str | None = None, **kw) -> Result:
     """Run one command in a fresh sandbox and return its Result."""
-    with Sandbox(policy) as sb:
+    with Sandbox(policy, _argv=argv) as sb:
         return sb.exec(argv, **kw)
 
 

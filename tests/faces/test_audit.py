@@ -355,10 +355,15 @@ def test_mcp_commands_are_recorded_as_mcp(state):
             r = await c.call_tool("run_command", {"command": "echo from-mcp"})
             assert not r.is_error, r.content
 
+            r = await c.call_tool("create_sandbox", {"policy": {"limits": {"pids": 0}}})
+            assert r.is_error, r.content
+
     asyncio.run(asyncio.wait_for(main(), 300))
     runs = [r for r in query.runs() if r["kind"] == "command"]
     assert [(r["argv"][-1], r["face"]) for r in runs] == [("echo from-mcp", "mcp")]
     assert runs[0]["actor"].startswith("user:")
+    (refused,) = query.runs(verdict="refused")        # the bad policy: recorded, as mcp
+    assert refused["face"] == "mcp" and refused["actor"].startswith("user:")
 
 
 def test_since_and_kind_leave_out_what_they_should(state):

@@ -219,3 +219,33 @@ def test_the_proxy_decisions_in_learn_mode():
     assert check_address(cfg, ip_address("93.184.215.14"), 80).allow
     with pytest.raises(corral.PolicyError):
         NetConfig.from_dict({"learn": "yes"})
+
+
+def test_the_learned_policy_is_valid_toml_for_awkward_input(tmp_path):
+    """Pure: what the sandbox reported (a hostile file name, refusal reasons with control
+    characters), an IPv6 literal, a workspace path with quotes and non-ASCII: the policy
+    loads, and nothing of the sandbox's text escapes its comment line."""
+    from corral.result import Result, Usage
+    from corral.runtime.changes import Change
+    from corral.runtime.learn import Learner
+
+    ws = tmp_path / 'pro"j ü'
+    ws.mkdir()
+    asked = policy_from_dict({"filesystem": {"workspace": {"path": str(ws), "mode": "rw"}}})
+    lr = Learner(asked)
+    lr.add(Result("ok", 0, None, usage=Usage(wall_s=2.2, cpu_s=0.5, memory_peak_bytes=50 << 20),
+                  events=[{"kind": "net", "host": "2001:db8::1", "port": 8443,
+                           "decision": "allow", "reason": "learn", "bytes_in": 1,
+                           "bytes_out": 2},
+                          {"kind": "net", "host": "x.test", "port": 80, "decision": "deny",
+                           "reason": "evil\nmode = \"none\"\n[limits]", "bytes_in": 0,
+                           "bytes_out": 0}]))
+    lr.add_changes([Change(path="a\nallow = [\"*\"]", kind="added", type="file")])
+    text = lr.policy_toml(1.5)
+    pol = tomllib.loads(text)
+    assert pol["network"]["allow"] == ["[2001:db8::1]:8443"]
+    assert pol["filesystem"]["workspace"] == {"path": str(ws), "mode": "rw"}
+    assert pol["limits"] == {"memory": "75M", "timeout": "5s", "cpu_time": "5s"}
+    assert set(pol) == {"isolation", "limits", "network", "filesystem"}
+    with pytest.raises(corral.PolicyError):
+        lr.policy_toml(0.5)

@@ -156,7 +156,7 @@ def _write_policy(path: str, text: str) -> None:
     except OSError as e:
         raise UsageError(f"cannot write the policy to {path}: {e.strerror}",
                          field="--out") from None
-    with os.fdopen(fd, "w") as f:
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
 
 

@@ -231,7 +231,11 @@ def _check_loads(text: str) -> None:
 
     from ..policy import policy_from_dict
 
-    policy_from_dict(tomllib.loads(text))
+    try:
+        policy_from_dict(tomllib.loads(text))
+    except tomllib.TOMLDecodeError as e:     # a bug here, never the user's: say so
+        raise PolicyError(f"the learned policy is not valid TOML ({e}); please report it",
+                          field="learn") from None
 
 
 def _rule(host: str, port: int) -> str:
@@ -241,9 +245,21 @@ def _rule(host: str, port: int) -> str:
 
 
 def _q(text: str) -> str:
-    import json
-
-    return json.dumps(text, ensure_ascii=True)
+    """A TOML basic string: quotes and backslashes escaped, control characters as \\uXXXX,
+    the rest as it is (UTF-8). A lone surrogate (an undecodable file name) cannot be
+    written: PolicyError."""
+    out = []
+    for c in text:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\u{ord(c):04x}")
+        elif 0xD800 <= ord(c) <= 0xDFFF:
+            raise PolicyError(f"{text!r} is not valid UTF-8 and cannot be written to a "
+                              f"policy file", field="learn")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
 
 
 def _list(items) -> str:

@@ -72,6 +72,6 @@ def run_receipt(run_id: str, token: Auth):
 
 @router.get("/denials", responses=errors(400))
 def denials(token: Auth, since: str | None = None, kind: str | None = None):
-    if kind not in (None, "net", "secret", "limit"):
-        raise ApiError(400, "invalid", "kind is one of net, secret, limit", "kind")
+    if kind not in (None, "net", "secret", "limit", "refused"):
+        raise ApiError(400, "invalid", "kind is one of net, secret, limit, refused", "kind")
     return {"denials": query.denials(since=_since(since), kind=kind, actor=_actor(token))}

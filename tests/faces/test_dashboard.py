@@ -216,7 +216,8 @@ def test_a_revoked_token_ends_its_sessions(srv):
 
 def test_every_page_loads_clean_with_a_strict_csp(srv, admin, alice_run):
     for path in PAGES + [f"/ui/runs/{alice_run['denied']}", "/ui/runs?verdict=error",
-                         "/ui/denials?since=7d&kind=net"]:
+                         "/ui/denials?since=7d&kind=net", "/ui/runs?verdict=refused",
+                         "/ui/denials?kind=refused"]:
         resp = admin.go(path)
         csp = resp.headers["content-security-policy"]
         assert "default-src 'none'" in csp and "http" not in csp

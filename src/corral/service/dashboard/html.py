@@ -92,7 +92,7 @@ def size(v) -> str:
 
 
 VERDICT_CLASS = {"ok": "ok", "error": "warn", "killed": "bad", "timeout": "bad",
-                 "oom": "bad"}
+                 "oom": "bad", "refused": "warn"}
 
 
 def verdict(v) -> str:
@@ -121,7 +121,7 @@ def select(name: str, options: list[tuple[str, str]], chosen: str | None) -> str
 
 
 KIND_COLOUR = {"net": "#d9534f", "secret": "#8e44ad", "limit": "#e69500", "fs": "#2e86c1",
-               "syscall": "#16a085"}
+               "syscall": "#16a085", "refused": "#7f8c8d"}
 
 
 def chart(series: dict, *, width: int = 960, height: int = 170) -> str:
@@ -232,6 +232,7 @@ svg.chart{width:100%;height:auto;display:block}
 .key{display:inline-block;width:10px;height:10px;border-radius:2px;margin:0 4px 0 10px}
 .key-net{background:#d9534f}.key-secret{background:#8e44ad}.key-limit{background:#e69500}
 .key-fs{background:#2e86c1}.key-syscall{background:#16a085}
+.key-refused{background:#7f8c8d}
 td.cell{font-size:12px;min-width:150px}
 td.cell b{display:block;font-size:12.5px}
 .s-contained{background:#e3f6e6}.s-not-contained,.s-not-run{background:#fde2e0}

@@ -225,7 +225,7 @@ def denials_page(series: dict, denials: list[dict], *, since: str, kind: str | N
     form = ('<form class="filters" method="get" action="/ui/denials">'
             + select("since", CHART_SINCE, since)
             + select("kind", [("", "any"), ("net", "net"), ("secret", "secret"),
-                              ("limit", "limit")], kind)
+                              ("limit", "limit"), ("refused", "refused runs")], kind)
             + '<noscript><button type="submit">Filter</button></noscript></form>')
     net = [d for d in denials if d.get("kind") == "net"]
     rest = [d for d in denials if d.get("kind") != "net"]
@@ -234,7 +234,8 @@ def denials_page(series: dict, denials: list[dict], *, since: str, kind: str | N
             f"<p class=dim>Grouped by what was refused, most frequent first, with the policy "
             f"change that would have allowed it. Read it before you take it: a denial is often "
             f"the sandbox doing what it should not.</p>{denials_table(net)}</div>"
-            f"<div class=card><h2>Other refusals (secrets, limits)</h2>"
+            f"<div class=card><h2>Other refusals (secrets, limits, runs refused before they "
+            f"started)</h2>"
             f"{denials_table(rest)}</div>")
 
 

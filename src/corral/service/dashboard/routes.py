@@ -41,6 +41,8 @@ from .session import (
 router = APIRouter(include_in_schema=False)
 LOGIN_BODY_MAX = 8 << 10
 RUNS_SHOWN = 200
+#: what query.denials groups: network, secrets, limits, runs refused before they started
+KINDS = ("net", "secret", "limit", "refused")
 
 
 _MADE = threading.Lock()
@@ -170,9 +172,10 @@ def runs(request: Request, verdict: str | None = None, tier: str | None = None,
     from ...result import VERDICTS
 
     verdict, tier, since = verdict or None, tier or None, since or None
+    verdicts = (*VERDICTS, "refused")      # a run corral refused before it started
     try:
-        if verdict is not None and verdict not in VERDICTS:
-            raise _Bad(f"verdict {verdict!r} is not one of {', '.join(VERDICTS)}")
+        if verdict is not None and verdict not in verdicts:
+            raise _Bad(f"verdict {verdict!r} is not one of {', '.join(verdicts)}")
         tiers = [t for t in TIERS if t != "auto"]
         if tier is not None and tier not in tiers:
             raise _Bad(f"tier {tier!r} is not one of {', '.join(tiers)}")
@@ -180,7 +183,7 @@ def runs(request: Request, verdict: str | None = None, tier: str | None = None,
     except _Bad as e:
         return _bad(v, e)
     got = query.runs(since=age, verdict=verdict, tier=tier, actor=v.actor, limit=RUNS_SHOWN)
-    body = pages.runs_page(got, verdict_=verdict, tier=tier, since=since, verdicts=VERDICTS,
+    body = pages.runs_page(got, verdict_=verdict, tier=tier, since=since, verdicts=verdicts,
                            tiers=tiers, actor_col=v.admin)
     return _page("Runs", body, viewer=v, here="/ui/runs")
 
@@ -257,8 +260,8 @@ def denials(request: Request, since: str | None = None, kind: str | None = None)
     since, kind = since or "24h", kind or None
     try:
         age = _age(since, "since")
-        if kind not in (None, "net", "secret", "limit"):
-            raise _Bad(f"kind {kind!r} is not one of net, secret, limit")
+        if kind not in (None, *KINDS):
+            raise _Bad(f"kind {kind!r} is not one of {', '.join(KINDS)}")
     except _Bad as e:
         return _bad(v, e)
     s = series.denials_over_time(since=age, buckets=min(48, max(12, int(age // 3600) or 12)),

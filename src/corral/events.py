@@ -15,6 +15,8 @@ only when set). Build them with the class methods, so each message is written on
     net          host, port, decision ("allow" | "deny"), reason, bytes_in, bytes_out
     secret       name, host, port, decision ("injected" | "withheld" | ...), reason
     audit        message (the audit store lost this run's record: the run went on)
+    refused      error (the error's kind: "policy", "unsupported", "unavailable", "ceiling",
+                 ...), field (the rule or key, when one), message: the run never started
 """
 
 from __future__ import annotations
@@ -133,5 +135,16 @@ class AuditEvent(Event):
                    f"not affected; see docs/audit.md)")
 
 
+class RefusedEvent(Event):
+    """corral refused the run before it started (a policy error, a rule the tier cannot
+    enforce, no tier here, beyond a service token's ceiling): the one event of a run
+    recorded with the verdict "refused" (audit/record.py: record_refused)."""
+
+    KIND = "refused"
+    error: str
+    field: str | None = None
+    message: str = ""
+
+
 KINDS = {c.KIND: c for c in (LimitEvent, ExecEvent, UnenforcedEvent, TeardownEvent, NetEvent,
-                             SecretEvent, NoticeEvent, AuditEvent)}
+                             SecretEvent, NoticeEvent, AuditEvent, RefusedEvent)}

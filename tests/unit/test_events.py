@@ -60,7 +60,18 @@ def test_the_other_kinds_are_todays_dicts():
                                      "locked (the run itself was not affected; see "
                                      "docs/audit.md)"})
     assert set(KINDS) == {"limit", "exec", "unenforced", "teardown", "net", "secret", "notice",
-                          "audit"}
+                          "audit", "refused"}
+
+
+def test_a_refused_run_has_one_refused_event():
+    """The run never started (audit.record.record_refused): field only when there is one."""
+    from corral.events import RefusedEvent
+
+    assert dump(RefusedEvent("policy", "limits.memory", "bad size")) == json.dumps(
+        {"kind": "refused", "error": "policy", "field": "limits.memory",
+         "message": "bad size"})
+    assert dump(RefusedEvent("unavailable", None, "no tier")) == json.dumps(
+        {"kind": "refused", "error": "unavailable", "message": "no tier"})
 
 
 def test_the_proxys_event_lines_are_parsed_strictly_and_bounded():

@@ -117,6 +117,9 @@ def allowing_rule(e: dict) -> str | None:
         return f"raise limits.{e.get('limit')}"
     if kind == "exec":
         return None
+    if kind == "refused":        # the run never started: the field to fix, if one
+        field = e.get("field")
+        return f"fix {field}" if field else None
     return None
 
 
@@ -124,7 +127,7 @@ def _denied(e: dict) -> bool:
     k = e.get("kind")
     if k in ("net", "secret"):
         return e.get("decision") in ("deny", "withheld")
-    return k == "limit"
+    return k in ("limit", "refused")
 
 
 def denials(*, since: float | None = None, kind: str | None = None,
@@ -134,7 +137,7 @@ def denials(*, since: float | None = None, kind: str | None = None,
     conn = open_db(path)
     if conn is None:
         return []
-    where, args = ["e.kind IN ('net', 'secret', 'limit')"], []
+    where, args = ["e.kind IN ('net', 'secret', 'limit', 'refused')"], []
     if kind is not None:
         where.append("e.kind = ?")
         args.append(kind)
@@ -156,6 +159,8 @@ def denials(*, since: float | None = None, kind: str | None = None,
                 what = f"{e.get('host')}:{e.get('port')}"
             elif e["kind"] == "secret":
                 what = f"{e.get('name')}@{e.get('host')}"
+            elif e["kind"] == "refused":
+                what = f"{e.get('error')}: {e.get('field') or '-'}"
             else:
                 what = str(e.get("limit"))
             g = groups.setdefault((e["kind"], what), {

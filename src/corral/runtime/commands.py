@@ -264,6 +264,9 @@ class CommandHandle:
         if self._stream or self._result is None:
             return     # a run_code interpreter: its cells are not commands
         owner = self._owner
+        learner = getattr(owner, "_learner", None)
+        if learner is not None:          # learn mode (runtime/learn.py)
+            learner.add(self._result)
         origin = getattr(owner, "_audit_origin", None) or _audit.origin()
         _audit.record_run(self.run_id, self.started, self._result, policy=owner.policy,
                           plan=owner.plan, argv=list(self.cmd), isolation=owner.isolation,

@@ -103,10 +103,10 @@ class Live(Sandbox):
     """A live sandbox (see the module's docstring). Made by `Sandbox.create`."""
 
     def __init__(self, policy=None, *, timeout: float = 300, metadata=None, env=None,
-                 backend=None, user_account: bool = False) -> None:
+                 backend=None, learn: bool = False, user_account: bool = False) -> None:
         timeout = _check_timeout(timeout)
         self.metadata = _check_metadata(metadata)
-        super().__init__(policy, env=env, backend=backend)
+        super().__init__(policy, env=env, backend=backend, learn=learn)
         self._lock = threading.RLock()
         self._running: list = []
         self._lingering: list = []       # (CommandHandle, cgroup) of finished commands

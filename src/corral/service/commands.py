@@ -212,6 +212,13 @@ class CommandTable:
         with self._mu:
             return self._by_pid.get(pid)
 
+    def by_run(self, run_id: str) -> Cmd | None:
+        """The command kept here whose audit record is `run_id` (the dashboard's run
+        page shows its output while the sandbox holds it)."""
+        with self._mu:
+            cmds = list(self._by_pid.values())
+        return next((c for c in cmds if getattr(c.handle, "run_id", None) == run_id), None)
+
     def running(self) -> list[Cmd]:
         with self._mu:
             return [c for c in self._by_pid.values() if not c.done.is_set()]

@@ -17,6 +17,9 @@ corral image build datascience) in $CORRAL_STATE_DIR's store.
                  measured about 230 ms (their cloud, not this machine: published, not
                  measured here)
   run_code       run_code("1+1") round trip in a warm sandbox; goal: median <= 5 ms
+  account        in this process, paired: Sandbox.create + the first `bash -l -c true`
+                 with and without the unprivileged account (user_account=True, what every
+                 E2B sandbox on the namespace tier gets): what the second uid costs
 """
 
 from __future__ import annotations
@@ -133,7 +136,30 @@ def main() -> int:
         print(f"  {what}: e2b / native = {r:.2f}")
     print("  published (E2B's cloud, not measured here): create ~150 ms (E2B), ~230 ms "
           "(third party)")
+    if os.geteuid() == 0:
+        off, on = _account_ab(a.runs * 2)
+        print(f"  account off {_ms(off)}\n  account on  {_ms(on)}\n  account: on / off = "
+              f"{statistics.median(on) / statistics.median(off):.2f}")
     return 0
+
+
+def _account_ab(runs: int) -> tuple[list[float], list[float]]:
+    import corral
+
+    def one(account: bool) -> float:
+        t0 = time.perf_counter()
+        sb = corral.Sandbox.create({}, timeout=60, user_account=account)
+        sb.commands.run(["/bin/bash", "-l", "-c", "true"])
+        dt = time.perf_counter() - t0
+        sb.kill()
+        return dt
+    one(False)
+    one(True)
+    off, on = [], []
+    for _ in range(runs):         # interleaved: the machine's load falls on both alike
+        off.append(one(False))
+        on.append(one(True))
+    return off, on
 
 
 if __name__ == "__main__":

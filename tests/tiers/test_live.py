@@ -849,7 +849,10 @@ def test_user_account_is_a_distinct_unprivileged_uid():
             sb.commands.run("true", user="admin")
     finally:
         sb.kill()
-    assert not procs_of_uid(user_uid) and not procs_of_uid(root_uid)
+    # nothing of either uid runs; a zombie may wait a moment for its reaper
+    assert _running(procs_of_uid(user_uid) + procs_of_uid(root_uid)) == []
+    _wait_for(lambda: not procs_of_uid(user_uid) + procs_of_uid(root_uid),
+              "the zombies to be reaped")
     plain = corral.Sandbox.create({"isolation": "namespace"}, timeout=60)
     try:
         with pytest.raises(UsageError, match="no unprivileged account"):

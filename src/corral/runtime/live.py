@@ -118,6 +118,8 @@ class Live(Sandbox):
         self._live = self._backend.open_live(self.plan, self._check, self._granted,
                                              self.policy.network.upstream_ca)
         self.events += getattr(self._live, "notices", [])
+        if learn or self.policy.audit.syscalls:
+            self._observe_syscalls()
         self._pid = os.getpid()
         _sandbox._close_at_exit(self._live)
         self.id = self._live.dir.id
@@ -135,6 +137,24 @@ class Live(Sandbox):
         self._watchdog = threading.Thread(target=self._watch, daemon=True,
                                           name=f"corral-live-{self.id}")
         self._watchdog.start()
+
+    def _observe_syscalls(self) -> None:
+        """Learn mode or [audit] syscalls: each command's refused syscalls as "syscall"
+        events where the tier can see them (the namespace tier: linux/seccomp_notify.py),
+        else a notice saying they are not observed (docs/audit.md)."""
+        from ..events import NoticeEvent
+
+        observe = getattr(self._live, "observe_syscalls", None)
+        if observe is None:
+            self.events.append(NoticeEvent(
+                f"refused syscalls are not observed on the {self.isolation} tier (only "
+                f"a namespace-tier live sandbox reports them; docs/audit.md)").to_dict())
+            return
+        try:
+            observe()
+        except BaseException:
+            self._live.close()
+            raise
 
     # -- the public face ------------------------------------------------------------------
     @property

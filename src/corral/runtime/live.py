@@ -155,6 +155,8 @@ class Live(Sandbox):
         except BaseException:
             self._live.close()
             raise
+        if self._learner is not None:
+            self._learner.observing_syscalls()
 
     # -- the public face ------------------------------------------------------------------
     @property

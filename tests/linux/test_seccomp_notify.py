@@ -232,11 +232,24 @@ def test_corral_learn_and_denials_show_them(tmp_path):
     assert {g["kind"] for g in groups.values()} == {"syscall"}
 
 
-def test_a_one_shot_run_is_not_observed_and_the_key_must_be_a_bool():
-    r = corral.run(["/bin/true"], {"audit": {"syscalls": True}})
-    assert r.verdict == "ok" and not [e for e in r.events if e["kind"] == "syscall"]
-    with pytest.raises(corral.PolicyError, match="true or false"):
+def test_a_one_shot_run_refuses_the_key_and_it_must_be_a_bool():
+    """bubblewrap loads a one-shot run's program: nothing to observe it with, so the
+    explicit key is refused, never silently ignored; a bad value names the field."""
+    with pytest.raises(corral.UnsupportedRule, match="live sandbox") as e:
+        corral.run(["/bin/true"], {"audit": {"syscalls": True}})
+    assert e.value.field == "audit.syscalls"
+    assert corral.run(["/bin/true"], {"audit": {"syscalls": False}}).verdict == "ok"
+    with pytest.raises(corral.PolicyError, match="true or false") as e:
         corral.run(["/bin/true"], {"audit": {"syscalls": "yes"}})
+    assert e.value.field == "audit.syscalls"
+
+
+@pytest.mark.skipif(bool(tier_unavailable("gvisor")), reason="no gvisor tier here")
+def test_gvisor_refuses_the_key():
+    with pytest.raises(corral.UnsupportedRule, match="gvisor tier cannot report") as e:
+        corral.Sandbox.create({"isolation": "gvisor", "audit": {"syscalls": True}},
+                              timeout=60)
+    assert e.value.field == "audit.syscalls"
 
 
 if __name__ == "__main__":   # pragma: no cover

@@ -258,7 +258,7 @@ FIELDS: tuple[Spec, ...] = (
          "syscall`), answered with the same errno as unobserved. Only a live sandbox of the "
          "namespace tier observes them (corral loads its commands' filter itself, with a "
          "listener); a one-shot run (`corral run`: bubblewrap loads the filter) and the "
-         "other tiers do not, and a live sandbox of another tier says so in its events. "
+         "other tiers cannot, and refuse the key (exit 3) rather than run unobserved. "
          "Learn mode turns it on. docs/audit.md, \"Refused syscalls\"."),
 )
 

@@ -102,6 +102,8 @@ def policy_digest(policy) -> str:
 class Live(Sandbox):
     """A live sandbox (see the module's docstring). Made by `Sandbox.create`."""
 
+    _STARTS_COMMANDS = True
+
     def __init__(self, policy=None, *, timeout: float = 300, metadata=None, env=None,
                  backend=None, learn: bool = False) -> None:
         timeout = _check_timeout(timeout)
@@ -140,11 +142,20 @@ class Live(Sandbox):
 
     def _observe_syscalls(self) -> None:
         """Learn mode or [audit] syscalls: each command's refused syscalls as "syscall"
-        events where the tier can see them (the namespace tier: linux/seccomp_notify.py),
-        else a notice saying they are not observed (docs/audit.md)."""
+        events where the tier can see them (the namespace tier: linux/seccomp_notify.py).
+        Elsewhere [audit] syscalls is refused (UnsupportedRule; nothing is left running)
+        and learn mode gets a notice saying they are not observed (docs/audit.md)."""
         from ..events import NoticeEvent
 
         observe = getattr(self._live, "observe_syscalls", None)
+        if observe is None and self.policy.audit.syscalls:
+            from ..errors import UnsupportedRule
+
+            self._live.close()
+            raise UnsupportedRule(
+                f"the {self.isolation} tier cannot report refused syscalls; drop [audit] "
+                f"syscalls, or use isolation = \"namespace\" (docs/audit.md)",
+                field="audit.syscalls")
         if observe is None:
             self.events.append(NoticeEvent(
                 f"refused syscalls are not observed on the {self.isolation} tier (only "

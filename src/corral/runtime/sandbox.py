@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 class Sandbox:
     """A live sandbox: one policy, a scratch area kept across execs, closed on exit."""
 
+    #: whether corral starts each command itself (runtime/live.py's Live), which is what
+    #: [audit] syscalls needs (docs/audit.md, "Refused syscalls")
+    _STARTS_COMMANDS = False
+
     def __init__(self, policy: Policy | dict | str | None = None, *,
                  env: Mapping[str, str] | None = None, backend=None,
                  learn: bool = False, _argv: list[str] | None = None) -> None:
@@ -74,6 +78,14 @@ class Sandbox:
         host_env = os.environ if env is None else env   # read here, by name (env.pass)
         self._backend, self.plan, self._check = prepare(self.policy, host_env, backend,
                                                         learn=learn)
+        if self.policy.audit.syscalls and not self._STARTS_COMMANDS:
+            from ..errors import UnsupportedRule
+
+            raise UnsupportedRule(
+                "a one-shot run cannot report refused syscalls (bubblewrap loads its seccomp "
+                "program); drop [audit] syscalls, or run the command in a live sandbox of "
+                "the namespace tier (corral.Sandbox.create, corral sandbox create)",
+                field="audit.syscalls")
         self._granted = []
         if self.policy.secrets:  # read the values now: a missing one is an error, not a run
             from ..grants import resolve

@@ -183,7 +183,8 @@ class Tally:
 
     def entries(self) -> list[tuple[int, int, int]]:
         """(nr, errno, count), most counted first."""
-        return sorted(((nr, e, n) for nr, (n, e) in self.counts.items()),
+        counts = list(self.counts.items())   # one step under the GIL: the observer's
+        return sorted(((nr, e, n) for nr, (n, e) in counts),     # thread may still add
                       key=lambda t: (-t[2], t[0]))
 
 
@@ -207,29 +208,33 @@ class Observer:
         """Answer listener `fd` from now on (the observer owns it and closes it)."""
         tally = Tally()
         with self._lock:
-            if self._closed:
+            if self._closed:      # the kernel answers its calls ENOSYS: still refused
                 os.close(fd)
                 tally.closed.set()
                 return tally
             self._fds[fd] = tally
-        self._wake()
+            self._wake()
         return tally
 
     def close(self) -> None:
+        """Stop answering: the thread ends, every listener is closed. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self._wake()
+            self._wake()
         if self._thread is not threading.current_thread():
             self._thread.join()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        with self._lock:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
 
     def _wake(self) -> None:
+        """With the lock held (close() closes the pipe under it)."""
         try:
             os.write(self._wake_w, b"w")
-        except (BlockingIOError, OSError):
+        except BlockingIOError:   # full: a wake-up is pending anyway
             pass
 
     def _run(self) -> None:
@@ -257,8 +262,9 @@ class Observer:
                         poller.unregister(fd)
                         polled.discard(fd)
                         self._drop(fd)
-        finally:
-            with self._lock:
+        finally:   # closed, or this thread failed: either way no listener is left
+            with self._lock:   # unanswered (a watch() after this closes its fd at once)
+                self._closed = True
                 fds = list(self._fds)
             for fd in fds:
                 self._drop(fd)
@@ -281,7 +287,10 @@ class Observer:
         key = data[0:8] + data[16:]       # the program never reads the ip (notifying)
         err = self._cache.get(key)
         if err is None:
-            err = errno_of(self.original, data)
+            try:
+                err = errno_of(self.original, data)
+            except (ValueError, IndexError):   # cannot happen for a checked program:
+                err = _errno.ENOSYS            # refused all the same
             if len(self._cache) >= CACHE_MAX:
                 self._cache.clear()
             self._cache[key] = err

@@ -219,16 +219,17 @@ class Observer:
     def close(self) -> None:
         """Stop answering: the thread ends, every listener is closed. Idempotent."""
         with self._lock:
-            if self._closed:
+            if self._wake_w < 0:
                 return
             self._closed = True
             self._wake()
         if self._thread is not threading.current_thread():
             self._thread.join()
         with self._lock:
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-            self._wake_r = self._wake_w = -1
+            if self._wake_w >= 0:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_r = self._wake_w = -1
 
     def _wake(self) -> None:
         """With the lock held (close() closes the pipe under it)."""

@@ -201,6 +201,50 @@ def test_with_the_listener_gone_the_call_is_still_refused_enosys():
     assert after.stdout.strip() == "1"       # a later command: still filtered
 
 
+def _pids_with(marker: str) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        out.append(int(name))
+            except OSError:
+                pass
+    return out
+
+
+def test_the_listener_holder_killed_takes_the_sandbox_with_it():
+    """The listener's holder is the supervisor: killed (SIGKILL), it leaves no observed
+    command running unobserved: the sandbox's every process goes with it."""
+    import signal
+    import time
+
+    from corral.runtime.registry import read_entry
+
+    sb = corral.Sandbox.create({"audit": {"syscalls": True}}, timeout=120, detached=True)
+    try:
+        marker = f"holder-test-{os.getpid()}-{time.monotonic_ns()}"
+        sb.commands.run([PY, "-c", f"import time\nwhile True: time.sleep(0.05) # {marker}"],
+                        background=True)
+        r = sb.commands.run([PY, "-c", "import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+                             "print(l.syscall(272, 0x10000000), ctypes.get_errno())"])
+        assert r.stdout.split() == ["-1", str(errno.EPERM)]
+        assert any(e["kind"] == "syscall" and e["name"] == "unshare" for e in r.events)
+        (victim,) = _pids_with(marker)        # its host pid
+        os.kill(read_entry(sb.id)["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _pids_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _pids_with(marker), "the command outlived its supervisor"
+        assert not os.path.exists(f"/proc/{victim}")
+    finally:
+        try:
+            sb.kill()
+        except corral.CorralError:
+            pass
+
+
 def test_learn_mode_lists_the_refused_syscalls():
     sb = corral.Sandbox.create(None, learn=True, timeout=120)
     try:

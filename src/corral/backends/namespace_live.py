@@ -267,7 +267,15 @@ class NamespaceLive(NamespaceSandbox):
         nofile, fsize, cpu = self.rlimits
         if cpu_seconds is not None:
             cpu = int(cpu_seconds) + 1
+        tally = None
         try:
+            if self.observer is not None:
+                # answered before anything runs under it: the command's start (its vfork
+                # child before exec holds the entrant) must never wait on a refusal
+                entrant.wait_ready()
+                if entrant.listener >= 0:
+                    fd, entrant.listener = entrant.listener, -1
+                    tally = self.observer.watch(fd)
             pid, out_r, err_r = entrant.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
                                               rlimits=(nofile, fsize, cpu),
                                               stdout_fd=tty_fd)
@@ -276,10 +284,6 @@ class NamespaceLive(NamespaceSandbox):
             cg.kill_all()
             self.release(cg)
             raise
-        tally = None
-        if entrant.listener >= 0:
-            fd, entrant.listener = entrant.listener, -1
-            tally = self.observer.watch(fd)
         return Started(pid, out_r, err_r, cg, entrant.reap, tally)
 
     def prepare(self) -> None:

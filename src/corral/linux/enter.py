@@ -186,6 +186,11 @@ class Entrant:
         finally:
             theirs.close()
 
+    def wait_ready(self) -> None:
+        """Wait for A's "ready" (entered and confined; with Program.listen, `listener`
+        is then set). start() does it first anyway. Raises SandboxSetupError."""
+        self._wait_ready()
+
     def _wait_ready(self) -> None:
         if self._ready:
             return

@@ -65,22 +65,11 @@ class Started:
 
     def syscall_events(self) -> list[dict]:
         """The command's refused syscalls as "syscall" events (none unobserved)."""
-        return [] if self.tally is None else syscall_events(self.tally)
+        if self.tally is None:
+            return []
+        from .host.syscalls import syscall_events
 
-
-def syscall_events(tally) -> list[dict]:
-    """One SyscallEvent a refused syscall number, most counted first, then one for the
-    numbers past seccomp_notify.MAX_DISTINCT, counted together."""
-    import errno as _errno
-
-    from ..events import SyscallEvent
-    from ..linux.seccomp_notify import MAX_DISTINCT, syscall_name
-
-    out = [SyscallEvent(syscall_name(nr), nr, _errno.errorcode.get(e, str(e)), n).to_dict()
-           for nr, e, n in tally.entries()]
-    if tally.other:
-        out.append(SyscallEvent.others(tally.other, MAX_DISTINCT).to_dict())
-    return out
+        return syscall_events(self.tally)
 
 
 def _ns_pid(pid: int) -> int:

@@ -36,6 +36,7 @@ import errno as _errno
 import fcntl
 import os
 import select
+import socket
 import struct
 import threading
 
@@ -198,6 +199,7 @@ class Observer:
         self.original = bytes(original)
         self._cache: dict[bytes, int] = {}
         self._fds: dict[int, Tally] = {}
+        self._socks: dict[int, tuple[socket.socket, Tally]] = {}   # listeners to come
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._closed = False
@@ -215,6 +217,42 @@ class Observer:
             self._fds[fd] = tally
             self._wake()
         return tally
+
+    def watch_socket(self, sock: socket.socket) -> Tally:
+        """Answer the listener that will come on `sock` (a unix socket: one message with
+        the fd) from the moment it arrives, so that nothing on the child's way to its exec
+        can wait on an unanswered refusal. The observer owns `sock` and closes it; EOF
+        without a listener ends the Tally."""
+        tally = Tally()
+        with self._lock:
+            if self._closed:
+                sock.close()
+                tally.closed.set()
+                return tally
+            self._socks[sock.fileno()] = (sock, tally)
+            self._wake()
+        return tally
+
+    def _receive(self, fd: int) -> None:
+        with self._lock:
+            sock, tally = self._socks.pop(fd)
+        try:
+            _, fds, _, _ = socket.recv_fds(sock, 16, 1,
+                                           socket.MSG_CMSG_CLOEXEC | socket.MSG_DONTWAIT)
+        except OSError:
+            fds = []
+        sock.close()
+        for extra in fds[1:]:
+            os.close(extra)
+        if not fds:
+            tally.closed.set()
+            return
+        with self._lock:
+            if self._closed:
+                os.close(fds[0])
+                tally.closed.set()
+            else:
+                self._fds[fds[0]] = tally
 
     def close(self) -> None:
         """Stop answering: the thread ends, every listener is closed. Idempotent."""
@@ -248,11 +286,15 @@ class Observer:
                 with self._lock:
                     if self._closed:
                         return
-                    for fd in self._fds.keys() - polled:
+                    for fd in (self._fds.keys() | self._socks.keys()) - polled:
                         poller.register(fd, select.POLLIN)
                         polled.add(fd)
                 for fd, ev in poller.poll():
-                    if fd == self._wake_r:
+                    if fd in self._socks:
+                        poller.unregister(fd)
+                        polled.discard(fd)
+                        self._receive(fd)
+                    elif fd == self._wake_r:
                         try:
                             os.read(self._wake_r, 512)
                         except BlockingIOError:
@@ -267,8 +309,12 @@ class Observer:
             with self._lock:   # unanswered (a watch() after this closes its fd at once)
                 self._closed = True
                 fds = list(self._fds)
+                socks, self._socks = list(self._socks.values()), {}
             for fd in fds:
                 self._drop(fd)
+            for sock, tally in socks:
+                sock.close()
+                tally.closed.set()
 
     def _drop(self, fd: int) -> None:
         with self._lock:

@@ -78,13 +78,15 @@ class Sandbox:
         host_env = os.environ if env is None else env   # read here, by name (env.pass)
         self._backend, self.plan, self._check = prepare(self.policy, host_env, backend,
                                                         learn=learn)
-        if self.policy.audit.syscalls and not self._STARTS_COMMANDS:
+        if (self.policy.audit.syscalls and not self._STARTS_COMMANDS
+                and not getattr(self._backend, "observes_syscalls", False)):
             from ..errors import UnsupportedRule
 
             raise UnsupportedRule(
-                "a one-shot run cannot report refused syscalls (bubblewrap loads its seccomp "
-                "program); drop [audit] syscalls, or run the command in a live sandbox of "
-                "the namespace tier (corral.Sandbox.create, corral sandbox create)",
+                f"a one-shot run on the {self._backend.name} tier cannot report refused "
+                f"syscalls (its seccomp program is not loaded by corral); drop [audit] "
+                f"syscalls, or use a live sandbox of the namespace tier "
+                f"(corral.Sandbox.create, corral sandbox create) or the process tier",
                 field="audit.syscalls")
         self._granted = []
         if self.policy.secrets:  # read the values now: a missing one is an error, not a run
@@ -138,6 +140,12 @@ class Sandbox:
                                             self.policy.network.upstream_ca)
             self._pid = os.getpid()
             _close_at_exit(self._live)
+            observe = getattr(self._live, "observe_syscalls", None)   # the process tier
+            if observe is not None and (self.policy.audit.syscalls
+                                        or self._learner is not None):
+                observe()
+                if self._learner is not None:
+                    self._learner.observing_syscalls()
         return self
 
     def exec(self, argv: list[str], *, stdin: int | bytes | None = None, timeout: float | None = None,

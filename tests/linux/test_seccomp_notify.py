@@ -276,6 +276,28 @@ def test_corral_learn_and_denials_show_them(tmp_path):
     assert {g["kind"] for g in groups.values()} == {"syscall"}
 
 
+@pytest.mark.skipif(bool(tier_unavailable("process")), reason="no process tier here")
+def test_the_process_tier_same_errnos_observed_or_not_and_learn_lists_them():
+    """The process tier loads its own filter in the command's process: observed there in
+    one-shot runs (and so in learn mode, which runs one-shot on that tier)."""
+    outs, results = {}, {}
+    for observe in (False, True):
+        results[observe] = r = corral.run([PY, "-"], {"isolation": "process",
+                                                      "audit": {"syscalls": observe}},
+                                          stdin=PROBE.encode())
+        assert r.verdict == "ok", r.stderr[-2000:]
+        outs[observe] = r.stdout
+    assert outs[True] == outs[False]
+    assert not _syscalls(results[False])
+    got = _syscalls(results[True])
+    assert got["unshare"]["count"] == 3 and got["unshare"]["errno"] == "EPERM"
+    assert got["syscall_500"]["errno"] == "ENOSYS" and "getpid" not in got
+    with corral.Sandbox({"isolation": "process"}, learn=True) as sb:
+        sb.exec([PY, "-"], stdin=PROBE.encode())
+        seen = {s["name"]: s for s in sb.learned()["syscalls_refused"]}
+    assert seen["keyctl"] == {"name": "keyctl", "errno": "EPERM", "count": 1}
+
+
 def test_a_one_shot_run_refuses_the_key_and_it_must_be_a_bool():
     """bubblewrap loads a one-shot run's program: nothing to observe it with, so the
     explicit key is refused, never silently ignored; a bad value names the field."""

@@ -141,8 +141,8 @@ class AuditEvent(Event):
 class SyscallEvent(Event):
     """Calls of one syscall the seccomp profile refused during a command, with the errno
     it answered (the same as unobserved) and how many times: observed only where corral
-    loads the program itself (a live namespace-tier sandbox with [audit] syscalls, or in
-    learn mode; linux/seccomp_notify.py)."""
+    loads the program itself (a live namespace-tier sandbox, a process-tier run), with
+    [audit] syscalls or in learn mode (linux/seccomp_notify.py)."""
 
     KIND = "syscall"
     name: str

@@ -161,7 +161,7 @@ def summary(obs: dict, margin: float, out: str | None, text: str) -> str:
 def _learn_sandbox(Sandbox, policy):
     """The learn run's sandbox: a live one where the tier keeps one (the namespace tier's
     then reports the syscalls its seccomp profile refused: runtime/live.py), else a
-    one-shot Sandbox (the process tier keeps no live sandbox)."""
+    one-shot Sandbox (the process tier keeps no live sandbox; it reports them one-shot)."""
     from ..errors import BackendUnavailable
     from ..runtime.learn import LEARN_LIMITS
 

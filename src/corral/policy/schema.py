@@ -255,10 +255,11 @@ FIELDS: tuple[Spec, ...] = (
     Spec("install.timeout", "duration", "Wall clock of the install phase.", 1, 86400),
     Spec("audit.syscalls", "bool", "Record the syscalls the seccomp profile refuses, each "
          "command's as `syscall` events (name, errno, count; `corral denials --kind "
-         "syscall`), answered with the same errno as unobserved. Only a live sandbox of the "
-         "namespace tier observes them (corral loads its commands' filter itself, with a "
-         "listener); a one-shot run (`corral run`: bubblewrap loads the filter) and the "
-         "other tiers cannot, and refuse the key (exit 3) rather than run unobserved. "
+         "syscall`), answered with the same errno as unobserved. A live sandbox of the "
+         "namespace tier and any run of the process tier observe them (corral loads the "
+         "filter itself, with a listener); a one-shot run of the namespace tier "
+         "(bubblewrap loads the filter) and the other tiers cannot, and refuse the key "
+         "(exit 3) rather than run unobserved. "
          "Learn mode turns it on. docs/audit.md, \"Refused syscalls\"."),
 )
 

@@ -25,11 +25,12 @@ What the learn run is (learn_policy): the policy asked for, with
 What is learned (Learner): the hosts and ports the proxy let through (one allow rule per
 host, exactly the ports used), what it refused, peak memory, wall and CPU time, whether the
 workspace was written, and, where the tier observes them (a live sandbox of the namespace
-tier, which `corral learn` uses there: linux/seccomp_notify.py), the syscalls the seccomp
+tier, which `corral learn` uses there, or the process tier: linux/seccomp_notify.py), the
+syscalls the seccomp
 profile refused, listed in the policy's comments (no policy key allows one: the command did
 without, or failed for want of it). The learned limits are the observation times the margin
 (1.5 by default), never below FLOORS. Not observed (stated in the policy's comments): peak
-pids (cgroup v1 keeps no peak), and refused syscalls on the other tiers (docs/audit.md).
+pids (cgroup v1 keeps no peak), and refused syscalls on gvisor (docs/audit.md).
 """
 
 from __future__ import annotations

@@ -298,6 +298,18 @@ def test_the_process_tier_same_errnos_observed_or_not_and_learn_lists_them():
     assert seen["keyctl"] == {"name": "keyctl", "errno": "EPERM", "count": 1}
 
 
+@pytest.mark.skipif(bool(tier_unavailable("process")), reason="no process tier here")
+def test_the_process_tier_without_its_observer_still_refuses_enosys():
+    with corral.Sandbox({"isolation": "process", "audit": {"syscalls": True}}) as sb:
+        sb.open()
+        sb._live.observer.close()
+        r = sb.exec([PY, "-"], stdin=PROBE.encode())
+    assert r.verdict == "ok", r.stderr[-2000:]
+    lines = dict(line.split() for line in r.stdout.splitlines()[:12])
+    assert {v for k, v in lines.items() if k != "getpid"} == {str(errno.ENOSYS)}, lines
+    assert lines["getpid"] == "0" and not _syscalls(r)
+
+
 def test_a_one_shot_run_refuses_the_key_and_it_must_be_a_bool():
     """bubblewrap loads a one-shot run's program: nothing to observe it with, so the
     explicit key is refused, never silently ignored; a bad value names the field."""

@@ -150,9 +150,14 @@ class _Child:
 
 
 def _send_fd(sock, fd: int) -> None:
+    """Hand the listener over; if nobody takes it (the observer is gone), the command
+    runs on with the filter and no listener: the kernel answers its refusals ENOSYS."""
     import socket
 
-    socket.send_fds(sock, [b"l"], [fd])
+    try:
+        socket.send_fds(sock, [b"l"], [fd], socket.MSG_NOSIGNAL)
+    except OSError:
+        pass
 
 
 def _missing_interpreter(name: str, env: dict[str, str]) -> str | None:

@@ -165,8 +165,10 @@ the options do not set are raised (600s, 2G, 1024 pids) for the learn run.
   --json         one JSON object: result, observed, margin, policy, out
 
 What is learned: the hosts and ports contacted (one allow rule each; none: network
-closed), peak memory, wall and CPU time, whether the workspace was written (rw or ro).
-Not observed: peak pids, syscalls the seccomp profile refused (docs/audit.md). Then:
+closed), peak memory, wall and CPU time, whether the workspace was written (rw or ro), and
+the syscalls the seccomp profile refused (namespace and process tiers; listed in comments:
+no rule allows one). Not observed: peak pids; refused syscalls on gvisor (docs/audit.md).
+Then:
 
   corral learn --out policy.toml -- CMD
   corral run --policy policy.toml -- CMD

@@ -90,7 +90,7 @@ def main(args: list[str], parse_run_args, effective_policy) -> int:
         on_out = on_err = None
         if not r.json:
             on_out, on_err = _writer(sys.stdout), _writer(sys.stderr)
-        with Sandbox(policy, learn=True) as sb:
+        with _learn_sandbox(Sandbox, policy) as sb:
             result = sb.exec(r.command, stdin=0 if r.stdin else None, on_stdout=on_out,
                              on_stderr=on_err)
             observed = sb.learned()
@@ -137,6 +137,16 @@ def summary(obs: dict, margin: float, out: str | None, text: str) -> str:
     for h in obs["refused"]:
         lines.append(f"  refused even in learn mode: {neutralise(h['host'])}:{h['port']} "
                      f"({h['count']}x: {neutralise(h['reason'])})")
+    sys_refused = obs.get("syscalls_refused")
+    if sys_refused is None:
+        lines.append("  refused syscalls: not observed on this tier (docs/audit.md)")
+    elif not sys_refused:
+        lines.append("  the seccomp profile refused no syscall")
+    else:
+        lines.append("  syscalls the seccomp profile refused (no policy allows them): "
+                     + ", ".join(f"{neutralise(s['name'])} {s['count']}x "
+                                 f"{neutralise(s['errno'])}" for s in sys_refused[:20])
+                     + (f" and {len(sys_refused) - 20} more" if len(sys_refused) > 20 else ""))
     if obs["workspace_changes"]:
         lines.append(f"  wrote {len(obs['workspace_changes'])} path(s) in the workspace "
                      f"(kept in an overlay, discarded; the host's is untouched)")
@@ -146,6 +156,22 @@ def summary(obs: dict, margin: float, out: str | None, text: str) -> str:
     lines.append(f"  policy written to {out}; run with: corral run --policy {out} -- CMD"
                  if out else "  the policy follows on stdout (--out FILE writes it to a file)")
     return "\n".join(lines) + "\n"
+
+
+def _learn_sandbox(Sandbox, policy):
+    """The learn run's sandbox: a live one where the tier keeps one (the namespace tier's
+    then reports the syscalls its seccomp profile refused: runtime/live.py), else a
+    one-shot Sandbox (the process tier keeps no live sandbox; it reports them one-shot)."""
+    from ..errors import BackendUnavailable
+    from ..runtime.learn import LEARN_LIMITS
+
+    life = max(float(policy.limits.timeout), LEARN_LIMITS["timeout"]) + 60
+    try:
+        return Sandbox.create(policy, learn=True, timeout=life)
+    except BackendUnavailable as e:
+        if "live sandbox" not in str(e):
+            raise
+    return Sandbox(policy, learn=True)
 
 
 def _write_policy(path: str, text: str) -> None:

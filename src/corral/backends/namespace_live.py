@@ -59,13 +59,24 @@ class Started:
     """A command just started inside: its host pid (our child), the read ends of its
     stdout and stderr, and its cgroup."""
 
-    __slots__ = ("before_wait", "cgroup", "err_r", "ns_pid", "out_r", "pid")
+    __slots__ = ("before_wait", "cgroup", "err_r", "ns_pid", "out_r", "pid", "tally")
 
-    def __init__(self, pid: int, out_r: int, err_r: int, cgroup, before_wait=None) -> None:
+    def __init__(self, pid: int, out_r: int, err_r: int, cgroup, before_wait=None,
+                 tally=None) -> None:
         self.pid, self.out_r, self.err_r, self.cgroup = pid, out_r, err_r, cgroup
         #: to call before reaping pid (supervise's before_wait): the entrant's own reaping
         self.before_wait = before_wait
         self.ns_pid = _ns_pid(pid)
+        #: the refused syscalls seen, when observed (linux/seccomp_notify.Tally)
+        self.tally = tally
+
+    def syscall_events(self) -> list[dict]:
+        """The command's refused syscalls as "syscall" events (none unobserved)."""
+        if self.tally is None:
+            return []
+        from .host.syscalls import syscall_events
+
+        return syscall_events(self.tally)
 
 
 def _ns_pid(pid: int) -> int:
@@ -102,6 +113,8 @@ class NamespaceLive(NamespaceSandbox):
         self._cmds = 0
         self._subreaper = False
         self._init_fd = -1
+        #: the seccomp listeners' observer (observe_syscalls()), else None
+        self.observer = None
         super().__init__(backend, plan, check, granted, upstream_ca)  # closes on failure
         try:
             self._start()
@@ -209,6 +222,24 @@ class NamespaceLive(NamespaceSandbox):
         raise SandboxSetupError("the sandbox's init did not start its holder",
                                 step="bwrap")
 
+    # -- observing refused syscalls ------------------------------------------------------
+    def observe_syscalls(self) -> None:
+        """From now on each command's seccomp program is loaded with a listener and every
+        call it refuses is answered by this sandbox's observer, with the same errno, and
+        counted (linux/seccomp_notify.py; docs/audit.md). Call before the first command."""
+        if self.observer is not None:
+            return
+        from ..linux.seccomp_notify import Observer, notifying
+
+        try:
+            prog = notifying(self.bpf)
+        except ValueError as e:
+            raise SandboxSetupError(f"the seccomp program cannot be observed: {e}",
+                                    step="seccomp") from None
+        self.drop_entrant()   # one prepared without a listener
+        self.observer = Observer(self.bpf, name=f"corral-seccomp-{self.dir.id}")
+        self.program = enter.Program(prog, listen=True)
+
     # -- commands -------------------------------------------------------------------------
     def start(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
               cpu_seconds: float | None = None, tty_fd: int | None = None,
@@ -253,7 +284,15 @@ class NamespaceLive(NamespaceSandbox):
         nofile, fsize, cpu = self.rlimits
         if cpu_seconds is not None:
             cpu = int(cpu_seconds) + 1
+        tally = None
         try:
+            if self.observer is not None:
+                # answered before anything runs under it: the command's start (its vfork
+                # child before exec holds the entrant) must never wait on a refusal
+                entrant.wait_ready()
+                if entrant.listener >= 0:
+                    fd, entrant.listener = entrant.listener, -1
+                    tally = self.observer.watch(fd)
             pid, out_r, err_r = entrant.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
                                               rlimits=(nofile, fsize, cpu),
                                               stdout_fd=tty_fd)
@@ -262,7 +301,7 @@ class NamespaceLive(NamespaceSandbox):
             cg.kill_all()
             self.release(cg)
             raise
-        return Started(pid, out_r, err_r, cg, entrant.reap)
+        return Started(pid, out_r, err_r, cg, entrant.reap, tally)
 
     def prepare(self) -> None:
         """Fork the next command's entrant ahead (linux/enter.Entrant): in its cgroup and
@@ -321,6 +360,9 @@ class NamespaceLive(NamespaceSandbox):
         if self._next is not None:
             (entrant, _), self._next = self._next, None
             entrant.close()       # its cgroup goes with the sandbox's
+        if self.observer is not None:
+            observer, self.observer = self.observer, None
+            observer.close()      # the listeners too: a call still refused gets ENOSYS
         target, self.target = self.target, None
         if target is None and self._init_fd >= 0:   # failed before the Target was made
             target = enter.Target.__new__(enter.Target)

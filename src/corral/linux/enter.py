@@ -142,12 +142,16 @@ class Target:
 
 
 class Program:
-    """A seccomp program held in memory for a child to load (one prctl)."""
+    """A seccomp program held in memory for a child to load (one prctl). `listen`: load
+    it with a listener instead (seccomp_notify.install_listening; the program is then a
+    seccomp_notify.notifying() one), whose fd the entrant hands back with its "ready"
+    (Entrant.listener) and closes before it starts the command."""
 
-    def __init__(self, bpf: bytes) -> None:
+    def __init__(self, bpf: bytes, listen: bool = False) -> None:
         if not bpf or len(bpf) % 8:
             raise ValueError("not a classic BPF program")
         self.bpf = bytes(bpf)
+        self.listen = bool(listen)
         self.buf = ctypes.create_string_buffer(bpf, len(bpf))
         self.prog = _SockFprog(len(bpf) // 8, ctypes.addressof(self.buf))
         self.addr = ctypes.addressof(self.prog)
@@ -174,6 +178,10 @@ class Entrant:
         self.pid = 0
         self.pidfd = -1
         self._ready = False
+        self._listen = program.listen
+        #: the seccomp listener of the command's filter (Program.listen), once ready: the
+        #: caller takes it (an Observer watches it) and sets this to -1, or close() does
+        self.listener = -1
         try:
             self.pid, self.pidfd = _zygote().fork_entrant(theirs, target, attach, program,
                                                           uid)
@@ -183,10 +191,24 @@ class Entrant:
         finally:
             theirs.close()
 
+    def wait_ready(self) -> None:
+        """Wait for A's "ready" (entered and confined; with Program.listen, `listener`
+        is then set). start() does it first anyway. Raises SandboxSetupError."""
+        self._wait_ready()
+
     def _wait_ready(self) -> None:
         if self._ready:
             return
-        msg = self.sock.recv(1100)
+        if self._listen:
+            msg, fds, _, _ = socket.recv_fds(self.sock, 1100, 1, socket.MSG_CMSG_CLOEXEC)
+            if msg == b"r" and len(fds) != 1:
+                msg = b"epy:0:no seccomp listener came with the entrant's ready"
+            for fd in fds[1:] if msg == b"r" else fds:
+                os.close(fd)
+            if msg == b"r":
+                self.listener = fds[0]
+        else:
+            msg = self.sock.recv(1100)
         if msg != b"r":
             self._reap()
             if msg.startswith(b"e"):
@@ -216,6 +238,9 @@ class Entrant:
 
     def close(self) -> None:
         """Let an unused one go (it exits at EOF), and reap it."""
+        if self.listener >= 0:
+            os.close(self.listener)
+            self.listener = -1
         if self.pid:
             self.sock.shutdown(socket.SHUT_RDWR)
             self._reap()
@@ -318,7 +343,8 @@ class _Zygote:
 
     def fork_entrant(self, theirs, target: Target, attach: list[int], program: Program,
                      uid: int = 0) -> tuple[int, int]:
-        req = marshal.dumps((target.flags, target.last_cap, program.bpf, uid))
+        req = marshal.dumps((target.flags, target.last_cap, program.bpf, uid,
+                             program.listen))
         with self.lock:
             socket.send_fds(self.sock, [req], [theirs.fileno(), target.pidfd,
                                                 target.root_fd, *attach])
@@ -424,9 +450,11 @@ def _zygote_main(sock) -> None:
             _reap_all(children)
             os._exit(0)
         try:
-            flags, last_cap, bpf, uid = marshal.loads(msg)
+            flags, last_cap, bpf, uid, listen = marshal.loads(msg)
             if not isinstance(uid, int) or not 0 <= uid < 1 << 31:
                 raise ValueError("uid")
+            if not isinstance(listen, bool):
+                raise ValueError("listen")
             theirs_fd, pidfd, root_fd, *attach = fds
         except (ValueError, TypeError, EOFError):
             for fd in fds:
@@ -434,7 +462,7 @@ def _zygote_main(sock) -> None:
             sock.send(b"bad request")
             continue
         try:
-            program = Program(bpf)
+            program = Program(bpf, listen)
             a = os.fork()
         except (OSError, ValueError) as e:   # e.g. EAGAIN at a pids limit: said, not fatal
             for fd in fds:
@@ -487,6 +515,8 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program) -> Non
     libc, flags = _libc, target.flags
     fail_w = -1
     try:
+        if program.listen:    # imported here: after the chroot the module is out of reach
+            from .seccomp_notify import install_listening
         # nothing else of this process's: A may wait long, and a copy of a pipe's
         # write end (a command's stdin) would keep its reader from seeing EOF
         _close_all_but((0, 1, 2, theirs.fileno(), target.pidfd, target.root_fd,
@@ -525,10 +555,15 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program) -> Non
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             e = ctypes.get_errno()
             raise OSError(e, f"no_new_privs: {os.strerror(e)}")
-        if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, program.addr, 0, 0) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"seccomp: {os.strerror(e)}")
-        theirs.send(b"r")     # ready: entered and confined
+        if program.listen:    # observed: the listener goes to the supervisor, never on
+            lfd = install_listening(libc, program.addr)
+            socket.send_fds(theirs, [b"r"], [lfd])
+            os.close(lfd)     # before anything runs here: a holder could answer itself
+        else:
+            if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, program.addr, 0, 0) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, f"seccomp: {os.strerror(e)}")
+            theirs.send(b"r")     # ready: entered and confined
         msg, fds, _, _ = socket.recv_fds(theirs, INLINE_MAX + 1, 5)
         if not msg or len(fds) != (4 if msg[:1] == b"i" else 5):
             os._exit(0)       # never used

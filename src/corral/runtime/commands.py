@@ -325,6 +325,9 @@ class CommandHandle:
                      and not oom_kills and sig == 9)
             owner._command_ended(self, stray)
         events = owner._events_copy() + owner._net_since(net_from)
+        refused = getattr(s, "syscall_events", None)   # observed refused syscalls
+        if refused is not None:
+            events += refused()
         result = finish(outcome, exit_code=exit_code, sig=sig, events=events,
                         usage=usage, oom_kills=oom_kills, wall=wall, cpu=cpu,
                         memory=lim.memory, cap=cap,

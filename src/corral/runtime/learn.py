@@ -24,9 +24,13 @@ What the learn run is (learn_policy): the policy asked for, with
 
 What is learned (Learner): the hosts and ports the proxy let through (one allow rule per
 host, exactly the ports used), what it refused, peak memory, wall and CPU time, whether the
-workspace was written. The learned limits are the observation times the margin (1.5 by
-default), never below FLOORS. Not observed (stated in the policy's comments): peak pids
-(cgroup v1 keeps no peak), syscalls the seccomp profile refused (docs/audit.md).
+workspace was written, and, where the tier observes them (a live sandbox of the namespace
+tier, which `corral learn` uses there, or the process tier: linux/seccomp_notify.py), the
+syscalls the seccomp
+profile refused, listed in the policy's comments (no policy key allows one: the command did
+without, or failed for want of it). The learned limits are the observation times the margin
+(1.5 by default), never below FLOORS. Not observed (stated in the policy's comments): peak
+pids (cgroup v1 keeps no peak), and refused syscalls on gvisor (docs/audit.md).
 """
 
 from __future__ import annotations
@@ -85,6 +89,13 @@ class Learner:
         self.verdicts: list[str] = []
         self.changes: list[tuple[str, str]] = []  # (kind, path) in the workspace
         self.isolation = asked.isolation
+        #: name -> [count, errno name]; None while the tier does not observe them
+        self.syscalls: dict[str, list] | None = None
+
+    def observing_syscalls(self) -> None:
+        """The sandbox observes refused syscalls (runtime/live.py): list them."""
+        if self.syscalls is None:
+            self.syscalls = {}
 
     def add(self, result) -> None:
         self.verdicts.append(result.verdict)
@@ -96,6 +107,11 @@ class Learner:
         if u.memory_peak_bytes is not None:
             self.memory_peak = max(self.memory_peak or 0, u.memory_peak_bytes)
         for e in result.events:
+            if e.get("kind") == "syscall" and self.syscalls is not None:
+                seen = self.syscalls.setdefault(str(e.get("name", "")),
+                                                [0, str(e.get("errno", ""))])
+                seen[0] += int(e.get("count") or 0)
+                continue
             if e.get("kind") != "net":
                 continue
             host, port = str(e.get("host", "")), int(e.get("port") or 0)
@@ -126,8 +142,12 @@ class Learner:
             "memory_peak_bytes": self.memory_peak,
             "pids_peak": None,
             "workspace_changes": [{"kind": k, "path": p} for k, p in self.changes],
-            "syscalls_refused": None,
+            "syscalls_refused": None if self.syscalls is None else [
+                {"name": n, "errno": e, "count": c} for n, (c, e) in self._syscalls()],
         }
+
+    def _syscalls(self) -> list[tuple[str, list]]:
+        return sorted((self.syscalls or {}).items(), key=lambda t: (-t[1][0], t[0]))
 
     def limits(self, margin: float) -> dict[str, tuple[float | int, str]]:
         """limit -> (value, the comment saying where it came from)."""
@@ -218,9 +238,19 @@ class Learner:
         if a.env.set:
             lines += ["", "[env]", "# as the learn run was given them",
                       "set = { " + ", ".join(f"{k} = {_q(v)}" for k, v in a.env.set) + " }"]
-        lines += ["", "# not observed: syscalls refused by the seccomp profile (docs/audit.md); "
-                  "a write outside /scratch and the", "# workspace fails in a learn run as it "
-                  "would under this policy (the root is read-only in both)"]
+        lines.append("")
+        if self.syscalls is None:
+            lines.append("# not observed: syscalls refused by the seccomp profile (this tier "
+                         "does not report them; docs/audit.md)")
+        elif not self.syscalls:
+            lines.append("# the seccomp profile refused no syscall in the learn run")
+        else:
+            lines.append("# syscalls the seccomp profile refused in the learn run (no policy "
+                         "key allows one: the command did without them, or failed for want "
+                         "of them):")
+            lines += [f"#   {_one_line(n)}: {c}x {_one_line(e)}" for n, (c, e) in self._syscalls()]
+        lines += ["# a write outside /scratch and the workspace fails in a learn run as it "
+                  "would under this policy", "# (the root is read-only in both)"]
         text = "\n".join(lines) + "\n"
         _check_loads(text)
         return text

@@ -102,6 +102,8 @@ def policy_digest(policy) -> str:
 class Live(Sandbox):
     """A live sandbox (see the module's docstring). Made by `Sandbox.create`."""
 
+    _STARTS_COMMANDS = True
+
     def __init__(self, policy=None, *, timeout: float = 300, metadata=None, env=None,
                  backend=None, learn: bool = False, user_account: bool = False) -> None:
         timeout = _check_timeout(timeout)
@@ -136,6 +138,8 @@ class Live(Sandbox):
 
             self.user_uid = USER_ID
         self.events += getattr(self._live, "notices", [])
+        if learn or self.policy.audit.syscalls:
+            self._observe_syscalls()
         self._pid = os.getpid()
         _sandbox._close_at_exit(self._live)
         self.id = self._live.dir.id
@@ -153,6 +157,35 @@ class Live(Sandbox):
         self._watchdog = threading.Thread(target=self._watch, daemon=True,
                                           name=f"corral-live-{self.id}")
         self._watchdog.start()
+
+    def _observe_syscalls(self) -> None:
+        """Learn mode or [audit] syscalls: each command's refused syscalls as "syscall"
+        events where the tier can see them (the namespace tier: linux/seccomp_notify.py).
+        Elsewhere [audit] syscalls is refused (UnsupportedRule; nothing is left running)
+        and learn mode gets a notice saying they are not observed (docs/audit.md)."""
+        from ..events import NoticeEvent
+
+        observe = getattr(self._live, "observe_syscalls", None)
+        if observe is None and self.policy.audit.syscalls:
+            from ..errors import UnsupportedRule
+
+            self._live.close()
+            raise UnsupportedRule(
+                f"the {self.isolation} tier cannot report refused syscalls; drop [audit] "
+                f"syscalls, or use isolation = \"namespace\" (docs/audit.md)",
+                field="audit.syscalls")
+        if observe is None:
+            self.events.append(NoticeEvent(
+                f"refused syscalls are not observed on the {self.isolation} tier (only "
+                f"a namespace-tier live sandbox reports them; docs/audit.md)").to_dict())
+            return
+        try:
+            observe()
+        except BaseException:
+            self._live.close()
+            raise
+        if self._learner is not None:
+            self._learner.observing_syscalls()
 
     # -- the public face ------------------------------------------------------------------
     @property

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 class Sandbox:
     """A live sandbox: one policy, a scratch area kept across execs, closed on exit."""
 
+    #: whether corral starts each command itself (runtime/live.py's Live), which is what
+    #: [audit] syscalls needs (docs/audit.md, "Refused syscalls")
+    _STARTS_COMMANDS = False
+
     def __init__(self, policy: Policy | dict | str | None = None, *,
                  env: Mapping[str, str] | None = None, backend=None,
                  learn: bool = False, _argv: list[str] | None = None) -> None:
@@ -74,6 +78,16 @@ class Sandbox:
         host_env = os.environ if env is None else env   # read here, by name (env.pass)
         self._backend, self.plan, self._check = prepare(self.policy, host_env, backend,
                                                         learn=learn)
+        if (self.policy.audit.syscalls and not self._STARTS_COMMANDS
+                and not getattr(self._backend, "observes_syscalls", False)):
+            from ..errors import UnsupportedRule
+
+            raise UnsupportedRule(
+                f"a one-shot run on the {self._backend.name} tier cannot report refused "
+                f"syscalls (its seccomp program is not loaded by corral); drop [audit] "
+                f"syscalls, or use a live sandbox of the namespace tier "
+                f"(corral.Sandbox.create, corral sandbox create) or the process tier",
+                field="audit.syscalls")
         self._granted = []
         if self.policy.secrets:  # read the values now: a missing one is an error, not a run
             from ..grants import resolve
@@ -134,6 +148,12 @@ class Sandbox:
                                             self.policy.network.upstream_ca)
             self._pid = os.getpid()
             _close_at_exit(self._live)
+            observe = getattr(self._live, "observe_syscalls", None)   # the process tier
+            if observe is not None and (self.policy.audit.syscalls
+                                        or self._learner is not None):
+                observe()
+                if self._learner is not None:
+                    self._learner.observing_syscalls()
         return self
 
     def exec(self, argv: list[str], *, stdin: int | bytes | None = None, timeout: float | None = None,

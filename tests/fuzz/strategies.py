@@ -76,6 +76,8 @@ def json_values(max_leaves: int = 20) -> st.SearchStrategy:
 
 
 def split_points(data: bytes) -> st.SearchStrategy[list[bytes]]:
-    """`data` cut into pieces at arbitrary points (empty pieces included)."""
+    """`data` cut into non-empty pieces at arbitrary points (b"" is a reader's end of
+    stream, not a piece)."""
     return st.lists(st.integers(0, len(data)), max_size=8).map(
-        lambda cuts: [data[a:b] for a, b in zip([0, *sorted(cuts)], [*sorted(cuts), len(data)])])
+        lambda cuts: [p for p in (data[a:b] for a, b in zip([0, *sorted(cuts)],
+                                                            [*sorted(cuts), len(data)])) if p])

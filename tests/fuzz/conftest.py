@@ -24,7 +24,7 @@ _SLOW_BOX = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
 settings.register_profile(
     "ci", max_examples=int(os.environ.get("CORRAL_FUZZ_EXAMPLES", "60")),
-    deadline=timedelta(seconds=2), derandomize=True, database=None,
+    deadline=timedelta(seconds=5), derandomize=True, database=None,
     suppress_health_check=_SLOW_BOX, print_blob=True)
 settings.register_profile(
     "long", max_examples=int(os.environ.get("CORRAL_FUZZ_EXAMPLES", "5000")),

@@ -71,6 +71,14 @@ def check(resp) -> None:
         assert resp.json()["error"]["kind"] in ("invalid", "unsupported", "unavailable")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _app():
+    client()             # built before the first example: its time is not an example's
+    yield
+    _APP.pop("client").close()
+    _APP.clear()
+
+
 SIDS = st.sampled_from(["sb-doesnotexist", "..", "%2e%2e", "a" * 300, "\u00e9", "0", "-1"])
 
 
@@ -116,8 +124,3 @@ def test_every_operation_was_found():
                                   for method, path, _, _ in ops)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _close():
-    yield
-    if _APP:
-        _APP["client"].close()

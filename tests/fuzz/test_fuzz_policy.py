@@ -1,6 +1,6 @@
 """The policy loader under arbitrary input: TOML text and dicts give a Policy or a
 PolicyError with a one-line message, never another exception; every valid policy
-round-trips through `dump_toml` (what `corral policy dump` prints) and back."""
+round-trips through `dump_toml` (what `corral policy show` prints) and back."""
 
 from __future__ import annotations
 
@@ -174,3 +174,30 @@ def test_valid_policy_round_trips_through_dump(d):
     again = policy_from_dict(tomllib.loads(text), allow_literal=False)
     assert _fields(again) == _fields(p)
     assert dump_toml(again) == text
+
+
+def test_corral_policy_show_prints_what_reads_back(tmp_path):
+    """The installed `corral policy show` on the round-trip's regression examples (and a
+    few more): its output, given back with --policy, prints the same text again."""
+    import subprocess
+
+    corral = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), ".venv", "bin", "corral")
+    cases = [
+        '[env.set]\nA = "\\u007f"\n',
+        '[limits]\nidle_timeout = 3.217877989194166e-166\ntimeout = "1500ms"\n',
+        '[limits]\ncpu_time = 0.30000000000000004\n',
+        '[network]\nmode = "allow"\nallow = ["*.example.com:443", "[::1]:8443"]\n',
+    ]
+    for i, text in enumerate(cases):
+        first = tmp_path / f"p{i}.toml"
+        first.write_text(text)
+        shown = subprocess.run([corral, "policy", "show", "--policy", str(first)],
+                               capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        again = tmp_path / f"p{i}-again.toml"
+        again.write_text(shown.stdout)
+        back = subprocess.run([corral, "policy", "show", "--policy", str(again)],
+                              capture_output=True, text=True, timeout=60)
+        assert back.returncode == 0, back.stderr
+        assert back.stdout == shown.stdout

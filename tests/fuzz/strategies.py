@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
+import fuzz_profiles  # noqa: F401  (the ci/long settings profile, by CORRAL_FUZZ)
 from hypothesis import strategies as st
 
 #: characters that a near-miss of a name carries: controls, unicode separators and spaces,

@@ -16,6 +16,7 @@ import tarfile
 import tempfile
 import zlib
 
+import fuzz_profiles  # noqa: F401  (the ci/long settings profile, by CORRAL_FUZZ)
 from hypothesis import example, given
 from hypothesis import strategies as st
 

@@ -1,4 +1,6 @@
-"""Hypothesis settings for the property tests of tests/fuzz/ (docs/reliability.md, "Fuzzing").
+"""Hypothesis settings for the property tests of tests/fuzz/ (docs/reliability.md, "Fuzzing"),
+loaded by strategies.py, which every property test imports. (Not a conftest.py: the other
+folders' tests import tests/conftest.py as `conftest`, and a second one would shadow it.)
 
 Two profiles, chosen by CORRAL_FUZZ (default "ci"):
 

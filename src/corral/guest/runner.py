@@ -85,8 +85,10 @@ class State:
 
 
 def frame(msg):
+    # a lone surrogate (an exception's message, a repr made by user code) becomes "?":
+    # the host reads strict UTF-8 and ended the context on one (tests/fuzz found it)
     data = json.dumps(msg, ensure_ascii=False, separators=(",", ":"),
-                      default=str).encode("utf-8", "surrogatepass")
+                      default=str).encode("utf-8", "replace")
     return HEADER.pack(len(data)) + data
 
 

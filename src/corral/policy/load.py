@@ -296,6 +296,8 @@ def _float(raw: Any, path: str) -> float:
         raise ValueError("expected a number")
     try:
         v = float(raw)
+    except OverflowError:               # an int past a float's range (JSON, a dict)
+        raise ValueError("expected a finite number") from None
     except ValueError:
         raise ValueError(f"{raw!r} is not a number") from None
     if v != v or v in (float("inf"), float("-inf")):

@@ -101,7 +101,7 @@ def _obj(raw: bytes) -> dict:
         raise RpcError("resource_exhausted", f"a message is at most {MAX_MESSAGE} bytes")
     try:
         d = json.loads(raw or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):   # RecursionError: nesting past ~1000 levels
         raise RpcError("invalid_argument", "the message is not JSON") from None
     if not isinstance(d, dict):
         raise RpcError("invalid_argument", "the message is not a JSON object")

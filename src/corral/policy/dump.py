@@ -12,8 +12,9 @@ from .units import format_duration, format_size
 
 
 def _s(text: str) -> str:
-    # JSON's string escapes are a subset of TOML's basic-string escapes
-    return _quote(text)
+    # JSON's string escapes are a subset of TOML's basic-string escapes; JSON leaves DEL
+    # as it is, which TOML refuses in a string (tests/fuzz/test_fuzz_policy.py found it)
+    return _quote(text).replace("\x7f", "\\u007f")
 
 
 def format_value(spec: Spec, value) -> str:

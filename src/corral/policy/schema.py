@@ -110,6 +110,11 @@ class Install(Record):
         return bool(self.requirements or self.packages)
 
 
+class Audit(Record):
+    """[audit]: what the run records beyond the audit store's defaults (docs/audit.md)."""
+    syscalls: bool = False   # refused syscalls as "syscall" events, where observable
+
+
 class Batch(Record):
     """[batch]: how `corral batch` (scale/) uses this policy's sandboxes."""
     reuse: bool = False            # one sandbox runs many jobs, scratch wiped between them
@@ -122,6 +127,7 @@ class Policy(Record):
     isolation: str = "namespace"
     image: str = "host"            # "host", an image name, or "sha256:..." (images/store.py)
     install: Install = Default(Install)
+    audit: Audit = Default(Audit)
     limits: Limits = Default(Limits)
     filesystem: Filesystem = Default(Filesystem)
     env: Env = Default(Env)
@@ -253,6 +259,14 @@ FIELDS: tuple[Spec, ...] = (
     Spec("install.allow_names", "requirements", "Names the typosquat check lets through "
          "(as `corral install --allow-name`)."),
     Spec("install.timeout", "duration", "Wall clock of the install phase.", 1, 86400),
+    Spec("audit.syscalls", "bool", "Record the syscalls the seccomp profile refuses, each "
+         "command's as `syscall` events (name, errno, count; `corral denials --kind "
+         "syscall`), answered with the same errno as unobserved. A live sandbox of the "
+         "namespace tier and any run of the process tier observe them (corral loads the "
+         "filter itself, with a listener); a one-shot run of the namespace tier "
+         "(bubblewrap loads the filter) and the other tiers cannot, and refuse the key "
+         "(exit 3) rather than run unobserved. "
+         "Learn mode turns it on. docs/audit.md, \"Refused syscalls\"."),
     Spec("batch.reuse", "bool", "`corral batch` only: `true` lets one sandbox run many "
          "jobs, one after another, its scratch (/scratch, /tmp, /dev/shm) wiped between "
          "them (each job's processes end with it; a job can still see what an earlier one "
@@ -261,4 +275,4 @@ FIELDS: tuple[Spec, ...] = (
 )
 
 SPEC_BY_PATH = {s.path: s for s in FIELDS}
-SECTIONS = ("limits", "filesystem", "env", "network", "install", "batch")
+SECTIONS = ("limits", "filesystem", "env", "network", "install", "audit", "batch")

@@ -149,7 +149,7 @@ class CommandHandle:
 
     def send_signal(self, sig: int) -> bool:
         """Send `sig` to the command's own process (not the processes it started), through
-        a pidfd opened while it was our unreaped child: never a recycled pid. False once
+        a pidfd opened while it could not have been reaped: never a recycled pid. False once
         it has exited."""
         import _signal
 
@@ -222,8 +222,9 @@ class CommandHandle:
         self.host_pid, self.pid = started.pid, started.ns_pid
         self._stdin_w = stdin_w
         if self.background:
-            try:   # while it is our unreaped child (supervise reaps it): its own pid
-                self._pidfd = os.pidfd_open(started.pid)
+            try:   # opened while it could not be reaped: its own pid, never a recycled one
+                own = getattr(started, "pidfd", -1)
+                self._pidfd = os.dup(own) if own >= 0 else os.pidfd_open(started.pid)
             except OSError:
                 self._pidfd = -1
             self._thread = threading.Thread(target=self._watch, daemon=True,
@@ -303,9 +304,15 @@ class CommandHandle:
                                 cpu_seconds=cpu_now, output_cap=keep,
                                 on_stdout=self._on_stdout, on_stderr=self._on_stderr,
                                 kill=s.cgroup.kill_all, started=time.monotonic(),
-                                before_wait=s.before_wait)
+                                before_wait=s.before_wait,
+                                pidfd=getattr(s, "pidfd", -1),
+                                exit_status=getattr(s, "exit_status", None))
         finally:
             self.close_stdin()
+            fd = getattr(s, "pidfd", -1)
+            if fd >= 0:
+                s.pidfd = -1
+                os.close(fd)
             if s.before_wait is not None:
                 s.before_wait()      # the entrant, if supervise() did not get to it
             final = getattr(s, "final_status", None)   # the tier's word on the status

@@ -32,9 +32,9 @@ over INLINE_MAX) and its stdio (SCM_RIGHTS),
 sets the rlimits and starts it with CPython's vfork + exec (_posixsubprocess, as subprocess
 does: no page tables copied; a session of its own, the working directory as the command's
 own uid without capabilities, every other fd closed). setns(CLONE_NEWPID) moved only A's
-children, so the command (B) is in the sandbox's pid namespace. A reports B's pid, waits
-until the supervisor has opened a pidfd of B (B cannot be reaped while A, its parent,
-lives and does not wait) and exits; its exit hands B to the nearest child subreaper, the
+children, so the command (B) is in the sandbox's pid namespace. A sends B's pid and a
+pidfd of B (opened while B could not have been reaped: A, its parent, lives and does not
+wait) and exits; its exit hands B to the nearest child subreaper, the
 zygote, which reaps A and B and sends B's wait status to the supervisor. The supervisor
 watches B through its pidfd and takes the status from the zygote (Entrant.exit_status):
 B is never the supervisor's child, so whatever is above the supervisor (a subreaper or a
@@ -268,19 +268,20 @@ class Entrant:
                 if fd >= 0:
                     os.close(fd)
         try:
-            got = self.sock.recv(1100)
-            b = int(got) if got.isdigit() and len(got) < 12 else 0
-            if b:   # A waits for this close to exit: B is not reapable before it
-                try:
-                    self.b_pidfd = os.pidfd_open(b)
-                finally:
-                    self.sock.close()
+            got, fds, _, _ = socket.recv_fds(self.sock, 1100, 1)
+            b = int(got) if got.isdigit() and len(got) < 12 and len(fds) == 1 else 0
+            if b:   # A is on its way out; reap() waits for it once the command exits
+                self.b_pidfd = fds[0]
+                self.sock.close()
                 report = b""
             else:
                 self._reap()
                 report = _read_small(fail_r)
         finally:
             os.close(fail_r)
+        if not b:
+            for fd in fds:
+                os.close(fd)
         if report or not b:
             for fd in (out_r, err_r):
                 if fd >= 0:
@@ -648,11 +649,11 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program) -> Non
                 os._exit(127)
             os.write(fail_w, report_exec_failure(errno_ or 2))
             os._exit(127)
-        # the supervisor opens B's pidfd while this process lives (B cannot be reaped
-        # meanwhile), then closes the socket; this process exits and B is reparented to
-        # the nearest child subreaper, the zygote, which reaps it
-        theirs.send(str(b).encode())
-        theirs.recv(1)
+        # B's pidfd, opened while B cannot have been reaped (this process is its
+        # parent and does not wait), goes with its pid; then this process exits and B is
+        # reparented to the nearest child subreaper, the zygote, which reaps it
+        pfd = os.pidfd_open(b)
+        socket.send_fds(theirs, [str(b).encode()], [pfd])
         os._exit(0)
     except BaseException as e:  # noqa: BLE001 - reported to the supervisor, then die
         try:

@@ -118,6 +118,9 @@ class CommandHandle:
         #: no CPU limit of its own (its caller bounds what it asks of it)
         self._stream = stream
         self._pidfd = -1
+        #: its end was seen by the sandbox (runtime/live.py), its cgroup released or kept
+        #: as lingering: kill() no longer kills that cgroup (it may be another's now)
+        self._released = False
         self._pidfd_lock = threading.Lock()   # a closed fd's number is never signalled
         #: its record in the audit store (corral runs, corral logs ID)
         self.run_id = _audit.new_id()
@@ -143,9 +146,17 @@ class CommandHandle:
             return
         if self.running:
             self._killed = True
-            started.cgroup.kill_all()
-        else:
-            self._owner._kill_left(self)
+            lock = getattr(self._owner, "_lock", None)
+            if lock is None:
+                started.cgroup.kill_all()
+                return
+            # under the sandbox's lock, which its end's release of the cgroup takes: once
+            # released, the cgroup may serve the next command's entrant, never killed here
+            with lock:
+                if not self._released:
+                    started.cgroup.kill_all()
+                    return
+        self._owner._kill_left(self)
 
     def send_signal(self, sig: int) -> bool:
         """Send `sig` to the command's own process (not the processes it started), through

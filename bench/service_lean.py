@@ -13,7 +13,9 @@ FastAPI's route), and calls alternating run by run:
                 command's own cost, no HTTP
 
 Each after a GAP_S pause (as bench/service_speed.py). Server CPU per call: /proc/PID/stat
-ticks of each server summed over its timed calls. Run as root from the repository root:
+ticks of each server summed over its timed calls; client CPU per call: this process's
+time.thread_time() over the call (the SDK's or http.client's own work; in-process: the
+whole calling thread's share of the command). Run as root from the repository root:
 
     .venv/bin/python bench/service_lean.py [--runs 60]
 """
@@ -110,14 +112,17 @@ def main() -> int:
                 fn()
         out = {k: [] for k in fns}
         cpu = {k: 0.0 for k in fns}
+        ccpu = {k: 0.0 for k in fns}
         for _ in range(a.runs):
             for k, fn in fns.items():
                 time.sleep(GAP_S)
                 pid = pid_of.get(k)
                 c0 = _cpu(pid) if pid else 0.0
+                u0 = time.thread_time()
                 t0 = time.perf_counter()
                 fn()
                 out[k].append(time.perf_counter() - t0)
+                ccpu[k] += time.thread_time() - u0
                 if pid:
                     cpu[k] += _cpu(pid) - c0
     finally:
@@ -135,11 +140,13 @@ def main() -> int:
     med = {k: statistics.median(v) * 1e3 for k, v in out.items()}
     print(f"commands.run('true') over loopback HTTP, {a.runs} runs alternating "
           f"(load {la[0]:.1f} {la[1]:.1f}: a shared machine, indicative)")
-    print(f"  {'':12s} {'median ms':>10s} {'p25 ms':>8s} {'/inproc':>8s}   server CPU ms/call")
+    print(f"  {'':12s} {'median ms':>10s} {'p25 ms':>8s} {'/inproc':>8s} "
+          f"{'client CPU ms/call':>19s} {'server CPU ms/call':>19s}")
     for k, v in out.items():
         q = statistics.quantiles(v, n=4)
-        c = f"{cpu[k] / len(v) * 1e3:8.2f}" if k in pid_of else ""
-        print(f"  {k:12s} {med[k]:10.2f} {q[0] * 1e3:8.2f} {med[k] / med['inproc']:8.2f}   {c}")
+        c = f"{cpu[k] / len(v) * 1e3:19.2f}" if k in pid_of else ""
+        print(f"  {k:12s} {med[k]:10.2f} {q[0] * 1e3:8.2f} {med[k] / med['inproc']:8.2f} "
+              f"{ccpu[k] / len(v) * 1e3:19.2f} {c}")
     print(f"  lean_sdk / fastapi_sdk = {med['lean_sdk'] / med['fastapi_sdk']:.2f}; "
           f"SDK's own part (lean_sdk - lean_raw) = {med['lean_sdk'] - med['lean_raw']:.2f} ms; "
           f"goal lean_sdk <= 5 ms: {'met' if med['lean_sdk'] <= 5 else 'MISSED'}")

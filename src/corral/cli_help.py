@@ -89,6 +89,7 @@ usage: corral [--version] [--help] COMMAND ...
 commands:
   run      run a command in a sandbox            (corral run --help)
   shell    an interactive shell in a sandbox     (corral shell --help)
+  learn    run once permissively, write the least-privilege policy (corral learn --help)
   policy   show the effective policy             (corral policy show --help)
   explain  what enforces each rule of a policy   (corral explain --help)
   doctor   what this host supports and how to fix what is missing
@@ -145,5 +146,35 @@ limits.timeout). `exec` runs CMD in it (files in /scratch and background process
 kept between execs) and exits with CMD's status, as `corral run` does.
 """
 
-USAGE = {"RUN": RUN_USAGE, "POLICY": POLICY_USAGE, "MAIN": MAIN_USAGE, "SHELL": SHELL_USAGE,
+LEARN_USAGE = """\
+usage: corral learn [run's policy options] [--out FILE] [--margin X] [--stdin] [--json]
+                    -- CMD...
+
+Run CMD once in learn mode and write the least-privilege policy that would have let that
+run succeed, each rule with a comment saying which observation produced it. The learn run
+keeps every host secret out (no home, no host environment, no credentials: --secret and
+--env NAME are refused; a fresh /scratch) but lets the egress proxy through to every public
+host at any port; deny rules, metadata names and private, loopback and link-local
+addresses stay refused (--allow-private CIDR opens a range, as for corral run). A
+workspace is mounted in review mode: writes are listed, never reach the host. Limits
+the options do not set are raised (600s, 2G, 1024 pids) for the learn run.
+
+  --out FILE     write the policy there (default: stdout, after the summary on stderr)
+  --margin X     learned limits are the observed use times X (default 1.5; 1 to 100),
+                 never below 32M of memory and 5s of wall and CPU time
+  --json         one JSON object: result, observed, margin, policy, out
+
+What is learned: the hosts and ports contacted (one allow rule each; none: network
+closed), peak memory, wall and CPU time, whether the workspace was written (rw or ro), and
+the syscalls the seccomp profile refused (namespace and process tiers; listed in comments:
+no rule allows one). Not observed: peak pids; refused syscalls on gvisor (docs/audit.md).
+Then:
+
+  corral learn --out policy.toml -- CMD
+  corral run --policy policy.toml -- CMD
+
+Exit status: the command's, as corral run's (2: a usage or policy error).
+"""
+
+USAGE = {"RUN": RUN_USAGE, "LEARN": LEARN_USAGE, "POLICY": POLICY_USAGE, "MAIN": MAIN_USAGE, "SHELL": SHELL_USAGE,
          "EXPLAIN": EXPLAIN_USAGE, "SANDBOX": SANDBOX_USAGE}

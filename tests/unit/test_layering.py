@@ -12,7 +12,7 @@ Layers, lowest first (docs/architecture.md):
     4  audit/ (record, store, query, receipt)        the audit store: runs, events, receipts
     5  images/build, install, policy_install         image work that runs sandboxes
     5  runtime/                                      one sandbox's life; the way in
-    6  cli, probe/, images/cli                       faces
+    6  cli, probe/, images/cli, audit/cli*           faces (audit/cli_learn: corral learn)
     6  service/, client                              corral serve, its SDK and MCP: faces
     -  corral/__init__.py                            the package face (re-exports); only
                                                      faces may import it

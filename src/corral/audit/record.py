@@ -110,6 +110,25 @@ def record_run(run_id: str, started: float, result, *, policy, plan, argv, isola
         _writer().put(item, result)
 
 
+def record_refused(argv, error: str, message: str, field: str | None = None, *,
+                   policy=None, isolation: str = "", who: tuple[str, str | None] | None = None
+                   ) -> None:
+    """Record a run corral refused before it started (verdict "refused", one
+    events.RefusedEvent with the error's kind, field and message). Only on a refusal's
+    path: a run that starts never comes here."""
+    if not enabled():
+        return
+    from ..events import RefusedEvent
+    from ..result import Result
+
+    result = Result(verdict="refused", exit_code=None, signal=None,
+                    isolation=isolation or getattr(policy, "isolation", "") or "",
+                    events=[RefusedEvent(error, field, message).to_dict()])
+    record_run(new_id(), time.time(), result, policy=policy, plan=None,
+               argv=[str(a) for a in argv], isolation=result.isolation,
+               origin=who or origin())
+
+
 def record_events(run_id: str, events: list[dict]) -> None:
     if events and enabled():
         for item in _spooled:

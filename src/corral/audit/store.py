@@ -6,8 +6,8 @@
 
 Tables (the typed events of events.py are the schema of `events.data`):
 
-    runs       id, kind ("run" | "command"), sandbox (a live sandbox's id, for its
-               commands), started, ended, tier, image, image_digest, policy_digest,
+    runs       id, kind ("run" | "command" | "cell": an E2B run_code cell), sandbox (a
+               live sandbox's id, for its commands), started, ended, tier, image, image_digest, policy_digest,
                policy (TOML), argv (JSON), verdict, exit_code, signal, usage (JSON),
                actor ("token:NAME" | "user:NAME"), face (cli | api | service | mcp |
                probe), receipt (JSON, service runs)

@@ -25,6 +25,8 @@ def format_value(spec: Spec, value) -> str:
         return str(int(value))
     if spec.kind == "float":
         return repr(float(value))
+    if spec.kind == "bool":
+        return "true" if value else "false"
     if spec.kind in ("tier", "netmode"):
         return _s(value)
     if spec.kind in ("paths", "names", "rules", "cidrs", "nameservers", "requirements", "urls"):

@@ -15,6 +15,7 @@ from .schema import (
     SPEC_BY_PATH,
     TIERS,
     WORKSPACE_AT,
+    Audit,
     Budget,
     Env,
     Filesystem,
@@ -142,6 +143,7 @@ def policy_from_dict(data: dict, *, allow_literal: bool = True) -> Policy:
         env=pick("env", Env, {"pass": "pass_"}),
         network=pick("network", Network, budget=pick("network.budget", Budget)),
         install=pick("install", Install),
+        audit=pick("audit", Audit),
         secrets=_secrets(data.get("secrets", {}), allow_literal),
         explicit=frozenset(explicit | ({"secrets"} if data.get("secrets") else set())),
     )
@@ -281,6 +283,12 @@ def _int(raw: Any, path: str) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{raw!r} is not a whole number") from None
+
+
+def _bool(raw: Any) -> bool:
+    if not isinstance(raw, bool):
+        raise ValueError(f"expected true or false, not {raw!r}")
+    return raw
 
 
 def _float(raw: Any, path: str) -> float:
@@ -519,6 +527,7 @@ _CONVERTERS = {
     "size": lambda raw, path: parse_size(raw),
     "int": _int,
     "float": _float,
+    "bool": lambda raw, path: _bool(raw),
     "tier": _tier,
     "netmode": _netmode,
     "paths": _paths,

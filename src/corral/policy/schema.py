@@ -110,6 +110,11 @@ class Install(Record):
         return bool(self.requirements or self.packages)
 
 
+class Audit(Record):
+    """[audit]: what the run records beyond the audit store's defaults (docs/audit.md)."""
+    syscalls: bool = False   # refused syscalls as "syscall" events, where observable
+
+
 class Policy(Record):
     """A validated policy: the tier, limits, filesystem, network, environment and secret
     grants of a sandbox. Build one with load_policy (TOML) or policy_from_dict."""
@@ -117,6 +122,7 @@ class Policy(Record):
     isolation: str = "namespace"
     image: str = "host"            # "host", an image name, or "sha256:..." (images/store.py)
     install: Install = Default(Install)
+    audit: Audit = Default(Audit)
     limits: Limits = Default(Limits)
     filesystem: Filesystem = Default(Filesystem)
     env: Env = Default(Env)
@@ -144,7 +150,7 @@ class Spec(Record):
     """One key of the schema: where it lives, how it is read, and what it means."""
 
     path: str            # dotted key, e.g. "limits.memory"
-    kind: str            # duration | size | int | float | tier | netmode | paths | names | envset | workspace | requirements | urls
+    kind: str            # duration | size | int | float | bool | tier | netmode | paths | names | envset | workspace | requirements | urls
     doc: str
     minimum: float | None = None
     maximum: float | None = None
@@ -247,7 +253,15 @@ FIELDS: tuple[Spec, ...] = (
     Spec("install.allow_names", "requirements", "Names the typosquat check lets through "
          "(as `corral install --allow-name`)."),
     Spec("install.timeout", "duration", "Wall clock of the install phase.", 1, 86400),
+    Spec("audit.syscalls", "bool", "Record the syscalls the seccomp profile refuses, each "
+         "command's as `syscall` events (name, errno, count; `corral denials --kind "
+         "syscall`), answered with the same errno as unobserved. A live sandbox of the "
+         "namespace tier and any run of the process tier observe them (corral loads the "
+         "filter itself, with a listener); a one-shot run of the namespace tier "
+         "(bubblewrap loads the filter) and the other tiers cannot, and refuse the key "
+         "(exit 3) rather than run unobserved. "
+         "Learn mode turns it on. docs/audit.md, \"Refused syscalls\"."),
 )
 
 SPEC_BY_PATH = {s.path: s for s in FIELDS}
-SECTIONS = ("limits", "filesystem", "env", "network", "install")
+SECTIONS = ("limits", "filesystem", "env", "network", "install", "audit")

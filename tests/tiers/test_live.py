@@ -498,6 +498,7 @@ def test_an_in_process_sandbox_sigkilled_below_a_subreaper_that_never_reaps(tier
             "d = os.path.join(rundir.base_dir(), sb.id)\n"
             "print(sb.id, os.stat(os.path.join(d, 'scratch')).st_uid, flush=True)\n"
             "time.sleep(300)\n")
+    before = set(_children())
     _sys.subreaper_acquire()
     try:
         p = subprocess.Popen([sys.executable, "-c", make], stdout=subprocess.PIPE, text=True)
@@ -521,11 +522,27 @@ def test_an_in_process_sandbox_sigkilled_below_a_subreaper_that_never_reaps(tier
         except AssertionError:
             raise AssertionError("still running: " + "; ".join(
                 _describe(_running(procs_of_uid(uid) + _gone(sid))))) from None
-        _reap_ours(procs_of_uid(uid) + _gone(sid))
+        # what the creator left came to this process (its zygote, bwrap): once they
+        # have ended, reaped here, so no zombie of ours outlives the test
+        _wait_for(lambda: not _running(list(set(_children()) - before)),
+                  "the creator's zygote to end")
+        _reap_ours(list(set(_children()) - before))
     finally:
         _sys.subreaper_release()
     rundir.sweep_stale(rundir.base_dir())
     assert not os.path.exists(run_dir) and _mounts_below(run_dir) == []
+
+
+def _children() -> list[int]:
+    """This process's children (every thread's)."""
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return out
 
 
 def _parent(pid: int) -> int:

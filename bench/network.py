@@ -15,16 +15,18 @@ Issue 3 (Speed) asks, side by side in one run, through the proxy vs direct on lo
                     timed download
        sandbox-Ncpu the same with limits.cpus = nproc (the default is 1.0 and the proxy
                     shares the run's CPU quota with curl)
-       sandbox-splice  the same as sandbox, from a supervisor process of its own whose
-                    proxies have CORRAL_EGRESS_RELAY_SPLICE=1 (relay threads that splice,
-                    as before their copy ring): the A/B of the ring inside a sandbox
+       sandbox-copy  the same as sandbox, from a supervisor process of its own whose
+                    proxies have CORRAL_EGRESS_RELAY_SPLICE=0 (relay threads that copy
+                    through a 4 MiB ring instead of splicing, the default until
+                    2026-12-06): the A/B of the ring inside a sandbox
        socat        curl on the host -> a socat TCP forwarder on the host -> the server
        socat-256k   the same with socat -b 262144 (socat's default buffer is 8 KiB)
        proxy        curl -x on the host -> `python -m corral.egress --listen` (standalone)
        proxy-loop   the same proxy with CORRAL_EGRESS_RELAY_THREADS=0: no relay thread,
                     every byte on the event loop (the A/B of relay.py's bulk threads)
-       proxy-splice the same proxy with CORRAL_EGRESS_RELAY_SPLICE=1: its relay threads
-                    splice(2) instead of copying through their ring (the way before)
+       proxy-copy   the same proxy with CORRAL_EGRESS_RELAY_SPLICE=0: its relay threads
+                    copy through a 4 MiB ring instead of splicing (the default until
+                    2026-12-06)
   2. added latency per request, p50 and p95 (goal: p50 <= direct + 0.5 ms): small GETs, a new
      connection each, from a Python client on the host (direct and standalone proxy,
      interleaved) and from a Python client inside a sandbox through HTTP_PROXY;
@@ -325,7 +327,7 @@ class Bench:
         self.splice_argv = [*self.proxy_argv[:-4], "--listen",
                             f"{self.proxy_ip}:{self.splice_port}", "--events", "/dev/null"]
         q = self._spawn(self.splice_argv, stderr=subprocess.PIPE,
-                        env={**HOST_ENV, "CORRAL_EGRESS_RELAY_SPLICE": "1"})
+                        env={**HOST_ENV, "CORRAL_EGRESS_RELAY_SPLICE": "0"})
         self.splice_pid = q.pid
         self.splice_cpu_ms: list[float] = []
         if "listening on" not in q.stderr.readline().decode():
@@ -439,7 +441,7 @@ class Bench:
                             "policy": self.policy()})]
         p = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True,
                            text=True, timeout=180,
-                           env={**os.environ, "CORRAL_EGRESS_RELAY_SPLICE": "1"})
+                           env={**os.environ, "CORRAL_EGRESS_RELAY_SPLICE": "0"})
         try:
             r = json.loads(p.stdout)
         except ValueError:
@@ -458,10 +460,10 @@ class Bench:
         return {"direct": self.tp_direct, "sandbox": self.tp_sandbox,
                 "sandbox-2cpu" if self.nproc == 2 else f"sandbox-{self.nproc}cpu":
                     self.tp_sandbox_ncpu,
-                "sandbox-splice": self.tp_sandbox_splice,
+                "sandbox-copy": self.tp_sandbox_splice,
                 "socat": self.tp_socat, "socat-256k": self.tp_socat_256k,
                 "proxy": self.tp_proxy, "proxy-loop": self.tp_proxy_loop,
-                "proxy-splice": self.tp_proxy_splice}
+                "proxy-copy": self.tp_proxy_splice}
 
     # -- latency -----------------------------------------------------------------------------
     def lat_host(self, n: int) -> tuple[list[float], list[float]]:
@@ -672,11 +674,12 @@ def main() -> int:
           f"round dropped")
     how = {
         "direct": shlex.join(curl_argv(bench.big_url)),
-        "sandbox-splice": "the same as sandbox, in a supervisor process of its own (this "
-                          "script's --sandbox-run) with CORRAL_EGRESS_RELAY_SPLICE=1, which "
+        "sandbox-copy": "the same as sandbox, in a supervisor process of its own (this "
+                          "script's --sandbox-run) with CORRAL_EGRESS_RELAY_SPLICE=0, which "
                           "its proxy inherits (backends/host/launch.py PROXY_ENV_PASSED): "
-                          "relay threads that splice(2), the way before their copy ring (a "
-                          "one-shot supervisor: its proxy starts afresh, not from the zygote)",
+                          "relay threads that copy through a 4 MiB ring, the default until "
+                          "2026-12-06 (a one-shot supervisor: its proxy starts afresh, not "
+                          "from the zygote)",
         "sandbox": f"corral.run(['/bin/sh', '-c', {bench.sandbox_curl_cmd()!r}]), network "
                    f"allow={bench.allow} allow_private=['127.0.0.0/8'], default limits "
                    f"(cpus 1.0; the proxy runs in the run's cgroup); the second curl's figure",
@@ -687,9 +690,9 @@ def main() -> int:
         "proxy-loop": f"the same with CORRAL_EGRESS_RELAY_THREADS=0 in the proxy's "
                       f"environment ({shlex.join(bench.loop_argv)}): every byte relayed on "
                       f"the event loop, as before the relay threads",
-        "proxy-splice": f"the same with CORRAL_EGRESS_RELAY_SPLICE=1 in the proxy's "
-                        f"environment ({shlex.join(bench.splice_argv)}): relay threads "
-                        f"that splice(2), as before their copy ring",
+        "proxy-copy": f"the same with CORRAL_EGRESS_RELAY_SPLICE=0 in the proxy's "
+                      f"environment ({shlex.join(bench.splice_argv)}): relay threads "
+                      f"that copy through a 4 MiB ring (the default until 2026-12-06)",
     }
     for v in names:
         if v.startswith("sandbox-") and v.endswith("cpu"):
@@ -712,7 +715,7 @@ def main() -> int:
     for v in names:
         print(f"    {v:14} {how[v]}")
     for label, xs in (("proxy", bench.proxy_cpu_ms), ("proxy-loop", bench.loop_cpu_ms),
-                      ("proxy-splice", bench.splice_cpu_ms)):
+                      ("proxy-copy", bench.splice_cpu_ms)):
         if xs:
             pc = stats(xs)
             print(f"  {label}: the standalone proxy's CPU time per {BIG // 10**6} MB download "
@@ -782,8 +785,8 @@ def main() -> int:
             continue
         met = s["ratio"] >= GOAL_RATIO
         reference = (" (reference)" if v.startswith("socat") or v in ("proxy-loop",
-                                                                       "proxy-splice",
-                                                                       "sandbox-splice")
+                                                                       "proxy-copy",
+                                                                       "sandbox-copy")
                      else "")
         goal(f"throughput {v} >= {GOAL_RATIO} x direct{reference}",
              f"{s['median']:.0f} vs {base:.0f} MB/s ({s['ratio']:.2f}x)", met)

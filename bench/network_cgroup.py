@@ -4,11 +4,15 @@
 
 One live sandbox (network allow, default limits: cpus 1.0) and a server of bench/network.py
 on a random 127.x/24. Each round, the proxy's threads are moved by hand into the run's cpu
-cgroup (where corral puts it) or into the root cpu cgroup (outside any quota and any
-run's group weight), in alternating order; then, inside the sandbox, 150 small GETs (the
-latency client of network.py, 10 warm-up ones dropped) and a 200 MB curl download. Only
-the cpu hierarchy changes: memory and pids stay the run's. Prints the medians per
-placement. docs/network.md (Whose CPU is the proxy's) has what it measured.
+cgroup (where corral puts it), into a sibling cpu cgroup of its own made for this
+bench (`/corral/ID-proxy`, the run's own CPU quota copied: what a proxy cgroup per run
+would be), or into the root cpu cgroup (outside any quota and any run's group weight), in
+rotating order; then, inside the sandbox, 150 small GETs (the latency client of
+network.py, 10 warm-up ones dropped) and a 200 MB curl download. Each round also times
+the same download by curl on the host, direct (the reference of the 0.9x goal). Only the
+cpu hierarchy changes: memory and pids stay the run's. Prints the medians per placement
+and their ratios to direct. docs/network.md (Whose CPU is the proxy's) has what it
+measured.
 """
 
 from __future__ import annotations
@@ -81,11 +85,24 @@ def main() -> int:
         try:
             sb.exec(["/bin/sh", "-c", f"curl -sS -o /dev/null http://{net}.1:{port}/small"])
             pid, run_cg = proxy_of_sandbox()
-            lat: dict[str, list[float]] = {"run": [], "root": []}
-            tp: dict[str, list[float]] = {"run": [], "root": []}
+            sibling = run_cg.rstrip("/") + "-proxy"
+            os.mkdir(CPU + sibling)
+            for name in ("cpu.cfs_period_us", "cpu.cfs_quota_us", "cpu.shares"):
+                with open(os.path.join(CPU + run_cg, name)) as f:
+                    value = f.read().strip()
+                with open(os.path.join(CPU + sibling, name), "w") as f:
+                    f.write(value)
+            places = {"run": run_cg, "sibling": sibling, "root": ""}
+            lat: dict[str, list[float]] = {k: [] for k in places}
+            tp: dict[str, list[float]] = {k: [] for k in (*places, "direct")}
+            order = list(places)
             for i in range(args.rounds):
-                for where in (("run", "root") if i % 2 == 0 else ("root", "run")):
-                    move(pid, run_cg if where == "run" else "")
+                d = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{speed_download}",
+                                    f"http://{net}.1:{port}/big"], capture_output=True,
+                                   text=True, timeout=120)
+                tp["direct"].append(float(d.stdout) / 1e6)
+                for where in order[i % 3:] + order[:i % 3]:
+                    move(pid, places[where])
                     r = sb.exec(["/usr/bin/python3", "-c", SANDBOX_LATENCY, f"{net}.1",
                                  str(port), "150", "10"], timeout=120)
                     lat[where] += json.loads(r.stdout)["ms"]
@@ -95,15 +112,25 @@ def main() -> int:
                     tp[where].append(float(r.stdout) / 1e6)
         finally:
             sb.close()
+            try:
+                os.rmdir(CPU + sibling)
+            except (NameError, OSError):
+                pass
     finally:
         srv.terminate()
         os.unlink(big)
     with open("/proc/loadavg") as f:
         load = " ".join(f.read().split()[:3])
+    direct = statistics.median(tp["direct"])
+    print(f"direct (curl on the host){'':25} 200 MB {direct:.0f} MB/s "
+          f"(runs {[round(x) for x in tp['direct']]})")
     for w, label in (("run", "the run's cpu cgroup (corral's choice)"),
+                     ("sibling", "a sibling cgroup, the run's quota"),
                      ("root", "the root cpu cgroup")):
+        m = statistics.median(tp[w])
         print(f"proxy in {label:40} latency p50 {statistics.median(lat[w]):.3f} ms; "
-              f"200 MB {statistics.median(tp[w]):.0f} MB/s (runs {[round(x) for x in tp[w]]})")
+              f"200 MB {m:.0f} MB/s = {m / direct:.2f}x direct "
+              f"(runs {[round(x) for x in tp[w]]})")
     print(f"load average at the end: {load}")
     return 0
 

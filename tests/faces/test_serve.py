@@ -158,6 +158,55 @@ def test_a_revoked_token_is_401(server):
         _err(h.get("/sandboxes"), 401, "auth")
 
 
+def _lean(h) -> int:
+    for line in h.get("/metrics").text.splitlines():
+        if line.startswith("corral_http_lean_exec_total "):
+            return int(line.split()[1])
+    raise AssertionError("no corral_http_lean_exec_total in /metrics")
+
+
+def test_the_lean_exec_path_and_what_it_leaves_to_fastapi(server):
+    """A foreground exec with a well-formed body and a valid token is answered by the
+    lean path (service/fastexec.py), with the route's Result; a bad body or token goes on
+    to FastAPI's route and gets its documented error; errors after the token's check
+    (another token's sandbox, bad base64 stdin) are the app's own shapes."""
+    with server.http(server.tokens["a"]) as a, server.http(server.tokens["b"]) as b:
+        sid = _create(a)
+        try:
+            n = _lean(a)
+            r = a.post(f"/sandboxes/{sid}/exec", json={
+                "argv": ["/bin/sh", "-c", "read x; echo \"$x $V\"; pwd; exit 3"],
+                "stdin": "aGk=", "stdin_encoding": "base64", "env": {"V": "v"},
+                "cwd": "/tmp", "timeout": 30})
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert (got["exit_code"], got["stdout"]) == (3, "hi v\n/tmp\n"), got
+            assert a.post(f"/sandboxes/{sid}/exec?stream=none",
+                          json={"cmd": "echo ok"}).json()["stdout"] == "ok\n"
+            assert _lean(a) == n + 2
+            # FastAPI's answers, untouched by the lean path
+            _err(a.post(f"/sandboxes/{sid}/exec", json={"cmd": "true", "nope": 1}), 422)
+            _err(a.post(f"/sandboxes/{sid}/exec", json={"cmd": "true", "timeout": 0}), 422)
+            _err(a.post(f"/sandboxes/{sid}/exec", json={"cmd": "true", "timeout": True}),
+                 422)
+            _err(a.post(f"/sandboxes/{sid}/exec", json={"argv": []}), 422)
+            _err(a.post(f"/sandboxes/{sid}/exec", json={"cmd": "a", "argv": ["b"]}), 400)
+            _err(a.post(f"/sandboxes/{sid}/exec", content=b"{not json",
+                        headers={"content-type": "application/json"}), 422)
+            _err(httpx.post(f"{server.url}/sandboxes/{sid}/exec", json={"cmd": "true"}),
+                 401, "auth")
+            _err(httpx.post(f"{server.url}/sandboxes/{sid}/exec", json={"cmd": "true"},
+                            headers={"Authorization": "Bearer corral_nope"}), 401, "auth")
+            assert _lean(a) == n + 2
+            # after the token's check: answered on the lean path, the app's error bodies
+            _err(b.post(f"/sandboxes/{sid}/exec", json={"cmd": "true"}), 404, "not_found")
+            _err(a.post(f"/sandboxes/{sid}/exec", json={"cmd": "cat", "stdin": "%%",
+                                                        "stdin_encoding": "base64"}), 400)
+            assert _lean(a) == n + 4
+        finally:
+            a.delete(f"/sandboxes/{sid}")
+
+
 def test_another_tokens_sandbox_is_404(server):
     with server.http(server.tokens["a"]) as a, server.http(server.tokens["b"]) as b:
         sid = _create(a)

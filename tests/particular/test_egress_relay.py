@@ -23,8 +23,8 @@ BIG = 5 * THREAD_AFTER
 
 @pytest.fixture(params=["ring", "splice"])
 def proxy(request, tmp_path, dnsmasq, servers, monkeypatch):
-    """Every test once with the relay threads' copy ring (the default) and once with
-    CORRAL_EGRESS_RELAY_SPLICE=1 (splice(2), the bench's A/B)."""
+    """Every test once with the relay threads splicing (the default) and once with their
+    copy ring (CORRAL_EGRESS_RELAY_SPLICE=0, the bench's A/B)."""
     monkeypatch.setenv("CORRAL_EGRESS_RELAY_SPLICE", "1" if request.param == "splice" else "0")
     made = []
 

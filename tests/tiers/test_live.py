@@ -478,6 +478,73 @@ def test_a_sigkilled_supervisor_below_a_subreaper_that_never_reaps_leaves_nothin
         _sys.subreaper_release()
 
 
+def test_an_in_process_sandbox_sigkilled_below_a_subreaper_that_never_reaps(tier):
+    """A live sandbox opened in a process of its own (no supervisor, no reaper of
+    corral's above it), that process SIGKILLed while a command runs, below this process
+    as a child subreaper that reaps nothing it did not start: the commands must not be
+    the dead process's children (their zombies would be this process's, never reaped,
+    and the sandbox's init would wait for them in the kernel, running, for as long as
+    this process lives). The entrants' zygote reaps them (linux/enter.py)."""
+    import signal
+    import subprocess
+    import sys
+
+    from corral.linux import _sys, rundir
+
+    make = ("import os, sys, time, corral\n"
+            "from corral.linux import rundir\n"
+            f"sb = corral.Sandbox.create({{'isolation': {tier!r}}}, timeout=120)\n"
+            "sb.commands.run(['sleep', '304'], background=True)\n"
+            "d = os.path.join(rundir.base_dir(), sb.id)\n"
+            "print(sb.id, os.stat(os.path.join(d, 'scratch')).st_uid, flush=True)\n"
+            "time.sleep(300)\n")
+    before = set(_children())
+    _sys.subreaper_acquire()
+    try:
+        p = subprocess.Popen([sys.executable, "-c", make], stdout=subprocess.PIPE, text=True)
+        try:
+            sid, uid = p.stdout.readline().split()
+        except ValueError:
+            p.kill()
+            p.wait()
+            raise AssertionError("the creator did not start its sandbox") from None
+        uid = int(uid)
+        run_dir = os.path.join(rundir.base_dir(), sid)
+        try:   # (gvisor's commands are inside its sentry: not host processes)
+            assert tier == "gvisor" or "sleep 304" in " ".join(_describe(procs_of_uid(uid)))
+        finally:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+            p.stdout.close()
+        try:
+            _wait_for(lambda: not _running(procs_of_uid(uid) + _gone(sid)),
+                      "the sandbox's init and every process inside to end")
+        except AssertionError:
+            raise AssertionError("still running: " + "; ".join(
+                _describe(_running(procs_of_uid(uid) + _gone(sid))))) from None
+        # what the creator left came to this process (its zygote, bwrap): once they
+        # have ended, reaped here, so no zombie of ours outlives the test
+        _wait_for(lambda: not _running(list(set(_children()) - before)),
+                  "the creator's zygote to end")
+        _reap_ours(list(set(_children()) - before))
+    finally:
+        _sys.subreaper_release()
+    rundir.sweep_stale(rundir.base_dir())
+    assert not os.path.exists(run_dir) and _mounts_below(run_dir) == []
+
+
+def _children() -> list[int]:
+    """This process's children (every thread's)."""
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])

@@ -368,12 +368,28 @@ def test_bash_context_keeps_cwd_and_env(sb):
     sb.remove_context(c)
 
 
-def test_bash_cell_past_its_timeout_kills_the_context(sb):
+def test_bash_cell_past_its_timeout(sb):
+    """On a live sandbox the cell is interrupted (SIGINT to the shell's process group, as
+    ^C at a terminal) and the shell keeps its state; a one-shot Sandbox's context cannot
+    be signalled and is killed."""
     c = sb.create_context("bash")
-    ex = sb.run_code("sleep 1000", context=c, timeout=1)
-    assert ex.error.name == "TimeoutError" and "context was killed" in ex.error.value
-    with pytest.raises(ContextError, match="is dead"):
-        sb.run_code("true", context=c)
+    sb.run_code("kept=yes; cd /tmp; (sleep 300 > /dev/null 2>&1 &)", context=c)
+    ex = sb.run_code("echo before; sleep 1000; echo after", context=c, timeout=1)
+    if not hasattr(sb, "commands"):
+        assert ex.error.name == "TimeoutError" and "context was killed" in ex.error.value
+        with pytest.raises(ContextError, match="is dead"):
+            sb.run_code("true", context=c)
+        sb.remove_context(c)
+        return
+    assert ex.error.name == "TimeoutError" and "interrupted" in ex.error.value, ex.error
+    assert ex.exit_code == 130 and ex.logs.stdout == ["before\n"], ex
+    # a loop of builtins (no child to signal) is interrupted too
+    ex = sb.run_code("n=0; while :; do n=$((n+1)); done", context=c, timeout=1)
+    assert ex.error.name == "TimeoutError" and ex.exit_code == 130, ex
+    ex = sb.run_code('echo "$kept $PWD $((n > 0))"; echo "hi!"; jobs; '
+                     "pgrep -x sleep > /dev/null && echo bg", context=c)
+    assert ex.error is None and "".join(ex.logs.stdout) == "yes /tmp 1\nhi!\nbg\n", ex
+    assert ex.execution_count == 4
     sb.remove_context(c)
 
 

@@ -56,16 +56,21 @@ OWN_PIDS = 3
 
 
 class Started:
-    """A command just started inside: its host pid (our child), the read ends of its
-    stdout and stderr, and its cgroup."""
+    """A command just started inside: its host pid, the read ends of its stdout and
+    stderr, and its cgroup. `pidfd` and `exit_status`: the command's pidfd and how to get
+    its wait status once that says it exited (the entrant's zygote reaps it: it is not
+    our child; linux/enter.py), or -1 and None for a child of ours. The owner closes
+    `pidfd` (close_pidfd())."""
 
-    __slots__ = ("before_wait", "cgroup", "err_r", "ns_pid", "out_r", "pid", "tally")
+    __slots__ = ("before_wait", "cgroup", "err_r", "exit_status", "ns_pid", "out_r", "pid",
+                 "pidfd", "tally")
 
     def __init__(self, pid: int, out_r: int, err_r: int, cgroup, before_wait=None,
-                 tally=None) -> None:
+                 tally=None, pidfd: int = -1, exit_status=None) -> None:
         self.pid, self.out_r, self.err_r, self.cgroup = pid, out_r, err_r, cgroup
         #: to call before reaping pid (supervise's before_wait): the entrant's own reaping
         self.before_wait = before_wait
+        self.pidfd, self.exit_status = pidfd, exit_status
         self.ns_pid = _ns_pid(pid)
         #: the refused syscalls seen, when observed (linux/seccomp_notify.Tally)
         self.tally = tally
@@ -301,7 +306,9 @@ class NamespaceLive(NamespaceSandbox):
             cg.kill_all()
             self.release(cg)
             raise
-        return Started(pid, out_r, err_r, cg, entrant.reap, tally)
+        pidfd, entrant.b_pidfd = entrant.b_pidfd, -1
+        return Started(pid, out_r, err_r, cg, entrant.reap, tally, pidfd=pidfd,
+                       exit_status=entrant.exit_status)
 
     def prepare(self) -> None:
         """Fork the next command's entrant ahead (linux/enter.Entrant): in its cgroup and

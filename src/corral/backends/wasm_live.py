@@ -161,7 +161,8 @@ class WasmLive(NamespaceLive):
         for i, (k, v) in enumerate(sorted(env.items())):
             host_env[f"CORRAL_WASM_ENV_{i}"] = f"{k}={v}"
         s = super().start(line, host_env, cwd=SCRATCH, stdin_fd=stdin_fd)
-        started = WasmStarted(s.pid, s.out_r, s.err_r, s.cgroup, s.before_wait)
+        started = WasmStarted(s.pid, s.out_r, s.err_r, s.cgroup, s.before_wait, s.tally,
+                              pidfd=s.pidfd, exit_status=s.exit_status)
         started.ns_pid = s.ns_pid
 
         def on_result(result):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import socket
 import threading
 
 import httpx
@@ -117,6 +118,10 @@ def _config(api_url: str | None, api_key: str | None) -> tuple[str, dict]:
 
 _ssl_mu = threading.Lock()
 _pools: dict[tuple[int, str], httpx.HTTPTransport] = {}
+#: TCP_NODELAY on the SDK's connections: httpx writes a request's headers and its body
+#: in two sends, and with Nagle's algorithm the body (a small second segment) waits for
+#: the headers' ACK, which the server may delay; asyncio (the server) sets it already
+NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 
 
 class _SharedPool(httpx.HTTPTransport):
@@ -141,7 +146,8 @@ def shared_pool(url: str) -> httpx.HTTPTransport:
             pool = _pools.get(key)
             if pool is None:
                 pool = _pools[key] = _SharedPool(verify=ctx, limits=httpx.Limits(
-                    max_connections=None, max_keepalive_connections=20))
+                    max_connections=None, max_keepalive_connections=20),
+                    socket_options=NODELAY)
     return pool
 
 
@@ -156,7 +162,10 @@ def async_client(url: str, headers: dict, timeout: float | None = None) -> httpx
     """An async client of its own (its connections belong to one event loop) with the
     process's TLS context."""
     kw = {} if timeout is None else {"timeout": timeout}
-    return httpx.AsyncClient(base_url=url, headers=headers, verify=tls_context(), **kw)
+    ctx = tls_context()
+    return httpx.AsyncClient(base_url=url, headers=headers, verify=ctx, transport=
+                             httpx.AsyncHTTPTransport(verify=ctx, socket_options=NODELAY),
+                             **kw)
 
 
 def _argv_or_cmd(cmd) -> dict:

@@ -9,8 +9,8 @@
 - `RelayMixin` moves bytes within the budgets (budget.py decides how many may go; this
   only asks and counts): `_pump` relays one direction with splice(2), socket -> pipe ->
   socket, or by copying where splice is missing or no pipe can be had; past THREAD_AFTER
-  bytes a flow goes on in a `_Relay` thread, which copies through a ring (or splices,
-  with CORRAL_EGRESS_RELAY_SPLICE=1); `_send` sends one
+  bytes a flow goes on in a `_Relay` thread, which splices (or copies through a ring,
+  with CORRAL_EGRESS_RELAY_SPLICE=0); `_send` sends one
   buffer; either cuts (`_Cut("budget: ...")`) rather than let a byte past the budget. The
   CONNECT tunnel (server.py) and plain-HTTP forwarding (forward.py) use them; terminated
   TLS (terminate.py) counts decrypted bytes through `_count`. `_end` emits a flow's one
@@ -259,10 +259,13 @@ MAX_RELAY_THREADS = 4
 _env = os.environ.get("CORRAL_EGRESS_RELAY_THREADS", "")
 if _env.isdigit() and len(_env) < 4:
     MAX_RELAY_THREADS = int(_env)
-#: a relay thread copies through a ring of COPY_BUF (True) or splices (False: the way
-#: before; CORRAL_EGRESS_RELAY_SPLICE=1 in the proxy's environment, for bench/network.py's
-#: A/B in one run)
-RELAY_COPY = os.environ.get("CORRAL_EGRESS_RELAY_SPLICE", "") != "1"
+#: a relay thread copies through a ring of COPY_BUF (True) or splices (False, the
+#: default). CORRAL_EGRESS_RELAY_SPLICE=0 in the proxy's environment chooses the ring
+#: (bench/network.py's proxy-copy and sandbox-copy A/B in one run), =1 splicing. Splicing
+#: is the default again since 2026-12-06: with direct at 2.7-3.5 GB/s on this machine it
+#: beat the ring in 11 of 12 paired runs (docs/network.md); the ring had won when direct
+#: was about 1 GB/s
+RELAY_COPY = os.environ.get("CORRAL_EGRESS_RELAY_SPLICE", "") == "0"
 #: the copy ring of one relay thread (allocated while it runs; 1 MiB measured 0.65x
 #: direct, 4 MiB 0.8x: fewer wake-ups, and a whole window of the upstream per read)
 COPY_BUF = 4 << 20

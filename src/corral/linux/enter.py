@@ -33,10 +33,14 @@ over INLINE_MAX) and its stdio (SCM_RIGHTS),
 sets the rlimits and starts it with CPython's vfork + exec (_posixsubprocess, as subprocess
 does: no page tables copied; a session of its own, the working directory as the command's
 own uid without capabilities, every other fd closed). setns(CLONE_NEWPID) moved only A's
-children, so the command (B) is in the sandbox's pid namespace. A reports B's pid and
-exits; its exit hands B to the nearest child subreaper, the supervisor, which waits for A
-first (Entrant.reap, supervise's before_wait: A's pidfd readable; the zygote reaps A)
-and then waits for B like any child.
+children, so the command (B) is in the sandbox's pid namespace. A sends B's pid and a
+pidfd of B (opened while B could not have been reaped: A, its parent, lives and does not
+wait) and exits; its exit hands B to the nearest child subreaper, the
+zygote, which reaps A and B and sends B's wait status to the supervisor. The supervisor
+watches B through its pidfd and takes the status from the zygote (Entrant.exit_status):
+B is never the supervisor's child, so whatever is above the supervisor (a subreaper or a
+PID 1 that never reaps) never holds B's zombie, on which the sandbox's dying init would
+wait forever.
 
 A failure before exec is written to a close-on-exec pipe (`py:ERRNO:message`,
 `exec:ERRNO:` when the command's own exec failed, `cwd:ERRNO:` for its working directory);
@@ -53,7 +57,6 @@ import resource
 import select
 import socket
 import threading
-import time
 
 try:
     import _posixsubprocess
@@ -177,14 +180,17 @@ class Entrant:
         self.sock = ours
         self.pid = 0
         self.pidfd = -1
+        #: the command's pidfd (B's), opened while A, its parent, still lived and had not
+        #: waited: B could not have been reaped, so it is B's and no recycled pid's
+        self.b_pidfd = -1
         self._ready = False
         self._listen = program.listen
         #: the seccomp listener of the command's filter (Program.listen), once ready: the
         #: caller takes it (an Observer watches it) and sets this to -1, or close() does
         self.listener = -1
         try:
-            self.pid, self.pidfd = _zygote().fork_entrant(theirs, target, attach, program,
-                                                          uid)
+            self.pid, self.pidfd, self.zygote = _zygote().fork_entrant(
+                theirs, target, attach, program, uid)
         except BaseException:
             ours.close()
             raise
@@ -223,10 +229,9 @@ class Entrant:
         self.sock.close()
 
     def reap(self) -> None:
-        """Wait for A's exit, after start(): only then is the command (which A's exit
-        hands to this process, the nearest child subreaper) this process's child. A is
-        the zygote's child (it reaps it): its pidfd says when it has exited, and the
-        kernel reparents A's children before it says so."""
+        """Wait for A's exit, after start(). A is the zygote's child (it reaps it): its
+        pidfd says when it has exited, and the kernel reparents A's children (the
+        command, to the zygote) before it says so."""
         if self.pid:
             if self.pidfd >= 0:
                 poller = select.poll()
@@ -235,6 +240,11 @@ class Entrant:
                 os.close(self.pidfd)
                 self.pidfd = -1
             self.pid = 0
+
+    def exit_status(self, b: int) -> int:
+        """The wait status of the command `b` started, once its pidfd (b_pidfd) has
+        said it exited: the zygote, its parent, reaps it and sends the status."""
+        return self.zygote.status_of(b)
 
     def close(self) -> None:
         """Let an unused one go (it exits at EOF), and reap it."""
@@ -287,9 +297,10 @@ class Entrant:
                 if fd >= 0:
                     os.close(fd)
         try:
-            got = self.sock.recv(1100)
-            b = int(got) if got.isdigit() and len(got) < 12 else 0
-            if b:   # A is on its way out; reap_entrant() once the command exits
+            got, fds, _, _ = socket.recv_fds(self.sock, 1100, 1)
+            b = int(got) if got.isdigit() and len(got) < 12 and len(fds) == 1 else 0
+            if b:   # A is on its way out; reap() waits for it once the command exits
+                self.b_pidfd = fds[0]
                 self.sock.close()
                 report = b""
             else:
@@ -297,9 +308,10 @@ class Entrant:
                 report = _read_small(fail_r)
         finally:
             os.close(fail_r)
+        if not b:
+            for fd in fds:
+                os.close(fd)
         if report or not b:
-            if b:
-                os.waitpid(b, 0)
             for fd in (out_r, err_r):
                 if fd >= 0:
                     os.close(fd)
@@ -325,24 +337,70 @@ class _Zygote:
     writes afterwards, about 180 of them on a command's path, a fraction of a millisecond.
     The zygote is a fork of this process made once, idle but for its requests: (A's socket
     end, the target's pidfd and root fd, the cgroup's attach fds, the seccomp program) in,
-    (A's pid, a pidfd of A) out. It is not a subreaper, so a command whose A exits is
-    handed to this process. It exits when this process's end of its socket closes."""
+    (A's pid, a pidfd of A) out.
+
+    It is a child subreaper: a command whose A exits is handed to it, not to this
+    process, and it reaps the command and sends its wait status back on a socket of its
+    own (`status_of`). So the commands are never this process's children: if this
+    process is SIGKILLed, they do not go to whatever subreaper or PID 1 is above it (one
+    that never reaps would keep their zombies, and the sandbox's dying init waits, in the
+    kernel, until every process of its pid namespace is reaped); the zygote outlives
+    this process until it has reaped every command (bwrap's --die-with-parent ends the
+    sandbox, so they all die), then exits. It leaves its loop when this process's end of
+    its socket closes."""
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        st_ours, st_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
             try:
                 ours.close()
-                _zygote_main(theirs)
+                st_ours.close()
+                _zygote_main(theirs, st_theirs)
             finally:
                 os._exit(0)
         theirs.close()
+        st_theirs.close()
         self.sock, self.pid, self.owner = ours, pid, os.getpid()
         self.lock = threading.Lock()
+        self.status_sock = st_ours
+        self._statuses: dict[int, int] = {}
+        self._cond = threading.Condition(threading.Lock())
+        self._reading = False
+
+    def status_of(self, b: int) -> int:
+        """The wait status of command `b` (it has exited: its pidfd said so). One
+        caller at a time reads the socket, keeping the statuses of others for them."""
+        with self._cond:
+            while True:
+                if b in self._statuses:
+                    return self._statuses.pop(b)
+                if not self._reading:
+                    break
+                self._cond.wait()
+            self._reading = True
+        try:
+            while True:
+                try:
+                    msg = self.status_sock.recv(64)
+                except OSError:
+                    msg = b""
+                if not msg:     # the zygote died: its commands came to us, if anyone
+                    return _wait_own(b)
+                pid, _, status = msg.partition(b" ")
+                with self._cond:
+                    if int(pid) == b:
+                        return int(status)
+                    self._statuses[int(pid)] = int(status)
+                    self._cond.notify_all()
+        finally:
+            with self._cond:
+                self._reading = False
+                self._cond.notify_all()
 
     def fork_entrant(self, theirs, target: Target, attach: list[int], program: Program,
-                     uid: int = 0) -> tuple[int, int]:
+                     uid: int = 0) -> tuple[int, int, _Zygote]:
         req = marshal.dumps((target.flags, target.last_cap, program.bpf, uid,
                              program.listen))
         with self.lock:
@@ -351,15 +409,18 @@ class _Zygote:
             msg, fds, _, _ = socket.recv_fds(self.sock, 1100, 1)
         if not msg:
             raise BrokenPipeError("the zygote is gone")
+        if msg[:1] == b"s":    # (never: statuses have their own socket)
+            raise BrokenPipeError("the zygote is confused")
         if not msg.isdigit() or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
             raise SandboxSetupError("entering the sandbox failed: the zygote could not "
                                     f"fork an entrant ({msg[:200]!r})", step="enter")
-        return int(msg), fds[0]
+        return int(msg), fds[0], self
 
     def close(self) -> None:
         self.sock.close()
+        self.status_sock.close()
         try:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
@@ -381,7 +442,8 @@ def _zygote() -> _Zygote:
                 done = z.pid
             if not done:
                 return _ZygoteUser(z)
-            z.sock.close()
+            z.sock.close()    # it has exited: its status socket's readers have had EOF
+            z.status_sock.close()
         first = not _zygote_now
         z = _Zygote()
         _zygote_now[:] = [z]
@@ -399,6 +461,7 @@ def _close_at_exit() -> None:
         for z in _zygote_now:
             if z.owner == os.getpid():
                 z.sock.close()
+                z.status_sock.close()
 
 
 class _ZygoteUser:
@@ -413,7 +476,12 @@ class _ZygoteUser:
         except (BrokenPipeError, ConnectionResetError):
             with _zygote_lock:
                 if _zygote_now and _zygote_now[0] is self.z:
-                    self.z.close()
+                    self.z.sock.close()     # it has died: the wait is short
+                    try:
+                        os.waitpid(self.z.pid, 0)
+                    except ChildProcessError:
+                        pass
+                    self.z.status_sock.close()   # (its readers have had EOF)
                     _zygote_now.clear()
             return _zygote().z.fork_entrant(theirs, target, attach, program, uid)
 
@@ -427,27 +495,68 @@ class _Received:
         self.uid = uid
 
 
-def _zygote_main(sock) -> None:
-    """The zygote's loop: each request forks one A; A's that exited are reaped."""
-    _close_all_but((0, 1, 2, sock.fileno()))
+def _wait_own(b: int) -> int:
+    """B's status when its zygote died first: B came to this process (a child subreaper
+    while a live sandbox runs); if not, it was killed with the sandbox as far as anyone
+    here can tell."""
+    try:
+        return os.waitpid(b, 0)[1]
+    except ChildProcessError:
+        return 9
+
+
+def _zygote_main(sock, status_sock) -> None:
+    """The zygote's loop: each request forks one A; A's that exited are reaped, and so
+    are the commands (B) their exits handed over, whose statuses go to status_sock."""
+    import signal
+
+    _close_all_but((0, 1, 2, sock.fileno(), status_sock.fileno()))
+    _sys.become_subreaper()
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
-    children = 0
-    while True:
-        while children:      # reap the entrants that have exited
+    poller.register(wake_r, select.POLLIN)
+    entrants: set[int] = set()
+
+    def reap(block: bool) -> bool:
+        """Reap what has exited (all, blocking, if `block`); False once none is left."""
+        while True:
             try:
-                done, _ = os.waitpid(-1, os.WNOHANG)
+                done, status = os.waitpid(-1, 0 if block else os.WNOHANG)
             except ChildProcessError:
-                children = 0
-                break
+                return False
+            except InterruptedError:
+                continue
             if not done:
-                break
-            children -= 1
-        if not poller.poll(50 if children else None):
+                return True
+            if done in entrants:
+                entrants.discard(done)
+            else:   # a command: its supervisor waits for this (it may have gone)
+                try:
+                    status_sock.send(b"%d %d" % (done, status))
+                except OSError:
+                    pass
+
+    while True:
+        reap(False)
+        try:
+            ready = poller.poll()
+        except InterruptedError:
+            continue
+        if any(fd == wake_r for fd, _ in ready):
+            try:
+                os.read(wake_r, 512)
+            except BlockingIOError:
+                pass
+        if not any(fd == sock.fileno() for fd, _ in ready):
             continue
         msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 64)
         if not msg:          # the supervisor has gone: so do the A's (their sockets end)
-            _reap_all(children)
+            # and the commands (the sandboxes die with it): reap them all, however long
+            while reap(True):
+                pass
             os._exit(0)
         try:
             flags, last_cap, bpf, uid, listen = marshal.loads(msg)
@@ -475,7 +584,7 @@ def _zygote_main(sock) -> None:
             _entrant(theirs, _Received(pidfd, root_fd, flags, last_cap, uid), attach,
                      program)
             os._exit(127)
-        children += 1
+        entrants.add(a)
         for fd in fds:
             os.close(fd)
         try:
@@ -489,22 +598,6 @@ def _zygote_main(sock) -> None:
             os.close(apidfd)
 
 
-def _reap_all(children: int, limit: float = 5.0) -> None:
-    """Reap the zygote's remaining A's before it exits (each leaves at its socket's EOF,
-    which the supervisor's exit gave it): orphaned, a zombie would wait for pid 1 to reap
-    it, and not every pid 1 does so promptly. At most `limit` seconds."""
-    deadline = time.monotonic() + limit
-    while children and time.monotonic() < deadline:
-        try:
-            done, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if done:
-            children -= 1
-        else:
-            time.sleep(0.005)
-
-
 def _entrant(theirs, target: Target, attach: list[int], program: Program) -> None:
     """A's life (the module's docstring), in a child of the zygote: _exit on any failure,
     never return."""
@@ -515,6 +608,10 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program) -> Non
     libc, flags = _libc, target.flags
     fail_w = -1
     try:
+        # the zygote's SIGCHLD handler and wakeup fd are not A's (the fd number may be
+        # reused here for a command's pipe)
+        _signal.set_wakeup_fd(-1)
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
         if program.listen:    # imported here: after the chroot the module is out of reach
             from .seccomp_notify import install_listening
         # nothing else of this process's: A may wait long, and a copy of a pipe's
@@ -599,9 +696,11 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program) -> Non
                 os._exit(127)
             os.write(fail_w, report_exec_failure(errno_ or 2))
             os._exit(127)
-        # its parent (this process) exits now: B is reparented to the nearest
-        # child subreaper, the supervisor (a live sandbox is one for its life)
-        theirs.send(str(b).encode())
+        # B's pidfd, opened while B cannot have been reaped (this process is its
+        # parent and does not wait), goes with its pid; then this process exits and B is
+        # reparented to the nearest child subreaper, the zygote, which reaps it
+        pfd = os.pidfd_open(b)
+        socket.send_fds(theirs, [str(b).encode()], [pfd])
         os._exit(0)
     except BaseException as e:  # noqa: BLE001 - reported to the supervisor, then die
         try:
@@ -613,20 +712,6 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program) -> Non
                 theirs.send(b"e" + report)
         finally:
             os._exit(127)
-
-
-def spawn_in(target: Target, argv: list[str], env: dict[str, str], *, cwd: str,
-             stdin_fd: int, attach: list[int], rlimits: tuple[int, int, int | None],
-             program: Program) -> tuple[int, int, int]:
-    """Start argv inside `target` (see the module's docstring). Returns (pid as the host
-    sees it, stdout read fd, stderr read fd); the pid is this process's child.
-    `rlimits`: (RLIMIT_NOFILE, RLIMIT_FSIZE, RLIMIT_CPU seconds or None). Raises
-    ExecFailed when the command's own exec failed (nothing of it ran; the child is
-    reaped), SandboxSetupError for any other failure."""
-    entrant = Entrant(target, attach, program)
-    started = entrant.start(argv, env, cwd=cwd, stdin_fd=stdin_fd, rlimits=rlimits)
-    entrant.reap()
-    return started
 
 
 def _close_all_but(keep) -> None:

@@ -294,18 +294,24 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
               on_stderr: Callable[[bytes], None] | None = None,
               kill: Callable[[], None], started: float,
               extra: dict[int, Callable[[bytes], None]] | None = None,
-              before_wait: Callable[[], None] | None = None) -> Outcome:
+              before_wait: Callable[[], None] | None = None, pidfd: int = -1,
+              exit_status: Callable[[int], int] | None = None) -> Outcome:
     """Watch the process until it and its output are done, enforcing the limits.
     `extra` fds (e.g. the egress proxy's events) are read along the way; they do not keep
     the watch going, and stay open for the caller. `before_wait`: called once the process
-    has exited, before it is reaped (a live sandbox's entrant: linux/enter.py)."""
+    has exited, before it is reaped (a live sandbox's entrant: linux/enter.py).
+    `pidfd` (the caller's, left open) and `exit_status` (its wait status once the pidfd
+    said it exited): for a process that is not our child (a live sandbox's command, which
+    the entrants' zygote reaps); else it is our child, watched and reaped here."""
     out = Outcome()
     extra = dict(extra or {})
     out.stdout = Stream(output_cap, on_stdout)
     out.stderr = Stream(output_cap, on_stderr)
     streams = {fd: s for fd, s in ((out_r, out.stdout), (err_r, out.stderr)) if fd >= 0}
     sel = select.epoll()
-    pidfd = os.pidfd_open(pid)
+    own_pidfd = pidfd < 0
+    if own_pidfd:
+        pidfd = os.pidfd_open(pid)
     try:
         for fd in streams:
             sel.register(fd, select.EPOLLIN)
@@ -328,8 +334,10 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
                 if fd == pidfd:
                     if before_wait is not None:
                         before_wait()
-                    _, status = os.waitpid(pid, 0)
-                    out.status = status
+                    if exit_status is not None:
+                        out.status = exit_status(pid)
+                    else:
+                        out.status = os.waitpid(pid, 0)[1]
                     sel.unregister(pidfd)
                     drain_until = time.monotonic() + DRAIN_GRACE_S
                     continue
@@ -369,7 +377,8 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
                     del streams[fd]
     finally:
         sel.close()
-        os.close(pidfd)
+        if own_pidfd:
+            os.close(pidfd)
         for fd in streams:
             os.close(fd)
     out.wall_s = time.monotonic() - started

@@ -45,6 +45,11 @@ class Channel:
         runner is then interrupted in-band, by a frame)."""
         return False
 
+    def interrupt_group(self) -> bool:
+        """Deliver SIGINT to the process's process group (a shell and its foreground
+        command, as a terminal's ^C does); False when this channel cannot."""
+        return False
+
     def kill(self) -> None:
         """End the process now, whatever it does. Idempotent."""
         raise NotImplementedError
@@ -164,6 +169,7 @@ class CommandChannel(Channel):
         self._exited = threading.Event()
         self._killing = False
         self.handle = None
+        self._sandbox = sandbox
         label = [a if len(a) <= 80 else f"<{len(a)} bytes>" for a in argv]
         self.handle = sandbox.commands.stream(argv, on_stdout=on_stdout,
                                               on_stderr=on_stderr, on_exit=self._ended,
@@ -182,6 +188,33 @@ class CommandChannel(Channel):
 
     def interrupt(self) -> bool:
         return self.handle.send_signal(2)    # SIGINT
+
+    def interrupt_group(self) -> bool:
+        """`kill -s INT -- -PGID` run inside the sandbox by the interpreter's own bash
+        (the interpreter is its session's and process group's leader: its pid inside is
+        the group's id), as a stream command (no audit record, no usage count): the same
+        on every tier (gVisor's processes are not the host's). Waits for it, 5 s at most."""
+        h = self.handle
+        if h is None or not h.running or h.pid <= 1:
+            return False
+        done = threading.Event()
+        got = []
+
+        def ended(result) -> None:
+            got.append(result)
+            done.set()
+
+        try:
+            k = self._sandbox.commands.stream(
+                ["bash", "--noprofile", "--norc", "-c", 'kill -s INT -- "-$1"', "corral-int",
+                 str(h.pid)], on_stdout=None, on_stderr=None, on_exit=ended,
+                label=["corral-interrupt", str(h.pid)])
+        except Exception:  # noqa: BLE001 - the sandbox is ending: the caller kills
+            return False
+        if not done.wait(5.0):
+            k.kill()
+            return False
+        return bool(got) and got[0].exit_code == 0
 
     def kill(self) -> None:
         h = self.handle

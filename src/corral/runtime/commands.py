@@ -118,6 +118,9 @@ class CommandHandle:
         #: no CPU limit of its own (its caller bounds what it asks of it)
         self._stream = stream
         self._pidfd = -1
+        #: its end was seen by the sandbox (runtime/live.py), its cgroup released or kept
+        #: as lingering: kill() no longer kills that cgroup (it may be another's now)
+        self._released = False
         self._pidfd_lock = threading.Lock()   # a closed fd's number is never signalled
         #: its record in the audit store (corral runs, corral logs ID)
         self.run_id = _audit.new_id()
@@ -143,13 +146,21 @@ class CommandHandle:
             return
         if self.running:
             self._killed = True
-            started.cgroup.kill_all()
-        else:
-            self._owner._kill_left(self)
+            lock = getattr(self._owner, "_lock", None)
+            if lock is None:
+                started.cgroup.kill_all()
+                return
+            # under the sandbox's lock, which its end's release of the cgroup takes: once
+            # released, the cgroup may serve the next command's entrant, never killed here
+            with lock:
+                if not self._released:
+                    started.cgroup.kill_all()
+                    return
+        self._owner._kill_left(self)
 
     def send_signal(self, sig: int) -> bool:
         """Send `sig` to the command's own process (not the processes it started), through
-        a pidfd opened while it was our unreaped child: never a recycled pid. False once
+        a pidfd opened while it could not have been reaped: never a recycled pid. False once
         it has exited."""
         import _signal
 
@@ -222,8 +233,9 @@ class CommandHandle:
         self.host_pid, self.pid = started.pid, started.ns_pid
         self._stdin_w = stdin_w
         if self.background:
-            try:   # while it is our unreaped child (supervise reaps it): its own pid
-                self._pidfd = os.pidfd_open(started.pid)
+            try:   # opened while it could not be reaped: its own pid, never a recycled one
+                own = getattr(started, "pidfd", -1)
+                self._pidfd = os.dup(own) if own >= 0 else os.pidfd_open(started.pid)
             except OSError:
                 self._pidfd = -1
             self._thread = threading.Thread(target=self._watch, daemon=True,
@@ -306,9 +318,15 @@ class CommandHandle:
                                 cpu_seconds=cpu_now, output_cap=keep,
                                 on_stdout=self._on_stdout, on_stderr=self._on_stderr,
                                 kill=s.cgroup.kill_all, started=time.monotonic(),
-                                before_wait=s.before_wait)
+                                before_wait=s.before_wait,
+                                pidfd=getattr(s, "pidfd", -1),
+                                exit_status=getattr(s, "exit_status", None))
         finally:
             self.close_stdin()
+            fd = getattr(s, "pidfd", -1)
+            if fd >= 0:
+                s.pidfd = -1
+                os.close(fd)
             if s.before_wait is not None:
                 s.before_wait()      # the entrant, if supervise() did not get to it
             final = getattr(s, "final_status", None)   # the tier's word on the status

@@ -479,6 +479,7 @@ class Live(Sandbox):
         if self._ended is None and live is not None and not _init_alive(live, sigkilled):
             self._end("init", self._init_exited())    # before it leaves _running: its Result says so
         with self._lock:
+            handle._released = True
             self._last_use = time.monotonic()
             if handle in self._running:
                 self._running.remove(handle)

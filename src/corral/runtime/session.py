@@ -219,20 +219,29 @@ def _runner_argv(language: str, max_frame: int, cwd: str | None,
     raise ValueError(language)
 
 
-_BASH_LOOP = r"""exec 3<&0 </dev/null
-__corral_cwd=$1
-if [ -n "$__corral_cwd" ]; then cd -- "$__corral_cwd" || exit 97; fi
-unset __corral_cwd
-set --
-printf 'corral-bash-ready\n'
-while IFS= read -r -d '' -u 3 __corral_msg; do
-  __corral_nonce=${__corral_msg%%$'\n'*}
-  eval "${__corral_msg#*$'\n'}" </dev/null
-  __corral_status=$?
-  printf '\n%s %d\n' "$__corral_nonce" "$__corral_status"
-  printf '\n%s\n' "$__corral_nonce" >&2
-done
-"""
+#: the first line an interactive bash context reads (then its cwd and the ready line):
+#: no prompts, no history, no `!` expansion; __corral_end prints a cell's end lines once
+#: (a cell's own line, or the host's after an interrupt, whichever comes first)
+_BASH_SETUP = ("PS1= PS2= PS0= PS4=; unset PROMPT_COMMAND HISTFILE; set +H +o history; "
+               "__corral_end() { if [ -n \"$__corral_n\" ]; then "
+               "printf '\\n%s %d\\n' \"$__corral_n\" \"$1\"; "
+               "printf '\\n%s\\n' \"$__corral_n\" >&2; __corral_n=; fi; }; ")
+
+
+def bash_quote(text: str) -> str:
+    """`text` as one bash word on one line: $'...' with every control character,
+    backslash and quote escaped (NUL cannot be in it)."""
+    out = ["$'"]
+    for ch in text:
+        o = ord(ch)
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif o < 32 or o == 127:
+            out.append("\\x%02x" % o)
+        else:
+            out.append(ch)
+    out.append("'")
+    return "".join(out)
 
 
 class _Inbox:
@@ -485,10 +494,16 @@ class _FramedInterp(_Interp):
 
 
 class _BashInterp(_Interp):
-    """bash: one `bash --noprofile --norc` reading NUL-ended cells; each cell ends with a
-    line carrying a random nonce and the exit status on stdout (and the nonce on stderr),
-    which is how the host knows the cell is over. A bash cell cannot be interrupted without
-    losing the shell's state: at its timeout the context is killed."""
+    """bash: one interactive `bash --noprofile --norc --noediting -i` reading its cells
+    from its stdin (a pipe), one line each: `__corral_n=NONCE; eval $'CELL' </dev/null;
+    __corral_end $?`. Each cell ends with a line carrying the random nonce and the exit
+    status on stdout (and the nonce on stderr), which is how the host knows the cell is
+    over. Interactive, so a SIGINT aborts the running line and bash reads the next one,
+    its state kept, as ^C at a terminal: at a cell's timeout the host sends SIGINT to the
+    shell's process group (the shell and its foreground commands; background jobs ignore
+    it) and then the line `__corral_end 130`; a cell still running INTERRUPT_GRACE
+    seconds later (it trapped SIGINT) kills the context. Where no signal can be sent (a
+    one-shot Sandbox's ExecChannel) the context is killed at the timeout."""
 
     READY = b"corral-bash-ready\n"
 
@@ -496,16 +511,22 @@ class _BashInterp(_Interp):
         s = self.session
         self.out = bytearray()
         self.err = bytearray()
-        self.ready = False
+        self.ready = self.out_ready = self.err_ready = False
         self.nonce = None
         self.dec = {"stdout": codecs.getincrementaldecoder("utf-8")("replace"),
                     "stderr": codecs.getincrementaldecoder("utf-8")("replace")}
         self.done = {"stdout": False, "stderr": False}
         self.status = None
         self.olock = threading.Lock()
-        argv = ["bash", "--noprofile", "--norc", "-c", _BASH_LOOP, "corral-bash",
-                self.ctx.cwd or ""]
+        argv = ["bash", "--noprofile", "--norc", "--noediting", "-i"]
         self.channel = s.start(argv, self.on_stdout, self.on_stderr, self.on_exit)
+        cd = f"cd -- {bash_quote(self.ctx.cwd)} || exit 97; " if self.ctx.cwd else ""
+        try:
+            self.channel.send((_BASH_SETUP + cd + "printf 'corral-bash-ready\\n'; "
+                               "printf 'corral-bash-ready\\n' >&2\n").encode(),
+                              time.monotonic() + s.start_timeout)
+        except (OSError, TimeoutError):
+            pass    # it died: said below
         kind, _ = self._wait_ready(time.monotonic() + s.start_timeout)
         if kind != "ready":
             why = self.dead or "it did not start"
@@ -546,10 +567,19 @@ class _BashInterp(_Interp):
                 if stream == "stdout":
                     if buf.startswith(self.READY):
                         del buf[:len(self.READY)]
-                        self.ready = self.was_ready = True
-                        self.q.put(("ready", None))
+                        self.out_ready = True
                     elif len(buf) >= len(self.READY) or not self.READY.startswith(bytes(buf)):
                         self._die("bash printed something else than its ready line")
+                else:   # an interactive bash's notes and first prompt come before it
+                    at = buf.find(self.READY)
+                    if at >= 0:
+                        del buf[:at + len(self.READY)]
+                        self.err_ready = True
+                    elif len(buf) > 65536:
+                        self._die("bash printed too much on its stderr before it was ready")
+                if self.out_ready and self.err_ready:
+                    self.ready = self.was_ready = True
+                    self.q.put(("ready", None))
                 return
             if self.nonce is None or self.done[stream]:
                 del buf[:]        # between cells (a background job's output): dropped
@@ -593,7 +623,9 @@ class _BashInterp(_Interp):
             self.nonce = nonce
             self.done = {"stdout": False, "stderr": False}
             self.status = None
-        data = nonce + b"\n" + code.encode("utf-8", "surrogateescape") + b"\0"
+        data = (b"__corral_n=" + nonce + b"; eval " +
+                bash_quote(code).encode("utf-8", "surrogateescape") +
+                b" </dev/null; __corral_end $?\n")
         try:
             self.channel.send(data, time.monotonic() + timeout)
         except (OSError, TimeoutError) as e:
@@ -601,16 +633,26 @@ class _BashInterp(_Interp):
         deadline = time.monotonic() + timeout
         self.session.count[self.ctx.id] = self.session.count.get(self.ctx.id, 0) + 1
         self._cpu_start()
+        interrupted = None
         try:
             while True:
                 kind, msg = self._wait(deadline)
-                if kind in ("timeout", "cpu"):
-                    over = (f"its timeout of {timeout:g}s" if kind == "timeout" else
-                            f"its CPU time limit (limits.cpu_time, {s.cpu_time:g}s a cell)")
-                    self._die(f"the bash cell ran past {over}; bash "
-                              f"cannot be interrupted without losing its state, so the "
-                              f"context was killed")
+                if kind in ("timeout", "cpu") and interrupted is None:
+                    interrupted = (f"its timeout of {timeout:g}s" if kind == "timeout" else
+                                   f"its CPU time limit (limits.cpu_time, {s.cpu_time:g}s "
+                                   f"a cell)")
+                    if self._interrupt():
+                        deadline = time.monotonic() + s.interrupt_grace
+                        continue
+                    self._die(f"the bash cell ran past {interrupted} and could not be "
+                              f"interrupted, so the context was killed")
                     ex.error = ExecutionError("TimeoutError", self.dead)
+                    return
+                if kind in ("timeout", "cpu"):
+                    self._die(f"the bash cell did not stop within {s.interrupt_grace:g}s "
+                              f"of its interrupt (after {interrupted}): the context was "
+                              f"killed and its state is lost")
+                    ex.error = ExecutionError("ContextDied", self.dead)
                     return
                 if kind == "dead":
                     ex.error = ExecutionError("ContextDied", msg)
@@ -620,7 +662,13 @@ class _BashInterp(_Interp):
                 elif kind == "end":
                     ex.exit_code = msg
                     ex.execution_count = self.session.count[self.ctx.id]
-                    if msg != 0:
+                    if interrupted is not None:
+                        ex.error = ExecutionError("TimeoutError", f"the cell ran past "
+                                                                  f"{interrupted} and was "
+                                                                  f"interrupted")
+                        if cb.on_error:
+                            cb.on_error(ex.error)
+                    elif msg != 0:
                         ex.error = ExecutionError("ExitStatus", f"the cell exited with "
                                                                 f"status {msg}")
                         if cb.on_error:
@@ -629,6 +677,17 @@ class _BashInterp(_Interp):
         finally:
             with self.olock:
                 self.nonce = None
+
+    def _interrupt(self) -> bool:
+        """SIGINT to the shell's process group, then the line that ends the aborted
+        cell (a no-op if the cell ended first). False if no signal could be sent."""
+        if not self.channel.interrupt_group():
+            return False
+        try:
+            self.channel.send(b"__corral_end 130\n", time.monotonic() + 1.0)
+        except (OSError, TimeoutError):
+            return False
+        return True
 
 
 class _Callbacks:

@@ -121,7 +121,10 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
 
         asgi = mount(app)          # /mcp: the MCP tools behind the same tokens (mcp_http.py)
     from .e2b import Dispatch
+    from .fastexec import LeanExec
 
+    # a foreground command's Result without FastAPI's per-request work (fastexec.py)
+    asgi = LeanExec(asgi, svc)
     # E2B's wire protocol on the same port, told apart by its headers (service/e2b/)
     inner = Dispatch(asgi, svc, debug_owner=e2b_debug)
     wrapped = Counted(BodyCap(inner, body_max) if body_max else inner, svc.metrics)

@@ -15,6 +15,8 @@ class Metrics:
         self.requests: dict[int, int] = {}
         self.hist = [0] * (len(self.BUCKETS) + 1)
         self.hist_sum = 0.0
+        #: POST .../exec requests answered by the lean path (fastexec.py), not FastAPI
+        self.lean = 0
 
     def run(self, verdict: str, seconds: float) -> None:
         with self.mu:
@@ -37,6 +39,8 @@ class Metrics:
             out.append("# TYPE corral_http_responses_total counter")
             out += [f'corral_http_responses_total{{status="{s}"}} {n}'
                     for s, n in sorted(self.requests.items())]
+            out += ["# TYPE corral_http_lean_exec_total counter",
+                    f"corral_http_lean_exec_total {self.lean}"]
             out.append("# TYPE corral_run_seconds histogram")
             acc = 0
             for b, n in zip(self.BUCKETS, self.hist):

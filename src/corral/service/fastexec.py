@@ -1,0 +1,225 @@
+"""The hot path of POST /sandboxes/{sid}/exec, beside FastAPI's route: a foreground
+command's Result (no stream, no background), answered by plain ASGI code.
+
+`sb.commands.run("true")` over HTTP is mostly framework work: FastAPI's dependency
+solving, pydantic's validation of the body, and the route's wait built of tasks and
+`asyncio.wait_for` cost more CPU than the command's own start. This layer takes only a
+request it can fully check itself: the body a JSON object with only ExecBody's fields,
+each of ExecBody's strict type and range, exactly one of argv and cmd, no background, no
+query but `stream=none`, and a bearer token that verifies. Anything else, and any
+request whose answer would be an error before the token was charged (a bad body, a
+missing or wrong token), goes on to FastAPI's route unchanged (the body replayed): its
+errors, 401s and 422s are the documented ones, and the route stays in /openapi.json as
+the description of both. What follows the token's check (its rate, the sandbox lookup,
+the stdin decoding, max_concurrent, the command's own failure) is answered here with the
+same error bodies and statuses the app's exception handlers give.
+
+It sits inside BodyCap (the body is capped before it is read) and Counted (metrics), and
+after E2B's Dispatch. CORRAL_SERVE_LEAN=0 turns it off (for side by side measurements).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import re
+
+log = logging.getLogger("corral.serve")
+
+_PATH = re.compile(r"/sandboxes/([^/]+)/exec")
+_FIELDS = frozenset({"argv", "cmd", "stdin", "stdin_encoding", "env", "cwd", "timeout",
+                     "background"})
+#: the longest wait for a change before the loop looks again (as routes/commands.py)
+WAKE_S = 15.0
+
+
+def _no_constant(name: str):
+    raise ValueError(name)
+
+
+def parse_body(body: bytes) -> dict | None:
+    """ExecBody's fields from `body` if it is one FastAPI would take as it is and this
+    layer serves (foreground, argv or cmd); None otherwise (FastAPI answers it)."""
+    try:
+        d = json.loads(body, parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if type(d) is not dict or not _FIELDS.issuperset(d):
+        return None
+    argv, cmd = d.get("argv"), d.get("cmd")
+    if (argv is None) == (cmd is None):
+        return None
+    if argv is not None and (type(argv) is not list or not argv
+                             or any(type(a) is not str for a in argv)):
+        return None
+    for k in ("cmd", "stdin", "cwd"):
+        if d.get(k) is not None and type(d[k]) is not str:
+            return None
+    if d.get("stdin_encoding", "utf-8") not in ("utf-8", "base64") \
+            or type(d.get("stdin_encoding", "")) is not str:
+        return None
+    env = d.get("env")
+    if env is not None and (type(env) is not dict or any(
+            type(v) is not str for v in env.values())):
+        return None
+    t = d.get("timeout")
+    if t is not None and (type(t) not in (int, float) or not math.isfinite(t)
+                          or not 0 < t <= 86400):
+        return None
+    if d.get("background", False) is not False:
+        return None
+    return d
+
+
+class _Wake:
+    """A Notifier waiter that resolves the current future (set from any thread through
+    the loop's call_soon_threadsafe)."""
+
+    __slots__ = ("fut",)
+
+    def __init__(self, fut) -> None:
+        self.fut = fut
+
+    def set(self) -> None:
+        if not self.fut.done():
+            self.fut.set_result(None)
+
+
+class LeanExec:
+    """ASGI middleware: see the module's docstring."""
+
+    def __init__(self, app, svc) -> None:
+        self.app, self.svc = app, svc
+        self.on = os.environ.get("CORRAL_SERVE_LEAN", "1") != "0"
+
+    async def __call__(self, scope, receive, send):
+        if (not self.on or scope["type"] != "http" or scope["method"] != "POST"
+                or scope.get("query_string", b"") not in (b"", b"stream=none")):
+            return await self.app(scope, receive, send)
+        m = _PATH.fullmatch(scope["path"])
+        if m is None:
+            return await self.app(scope, receive, send)
+        msg = await receive()      # BodyCap's replay: the whole body in one message
+        body = msg.get("body", b"") if msg["type"] == "http.request" else b""
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return msg
+
+        if msg["type"] != "http.request" or msg.get("more_body"):
+            return await self.app(scope, replay, send)
+        d = parse_body(body)
+        token = self._token(scope) if d is not None else None
+        if token is None:
+            return await self.app(scope, replay, send)
+        with self.svc.metrics.mu:
+            self.svc.metrics.lean += 1
+        try:
+            result = await self._run(token, m.group(1), d, receive)
+        except BaseException as e:
+            resp = _error_response(e, scope)
+            if resp is None:
+                raise
+            return await resp(scope, receive, send)
+        from starlette.responses import JSONResponse
+
+        await JSONResponse(result)(scope, receive, send)
+
+    def _token(self, scope):
+        value = None
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                value = v
+                break
+        if value is None:
+            return None
+        scheme, _, rest = value.decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer" or not rest.strip():
+            return None
+        return self.svc.tokens.verify(rest.strip())
+
+    async def _run(self, token, sid: str, d: dict, receive) -> dict:
+        from .routes.commands import _bytes, _count
+
+        svc = self.svc
+        svc.rates.admit(token.name, token.rate, token.burst)       # Limited: 429
+        e = svc.entry(sid, token)                                     # 404
+        stdin = _bytes(d.get("stdin"), d.get("stdin_encoding", "utf-8"), "stdin")   # 400
+        argv = d["argv"] if d.get("argv") is not None else ["/bin/sh", "-c", d["cmd"]]
+        slot = svc.slot(token)
+        slot.__enter__()                                              # 429
+        loop = asyncio.get_running_loop()
+        c = None
+        gone = None
+        key = None
+        try:
+            c = e.commands.start(argv, env=d.get("env"), cwd=d.get("cwd"), stdin=stdin,
+                                 timeout=d.get("timeout"), on_end=lambda c: _count(svc, c))
+            wake = _Wake(loop.create_future())
+            key = (loop, wake)
+            with c.notifier._mu:
+                c.notifier._waiters.add(key)
+            while not c.done.is_set():
+                if gone is None:
+                    gone = loop.create_task(_gone(receive))
+                    gone.add_done_callback(lambda _t, w=wake: w.set())
+                timer = loop.call_later(WAKE_S, wake.set)
+                try:
+                    await wake.fut
+                finally:
+                    timer.cancel()
+                wake.fut = loop.create_future()
+                if gone.done() and not c.done.is_set():
+                    from .common import ApiError
+
+                    raise ApiError(499, "disconnected", "the client went away; the "
+                                   "command was killed")
+            if c.error is not None:
+                raise c.error
+            return c.result.to_dict()
+        except BaseException:
+            if c is not None and not c.done.is_set():
+                c.cancel()
+            raise
+        finally:
+            if key is not None:
+                with c.notifier._mu:
+                    c.notifier._waiters.discard(key)
+            if gone is not None:
+                gone.cancel()
+            slot.__exit__(None, None, None)
+
+
+async def _gone(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _error_response(e: BaseException, scope):
+    """The app's exception handlers' answer for `e` (service/app.py), or None to let it
+    propagate (a cancellation)."""
+    from ..errors import CorralError
+    from .ceiling import Exceeds
+    from .common import ApiError, error, status_of
+    from .limits import Limited
+
+    if isinstance(e, ApiError):
+        return error(e.status, e.kind, e.message, e.field, e.headers)
+    if isinstance(e, Limited):
+        return error(429, "rate", e.message, e.field, {"Retry-After": str(e.retry_after)})
+    if isinstance(e, Exceeds):
+        return error(403, "ceiling", e.message, e.field)
+    if isinstance(e, CorralError):
+        return error(status_of(e), e.kind, e.message, e.field)
+    if isinstance(e, Exception):
+        log.exception("corral serve: POST %s failed", scope.get("path"))
+        return error(500, "internal", "the server failed on this request (its log says "
+                     "why)", None)
+    return None

@@ -197,10 +197,12 @@ def test_memory_gives_oom_and_a_guest_that_stops_answering_is_killed(vm_image):
 
 
 @pytest.mark.slow
-def test_sandboxes_restored_from_one_snapshot_get_different_random_bytes(vm_image):
+def test_sandboxes_restored_from_one_snapshot_get_different_random_bytes_and_identity(
+        vm_image):
     state, name = vm_image
-    code = ("import os, random; print(open('/dev/urandom', 'rb').read(16).hex(), "
-            "os.urandom(16).hex(), random.getrandbits(64))")
+    code = ("import os, random, socket; print(open('/dev/urandom', 'rb').read(16).hex(), "
+            "os.urandom(16).hex(), random.getrandbits(64), socket.gethostname(), "
+            "open('/etc/machine-id').read().strip())")
     outs = []
     for _ in range(2):
         with corral.Sandbox(policy(name)) as sb:
@@ -209,7 +211,11 @@ def test_sandboxes_restored_from_one_snapshot_get_different_random_bytes(vm_imag
             r = sb.exec(["python3", "-c", code])
             assert r.verdict == "ok", r
             outs.append(r.stdout.split())
-    assert len(outs[0]) == 3 and all(a != b for a, b in zip(*outs)), outs
+    # random bytes, and a fresh identity: hostname and /etc/machine-id differ too
+    assert len(outs[0]) == 5 and all(a != b for a, b in zip(*outs)), outs
+    for out in outs:
+        assert out[3].startswith("corral-") and len(out[4]) == 32, out
+        assert out[4] != "0" * 32    # not the template's
 
 
 def _children(pid):

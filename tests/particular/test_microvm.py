@@ -69,11 +69,11 @@ def test_the_host_root_is_refused_in_one_line():
 
 def test_what_it_cannot_do_yet_is_refused_naming_a_tier_that_could(vm_image, tmp_path):
     state, name = vm_image
-    for extra in (["--workspace", str(tmp_path)],):
+    for extra in (["--ro-bind", str(tmp_path)], ["--tty"]):
         p = corral_in(state, "run", "--isolation", "microvm", "--image", name, *extra,
                       "--", "true", check=False)
         assert p.returncode == 3 and p.stderr.count("\n") == 1, p.stderr
-        assert 'isolation = "namespace" could' in p.stderr, p.stderr
+        assert 'isolation = "namespace"' in p.stderr, p.stderr
     with pytest.raises(UnsupportedRule):
         corral.run(["true"], {**policy(name), "filesystem": {"ro_binds": ["/usr/share/doc"]}})
 
@@ -276,3 +276,29 @@ def test_killing_the_supervisor_leaves_no_qemu(vm_image):
         sup.kill()
         sup.wait()
         sup.stdout.close()
+
+
+@pytest.mark.slow
+def test_a_read_only_workspace_is_copied_in(vm_image, tmp_path):
+    state, name = vm_image
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "a.txt").write_text("hello ws\n")
+    (ws / "sub" / "b").write_text("private\n")
+    (ws / "sub" / "b").chmod(0o600)
+    os.symlink("a.txt", ws / "link")          # inside: copied as a link
+    os.symlink("/etc/passwd", ws / "out")     # leading out: left out, with a notice
+    pol = {**policy(name), "filesystem": {"workspace": {"path": str(ws), "mode": "ro"}}}
+    with corral.Sandbox(pol) as sb:
+        r = sb.exec(["sh", "-c", "pwd; cat a.txt link sub/b; ls; echo x > new || echo ro; "
+                     "touch a.txt || echo ro"])
+        assert r.stdout.split() == ["/workspace", "hello", "ws", "hello", "ws", "private",
+                                    "a.txt", "link", "sub", "ro", "ro"], r
+        assert "Read-only file system" in r.stderr, r
+        assert any(e["kind"] == "notice" and "1 entries" in e["message"] for e in r.events)
+    assert sorted(os.listdir(ws)) == ["a.txt", "link", "out", "sub"]   # the host's: as it was
+    for mode in ("rw", "review"):
+        with pytest.raises(UnsupportedRule, match="copies a workspace in read-only"):
+            corral.run(["true"], {**pol, "filesystem": {"workspace": {"path": str(ws),
+                                                                      "mode": mode}}})
+

@@ -24,8 +24,9 @@ guest kernel's RLIMIT_CPU on the command, reported back and checked against the 
 Each sandbox gets a fresh identity (hostname, /etc/machine-id) and fresh entropy before
 its first command. Live sandboxes: backends/microvm_live.py.
 
-Not built yet (refused, naming a tier that could): the workspace and ro_binds (no host
-directory is shared), layered images, a terminal. See docs/tiers.md.
+A read-only workspace is copied in (backends/microvm_ws.py). Not built yet (refused,
+naming a tier that could): a writable or review workspace and ro_binds (no host directory
+is shared), layered images, a terminal. See docs/tiers.md.
 """
 
 from __future__ import annotations
@@ -90,8 +91,6 @@ _CANNOT = {
     "host": "the microvm tier boots an image, not the host's /usr: set image = \"NAME\" "
             "(corral image build / pull), or use isolation = \"namespace\" for image = "
             "\"host\"",
-    "workspace": "the microvm tier shares no host directory with its guest yet; use "
-                 "isolation = \"namespace\" for a workspace",
     "bind": "the microvm tier shares no host directory with its guest yet; use isolation = "
             "\"namespace\" for filesystem.ro_binds",
     "layers": "the microvm tier boots an image's base tree only, not layers over it yet; use "
@@ -176,7 +175,11 @@ class MicrovmBackend(Backend):
                 return "kernel", ("a tmpfs of the guest kernel at /scratch (and /tmp in "
                                   "it), capped in size and inodes: ENOSPC past the cap")
             case WorkspaceMount():
-                return "none", _CANNOT["workspace"]
+                return "kernel", ("copied in at the start (a tar over the control channel, "
+                                  "read on the host without following links) to a tmpfs "
+                                  "the guest kernel then holds read-only; no host "
+                                  "directory is shared, and changes on the host after the "
+                                  "start are not seen")
             case ReadOnlyBind():
                 return "none", _CANNOT["bind"]
             case Environment():
@@ -219,7 +222,11 @@ class MicrovmBackend(Backend):
                     if op.layers:
                         missing.append((op, _CANNOT["layers"]))
                 case WorkspaceMount():
-                    missing.append((op, _CANNOT["workspace"]))
+                    from .microvm_ws import check as ws_check
+
+                    why = ws_check(op)
+                    if why:
+                        missing.append((op, why))
                 case ReadOnlyBind():
                     missing.append((op, _CANNOT["bind"]))
                 case Seccomp():
@@ -447,10 +454,30 @@ class MicrovmSandbox(LiveSandbox):
             self._send(frame(b"S", os.urandom(64)))
         self.boot_s = self._wait_ready()
         try:
+            self._workspace()
             self._network(net or {})
         except BaseException:
             self.close()
             raise
+
+    def _workspace(self) -> None:
+        """A read-only workspace, copied in (backends/microvm_ws.py)."""
+        ws = self.plan.find(WorkspaceMount)
+        if not ws or self.mode == "template":
+            return
+        from .microvm_ws import pack
+
+        data, skipped = pack(ws[0].path)
+        for i in range(0, len(data), MAX_FRAME):
+            self._send(frame(b"W", data[i:i + MAX_FRAME]))
+        self._send(frame(b"w", json.dumps({"dest": ws[0].dest}).encode()))
+        self._wait_ready()
+        if skipped:
+            from ..events import NoticeEvent
+
+            self.events.append(NoticeEvent(
+                f"{skipped} entries of the workspace were not copied into the microvm "
+                f"guest (links leading out of it, or special files)").to_dict())
 
     def _network(self, net: dict) -> None:
         """network allow: the guest's relay (an N frame), and ours (microvm_net.py)."""
@@ -557,7 +584,8 @@ class MicrovmSandbox(LiveSandbox):
             raise SandboxSetupError("no command given", step="exec")
         if tty is not None:
             raise BackendUnavailable("a terminal (-t) is not offered on the microvm tier "
-                                     "yet; run without -t", field="tty")
+                                     "yet; run without -t, or use isolation = "
+                                     "\"namespace\" for -t", field="tty")
         if self.dead:
             raise SandboxSetupError(f"the microvm sandbox is gone ({self.dead})", step="exec")
         if not self.busy.acquire(blocking=False):
@@ -584,7 +612,7 @@ class MicrovmSandbox(LiveSandbox):
         (envop,) = self.plan.find(Environment)
         env = dict(envop.env)
         env.setdefault("HOME", SCRATCH)
-        spec = {"argv": list(argv), "env": env, "cwd": SCRATCH, "cpu": lim.cpu,
+        spec = {"argv": list(argv), "env": env, "cwd": self.plan.cwd, "cpu": lim.cpu,
                 "rlimits": {k: int(v) for k, v in lim.rlimits.items()}, "pids": lim.pids}
         t0 = time.monotonic()
         self.sock.sendall(frame(b"C", json.dumps(spec).encode()))

@@ -72,9 +72,11 @@ $B mount -t squashfs -o ro /dev/vda /newroot || { $B echo "corral-init: root mou
 $B mount -t tmpfs -o "size=$corral_scratch,nr_inodes=$corral_inodes,mode=0755" scratch /newroot/scratch || exit 1
 $B mkdir -m 1777 /newroot/scratch/tmp
 $B mount --bind /newroot/scratch/tmp /newroot/tmp || exit 1
-$B mount -t tmpfs -o size=4m,mode=0755 run /newroot/run || exit 1
+$B mount -t tmpfs -o size=8m,mode=0755 run /newroot/run || exit 1
 $B mkdir /newroot/run/corral
 $B cp /agent.py /newroot/run/corral/agent.py
+$B cp /bin/busybox /newroot/run/corral/busybox
+[ -d /newroot/workspace ] && { $B mount -t tmpfs -o ro,size=80m,mode=0755 ws /newroot/workspace || exit 1; }
 $B echo 00000000000000000000000000000000 > /newroot/run/corral/machine-id
 $B touch /newroot/run/corral/ca.pem
 $B chmod 444 /newroot/run/corral/machine-id

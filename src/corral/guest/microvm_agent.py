@@ -40,7 +40,7 @@ HOST_MAX = 1 << 20
 PORT_NAME = "corral.ctl"
 NET_PORT = "corral.net"
 UID = 1000
-HOST_KINDS = (b"C", b"I", b"D", b"K", b"S", b"H", b"N", b"L",
+HOST_KINDS = (b"C", b"I", b"D", b"K", b"S", b"H", b"N", b"L", b"W", b"w",
               b"c", b"i", b"d", b"k", b"g")
 
 
@@ -356,6 +356,32 @@ def network(spec):
     return NetRelay(port)
 
 
+#: a workspace's tar, at most (the host packs at most 64 MiB of file data)
+WORKSPACE_TAR_MAX = 80 << 20
+BUSYBOX = "/run/corral/busybox"
+
+
+def workspace(tar_bytes, spec):
+    """A read-only workspace: the host's tar unpacked into the tmpfs at /workspace (the
+    initramfs mounted it read-only), given to the sandbox's user, remounted read-only."""
+    import io
+    import subprocess
+    import tarfile
+
+    dest = spec.get("dest")
+    if dest != "/workspace":
+        raise SystemExit("corral-agent: bad workspace frame")
+    subprocess.run([BUSYBOX, "mount", "-o", "remount,rw", dest], check=True)
+    with tarfile.open(fileobj=io.BytesIO(bytes(tar_bytes)), mode="r:") as tar:
+        kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(dest, **kw)
+    for root, dirs, files in os.walk(dest):
+        for n in dirs + files:
+            os.lchown(os.path.join(root, n), UID, UID)
+    os.chown(dest, UID, UID)
+    subprocess.run([BUSYBOX, "mount", "-o", "remount,ro", dest], check=True)
+
+
 CG = "/sys/fs/cgroup"
 #: bytes of stdin the agent holds for a command that does not read them
 STDIN_BUFFER = 16 << 20
@@ -581,6 +607,7 @@ def main():
     ch = Channel(fd)
     ch.send(b"R", json.dumps({"agent": 1, "python": sys.version.split()[0]}).encode())
     pending = []
+    ws_tar = bytearray()
     while True:
         frames = ch.feed()
         if frames is None:
@@ -594,6 +621,16 @@ def main():
                 continue
             if kind == b"H":
                 identity(json.loads(data))
+                continue
+            if kind == b"W":
+                ws_tar += data
+                if len(ws_tar) > WORKSPACE_TAR_MAX:
+                    raise SystemExit("corral-agent: workspace too large")
+                continue
+            if kind == b"w":
+                workspace(ws_tar, json.loads(data))
+                ws_tar = bytearray()
+                ch.send(b"R", json.dumps({"agent": 1, "workspace": True}).encode())
                 continue
             if kind == b"N":
                 relay = network(json.loads(data))   # noqa: F841 - its threads hold it

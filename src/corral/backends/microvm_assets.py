@@ -57,6 +57,8 @@ MKSQUASHFS = "/usr/bin/mksquashfs"
 #: Overcommit is always allowed, as for a process in a memory cgroup on the host: a large
 #: allocation succeeds and the guest kernel's OOM killer ends the command once its pages
 #: no longer fit (verdict oom), rather than a MemoryError at malloc.
+#: The agent (and so every command) runs with no_new_privs, and the root is nosuid: a
+#: set-uid binary of the image gives the sandbox's user nothing.
 #: Any failure powers the guest off (PID 1 exits: panic=-1 and -no-reboot end QEMU).
 INIT = r"""#!/bin/busybox sh
 B=/bin/busybox
@@ -68,7 +70,7 @@ for m in MODULES; do $B insmod /m/$m.ko || { $B echo "corral-init: insmod $m fai
 i=0
 while [ ! -b /dev/vda ]; do i=$((i+1)); [ $i -gt 500 ] && { $B echo "corral-init: no /dev/vda"; exit 1; }; $B usleep 10000; done
 $B mkdir -p /newroot
-$B mount -t squashfs -o ro /dev/vda /newroot || { $B echo "corral-init: root mount failed"; exit 1; }
+$B mount -t squashfs -o ro,nosuid,nodev /dev/vda /newroot || { $B echo "corral-init: root mount failed"; exit 1; }
 $B mount -t tmpfs -o "size=$corral_scratch,nr_inodes=$corral_inodes,mode=0755" scratch /newroot/scratch || exit 1
 $B mkdir -m 1777 /newroot/scratch/tmp
 $B mount --bind /newroot/scratch/tmp /newroot/tmp || exit 1
@@ -90,7 +92,7 @@ $B mount --move /proc /newroot/proc
 $B mount --move /sys /newroot/sys
 $B mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup || exit 1
 $B echo "+memory +pids" > /newroot/sys/fs/cgroup/cgroup.subtree_control
-exec $B switch_root /newroot /usr/bin/python3 -I -S /run/corral/agent.py
+exec $B setpriv --nnp $B switch_root /newroot /usr/bin/python3 -I -S /run/corral/agent.py
 """
 
 

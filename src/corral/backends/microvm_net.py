@@ -15,7 +15,9 @@ DNS pinning, the allowlist, secrets and the events are the proxy's, as on every 
 Frames on the port, both ways: 1 byte type, 4 bytes big-endian length, then a 4-byte
 connection id and data (length at most MAX_FRAME). Guest to host: A (a new connection:
 ids count up from 1, each once), B (bytes), Z (the guest's side ended). Host to guest: B,
-Z. Parsed strictly: another type, a length out of bounds, an id never opened, or an A out
+Z, R (the proxy reset the connection, or stopped taking its bytes: the guest closes it at
+once with a reset, so that a client that keeps sending is cut as the proxy cut it). Parsed
+strictly: another type, a length out of bounds, an id never opened, or an A out
 of order ends the VM (on_violation), with a teardown event.
 
 Why a relay and not QEMU's user networking (slirp) with restrict=on and a guestfwd: a
@@ -36,8 +38,9 @@ import struct
 import threading
 
 MAX_FRAME = 65536
-#: connections open at once through one VM's relay (more: closed at once, Z to the guest)
-MAX_CONNS = 256
+#: connections open at once through one VM's relay (more: closed at once, Z to the guest;
+#: the guest's side answers a 503 past 480, and the proxy past its own cap of 512)
+MAX_CONNS = 512
 #: how long the relay waits for the proxy to take bytes before it drops the connection
 SEND_TIMEOUT = 30.0
 PROXY_SOCKET = "egress.sock"
@@ -136,7 +139,7 @@ class HostRelay:
                 try:
                     s.sendall(data)
                 except OSError:     # the proxy closed it, or took nothing for 30 s
-                    self._ended(cid, 3, poller, tell=True)
+                    self._reset(cid, poller)
 
     def _open(self, cid: int, poller) -> None:
         if len(self.conns) >= MAX_CONNS:
@@ -160,12 +163,26 @@ class HostRelay:
         try:
             data = self.conns[cid].recv(MAX_FRAME - 4)
         except OSError:
-            data = b""
+            self._reset(cid, poller)
+            return
         if data:
             self._send(b"B", cid, data)
         else:
             poller.unregister(fd)
             self._ended(cid, 2, poller, tell=True)
+
+    def _reset(self, cid: int, poller) -> None:
+        s = self.conns.pop(cid, None)
+        self.ends.pop(cid, None)
+        if s is None:
+            return
+        self.by_fd.pop(s.fileno(), None)
+        try:
+            poller.unregister(s.fileno())
+        except KeyError:
+            pass
+        s.close()
+        self._send(b"R", cid)
 
     def _ended(self, cid: int, side: int, poller, tell: bool = False) -> None:
         s = self.conns.get(cid)

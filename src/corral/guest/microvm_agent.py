@@ -246,10 +246,15 @@ def identity(spec):
 class NetRelay:
     """network allow: a listener on 127.0.0.1:PORT inside; each connection accepted gets
     an id and travels over the "corral.net" port as frames A (open), B (bytes), Z (this
-    side's end), each payload 4 bytes of id then data. The host connects it to the egress
-    proxy and nothing else."""
+    side's end), each payload 4 bytes of id then data; from the host also R (the proxy
+    reset it: closed at once, with a reset). The host connects it to the egress proxy and
+    nothing else. Past MAX_CONNS at once a connection gets a 503 and is closed, as the
+    proxy answers past its own cap."""
 
-    MAX_CONNS = 256
+    MAX_CONNS = 480
+    BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nX-Corral-Reason: too many connections "
+            b"to the egress proxy at once (the microvm relay's cap)\r\nContent-Length: 0"
+            b"\r\nConnection: close\r\n\r\n")
 
     def __init__(self, port):
         import socket
@@ -280,9 +285,16 @@ class NetRelay:
         while True:
             c, _ = self.ls.accept()
             with self.lock:
-                if len(self.conns) >= self.MAX_CONNS:
-                    c.close()
-                    continue
+                full = len(self.conns) >= self.MAX_CONNS
+            if full:
+                try:
+                    c.settimeout(1)
+                    c.sendall(self.BUSY)
+                except OSError:
+                    pass
+                c.close()
+                continue
+            with self.lock:
                 self.next += 1
                 cid = self.next
                 self.conns[cid], self.ends[cid] = c, 0
@@ -320,6 +332,20 @@ class NetRelay:
         except OSError:
             pass
 
+    def reset(self, cid):
+        import socket
+
+        with self.lock:
+            c = self.conns.pop(cid, None)
+            self.ends.pop(cid, None)
+        if c is not None:
+            try:   # a reset to the client, as from a proxy that closed on it
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
     def reader(self):
         buf = b""
         while True:
@@ -329,7 +355,7 @@ class NetRelay:
             buf += chunk
             while len(buf) >= 5:
                 kind, n = buf[:1], struct.unpack(">I", buf[1:5])[0]
-                if kind not in (b"B", b"Z") or not 4 <= n <= HOST_MAX:
+                if kind not in (b"B", b"Z", b"R") or not 4 <= n <= HOST_MAX:
                     raise SystemExit("corral-agent: bad net frame from host")
                 if len(buf) < 5 + n:
                     break
@@ -337,6 +363,9 @@ class NetRelay:
                 data, buf = buf[9:5 + n], buf[5 + n:]
                 if kind == b"Z":
                     self.ended(cid, 2)
+                    continue
+                if kind == b"R":
+                    self.reset(cid)
                     continue
                 c = self.conns.get(cid)
                 if c is not None:

@@ -302,3 +302,22 @@ def test_a_read_only_workspace_is_copied_in(vm_image, tmp_path):
             corral.run(["true"], {**pol, "filesystem": {"workspace": {"path": str(ws),
                                                                       "mode": mode}}})
 
+
+@pytest.mark.slow
+def test_the_probe_runs_on_microvm_and_its_claims_hold(vm_image):
+    state, name = vm_image
+    cases = ["fs.ssh-key", "kernel.no-new-privs", "net.direct-tcp", "dos.proxy-huge-header",
+             "term.escape-sequences"]
+    p = corral_in(state, "probe", "--isolation", "microvm", "--image", name, "--json",
+                  *(a for c in cases for a in ("--case", c)), check=False, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    cells = {c["id"]: c for c in json.loads(p.stdout)["cases"]}
+    assert set(cells) == set(cases)
+    for cid in cases[:4]:
+        assert cells[cid]["status"] == "contained" and cells[cid]["expected"], cells[cid]
+    c = cells["term.escape-sequences"]
+    assert c["status"] == "unsupported" and "terminal" in c["reason"], c
+    # without an image it is refused in one line
+    p = corral_in(state, "probe", "--isolation", "microvm", check=False)
+    assert p.returncode == 2 and "needs --image NAME" in p.stderr, p.stderr
+

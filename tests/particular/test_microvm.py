@@ -321,3 +321,22 @@ def test_the_probe_runs_on_microvm_and_its_claims_hold(vm_image):
     p = corral_in(state, "probe", "--isolation", "microvm", check=False)
     assert p.returncode == 2 and "needs --image NAME" in p.stderr, p.stderr
 
+
+@pytest.mark.slow
+def test_a_guest_that_floods_its_console_is_ended_with_an_event(vm_image, monkeypatch):
+    """The guest kernel's OOM report is written to its console (an error-level message);
+    with the console's bound lowered to a few bytes, that is a flood: the VM is ended."""
+    from corral.backends import microvm
+    from corral.errors import SandboxSetupError
+
+    state, name = vm_image
+    with corral.Sandbox(policy(name, memory="256MiB", timeout="60s")) as sb:
+        sb.open()
+        monkeypatch.setattr(microvm, "CONSOLE_MAX", 16)
+        r = sb.exec(["python3", "-c", "b = b'x' * (1 << 30)"])
+        assert r.verdict in ("oom", "killed"), r
+        assert any(e["kind"] == "teardown" and "more than 16 bytes to its console"
+                   in e["message"] for e in r.events), r.events
+        with pytest.raises(SandboxSetupError, match="gone"):
+            sb.exec(["true"])
+

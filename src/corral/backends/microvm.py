@@ -129,7 +129,8 @@ class MicrovmBackend(Backend):
                 f"cgroup and seccomp sandbox), not on the host kernel directly" + (
                     "; each sandbox is a fresh QEMU restored from a warm snapshot of a "
                     "booted guest (one per image, kernel and memory size), reseeded with "
-                    "fresh host entropy before it runs anything" if self.warm else
+                    "fresh host entropy and given a hostname and machine-id of its own "
+                    "before it runs anything" if self.warm else
                     "; each sandbox is a cold boot"))
 
     @property

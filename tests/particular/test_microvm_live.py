@@ -14,7 +14,6 @@ from conftest import net_events
 from netfix import PRIV, SRV
 
 import corral
-from corral.errors import UnsupportedRule
 from corral.runtime.files import FilesError
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -54,6 +53,13 @@ def _qemus() -> list[int]:
     return out
 
 
+def _until(cond, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def test_a_live_microvm_sandbox(vm_image, dnsmasq, servers):
     before = set(_qemus())
     policy = {"isolation": "microvm", "image": vm_image,
@@ -63,7 +69,7 @@ def test_a_live_microvm_sandbox(vm_image, dnsmasq, servers):
     sb = corral.Sandbox.create(policy, timeout=300)
     try:
         info = sb.get_info()
-        assert info.isolation == "microvm" and info.offers["pty"] is False, info
+        assert info.isolation == "microvm" and info.offers["pty"], info
         # foreground: output, exit code, the guest's own kernel
         r = sb.commands.run("uname -r; echo oops >&2; exit 7")
         assert (r.verdict, r.exit_code) == ("error", 7), r
@@ -120,9 +126,19 @@ def test_a_live_microvm_sandbox(vm_image, dnsmasq, servers):
         assert r.verdict == "ok" and f"hello from {SRV}" in r.stdout, r
         ev = net_events(r)
         assert [(e["host"], e["decision"]) for e in ev] == [("allowed.test", "allow")], r.events
-        # no terminal on this tier: refused in one line
-        with pytest.raises(UnsupportedRule, match="not offered on the microvm tier"):
-            sb.pty.create()
+        # a terminal: a pty of the guest's (its size, its line discipline), input, resize
+        screen = bytearray()
+        t = sb.pty.create(100, 30, ["sh", "-c", "stty size; tty; read x; echo got-$x; "
+                                    "read y; stty size"], on_data=screen.extend)
+        _until(lambda: b"/dev/pts/" in screen)
+        assert screen.startswith(b"30 100\r\n/dev/pts/"), bytes(screen)
+        t.send_input(b"abc\r")
+        _until(lambda: b"got-abc\r\n" in screen)
+        assert b"abc\r\n" in screen.split(b"got-")[0]     # echoed by the guest's pty
+        t.resize(120, 40)   # the relay sends the new size before the input that follows
+        t.send_input(b"\r")
+        r = t.wait(30)
+        assert r.exit_code == 0 and screen.endswith(b"40 120\r\n"), (r, bytes(screen))
     finally:
         problems = sb.kill()
     assert problems == []

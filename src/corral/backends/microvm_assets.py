@@ -88,6 +88,8 @@ $B mount --bind /newroot/run/corral/ca.pem /newroot/etc/corral-ca.pem || exit 1
 $B ip link set lo up || exit 1
 $B hostname corral
 $B mount --move /dev /newroot/dev
+$B mkdir -p /newroot/dev/pts
+$B mount -t devpts -o mode=0620,ptmxmode=0666 devpts /newroot/dev/pts || exit 1
 $B mount --move /proc /newroot/proc
 $B mount --move /sys /newroot/sys
 $B mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup || exit 1

@@ -26,8 +26,9 @@ is runtime/commands.py's, as on every tier.
 
 Per command the guest agent gives: uid 1000, a session and a cgroup of its own (what it
 leaves running is killed at its end), RLIMIT_CPU (limits.cpu_time), RLIMIT_NPROC
-(limits.pids), RLIMIT_NOFILE. There is no terminal (sb.pty: refused, PTY_REFUSAL), and
-the files API (sb.files) works through commands in the guest (runtime/guest_files.py).
+(limits.pids), RLIMIT_NOFILE. A terminal (sb.pty) is a pty of the guest's: its output is
+written to the host terminal's slave (set raw: the guest's pty has the line discipline),
+what is typed is read from it, and a resize is sent on (z frames). The files API (sb.files) works through commands in the guest (runtime/guest_files.py).
 """
 
 from __future__ import annotations
@@ -46,8 +47,6 @@ from .namespace_live import Started
 
 #: how long the agent has to answer a command's start
 START_TIMEOUT = 30.0
-PTY_REFUSAL = ("a terminal (sb.pty) is not offered on the microvm tier yet; use "
-               "isolation = \"namespace\" or \"gvisor\" for sb.pty")
 #: the stand-in: reads "x CODE" or "s SIGNAL" and ends that way; anything else (the
 #: supervisor gone, the VM gone) ends it with SIGKILL
 STAND_IN = ('read a b; case "$a" in x) exit "$b";; s) kill -"$b" $$; '
@@ -77,6 +76,14 @@ class MicrovmStarted(Started):
     __slots__ = ("on_result",)
 
 
+def _winsize(fd: int) -> dict:
+    import fcntl
+    import termios
+
+    rows, cols, _, _ = struct.unpack("HHHH", fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8))
+    return {"rows": rows or 24, "cols": cols or 80}
+
+
 class GuestUsage:
     __slots__ = ("cpu_s", "memory_peak_bytes", "oom_kills")
 
@@ -99,6 +106,9 @@ class GuestCommand:
         self.end: dict | None = None
         self.ended = threading.Event()
         self.out_w = self.err_w = self.status_w = -1
+        #: a terminal's host slave (raw), where the guest pty's output goes
+        self.tty_w = -1
+        self.size: dict | None = None
         self.standin = 0
 
     # -- runtime/commands.py's side
@@ -141,7 +151,7 @@ class GuestCommand:
         if end is not None:
             line = (f"x {end['code']}\n" if end["code"] is not None
                     else f"s {end['signal']}\n").encode()
-        for attr in ("out_w", "err_w"):
+        for attr in ("out_w", "err_w", "tty_w"):
             fd = getattr(self, attr)
             if fd >= 0:
                 os.close(fd)
@@ -161,10 +171,9 @@ class MicrovmLive(MicrovmSandbox):
     """See the module's docstring."""
 
     offers = {"commands": "any argv or /bin/sh command line, in the guest", "shell": True,
-              "pty": False, "run_code": "stateful", "files": "the guest's tree, through "
+              "pty": "a pty of the guest's, relayed", "run_code": "stateful", "files": "the guest's tree, through "
               "commands in it as its user (uid 1000)", "background": True,
               "network": "per policy"}
-    no_pty = PTY_REFUSAL
     #: runtime/live.py: sb.files goes through commands in the guest (runtime/guest_files.py)
     files_in_guest = True
     #: runtime/live.py's scratch_events() reads a host directory: there is none here (the
@@ -228,8 +237,6 @@ class MicrovmLive(MicrovmSandbox):
               tty_fd: int | None = None, cpu_seconds: float | None = None):
         from .host.execlimits import ExecLimits
 
-        if tty_fd is not None:
-            raise UnsupportedRule(PTY_REFUSAL, field="tty")
         if not self.alive():
             raise SandboxSetupError(f"the microvm sandbox is gone ({self.dead or 'ended'})",
                                     step="exec")
@@ -248,6 +255,13 @@ class MicrovmLive(MicrovmSandbox):
             spec = {"id": cmd.id, "argv": list(argv), "env": dict(env), "cwd": cwd,
                     "cpu": min(cpu, 1e9), "pids": lim.pids,
                     "rlimits": {k: int(v) for k, v in lim.rlimits.items()}}
+            if tty_fd is not None:   # a pty of the guest's, relayed to this host terminal
+                import tty
+
+                cmd.tty_w = os.dup(tty_fd)
+                tty.setraw(cmd.tty_w)   # the guest's pty has the line discipline
+                spec["tty"] = _winsize(cmd.tty_w)
+                cmd.size = spec["tty"]
             data = json.dumps(spec).encode()
             if len(data) > (1 << 20) - 16:
                 raise UnsupportedRule("a command of more than 1 MiB (argv and env) is not "
@@ -260,7 +274,7 @@ class MicrovmLive(MicrovmSandbox):
             self._send(frame(b"c", data))
             if not cmd.started.wait(START_TIMEOUT) and not cmd.ended.is_set():
                 self._violation("the agent did not answer a command's start")
-            fin = os.dup(stdin_fd)
+            fin = os.dup(stdin_fd if tty_fd is None else tty_fd)
             threading.Thread(target=self._feed, args=(cmd, fin), daemon=True).start()
         except BaseException:
             for fd in fds:
@@ -273,10 +287,14 @@ class MicrovmLive(MicrovmSandbox):
         return started
 
     def _feed(self, cmd: GuestCommand, fd: int) -> None:
-        """The command's stdin, as i frames, then d."""
+        """The command's stdin, as i frames, then d (a terminal's: its input, and its size
+        when it changes, as z frames)."""
         try:
             while not cmd.ended.is_set():
-                r, _, _ = select.select([fd], [], [], 0.5)
+                r, _, _ = select.select([fd], [], [], 0.25 if cmd.size else 0.5)
+                if cmd.size and _winsize(fd) != cmd.size:
+                    cmd.size = _winsize(fd)
+                    self._send(frame(b"z", cmd.idb + json.dumps(cmd.size).encode()))
                 if not r:
                     continue
                 chunk = os.read(fd, MAX_FRAME - 4)
@@ -374,6 +392,8 @@ class MicrovmLive(MicrovmSandbox):
             cmd.finish(end)
         else:
             fd = cmd.out_w if kind == b"o" else cmd.err_w
+            if kind == b"o" and cmd.tty_w >= 0:
+                fd = cmd.tty_w
             view = memoryview(body)
             try:
                 while view:

@@ -26,6 +26,7 @@ The guest has no network device: the relay is the only way out, and it reaches n
 but the proxy (the host connects each relayed connection to the proxy's listener only).
 """
 
+import fcntl
 import json
 import os
 import resource
@@ -41,7 +42,8 @@ PORT_NAME = "corral.ctl"
 NET_PORT = "corral.net"
 UID = 1000
 HOST_KINDS = (b"C", b"I", b"D", b"K", b"S", b"H", b"N", b"L", b"W", b"w",
-              b"c", b"i", b"d", b"k", b"g")
+              b"c", b"i", b"d", b"k", b"g", b"z")
+TIOCSWINSZ, TIOCSCTTY = 0x5414, 0x540E
 
 
 def find_port(want=PORT_NAME):
@@ -426,6 +428,7 @@ class Cmd:
         self.inbuf = bytearray()
         self.stdin_end = False
         self.cg = f"{CG}/c{cid}"
+        self.master = -1
 
 
 def _cg_write(path, text):
@@ -451,8 +454,11 @@ def _cg_value(path, key):
 
 def live_loop(ch, pending=()):
     """Many commands at once, each with an id (4 bytes, big-endian, before its payload).
-    Host: c (JSON spec with "id"), i (stdin bytes), d (stdin's end), k (kill the command
-    and all it started: its cgroup), g (one byte: a signal to the command's own process).
+    Host: c (JSON spec with "id"; "tty": {"rows", "cols"} for a terminal), i (stdin bytes),
+    d (stdin's end), k (kill the command and all it started: its cgroup), g (one byte: a
+    signal to the command's own process), z (a terminal's new size: JSON rows, cols).
+    A terminal is a pty of the guest's: its master's output comes as o frames, i frames
+    are written to it.
     Guest: p (started: JSON {"pid"}), o and e (output), x (its end: JSON, as X).
     A command's end kills what it left running (its cgroup): nothing outlives it."""
     sig_r, sig_w = os.pipe()
@@ -473,10 +479,21 @@ def live_loop(ch, pending=()):
                 and isinstance(env, dict)):
             raise SystemExit("corral-agent: bad live command")
         c = Cmd(cid)
+        tty = spec.get("tty")
+        if tty is not None and not (isinstance(tty, dict) and all(
+                type(tty.get(k)) is int and 0 < tty[k] < 10000 for k in ("rows", "cols"))):
+            raise SystemExit("corral-agent: bad terminal size")
         os.mkdir(c.cg)
-        in_r, c.stdin_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
+        if tty is not None:
+            master, slave = os.openpty()
+            fcntl.ioctl(slave, TIOCSWINSZ, struct.pack("HHHH", tty["rows"], tty["cols"], 0, 0))
+            in_r = out_w = err_w = slave
+            out_r, err_r, c.stdin_w = master, None, os.dup(master)
+            c.open = 1
+        else:
+            in_r, c.stdin_w = os.pipe()
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
         apply = limits(spec)
         pid = os.fork()
         if pid == 0:
@@ -485,6 +502,8 @@ def live_loop(ch, pending=()):
                 os.dup2(in_r, 0)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
+                if tty is not None:
+                    fcntl.ioctl(0, TIOCSCTTY, 0)
                 with open(c.cg + "/cgroup.procs", "w") as f:
                     f.write("0")
                 apply()
@@ -494,13 +513,15 @@ def live_loop(ch, pending=()):
                 msg = getattr(e, "strerror", None) or str(e)
                 os.write(2, f"corral: cannot run {argv[0]!r}: {msg}\n".encode())
             os._exit(127)
-        for fd in (in_r, out_w, err_w):
+        for fd in {in_r, out_w, err_w}:
             os.close(fd)
         os.set_blocking(c.stdin_w, False)
         c.pid = pid
+        c.master = out_r if tty is not None else -1
         cmds[cid], pids[pid] = c, c
         sel.register(out_r, selectors.EVENT_READ, (b"o", c))
-        sel.register(err_r, selectors.EVENT_READ, (b"e", c))
+        if err_r is not None:
+            sel.register(err_r, selectors.EVENT_READ, (b"e", c))
         ch.send(b"p", c.idb + json.dumps({"pid": pid}).encode())
 
     def flush_stdin(c):
@@ -532,9 +553,18 @@ def live_loop(ch, pending=()):
 
     def on_frame(kind, data):
         if kind == b"c":
-            start(json.loads(data))
+            spec = json.loads(data)
+            try:
+                start(spec)
+            except OSError as e:   # no pty, no memory, no pids: that command fails
+                cid = spec["id"]
+                cmds.pop(cid, None)
+                idb = struct.pack(">I", cid)
+                ch.send(b"e", idb + f"corral: cannot start it: {e.strerror or e}\n".encode())
+                ch.send(b"x", idb + json.dumps({"code": 127, "signal": None, "cpu": 0.0,
+                                                "oom": 0, "full": scratch_full()}).encode())
             return
-        if len(data) < 4 or kind not in (b"i", b"d", b"k", b"g"):
+        if len(data) < 4 or kind not in (b"i", b"d", b"k", b"g", b"z"):
             raise SystemExit("corral-agent: bad live frame")
         c = cmds.get(struct.unpack(">I", data[:4])[0])
         if c is None:
@@ -552,6 +582,14 @@ def live_loop(ch, pending=()):
         elif kind == b"k":
             if not _cg_write(c.cg + "/cgroup.kill", "1") and c.status is None:
                 os.kill(c.pid, signal.SIGKILL)
+        elif kind == b"z" and c.master >= 0:
+            size = json.loads(data[4:])
+            if not (isinstance(size, dict) and all(type(size.get(k)) is int
+                                                   and 0 < size[k] < 10000
+                                                   for k in ("rows", "cols"))):
+                raise SystemExit("corral-agent: bad terminal size")
+            fcntl.ioctl(c.master, TIOCSWINSZ,
+                        struct.pack("HHHH", size["rows"], size["cols"], 0, 0))
         elif kind == b"g" and len(data) == 5 and c.status is None and 0 < data[4] < 65:
             try:
                 os.kill(c.pid, data[4])

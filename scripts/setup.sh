@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(bubblewrap runsc dnsmasq-base python3-seccomp python3-venv socat curl git iproute2 python3-requests mmdebstrap qemu-system-x86 squashfs-tools busybox-static chromium)
+apt_packages=(bubblewrap runsc dnsmasq-base python3-seccomp python3-venv socat curl git iproute2 python3-requests mmdebstrap qemu-system-x86 squashfs-tools busybox-static chromium nginx)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -20,6 +20,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # nginx is for the E2B_DOMAIN test's reverse proxy, which starts its own: a default
+  # instance the package may have started (port 80) is not ours to keep
+  if [[ " ${missing[*]} " == *" nginx "* ]]; then nginx -s quit 2>/dev/null || true; fi
 fi
 
 lock=requirements/dev.lock

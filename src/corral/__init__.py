@@ -27,6 +27,10 @@ def __getattr__(name: str):
         from .runtime.pool import Pool
 
         return Pool
+    if name == "batch":         # corral.batch.map: batch runs (scale/), loaded when used
+        import importlib
+
+        return importlib.import_module(".batch", __name__)
     if name == "load_policy":   # policy.load is imported when a policy is read
         from .policy import load_policy
 

@@ -221,6 +221,7 @@ def _fail(err: CorralError, as_json: bool) -> int:
 
 def cmd_run(args: list[str]) -> int:
     as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
+    r = sb = None
     try:
         r = parse_run_args(args, want_command=True)
         if r.help:
@@ -260,7 +261,7 @@ def cmd_run(args: list[str]) -> int:
                 stdin = tee.r
 
         with _terminate_cleanly():
-            with Sandbox(policy) as sb:
+            with Sandbox(policy, _argv=r.command) as sb:
                 gc_back_on()
                 try:
                     result = sb.exec(r.command, stdin=stdin, on_stdout=on_out,
@@ -281,6 +282,8 @@ def cmd_run(args: list[str]) -> int:
         flush()   # the record (one spool line), before the Result is shown: a lost one
         #         is in its events
     except CorralError as e:
+        if sb is None and r is not None and r.command and e.kind != "usage":
+            _refused(r.command, e)   # refused before it started: recorded (docs/audit.md)
         return _fail(e, as_json)
     if r.json:
         if review:
@@ -294,6 +297,16 @@ def cmd_run(args: list[str]) -> int:
     else:
         _print_events(result.events)
     return result.cli_exit_status()
+
+
+def _refused(argv: list[str], e: CorralError) -> None:
+    os.environ.setdefault("CORRAL_AUDIT_FACE", "cli")
+    from .audit.record import flush, use_spool
+    from .runtime.sandbox import refused
+
+    use_spool()
+    refused(e, argv, None)   # once: a Sandbox that refused its policy has recorded it
+    flush()
 
 
 def _review_mode(r: RunArgs, policy) -> bool:
@@ -729,6 +742,12 @@ def cmd_audit(name: str):
     return run
 
 
+def cmd_learn(args: list[str]) -> int:   # audit/cli_learn.py: loaded only here
+    from .audit.cli_learn import main as learn_main
+
+    return learn_main(args, parse_run_args, effective_policy)
+
+
 def cmd_service(name: str):
     def run(args: list[str]) -> int:   # loaded only here: fastapi, uvicorn, mcp stay off run's path
         from .service.cli import main as service_main
@@ -737,10 +756,17 @@ def cmd_service(name: str):
     return run
 
 
+def cmd_batch(args: list[str]) -> int:   # scale/cli.py: ray stays off run's path
+    from .scale.cli import main as batch_main
+
+    return batch_main(args)
+
+
 COMMANDS = {"run": cmd_run, "shell": cmd_shell, "policy": cmd_policy, "doctor": cmd_doctor,
             "explain": cmd_explain, "probe": cmd_probe, "image": cmd_image,
-            "install": cmd_install, "sandbox": cmd_sandbox, "serve": cmd_service("serve"),
-            "token": cmd_service("token"), "mcp": cmd_service("mcp")}
+            "install": cmd_install, "sandbox": cmd_sandbox, "learn": cmd_learn,
+            "serve": cmd_service("serve"),
+            "token": cmd_service("token"), "mcp": cmd_service("mcp"), "batch": cmd_batch}
 for _name in ("runs", "logs", "denials", "gc", "audit", "verify", "key"):
     COMMANDS[_name] = cmd_audit(_name)
 

@@ -89,6 +89,7 @@ usage: corral [--version] [--help] COMMAND ...
 commands:
   run      run a command in a sandbox            (corral run --help)
   shell    an interactive shell in a sandbox     (corral shell --help)
+  learn    run once permissively, write the least-privilege policy (corral learn --help)
   policy   show the effective policy             (corral policy show --help)
   explain  what enforces each rule of a policy   (corral explain --help)
   doctor   what this host supports and how to fix what is missing
@@ -96,6 +97,7 @@ commands:
   image    build, import, export and list pinned root images (corral image --help)
   install  install packages into a new image, in a sandbox (corral install --help)
   sandbox  live sandboxes: create, ls, exec, kill  (corral sandbox --help)
+  batch    many jobs, here or on a Ray cluster   (corral batch --help; docs/scale.md)
   serve    the HTTP service for remote sandboxes (corral serve --help)
   token    create, list and revoke the service's bearer tokens (corral token --help)
   mcp      an MCP server on stdio for coding assistants (corral mcp --help)
@@ -145,5 +147,62 @@ limits.timeout). `exec` runs CMD in it (files in /scratch and background process
 kept between execs) and exits with CMD's status, as `corral run` does.
 """
 
-USAGE = {"RUN": RUN_USAGE, "POLICY": POLICY_USAGE, "MAIN": MAIN_USAGE, "SHELL": SHELL_USAGE,
+LEARN_USAGE = """\
+usage: corral learn [run's policy options] [--out FILE] [--margin X] [--stdin] [--json]
+                    -- CMD...
+
+Run CMD once in learn mode and write the least-privilege policy that would have let that
+run succeed, each rule with a comment saying which observation produced it. The learn run
+keeps every host secret out (no home, no host environment, no credentials: --secret and
+--env NAME are refused; a fresh /scratch) but lets the egress proxy through to every public
+host at any port; deny rules, metadata names and private, loopback and link-local
+addresses stay refused (--allow-private CIDR opens a range, as for corral run). A
+workspace is mounted in review mode: writes are listed, never reach the host. Limits
+the options do not set are raised (600s, 2G, 1024 pids) for the learn run.
+
+  --out FILE     write the policy there (default: stdout, after the summary on stderr)
+  --margin X     learned limits are the observed use times X (default 1.5; 1 to 100),
+                 never below 32M of memory and 5s of wall and CPU time
+  --json         one JSON object: result, observed, margin, policy, out
+
+What is learned: the hosts and ports contacted (one allow rule each; none: network
+closed), peak memory, wall and CPU time, whether the workspace was written (rw or ro), and
+the syscalls the seccomp profile refused (namespace and process tiers; listed in comments:
+no rule allows one). Not observed: peak pids; refused syscalls on gvisor (docs/audit.md).
+Then:
+
+  corral learn --out policy.toml -- CMD
+  corral run --policy policy.toml -- CMD
+
+Exit status: the command's, as corral run's (2: a usage or policy error).
+"""
+
+BATCH_USAGE = """\
+usage: corral batch JOBS.jsonl --out RESULTS.jsonl [--policy FILE] [--ray ADDRESS]
+                    [--concurrency N]
+
+Run every job of JOBS.jsonl (one JSON object a line: {"id", "argv" | "code", "stdin",
+"files", "policy"}) in sandboxes of the policy, and append one JSON line per job to
+RESULTS.jsonl as each finishes: the Result's fields plus id, node, attempt, run_id and the
+node's signed receipt, or id, node and the error that refused it. Run again with the same
+--out to resume: jobs already there are skipped, none runs twice. Progress on a terminal.
+
+options:
+  --out FILE         where the result lines go (appended; read first to resume)
+  --policy FILE      the batch's policy (TOML, docs/policy.md); a job's own "policy" may
+                     only narrow it. [batch] reuse = true runs job after job in one
+                     sandbox, its scratch wiped between them (default: a fresh sandbox
+                     each, from a warm pool)
+  --ray ADDRESS      run on a Ray cluster (ADDRESS as `ray start --head` printed it, or
+                     "auto"): one actor a node, jobs only where their tier is
+                     (docs/scale.md)
+  --concurrency N    jobs at once: on this machine (default: its CPUs), or on each node
+                     (default: the node's CPUs)
+
+Exit status: 0 when every job ran (whatever its verdict), 1 when some job was refused or
+could not be run (its line has "error"), 2 for a bad JOBS line, option or policy, 3 when
+the Ray cluster cannot be reached.
+"""
+
+USAGE = {"BATCH": BATCH_USAGE, "RUN": RUN_USAGE, "LEARN": LEARN_USAGE, "POLICY": POLICY_USAGE, "MAIN": MAIN_USAGE, "SHELL": SHELL_USAGE,
          "EXPLAIN": EXPLAIN_USAGE, "SANDBOX": SANDBOX_USAGE}

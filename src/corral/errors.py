@@ -16,6 +16,13 @@ secret value.
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """`text` with every character that is not printable (controls, line and paragraph
+    separators, other spaces than " ") shown as an escape: \\n, \\x7f, \\u2028."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 class CorralError(Exception):
     """Every error corral raises: a one-line message, the field it is about, an exit status."""
 
@@ -23,6 +30,13 @@ class CorralError(Exception):
     exit_code = 125
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
+        # one line, whatever text of the input a message quotes (a key, a rule, a value's
+        # repr is already escaped, the text itself may not be): a newline, CR, another
+        # control or a line separator becomes a visible escape
+        if not message.isprintable():
+            message = one_line(message)
+        if field is not None and not field.isprintable():
+            field = one_line(field)
         super().__init__(message)
         self.message = message
         self.field = field

@@ -15,6 +15,11 @@ only when set). Build them with the class methods, so each message is written on
     net          host, port, decision ("allow" | "deny"), reason, bytes_in, bytes_out
     secret       name, host, port, decision ("injected" | "withheld" | ...), reason
     audit        message (the audit store lost this run's record: the run went on)
+    syscall      name, number, errno (a name such as "EPERM"), count, message (only for the
+                 entry counting the numbers past the per-command cap): calls the seccomp
+                 profile refused, where the path observes them (docs/audit.md)
+    refused      error (the error's kind: "policy", "unsupported", "unavailable", "ceiling",
+                 ...), field (the rule or key, when one), message: the run never started
 """
 
 from __future__ import annotations
@@ -133,5 +138,36 @@ class AuditEvent(Event):
                    f"not affected; see docs/audit.md)")
 
 
+class SyscallEvent(Event):
+    """Calls of one syscall the seccomp profile refused during a command, with the errno
+    it answered (the same as unobserved) and how many times: observed only where corral
+    loads the program itself (a live namespace-tier sandbox, a process-tier run), with
+    [audit] syscalls or in learn mode (linux/seccomp_notify.py)."""
+
+    KIND = "syscall"
+    name: str
+    number: int
+    errno: str
+    count: int
+    message: str | None = None
+
+    @classmethod
+    def others(cls, count: int, cap: int) -> SyscallEvent:
+        return cls("other", -1, "", count, f"refused calls of syscalls past the first "
+                                          f"{cap} distinct ones, counted together")
+
+
+class RefusedEvent(Event):
+    """corral refused the run before it started (a policy error, a rule the tier cannot
+    enforce, no tier here, beyond a service token's ceiling): the one event of a run
+    recorded with the verdict "refused" (audit/record.py: record_refused)."""
+
+    KIND = "refused"
+    error: str
+    field: str | None = None
+    message: str = ""
+
+
 KINDS = {c.KIND: c for c in (LimitEvent, ExecEvent, UnenforcedEvent, TeardownEvent, NetEvent,
-                             SecretEvent, NoticeEvent, AuditEvent)}
+                             SecretEvent, NoticeEvent, AuditEvent, RefusedEvent,
+                             SyscallEvent)}

@@ -157,7 +157,9 @@ class Plan(Record):
         return [op for op in self.ops if isinstance(op, cls)]
 
 
-def build_plan(policy: Policy, host_env: dict[str, str]) -> Plan:
+def build_plan(policy: Policy, host_env: dict[str, str], *, learn: bool = False) -> Plan:
+    """`learn`: the egress proxy in learn mode (runtime/learn.py: `corral learn`), which
+    lets any public host through and records it; no policy key can ask for it."""
     lim = policy.limits
     ops: list[Op] = [
         Namespaces(rule=""),
@@ -179,7 +181,7 @@ def build_plan(policy: Policy, host_env: dict[str, str]) -> Plan:
     extra_env: list[tuple[str, str]] = []
     if policy.network.mode == "allow":
         grants: tuple[tuple[str, str], ...] = ()
-        cfg = net_config(policy)
+        cfg = net_config(policy, learn=learn)
         bypass = no_proxy(cfg)
         extra_env += [*PROXY_ENV, ("NO_PROXY", bypass), ("no_proxy", bypass)]
         if policy.secrets:
@@ -219,8 +221,9 @@ def ws_dest(ws) -> str:
     return ws.path if ws.mount_at == "same" else WORKSPACE
 
 
-def net_config(p: Policy):
-    """The egress proxy's configuration for this policy (mode must be "allow")."""
+def net_config(p: Policy, *, learn: bool = False):
+    """The egress proxy's configuration for this policy (mode must be "allow"); `learn`:
+    for a learn run only (build_plan)."""
     from .egress.config import NetConfig
 
     b = p.network.budget
@@ -228,7 +231,8 @@ def net_config(p: Policy):
         "allow": list(p.network.allow), "deny": list(p.network.deny),
         "allow_private": list(p.network.allow_private),
         "nameservers": list(p.network.nameservers),
-        "budget": {"bytes_out": b.bytes_out, "bytes_in": b.bytes_in, "requests": b.requests}})
+        "budget": {"bytes_out": b.bytes_out, "bytes_in": b.bytes_in, "requests": b.requests},
+        **({"learn": True} if learn else {})})
 
 
 #: every kind of op a plan can hold: each tier's match over a plan's ops handles all of

@@ -355,10 +355,15 @@ def test_mcp_commands_are_recorded_as_mcp(state):
             r = await c.call_tool("run_command", {"command": "echo from-mcp"})
             assert not r.is_error, r.content
 
+            r = await c.call_tool("create_sandbox", {"policy": {"limits": {"pids": 0}}})
+            assert r.is_error, r.content
+
     asyncio.run(asyncio.wait_for(main(), 300))
     runs = [r for r in query.runs() if r["kind"] == "command"]
     assert [(r["argv"][-1], r["face"]) for r in runs] == [("echo from-mcp", "mcp")]
     assert runs[0]["actor"].startswith("user:")
+    (refused,) = query.runs(verdict="refused")        # the bad policy: recorded, as mcp
+    assert refused["face"] == "mcp" and refused["actor"].startswith("user:")
 
 
 def test_since_and_kind_leave_out_what_they_should(state):
@@ -540,3 +545,65 @@ def test_a_full_disk_under_the_spool_gives_the_cli_the_lost_event(tmp_path, monk
         assert [r["argv"] for r in runs] == [["/bin/true"]]
     finally:
         subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+# -- runs refused before they start (verdict "refused") ------------------------------------
+
+def test_runs_refused_before_they_start_are_recorded(state, tmp_path):
+    # the CLI: a policy error (a flag) and a rule the tier cannot enforce (review mode on
+    # the process tier); a bad flag is a usage error, not a run, and is not recorded
+    p = cli(state, "run", "--memory", "lots", "--", "/bin/echo", "x")
+    assert p.returncode == 2, p.stderr
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    p = cli(state, "run", "--isolation", "process", "--workspace", f"{ws}:review", "--",
+            "/bin/echo", "y")
+    assert p.returncode == 3, p.stderr
+    assert cli(state, "run", "--no-such-flag", "--", "/bin/true").returncode == 2
+    # the API: a bad policy, refused by corral.run
+    with pytest.raises(corral.PolicyError):
+        corral.run(["/bin/echo", "z"], {"limits": {"pids": 0}})
+    record.flush()
+    rows = [json.loads(x) for x in cli(state, "runs", "--json", "--verdict",
+                                       "refused").stdout.splitlines()]
+    assert [(r["argv"], r["face"]) for r in rows] == [
+        (["/bin/echo", "z"], "api"), (["/bin/echo", "y"], "cli"), (["/bin/echo", "x"], "cli")]
+    assert all(r["exit_code"] is None for r in rows)
+    ev = [json.loads(x) for x in cli(state, "logs", rows[1]["id"], "--json").stdout.splitlines()]
+    assert len(ev) == 1 and ev[0]["kind"] == "refused", ev
+    assert ev[0]["error"] == "unsupported" and ev[0]["field"] == "filesystem.workspace"
+    assert "process" in ev[0]["message"]
+    assert cli(state, "runs", "--json").stdout.count(b"\n") == 3    # nothing else recorded
+    d = [json.loads(x) for x in cli(state, "denials", "--json", "--kind",
+                                    "refused").stdout.splitlines()]
+    assert {(g["what"], g["count"], g["rule"]) for g in d} == {
+        ("policy: limits.memory", 1, "fix limits.memory"),
+        ("unsupported: filesystem.workspace", 1, "fix filesystem.workspace"),
+        ("policy: limits.pids", 1, "fix limits.pids")}, d
+    assert "refused" in cli(state, "denials").stdout.decode()
+
+
+def test_a_ceiling_refusal_in_the_service_is_recorded_for_its_token(tmp_path, monkeypatch):
+    from test_serve import Server, _token
+
+    monkeypatch.setenv("CORRAL_AUDIT", "1")
+    s = Server(tmp_path)
+    ceiling = tmp_path / "ceiling.toml"
+    ceiling.write_text('[limits]\nmemory = "256M"\n')
+    s.tokens["a"] = _token(s.state, "a", "--ceiling", str(ceiling))
+    s.tokens["b"] = _token(s.state, "b")
+    s.start()
+    try:
+        a, b = s.http(s.tokens["a"]), s.http(s.tokens["b"])
+        r = a.post("/sandboxes", json={"policy": {"limits": {"memory": "1G"}}})
+        assert r.status_code == 403, r.text
+        (run,) = _wait_runs(a)
+        assert run["verdict"] == "refused" and run["actor"] == "token:a", run
+        (e,) = a.get(f"/runs/{run['id']}/events").json()["events"]
+        assert e["kind"] == "refused" and e["error"] == "ceiling"
+        assert e["field"] == "limits.memory"
+        assert a.get("/denials", params={"kind": "refused"}).json()["denials"][0]["what"] == \
+            "ceiling: limits.memory"
+        assert b.get("/runs").json() == {"runs": []}
+    finally:
+        s.stop()

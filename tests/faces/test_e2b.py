@@ -1,10 +1,13 @@
 """The official E2B SDKs (e2b 2.63.0, e2b-code-interpreter 2.11.5, pinned in the dev lock),
 unmodified, against a real `corral serve` subprocess on 127.0.0.1 with live namespace-tier
 sandboxes: E2B_API_URL and E2B_SANDBOX_URL point at it, E2B_API_KEY is a corral token.
-Sync and async: lifecycle, commands, files, watch_dir, run_code and contexts; what is
-refused (templates, network beyond the ceiling, unsupported fields, users, terminals);
-the raw Connect stream's first event and keepalives; one token never reaching another's
-sandbox."""
+Sync and async: lifecycle, commands, files, watch_dir, run_code (with per-cell envs) and
+contexts; the two users (root, and "user": a distinct unprivileged uid); what is refused
+(templates, network beyond the ceiling, unsupported fields, users off the namespace tier,
+terminals as "user"); the raw Connect and NDJSON streams' first event and keepalives;
+every call an audited run under the token; one token never reaching another's sandbox.
+The default templates here map to the host's root (a templates file): the python and
+datascience images are test_e2b_images.py's (slow)."""
 
 import asyncio
 import io
@@ -42,17 +45,26 @@ def server(tmp_path_factory):
     s.tokens["net"] = _token(s.state, "net", "--ceiling", str(net))
     templates = tmp / "templates.toml"
     templates.write_text('[small]\nlimits = { memory = "200M" }\n\n'
-                         '[wide]\nnetwork = { mode = "allow", allow = ["*.other.org"] }\n')
+                         '[wide]\nnetwork = { mode = "allow", allow = ["*.other.org"] }\n\n'
+                         # the defaults on the host's root: no image build in this file
+                         # (test_e2b_images.py runs them on the python and datascience images)
+                         '[base]\n\n[code-interpreter-v1]\n\n'
+                         '[ghost]\nimage = "never-built"\n')
     import os
 
-    os.environ["CORRAL_E2B_KEEPALIVE_S"] = "0.5"     # the subprocess's keepalive period
-    os.environ["CORRAL_E2B_TEMPLATES"] = str(templates)
-    os.environ["CORRAL_E2B_DOMAIN"] = "corral.test"
+    mine = {"CORRAL_E2B_KEEPALIVE_S": "0.5",        # the subprocess's keepalive period
+            "CORRAL_AUDIT": "1",                     # the audit store on (test_audited)
+            "CORRAL_E2B_TEMPLATES": str(templates), "CORRAL_E2B_DOMAIN": "corral.test"}
+    old = {k: os.environ.get(k) for k in mine}
+    os.environ.update(mine)
     try:
         s.start()
-    finally:
-        for v in ("CORRAL_E2B_KEEPALIVE_S", "CORRAL_E2B_TEMPLATES", "CORRAL_E2B_DOMAIN"):
-            del os.environ[v]
+    finally:             # the suite's own values back (conftest sets CORRAL_AUDIT)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     yield s
     s.stop()
 
@@ -135,8 +147,35 @@ def test_commands(env):
         assert ei.value.exit_code == -1
         assert h.pid not in [p.pid for p in sb.commands.list()]
         assert sb.commands.run("id -u", user="root").stdout == "0\n"
+
+
+def test_users(env):
+    """user="user" is a real unprivileged uid inside (1000, a host uid of its own): it
+    cannot write what root made; /home/user is its home and the default cwd."""
+    with Sandbox.create(timeout=120) as sb:
+        r = sb.commands.run("id -u; id -g; pwd; echo $HOME; stat -c %u /home/user",
+                            user="user")
+        assert r.stdout == "1000\n1000\n/home/user\n/home/user\n1000\n"
+        assert sb.commands.run("id -u; pwd").stdout == "0\n/home/user\n"   # root: default
+        sb.commands.run("echo secret > /tmp/root-owned; chmod 644 /tmp/root-owned",
+                        user="root")
+        with pytest.raises(CommandExitException) as ei:
+            sb.commands.run("echo x >> /tmp/root-owned", user="user")
+        assert "Permission denied" in ei.value.stderr
+        assert sb.files.read("/tmp/root-owned") == "secret\n"
+        # host-side: the two ids of the sandbox are distinct host uids
+        maps = sb.commands.run("cat /proc/self/uid_map").stdout.split()
+        assert maps[0::3] == ["0", "1000"] and maps[1] != maps[4]
+        # files as the user: owned by it; as root: the user's file is not root's to change
+        sb.files.write("/home/user/mine.txt", "u", user="user")
+        assert sb.commands.run("stat -c %u /home/user/mine.txt").stdout == "1000\n"
+        assert sb.files.read("mine.txt", user="user") == "u"       # relative: its home
+        sb.files.write("by-root.txt", "r")          # root's relative path: /home/user too
+        assert sb.commands.run("cat by-root.txt; stat -c %u by-root.txt").stdout == "r0\n"
         with pytest.raises(SandboxException, match="user"):
-            sb.commands.run("id -u", user="user")      # no uid switch inside: refused
+            sb.commands.run("id -u", user="nobody")
+        with pytest.raises(SandboxException, match="user"):
+            sb.pty.create(e2b.PtySize(rows=24, cols=80), user="user")
 
 
 def test_files(env):
@@ -201,8 +240,18 @@ def test_run_code_and_contexts(env):
         assert sb.run_code("y", context=ctx).error.name == "NameError"
         sb.remove_code_context(ctx)
         assert ctx.id not in [c.id for c in sb.list_code_contexts()]
+        # envs: this cell's own, put back after it (E2B's per-execution variables)
+        code = "import os; os.environ.get('CELL_VAR', 'unset') + '/' + os.environ['HOME']"
+        assert sb.run_code(code, envs={"CELL_VAR": "one", "HOME": "/elsewhere"}).text \
+            == "'one//elsewhere'"
+        home = sb.run_code("import os; os.environ['HOME']").text
+        assert sb.run_code(code).text == f"'unset/{home[1:-1]}'"       # put back
+        assert sb.run_code("process.env.CELL_VAR", language="javascript",
+                           envs={"CELL_VAR": "js"}).text == "'js'"
+        assert sb.run_code("process.env.CELL_VAR", language="javascript").text in (
+            None, "undefined")
         with pytest.raises(SandboxException, match="env_vars"):
-            sb.run_code("1", envs={"A": "1"})
+            sb.run_code("echo $A", language="bash", envs={"A": "1"})
 
 
 def test_async(env):
@@ -276,6 +325,8 @@ def test_templates(env):
 def test_refusals(env, monkeypatch):
     with pytest.raises(SandboxException, match="templateID"):
         Sandbox.create(template="my-own-template")
+    with pytest.raises(SandboxException, match="no image named .never-built.*corral image build"):
+        Sandbox.create(template="ghost")        # its image is not in the server's store
     with pytest.raises(SandboxException, match="allow_internet_access"):
         Sandbox.create(allow_internet_access=True)
     with pytest.raises(SandboxException, match="network"):     # beyond token a's ceiling
@@ -334,7 +385,7 @@ def test_auth(env, monkeypatch):
 def test_domain_host_names(env):
     """CORRAL_E2B_DOMAIN: behind a TLS proxy the SDK names the sandbox and port in the
     host name (PORT-ID.DOMAIN), not in headers; the host name wins over the headers.
-    (The TLS proxy itself and the SDK in E2B_DOMAIN mode are not exercised here.)"""
+    (The SDK itself in E2B_DOMAIN mode over TLS: test_e2b_domain.py.)"""
     sb = Sandbox.create(timeout=120)
     try:
         h = {"Host": f"49983-{sb.sandbox_id}.corral.test",
@@ -411,6 +462,9 @@ def test_debug_mode(tmp_path, monkeypatch):
         pytest.skip("127.0.0.1:49983 or :49999 is taken on this host")
     s = Server(tmp_path)
     s.tokens["dev"] = _token(s.state, "dev")
+    templates = tmp_path / "templates.toml"
+    templates.write_text("[base]\n")        # the host's root: no image build here
+    monkeypatch.setenv("CORRAL_E2B_TEMPLATES", str(templates))
     real_popen = subprocess.Popen
 
     def popen(argv, **kw):                 # Server.start, with the flag added
@@ -436,3 +490,71 @@ def test_debug_mode(tmp_path, monkeypatch):
             assert len(c.get("/sandboxes").json()["sandboxes"]) == 1
     finally:
         s.stop()
+
+
+def test_every_call_is_an_audited_run(env):
+    """Each command, terminal and code interpreter an E2B call starts is a run in the
+    audit store under the token's name, face "e2b", seen on the native /runs."""
+    import time
+
+    from e2b_code_interpreter import Sandbox as CI
+
+    with CI.create(timeout=120) as sb:
+        sid = sb.sandbox_id
+        sb.commands.run("echo audited")
+        h = sb.commands.run("sleep 30", background=True)
+        sb.commands.kill(h.pid)
+        t = sb.pty.create(e2b.PtySize(rows=24, cols=80))
+        sb.pty.send_stdin(t.pid, b"exit 0\n")
+        t.wait()
+        assert sb.run_code("1+1").text == "2"
+    want = {"/bin/bash -l -c echo audited", "/bin/bash -l -c sleep 30", "run_code python"}
+    with env.http(env.tokens["a"]) as c:
+        for _ in range(400):
+            runs = [r for r in c.get("/runs", params={"sandbox": sid}).json()["runs"]
+                    if r["sandbox"] == sid]
+            cmds = {" ".join(r["argv"]) for r in runs if r.get("argv")}
+            if want <= cmds and len(runs) >= 4:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(runs)
+        assert all(r["actor"] == "token:a" and r["face"] == "e2b" for r in runs), runs
+        kinds = sorted(r["kind"] for r in runs)
+        assert kinds == ["cell", "command", "command", "command"], kinds   # + the terminal
+        cell = next(r for r in runs if r["kind"] == "cell")
+        assert cell["verdict"] == "ok" and cell["receipt"] is True
+        with env.http(env.tokens["b"]) as other:        # never another token's
+            assert sid not in {r["sandbox"] for r in other.get("/runs").json()["runs"]}
+
+
+def test_execute_stream_sends_keepalives(env):
+    """The code interpreter's NDJSON /execute stream: keepalive lines while a quiet cell
+    runs (the server's period is 0.5 s here), then the cell's own lines."""
+    import json
+
+    from e2b_code_interpreter import Sandbox as CI
+
+    with CI.create(timeout=120) as sb:
+        r = httpx.post(env.url + "/execute", timeout=60, json={
+            "code": "import time\ntime.sleep(1.6)\nprint('late')"}, headers={
+            "E2b-Sandbox-Id": sb.sandbox_id, "E2b-Sandbox-Port": "49999",
+            "X-Access-Token": sb._envd_access_token})
+        kinds = [json.loads(line)["type"] for line in r.text.splitlines()]
+        assert kinds.count("keepalive") >= 2, kinds
+        assert kinds.index("keepalive") < kinds.index("stdout")
+        assert kinds[-1] == "end_of_execution"
+
+
+def test_user_refused_off_the_namespace_tier(env, tmp_path, monkeypatch):
+    """On gvisor there is no second uid to switch to: user="user" is refused with a
+    message naming the namespace tier (fail closed, never a silent root)."""
+    if tier_unavailable("gvisor") is not None:
+        pytest.skip(f"gvisor: {tier_unavailable('gvisor')}")
+    ceiling = tmp_path / "gvisor.toml"
+    ceiling.write_text('isolation = "gvisor"\n')
+    monkeypatch.setenv("E2B_API_KEY", _token(env.state, "gv", "--ceiling", str(ceiling)))
+    with Sandbox.create(timeout=120) as sb:
+        assert sb.commands.run("id -u").stdout == "0\n"
+        with pytest.raises(SandboxException, match="namespace tier"):
+            sb.commands.run("id -u", user="user")

@@ -361,3 +361,35 @@ def test_a_ceiling_secret_the_server_does_not_configure_is_not_granted(tmp_path)
                 "secrets.GH")
     finally:
         s.stop()
+
+
+def test_the_dashboard_cookie_over_tls_is_secure_and_host_only(tmp_path):
+    """Over TLS the dashboard's session cookie is `__Host-corral_session`, Secure (and
+    HttpOnly, SameSite=Strict); a login whose Origin is the plain-HTTP origin is refused
+    (docs/dashboard.md)."""
+    import ssl
+
+    import httpx
+
+    cert, key = make_cert(tmp_path, "localhost")
+    ctx = ssl.create_default_context(cafile=str(cert))
+    s = Serve(tmp_path, "--tls-cert", str(cert), "--tls-key", str(key), scheme="https",
+              verify=ctx, url_host="localhost")
+    tok = s.token("t")
+    s.start()
+    try:
+        with httpx.Client(base_url=s.url, verify=ctx, timeout=30) as h:
+            r = h.post("/ui/login", data={"token": tok},
+                       headers={"Origin": f"http://localhost:{s.port}"})
+            assert r.status_code == 403 and "set-cookie" not in r.headers
+            r = h.post("/ui/login", data={"token": tok}, headers={"Origin": s.url})
+            assert r.status_code == 303, r.text
+            cookie = r.headers["set-cookie"]
+            assert cookie.startswith("__Host-corral_session=") and tok not in cookie
+            attrs = {a.strip().split("=")[0].lower() for a in cookie.split(";")[1:]}
+            assert {"secure", "httponly", "path", "samesite"} <= attrs, cookie
+            assert "domain" not in attrs
+            assert h.get("/").status_code == 200           # the client's jar sends it back
+            assert h.get("/runs").status_code == 401       # the JSON API: bearer only
+    finally:
+        s.stop()

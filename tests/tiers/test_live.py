@@ -825,3 +825,47 @@ def test_gvisor_a_terminal_command_gets_sigwinch_through_resized():
         h.kill()
         assert h.wait(30).verdict == "killed"
         os.close(master)
+
+
+@_NAMESPACE
+def test_user_account_is_a_distinct_unprivileged_uid():
+    """Sandbox.create(user_account=True): commands.run(user="user") runs as uid 1000
+    inside, a host uid of its own (not the sandbox root's), with /home/user its home; it
+    cannot write what root made, and every process of both ids is gone after kill."""
+    if os.geteuid() != 0:
+        pytest.skip("a second uid in the sandbox's namespace needs corral as root")
+    sb = corral.Sandbox.create({"isolation": "namespace"}, timeout=60, user_account=True)
+    try:
+        root_uid, user_uid = sb._live.uid, sb._live.user_uid
+        assert root_uid != user_uid
+        r = sb.commands.run("id -u; echo $HOME; touch /home/user/ok && echo made; "
+                            "echo x >> /scratch/by-root || echo refused", user="user")
+        assert r.stdout == "1000\n/home/user\nmade\nrefused\n", r.stderr
+        h = sb.commands.run(["sleep", "30"], user="user", background=True)
+        assert procs_of_uid(user_uid)          # a real process of that host uid
+        h.kill()
+        assert sb.commands.run("id -u").stdout == "0\n"            # root stays the default
+        with pytest.raises(UsageError, match="user"):
+            sb.commands.run("true", user="admin")
+    finally:
+        sb.kill()
+    # nothing of either uid runs; a zombie may wait a moment for its reaper
+    assert _running(procs_of_uid(user_uid) + procs_of_uid(root_uid)) == []
+    _wait_for(lambda: not procs_of_uid(user_uid) + procs_of_uid(root_uid),
+              "the zombies to be reaped")
+    plain = corral.Sandbox.create({"isolation": "namespace"}, timeout=60)
+    try:
+        with pytest.raises(UsageError, match="no unprivileged account"):
+            plain.commands.run("true", user="user")
+    finally:
+        plain.kill()
+
+
+def test_user_account_refused_off_the_namespace_tier():
+    why = tier_unavailable("gvisor")
+    if why is not None:
+        pytest.skip(why)
+    from corral.errors import UnsupportedRule
+
+    with pytest.raises(UnsupportedRule, match='isolation = "namespace"'):
+        corral.Sandbox.create({"isolation": "gvisor"}, timeout=60, user_account=True)

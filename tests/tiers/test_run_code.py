@@ -185,6 +185,16 @@ HOSTILE = {
 }
 
 
+def test_a_lone_surrogate_in_an_error_is_shown_not_fatal(sb):
+    # found by tests/fuzz/test_fuzz_frames.py: the runner framed it as bytes the host's
+    # strict UTF-8 reader refused, and the context died with "broke the protocol"
+    c = sb.create_context()
+    sb.run_code("kept = 7", context=c)
+    ex = sb.run_code("raise ValueError('bad ' + chr(0xd800))", context=c)
+    assert ex.error.name == "ValueError" and ex.error.value == "bad ?"
+    assert sb.run_code("kept", context=c).text == "7"
+
+
 @pytest.mark.parametrize("what", list(HOSTILE))
 def test_a_hostile_runner_closes_its_context_with_a_clear_error(sb, what):
     data, message = HOSTILE[what]

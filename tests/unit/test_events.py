@@ -60,7 +60,18 @@ def test_the_other_kinds_are_todays_dicts():
                                      "locked (the run itself was not affected; see "
                                      "docs/audit.md)"})
     assert set(KINDS) == {"limit", "exec", "unenforced", "teardown", "net", "secret", "notice",
-                          "audit"}
+                          "audit", "refused", "syscall"}
+
+
+def test_a_refused_run_has_one_refused_event():
+    """The run never started (audit.record.record_refused): field only when there is one."""
+    from corral.events import RefusedEvent
+
+    assert dump(RefusedEvent("policy", "limits.memory", "bad size")) == json.dumps(
+        {"kind": "refused", "error": "policy", "field": "limits.memory",
+         "message": "bad size"})
+    assert dump(RefusedEvent("unavailable", None, "no tier")) == json.dumps(
+        {"kind": "refused", "error": "unavailable", "message": "no tier"})
 
 
 def test_the_proxys_event_lines_are_parsed_strictly_and_bounded():
@@ -78,3 +89,14 @@ def test_the_proxys_event_lines_are_parsed_strictly_and_bounded():
         lines(good + b"\n")
     assert len(lines.events) == EventLines.MAX_EVENTS and lines.dropped == 5
     assert "5 further events" in lines.dropped_event()[0]["message"]
+
+
+def test_a_syscall_event_and_the_others_entry():
+    """Refused syscalls (linux/seccomp_notify.py): message only on the capped entry."""
+    from corral.events import SyscallEvent
+
+    assert dump(SyscallEvent("unshare", 272, "EPERM", 3)) == json.dumps(
+        {"kind": "syscall", "name": "unshare", "number": 272, "errno": "EPERM", "count": 3})
+    other = SyscallEvent.others(12, 64).to_dict()
+    assert other["name"] == "other" and other["number"] == -1 and other["count"] == 12
+    assert "64" in other["message"]

@@ -12,8 +12,10 @@ Layers, lowest first (docs/architecture.md):
     4  audit/ (record, store, query, receipt)        the audit store: runs, events, receipts
     5  images/build, install, policy_install         image work that runs sandboxes
     5  runtime/                                      one sandbox's life; the way in
-    6  cli, probe/, images/cli                       faces
+    6  cli, probe/, images/cli, audit/cli*           faces (audit/cli_learn: corral learn)
     6  service/, client                              corral serve, its SDK and MCP: faces
+    6  scale/, batch                                 corral batch and corral.batch.map;
+                                                     ray only in scale/ray.py
     -  corral/__init__.py                            the package face (re-exports); only
                                                      faces may import it
 
@@ -57,7 +59,7 @@ def layer(mod: str) -> int | None:
         return 4
     if top == "runtime":
         return 5
-    if top in ("cli", "cli_help", "probe", "__main__", "service", "client"):
+    if top in ("cli", "cli_help", "probe", "__main__", "service", "client", "scale", "batch"):
         return 6
     raise AssertionError(f"{mod} has no layer: add it to tests/unit/test_layering.py and "
                          f"docs/architecture.md")
@@ -160,6 +162,26 @@ def test_every_import_names_a_module_that_exists():
     here, so a moved module leaves no import behind."""
     bad = [f"{path}:{line}: {t}" for mod, is_pkg, path in ALL
            for t, line in imports(mod, is_pkg, path) if t != "corral" and not _is_module(t)]
+    assert not bad, "\n".join(bad)
+
+
+def test_ray_is_imported_only_by_scale_ray():
+    """Ray is heavy (~1 s of imports): only scale/ray.py imports it, and nothing imports
+    scale/ray.py but the batch driver (lazily, for --ray / ray_address)."""
+    bad = []
+    for mod, is_pkg, path in ALL:
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level \
+                else []
+            if any(n == "ray" or n.startswith("ray.") for n in names) and \
+                    mod != "corral.scale.ray":
+                bad.append(f"{path}:{node.lineno}: {mod} imports ray")
+        bad += [f"{path}:{line}: {mod} imports corral.scale.ray"
+                for t, line in imports(mod, is_pkg, path)
+                if t == "corral.scale.ray" and mod != "corral.scale.driver"]
     assert not bad, "\n".join(bad)
 
 

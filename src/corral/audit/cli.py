@@ -25,7 +25,7 @@ The events of one run (or live sandbox), in order: limits hit, network decisions
 sent or withheld, rules not enforced, teardown. --json: one event per line.
 """
 DENIALS_USAGE = """\
-usage: corral denials [--since AGE] [--kind net|secret|limit] [--json]
+usage: corral denials [--since AGE] [--kind net|secret|limit|refused|syscall] [--json]
 
 What was refused, grouped and counted, most frequent first, with the policy rule that
 would allow each (a refused host: network.allow += "host").
@@ -170,8 +170,9 @@ def _cmd_denials(args: list[str]) -> int:
     from .query import denials
 
     f, _ = _flags(args, ("--since", "--kind"))
-    if f.get("--kind") not in (None, "net", "secret", "limit"):
-        raise UsageError("--kind is one of net, secret, limit", field="--kind")
+    if f.get("--kind") not in (None, "net", "secret", "limit", "refused", "syscall"):
+        raise UsageError("--kind is one of net, secret, limit, refused, syscall",
+                         field="--kind")
     for g in denials(since=_age(f, "--since"), kind=f.get("--kind")):
         if f.get("--json"):
             sys.stdout.write(json.dumps(g) + "\n")

@@ -115,8 +115,11 @@ def allowing_rule(e: dict) -> str | None:
         return f'secrets.{e.get("name")}.hosts += "{e.get("host")}"'
     if kind == "limit":
         return f"raise limits.{e.get('limit')}"
-    if kind == "exec":
+    if kind in ("exec", "syscall"):   # no policy key widens the seccomp profile
         return None
+    if kind == "refused":        # the run never started: the field to fix, if one
+        field = e.get("field")
+        return f"fix {field}" if field else None
     return None
 
 
@@ -124,7 +127,7 @@ def _denied(e: dict) -> bool:
     k = e.get("kind")
     if k in ("net", "secret"):
         return e.get("decision") in ("deny", "withheld")
-    return k == "limit"
+    return k in ("limit", "refused", "syscall")
 
 
 def denials(*, since: float | None = None, kind: str | None = None,
@@ -134,7 +137,7 @@ def denials(*, since: float | None = None, kind: str | None = None,
     conn = open_db(path)
     if conn is None:
         return []
-    where, args = ["e.kind IN ('net', 'secret', 'limit')"], []
+    where, args = ["e.kind IN ('net', 'secret', 'limit', 'refused', 'syscall')"], []
     if kind is not None:
         where.append("e.kind = ?")
         args.append(kind)
@@ -156,13 +159,19 @@ def denials(*, since: float | None = None, kind: str | None = None,
                 what = f"{e.get('host')}:{e.get('port')}"
             elif e["kind"] == "secret":
                 what = f"{e.get('name')}@{e.get('host')}"
+            elif e["kind"] == "refused":
+                what = f"{e.get('error')}: {e.get('field') or '-'}"
+            elif e["kind"] == "syscall":   # one event counts many calls of one command
+                what = f"{e.get('name')} ({e.get('errno') or '-'})"
+                e.setdefault("message", "refused by the seccomp profile")
             else:
                 what = str(e.get("limit"))
             g = groups.setdefault((e["kind"], what), {
                 "kind": e["kind"], "what": what, "count": 0, "runs": set(),
                 "reason": e.get("reason") or e.get("message"), "rule": allowing_rule(e),
                 "last": started})
-            g["count"] += 1
+            n = e.get("count") if e["kind"] == "syscall" else 1
+            g["count"] += n if isinstance(n, int) and 0 < n < 1 << 62 else 1
             g["runs"].add(run_id)
             g["last"] = max(g["last"], started)
     finally:

@@ -72,15 +72,20 @@ def body(*, run_id, started, ended, tier, policy_toml: str, image_digest: str, a
     }
 
 
+_VERSION: list[str] = []
+
+
 def corral_version() -> str:
     """The installed distribution's version (the package face, corral.__version__, is a
-    layer above this one)."""
-    try:
-        from importlib.metadata import version
+    layer above this one); looked up once a process (a batch node signs many)."""
+    if not _VERSION:
+        try:
+            from importlib.metadata import version
 
-        return version("corral")
-    except Exception:   # noqa: BLE001 - not installed: a source tree
-        return "unknown"
+            _VERSION.append(version("corral"))
+        except Exception:   # noqa: BLE001 - not installed: a source tree
+            _VERSION.append("unknown")
+    return _VERSION[0]
 
 
 def key_dir() -> str:

@@ -93,21 +93,44 @@ def new_id() -> str:
 
 def record_run(run_id: str, started: float, result, *, policy, plan, argv, isolation: str,
                origin: tuple[str, str | None], sandbox: str | None = None,
-               kind: str = "run", stdin=None, receipt: bool = False) -> None:
+               kind: str = "run", stdin=None, receipt: bool = False,
+               ended: float | None = None, signed: dict | None = None) -> None:
     """Queue one run's (or one live command's) record. `result` is kept by reference:
     the writer reads it later, and appends the `audit` event to it if the record is lost;
-    events the Result gets after this call (teardown) come with `record_events`."""
+    events the Result gets after this call (teardown) come with `record_events`.
+    `ended`: when it ended (default: now); `signed`: a receipt already made and signed
+    (by the node that ran a batch job), kept as it is."""
     if not enabled():
         return
-    item = {"t": "run", "id": run_id, "db": db_path(), "started": started, "ended": time.time(),
+    item = {"t": "run", "id": run_id, "db": db_path(), "started": started,
+            "ended": time.time() if ended is None else ended,
             "result": result, "n_events": len(result.events), "policy": policy,
             "plan": plan, "argv": argv, "tier": isolation, "face": origin[0],
             "actor": origin[1], "sandbox": sandbox, "kind": kind, "stdin": stdin,
-            "receipt": receipt}
+            "receipt": receipt, "signed": signed}
     if _spooling[0]:
         _spooled.append(item)
     else:
         _writer().put(item, result)
+
+
+def record_refused(argv, error: str, message: str, field: str | None = None, *,
+                   policy=None, isolation: str = "", who: tuple[str, str | None] | None = None
+                   ) -> None:
+    """Record a run corral refused before it started (verdict "refused", one
+    events.RefusedEvent with the error's kind, field and message). Only on a refusal's
+    path: a run that starts never comes here."""
+    if not enabled():
+        return
+    from ..events import RefusedEvent
+    from ..result import Result
+
+    result = Result(verdict="refused", exit_code=None, signal=None,
+                    isolation=isolation or getattr(policy, "isolation", "") or "",
+                    events=[RefusedEvent(error, field, message).to_dict()])
+    record_run(new_id(), time.time(), result, policy=policy, plan=None,
+               argv=[str(a) for a in argv], isolation=result.isolation,
+               origin=who or origin())
 
 
 def record_events(run_id: str, events: list[dict]) -> None:

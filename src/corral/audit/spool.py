@@ -216,7 +216,25 @@ def _valid(d) -> bool:
             return False
     if not d["id"] or len(d["id"]) > 64 or not all(isinstance(a, str) for a in d["argv"]):
         return False
+    # what SQLite cannot hold (a 64-bit integer column, no NaN) ends the line, not the
+    # ingest (tests/fuzz: an exit code of 10**30 failed the whole file, at every ingest)
+    for k in ("started", "ended", "exit_code", "signal"):
+        v = d[k]
+        if v is not None and not (-(1 << 63) <= v < (1 << 63)):
+            return False
     return all(isinstance(e, dict) and isinstance(e.get("kind"), str) for e in d["events"])
+
+
+def _text(v):
+    """A string SQLite can store (UTF-8): a lone surrogate (a non-UTF-8 byte of an argv or
+    an env value, decoded with surrogateescape, comes back from the line's JSON escapes as
+    one) is kept as its escape, "\\udcff", rather than failing the file's transaction."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return v.encode("utf-8", "backslashreplace").decode("utf-8")
+    return v
 
 
 def _lines(fd: int):
@@ -297,9 +315,9 @@ def ingest(conn, audit_dir: str) -> dict:
                     rec = json.loads(line) if line is not None else None
                     if not _valid(rec):
                         raise ValueError("not a run's record")
-                    row = tuple(dumps(rec[k]) if k in ("argv", "usage") else rec[k]
+                    row = tuple(dumps(rec[k]) if k in ("argv", "usage") else _text(rec[k])
                                 for k in FIELDS if k != "events")
-                    evs = [(e["kind"], dumps(e)) for e in rec["events"]]
+                    evs = [(_text(e["kind"]), dumps(e)) for e in rec["events"]]
                 except (ValueError, RecursionError):
                     out["skipped"] += 1
                     continue

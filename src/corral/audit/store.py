@@ -6,8 +6,8 @@
 
 Tables (the typed events of events.py are the schema of `events.data`):
 
-    runs       id, kind ("run" | "command"), sandbox (a live sandbox's id, for its
-               commands), started, ended, tier, image, image_digest, policy_digest,
+    runs       id, kind ("run" | "command" | "cell": an E2B run_code cell), sandbox (a
+               live sandbox's id, for its commands), started, ended, tier, image, image_digest, policy_digest,
                policy (TOML), argv (JSON), verdict, exit_code, signal, usage (JSON),
                actor ("token:NAME" | "user:NAME"), face (cli | api | service | mcp |
                probe), receipt (JSON, service runs)
@@ -114,7 +114,9 @@ def run_row(item: dict) -> tuple[tuple, list[dict], str | None]:
     """(the runs row, its events, its receipt JSON or None) of one queued run."""
     f = run_fields(item)
     receipt = None
-    if item.get("receipt"):
+    if item.get("signed"):
+        receipt = _dumps(item["signed"])
+    elif item.get("receipt"):
         from . import receipt as rc
 
         r, stdin = item["result"], item.get("stdin")

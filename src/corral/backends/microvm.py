@@ -312,7 +312,10 @@ def parse_exit(data: bytes) -> dict:
     """The X frame: {"code": 0-255 or None, "signal": 1-64 or None, "cpu": seconds,
     "oom": the guest kernel's OOM kills during the command, "full": /scratch out of bytes
     (1) and/or inodes (2) at the end}."""
-    x = json.loads(data.decode("utf-8"))
+    try:
+        x = json.loads(data.decode("utf-8"))
+    except RecursionError:   # deep nesting ([[[[...): not a ValueError (tests/fuzz found it)
+        raise ValueError("bad exit frame from the guest") from None
     if not isinstance(x, dict) or set(x) != {"code", "signal", "cpu", "oom", "full"}:
         raise ValueError("bad exit frame from the guest")
     code, sig, cpu, oom = x["code"], x["signal"], x["cpu"], x["oom"]

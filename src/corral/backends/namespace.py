@@ -84,6 +84,14 @@ ENOENT_TEXT = os.strerror(2)   # bwrap's "execvp CMD: No such file or directory"
 SETSID = "/usr/bin/setsid"
 #: NamespaceSandbox.fds' key of the workspace's fd (the others are ro_binds' paths)
 WORKSPACE_KEY = ""
+#: self.fds's key of the user namespace a sandbox with a user account joins (bwrap --userns)
+USERNS_KEY = "\0userns"
+#: the unprivileged account inside a sandbox that has one (NamespaceLive(user_account=
+#: True)): uid and gid USER_ID inside, a host uid of its own outside, its home USER_HOME
+USER_ID = 1000
+USER_HOME = "/home/user"
+#: the tmpfs over /home that holds USER_HOME's mount point (nothing else is written there)
+HOME_TMPFS_BYTES = 1 << 16
 #: why review mode is refused without root (both its mounts need it)
 REVIEW_NEEDS_ROOT = ("a workspace in review mode is an overlay corral mounts on the host, "
                      "which needs root; run corral as root, or use mode \"ro\" or \"rw\"")
@@ -267,14 +275,23 @@ class NamespaceBackend(Backend):
              ) -> NamespaceSandbox:
         return NamespaceSandbox(self, plan, check.admit(self.name), list(granted), upstream_ca)
 
-    def open_live(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None):
-        """One bwrap for the sandbox's life, commands entered from the host side."""
+    def open_live(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None, *,
+                  user_account: bool = False):
+        """One bwrap for the sandbox's life, commands entered from the host side;
+        `user_account`: with an unprivileged account beside root (namespace_live.py)."""
         from .namespace_live import NamespaceLive
 
-        return NamespaceLive(self, plan, check.admit(self.name), list(granted), upstream_ca)
+        return NamespaceLive(self, plan, check.admit(self.name), list(granted), upstream_ca,
+                             user_account=user_account)
 
 
 class NamespaceSandbox(LiveSandbox):
+    #: whether the sandbox has an unprivileged account (USER_ID) beside its root: its
+    #: user namespace maps a second host uid (`user_uid`), and USER_HOME is a directory of
+    #: the scratch tmpfs owned by it (namespace_live.py sets it; corral must be root)
+    user_account = False
+    user_uid = -1
+
     def __init__(self, backend: NamespaceBackend, plan: Plan, check: TierCheck,
                  granted: list | None = None, upstream_ca: str | None = None) -> None:
         self.granted = granted or []
@@ -317,6 +334,9 @@ class NamespaceSandbox(LiveSandbox):
         scratch = plan.find(Scratch)[0]
         self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
                                      self.gid, enforce=self.root and not self._unenforced(scratch))
+        self.fds: dict[str, int] = {}
+        if self.user_account:
+            self._user_account()
         # the workspace and ro_binds, each opened without following a symbolic link
         # (host/scratch.open_source) and mounted from that fd. As root: a clone of the fd's tree
         # (idmapped for the workspace) mounted at a path of the run dir, which bwrap binds.
@@ -324,7 +344,6 @@ class NamespaceSandbox(LiveSandbox):
         # dies if the mount is not the fd's inode; those fds stay open for the sandbox's
         # life (each exec's bwrap gets them).
         self.workspace_src = None
-        self.fds: dict[str, int] = {}
         self.bind_src: dict[str, str] = {}
         for ws in plan.find(WorkspaceMount):
             fd = open_source(ws.path, ws.rule, directory=True)
@@ -360,6 +379,33 @@ class NamespaceSandbox(LiveSandbox):
         self.argv_prefix = self._bwrap_args()
         self._args_blob = ("\0".join(self.argv_prefix[1:]) + "\0").encode()
 
+    def _user_account(self) -> None:
+        """A second host uid, mapped to USER_ID inside beside root (0 -> self.uid), in a
+        user namespace this supervisor makes and bwrap joins (--userns): only a process
+        with CAP_SETUID over the host's namespace may map two ids, so bwrap (the sandbox's
+        uid) cannot make it itself. Its home: scratch/user, user:root, mode 0775."""
+        if not self.root:
+            raise SandboxSetupError("a sandbox with a user account (an unprivileged uid "
+                                    "beside its root) needs corral to run as root: mapping "
+                                    "two uids into its user namespace needs CAP_SETUID on "
+                                    "the host", step="userns")
+        from ..linux.idmap import userns
+
+        while True:
+            self.user_uid = ids.pick()
+            if self.user_uid != self.uid:
+                break
+        home = os.path.join(self.scratch, "user")
+        os.mkdir(home)
+        os.chown(home, self.user_uid, self.gid)   # user:root inside, 0775: a command as
+        os.chmod(home, 0o775)                      # root (no capabilities) may write too
+        pairs = [(0, self.uid), (USER_ID, self.user_uid)]
+        try:
+            self.fds[USERNS_KEY] = userns(pairs, pairs, owner=self.uid)
+        except OSError as e:
+            raise SandboxSetupError(f"the user namespace with a user account: {e.strerror}",
+                                    step="userns", errno=e.errno) from None
+
     def _unenforced(self, op: Op) -> bool:
         return not self.check.enforces(op)
 
@@ -368,7 +414,11 @@ class NamespaceSandbox(LiveSandbox):
         for op in self.plan.ops:
             match op:
                 case Namespaces():
-                    a += ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                    if USERNS_KEY in self.fds:   # joined, made with two uids (_user_account)
+                        a += ["--userns", str(self.fds[USERNS_KEY])]
+                    else:
+                        a += ["--unshare-user"]
+                    a += ["--unshare-pid", "--unshare-ipc", "--unshare-uts",
                           "--unshare-cgroup-try", "--uid", "0", "--gid", "0",
                           "--new-session", "--die-with-parent",
                           "--cap-drop", "ALL"]
@@ -417,6 +467,9 @@ class NamespaceSandbox(LiveSandbox):
                     pass  # enforced by the supervisor, the cgroup or rlimits, not by bwrap
                 case _:
                     assert_never(op)
+        if USERNS_KEY in self.fds:   # the account's home, its mount point on a small tmpfs
+            a += ["--size", str(HOME_TMPFS_BYTES), "--tmpfs", "/home",
+                  "--bind", os.path.join(self.scratch, "user"), USER_HOME]
         a += ["--remount-ro", "/", "--chdir", self.plan.cwd]
         return a
 

@@ -27,7 +27,7 @@ import os
 import select
 import time
 
-from ..errors import SandboxSetupError
+from ..errors import SandboxSetupError, UsageError
 from ..events import NoticeEvent
 from ..linux import enter, spawner
 from ..linux._sys import subreaper_acquire, subreaper_release
@@ -36,7 +36,14 @@ from ..plan import EgressProxy, Environment
 from .host.cgroups import destroy_cgroup, run_cgroup
 from .host.execlimits import ExecLimits
 from .host.proxy import start_proxy, with_relay_tasks
-from .namespace import NamespaceSandbox, _child_pid, _confine, _read_rest, _write_all
+from .namespace import (
+    USER_ID,
+    NamespaceSandbox,
+    _child_pid,
+    _confine,
+    _read_rest,
+    _write_all,
+)
 
 #: what bwrap's init runs for the sandbox's life: it blocks forever and uses no CPU
 HOLDER = ("/usr/bin/sleep", "infinity")
@@ -52,13 +59,24 @@ class Started:
     """A command just started inside: its host pid (our child), the read ends of its
     stdout and stderr, and its cgroup."""
 
-    __slots__ = ("before_wait", "cgroup", "err_r", "ns_pid", "out_r", "pid")
+    __slots__ = ("before_wait", "cgroup", "err_r", "ns_pid", "out_r", "pid", "tally")
 
-    def __init__(self, pid: int, out_r: int, err_r: int, cgroup, before_wait=None) -> None:
+    def __init__(self, pid: int, out_r: int, err_r: int, cgroup, before_wait=None,
+                 tally=None) -> None:
         self.pid, self.out_r, self.err_r, self.cgroup = pid, out_r, err_r, cgroup
         #: to call before reaping pid (supervise's before_wait): the entrant's own reaping
         self.before_wait = before_wait
         self.ns_pid = _ns_pid(pid)
+        #: the refused syscalls seen, when observed (linux/seccomp_notify.Tally)
+        self.tally = tally
+
+    def syscall_events(self) -> list[dict]:
+        """The command's refused syscalls as "syscall" events (none unobserved)."""
+        if self.tally is None:
+            return []
+        from .host.syscalls import syscall_events
+
+        return syscall_events(self.tally)
 
 
 def _ns_pid(pid: int) -> int:
@@ -76,7 +94,11 @@ def _ns_pid(pid: int) -> int:
 class NamespaceLive(NamespaceSandbox):
     """A namespace-tier sandbox kept running; see the module's docstring."""
 
-    def __init__(self, backend, plan, check, granted=None, upstream_ca=None) -> None:
+    def __init__(self, backend, plan, check, granted=None, upstream_ca=None, *,
+                 user_account: bool = False) -> None:
+        """`user_account`: an unprivileged account beside root (namespace.USER_ID, home
+        USER_HOME): start(user=USER_ID) runs a command as it."""
+        self.user_account = user_account
         self.bwrap_pid = 0
         self.init_pid = 0
         self.target = None
@@ -91,6 +113,8 @@ class NamespaceLive(NamespaceSandbox):
         self._cmds = 0
         self._subreaper = False
         self._init_fd = -1
+        #: the seccomp listeners' observer (observe_syscalls()), else None
+        self.observer = None
         super().__init__(backend, plan, check, granted, upstream_ca)  # closes on failure
         try:
             self._start()
@@ -198,9 +222,28 @@ class NamespaceLive(NamespaceSandbox):
         raise SandboxSetupError("the sandbox's init did not start its holder",
                                 step="bwrap")
 
+    # -- observing refused syscalls ------------------------------------------------------
+    def observe_syscalls(self) -> None:
+        """From now on each command's seccomp program is loaded with a listener and every
+        call it refuses is answered by this sandbox's observer, with the same errno, and
+        counted (linux/seccomp_notify.py; docs/audit.md). Call before the first command."""
+        if self.observer is not None:
+            return
+        from ..linux.seccomp_notify import Observer, notifying
+
+        try:
+            prog = notifying(self.bpf)
+        except ValueError as e:
+            raise SandboxSetupError(f"the seccomp program cannot be observed: {e}",
+                                    step="seccomp") from None
+        self.drop_entrant()   # one prepared without a listener
+        self.observer = Observer(self.bpf, name=f"corral-seccomp-{self.dir.id}")
+        self.program = enter.Program(prog, listen=True)
+
     # -- commands -------------------------------------------------------------------------
     def start(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
-              cpu_seconds: float | None = None, tty_fd: int | None = None) -> Started:
+              cpu_seconds: float | None = None, tty_fd: int | None = None,
+              user: int | None = None) -> Started:
         """Start argv inside, in a cgroup of its own (a child of the sandbox's), through
         the entrant prepared ahead (prepare()) or a new one. Raises supervise.ExecFailed
         when its exec failed inside (nothing ran), SandboxSetupError when the sandbox
@@ -219,13 +262,37 @@ class NamespaceLive(NamespaceSandbox):
             stdin_fd = tty_fd
         if self.target is None or not self.target.alive():
             raise SandboxSetupError("the sandbox is not running", step="enter")
-        if self._next is None:
-            self.prepare()
-        (entrant, cg), self._next = self._next, None
+        if user not in (None, 0):   # an entrant of its own, that account's id
+            if not self.user_account or user != USER_ID:
+                raise UsageError(f"user {user}: this sandbox has no such account (only "
+                                 f"{USER_ID}, in a sandbox made with a user account)",
+                                 field="user")
+            cg = self._cgroup()
+            attach = cg.attach_fds()
+            try:
+                entrant = enter.Entrant(self.target, attach, self.program, uid=user)
+            except BaseException:
+                self.release(cg)
+                raise
+            finally:
+                for fd in attach:
+                    os.close(fd)
+        else:
+            if self._next is None:
+                self.prepare()
+            (entrant, cg), self._next = self._next, None
         nofile, fsize, cpu = self.rlimits
         if cpu_seconds is not None:
             cpu = int(cpu_seconds) + 1
+        tally = None
         try:
+            if self.observer is not None:
+                # answered before anything runs under it: the command's start (its vfork
+                # child before exec holds the entrant) must never wait on a refusal
+                entrant.wait_ready()
+                if entrant.listener >= 0:
+                    fd, entrant.listener = entrant.listener, -1
+                    tally = self.observer.watch(fd)
             pid, out_r, err_r = entrant.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
                                               rlimits=(nofile, fsize, cpu),
                                               stdout_fd=tty_fd)
@@ -234,7 +301,7 @@ class NamespaceLive(NamespaceSandbox):
             cg.kill_all()
             self.release(cg)
             raise
-        return Started(pid, out_r, err_r, cg, entrant.reap)
+        return Started(pid, out_r, err_r, cg, entrant.reap, tally)
 
     def prepare(self) -> None:
         """Fork the next command's entrant ahead (linux/enter.Entrant): in its cgroup and
@@ -293,6 +360,9 @@ class NamespaceLive(NamespaceSandbox):
         if self._next is not None:
             (entrant, _), self._next = self._next, None
             entrant.close()       # its cgroup goes with the sandbox's
+        if self.observer is not None:
+            observer, self.observer = self.observer, None
+            observer.close()      # the listeners too: a call still refused gets ENOSYS
         target, self.target = self.target, None
         if target is None and self._init_fd >= 0:   # failed before the Target was made
             target = enter.Target.__new__(enter.Target)

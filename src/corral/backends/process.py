@@ -208,6 +208,9 @@ class ProcessBackend(Backend):
                    "sandbox's uid; cgroup socket programs, Landlock and seccomp refuse "
                    "every other connect, UDP send and bind; no resolver of its own")
     own_kernel = False
+    #: a one-shot run can report the syscalls its filter refused ([audit] syscalls):
+    #: corral loads the filter itself, in the command's process (ProcessSandbox)
+    observes_syscalls = True
 
     def __init__(self) -> None:
         self.root = os.geteuid() == 0
@@ -430,6 +433,8 @@ class ProcessSandbox(LiveSandbox):
         self.root = backend.root
         self.execs = 0
         self._ruleset: landlock.Ruleset | None = None
+        #: the seccomp listeners' observer (observe_syscalls()), else None
+        self.observer = None
         # root's usual base (/run/corral) is a private tmpfs mount; without CAP_SYS_ADMIN
         # (root in a container) use a plain directory instead
         base = None if not self.root or backend.can_mount else f"/tmp/corral-{os.geteuid()}"
@@ -494,7 +499,25 @@ class ProcessSandbox(LiveSandbox):
 
         bpf = process_seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"), self.backend.abi,
                                         "allow" if self.egress else "none")
+        self._bpf = bpf
         self._seccomp = process_seccomp.Loader(bpf)
+
+    def observe_syscalls(self) -> None:
+        """From now on each command loads the filter with a listener, handed to this
+        sandbox's observer, which answers every refusal with the same errno and counts it
+        (linux/seccomp_notify.py; docs/audit.md)."""
+        if self.observer is not None:
+            return
+        from ..linux import process_seccomp
+        from ..linux.seccomp_notify import Observer, notifying
+
+        try:
+            prog = notifying(self._bpf)
+        except ValueError as e:
+            raise SandboxSetupError(f"the seccomp program cannot be observed: {e}",
+                                    step="seccomp") from None
+        self.observer = Observer(self._bpf, name=f"corral-seccomp-{self.dir.id}")
+        self._seccomp = process_seccomp.Loader(prog, listen=True)
 
     def _setup_egress(self) -> None:
         """The run's CA bundle (secret grants) where the command can read it, and a copy of
@@ -581,6 +604,12 @@ class ProcessSandbox(LiveSandbox):
         pidfd = -1
         net: _Egress | None = None
         proxy = None
+        tally = theirs = None
+        if self.observer is not None:   # the listener comes back on this socket
+            import socket
+
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            tally = self.observer.watch_socket(ours)
         try:
             attach = cg.attach_fds() if cg else []
             env, ruleset = self.env, self._ruleset
@@ -595,7 +624,7 @@ class ProcessSandbox(LiveSandbox):
                            uid=self.uid, gid=self.gid, root=self.root,
                            ruleset_fd=ruleset.fd, seccomp=self._seccomp,
                            parent=os.getpid(), bpf_cgroup=net is not None,
-                           tty=tty is not None)
+                           tty=tty is not None, listen_sock=theirs)
             if net is not None:  # listening before the command starts
                 proxy = net.start_proxy(cg)
             if tty is not None:  # a host pty; the command takes it as its terminal
@@ -615,6 +644,9 @@ class ProcessSandbox(LiveSandbox):
             finally:
                 if stdin is None:
                     os.close(stdin_fd)
+                if theirs is not None:
+                    theirs.close()
+                    theirs = None
             if failed is None:
                 pidfd = os.pidfd_open(pid)
                 outcome = self._watch(pid, pidfd, out_r, err_r, wall, cpu, cap, cg, net,
@@ -631,6 +663,8 @@ class ProcessSandbox(LiveSandbox):
                 cg.kill_all()
             usage, oom_kills = usage_of(outcome, cg)
         finally:
+            if theirs is not None:
+                theirs.close()
             if proxy is not None:
                 proxy.stop()
             for fd in attach:
@@ -643,6 +677,10 @@ class ProcessSandbox(LiveSandbox):
                 except SandboxSetupError as e:
                     events.append(TeardownEvent(str(e)).to_dict())
         exit_code, sig = decode_status(outcome.status or 0, signal_exit_codes=False)
+        if tally is not None:
+            from .host.syscalls import syscall_events
+
+            events += syscall_events(tally)
         events += self._scratch_events()
         result = finish(outcome, exit_code=exit_code, sig=sig, events=events, usage=usage,
                         oom_kills=oom_kills, wall=wall, cpu=cpu,
@@ -686,6 +724,9 @@ class ProcessSandbox(LiveSandbox):
     # -- teardown ------------------------------------------------------------------------
     def close(self) -> list[str]:
         problems: list[str] = []
+        if getattr(self, "observer", None) is not None:
+            observer, self.observer = self.observer, None
+            observer.close()
         if self._ruleset is not None:
             self._ruleset.close()
             self._ruleset = None

@@ -48,6 +48,7 @@ class _Child:
     """Everything the two forked processes need, prepared in the parent."""
 
     def __init__(self, **kw) -> None:
+        self.listen_sock = None   # observed: where the seccomp listener goes
         self.__dict__.update(kw)
         self.argvb = [a.encode() for a in self.argv]
 
@@ -126,7 +127,13 @@ class _Child:
             os.chdir(self.cwd)
         self.seccomp.no_new_privs()
         landlock.restrict_self(self.ruleset_fd)
-        self.seccomp.load()
+        if self.listen_sock is not None:   # observed: the listener to the supervisor's
+            lfd = self.seccomp.load_listening()   # observer, and never kept here (a
+            _send_fd(self.listen_sock, lfd)     # holder could answer its own calls)
+            os.close(lfd)
+            self.listen_sock.close()
+        else:
+            self.seccomp.load()
         fail = child_fail_fd()  # close-on-exec: spawn learns the exec worked when it closes
         os.closerange(3, fail)
         os.closerange(fail + 1, MAX_FD)
@@ -140,6 +147,17 @@ class _Child:
                 os.write(fail, report_exec_failure(code, interp))
             finally:
                 os._exit(127)
+
+
+def _send_fd(sock, fd: int) -> None:
+    """Hand the listener over; if nobody takes it (the observer is gone), the command
+    runs on with the filter and no listener: the kernel answers its refusals ENOSYS."""
+    import socket
+
+    try:
+        socket.send_fds(sock, [b"l"], [fd], socket.MSG_NOSIGNAL)
+    except OSError:
+        pass
 
 
 def _missing_interpreter(name: str, env: dict[str, str]) -> str | None:

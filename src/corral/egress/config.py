@@ -103,6 +103,11 @@ class NetConfig:
     #: accept a client only if its socket belongs to this uid (peer.py, sock_diag): for a
     #: listener on the host's loopback (the process tier), which any local user could reach
     peer_uid: int | None = None
+    #: learn mode (`corral learn`, runtime/learn.py): every well-formed host at any port
+    #: passes the name check (deny rules and the metadata names still refuse, and the
+    #: address guard still refuses private and metadata addresses outside allow_private).
+    #: Only the runtime sets it, for a learn run: no policy key reaches it (plan.net_config)
+    learn: bool = False
 
     def to_dict(self) -> dict:
         return {
@@ -123,6 +128,7 @@ class NetConfig:
             "ca_key_pem": self.ca_key_pem,
             "upstream_ca": self.upstream_ca,
             "peer_uid": self.peer_uid,
+            **({"learn": True} if self.learn else {}),   # absent unless set: the old wire
         }
 
     def to_json(self) -> str:
@@ -181,6 +187,10 @@ class NetConfig:
             kw["upstream_ca"] = v
         if obj.get("peer_uid") is not None:
             kw["peer_uid"] = _int(obj["peer_uid"], f"{prefix}.peer_uid", 0)
+        if obj.get("learn") is not None:
+            if not isinstance(obj["learn"], bool):
+                raise PolicyError("expected true or false", field=f"{prefix}.learn")
+            kw["learn"] = obj["learn"]
         if ("ca_cert_pem" in kw) != ("ca_key_pem" in kw):
             missing = "ca_key_pem" if "ca_cert_pem" in kw else "ca_cert_pem"
             raise PolicyError("the run CA needs both its certificate and its key; pass both "
@@ -195,7 +205,7 @@ class NetConfig:
 _KEYS = frozenset({"allow", "deny", "allow_private", "nameservers", "budget", "connect_timeout",
                    "idle_timeout", "header_timeout", "dns_timeout", "max_connections",
                    "max_header_bytes", "secrets", "ca_cert_pem", "ca_key_pem", "upstream_ca",
-                   "peer_uid"})
+                   "peer_uid", "learn"})
 
 
 _GRANT_KEYS = frozenset({"name", "placeholder", "value", "hosts", "expires_at", "plain_http"})

@@ -3,8 +3,8 @@
 1. `decide_target(cfg, host, port)` runs on what the client asked for, **before** any DNS
    query, so a denied name costs no lookup (and leaks nothing through the resolver):
    bad host -> deny; metadata name -> deny; a deny rule -> deny (deny wins); an allow rule
-   -> allow; otherwise deny. IP literals (any spelling) need a rule naming the address or a
-   CIDR holding it.
+   -> allow; learn mode (cfg.learn, never from a policy) -> allow; otherwise deny. IP
+   literals (any spelling) need a rule naming the address or a CIDR holding it (or learn).
 2. `check_address(cfg, addr, port)` runs on each address the proxy is about to connect to
    (the resolved ones, or the literal): deny rules naming addresses apply, and an address
    that is not "public" (hosts.classify_ip) needs an ``allow_private`` entry covering it.
@@ -30,6 +30,9 @@ from ..policy.hosts import (
 )
 from ..policy.rules import admits
 from .config import NetConfig
+
+#: the reason of a target learn mode let through (cfg.learn); the address guard still runs
+LEARN_REASON = "learn mode: any host (the address guard still applies)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,8 @@ def decide_target(cfg: NetConfig, host: str, port: int) -> Decision:
             key = f"*.{rule.name}" if rule.kind == "suffix" else canon
             return Decision(True, f"network.allow[{i}] \"{rule.text}\"", canon,
                             budget_key=key)
+        if cfg.learn:
+            return Decision(True, LEARN_REASON, canon)
         return Decision(False, f"not in network.allow; ask for \"{_rule_for(canon, port)}\"",
                         canon)
     for i, rule in enumerate(cfg.deny):
@@ -75,6 +80,8 @@ def decide_target(cfg: NetConfig, host: str, port: int) -> Decision:
     for i, rule in enumerate(cfg.allow):
         if _ip_rule_matches(rule, h) and rule.covers_port(port, deny=False):
             return Decision(True, f"network.allow[{i}] \"{rule.text}\"", canon, h)
+    if cfg.learn:
+        return Decision(True, LEARN_REASON, canon, h)
     return Decision(False, f"ip literal not in network.allow; ask for "
                            f"\"{_rule_for(h, port)}\"", canon, h)
 
@@ -124,4 +131,4 @@ def _printable(text: object) -> str:
     return s[:255]
 
 
-__all__ = ["Decision", "check_address", "decide_target"]
+__all__ = ["LEARN_REASON", "Decision", "check_address", "decide_target"]

@@ -16,7 +16,7 @@ Standard library here, plus what ipykernel itself needs (jupyter_client, pyzmq),
 image. The host trusts nothing this process says beyond "this is the cell's output": the
 kernel runs the user's code as the sandbox's root and can replace it.
 
-  host -> bridge   {"type": "exec", "id": N, "code": "...", "timeout": MS}
+  host -> bridge   {"type": "exec", "id": N, "code": "...", "timeout": MS, "env": {...}?}
                    {"type": "interrupt", "id": N}      (SIGINT to the kernel; so is a
                                                         SIGINT to this process in a cell)
   bridge -> host   as runner.py; iopub's stream -> stdout/stderr, display_data and
@@ -204,6 +204,23 @@ def start_kernel(cwd):
     return kc
 
 
+#: a cell's own environment variables (run_code(envs=)), set in the kernel's process before
+#: it and put back after it, as silent requests (no output, no history, no count), in a
+#: namespace of their own (nothing lands in the user's)
+_SET = ("import os, sys\n"
+        "sys._corral_env = {k: os.environ.get(k) for k in ENV}\n"
+        "os.environ.update(ENV)\n")
+RESTORE_ENV = "exec(%r, {})" % ("import os, sys\n"
+                                "for k, v in getattr(sys, '_corral_env', {}).items():\n"
+                                "    os.environ.pop(k, None) if v is None else "
+                                "os.environ.__setitem__(k, v)\n"
+                                "sys._corral_env = {}\n")
+
+
+def set_env_code(env):
+    return "exec(%r, {'ENV': %r})" % (_SET, dict(env))
+
+
 def run_cell(kc, cid, code):
     State.cell = cid
     count = 0
@@ -293,7 +310,12 @@ def main(argv):
     while True:
         msg = requests.get()
         if msg.get("type") == "exec":
+            env = msg.get("env")
+            if env:    # the kernel takes shell requests in order: no wait for these
+                kc.execute(set_env_code(env), silent=True, store_history=False)
             run_cell(kc, int(msg["id"]), str(msg["code"]))
+            if env:
+                kc.execute(RESTORE_ENV, silent=True, store_history=False)
 
 
 if __name__ == "__main__":

@@ -150,6 +150,20 @@ async function run(msg) {
   emit({type: 'end', id, count});
 }
 
+// a cell's own environment variables (run_code(envs=)): set for that cell, then put back
+async function withEnv(env, fn) {
+  const saved = {};
+  for (const k of Object.keys(env || {})) {
+    saved[k] = Object.prototype.hasOwnProperty.call(process.env, k) ? process.env[k] : null;
+    process.env[k] = String(env[k]);
+  }
+  try { return await fn(); } finally {
+    for (const k of Object.keys(saved)) {
+      if (saved[k] === null) delete process.env[k]; else process.env[k] = saved[k];
+    }
+  }
+}
+
 let buf = Buffer.alloc(0);
 let chain = Promise.resolve();
 process.stdin.on('data', (chunk) => {
@@ -159,7 +173,7 @@ process.stdin.on('data', (chunk) => {
     if (buf.length < 4 + n) break;
     const msg = JSON.parse(buf.subarray(4, 4 + n).toString('utf8'));
     buf = buf.subarray(4 + n);
-    if (msg.type === 'exec') chain = chain.then(() => run(msg));
+    if (msg.type === 'exec') chain = chain.then(() => withEnv(msg.env, () => run(msg)));
   }
 });
 process.stdin.on('end', () => process.exit(0));

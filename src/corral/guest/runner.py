@@ -11,7 +11,7 @@ bytes of a UTF-8 JSON object with a "type". The host bounds, parses and checks e
 cell's output"); the runner keeps its own frames under MAX_FRAME so an honest runner never
 trips the host's bound.
 
-  host -> runner   {"type": "exec", "id": N, "code": "...", "timeout": MS}
+  host -> runner   {"type": "exec", "id": N, "code": "...", "timeout": MS, "env": {...}?}
                    {"type": "interrupt", "id": N}          (KeyboardInterrupt in cell N)
   runner -> host   {"type": "ready", "version": 1, "python": "3.11.2"}
                    {"type": "stdout" | "stderr", "text": "..."}
@@ -85,8 +85,10 @@ class State:
 
 
 def frame(msg):
+    # a lone surrogate (an exception's message, a repr made by user code) becomes "?":
+    # the host reads strict UTF-8 and ended the context on one (tests/fuzz found it)
     data = json.dumps(msg, ensure_ascii=False, separators=(",", ":"),
-                      default=str).encode("utf-8", "surrogatepass")
+                      default=str).encode("utf-8", "replace")
     return HEADER.pack(len(data)) + data
 
 
@@ -538,6 +540,24 @@ def user_namespace():
     return mod.__dict__
 
 
+def set_env(env):
+    """A cell's own environment variables (run_code(envs=)): set now, and what they were
+    before (None: unset), for restore_env after the cell."""
+    saved = {}
+    for k, v in (env or {}).items():
+        saved[k] = os.environ.get(k)
+        os.environ[k] = v
+    return saved
+
+
+def restore_env(saved):
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def main(argv):
     try:
         setup(int(argv[1]) if len(argv) > 1 else State.max_frame,
@@ -560,7 +580,11 @@ def main(argv):
         except KeyboardInterrupt:
             continue
         if msg.get("type") == "exec":
-            run_cell(int(msg["id"]), str(msg["code"]), ns)
+            saved = set_env(msg.get("env"))
+            try:
+                run_cell(int(msg["id"]), str(msg["code"]), ns)
+            finally:
+                restore_env(saved)
 
 
 if __name__ == "__main__":

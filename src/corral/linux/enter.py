@@ -20,7 +20,8 @@ setgroups is denied), joins the command's cgroup, then joins every namespace of 
 with ONE setns(pidfd, flags) (Linux 5.8+: the user namespace first and the rest atomically,
 so no half-entered state exists). It then confines itself exactly as the command will be:
 the sandbox's root (fchdir to /proc/INIT/root, opened while the pidfd showed init alive,
-then chroot "."), uid and gid 0 of the sandbox's user namespace (the sandbox's host uid),
+then chroot "."), uid and gid 0 of the sandbox's user namespace (the sandbox's host uid;
+or another id the namespace maps, an unprivileged account: Entrant(uid=)),
 no capabilities (the bounding set emptied, then capset of zeros: an exec as uid 0 gains
 nothing from an empty bounding set), signals at their defaults, no_new_privs, the seccomp
 program. All of this happens before the command is asked for, so none of it (nor the fork,
@@ -141,12 +142,16 @@ class Target:
 
 
 class Program:
-    """A seccomp program held in memory for a child to load (one prctl)."""
+    """A seccomp program held in memory for a child to load (one prctl). `listen`: load
+    it with a listener instead (seccomp_notify.install_listening; the program is then a
+    seccomp_notify.notifying() one), whose fd the entrant hands back with its "ready"
+    (Entrant.listener) and closes before it starts the command."""
 
-    def __init__(self, bpf: bytes) -> None:
+    def __init__(self, bpf: bytes, listen: bool = False) -> None:
         if not bpf or len(bpf) % 8:
             raise ValueError("not a classic BPF program")
         self.bpf = bytes(bpf)
+        self.listen = bool(listen)
         self.buf = ctypes.create_string_buffer(bpf, len(bpf))
         self.prog = _SockFprog(len(bpf) // 8, ctypes.addressof(self.buf))
         self.addr = ctypes.addressof(self.prog)
@@ -161,7 +166,10 @@ class Entrant:
 
     If this process dies, A's end of the socket reads EOF and A exits."""
 
-    def __init__(self, target: Target, attach: list[int], program: Program) -> None:
+    def __init__(self, target: Target, attach: list[int], program: Program, *,
+                 uid: int = 0) -> None:
+        """`uid`: the id (uid and gid) inside the command takes: 0, the sandbox's root,
+        or another id its user namespace maps (an unprivileged account)."""
         if _posixsubprocess is None or _sys._CAPS is None:
             raise SandboxSetupError(f"entering a sandbox needs CPython on x86_64 or "
                                     f"aarch64, not {os.uname().machine}", step="enter")
@@ -170,18 +178,37 @@ class Entrant:
         self.pid = 0
         self.pidfd = -1
         self._ready = False
+        self._listen = program.listen
+        #: the seccomp listener of the command's filter (Program.listen), once ready: the
+        #: caller takes it (an Observer watches it) and sets this to -1, or close() does
+        self.listener = -1
         try:
-            self.pid, self.pidfd = _zygote().fork_entrant(theirs, target, attach, program)
+            self.pid, self.pidfd = _zygote().fork_entrant(theirs, target, attach, program,
+                                                          uid)
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
 
+    def wait_ready(self) -> None:
+        """Wait for A's "ready" (entered and confined; with Program.listen, `listener`
+        is then set). start() does it first anyway. Raises SandboxSetupError."""
+        self._wait_ready()
+
     def _wait_ready(self) -> None:
         if self._ready:
             return
-        msg = self.sock.recv(1100)
+        if self._listen:
+            msg, fds, _, _ = socket.recv_fds(self.sock, 1100, 1, socket.MSG_CMSG_CLOEXEC)
+            if msg == b"r" and len(fds) != 1:
+                msg = b"epy:0:no seccomp listener came with the entrant's ready"
+            for fd in fds[1:] if msg == b"r" else fds:
+                os.close(fd)
+            if msg == b"r":
+                self.listener = fds[0]
+        else:
+            msg = self.sock.recv(1100)
         if msg != b"r":
             self._reap()
             if msg.startswith(b"e"):
@@ -211,6 +238,9 @@ class Entrant:
 
     def close(self) -> None:
         """Let an unused one go (it exits at EOF), and reap it."""
+        if self.listener >= 0:
+            os.close(self.listener)
+            self.listener = -1
         if self.pid:
             self.sock.shutdown(socket.SHUT_RDWR)
             self._reap()
@@ -311,9 +341,10 @@ class _Zygote:
         self.sock, self.pid, self.owner = ours, pid, os.getpid()
         self.lock = threading.Lock()
 
-    def fork_entrant(self, theirs, target: Target, attach: list[int], program: Program
-                     ) -> tuple[int, int]:
-        req = marshal.dumps((target.flags, target.last_cap, program.bpf))
+    def fork_entrant(self, theirs, target: Target, attach: list[int], program: Program,
+                     uid: int = 0) -> tuple[int, int]:
+        req = marshal.dumps((target.flags, target.last_cap, program.bpf, uid,
+                             program.listen))
         with self.lock:
             socket.send_fds(self.sock, [req], [theirs.fileno(), target.pidfd,
                                                 target.root_fd, *attach])
@@ -376,22 +407,24 @@ class _ZygoteUser:
     def __init__(self, z: _Zygote) -> None:
         self.z = z
 
-    def fork_entrant(self, theirs, target, attach, program):
+    def fork_entrant(self, theirs, target, attach, program, uid=0):
         try:
-            return self.z.fork_entrant(theirs, target, attach, program)
+            return self.z.fork_entrant(theirs, target, attach, program, uid)
         except (BrokenPipeError, ConnectionResetError):
             with _zygote_lock:
                 if _zygote_now and _zygote_now[0] is self.z:
                     self.z.close()
                     _zygote_now.clear()
-            return _zygote().z.fork_entrant(theirs, target, attach, program)
+            return _zygote().z.fork_entrant(theirs, target, attach, program, uid)
 
 
 class _Received:
     """The target as the zygote receives it (a Target's fields, from the request)."""
 
-    def __init__(self, pidfd: int, root_fd: int, flags: int, last_cap: int) -> None:
+    def __init__(self, pidfd: int, root_fd: int, flags: int, last_cap: int,
+                 uid: int = 0) -> None:
         self.pidfd, self.root_fd, self.flags, self.last_cap = pidfd, root_fd, flags, last_cap
+        self.uid = uid
 
 
 def _zygote_main(sock) -> None:
@@ -417,7 +450,11 @@ def _zygote_main(sock) -> None:
             _reap_all(children)
             os._exit(0)
         try:
-            flags, last_cap, bpf = marshal.loads(msg)
+            flags, last_cap, bpf, uid, listen = marshal.loads(msg)
+            if not isinstance(uid, int) or not 0 <= uid < 1 << 31:
+                raise ValueError("uid")
+            if not isinstance(listen, bool):
+                raise ValueError("listen")
             theirs_fd, pidfd, root_fd, *attach = fds
         except (ValueError, TypeError, EOFError):
             for fd in fds:
@@ -425,7 +462,7 @@ def _zygote_main(sock) -> None:
             sock.send(b"bad request")
             continue
         try:
-            program = Program(bpf)
+            program = Program(bpf, listen)
             a = os.fork()
         except (OSError, ValueError) as e:   # e.g. EAGAIN at a pids limit: said, not fatal
             for fd in fds:
@@ -435,7 +472,8 @@ def _zygote_main(sock) -> None:
         if a == 0:
             sock.close()
             theirs = socket.socket(fileno=theirs_fd)
-            _entrant(theirs, _Received(pidfd, root_fd, flags, last_cap), attach, program)
+            _entrant(theirs, _Received(pidfd, root_fd, flags, last_cap, uid), attach,
+                     program)
             os._exit(127)
         children += 1
         for fd in fds:
@@ -477,6 +515,8 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program) -> Non
     libc, flags = _libc, target.flags
     fail_w = -1
     try:
+        if program.listen:    # imported here: after the chroot the module is out of reach
+            from .seccomp_notify import install_listening
         # nothing else of this process's: A may wait long, and a copy of a pipe's
         # write end (a command's stdin) would keep its reader from seeing EOF
         _close_all_but((0, 1, 2, theirs.fileno(), target.pidfd, target.root_fd,
@@ -494,11 +534,14 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program) -> Non
         os.chroot(".")
         os.close(target.root_fd)
         os.close(target.pidfd)
-        os.setresgid(0, 0, 0)
-        os.setresuid(0, 0, 0)
-        for cap in caps:
+        for cap in caps:     # while it still has CAP_SETPCAP in the sandbox's namespace
             libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
         libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+        # the sandbox's root (0), or an account its namespace maps: leaving uid 0 clears
+        # every capability; an unmapped id is EINVAL, reported, and nothing runs
+        uid = getattr(target, "uid", 0)
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
         if libc.syscall(_sys._CAPS[1], header, zero_caps) != 0:
             e = ctypes.get_errno()
             raise OSError(e, f"capset: {os.strerror(e)}")
@@ -512,10 +555,15 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program) -> Non
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             e = ctypes.get_errno()
             raise OSError(e, f"no_new_privs: {os.strerror(e)}")
-        if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, program.addr, 0, 0) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"seccomp: {os.strerror(e)}")
-        theirs.send(b"r")     # ready: entered and confined
+        if program.listen:    # observed: the listener goes to the supervisor, never on
+            lfd = install_listening(libc, program.addr)
+            socket.send_fds(theirs, [b"r"], [lfd])
+            os.close(lfd)     # before anything runs here: a holder could answer itself
+        else:
+            if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, program.addr, 0, 0) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, f"seccomp: {os.strerror(e)}")
+            theirs.send(b"r")     # ready: entered and confined
         msg, fds, _, _ = socket.recv_fds(theirs, INLINE_MAX + 1, 5)
         if not msg or len(fds) != (4 if msg[:1] == b"i" else 5):
             os._exit(0)       # never used

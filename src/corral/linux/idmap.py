@@ -160,9 +160,15 @@ def _userns(uid_map: tuple[int, int], gid_map: tuple[int, int]) -> int:
     return userns([uid_map], [gid_map])
 
 
-def userns(uids: list[tuple[int, int]], gids: list[tuple[int, int]]) -> int:
+def userns(uids: list[tuple[int, int]], gids: list[tuple[int, int]], *,
+           owner: int | None = None) -> int:
     """A user namespace where each (inside, host) pair of `uids` and `gids` maps one id;
     nothing else is mapped.
+
+    `owner` (a host uid, corral being root): the namespace is made by this thread holding
+    that uid (_sys.child_ids), so it belongs to it: a process of that uid (bwrap, dropped
+    to the sandbox's uid) may then join it (bwrap --userns), and setgroups(2) is denied in
+    it as in one bwrap makes. Without `owner` it belongs to this process's uid.
 
     Returns an O_CLOEXEC fd of it. The namespace comes from a child made with
     clone(CLONE_NEWUSER | CLONE_VM | CLONE_VFORK) that runs no Python and no syscall: its
@@ -180,9 +186,18 @@ def userns(uids: list[tuple[int, int]], gids: list[tuple[int, int]]) -> int:
     # The child runs on `stack` in our memory: keep every signal handler out of it.
     old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     try:
-        pid = libc.clone(ctypes.c_void_p(_child_fn()), ctypes.c_void_p(top),
-                         ctypes.c_int(flags), ctypes.c_void_p(0), ctypes.byref(pidfd))
-        err = ctypes.get_errno()
+        if owner is None:
+            pid = libc.clone(ctypes.c_void_p(_child_fn()), ctypes.c_void_p(top),
+                             ctypes.c_int(flags), ctypes.c_void_p(0), ctypes.byref(pidfd))
+            err = ctypes.get_errno()
+        else:
+            from ._sys import child_ids
+
+            with child_ids(owner, owner):
+                pid = libc.clone(ctypes.c_void_p(_child_fn()), ctypes.c_void_p(top),
+                                 ctypes.c_int(flags), ctypes.c_void_p(0),
+                                 ctypes.byref(pidfd))
+                err = ctypes.get_errno()   # before the way back's own syscalls
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
     if pid < 0:
@@ -195,6 +210,12 @@ def userns(uids: list[tuple[int, int]], gids: list[tuple[int, int]]) -> int:
                 for name in ("uid_map", "gid_map")]
         fds += maps
         signal.pidfd_send_signal(pidfd.value, 0)  # ESRCH if someone reaped our child
+        if owner is not None:    # before gid_map, or the kernel refuses it
+            sg = os.open(f"/proc/{pid}/setgroups", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(sg, b"deny")
+            finally:
+                os.close(sg)
         # One write(2) each: the kernel takes a map whole or not at all.
         for fd, pairs in zip(maps, (uids, gids)):
             os.write(fd, "".join(f"{inside} {host} 1\n" for inside, host in pairs).encode())

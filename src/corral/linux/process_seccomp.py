@@ -163,9 +163,11 @@ class Loader:
     """A compiled program held in memory ready for the child: load() is one prctl call,
     safe between fork and exec. Build it in the parent; it must outlive the fork."""
 
-    def __init__(self, bpf: bytes) -> None:
+    def __init__(self, bpf: bytes, listen: bool = False) -> None:
         if not bpf or len(bpf) % 8:
             raise ValueError("not a classic BPF program")
+        #: load with a listener (load_listening; the program is seccomp_notify.notifying's)
+        self.listen = listen
         self._buf = ctypes.create_string_buffer(bpf, len(bpf))
         self._prog = _SockFprog(len(bpf) // 8, ctypes.addressof(self._buf))
         libc = ctypes.CDLL(None, use_errno=True)
@@ -173,11 +175,20 @@ class Loader:
         self._prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
                                 ctypes.c_ulong)
         self._prctl.restype = ctypes.c_int
+        self._libc = libc
+        libc.syscall.restype = ctypes.c_long
 
     def no_new_privs(self) -> None:
         if self._prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             e = ctypes.get_errno()
             raise OSError(e, f"PR_SET_NO_NEW_PRIVS: {os.strerror(e)}")
+
+    def load_listening(self) -> int:
+        """Install the filter on the calling thread with a seccomp listener: its fd.
+        Needs no_new_privs first."""
+        from .seccomp_notify import install_listening
+
+        return install_listening(self._libc, ctypes.addressof(self._prog))
 
     def load(self) -> None:
         """Install the filter on the calling thread. Needs no_new_privs first."""

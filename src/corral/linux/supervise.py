@@ -255,7 +255,8 @@ def report_exec_failure(errno: int, interpreter: str | None = None) -> bytes:
 def _exec_report(report: bytes) -> ExecFailed:
     """ExecFailed from `exec:ERRNO:INTERPRETER` (a child of ours wrote it before it exec'd
     anything of the sandbox's; still parsed strictly)."""
-    _, code, interp = report.split(b":", 2)
+    _, _, rest = report.partition(b":")
+    code, _, interp = rest.partition(b":")
     errno = int(code) if code.isdigit() and len(code) <= 4 else 0
     return ExecFailed(errno, interp[:256].decode(errors="replace") or None)
 
@@ -266,11 +267,12 @@ def _fail_report(report: bytes) -> tuple[str, int | None]:
     text = report.decode(errors="replace")
     if text.startswith("py:"):
         code, _, msg = text[3:].partition(":")
-        return msg, int(code) if code.isdigit() and int(code) else None
+        ok = code.isascii() and code.isdigit() and len(code) <= 4 and int(code)
+        return msg, int(code) if ok else None
     name, _, rest = text.partition(":")
     hexcode, _, msg = rest.partition(":")
     try:
-        code = int(hexcode, 16) if hexcode else 0
+        code = int(hexcode, 16) if hexcode and len(hexcode) <= 4 else 0
     except ValueError:
         code = 0
     detail = os.strerror(code) if code else (msg or name)

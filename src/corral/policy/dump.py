@@ -12,8 +12,9 @@ from .units import format_duration, format_size
 
 
 def _s(text: str) -> str:
-    # JSON's string escapes are a subset of TOML's basic-string escapes
-    return _quote(text)
+    # JSON's string escapes are a subset of TOML's basic-string escapes; JSON leaves DEL
+    # as it is, which TOML refuses in a string (tests/fuzz/test_fuzz_policy.py found it)
+    return _quote(text).replace("\x7f", "\\u007f")
 
 
 def format_value(spec: Spec, value) -> str:
@@ -25,6 +26,8 @@ def format_value(spec: Spec, value) -> str:
         return str(int(value))
     if spec.kind == "float":
         return repr(float(value))
+    if spec.kind == "bool":
+        return "true" if value else "false"
     if spec.kind in ("tier", "netmode"):
         return _s(value)
     if spec.kind in ("paths", "names", "rules", "cidrs", "nameservers", "requirements", "urls"):

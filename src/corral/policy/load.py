@@ -15,6 +15,8 @@ from .schema import (
     SPEC_BY_PATH,
     TIERS,
     WORKSPACE_AT,
+    Audit,
+    Batch,
     Budget,
     Env,
     Filesystem,
@@ -142,6 +144,8 @@ def policy_from_dict(data: dict, *, allow_literal: bool = True) -> Policy:
         env=pick("env", Env, {"pass": "pass_"}),
         network=pick("network", Network, budget=pick("network.budget", Budget)),
         install=pick("install", Install),
+        audit=pick("audit", Audit),
+        batch=pick("batch", Batch),
         secrets=_secrets(data.get("secrets", {}), allow_literal),
         explicit=frozenset(explicit | ({"secrets"} if data.get("secrets") else set())),
     )
@@ -283,11 +287,19 @@ def _int(raw: Any, path: str) -> int:
         raise ValueError(f"{raw!r} is not a whole number") from None
 
 
+def _bool(raw: Any) -> bool:
+    if not isinstance(raw, bool):
+        raise ValueError(f"expected true or false, not {raw!r}")
+    return raw
+
+
 def _float(raw: Any, path: str) -> float:
     if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
         raise ValueError("expected a number")
     try:
         v = float(raw)
+    except OverflowError:               # an int past a float's range (JSON, a dict)
+        raise ValueError("expected a finite number") from None
     except ValueError:
         raise ValueError(f"{raw!r} is not a number") from None
     if v != v or v in (float("inf"), float("-inf")):
@@ -519,6 +531,7 @@ _CONVERTERS = {
     "size": lambda raw, path: parse_size(raw),
     "int": _int,
     "float": _float,
+    "bool": lambda raw, path: _bool(raw),
     "tier": _tier,
     "netmode": _netmode,
     "paths": _paths,

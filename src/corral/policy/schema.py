@@ -110,6 +110,16 @@ class Install(Record):
         return bool(self.requirements or self.packages)
 
 
+class Audit(Record):
+    """[audit]: what the run records beyond the audit store's defaults (docs/audit.md)."""
+    syscalls: bool = False   # refused syscalls as "syscall" events, where observable
+
+
+class Batch(Record):
+    """[batch]: how `corral batch` (scale/) uses this policy's sandboxes."""
+    reuse: bool = False            # one sandbox runs many jobs, scratch wiped between them
+
+
 class Policy(Record):
     """A validated policy: the tier, limits, filesystem, network, environment and secret
     grants of a sandbox. Build one with load_policy (TOML) or policy_from_dict."""
@@ -117,11 +127,13 @@ class Policy(Record):
     isolation: str = "namespace"
     image: str = "host"            # "host", an image name, or "sha256:..." (images/store.py)
     install: Install = Default(Install)
+    audit: Audit = Default(Audit)
     limits: Limits = Default(Limits)
     filesystem: Filesystem = Default(Filesystem)
     env: Env = Default(Env)
     network: Network = Default(Network)
     secrets: tuple[Secret, ...] = ()
+    batch: Batch = Default(Batch)
     #: dotted key paths the user set explicitly (file or flags); the rest are defaults.
     #: A tier that cannot enforce an explicit rule refuses; a default it cannot enforce
     #: is reported as an "unenforced" event instead.
@@ -144,7 +156,7 @@ class Spec(Record):
     """One key of the schema: where it lives, how it is read, and what it means."""
 
     path: str            # dotted key, e.g. "limits.memory"
-    kind: str            # duration | size | int | float | tier | netmode | paths | names | envset | workspace | requirements | urls
+    kind: str            # duration | size | int | float | bool | tier | netmode | paths | names | envset | workspace | requirements | urls
     doc: str
     minimum: float | None = None
     maximum: float | None = None
@@ -247,7 +259,20 @@ FIELDS: tuple[Spec, ...] = (
     Spec("install.allow_names", "requirements", "Names the typosquat check lets through "
          "(as `corral install --allow-name`)."),
     Spec("install.timeout", "duration", "Wall clock of the install phase.", 1, 86400),
+    Spec("audit.syscalls", "bool", "Record the syscalls the seccomp profile refuses, each "
+         "command's as `syscall` events (name, errno, count; `corral denials --kind "
+         "syscall`), answered with the same errno as unobserved. A live sandbox of the "
+         "namespace tier and any run of the process tier observe them (corral loads the "
+         "filter itself, with a listener); a one-shot run of the namespace tier "
+         "(bubblewrap loads the filter) and the other tiers cannot, and refuse the key "
+         "(exit 3) rather than run unobserved. "
+         "Learn mode turns it on. docs/audit.md, \"Refused syscalls\"."),
+    Spec("batch.reuse", "bool", "`corral batch` only: `true` lets one sandbox run many "
+         "jobs, one after another, its scratch (/scratch, /tmp, /dev/shm) wiped between "
+         "them (each job's processes end with it; a job can still see what an earlier one "
+         "changed elsewhere, e.g. a writable workspace); `false` (the default) gives every "
+         "job a fresh sandbox from a warm pool. docs/scale.md."),
 )
 
 SPEC_BY_PATH = {s.path: s for s in FIELDS}
-SECTIONS = ("limits", "filesystem", "env", "network", "install")
+SECTIONS = ("limits", "filesystem", "env", "network", "install", "audit", "batch")

@@ -36,7 +36,10 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a duration such as \"500ms\", \"60s\" or \"2m\"")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:           # an int past a float's range (JSON, a dict)
+            raise ValueError("a duration must be a finite number of seconds") from None
     elif isinstance(value, str):
         parsed = _number_and_unit(value)
         if parsed is None or parsed[1] not in _DUR_SCALE:
@@ -74,14 +77,19 @@ def parse_size(value: object) -> int:
 
 
 def format_duration(seconds: float) -> str:
-    """The shortest spelling that parse_duration reads back exactly."""
+    """The shortest spelling that parse_duration reads back exactly (a finite, non-negative
+    number of seconds)."""
+    if float(seconds).is_integer():
+        return f"{int(seconds)}s"
     ms = seconds * 1000
-    if ms != int(ms):
-        return f"{seconds!r}s"
-    ms = int(ms)
-    if ms % 1000 == 0:
-        return f"{ms // 1000}s"
-    return f"{ms}ms"
+    if ms == int(ms) and int(ms) * 0.001 == seconds:   # how parse_duration reads "NNNms"
+        return f"{int(ms)}ms"
+    text = repr(float(seconds))
+    if "e" in text:   # 3.2e-166 or 1e+20: parse_duration reads digits and one point only
+        from decimal import Decimal
+
+        text = format(Decimal(text), "f")
+    return f"{text}s"
 
 
 def format_size(n: int) -> str:

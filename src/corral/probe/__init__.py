@@ -157,6 +157,7 @@ def main(args: list[str]) -> int:
         return e.exit_code
     from . import report
 
+    _keep(cells)
     if opts["report"]:
         body = (report.to_html(cells, tiers) if opts["report"].endswith(".html")
                 else report.markdown(cells, tiers))
@@ -168,6 +169,18 @@ def main(args: list[str]) -> int:
     else:
         sys.stdout.write(report.text(cells, tiers))
     return 1 if any(c.failing for c in cells) else 0
+
+
+def _keep(cells) -> None:
+    """The matrix, merged into the state directory's last probe report (the dashboard's
+    Probe page, probe/last.py); a failure to keep it is a warning, never the probe's."""
+    from . import last
+
+    try:
+        last.save(cells)
+    except OSError as e:
+        sys.stderr.write(f"corral: warning: could not keep the probe report in the state "
+                         f"directory: {e}\n")
 
 
 def run(cases, tiers, *, progress: bool = False, image: str | None = None):

@@ -24,10 +24,12 @@ stream, in its sequential ("r|") mode.
 
 from __future__ import annotations
 
+import lzma
 import os
 import posixpath
 import stat
 import tarfile
+import zlib
 
 from .._record import Record
 from ..linux.openat2 import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, openat2
@@ -40,6 +42,9 @@ if TYPE_CHECKING:
 #: data the members declare, in the decompressed stream
 OVERHEAD_PER_MEMBER = 4096
 _DIR = os.O_PATH | os.O_DIRECTORY
+#: what a damaged stream raises, from tarfile and from each decompressor (gzip's inflate
+#: raises zlib.error and xz's LZMAError, neither an OSError: tests/fuzz found them)
+_DAMAGED = (tarfile.TarError, EOFError, OSError, ValueError, zlib.error, lzma.LZMAError)
 
 
 class Member(Record):
@@ -98,7 +103,7 @@ def _open(blob: bytes, limit: int, p: str) -> tarfile.TarFile:
     try:
         return tarfile.open(fileobj=_stream(blob, limit, p), mode="r|",
                             errorlevel=2)
-    except (tarfile.TarError, EOFError, OSError, ValueError) as e:
+    except _DAMAGED as e:
         if isinstance(e, FilesError):
             raise
         raise FilesError(f"not a tar archive ({e})", path=p) from None
@@ -127,13 +132,15 @@ def check(blob: bytes, max_members: int, max_bytes: int, p: str) -> list[Member]
     limit = max_bytes + max_members * OVERHEAD_PER_MEMBER + (1 << 20)
     members: list[Member] = []
     files: set[tuple] = set()
+    dirs: set[tuple] = {()}        # directories the members make, named or implied
+    others: set[tuple] = set()     # what is not a directory: files and links
     total = 0
     tf = _open(blob, limit, p)
     try:
         while True:
             try:
                 m = tf.next()
-            except (tarfile.TarError, EOFError, ValueError) as e:
+            except _DAMAGED as e:
                 raise FilesError(f"a damaged tar archive ({e}): nothing written",
                                  path=p) from None
             if m is None:
@@ -183,11 +190,53 @@ def check(blob: bytes, max_members: int, max_bytes: int, p: str) -> list[Member]
                 if kind != "dir":
                     raise FilesError(f"member {m.name!r} names no entry: refused", path=p)
                 continue   # "./": the target directory itself
+            # one kind per path: a member below a file or link of the archive, or a
+            # directory where it made a file (or the other way round) would fail half way
+            # through extract() with the members before it written (tests/fuzz found it)
+            under = next((parts[:i] for i in range(1, len(parts)) if parts[:i] in others),
+                         None)
+            if under is not None or (parts in others if kind == "dir" else parts in dirs):
+                clash = "/".join(under if under is not None else parts)
+                raise FilesError(f"member {m.name!r} clashes with an earlier member at "
+                                 f"{clash!r} (a file or link there, and a directory): "
+                                 "refused, nothing written", path=p)
+            if kind == "dir":
+                dirs.add(parts)
+            else:
+                others.add(parts)
+            dirs.update(parts[:i] for i in range(1, len(parts)))
             members.append(Member(parts, kind, m.size, stat.S_IMODE(m.mode) & 0o1777,
                                   target))
     finally:
         tf.close()
+    _check_link_chains(members, p)
     return members
+
+
+def _check_link_chains(members: list[Member], p: str) -> None:
+    """A symbolic link whose target steps up (`..`) after passing through another link of
+    the archive is refused: `d/s -> .` with `t -> d/s/../..` stays inside by the lexical
+    count, but resolves above the tree (tests/fuzz found it), whichever comes first."""
+    from .files import FilesError
+
+    links = {m.parts for m in members if m.kind == "symlink"}
+    if len(links) < 2:
+        return
+    for m in members:
+        if m.kind != "symlink":
+            continue
+        cur = list(m.parts[:-1])
+        through = False
+        for c in m.target.split("/"):
+            if c == "..":
+                if through:
+                    raise FilesError(f"member {'/'.join(m.parts)!r} is a link to "
+                                     f"{m.target!r}, which steps out of another link of the "
+                                     "archive: refused, nothing written", path=p)
+                cur.pop()
+            elif c not in ("", "."):
+                cur.append(c)
+                through = through or tuple(cur) in links
 
 
 def extract(files: Files, dfd: int, blob: bytes, members: list[Member], p: str) -> None:

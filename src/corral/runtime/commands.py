@@ -264,12 +264,15 @@ class CommandHandle:
         if self._stream or self._result is None:
             return     # a run_code interpreter: its cells are not commands
         owner = self._owner
+        learner = getattr(owner, "_learner", None)
+        if learner is not None:          # learn mode (runtime/learn.py)
+            learner.add(self._result)
         origin = getattr(owner, "_audit_origin", None) or _audit.origin()
         _audit.record_run(self.run_id, self.started, self._result, policy=owner.policy,
                           plan=owner.plan, argv=list(self.cmd), isolation=owner.isolation,
                           origin=origin, sandbox=getattr(owner, "id", None),
                           kind="command", stdin=self._stdin_data,
-                          receipt=origin[0] == "service")
+                          receipt=origin[0] in ("service", "e2b"))
 
     def _watch(self) -> None:
         try:
@@ -322,6 +325,9 @@ class CommandHandle:
                      and not oom_kills and sig == 9)
             owner._command_ended(self, stray)
         events = owner._events_copy() + owner._net_since(net_from)
+        refused = getattr(s, "syscall_events", None)   # observed refused syscalls
+        if refused is not None:
+            events += refused()
         result = finish(outcome, exit_code=exit_code, sig=sig, events=events,
                         usage=usage, oom_kills=oom_kills, wall=wall, cpu=cpu,
                         memory=lim.memory, cap=cap,
@@ -358,8 +364,12 @@ class Commands:
     def run(self, cmd, *, env: dict[str, str] | None = None, cwd: str | None = None,
             stdin: bytes | int | None = None, timeout: float | None = None,
             on_stdout=None, on_stderr=None, background: bool = False,
-            tty_fd: int | None = None, on_start=None):
+            tty_fd: int | None = None, on_start=None, user: str | None = None):
         """Run a command line (str, by /bin/sh -c) or an argv list inside.
+
+        user: None or "root", the sandbox's root; "user", the unprivileged account of a
+        sandbox made with one (Sandbox.create(user_account=True), the namespace tier as
+        root): uid 1000 inside, HOME /home/user (refused in a sandbox without one).
 
         Foreground (default): waits and returns its Result; stdin None (/dev/null),
         bytes, or a readable fd; timeout defaults to the policy's limits.timeout.
@@ -380,7 +390,7 @@ class Commands:
         timeout = _seconds(timeout, "timeout")
         return self._run(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
                          on_stdout=on_stdout, on_stderr=on_stderr, background=background,
-                         tty_fd=tty_fd, on_start=on_start)
+                         tty_fd=tty_fd, on_start=on_start, user=user)
 
     def stream(self, cmd, *, on_stdout, on_stderr, on_exit, cwd: str | None = None,
                env: dict[str, str] | None = None, label=None) -> CommandHandle:
@@ -397,11 +407,15 @@ class Commands:
                          tty_fd=None, on_exit=on_exit, stream=True, label=label)
 
     def _run(self, cmd, *, env, cwd, stdin, timeout, on_stdout, on_stderr, background,
-             tty_fd, on_exit=None, stream=False, label=None, on_start=None):
+             tty_fd, on_exit=None, stream=False, label=None, on_start=None, user=None):
         owner = self._owner
         owner._check_open()
         argv = argv_of(cmd)
-        run_env = env_of(owner._command_env(), env)
+        uid = _user_id(owner, user)
+        base = owner._command_env()
+        if uid is not None:   # the account's own HOME, USER and LOGNAME
+            base = {**base, "HOME": "/home/user", "USER": "user", "LOGNAME": "user"}
+        run_env = env_of(base, env)
         cwd = owner._command_cwd(cwd)
         handle = CommandHandle(owner, argv, timeout=timeout, on_stdout=on_stdout,
                                on_stderr=on_stderr, background=background, on_exit=on_exit,
@@ -418,7 +432,8 @@ class Commands:
             stdin_fd, close_fd, stdin_w = _stdin(stdin, background)
         try:
             started = owner._start_command(handle, argv, run_env, cwd, stdin_fd, tty_fd,
-                                           cpu_seconds=NO_DEADLINE_S if stream else None)
+                                           cpu_seconds=NO_DEADLINE_S if stream else None,
+                                           **({"user": uid} if uid is not None else {}))
         except ExecFailed as e:
             if stdin_w >= 0:
                 os.close(stdin_w)
@@ -471,3 +486,19 @@ def _devnull() -> int:
 
 
 __all__ = ["CommandHandle", "CommandInfo", "Commands"]
+
+
+def _user_id(owner, user) -> int | None:
+    """The uid inside for commands.run(user=): None for the sandbox's root."""
+    if user is None or user == "root":
+        return None
+    uid = getattr(owner, "user_uid", None)
+    if user != "user":
+        raise UsageError(f"user {str(user)[:32]!r}: a command runs as \"root\" (the "
+                         "sandbox's own root) or \"user\" (its unprivileged account)",
+                         field="user")
+    if uid is None:
+        raise UsageError("user \"user\": this sandbox has no unprivileged account; create "
+                         "it with Sandbox.create(user_account=True) on the namespace tier "
+                         "(corral as root)", field="user")
+    return uid

@@ -102,11 +102,13 @@ def policy_digest(policy) -> str:
 class Live(Sandbox):
     """A live sandbox (see the module's docstring). Made by `Sandbox.create`."""
 
+    _STARTS_COMMANDS = True
+
     def __init__(self, policy=None, *, timeout: float = 300, metadata=None, env=None,
-                 backend=None) -> None:
+                 backend=None, learn: bool = False, user_account: bool = False) -> None:
         timeout = _check_timeout(timeout)
         self.metadata = _check_metadata(metadata)
-        super().__init__(policy, env=env, backend=backend)
+        super().__init__(policy, env=env, backend=backend, learn=learn)
         self._lock = threading.RLock()
         self._running: list = []
         self._lingering: list = []       # (CommandHandle, cgroup) of finished commands
@@ -115,9 +117,29 @@ class Live(Sandbox):
         self._started_count = 0
         #: the sandbox's own events: why it ended, and teardown problems
         self.events: list[dict] = []
-        self._live = self._backend.open_live(self.plan, self._check, self._granted,
-                                             self.policy.network.upstream_ca)
+        if user_account:   # an unprivileged account beside root: the namespace tier's
+            if self._backend.name != "namespace":
+                from ..errors import UnsupportedRule
+
+                raise UnsupportedRule(f"user_account: the {self._backend.name} tier cannot "
+                                      "give a sandbox an unprivileged uid beside its root; "
+                                      "isolation = \"namespace\" can (as root)",
+                                      field="user_account")
+            self._live = self._backend.open_live(self.plan, self._check, self._granted,
+                                                 self.policy.network.upstream_ca,
+                                                 user_account=True)
+        else:
+            self._live = self._backend.open_live(self.plan, self._check, self._granted,
+                                                 self.policy.network.upstream_ca)
+        #: the account's uid inside (commands.run(user="user")), or None
+        self.user_uid = None
+        if user_account:
+            from ..backends.namespace import USER_ID
+
+            self.user_uid = USER_ID
         self.events += getattr(self._live, "notices", [])
+        if learn or self.policy.audit.syscalls:
+            self._observe_syscalls()
         self._pid = os.getpid()
         _sandbox._close_at_exit(self._live)
         self.id = self._live.dir.id
@@ -135,6 +157,35 @@ class Live(Sandbox):
         self._watchdog = threading.Thread(target=self._watch, daemon=True,
                                           name=f"corral-live-{self.id}")
         self._watchdog.start()
+
+    def _observe_syscalls(self) -> None:
+        """Learn mode or [audit] syscalls: each command's refused syscalls as "syscall"
+        events where the tier can see them (the namespace tier: linux/seccomp_notify.py).
+        Elsewhere [audit] syscalls is refused (UnsupportedRule; nothing is left running)
+        and learn mode gets a notice saying they are not observed (docs/audit.md)."""
+        from ..events import NoticeEvent
+
+        observe = getattr(self._live, "observe_syscalls", None)
+        if observe is None and self.policy.audit.syscalls:
+            from ..errors import UnsupportedRule
+
+            self._live.close()
+            raise UnsupportedRule(
+                f"the {self.isolation} tier cannot report refused syscalls; drop [audit] "
+                f"syscalls, or use isolation = \"namespace\" (docs/audit.md)",
+                field="audit.syscalls")
+        if observe is None:
+            self.events.append(NoticeEvent(
+                f"refused syscalls are not observed on the {self.isolation} tier (only "
+                f"a namespace-tier live sandbox reports them; docs/audit.md)").to_dict())
+            return
+        try:
+            observe()
+        except BaseException:
+            self._live.close()
+            raise
+        if self._learner is not None:
+            self._learner.observing_syscalls()
 
     # -- the public face ------------------------------------------------------------------
     @property
@@ -231,6 +282,35 @@ class Live(Sandbox):
             else:
                 self._files = Files(target.root_fd, uid, gid, cwd=self.plan.cwd)
         return self._files
+
+    @property
+    def user_files(self):
+        """The files API as the sandbox's unprivileged account (user_account=True): its
+        permissions apply, what it makes is owned by it (uid 1000 inside), and relative
+        paths are from its home."""
+        return self.files_for("user")
+
+    def files_for(self, user: str = "root", cwd: str | None = None):
+        """The files API as `user` ("root", or "user" in a sandbox with the account),
+        relative paths from `cwd` (default: root's the policy's cwd, the account's its
+        home). On a tree the host can open (the namespace tier); one object per pair."""
+        if user not in ("root", "user"):
+            raise UsageError(f"user {str(user)[:32]!r}: \"root\" or \"user\"", field="user")
+        if user == "user" and self.user_uid is None:
+            raise UsageError("this sandbox has no unprivileged account; create it with "
+                             "Sandbox.create(user_account=True)", field="user")
+        cwd = cwd or (self.plan.cwd if user == "root" else "/home/user")
+        cache = self.__dict__.setdefault("_files_for", {})
+        if (user, cwd) not in cache:
+            from .files import Files
+
+            target = self.enter_target()
+            if target.root_fd < 0:
+                raise UsageError("files_for: this tier's root is not a tree the host can "
+                                 "open; use sb.files", field="user")
+            uid, gid = self.ids if user == "root" else (self._live.user_uid,) * 2
+            cache[(user, cwd)] = Files(target.root_fd, uid, gid, cwd=cwd)
+        return cache[(user, cwd)]
 
     def open(self) -> Live:
         self._check_open()
@@ -357,7 +437,7 @@ class Live(Sandbox):
                     os.set_blocking(fd, True)
 
     def _start_command(self, handle, argv, env, cwd, stdin_fd, tty_fd=None,
-                       cpu_seconds=None):
+                       cpu_seconds=None, user=None):
         with self._lock:
             self._check_open()
             self._last_use = time.monotonic()
@@ -366,6 +446,8 @@ class Live(Sandbox):
             extra = {}
             if cpu_seconds is not None and _takes_cpu_seconds(self._live):
                 extra["cpu_seconds"] = cpu_seconds   # else the policy's: stricter
+            if user is not None:
+                extra["user"] = user
             try:
                 started = self._live.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
                                            tty_fd=tty_fd, **extra)

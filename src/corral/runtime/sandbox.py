@@ -13,6 +13,7 @@ import os
 import time
 
 from ..audit import record as _audit
+from ..errors import CorralError
 from ..plan import Plan
 from ..policy import Policy
 from ..result import Result
@@ -26,24 +27,24 @@ if TYPE_CHECKING:
 class Sandbox:
     """A live sandbox: one policy, a scratch area kept across execs, closed on exit."""
 
+    #: whether corral starts each command itself (runtime/live.py's Live), which is what
+    #: [audit] syscalls needs (docs/audit.md, "Refused syscalls")
+    _STARTS_COMMANDS = False
+
     def __init__(self, policy: Policy | dict | str | None = None, *,
-                 env: Mapping[str, str] | None = None, backend=None) -> None:
+                 env: Mapping[str, str] | None = None, backend=None,
+                 learn: bool = False, _argv: list[str] | None = None) -> None:
         """`backend`: a tier's Backend instance to use instead of the policy's isolation
-        (for tests of the faces with backends.fake.FakeBackend)."""
-        self.policy = coerce_policy(policy)
-        if self.policy.install.requested():   # [install]: the installed image, made once
-            from ..images.policy_install import resolve_install
-
-            self.policy = resolve_install(self.policy)
-        host_env = os.environ if env is None else env   # read here, by name (env.pass)
-        self._backend, self.plan, self._check = prepare(self.policy, host_env, backend)
-        self._granted = []
-        if self.policy.secrets:  # read the values now: a missing one is an error, not a run
-            from ..grants import resolve
-            from ..plan import EgressProxy
-
-            (proxy,) = self.plan.find(EgressProxy)
-            self._granted = resolve(self.policy, dict(proxy.grants), host_env)
+        (for tests of the faces with backends.fake.FakeBackend). `learn`: learn mode
+        (runtime/learn.py): a permissive run that records what it needed;
+        `learned_policy()` then writes the policy that would have let it succeed.
+        A policy refused here (PolicyError, UnsupportedRule, ...) is recorded in the audit
+        store as a run with the verdict "refused" (`_argv`: the command it was for)."""
+        try:
+            self._set_up(policy, env, backend, learn)
+        except CorralError as e:
+            refused(e, _argv or [], policy)
+            raise
         self._live = None
         self._pid = 0
         #: the Result of the last exec: close() adds its teardown problems to its events
@@ -58,14 +59,66 @@ class Sandbox:
         self.last_run_id: str | None = None
         self.last_run_started: float | None = None
 
+    def _set_up(self, policy, env, backend, learn: bool) -> None:
+        if learn and isinstance(policy, dict):   # its network is the proxy, in learn mode
+            net = policy.get("network")
+            policy = {**policy, "network": {"mode": "allow",
+                                            **(net if isinstance(net, dict) else {})}}
+        self.policy = coerce_policy(policy)
+        if self.policy.install.requested():   # [install]: the installed image, made once
+            from ..images.policy_install import resolve_install
+
+            self.policy = resolve_install(self.policy)
+        self._learner = None
+        if learn:
+            from .learn import Learner, learn_policy
+
+            self._learner = Learner(self.policy)
+            self.policy = learn_policy(self.policy)
+        host_env = os.environ if env is None else env   # read here, by name (env.pass)
+        self._backend, self.plan, self._check = prepare(self.policy, host_env, backend,
+                                                        learn=learn)
+        if (self.policy.audit.syscalls and not self._STARTS_COMMANDS
+                and not getattr(self._backend, "observes_syscalls", False)):
+            from ..errors import UnsupportedRule
+
+            raise UnsupportedRule(
+                f"a one-shot run on the {self._backend.name} tier cannot report refused "
+                f"syscalls (its seccomp program is not loaded by corral); drop [audit] "
+                f"syscalls, or use a live sandbox of the namespace tier "
+                f"(corral.Sandbox.create, corral sandbox create) or the process tier",
+                field="audit.syscalls")
+        self._granted = []
+        if self.policy.secrets:  # read the values now: a missing one is an error, not a run
+            from ..grants import resolve
+            from ..plan import EgressProxy
+
+            (proxy,) = self.plan.find(EgressProxy)
+            self._granted = resolve(self.policy, dict(proxy.grants), host_env)
+
     @classmethod
     def create(cls, policy: Policy | dict | str | None = None, *, timeout: float = 300,
                metadata: Mapping[str, str] | None = None,
-               env: Mapping[str, str] | None = None, backend=None, detached: bool = False):
+               env: Mapping[str, str] | None = None, backend=None, detached: bool = False,
+               learn: bool = False, user_account: bool = False):
         """A live sandbox: one set of namespaces kept for many commands (sb.commands),
         ended by sb.kill(), by its timeout (seconds) or when its init dies. See
         runtime/live.py and docs/sessions.md. detached=True: a supervisor process of its
-        own keeps it (it outlives this process; others reach it with connect(id))."""
+        own keeps it (it outlives this process; others reach it with connect(id)).
+        learn=True: learn mode (runtime/learn.py; not with detached).
+        user_account=True: an unprivileged account beside its root (uid 1000 inside, a
+        host uid of its own, home /home/user): commands.run(..., user="user"); the
+        namespace tier only, with corral as root."""
+        if detached and learn:
+            from ..errors import UsageError
+
+            raise UsageError("learn mode needs the sandbox in this process: drop "
+                             "detached=True (or learn=True)", field="learn")
+        if detached and user_account:
+            from ..errors import UsageError
+
+            raise UsageError("user_account: not for a detached sandbox (yet); create it "
+                             "in this process", field="user_account")
         if detached:
             from .remote import connect
             from .supervisor import start_detached
@@ -74,7 +127,8 @@ class Sandbox:
                                           metadata=metadata, env=env))
         from .live import Live
 
-        return Live(policy, timeout=timeout, metadata=metadata, env=env, backend=backend)
+        return Live(policy, timeout=timeout, metadata=metadata, env=env, backend=backend,
+                    learn=learn, user_account=user_account)
 
     @staticmethod
     def connect(sandbox_id: str):
@@ -94,6 +148,12 @@ class Sandbox:
                                             self.policy.network.upstream_ca)
             self._pid = os.getpid()
             _close_at_exit(self._live)
+            observe = getattr(self._live, "observe_syscalls", None)   # the process tier
+            if observe is not None and (self.policy.audit.syscalls
+                                        or self._learner is not None):
+                observe()
+                if self._learner is not None:
+                    self._learner.observing_syscalls()
         return self
 
     def exec(self, argv: list[str], *, stdin: int | bytes | None = None, timeout: float | None = None,
@@ -128,10 +188,13 @@ class Sandbox:
             if close_fd:
                 os.close(fd)
         self._last = result
+        if self._learner is not None:
+            self._learner.add(result)
         self.last_run_id, self.last_run_started = run_id, started
-        _audit.record_run(run_id, started, result, policy=self.policy, plan=self.plan,
-                          argv=list(argv), isolation=self.isolation,
-                          origin=self._audit_origin, stdin=stdin)
+        if getattr(self, "audit_runs", True):   # False: its owner records it (scale/node.py)
+            _audit.record_run(run_id, started, result, policy=self.policy, plan=self.plan,
+                              argv=list(argv), isolation=self.isolation,
+                              origin=self._audit_origin, stdin=stdin)
         return result
 
     @property
@@ -226,6 +289,30 @@ class Sandbox:
 
         return patch(self._review(), paths)
 
+    # --- learn mode (runtime/learn.py) ---
+
+    def _learning(self):
+        from ..errors import UsageError
+
+        if self._learner is None:
+            raise UsageError("this sandbox is not in learn mode; make it with learn=True",
+                             field="learn")
+        if self.policy.filesystem.workspace is not None and (self._live is not None
+                                                             or not self._pid):
+            self._learner.add_changes(self.changes())
+        return self._learner
+
+    def learned(self) -> dict:
+        """What the commands so far needed (hosts and ports, refusals, peak memory, wall
+        and CPU time, workspace writes): runtime.learn.Learner.observed()."""
+        return self._learning().observed()
+
+    def learned_policy(self, margin: float = 1.5) -> str:
+        """The least-privilege policy (TOML, each rule commented with the observation that
+        produced it) that would have let the commands so far succeed; limits are the use
+        times `margin`. Call it before close() when there is a workspace."""
+        return self._learning().policy_toml(margin)
+
     # --- run_code and code contexts: runtime.session (imported on first use) ---
 
     def _code_session(self):
@@ -238,13 +325,16 @@ class Sandbox:
 
     def run_code(self, code: str, *, language: str | None = None, context=None,
                  timeout: float | None = None, on_stdout=None, on_stderr=None,
-                 on_result=None, on_error=None):
+                 on_result=None, on_error=None, env=None):
         """Run a cell in a persistent interpreter and return its Execution (results,
         logs, error, execution_count: E2B's shape). See runtime.session and
-        docs/sessions.md; language "python" (the default), "javascript" or "bash"."""
+        docs/sessions.md; language "python" (the default), "javascript" or "bash".
+        env: variables set for this cell only (put back after it; python and
+        javascript)."""
+        extra = {"env": env} if env else {}
         return self._code_session().run_code(
             code, language=language, context=context, timeout=timeout, on_stdout=on_stdout,
-            on_stderr=on_stderr, on_result=on_result, on_error=on_error)
+            on_stderr=on_stderr, on_result=on_result, on_error=on_error, **extra)
 
     def create_context(self, language: str = "python", cwd: str | None = None, *,
                        engine: str | None = None):
@@ -367,9 +457,18 @@ class TextChunks:
             self.fn(text)
 
 
+def refused(e: CorralError, argv, policy) -> None:
+    """Record a run refused before it started (audit.record.record_refused), once."""
+    if getattr(e, "audit_recorded", False):
+        return
+    e.audit_recorded = True
+    _audit.record_refused(argv, e.kind, e.message, e.field,
+                          policy=policy if isinstance(policy, Policy) else None)
+
+
 def run(argv: list[str], policy: Policy | dict | str | None = None, **kw) -> Result:
     """Run one command in a fresh sandbox and return its Result."""
-    with Sandbox(policy) as sb:
+    with Sandbox(policy, _argv=argv) as sb:
         return sb.exec(argv, **kw)
 
 

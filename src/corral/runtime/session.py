@@ -124,7 +124,7 @@ class FrameReader:
             del self.buf[:HEADER.size + n]
             try:
                 msg = json.loads(body.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError):
+            except (ValueError, RecursionError):   # RecursionError: [[[[... (tests/fuzz)
                 raise ProtocolError(f"a frame of {n} bytes is not UTF-8 JSON") from None
             if not isinstance(msg, dict):
                 raise ProtocolError("a frame is not a JSON object")
@@ -401,11 +401,13 @@ class _FramedInterp(_Interp):
     def _next(self, deadline: float, what: str):
         return self._wait(deadline)
 
-    def run(self, code: str, ex: Execution, timeout: float, cb) -> None:
+    def run(self, code: str, ex: Execution, timeout: float, cb, env=None) -> None:
         s = self.session
         cid = s.next_id()
-        data = json.dumps({"type": "exec", "id": cid, "code": code,
-                           "timeout": int(timeout * 1000)}).encode()
+        req = {"type": "exec", "id": cid, "code": code, "timeout": int(timeout * 1000)}
+        if env:
+            req["env"] = env      # set for this cell only (the runner puts them back)
+        data = json.dumps(req).encode()
         if len(data) > s.max_frame:
             raise ValueError(f"code: {len(data)} bytes, over the {s.max_frame} byte frame "
                              f"limit")
@@ -741,9 +743,11 @@ class CodeSession:
 
     def run_code(self, code: str, *, language: str | None = None,
                  context: Context | str | None = None, timeout: float | None = None,
-                 on_stdout=None, on_stderr=None, on_result=None, on_error=None) -> Execution:
+                 on_stdout=None, on_stderr=None, on_result=None, on_error=None,
+                 env=None) -> Execution:
         if not isinstance(code, str):
             raise TypeError("code must be a str")
+        env = _cell_env(env)
         if context is not None and language is not None:
             interp = self._get(context)
             if interp.ctx.language != language:
@@ -770,7 +774,13 @@ class CodeSession:
                 return ex
             ok = False
             try:
-                interp.run(code, ex, float(timeout), cb)
+                if env:
+                    if not isinstance(interp, _FramedInterp):
+                        raise ContextError("env: a bash cell takes no variables of its own; "
+                                           "export them in the cell", field="env")
+                    interp.run(code, ex, float(timeout), cb, env)
+                else:
+                    interp.run(code, ex, float(timeout), cb)
                 ok = True
             finally:
                 if not ok:   # a callback raised, or ^C in the caller: the cell is unknown
@@ -824,3 +834,19 @@ class CodeSession:
         if cb.on_result is not None:
             cb.on_result(result)
 
+
+#: a cell's own variables: at most this many, each name and value bounded
+MAX_CELL_ENV = 256
+
+
+def _cell_env(env) -> dict[str, str] | None:
+    """run_code(env=): a dict of variable names to str values (None or {}: none)."""
+    if not env:
+        return None
+    if not isinstance(env, dict) or len(env) > MAX_CELL_ENV or not all(
+            isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 256
+            and len(v) <= 65536 and "=" not in k and "\0" not in k + v
+            for k, v in env.items()):
+        raise ContextError(f"env is a dict of at most {MAX_CELL_ENV} variables: names "
+                           "(no '=' or NUL, 1-256 chars) to str values", field="env")
+    return dict(env)

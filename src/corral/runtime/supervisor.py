@@ -80,7 +80,7 @@ def recv_frame(sock: socket.socket) -> dict | None:
         raise ProtocolError("connection closed inside a frame")
     try:
         obj = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):   # RecursionError: nesting past ~1000 levels
         raise ProtocolError("a frame is not JSON") from None
     if not isinstance(obj, dict):
         raise ProtocolError("a frame is not a JSON object")

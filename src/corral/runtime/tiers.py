@@ -59,7 +59,8 @@ def tiers_that_could(rule: str, plan: Plan, skip: str) -> tuple[str, ...]:
     return tuple(could)
 
 
-def prepare(policy: Policy, host_env: Mapping[str, str] | None = None, backend=None):
+def prepare(policy: Policy, host_env: Mapping[str, str] | None = None, backend=None, *,
+            learn: bool = False):
     """Plan the policy and check it against the tier: (backend, plan, its TierCheck, which
     the backend's open() takes).
 
@@ -69,10 +70,11 @@ def prepare(policy: Policy, host_env: Mapping[str, str] | None = None, backend=N
     AUTO_ORDER that is available here and enforces every explicit rule.
 
     `backend`: a Backend instance to use instead of the policy's tier (tests of the faces
-    give a FakeBackend; no policy can name one)."""
+    give a FakeBackend; no policy can name one). `learn`: the proxy in learn mode
+    (runtime/learn.py)."""
     from ..backends import AUTO_ORDER
 
-    plan = build_plan(policy, os.environ if host_env is None else host_env)
+    plan = build_plan(policy, os.environ if host_env is None else host_env, learn=learn)
     if policy.image != "host":   # the store is read only for a run on an image
         from ..images.resolve import resolve_plan
 

@@ -13,7 +13,8 @@ usage: corral serve [--host ADDR] [--port N] [--state-dir DIR] [--config FILE]
                     [--e2b-debug TOKEN_NAME]
 
 The HTTP service (docs/service.md): sandboxes over a JSON API, OpenAPI at /openapi.json,
-docs at /docs, /health and /metrics. Every other route needs Authorization: Bearer TOKEN
+docs at /docs, /health and /metrics, and a web dashboard at / (a browser logs in once
+with its token: docs/dashboard.md). Every other route needs Authorization: Bearer TOKEN
 (corral token create). Listens on 127.0.0.1:8787 by default; another address without TLS
 prints a warning. --config: a TOML file with [server], [limits] (defaults of the token
 limits) and [secrets] (where the server reads each secret a ceiling may grant); flags win
@@ -29,7 +30,7 @@ that token for every caller on this host (a development mode).
 TOKEN_USAGE = """\
 usage: corral token create --name N [--ceiling POLICY_FILE] [--max-sandboxes K]
                            [--max-concurrent C] [--rate N/s [--burst B]] [--apply-changes]
-                           [--state-dir DIR]
+                           [--admin] [--state-dir DIR]
        corral token ls [--state-dir DIR]
        corral token revoke NAME [--state-dir DIR]
 
@@ -43,6 +44,8 @@ sandboxes at once; --max-concurrent: commands or cells running at once; --rate: 
 Retry-After. Limits left unset take the server config's [limits] (docs/service.md).
 --apply-changes: the token may apply a review-mode sandbox's changes to the host's
 workspace (give it to a person's review tool, never to an agent; without it apply is 403).
+--admin: the token sees every token's runs, denials and live sandboxes (the audit queries
+and the dashboard at /, docs/dashboard.md); it still controls only its own sandboxes.
 """
 
 MCP_USAGE = """\
@@ -169,7 +172,8 @@ def token(args: list[str]) -> int:
     from .tokens import TokenStore
 
     a = Args(args, {"--name", "--ceiling", "--max-sandboxes", "--max-concurrent", "--rate",
-                    "--burst", "--state-dir"}, TOKEN_USAGE, frozenset({"--apply-changes"}))
+                    "--burst", "--state-dir"}, TOKEN_USAGE,
+             frozenset({"--apply-changes", "--admin"}))
     if not a.rest:
         sys.stderr.write(TOKEN_USAGE)
         return 2
@@ -192,7 +196,8 @@ def token(args: list[str]) -> int:
                                                "--max-concurrent"),
                            rate=a.opts.get("--rate"),
                            burst=_int(a.opts.get("--burst"), "--burst"),
-                           apply_changes="--apply-changes" in a.flags)
+                           apply_changes="--apply-changes" in a.flags,
+                           admin="--admin" in a.flags)
         sys.stderr.write(f"corral token: created {a.opts['--name']!r}; the token follows, "
                          "shown only now\n")
         sys.stdout.write(tok + "\n")
@@ -214,6 +219,8 @@ def token(args: list[str]) -> int:
                     limits.append(f"burst={t.burst}")
             if t.apply_changes:
                 limits.append("apply-changes")
+            if t.admin:
+                limits.append("admin")
             state = "revoked" if t.revoked else "live"
             when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.created))
             ceil = "ceiling" if t.ceiling else "default-ceiling"

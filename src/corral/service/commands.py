@@ -128,7 +128,8 @@ class CommandTable:
         self._ended: list[int] = []
 
     def start(self, argv: list[str], *, env=None, cwd=None, stdin: bytes | None = None,
-              timeout: float | None = None, background: bool = False, on_end=None) -> Cmd:
+              timeout: float | None = None, background: bool = False, on_end=None,
+              user: str | None = None) -> Cmd:
         """Start argv in the sandbox. Background: started when this returns (it blocks:
         call it off the event loop). Foreground: handed to a FOREGROUND thread, so this
         returns at once; `cmd.started` is set once it runs (or could not: `cmd.error`),
@@ -141,11 +142,11 @@ class CommandTable:
         err = TextChunks(lambda t: c._out("stderr", t))
         if not background:
             FOREGROUND.submit(self._foreground, c, argv, env, cwd, stdin, timeout, out, err,
-                              on_end)
+                              on_end, user)
             return c
         h = self._entry.sandbox.commands.run(argv, env=env, cwd=cwd, stdin=stdin,
                                              timeout=timeout, on_stdout=out, on_stderr=err,
-                                             background=True)
+                                             background=True, **_as(user))
         self._running(c, h)
 
         def watch():
@@ -164,11 +165,12 @@ class CommandTable:
         c.started.set()
         c.notifier.notify()
 
-    def _foreground(self, c: Cmd, argv, env, cwd, stdin, timeout, out, err, on_end) -> None:
+    def _foreground(self, c: Cmd, argv, env, cwd, stdin, timeout, out, err, on_end,
+                    user=None) -> None:
         try:
             r = self._entry.sandbox.commands.run(
                 argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout, on_stdout=out,
-                on_stderr=err, on_start=lambda h: self._running(c, h))
+                on_stderr=err, on_start=lambda h: self._running(c, h), **_as(user))
         except BaseException as e:  # noqa: BLE001 - the route raises it
             c.error = e
             c.started.set()
@@ -210,6 +212,13 @@ class CommandTable:
         with self._mu:
             return self._by_pid.get(pid)
 
+    def by_run(self, run_id: str) -> Cmd | None:
+        """The command kept here whose audit record is `run_id` (the dashboard's run
+        page shows its output while the sandbox holds it)."""
+        with self._mu:
+            cmds = list(self._by_pid.values())
+        return next((c for c in cmds if getattr(c.handle, "run_id", None) == run_id), None)
+
     def running(self) -> list[Cmd]:
         with self._mu:
             return [c for c in self._by_pid.values() if not c.done.is_set()]
@@ -220,3 +229,8 @@ class CommandTable:
             cmds = list(self._by_pid.values())
         for c in cmds:
             c.notifier.notify()
+
+
+def _as(user: str | None) -> dict:
+    """commands.run's user= only when one is asked for (every tier's run takes none)."""
+    return {"user": user} if user is not None else {}

@@ -12,6 +12,7 @@ with the human on the host (`corral changes apply`, the policy file).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Annotated, Any, Literal, NamedTuple
@@ -90,11 +91,23 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
     def create(who: Caller, raw: dict, timeout: float = SANDBOX_S):
         from contextlib import nullcontext
 
-        policy = guard(lambda: requested(raw, who.ceiling))
+        policy = guard(lambda: _requested(who, raw))
         tok = who.token
         hold = nullcontext() if quota is None or tok is None else quota.reserve(
             who.owner, tok.max_sandboxes, lambda: registry.count(who.owner))
         return guard(lambda: _made(hold, who, policy, timeout))
+
+    def _requested(who: Caller, raw: dict):
+        try:
+            return requested(raw, who.ceiling)
+        except (Exceeds, CorralError) as e:   # refused before it started: recorded
+            from ..audit.record import record_refused
+
+            face = os.environ.get("CORRAL_AUDIT_FACE") or "service"   # as registry.create
+            actor = None if face == "mcp" else f"token:{who.owner}"
+            record_refused([], getattr(e, "kind", "ceiling"), e.message, e.field,
+                           who=(face, actor))
+            raise
 
     def _made(hold, who, policy, timeout):
         with hold, slot(who):

@@ -25,10 +25,14 @@ log = logging.getLogger("corral.serve")
 DEFAULT_TIMEOUT_S = 300.0
 
 
-def open_sandbox(policy, *, timeout: float = DEFAULT_TIMEOUT_S, metadata=None):
-    """A live sandbox for `policy`, running."""
+def open_sandbox(policy, *, timeout: float = DEFAULT_TIMEOUT_S, metadata=None,
+                 user_account: bool = False):
+    """A live sandbox for `policy`, running (`user_account`: with an unprivileged account
+    beside its root, runtime/sandbox.Sandbox.create)."""
     from ..runtime.sandbox import Sandbox
 
+    if user_account:
+        return Sandbox.create(policy, timeout=timeout, metadata=metadata, user_account=True)
     return Sandbox.create(policy, timeout=timeout, metadata=metadata)
 
 
@@ -57,12 +61,15 @@ class Registry:
         self._mu = threading.Lock()
 
     def create(self, owner: str, policy, *, timeout: float = DEFAULT_TIMEOUT_S,
-               metadata=None) -> Entry:
+               metadata=None, user_account: bool = False, face: str | None = None) -> Entry:
+        """`face`: the audit store's name for the API it came through ("e2b"; else
+        CORRAL_AUDIT_FACE, "mcp" for corral mcp, or "service")."""
         from ..audit.record import acting_as
 
-        face = os.environ.get("CORRAL_AUDIT_FACE") or "service"    # corral mcp sets "mcp"
+        face = face or os.environ.get("CORRAL_AUDIT_FACE") or "service"
         with acting_as(None if face == "mcp" else f"token:{owner}", face):   # the audit store
-            sb = self._opener(policy, timeout=timeout, metadata=metadata)
+            extra = {"user_account": True} if user_account else {}
+            sb = self._opener(policy, timeout=timeout, metadata=metadata, **extra)
         sid = getattr(sb, "id", None) or "sb_" + secrets.token_hex(8)
         e = Entry(sid, owner, sb, policy)
         e.events.add("sandbox.created", {"id": sid, "isolation": sb.isolation})

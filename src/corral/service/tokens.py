@@ -2,7 +2,7 @@
 
     STATE/service/tokens.json   {"tokens": [{name, sha256, created, ceiling, max_sandboxes,
                                              max_concurrent, rate, burst, revoked,
-                                             apply_changes}]}   mode 0600
+                                             apply_changes, admin}]}   mode 0600
 
 A token is "corral_" and 32 random bytes in URL-safe base64: high entropy, so one sha256 is
 as good as a slow hash and lets the service look a token up at once. Only the hash is
@@ -70,11 +70,14 @@ class Token:
         #: may apply a review-mode sandbox's changes to the host (corral token create
         #: --apply-changes); an agent's token should not
         self.apply_changes: bool = d.get("apply_changes") is True
+        #: sees every token's runs, denials and live sandboxes in the audit queries and
+        #: the dashboard (corral token create --admin); it controls only its own sandboxes
+        self.admin: bool = d.get("admin") is True
 
     def to_dict(self) -> dict:
         return {"name": self.name, "sha256": self.sha256, "created": self.created,
                 "ceiling": self.ceiling, **self.own, "revoked": self.revoked,
-                "apply_changes": self.apply_changes}
+                "apply_changes": self.apply_changes, "admin": self.admin}
 
     def ceiling_policy(self):
         from ..policy.load import policy_from_dict
@@ -148,7 +151,7 @@ class TokenStore:
     def create(self, name: str, *, ceiling: dict | None = None,
                max_sandboxes: int | None = None, max_concurrent: int | None = None,
                rate: float | None = None, burst: int | None = None,
-               apply_changes: bool = False) -> str:
+               apply_changes: bool = False, admin: bool = False) -> str:
         """Record a new token and return it (the only time it exists in clear)."""
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             raise UsageError(f"{name!r} is not a token name: letters, digits, '.', '_', '-', "
@@ -176,7 +179,8 @@ class TokenStore:
             tokens.append(Token({"name": name, "sha256": digest(token), "created": time.time(),
                                  "ceiling": ceiling or {}, "max_sandboxes": max_sandboxes,
                                  "max_concurrent": max_concurrent, "rate": rate,
-                                 "burst": burst, "apply_changes": bool(apply_changes)}))
+                                 "burst": burst, "apply_changes": bool(apply_changes),
+                                 "admin": bool(admin)}))
             self._save(tokens)
         finally:
             os.close(fd)

@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from ...errors import CorralError
 from ..common import ApiError, status_of
+from .state import HOME
 
 #: a stream's keepalive event every this many seconds (the SDK asks for <= 50);
 #: CORRAL_E2B_KEEPALIVE_S sets it (from 0.1 to 50)
@@ -100,7 +101,7 @@ def _obj(raw: bytes) -> dict:
         raise RpcError("resource_exhausted", f"a message is at most {MAX_MESSAGE} bytes")
     try:
         d = json.loads(raw or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):   # RecursionError: nesting past ~1000 levels
         raise RpcError("invalid_argument", "the message is not JSON") from None
     if not isinstance(d, dict):
         raise RpcError("invalid_argument", "the message is not a JSON object")
@@ -227,8 +228,11 @@ async def events(c, start: int, *, with_start: bool = True):
 
 async def start(state, request, msg):
     e, face = state.sandbox(request)
-    state.user(request.headers)
+    user = state.user(request.headers, face)
     if msg.get("pty") is not None:
+        if user == "user":
+            raise RpcError("unimplemented", "user \"user\": corral's terminals run as "
+                           "the sandbox's root; user=\"user\" is for commands and files")
         from .pty import start_pty
 
         return await start_pty(state, request, msg, e, face)
@@ -254,9 +258,11 @@ async def start(state, request, msg):
         r = c.result
         svc.metrics.run(r.verdict, r.usage.wall_s or 0.0)
 
+    if not cwd and face.account:
+        cwd = HOME        # E2B's default working directory, the account's home
     c = await run_in_threadpool(e.commands.start, [cmd, *args], env=env or None,
                                 cwd=cwd or None, timeout=timeout, background=True,
-                                on_end=on_end)
+                                on_end=on_end, user=user)
     if not msg.get("stdin"):
         c.handle.close_stdin()
     return events(c, 0)

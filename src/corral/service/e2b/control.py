@@ -2,8 +2,10 @@
 and the older POST /sandboxes), connect, list, get, set_timeout, kill.
 
 A template is a corral policy request: "base" (Sandbox's default) and
-"code-interpreter-v1" (the code interpreter's) are the token's default policy (its
-ceiling's isolation, image and limits; network closed). E2B's network fields map onto
+"code-interpreter-v1" (the code interpreter's) are the catalogue images `python` and
+`datascience` (docs/images.md; built with `corral image build NAME`) on the token's default
+policy (its ceiling's isolation and limits; network closed); a templates file
+(CORRAL_E2B_TEMPLATES) may map them, and any other name, to another image and policy. E2B's network fields map onto
 corral's network rules within the token's ceiling (beyond it: 403 naming the rule); a field
 corral cannot honour is a 400 naming it, never silently dropped. Errors are E2B's
 {"code", "message"} (the message names the field)."""
@@ -29,7 +31,8 @@ from .state import ENVD_VERSION, Face, strict_json
 log = logging.getLogger("corral.serve")
 
 #: E2B template name -> the policy request it is (the token's ceiling fills the rest)
-TEMPLATES: dict[str, dict] = {"base": {}, "code-interpreter-v1": {}}
+TEMPLATES: dict[str, dict] = {"base": {"image": "python"},
+                              "code-interpreter-v1": {"image": "datascience"}}
 
 
 def load_templates(path: str | None) -> dict[str, dict]:
@@ -225,13 +228,24 @@ async def _create(state, request: Request, token):
     reg = svc.registry
     policy = requested_policy(raw, token, svc)
 
+    from .state import _account_for
+
+    account = _account_for(policy)
+
     def make():
         with svc.reserve(token), svc.slot(token):   # max_sandboxes, max_concurrent: 429
             return reg.create(token.name, policy, timeout=float(timeout),
-                              metadata=metadata or None)
+                              metadata=metadata or None, user_account=account, face="e2b")
 
-    e = await run_in_threadpool(make)
-    face = Face(e.id, token.name, template, {})
+    try:
+        e = await run_in_threadpool(make)
+    except CorralError as err:
+        if err.kind != "image":
+            raise
+        # the template's image is not in this server's store: the operator's to build
+        raise ApiError(422, "image", f"template {template!r}: {err.message}",
+                       "templateID") from None
+    face = Face(e.id, token.name, template, {}, account=account, tier=policy.isolation)
     state.add(face)
     with svc.metrics.mu:
         svc.metrics.created += 1

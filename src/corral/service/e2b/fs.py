@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from .connect import KEEPALIVE_S, RpcError, unary_error
+from .state import HOME
 
 TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY",
          "symlink": "FILE_TYPE_SYMLINK"}
@@ -47,13 +48,21 @@ def entry(info) -> dict:
     return d
 
 
-async def _files(state, request, fn):
-    e, _ = state.sandbox(request)
-    state.user(request.headers)
+def _home(face, p: str) -> str:
+    """A relative path from /home/user where the sandbox has the account (as _files)."""
+    return posixpath.join(HOME, p) if face.account and not p.startswith("/") else p
+
+
+async def _files(state, request, fn, headers=None):
+    e, face = state.sandbox(request)
+    user = state.user(request.headers if headers is None else headers, face)
 
     def call():
         with e.files_lock:
-            return fn(e.sandbox.files)
+            if not face.account:
+                return fn(e.sandbox.files)
+            # relative paths from /home/user, the commands' default cwd, for both users
+            return fn(e.sandbox.files_for(user or "root", HOME))
     return await run_in_threadpool(call)
 
 
@@ -101,7 +110,8 @@ async def watch_dir(state, request, msg):
     as a FilesystemEvent, keepalives between; ends with the sandbox."""
     p = _path(msg)
     recursive = msg.get("recursive") is True
-    e, _ = state.sandbox(request)
+    e, face = state.sandbox(request)
+    p = _home(face, p)
     with e.files_lock:
         w = await run_in_threadpool(e.sandbox.files.watch, p, recursive=recursive)
 
@@ -142,6 +152,7 @@ async def create_watcher(state, request, msg):
 
     p = _path(msg)
     e, face = state.sandbox(request)
+    p = _home(face, p)
     if len(face.watchers) >= MAX_WATCHERS:
         raise RpcError("resource_exhausted", f"this sandbox has {MAX_WATCHERS} watchers; "
                        "stop one first")
@@ -176,20 +187,27 @@ async def remove_watcher(state, request, msg):
 
 
 # -- plain HTTP /files --------------------------------------------------------------------
-def _user_param(request) -> None:
+def _user_param(request):
+    """/files names its user in ?username= (or, as the Connect calls, the Authorization
+    header): a Basic header made of it, for state.user to judge."""
+    import base64
+
     u = request.query_params.get("username")
-    if u not in (None, "", "root"):
-        raise RpcError("invalid_argument", f"username {u[:32]!r}: corral runs as the "
-                       "sandbox's own root; ask for root or leave it out")
+    if u is None:
+        return request.headers
+    if len(u) > 64:
+        raise RpcError("invalid_argument", "username is at most 64 characters")
+    return {"authorization": "Basic " + base64.b64encode(f"{u}:".encode()).decode()
+            } if u else {}
 
 
 async def read(state, request: Request):
     try:
-        _user_param(request)
+        who = _user_param(request)
         p = request.query_params.get("path")
         if not p or "\0" in p:
             raise RpcError("invalid_argument", "path is a query parameter")
-        data = await _files(state, request, lambda f: f.read(p, "bytes"))
+        data = await _files(state, request, lambda f: f.read(p, "bytes"), who)
     except Exception as e:  # noqa: BLE001
         r = unary_error(e)
         return r
@@ -200,7 +218,7 @@ async def write(state, request: Request):
     """POST /files: multipart (field "file", each part's filename its path) or one
     application/octet-stream body for ?path=. Answers [{path, name, type}]."""
     try:
-        _user_param(request)
+        who = _user_param(request)
         qpath = request.query_params.get("path")
         ctype = request.headers.get("content-type", "")
         if request.headers.get("content-encoding", "identity") not in ("identity", ""):
@@ -232,6 +250,6 @@ async def write(state, request: Request):
                 out.append({"path": w.path, "name": posixpath.basename(w.path),
                             "type": "file"})
             return out
-        return JSONResponse(await _files(state, request, put))
+        return JSONResponse(await _files(state, request, put, who))
     except Exception as e:  # noqa: BLE001
         return unary_error(e)

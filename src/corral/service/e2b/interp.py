@@ -56,11 +56,14 @@ async def execute(state, request: Request):
     if lang is not None and lang not in LANGUAGES:
         raise ApiError(400, "invalid", f"language is one of {', '.join(LANGUAGES)}",
                        "language")
-    if body.get("env_vars"):
-        raise ApiError(400, "unsupported", "env_vars: corral's code contexts keep the "
-                       "sandbox's environment; set variables in the code (os.environ) "
-                       "or in Sandbox.create(envs=) for commands", "env_vars")
     ctx = _context(e, cid) if cid is not None else None
+    env = body.get("env_vars") or None      # this cell's own (put back after it)
+    if env is not None and (not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise ApiError(400, "invalid", "env_vars is an object of strings", "env_vars")
+    if env and (lang == "bash" or (ctx is not None and ctx.language == "bash")):
+        raise ApiError(400, "unsupported", "env_vars: a bash cell takes no variables of "
+                       "its own in corral; export them in the cell", "env_vars")
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
 
@@ -71,6 +74,7 @@ async def execute(state, request: Request):
         return time.time()
 
     def run():
+        started = time.time()
         try:
             with e.lock:
                 ex = e.sandbox.run_code(
@@ -80,7 +84,8 @@ async def execute(state, request: Request):
                     on_stderr=lambda t: put({"type": "stderr", "text": t,
                                              "timestamp": now()}),
                     on_result=lambda r: put({"type": "result", **r.to_dict()}),
-                    on_error=None)
+                    on_error=None, **({"env": env} if env else {}))
+            _record_cell(e, code, lang or (ctx.language if ctx else "python"), ex, started)
             if ex.error is not None:
                 put({"type": "error", **ex.error.to_dict()})
             if ex.execution_count is not None:
@@ -111,6 +116,26 @@ async def execute(state, request: Request):
             yield json.dumps(item) + "\n"
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+def _record_cell(e, code: str, language: str, ex, started: float) -> None:
+    """A cell as a run of the audit store (kind "cell", the sandbox's id and origin: the
+    token that made it, face "e2b"), its code as the run's stdin (hashed in the receipt),
+    its verdict "error" when it raised."""
+    from ...audit import record as audit
+    from ...result import Result, Usage
+
+    if not audit.enabled():
+        return
+    sb = e.sandbox
+    failed = ex.error is not None
+    r = Result(verdict="error" if failed else "ok", exit_code=1 if failed else 0,
+               signal=None, stdout="".join(ex.logs.stdout), stderr="".join(ex.logs.stderr),
+               usage=Usage(wall_s=round(time.time() - started, 6)), isolation=sb.isolation)
+    origin = getattr(sb, "_audit_origin", None) or audit.origin()
+    audit.record_run(audit.new_id(), started, r, policy=sb.policy, plan=sb.plan,
+                     argv=["run_code", language], isolation=sb.isolation, origin=origin,
+                     sandbox=e.id, kind="cell", stdin=code.encode(), receipt=True)
 
 
 async def create_context(state, request):

@@ -24,8 +24,12 @@ DEBUG_ID = "debug_sandbox_id"
 class Face:
     """One E2B sandbox: the registry entry's id and owner, and the E2B-only parts."""
 
-    def __init__(self, sid: str, owner: str, template: str, envs: dict[str, str]) -> None:
+    def __init__(self, sid: str, owner: str, template: str, envs: dict[str, str], *,
+                 account: bool = False, tier: str = "namespace") -> None:
         self.sid, self.owner, self.template, self.envs = sid, owner, template, envs
+        #: whether the sandbox has the unprivileged account "user" (uid 1000, HOME), and
+        #: its tier (named when "user" is refused)
+        self.account, self.tier = account, tier
         self.access_token = "ea_" + secrets.token_urlsafe(24)
         self.started = time.time()
         self.watchers: dict = {}      # CreateWatcher's, by id
@@ -116,11 +120,13 @@ class E2bState:
             e = self.svc.registry.get(t.name, face.sid) if face is not None else None
             if e is None:
                 from ..common import requested_policy
-                from .control import load_templates
 
-                policy = requested_policy(load_templates(None)["base"], t, self.svc)
-                e = self.svc.registry.create(t.name, policy, timeout=3600.0)
-                face = Face(e.id, t.name, "base", {})
+                policy = requested_policy(self.templates["base"], t, self.svc)
+                account = _account_for(policy)
+                e = self.svc.registry.create(t.name, policy, timeout=3600.0,
+                                             user_account=account, face="e2b")
+                face = Face(e.id, t.name, "base", {}, account=account,
+                            tier=policy.isolation)
                 with self._mu:
                     self._faces[DEBUG_ID] = face
             return e, face
@@ -128,27 +134,44 @@ class E2bState:
     def _owner_live(self, name: str) -> bool:
         return any(t.name == name and not t.revoked for t in self.svc.tokens.load())
 
-    def user(self, headers) -> None:
-        """envd's user (Authorization: Basic base64("NAME:")): corral runs every command
-        as the sandbox's own root; "root" (or none) is that. Any other user is refused:
-        corral cannot switch uid inside (fail closed, never a silent root)."""
+    def user(self, headers, face) -> str | None:
+        """envd's user (Authorization: Basic base64("NAME:")): None (no header) or "root",
+        the sandbox's own root (corral's default); "user", its unprivileged account (uid
+        1000, HOME /home/user), which a sandbox on the namespace tier has (corral as
+        root). Any other name, or "user" where there is no account, is refused (fail
+        closed: never a silent root)."""
         import base64
 
         h = headers.get("authorization") or ""
         scheme, _, value = h.partition(" ")
         if not h:
-            return
-        name = ""
+            return None
+        name = "?"
         if scheme.lower() == "basic":
             try:
                 name = base64.b64decode(value, validate=True).decode().partition(":")[0]
-            except ValueError:
+            except (ValueError, UnicodeDecodeError):
                 name = "?"
-        if name not in ("", "root"):
-            raise ApiError(400, "unsupported", f"user {name[:32]!r}: corral runs every "
-                           "command as the sandbox's own root (an unprivileged root, "
-                           "uid 0 inside only); ask for user=\"root\" or leave it out",
-                           "user")
+        if name in ("", "root"):
+            return "root" if name else None
+        if name != "user":
+            raise ApiError(400, "unsupported", f"user {name[:32]!r}: a sandbox has the "
+                           "users \"root\" (its own root, unprivileged on the host) and "
+                           "\"user\" (uid 1000 inside)", "user")
+        if not face.account:
+            raise ApiError(400, "unsupported", f"user \"user\": this sandbox runs on the "
+                           f"{face.tier} tier, which has no unprivileged account inside; the "
+                           "namespace tier has one (corral serve as root). Ask for "
+                           "user=\"root\" or leave it out", "user")
+        return "user"
+
+
+def _account_for(policy) -> bool:
+    """Whether an E2B sandbox of this policy gets the unprivileged account "user": on the
+    namespace tier when corral runs as root (it maps a second uid; other tiers cannot)."""
+    import os
+
+    return policy.isolation == "namespace" and os.geteuid() == 0
 
 
 async def plain_error(send, status: int, message: str) -> None:

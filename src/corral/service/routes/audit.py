@@ -1,4 +1,5 @@
-"""The audit store per token (docs/audit.md): a token sees only the runs it asked for.
+"""The audit store per token (docs/audit.md): a token sees only the runs it asked for; an
+admin token (corral token create --admin) sees every run.
 
     GET /runs?since=1h&verdict=oom&tier=gvisor&limit=100   newest first
     GET /runs/{id}                                         one run
@@ -26,8 +27,9 @@ def _since(since: str | None) -> float | None:
         raise ApiError(400, "invalid", str(e), "since") from None
 
 
-def _actor(token) -> str:
-    return f"token:{token.name}"
+def _actor(token) -> str | None:
+    """Whose runs the token sees: its own ("token:NAME"), or everyone's (None) if admin."""
+    return None if token.admin else f"token:{token.name}"
 
 
 @router.get("/runs", responses=errors(400))
@@ -70,6 +72,6 @@ def run_receipt(run_id: str, token: Auth):
 
 @router.get("/denials", responses=errors(400))
 def denials(token: Auth, since: str | None = None, kind: str | None = None):
-    if kind not in (None, "net", "secret", "limit"):
-        raise ApiError(400, "invalid", "kind is one of net, secret, limit", "kind")
+    if kind not in (None, "net", "secret", "limit", "refused"):
+        raise ApiError(400, "invalid", "kind is one of net, secret, limit, refused", "kind")
     return {"denials": query.denials(since=_since(since), kind=kind, actor=_actor(token))}

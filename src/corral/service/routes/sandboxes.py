@@ -8,6 +8,8 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...errors import CorralError
+from ..ceiling import Exceeds
 from ..common import COMMON_ERRORS, ApiError, Auth, Svc, errors, requested_policy, view
 
 log = logging.getLogger("corral.serve")
@@ -42,7 +44,14 @@ def create(body: CreateBody, token: Auth, svc: Svc):
         raise ApiError(503, "draining", "the service is shutting down: no new sandboxes",
                        None, {"Retry-After": "5"})
     reg = svc.registry
-    policy = requested_policy(body.policy, token, svc)
+    try:
+        policy = requested_policy(body.policy, token, svc)
+    except (Exceeds, CorralError) as e:   # refused before it started: recorded
+        from ...audit.record import record_refused
+
+        record_refused([], getattr(e, "kind", "ceiling"), e.message, e.field,
+                       who=("service", f"token:{token.name}"))
+        raise
     with svc.reserve(token), svc.slot(token):   # max_sandboxes, max_concurrent: 429
         e = reg.create(token.name, policy, timeout=body.timeout, metadata=body.metadata)
     with svc.metrics.mu:

@@ -1,0 +1,204 @@
+"""corral batch: `/usr/bin/python3 -c pass` jobs per second, against raw bwrap in a process
+pool, and through a local Ray cluster of two nodes.
+
+    .venv/bin/python bench/batch.py [--quick] [--jobs N] [--rounds R] [--parallel P]
+                                    [--ray] [--json FILE]
+
+Contenders, each running the same N jobs with P at once (default P = 2, this machine's
+cores), in rounds that rotate their order; the figures: the median jobs/s over rounds, and
+the ratio to the bwrap pool as the median of each round's paired ratio (the load of other
+work on the machine changes from round to round, less within one):
+
+  bwrap pool     a multiprocessing pool of P forked workers, each running the raw bwrap argv
+                 of bench/startup.py (corral's own argv and seccomp program, same uid and
+                 environment) with subprocess: the baseline of the ratio
+  batch local    corral.batch.map(jobs, concurrency=P): P forked workers, a fresh sandbox
+                 a job from each one's warm pool, the result line with the node's signed
+                 receipt, the record in the audit store (a state directory of the
+                 benchmark's own)
+  batch reuse    the same with [batch] reuse = true: one sandbox per slot, scratch wiped
+                 between jobs
+  batch ray      (--ray) corral.batch.map(jobs, ray_address=...) on a local
+                 ray.cluster_utils.Cluster: a head that runs no jobs and two nodes of one
+                 CPU each, P/2 jobs at once on each (P in all); started once, outside the
+                 timing; the driver is this process
+
+Per-job overhead of Ray = (wall of batch ray - wall of batch local) / N * P: the extra
+slot-time each job costs; and the driver's own CPU time per job on Ray (this process:
+dispatch, results, output lines, audit records), which bounds how many nodes one driver
+keeps busy. Goal (issue 22): batch local >= 0.95x bwrap pool, measured without --ray: a
+Ray cluster on the same two cores (three raylets, the GCS, the actors) and Ray's threads in
+this process slow every contender down, the in-process ones most.
+
+On a machine others load too, jobs per second follow their load: compare the ratios of
+one run (the contenders alternate within each round), not absolute figures across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import startup
+
+CMD = ["/usr/bin/python3", "-c", "pass"]
+GOAL = 0.95
+
+_W: dict = {}
+
+
+def _worker_init(prefix, env, kw) -> None:
+    from corral.linux import seccomp
+
+    _W["fd"] = seccomp.bpf_fd(seccomp.bpf_bytes(None))
+    p = list(prefix)
+    p[p.index("--seccomp") + 1] = str(_W["fd"])
+    _W["argv"], _W["env"], _W["kw"] = p + ["--", *CMD], env, kw
+
+
+def _worker_one(_i: int) -> int:
+    os.lseek(_W["fd"], 0, os.SEEK_SET)
+    startup.run_checked(_W["argv"], env=_W["env"], pass_fds=(_W["fd"],), **_W["kw"])
+    return 1
+
+
+def bwrap_pool(base, n: int, p: int) -> float:
+    kw = {"user": base.uid, "group": base.gid, "extra_groups": []} if base.switch_user \
+        else {}
+    ctx = multiprocessing.get_context("fork")
+    pool = ctx.Pool(p, _worker_init, (base.bwrap_prefix, base.env, kw))
+    pool.map(_worker_one, range(p), chunksize=1)        # workers up and warm
+    t0 = time.monotonic()
+    done = sum(pool.imap_unordered(_worker_one, range(n), chunksize=1))
+    wall = time.monotonic() - t0
+    pool.close()
+    pool.join()     # workers exit and are waited for: their CPU is counted
+    assert done == n
+    return wall
+
+
+def batch(n: int, p: int, policy=None, ray_address=None) -> float:
+    import corral.batch
+
+    jobs = [{"id": i, "argv": CMD} for i in range(n)]
+    t0 = time.monotonic()
+    lines = list(corral.batch.map(jobs, policy, ray_address=ray_address, concurrency=p))
+    wall = time.monotonic() - t0
+    bad = [x for x in lines if x.get("verdict") != "ok"]
+    assert len(lines) == n and not bad, bad[:2]
+    return wall
+
+
+class RayCluster:
+    def __init__(self) -> None:
+        from ray.cluster_utils import Cluster
+
+        self.tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")
+        os.environ["RAY_TMPDIR"] = self.tmp
+        self.c = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "include_dashboard": False})
+        for _ in range(2):
+            self.c.add_node(num_cpus=1, resources={"corral_namespace": 1000})
+        self.c.wait_for_nodes(timeout=180)
+        import ray
+
+        ray.init(address=self.c.address, log_to_driver=False, configure_logging=False)
+
+    def close(self) -> None:
+        import ray
+
+        ray.shutdown()
+        self.c.shutdown()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--jobs", type=int)
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--ray", action="store_true")
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args()
+    n = args.jobs or (60 if args.quick else 300)
+    rounds = args.rounds or (1 if args.quick else 3)
+    p = args.parallel
+    state = tempfile.mkdtemp(prefix="corral-bench-batch-")
+    os.environ["CORRAL_STATE_DIR"] = state
+    os.environ["CORRAL_AUDIT"] = "1"
+    info = startup.machine()
+    base = startup.Bench(use_runsc=False)
+    cluster = RayCluster() if args.ray else None
+    contenders = {
+        "bwrap pool": lambda: bwrap_pool(base, n, p),
+        "batch local": lambda: batch(n, p),
+        "batch reuse": lambda: batch(n, p, {"batch": {"reuse": True}}),
+    }
+    driver_cpu: list[float] = []
+    if cluster is not None:
+        def on_ray() -> float:
+            c0 = resource.getrusage(resource.RUSAGE_SELF)
+            w = batch(n, max(1, p // 2), None, cluster.c.address)
+            c1 = resource.getrusage(resource.RUSAGE_SELF)
+            driver_cpu.append((c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime)
+                              / n * 1000)
+            return w
+        contenders["batch ray"] = on_ray
+    names = list(contenders)
+    walls: dict[str, list[float]] = {c: [] for c in names}
+    load0 = os.getloadavg()
+    try:
+        batch(min(n, 20), p)                 # warm-up: imports, caches, the receipt key
+        for rnd in range(rounds):
+            k = rnd % len(names)
+            for c in names[k:] + names[:k]:
+                w = contenders[c]()
+                walls[c].append(w)
+                print(f"  round {rnd + 1} {c:12} {n / w:7.1f} jobs/s ({w:.2f} s)",
+                      file=sys.stderr, flush=True)
+    finally:
+        base.close()
+        if cluster is not None:
+            cluster.close()
+        shutil.rmtree(state, ignore_errors=True)
+    load1 = os.getloadavg()
+    wall = {c: statistics.median(ws) for c, ws in walls.items()}
+    rate = {c: n / w for c, w in wall.items()}
+    print(f"\n{n} jobs of {' '.join(CMD)}, {p} at once, median of {rounds} round(s); "
+          f"load average {load0[0]:.2f} -> {load1[0]:.2f}")
+    # paired: each round's ratio to the bwrap pool of the same round, then the median
+    paired = {c: statistics.median(b / w for w, b in zip(walls[c], walls["bwrap pool"]))
+              for c in names}
+    for c in names:
+        print(f"  {c:12} {rate[c]:7.1f} jobs/s   {paired[c]:.2f}x bwrap pool (median of "
+              f"the rounds' paired ratios; of the medians: "
+              f"{rate[c] / rate['bwrap pool']:.2f}x)")
+    out = {"machine": info, "jobs": n, "parallel": p, "rounds": rounds, "walls": walls,
+           "jobs_per_s": rate, "paired_ratio": paired, "ratio_local": paired["batch local"],
+           "goal": f"batch local >= {GOAL}x bwrap pool"}
+    if "batch ray" in wall:
+        over = (wall["batch ray"] - wall["batch local"]) / n * p * 1000
+        out["ray_overhead_ms_per_job"] = over
+        out["ray_driver_cpu_ms_per_job"] = statistics.median(driver_cpu)
+        print(f"  Ray: {over:+.1f} ms of slot time per job over batch local; the driver's "
+              f"own CPU {out['ray_driver_cpu_ms_per_job']:.2f} ms per job")
+    ok = out["ratio_local"] >= GOAL
+    print(f"goal: batch local >= {GOAL}x bwrap pool: {'met' if ok else 'NOT met'} "
+          f"({out['ratio_local']:.2f}x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

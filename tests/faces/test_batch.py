@@ -1,0 +1,254 @@
+"""corral batch on this machine (no Ray): real namespace-tier sandboxes from a warm pool,
+the output file, resume, reuse with scratch wiped, bad job lines, the audit store and the
+nodes' receipts. Seconds each; the Ray cluster's tests are test_batch_ray.py (slow)."""
+
+import glob
+import json
+import os
+import subprocess
+
+import pytest
+from conftest import CORRAL, PY, tier_unavailable
+
+import corral
+from corral.errors import UsageError
+
+pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
+                                reason=f"namespace tier: {tier_unavailable('namespace')}")
+
+
+def batch_cli(tmp_path, jobs, *args, policy=None, env=None):
+    jf = tmp_path / "jobs.jsonl"
+    if jobs is not None:
+        jf.write_text("".join((j if isinstance(j, str) else json.dumps(j)) + "\n"
+                              for j in jobs))
+    cmd = [CORRAL, "batch", str(jf), "--out", str(tmp_path / "out.jsonl"), *args]
+    if policy is not None:
+        pf = tmp_path / "policy.toml"
+        pf.write_text(policy)
+        cmd += ["--policy", str(pf)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, **(env or {})))
+
+
+def out_lines(tmp_path):
+    return [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+
+
+def test_argv_code_stdin_and_files_jobs(tmp_path):
+    p = batch_cli(tmp_path, [
+        {"id": "argv", "argv": [PY, "-c", "pass"]},
+        {"id": "code", "code": "import sys; print(sys.stdin.read().upper())",
+         "stdin": "hello"},
+        {"id": "files", "argv": ["cat", "sub/a.txt", "b"],
+         "files": {"sub/a.txt": "one\n", "b": "two\n"}},
+        {"id": 7, "argv": ["sh", "-c", "echo oops >&2; exit 3"]},
+    ], "--concurrency", "2")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""          # not a terminal: no progress
+    by = {x["id"]: x for x in out_lines(tmp_path)}
+    assert set(by) == {"argv", "code", "files", 7}
+    assert by["argv"]["verdict"] == "ok" and by["argv"]["isolation"] == "namespace"
+    assert by["code"]["stdout"] == "HELLO\n"
+    assert by["files"]["stdout"] == "one\ntwo\n"
+    assert by[7]["verdict"] == "error" and by[7]["exit_code"] == 3
+    assert by[7]["stderr"] == "oops\n"
+    for x in by.values():
+        assert x["node"] == os.uname().nodename and x["attempt"] == 1
+        assert x["run_id"].startswith("r-") and x["ended"] >= x["started"]
+        assert x["receipt"]["body"]["run_id"] == x["run_id"]
+        assert x["receipt"]["body"]["verdict"] == x["verdict"]
+        assert isinstance(x["events"], list) and "usage" in x
+
+
+def test_resume_skips_recorded_jobs_and_runs_none_twice(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    policy = f'[filesystem.workspace]\npath = "{ws}"\nmode = "rw"\n'
+    job = lambda i: {"id": i, "argv": ["sh", "-c", f"mktemp /workspace/ran.{i}.XXXXXX"]}
+    assert batch_cli(tmp_path, [job(i) for i in range(3)], policy=policy).returncode == 0
+    first = out_lines(tmp_path)
+    # the batch was killed mid-write: a torn line, and a job that was never run (its
+    # line an error that is not the job's own fault) run again; the rest are skipped
+    with open(tmp_path / "out.jsonl", "a") as f:
+        f.write(json.dumps({"id": 3, "node": None, "attempt": 1, "error": {
+            "kind": "unavailable", "field": "isolation", "message": "no node"}}) + "\n")
+        f.write('{"id": 4, "node": "x", "verdict": "o')
+    p = batch_cli(tmp_path, [job(i) for i in range(6)], policy=policy)
+    assert p.returncode == 0, p.stderr
+    text = (tmp_path / "out.jsonl").read_text().splitlines()
+    assert text[4] == '{"id": 4, "node": "x", "verdict": "o'     # kept, and ended
+    lines = [json.loads(x) for i, x in enumerate(text) if i != 4]
+    assert lines[:3] == first
+    assert sorted(x["id"] for x in lines[4:]) == [3, 4, 5]
+    ran = {i: len(glob.glob(str(ws / f"ran.{i}.*"))) for i in range(6)}
+    assert ran == {i: 1 for i in range(6)}
+    # and once more: everything is recorded, nothing runs
+    p = batch_cli(tmp_path, [job(i) for i in range(6)], policy=policy)
+    assert p.returncode == 0 and len((tmp_path / "out.jsonl").read_text().splitlines()) == 8
+    assert {i: len(glob.glob(str(ws / f"ran.{i}.*"))) for i in range(6)} == ran
+
+
+SCRIBBLE = ("stat -c %d /scratch; find /scratch /tmp /dev/shm -mindepth 1 | sort | tr '\\n' ' '; echo; "
+            "echo x > /scratch/s.$1; echo y > /tmp/t.$1; echo z > /dev/shm/m.$1; "
+            "mkdir -p /scratch/d/e && echo w > /scratch/d/e/f; "
+            "(sleep 613 >/dev/null 2>&1 &) ; for i in $(seq 100); do "
+            "ps -e -o args= | grep -q '^sleep 613' && break; sleep 0.05; done; "
+            "ps -e -o args= | grep -c '^sleep 613'")   # its own sleep, started, and no other
+
+
+def scribble_jobs(n):
+    return [{"id": i, "argv": ["sh", "-c", SCRIBBLE, "sh", str(i)]} for i in range(n)]
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_sandboxes_are_fresh_or_reused_with_scratch_wiped(tmp_path, reuse):
+    policy = "[batch]\nreuse = true\n" if reuse else None
+    p = batch_cli(tmp_path, scribble_jobs(3), "--concurrency", "1", policy=policy)
+    assert p.returncode == 0, p.stderr
+    lines = sorted(out_lines(tmp_path), key=lambda x: x["id"])
+    assert all(x["verdict"] == "ok" for x in lines), lines
+    devs, listings, sleeps = zip(*(x["stdout"].split("\n")[:3] for x in lines))
+    # every job sees an empty scratch, and no process an earlier job left running
+    assert listings == ("", "", ""), listings
+    assert sleeps == ("1", "1", "1"), sleeps
+    if reuse:     # one sandbox: its scratch is one tmpfs, emptied between the jobs
+        assert len(set(devs)) == 1, devs
+    else:         # a new sandbox each: a scratch tmpfs of its own (the next one is made
+        # while a job runs, so two jobs in a row never share a device number)
+        assert devs[0] != devs[1] != devs[2], devs
+
+
+@pytest.mark.parametrize("line,where", [
+    ('{"argv": ["true"]}', ":2: id: missing"),
+    ('{"id": "b", "argv": ["true"], "code": "pass"}', ":2: argv: give exactly one"),
+    ('{"id": "b", "argv": "true"}', ":2: argv: expected a non-empty list"),
+    ('{"id": "b", "argv": ["true"], "files": {"../x": "y"}}', ":2: files['../x']: "),
+    ('{"id": "b", "argv": ["true"], "stdin": 5}', ":2: stdin: expected text"),
+    ('{"id": "b", "argv": ["true"], "colour": 1}', ":2: colour: unknown key"),
+    ('{"id": "a", "argv": ["true"]}', ":2: id: id 'a' is also on line 1"),
+    ('{"id": "b", ', ":2: not a JSON object"),
+    ('[1]', ":2: a job is a JSON object"),
+])
+def test_a_bad_job_line_is_one_line_naming_line_and_field(tmp_path, line, where):
+    p = batch_cli(tmp_path, ['{"id": "a", "argv": ["true"]}', line])
+    assert p.returncode == 2
+    assert p.stderr.count("\n") == 1 and where in p.stderr, p.stderr
+    assert p.stderr.startswith(f"corral: {tmp_path}/jobs.jsonl:2: ")
+    assert not (tmp_path / "out.jsonl").exists() or not (tmp_path / "out.jsonl").read_text()
+
+
+def test_bad_options_and_policy_are_refused_before_anything_runs(tmp_path):
+    jobs = [{"id": 1, "argv": ["true"]}]
+    p = batch_cli(tmp_path, jobs, "--concurrency", "0")
+    assert p.returncode == 2 and "concurrency" in p.stderr
+    p = batch_cli(tmp_path, jobs, policy="[limits]\nmemroy = 1\n")
+    assert p.returncode == 2 and "limits.memroy: unknown key" in p.stderr
+    p = subprocess.run([CORRAL, "batch", str(tmp_path / "jobs.jsonl")], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "--out" in p.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_widening_override_is_refused_for_that_job_only():
+    jobs = [{"id": "wide", "argv": ["true"], "policy": {"limits": {"memory": "1G"}}},
+            {"id": "net", "argv": ["true"], "policy": {"network": {
+                "mode": "allow", "allow": ["example.com"]}}},
+            {"id": "weaker", "argv": ["true"], "policy": {"isolation": "process"}},
+            {"id": "narrow", "argv": ["sh", "-c", "ulimit -n"],
+             "policy": {"limits": {"memory": "64M", "open_files": 64}}}]
+    by = {x["id"]: x for x in corral.batch.map(jobs, {"limits": {"memory": "256M"}},
+                                               concurrency=2)}
+    assert by["narrow"]["verdict"] == "ok" and by["narrow"]["stdout"] == "64\n"
+    assert by["wide"]["error"] == {
+        "kind": "policy", "field": "policy.limits.memory",
+        "message": "the job's policy widens the batch's: \"1G\" is above the batch's "
+                   "\"256M\"; a job may only narrow it"}
+    assert by["net"]["error"]["field"] == "policy.network.mode"
+    assert by["weaker"]["error"]["field"] == "policy.isolation"
+    assert "verdict" not in by["wide"]
+
+
+def test_map_checks_jobs_first_and_streams_results():
+    with pytest.raises(UsageError) as e:
+        corral.batch.map([{"id": 1, "argv": ["true"]}, {"id": 1, "argv": ["true"]}])
+    assert str(e.value) == "job 1: id: id 1 is also job 0's; ids must be unique"
+    it = corral.batch.map(({"id": i, "code": f"print({i} * {i})"} for i in range(4)),
+                          corral.Policy(), concurrency=2)
+    got = {x["id"]: x["stdout"] for x in it}
+    assert got == {i: f"{i * i}\n" for i in range(4)}
+
+
+def test_results_land_in_this_machines_audit_store(tmp_path, monkeypatch):
+    state = str(tmp_path / "state")
+    env = {"CORRAL_STATE_DIR": state, "CORRAL_AUDIT": "1"}
+    p = batch_cli(tmp_path, [{"id": i, "argv": ["sh", "-c", f"echo {i}"]} for i in range(3)]
+                  + [{"id": "w", "argv": ["true"], "policy": {"limits": {"pids": 100000}}}],
+                  env=env)
+    assert p.returncode == 1, p.stderr       # one job refused
+    assert "1 job(s) not run" in p.stderr
+    lines = {x["id"]: x for x in out_lines(tmp_path)}
+    monkeypatch.setenv("CORRAL_STATE_DIR", state)
+    from corral.audit import query
+
+    runs = {r["id"]: r for r in query.runs()}
+    assert set(runs) == {lines[i]["run_id"] for i in range(3)}     # only what ran
+    for i in range(3):
+        r = runs[lines[i]["run_id"]]
+        assert r["face"] == "batch" and r["argv"] == ["sh", "-c", f"echo {i}"]
+        assert r["verdict"] == "ok" and r["tier"] == "namespace"
+    # the node's receipt, stored as it signed it, verifies with the job's output
+    rid = lines[0]["run_id"]
+    _, _, receipt = query.get_run(rid)
+    assert receipt == lines[0]["receipt"]
+    rfile, out = tmp_path / "r.json", tmp_path / "stdout"
+    rfile.write_text(json.dumps(lines[0]["receipt"]))
+    out.write_text(lines[0]["stdout"])
+    v = subprocess.run([CORRAL, "verify", str(rfile), "--stdout", str(out)],
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, **env))
+    assert v.returncode == 0, v.stderr
+
+
+def test_a_node_without_advertised_resources_offers_what_its_host_runs():
+    """What a Ray node offers when the cluster advertises no corral_* resource."""
+    from corral.scale.node import host_tiers
+
+    tiers = host_tiers()
+    assert "namespace" in tiers
+    assert "microvm" not in tiers      # refuses the default image: never offered
+    for t in ("gvisor", "process", "wasm"):
+        assert (t in tiers) == (tier_unavailable(t) is None), t
+
+
+def test_a_worker_killed_mid_batch_hangs_nothing_and_loses_no_job(tmp_path):
+    """The local runner's workers are forked processes: one SIGKILLed (the OOM killer)
+    fails no job for good: those in flight run again, every job has one line."""
+    import signal
+
+    def workers():
+        me = os.getpid()
+        kids = []
+        for tid in os.listdir(f"/proc/{me}/task"):
+            with open(f"/proc/{me}/task/{tid}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+        return kids
+
+    jobs = [{"id": i, "argv": ["sleep", "0.3"]} for i in range(8)]
+    lines = []
+    for line in corral.batch.map(jobs, None, concurrency=2):
+        lines.append(line)
+        if len(lines) == 1:
+            os.kill(workers()[0], signal.SIGKILL)
+    assert sorted(x["id"] for x in lines) == list(range(8))
+    assert all(x.get("verdict") == "ok" for x in lines), lines
+    assert any(x["attempt"] == 2 for x in lines)
+
+
+def test_an_unreachable_ray_address_is_one_line_at_once(tmp_path):
+    p = batch_cli(tmp_path, [{"id": 1, "argv": ["true"]}], "--ray", "127.0.0.1:1")
+    assert p.returncode == 3, p.stderr
+    assert p.stderr == ("corral: --ray: cannot reach the Ray cluster at '127.0.0.1:1': "
+                        "Connection refused; start one with ray start --head "
+                        "(docs/scale.md)\n")
+    assert (tmp_path / "out.jsonl").read_text() == ""     # nothing ran, nothing written

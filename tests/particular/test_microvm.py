@@ -211,6 +211,9 @@ def test_sandboxes_restored_from_one_snapshot_get_different_random_bytes_and_ide
             r = sb.exec(["python3", "-c", code])
             assert r.verdict == "ok", r
             outs.append(r.stdout.split())
+            # the host's wall clock, not the template's (saved when it was made)
+            r = sb.exec(["python3", "-c", "import time; print(time.time())"])
+            assert abs(float(r.stdout) - time.time()) < 10, r.stdout
     # random bytes, and a fresh identity: hostname and /etc/machine-id differ too
     assert len(outs[0]) == 5 and all(a != b for a, b in zip(*outs)), outs
     for out in outs:

@@ -194,7 +194,7 @@ def test_a_secret_grant_is_injected_over_https(vm_image, world):
             "'Bearer ' + os.environ['GITHUB_TOKEN']})\n"
             "print(u.urlopen(req, timeout=20).read().decode())\n")
     r = corral.run([PY, "-c", code], policy)
-    assert r.verdict == "ok", r
+    assert r.verdict == "ok", (r.stdout, r.stderr[-1500:], r.events)
     first, count, body = r.stdout.split("\n", 2)
     ph, ca = first.split("=", 1)[1].split()
     assert ph.startswith("corral_GITHUB_TOKEN_") and TOKEN not in ph, first

@@ -452,7 +452,8 @@ class MicrovmSandbox(LiveSandbox):
             self.hostname = "corral-" + os.urandom(4).hex()
             self.machine_id = os.urandom(16).hex()
             self._send(frame(b"H", json.dumps({"hostname": self.hostname,
-                                               "machine_id": self.machine_id}).encode()))
+                                               "machine_id": self.machine_id,
+                                               "time": time.time()}).encode()))
         if mode == "restore":   # fresh entropy before anything runs: the agent mixes it
             # into the guest kernel's pool and forces a reseed of its CRNG
             self._send(frame(b"S", os.urandom(64)))

@@ -233,7 +233,7 @@ def reseed(seed):
 
 def identity(spec):
     """A fresh hostname and /etc/machine-id (a bind of /run/corral/machine-id, made by the
-    initramfs: written in place)."""
+    initramfs: written in place), and the host's wall clock."""
     import socket
 
     name, mid = spec["hostname"], spec["machine_id"]
@@ -243,6 +243,14 @@ def identity(spec):
     socket.sethostname(name)
     with open("/run/corral/machine-id", "w") as f:
         f.write(mid + "\n")
+    # the host's wall clock: a guest restored from a template would otherwise go on from
+    # the time the template was saved (TLS certificates minted now would not be valid yet)
+    now = spec.get("time")
+    if not (type(now) is float and 1e9 < now < 1e11):
+        raise SystemExit("corral-agent: bad time")
+    import time
+
+    time.clock_settime(time.CLOCK_REALTIME, now)
 
 
 class NetRelay:

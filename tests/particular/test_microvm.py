@@ -224,8 +224,11 @@ def test_sandboxes_restored_from_one_snapshot_get_different_random_bytes_and_ide
 def _children(pid):
     out = []
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            out += [int(x) for x in f.read().split()]
+        try:   # a thread may end between the listing and the read
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            pass
     return out
 
 

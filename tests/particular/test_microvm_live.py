@@ -42,14 +42,18 @@ def _qemus() -> list[int]:
     """QEMU processes that are children of this process."""
     out = []
     for task in os.listdir(f"/proc/{os.getpid()}/task"):
-        with open(f"/proc/{os.getpid()}/task/{task}/children") as f:
-            for pid in f.read().split():
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as c:
-                        if c.read().startswith(b"/usr/bin/qemu-system-x86_64\0"):
-                            out.append(int(pid))
-                except OSError:
-                    pass
+        try:   # a thread may end between the listing and the read
+            with open(f"/proc/{os.getpid()}/task/{task}/children") as f:
+                pids = f.read().split()
+        except FileNotFoundError:
+            continue
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as c:
+                    if c.read().startswith(b"/usr/bin/qemu-system-x86_64\0"):
+                        out.append(int(pid))
+            except OSError:
+                pass
     return out
 
 

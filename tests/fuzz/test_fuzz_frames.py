@@ -87,7 +87,7 @@ def test_microvm_exit_frame_is_checked_or_value_error(data):
 # --- the microvm's frames, guest side (the agent reads the host's) ----------------------
 
 def agent_frames(pieces: list[bytes]):
-    from corral.guest.microvm_agent import MAX_FRAME, Channel
+    from corral.guest.microvm_agent import HOST_MAX, Channel
 
     r, w = os.pipe()
     ch = Channel(r)
@@ -98,7 +98,7 @@ def agent_frames(pieces: list[bytes]):
             while True:            # what a read gives may be less than what was written
                 got = ch.feed()
                 out += got
-                assert len(ch.buf) < 5 + MAX_FRAME + (1 << 16)
+                assert len(ch.buf) < 5 + HOST_MAX + (1 << 16)
                 if not os.get_blocking(r) or not _readable(r):
                     break
         return out, ch.buf

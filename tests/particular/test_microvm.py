@@ -69,14 +69,13 @@ def test_the_host_root_is_refused_in_one_line():
 
 def test_what_it_cannot_do_yet_is_refused_naming_a_tier_that_could(vm_image, tmp_path):
     state, name = vm_image
-    for extra in (["--allow-domain", "example.com"], ["--workspace", str(tmp_path)]):
+    for extra in (["--ro-bind", str(tmp_path)], ["--tty"]):
         p = corral_in(state, "run", "--isolation", "microvm", "--image", name, *extra,
                       "--", "true", check=False)
         assert p.returncode == 3 and p.stderr.count("\n") == 1, p.stderr
-        assert 'isolation = "namespace" could' in p.stderr, p.stderr
+        assert 'isolation = "namespace"' in p.stderr, p.stderr
     with pytest.raises(UnsupportedRule):
-        corral.run(["true"], {**policy(name), "network": {"mode": "allow",
-                                                            "allow": ["example.com"]}})
+        corral.run(["true"], {**policy(name), "filesystem": {"ro_binds": ["/usr/share/doc"]}})
 
 
 def test_auto_never_picks_it_and_explain_says_own_kernel(vm_image):
@@ -198,10 +197,12 @@ def test_memory_gives_oom_and_a_guest_that_stops_answering_is_killed(vm_image):
 
 
 @pytest.mark.slow
-def test_sandboxes_restored_from_one_snapshot_get_different_random_bytes(vm_image):
+def test_sandboxes_restored_from_one_snapshot_get_different_random_bytes_and_identity(
+        vm_image):
     state, name = vm_image
-    code = ("import os, random; print(open('/dev/urandom', 'rb').read(16).hex(), "
-            "os.urandom(16).hex(), random.getrandbits(64))")
+    code = ("import os, random, socket; print(open('/dev/urandom', 'rb').read(16).hex(), "
+            "os.urandom(16).hex(), random.getrandbits(64), socket.gethostname(), "
+            "open('/etc/machine-id').read().strip())")
     outs = []
     for _ in range(2):
         with corral.Sandbox(policy(name)) as sb:
@@ -210,14 +211,24 @@ def test_sandboxes_restored_from_one_snapshot_get_different_random_bytes(vm_imag
             r = sb.exec(["python3", "-c", code])
             assert r.verdict == "ok", r
             outs.append(r.stdout.split())
-    assert len(outs[0]) == 3 and all(a != b for a, b in zip(*outs)), outs
+            # the host's wall clock, not the template's (saved when it was made)
+            r = sb.exec(["python3", "-c", "import time; print(time.time())"])
+            assert abs(float(r.stdout) - time.time()) < 10, r.stdout
+    # random bytes, and a fresh identity: hostname and /etc/machine-id differ too
+    assert len(outs[0]) == 5 and all(a != b for a, b in zip(*outs)), outs
+    for out in outs:
+        assert out[3].startswith("corral-") and len(out[4]) == 32, out
+        assert out[4] != "0" * 32    # not the template's
 
 
 def _children(pid):
     out = []
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            out += [int(x) for x in f.read().split()]
+        try:   # a thread may end between the listing and the read
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            pass
     return out
 
 
@@ -271,3 +282,67 @@ def test_killing_the_supervisor_leaves_no_qemu(vm_image):
         sup.kill()
         sup.wait()
         sup.stdout.close()
+
+
+@pytest.mark.slow
+def test_a_read_only_workspace_is_copied_in(vm_image, tmp_path):
+    state, name = vm_image
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "a.txt").write_text("hello ws\n")
+    (ws / "sub" / "b").write_text("private\n")
+    (ws / "sub" / "b").chmod(0o600)
+    os.symlink("a.txt", ws / "link")          # inside: copied as a link
+    os.symlink("/etc/passwd", ws / "out")     # leading out: left out, with a notice
+    pol = {**policy(name), "filesystem": {"workspace": {"path": str(ws), "mode": "ro"}}}
+    with corral.Sandbox(pol) as sb:
+        r = sb.exec(["sh", "-c", "pwd; cat a.txt link sub/b; ls; echo x > new || echo ro; "
+                     "touch a.txt || echo ro"])
+        assert r.stdout.split() == ["/workspace", "hello", "ws", "hello", "ws", "private",
+                                    "a.txt", "link", "sub", "ro", "ro"], r
+        assert "Read-only file system" in r.stderr, r
+        assert any(e["kind"] == "notice" and "1 entries" in e["message"] for e in r.events)
+    assert sorted(os.listdir(ws)) == ["a.txt", "link", "out", "sub"]   # the host's: as it was
+    for mode in ("rw", "review"):
+        with pytest.raises(UnsupportedRule, match="copies a workspace in read-only"):
+            corral.run(["true"], {**pol, "filesystem": {"workspace": {"path": str(ws),
+                                                                      "mode": mode}}})
+
+
+@pytest.mark.slow
+def test_the_probe_runs_on_microvm_and_its_claims_hold(vm_image):
+    state, name = vm_image
+    cases = ["fs.ssh-key", "kernel.no-new-privs", "net.direct-tcp", "dos.proxy-huge-header",
+             "term.escape-sequences"]
+    p = corral_in(state, "probe", "--isolation", "microvm", "--image", name, "--json",
+                  *(a for c in cases for a in ("--case", c)), check=False, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    cells = {c["id"]: c for c in json.loads(p.stdout)["cases"]}
+    assert set(cells) == set(cases)
+    for cid in cases[:4]:
+        assert cells[cid]["status"] == "contained" and cells[cid]["expected"], cells[cid]
+    c = cells["term.escape-sequences"]
+    assert c["status"] == "unsupported" and "terminal" in c["reason"], c
+    # without an image it is refused in one line
+    p = corral_in(state, "probe", "--isolation", "microvm", check=False)
+    assert p.returncode == 2 and "needs --image NAME" in p.stderr, p.stderr
+
+
+@pytest.mark.slow
+def test_a_guest_that_floods_its_console_is_ended_with_an_event(vm_image, monkeypatch):
+    """The guest kernel's OOM report is written to its console (an error-level message);
+    with the console's bound lowered to a few bytes, that is a flood: the VM is ended."""
+    from corral.backends import microvm
+    from corral.errors import SandboxSetupError
+
+    state, name = vm_image
+    with corral.Sandbox(policy(name, memory="256MiB", timeout="60s")) as sb:
+        sb.open()
+        monkeypatch.setattr(microvm, "CONSOLE_MAX", 16)
+        r = sb.exec(["python3", "-c", "b = b'x' * (1 << 30)"])
+        assert r.verdict in ("oom", "killed"), r
+        assert any(e["kind"] == "teardown" and "more than 16 bytes to its console"
+                   in e["message"] for e in r.events), r.events
+        with pytest.raises(SandboxSetupError, match="gone"):
+            sb.exec(["true"])
+

@@ -11,7 +11,9 @@ supplementary groups, its own session, a cgroup (memory: the guest's RAM plus
 QEMU_OVERHEAD; the policy's CPUs as a quota; a pids cap), QEMU's seccomp sandbox
 (`-sandbox on` denying obsolete calls, privilege changes, spawning and resource control),
 `-nodefaults -no-user-config`, no network device at all, and PR_SET_PDEATHSIG so that QEMU
-dies with its supervisor. Its files reach it as open descriptors (/proc/self/fd/N), so
+dies with its supervisor. network.mode = "allow" adds no device either: the guest's
+connections to 127.0.0.1:3128 are relayed over a second virtio-serial port to the egress
+proxy and nothing else (backends/microvm_net.py). Its files reach it as open descriptors (/proc/self/fd/N), so
 its uid needs no access to corral's state directory.
 
 The host treats the guest as hostile: frames are bounded (MAX_FRAME) and typed, anything
@@ -19,9 +21,12 @@ else ends the VM; output past the policy's cap is read and dropped; the wall clo
 host's (a K frame, then the VM is killed if the agent does not answer); CPU time is the
 guest kernel's RLIMIT_CPU on the command, reported back and checked against the limit.
 
-Not built yet (refused, naming a tier that could): network.mode = "allow", the workspace
-and ro_binds (no host directory is shared), layered images, a terminal, live sandboxes,
-the warm snapshot. See docs/tiers.md.
+Each sandbox gets a fresh identity (hostname, /etc/machine-id) and fresh entropy before
+its first command. Live sandboxes: backends/microvm_live.py.
+
+A read-only workspace is copied in (backends/microvm_ws.py). Not built yet (refused,
+naming a tier that could): a writable or review workspace and ro_binds (no host directory
+is shared), layered images, a terminal. See docs/tiers.md.
 """
 
 from __future__ import annotations
@@ -74,18 +79,18 @@ MIN_RAM = 128 << 20
 BOOT_TIMEOUT = 120.0
 #: after a K frame, how long the agent has to report the end before the VM is killed
 KILL_GRACE = 3.0
-CONSOLE_TAIL = 4096
+CONSOLE_TAIL = 16384
 #: threads and processes of QEMU itself (vCPU threads, I/O workers)
 QEMU_PIDS = 64
+#: the egress proxy's memory beside QEMU's, in the same cgroup (network allow)
+PROXY_OVERHEAD = 128 << 20
+#: the guest's console (kernel messages) over a sandbox's life: past it the VM is ended
+CONSOLE_MAX = 8 << 20
 
 _CANNOT = {
     "host": "the microvm tier boots an image, not the host's /usr: set image = \"NAME\" "
             "(corral image build / pull), or use isolation = \"namespace\" for image = "
             "\"host\"",
-    "network": "the microvm tier has no egress path yet (its guests get no network device); "
-               "use isolation = \"namespace\" or \"gvisor\" for network.mode = \"allow\"",
-    "workspace": "the microvm tier shares no host directory with its guest yet; use "
-                 "isolation = \"namespace\" for a workspace",
     "bind": "the microvm tier shares no host directory with its guest yet; use isolation = "
             "\"namespace\" for filesystem.ro_binds",
     "layers": "the microvm tier boots an image's base tree only, not layers over it yet; use "
@@ -124,12 +129,16 @@ class MicrovmBackend(Backend):
                 f"cgroup and seccomp sandbox), not on the host kernel directly" + (
                     "; each sandbox is a fresh QEMU restored from a warm snapshot of a "
                     "booted guest (one per image, kernel and memory size), reseeded with "
-                    "fresh host entropy before it runs anything" if self.warm else
+                    "fresh host entropy and given a hostname and machine-id of its own "
+                    "before it runs anything" if self.warm else
                     "; each sandbox is a cold boot"))
 
     @property
     def egress_note(self) -> str:
-        return "none: the guest has no network device"
+        return ("only through the egress proxy at http://127.0.0.1:3128 inside the guest "
+                "(HTTP_PROXY), a relay over a virtio-serial port that the host connects to "
+                "the proxy and nothing else; the guest has no network device, route or "
+                "resolver")
 
     def __init__(self, warm: bool = True) -> None:
         """`warm`: start sandboxes from the warm template (backends/microvm_snap.py);
@@ -167,7 +176,11 @@ class MicrovmBackend(Backend):
                 return "kernel", ("a tmpfs of the guest kernel at /scratch (and /tmp in "
                                   "it), capped in size and inodes: ENOSPC past the cap")
             case WorkspaceMount():
-                return "none", _CANNOT["workspace"]
+                return "kernel", ("copied in at the start (a tar over the control channel, "
+                                  "read on the host without following links) to a tmpfs "
+                                  "the guest kernel then holds read-only; no host "
+                                  "directory is shared, and changes on the host after the "
+                                  "start are not seen")
             case ReadOnlyBind():
                 return "none", _CANNOT["bind"]
             case Environment():
@@ -192,7 +205,10 @@ class MicrovmBackend(Backend):
             case NoNetwork():
                 return "kernel", "QEMU gets no network device at all (-nodefaults, no -nic)"
             case EgressProxy():
-                return "none", _CANNOT["network"]
+                return "proxy", ("egress proxy at 127.0.0.1:3128 inside (HTTP_PROXY): the "
+                                 "guest agent relays each connection over a virtio-serial "
+                                 "port to the host, which connects it to the proxy only; "
+                                 "no network device, route or resolver in the guest")
             case _:
                 assert_never(op)
 
@@ -206,17 +222,19 @@ class MicrovmBackend(Backend):
                 case ImageRoot():
                     if op.layers:
                         missing.append((op, _CANNOT["layers"]))
-                case EgressProxy():
-                    missing.append((op, _CANNOT["network"]))
                 case WorkspaceMount():
-                    missing.append((op, _CANNOT["workspace"]))
+                    from .microvm_ws import check as ws_check
+
+                    why = ws_check(op)
+                    if why:
+                        missing.append((op, why))
                 case ReadOnlyBind():
                     missing.append((op, _CANNOT["bind"]))
                 case Seccomp():
                     missing.append((op, _CANNOT["seccomp"]))
                 case (Namespaces() | Scratch() | Environment() | MemoryLimit() | CpuTime()
                       | WallClock() | CpuQuota() | PidsLimit() | OutputCap() | Rlimit()
-                      | NoNetwork()):
+                      | NoNetwork() | EgressProxy()):
                     pass
                 case _:
                     assert_never(op)
@@ -230,12 +248,16 @@ class MicrovmBackend(Backend):
 
     def open(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None
              ) -> MicrovmSandbox:
+        return self._open(MicrovmSandbox, plan, check, granted, upstream_ca)
+
+    def _open(self, cls, plan: Plan, check: TierCheck, granted, upstream_ca):
         check.admit(self.name)
         for g in check.gaps:   # fail closed: a default this tier cannot give is not
             if isinstance(g.op, (WorkspaceMount, ReadOnlyBind, EgressProxy, ImageRoot)):
                 raise UnsupportedRule(g.reason, field=g.rule)   # quietly dropped either
+        net = {"granted": list(granted), "upstream_ca": upstream_ca}
         if not self.warm:
-            return MicrovmSandbox(plan, check)
+            return cls(plan, check, net=net)
         from . import microvm_snap as snap
 
         path = snap.snap_path(machine(plan)["key"])
@@ -243,18 +265,23 @@ class MicrovmBackend(Backend):
             try:
                 snap.template(plan, check, MicrovmSandbox, path)
             except SandboxSetupError:
-                return MicrovmSandbox(plan, check)   # no template: a cold boot, slower only
+                return cls(plan, check, net=net)   # no template: a cold boot, slower only
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            return MicrovmSandbox(plan, check, mode="restore", snapshot=fd)
+            return cls(plan, check, mode="restore", snapshot=fd, net=net)
         except SandboxSetupError:
             try:
                 os.unlink(path)   # a template that does not restore is made again next time
             except OSError:
                 pass
-            return MicrovmSandbox(plan, check)
+            return cls(plan, check, net=net)
         finally:
             os.close(fd)
+
+    def open_live(self, plan: Plan, check: TierCheck, granted=(), upstream_ca=None):
+        from .microvm_live import MicrovmLive
+
+        return self._open(MicrovmLive, plan, check, granted, upstream_ca)
 
 
 def frame(kind: bytes, data: bytes = b"") -> bytes:
@@ -331,14 +358,19 @@ class MicrovmSandbox(LiveSandbox):
     open file of a saved template; the guest is reseeded and answers ready again)."""
 
     def __init__(self, plan: Plan, check: TierCheck, *, mode: str = "boot",
-                 snapshot: int | None = None) -> None:
+                 snapshot: int | None = None, net: dict | None = None) -> None:
         from ..linux.limits import RunCgroup
         from .host.ids import free_uids
 
         self.plan, self.events, self.mode = plan, check.events(), mode
         self.proc = self.cg = self.sock = self.drainer = self.qmp = None
+        self.netsock = self.relay = self.proxy = None
+        self.egress = bool(plan.find(EgressProxy)) and mode != "template"
         self.dead: str | None = None
+        #: teardown events of the VM's own end (a protocol violation, a flooded console)
+        self.end_events: list[dict] = []
         self.console = bytearray()
+        self.console_bytes = 0
         self.busy = threading.Lock()
         m = machine(plan)
         ram, ncpu, scratch, cpus = m["ram"], m["ncpu"], m["scratch"], m["cpus"]
@@ -357,14 +389,24 @@ class MicrovmSandbox(LiveSandbox):
             rundir.sweep_if_due()
             self.dir = rundir.RunDir()
             self.run_id = f"{self.dir.id}-mvm"
-            self.cg = RunCgroup.create(self.run_id, memory=ram + QEMU_OVERHEAD,
-                                       pids=QEMU_PIDS, cpus=cpus)
+            from .host.cgroups import with_relay_tasks
+
+            self.cg = RunCgroup.create(
+                self.run_id, memory=ram + QEMU_OVERHEAD + (PROXY_OVERHEAD if self.egress
+                                                           else 0),
+                pids=with_relay_tasks(plan)(QEMU_PIDS) if self.egress else QEMU_PIDS,
+                cpus=cpus)
             self.dir.track(self.cg)
             files = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in (vmlinuz, rd, disk)]
             fds += files
             host, guest = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             self.sock = host
             fds.append(guest.detach())
+            # the relay's port is there in every VM (a restored guest has the devices its
+            # template had); with network none its host end is closed at once
+            nhost, nguest = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.netsock = nhost
+            fds.append(nguest.detach())
             kf, rf, df = (f"/proc/self/fd/{fd}" for fd in files)
             accel = "kvm" if self.accel == "kvm" else f"tcg,tb-size={TB_SIZE_MB}"
             argv = [assets.QEMU, "-M", "q35", "-accel", accel,
@@ -380,6 +422,8 @@ class MicrovmSandbox(LiveSandbox):
                     "-device", "virtio-serial-pci",
                     "-chardev", f"socket,id=ctl,fd={fds[3]}",
                     "-device", "virtserialport,chardev=ctl,name=corral.ctl",
+                    "-chardev", f"socket,id=net,fd={fds[4]}",
+                    "-device", "virtserialport,chardev=net,name=corral.net",
                     "-device", "virtio-rng-pci",
                     "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,"
                                 "resourcecontrol=deny"]
@@ -404,10 +448,99 @@ class MicrovmSandbox(LiveSandbox):
                 os.close(fd)
         self.drainer = threading.Thread(target=self._drain, daemon=True)
         self.drainer.start()
+        if mode != "template":   # a fresh identity: no two sandboxes share one
+            self.hostname = "corral-" + os.urandom(4).hex()
+            self.machine_id = os.urandom(16).hex()
+            self._send(frame(b"H", json.dumps({"hostname": self.hostname,
+                                               "machine_id": self.machine_id,
+                                               "time": time.time()}).encode()))
         if mode == "restore":   # fresh entropy before anything runs: the agent mixes it
             # into the guest kernel's pool and forces a reseed of its CRNG
             self._send(frame(b"S", os.urandom(64)))
         self.boot_s = self._wait_ready()
+        try:
+            self._workspace()
+            self._network(net or {})
+        except BaseException:
+            self.close()
+            raise
+
+    def _workspace(self) -> None:
+        """A read-only workspace, copied in (backends/microvm_ws.py)."""
+        ws = self.plan.find(WorkspaceMount)
+        if not ws or self.mode == "template":
+            return
+        from .microvm_ws import pack
+
+        data, skipped = pack(ws[0].path)
+        for i in range(0, len(data), MAX_FRAME):
+            self._send(frame(b"W", data[i:i + MAX_FRAME]))
+        self._send(frame(b"w", json.dumps({"dest": ws[0].dest}).encode()))
+        self._wait_ready()
+        if skipped:
+            from ..events import NoticeEvent
+
+            self.events.append(NoticeEvent(
+                f"{skipped} entries of the workspace were not copied into the microvm "
+                f"guest (links leading out of it, or special files)").to_dict())
+
+    def _network(self, net: dict) -> None:
+        """network allow: the guest's relay (an N frame), and ours (microvm_net.py)."""
+        if self.mode == "template":
+            return   # saved with its relay port connected, as a sandbox with allow has it
+        if not self.egress:
+            self.netsock.close()   # nothing at the port's other end
+            self.netsock = None
+            return
+        from .host.proxy import egress_files
+        from .microvm_net import PROXY_SOCKET, HostRelay
+
+        self.ca, ca_file, self.upstream_ca = egress_files(self.dir, net.get("granted") or [],
+                                                          net.get("upstream_ca"))
+        self.granted = net.get("granted") or []
+        pem = ""
+        if ca_file:
+            with open(ca_file) as f:
+                pem = f.read()
+        from ..plan import PROXY_PORT
+
+        self._send(frame(b"N", json.dumps({"port": PROXY_PORT, "ca": pem}).encode()))
+        self.proxy_path = os.path.join(self.dir.path, PROXY_SOCKET)
+        self.relay = HostRelay(self.netsock, self.proxy_path, self._violation)
+
+    def start_proxy(self):
+        """The egress proxy, serving the relay's unix listener (per one-shot command, or
+        for a live sandbox's life)."""
+        from ..grants import proxy_config
+        from .host.proxy import start_proxy
+        from .microvm_net import proxy_listener
+
+        (egress,) = self.plan.find(EgressProxy)
+        config = proxy_config(egress.config_json, self.granted, self.ca, self.upstream_ca)
+        attach = self.cg.attach_fds()
+        try:
+            self.proxy = start_proxy(config, proxy_listener(self.proxy_path), attach,
+                                     self.uid, self.uid)
+        finally:
+            for fd in attach:
+                os.close(fd)
+        return self.proxy
+
+    def stop_proxy(self) -> list[dict]:
+        proxy, self.proxy = self.proxy, None
+        if proxy is None:
+            return []
+        try:
+            os.unlink(self.proxy_path)
+        except OSError:
+            pass
+        return proxy.stop()
+
+    def _violation(self, why: str) -> None:
+        from ..events import TeardownEvent
+
+        self.end_events.append(TeardownEvent(f"the microvm guest was ended: {why}").to_dict())
+        self._kill(why)
 
     def _drain(self) -> None:
         """QEMU's stdout (the guest's console): the last CONSOLE_TAIL bytes are kept."""
@@ -415,6 +548,10 @@ class MicrovmSandbox(LiveSandbox):
             while chunk := os.read(out.fileno(), 65536):
                 self.console += chunk
                 del self.console[:-CONSOLE_TAIL]
+                self.console_bytes += len(chunk)
+                if self.console_bytes > CONSOLE_MAX and not self.dead:
+                    self._violation(f"it wrote more than {CONSOLE_MAX} bytes to its "
+                                    f"console")
 
     def _tail(self) -> str:
         lines = bytes(self.console).decode("utf-8", "replace").strip().splitlines()
@@ -452,7 +589,8 @@ class MicrovmSandbox(LiveSandbox):
             raise SandboxSetupError("no command given", step="exec")
         if tty is not None:
             raise BackendUnavailable("a terminal (-t) is not offered on the microvm tier "
-                                     "yet; run without -t", field="tty")
+                                     "yet; run without -t, or use isolation = "
+                                     "\"namespace\" for -t", field="tty")
         if self.dead:
             raise SandboxSetupError(f"the microvm sandbox is gone ({self.dead})", step="exec")
         if not self.busy.acquire(blocking=False):
@@ -461,7 +599,14 @@ class MicrovmSandbox(LiveSandbox):
                                      "use isolation = \"namespace\" for concurrent commands",
                                      field="isolation")
         try:
-            return self._exec(argv, stdin, on_stdout, on_stderr, timeout)
+            if self.egress:
+                self.start_proxy()
+            try:
+                result = self._exec(argv, stdin, on_stdout, on_stderr, timeout)
+            finally:
+                net = self.stop_proxy()
+            result.events += net + [dict(e) for e in self.end_events]
+            return result
         finally:
             self.busy.release()
 
@@ -472,7 +617,7 @@ class MicrovmSandbox(LiveSandbox):
         (envop,) = self.plan.find(Environment)
         env = dict(envop.env)
         env.setdefault("HOME", SCRATCH)
-        spec = {"argv": list(argv), "env": env, "cwd": SCRATCH, "cpu": lim.cpu,
+        spec = {"argv": list(argv), "env": env, "cwd": self.plan.cwd, "cpu": lim.cpu,
                 "rlimits": {k: int(v) for k, v in lim.rlimits.items()}, "pids": lim.pids}
         t0 = time.monotonic()
         self.sock.sendall(frame(b"C", json.dumps(spec).encode()))
@@ -596,7 +741,12 @@ class MicrovmSandbox(LiveSandbox):
         self._kill(self.dead or "closed")
         if self.drainer is not None:
             self.drainer.join(5)
-        for attr in ("sock", "qmp"):
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
+        if self.proxy is not None:
+            self.stop_proxy()
+        for attr in ("sock", "qmp", "netsock"):
             if getattr(self, attr, None) is not None:
                 getattr(self, attr).close()
                 setattr(self, attr, None)

@@ -42,6 +42,10 @@ MODULES = (
     "drivers/char/virtio_console.ko", "drivers/char/hw_random/virtio-rng.ko",
     "fs/squashfs/squashfs.ko",
 )
+#: files the root disk gets when the image's tree has none (mount points of the initramfs)
+PSEUDO_FILES = ("etc/machine-id", "etc/corral-ca.pem")
+#: in the root disk's file name: a disk of an older format is built again
+ROOT_FORMAT = 2
 BUSYBOX = "/bin/busybox"   # Debian's busybox-static (scripts/setup.sh installs it)
 QEMU = "/usr/bin/qemu-system-x86_64"
 MKSQUASHFS = "/usr/bin/mksquashfs"
@@ -53,6 +57,8 @@ MKSQUASHFS = "/usr/bin/mksquashfs"
 #: Overcommit is always allowed, as for a process in a memory cgroup on the host: a large
 #: allocation succeeds and the guest kernel's OOM killer ends the command once its pages
 #: no longer fit (verdict oom), rather than a MemoryError at malloc.
+#: The agent (and so every command) runs with no_new_privs, and the root is nosuid: a
+#: set-uid binary of the image gives the sandbox's user nothing.
 #: Any failure powers the guest off (PID 1 exits: panic=-1 and -no-reboot end QEMU).
 INIT = r"""#!/bin/busybox sh
 B=/bin/busybox
@@ -64,17 +70,31 @@ for m in MODULES; do $B insmod /m/$m.ko || { $B echo "corral-init: insmod $m fai
 i=0
 while [ ! -b /dev/vda ]; do i=$((i+1)); [ $i -gt 500 ] && { $B echo "corral-init: no /dev/vda"; exit 1; }; $B usleep 10000; done
 $B mkdir -p /newroot
-$B mount -t squashfs -o ro /dev/vda /newroot || { $B echo "corral-init: root mount failed"; exit 1; }
+$B mount -t squashfs -o ro,nosuid,nodev /dev/vda /newroot || { $B echo "corral-init: root mount failed"; exit 1; }
 $B mount -t tmpfs -o "size=$corral_scratch,nr_inodes=$corral_inodes,mode=0755" scratch /newroot/scratch || exit 1
 $B mkdir -m 1777 /newroot/scratch/tmp
 $B mount --bind /newroot/scratch/tmp /newroot/tmp || exit 1
-$B mount -t tmpfs -o size=4m,mode=0755 run /newroot/run || exit 1
+$B mount -t tmpfs -o size=8m,mode=0755 run /newroot/run || exit 1
 $B mkdir /newroot/run/corral
 $B cp /agent.py /newroot/run/corral/agent.py
+$B cp /bin/busybox /newroot/run/corral/busybox
+[ -d /newroot/workspace ] && { $B mount -t tmpfs -o ro,size=80m,mode=0755 ws /newroot/workspace || exit 1; }
+$B echo 00000000000000000000000000000000 > /newroot/run/corral/machine-id
+$B touch /newroot/run/corral/ca.pem
+$B chmod 444 /newroot/run/corral/machine-id
+$B chmod 644 /newroot/run/corral/ca.pem
+$B mount --bind /newroot/run/corral/machine-id /newroot/etc/machine-id || exit 1
+$B mount --bind /newroot/run/corral/ca.pem /newroot/etc/corral-ca.pem || exit 1
+$B ip link set lo up || exit 1
+$B hostname corral
 $B mount --move /dev /newroot/dev
+$B mkdir -p /newroot/dev/pts
+$B mount -t devpts -o mode=0620,ptmxmode=0666 devpts /newroot/dev/pts || exit 1
 $B mount --move /proc /newroot/proc
 $B mount --move /sys /newroot/sys
-exec $B switch_root /newroot /usr/bin/python3 -I -S /run/corral/agent.py
+$B mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup || exit 1
+$B echo "+memory +pids" > /newroot/sys/fs/cgroup/cgroup.subtree_control
+exec $B setpriv --nnp $B switch_root /newroot /usr/bin/python3 -I -S /run/corral/agent.py
 """
 
 
@@ -236,7 +256,7 @@ def root_disk(digest: str, tree: str, root: str | None = None) -> str:
     """The image's tree as a read-only squashfs (built once per image digest)."""
     if not (len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
         raise SandboxSetupError(f"bad image digest {digest[:80]!r}", step="microvm root")
-    path = os.path.join(root or state_root(), "roots", digest + ".sqfs")
+    path = os.path.join(root or state_root(), "roots", f"{digest}-{ROOT_FORMAT}.sqfs")
     if os.path.isfile(path):
         return path
     if not os.path.isfile(MKSQUASHFS):
@@ -245,9 +265,15 @@ def root_disk(digest: str, tree: str, root: str | None = None) -> str:
     d = os.path.dirname(path)
     _mkdirs(d)
     tmp = os.path.join(d, f".tmp-{os.getpid()}-{digest[:12]}.sqfs")
+    # the mount points the initramfs binds over: the sandbox's own machine-id and the
+    # run's CA bundle (grants.CA_BUNDLE), as empty files where the tree has none
+    pseudo = []
+    for name in PSEUDO_FILES:
+        if not os.path.lexists(os.path.join(tree, name)):
+            pseudo += ["-p", f"{name} f 444 0 0 true"]
     p = subprocess.run([MKSQUASHFS, tree, tmp, "-noappend", "-quiet", "-no-progress",
-                        "-comp", "lz4", "-no-xattrs"], capture_output=True, text=True,
-                       check=False)
+                        "-comp", "lz4", "-no-xattrs", *pseudo], capture_output=True,
+                       text=True, check=False)
     if p.returncode != 0:
         with _quiet():
             os.unlink(tmp)

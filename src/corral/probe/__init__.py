@@ -13,7 +13,7 @@ from ..errors import BackendUnavailable, CorralError, UsageError
 
 USAGE = """\
 usage: corral probe [--isolation T]... [--category C]... [--case ID]... [--json]
-                    [--report FILE.md|FILE.html] [--list]
+                    [--image NAME] [--report FILE.md|FILE.html] [--list]
 
 Run corral's attack catalogue against each tier named (default: every tier available
 here), scored from what is seen outside the sandbox: canary bytes in any output or sink,
@@ -22,7 +22,10 @@ control that must succeed, and is expected to be contained only where `corral ex
 says the tier enforces what it relies on.
 
   --isolation T   namespace, gvisor, process (repeatable); wasm when asked for (its
-                  cases that need a shell, processes or a terminal are "n/a", with why)
+                  cases that need a shell, processes or a terminal are "n/a", with why);
+                  microvm when asked for, with --image (it boots an image, never the
+                  host's root; its cases that need a terminal are "n/a")
+  --image NAME    the image the microvm tier boots for every case (corral image ls)
   --category C    only this category (repeatable); --list shows them
   --case ID       only this case (repeatable; a prefix ending in "." selects a group)
   --json          {"cases": [{"id", "category", "tier", "expected", "contained",
@@ -39,17 +42,17 @@ available here.
 
 DEFAULT_TIERS = ("namespace", "gvisor", "process")
 #: tiers the probe runs only when named (--isolation): wasm runs Python code only
-OPTIONAL_TIERS = ("wasm",)
+OPTIONAL_TIERS = ("wasm", "microvm")
 
 
 def _parse(args: list[str]) -> dict:
     opts = {"tiers": [], "categories": [], "cases": [], "json": False, "report": None,
-            "list": False, "help": False}
+            "list": False, "help": False, "image": None}
     i = 0
     while i < len(args):
         a = args[i]
         name, eq, inline = a.partition("=")
-        if name in ("--isolation", "--category", "--case", "--report"):
+        if name in ("--isolation", "--category", "--case", "--report", "--image"):
             if eq:
                 v = inline
             else:
@@ -57,7 +60,9 @@ def _parse(args: list[str]) -> dict:
                 if i >= len(args):
                     raise UsageError(f"{name} needs a value", field=name)
                 v = args[i]
-            if name == "--report":
+            if name == "--image":
+                opts["image"] = v
+            elif name == "--report":
                 if not v.endswith((".md", ".html")):
                     raise UsageError(f"--report {v!r}: the file must end in .md or .html",
                                      field="--report")
@@ -117,6 +122,10 @@ def main(args: list[str]) -> int:
             sys.stderr.write(f"corral: --isolation: unknown tier {t!r}; one of "
                              f"{', '.join(DEFAULT_TIERS + OPTIONAL_TIERS)}\n")
             return 2
+    if "microvm" in opts["tiers"] and not opts["image"]:
+        sys.stderr.write("corral: --isolation microvm needs --image NAME: the microvm tier "
+                         "boots an image, never the host's root (corral image ls)\n")
+        return 2
     if opts["categories"]:
         cases = [c for c in cases if c.category in opts["categories"]]
     if opts["cases"]:
@@ -142,7 +151,7 @@ def main(args: list[str]) -> int:
         sys.stderr.write("corral: no tier is available here; see corral doctor\n")
         return BackendUnavailable.exit_code
     try:
-        cells = run(cases, tiers, progress=sys.stderr.isatty())
+        cells = run(cases, tiers, progress=sys.stderr.isatty(), image=opts["image"])
     except CorralError as e:
         sys.stderr.write(f"corral: {e}\n")
         return e.exit_code
@@ -174,7 +183,7 @@ def _keep(cells) -> None:
                          f"directory: {e}\n")
 
 
-def run(cases, tiers, *, progress: bool = False):
+def run(cases, tiers, *, progress: bool = False, image: str | None = None):
     """Plant the canaries, run every case on every tier (one tier after the other, one
     case at a time), remove the canaries. Returns the cells. With `progress`, a line per
     case on stderr as it finishes (`corral probe` asks for it when stderr is a terminal)."""
@@ -192,7 +201,7 @@ def run(cases, tiers, *, progress: bool = False):
     total, width = len(cases) * len(tiers), len(str(len(cases) * len(tiers)))
     idw = max((len(c.id) for c in cases), default=0)
     try:
-        runner = Runner(cn)
+        runner = Runner(cn, image=image)
         for tier in tiers:
             for case in cases:
                 cell = runner.cell(case, tier)

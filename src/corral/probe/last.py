@@ -40,7 +40,9 @@ def save(cells, *, state: str | None = None, now: float | None = None) -> str:
 
     now = time.time() if now is None else now
     p = path(state)
-    private_dir(os.path.dirname(os.path.dirname(p)))
+    # the state directory itself is not made private: the image store's trees below it
+    # must stay reachable by the sandboxes' uids (images/resolve.py checks o+x)
+    os.makedirs(os.path.dirname(os.path.dirname(p)), 0o711, exist_ok=True)
     private_dir(os.path.dirname(p))
     old = load(state) or {}
     kept = {(c["id"], c["tier"]): c for c in old.get("cells", [])}

@@ -142,8 +142,10 @@ def fill(obj, consts: dict):
 
 
 class Runner:
-    def __init__(self, canaries: Canaries, *, log=None) -> None:
+    def __init__(self, canaries: Canaries, *, log=None, image: str | None = None) -> None:
         self.cn = canaries
+        #: the image the microvm tier boots (it refuses the host's root)
+        self.image = image
         self.consts = canaries.constants()
         self._explain_cache: dict = {}
         self._host_controls: dict = {}
@@ -159,6 +161,8 @@ class Runner:
         env["set"] = {**env.get("set", {}), "PROBE_DATA": self.cn.data}
         d["env"] = env
         d["isolation"] = tier
+        if tier == "microvm" and self.image and "image" not in d:
+            d["image"] = self.image
         return d
 
     def explain(self, policy: dict) -> dict:
@@ -510,6 +514,13 @@ def not_applicable(case: Case, tier: str) -> str | None:
     """Why a case cannot run on a tier at all (scored "n/a", never a pass), or None. The
     wasm tier runs Python code only, in a WASI guest without processes, threads, signals,
     terminals or native calls: a case whose attack needs one of them has nothing to try."""
+    if tier == "microvm":
+        if case.tty:
+            return "it needs a terminal (corral run -t), which the microvm tier does not offer"
+        if case.install is not None:
+            return ("it runs the image corral install makes (layers over a base), and the "
+                    "microvm tier boots an image's base tree only, not layers yet")
+        return None
     if tier != "wasm":
         return None
     if case.tty:

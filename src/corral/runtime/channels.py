@@ -235,9 +235,10 @@ class CommandChannel(Channel):
         started = getattr(h, "_started", None)
         if started is None or not h.running:
             return None
+        fn = getattr(started.cgroup, "cpu_seconds", None)   # None: the tier cannot tell
         try:
-            return started.cgroup.cpu_seconds()
-        except (OSError, AttributeError):
+            return fn() if fn is not None else None
+        except OSError:
             return None
 
 

@@ -251,6 +251,12 @@ class Live(Sandbox):
         root lives in gVisor's own kernel: the host directories behind its /scratch, /tmp,
         /dev/shm and workspace mounts (RESOLVE_BENEATH in each), as on a one-shot sandbox."""
         if self._files is None:
+            if getattr(self._live, "files_in_guest", False):   # microvm: a guest kernel's
+                from .guest_files import GuestFiles
+
+                self._check_open()
+                self._files = GuestFiles(self, cwd=self.plan.cwd)
+                return self._files
             from .files import Files
 
             own = getattr(self._live, "file_mounts", None)   # a tier's own reach (wasm)

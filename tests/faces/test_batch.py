@@ -226,20 +226,32 @@ def test_a_worker_killed_mid_batch_hangs_nothing_and_loses_no_job(tmp_path):
     fails no job for good: those in flight run again, every job has one line."""
     import signal
 
-    def workers():
+    def cmdline(pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def children():
         me = os.getpid()
-        kids = []
+        kids = set()
         for tid in os.listdir(f"/proc/{me}/task"):
             with open(f"/proc/{me}/task/{tid}/children") as f:
-                kids += [int(x) for x in f.read().split()]
+                kids |= {int(x) for x in f.read().split()}
         return kids
 
+    # the workers are forks of this process (its own command line), made by map(); other
+    # children of it (an earlier test's zygotes or helpers) are left alone
+    before, mine = children(), cmdline(os.getpid())
     jobs = [{"id": i, "argv": ["sleep", "0.3"]} for i in range(8)]
     lines = []
     for line in corral.batch.map(jobs, None, concurrency=2):
         lines.append(line)
         if len(lines) == 1:
-            os.kill(workers()[0], signal.SIGKILL)
+            workers = sorted(p for p in children() - before if cmdline(p) == mine)
+            assert workers, "no forked batch worker found among this process's children"
+            os.kill(workers[0], signal.SIGKILL)
     assert sorted(x["id"] for x in lines) == list(range(8))
     assert all(x.get("verdict") == "ok" for x in lines), lines
     assert any(x["attempt"] == 2 for x in lines)

@@ -37,6 +37,7 @@ import json
 import os
 import select
 import signal
+import socket
 import struct
 import threading
 
@@ -47,6 +48,9 @@ from .namespace_live import Started
 
 #: how long the agent has to answer a command's start
 START_TIMEOUT = 30.0
+#: how long the guest has to take a frame we send it: past it (it stopped reading its
+#: control port) the VM is ended, so no host thread blocks on it forever
+SEND_TIMEOUT = 30.0
 #: the stand-in: reads "x CODE" or "s SIGNAL" and ends that way; anything else (the
 #: supervisor gone, the VM gone) ends it with SIGKILL
 STAND_IN = ('read a b; case "$a" in x) exit "$b";; s) kill -"$b" $$; '
@@ -115,10 +119,10 @@ class GuestCommand:
     def kill_all(self) -> None:
         if self.ended.is_set():
             return
-        self.live._send(frame(b"k", self.idb))
         t = threading.Timer(KILL_GRACE, self._unanswered)
         t.daemon = True
         t.start()
+        self.live._send(frame(b"k", self.idb))
 
     def _unanswered(self) -> None:
         if not self.ended.is_set():
@@ -230,8 +234,27 @@ class MicrovmLive(MicrovmSandbox):
                                 "sb.commands", step="exec")
 
     def _send(self, data: bytes) -> None:
+        """Send within SEND_TIMEOUT, or end the VM: a guest that stops reading its control
+        port would block the sending thread (a kill, a start, a feeder) forever."""
+        import time
+
         with self.send_lock:
-            super()._send(data)
+            if self.dead:
+                return
+            view = memoryview(data)
+            deadline = time.monotonic() + SEND_TIMEOUT
+            try:
+                while view:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([], [self.sock], [], left)[1]:
+                        self._violation("it stopped reading its control channel")
+                        return
+                    try:
+                        view = view[self.sock.send(view, socket.MSG_DONTWAIT):]
+                    except BlockingIOError:
+                        continue
+            except (OSError, ValueError, AttributeError):
+                pass    # the VM's end closed
 
     def start(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
               tty_fd: int | None = None, cpu_seconds: float | None = None):
@@ -379,7 +402,10 @@ class MicrovmLive(MicrovmSandbox):
         if kind == b"p":
             if cmd.started.is_set():
                 raise ValueError("a second start frame from the guest")
-            got = json.loads(body.decode("utf-8"))
+            try:
+                got = json.loads(body.decode("utf-8"))
+            except RecursionError:   # deep nesting ([[[[...): not a ValueError
+                raise ValueError("a bad start frame from the guest") from None
             if not (isinstance(got, dict) and set(got) == {"pid"} and type(got["pid"]) is int
                     and 1 < got["pid"] < 1 << 22):
                 raise ValueError("a bad start frame from the guest")

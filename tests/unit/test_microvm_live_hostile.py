@@ -59,3 +59,12 @@ def test_guest_that_stops_reading_cannot_block_a_kill(monkeypatch):
     finally:
         host.close()
         guest.close()
+
+
+def test_deeply_nested_files_answer_is_a_files_error():
+    """sb.files on microvm parses the guest helper's JSON: nesting is the guest's to choose."""
+    from corral.runtime.files import FilesError
+    from corral.runtime.guest_files import GuestFiles
+
+    with pytest.raises(FilesError):
+        GuestFiles._answer(b"[" * 100000 + b"]" * 100000, "/x")

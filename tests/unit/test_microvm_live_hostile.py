@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from corral.backends import microvm_live
-from corral.backends.microvm import frame
+from corral.backends import microvm
+from corral.backends.microvm import MicrovmSandbox, frame
 from corral.backends.microvm_live import GuestCommand, MicrovmLive
 
 
@@ -35,7 +35,7 @@ def test_deeply_nested_start_frame_is_a_violation_not_a_traceback():
 def test_guest_that_stops_reading_cannot_block_a_kill(monkeypatch):
     """The guest never reads its control port: a kill (a command's timeout) must not block
     the host's thread forever; the VM is ended with an event."""
-    monkeypatch.setattr(microvm_live, "SEND_TIMEOUT", 0.5, raising=False)
+    monkeypatch.setattr(microvm, "SEND_TIMEOUT", 0.5)
     host, guest = socket.socketpair()
     try:
         host.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
@@ -68,3 +68,29 @@ def test_deeply_nested_files_answer_is_a_files_error():
 
     with pytest.raises(FilesError):
         GuestFiles._answer(b"[" * 100000 + b"]" * 100000, "/x")
+
+
+def test_one_shot_send_is_bounded_when_the_guest_stops_reading(monkeypatch):
+    """The one-shot path's sends (a command's start, stdin, the kill at its timeout) share
+    the bound: a guest that reads nothing ends the VM, the sender returns."""
+    monkeypatch.setattr(microvm, "SEND_TIMEOUT", 0.5)
+    host, guest = socket.socketpair()
+    try:
+        host.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        sb = object.__new__(MicrovmSandbox)
+        sb.sock, sb.send_lock, sb.end_events, sb.dead, sb.proc = (
+            host, threading.Lock(), [], None, None)
+        done = threading.Event()
+
+        def flood():
+            for _ in range(64):
+                sb._send(frame(b"I", b"x" * 60000))
+            sb._send(frame(b"K"))
+            done.set()
+
+        threading.Thread(target=flood, daemon=True).start()
+        assert done.wait(10), "the host's thread blocked on a guest that stopped reading"
+        assert sb.dead and "stopped reading" in sb.end_events[0]["message"]
+    finally:
+        host.close()
+        guest.close()

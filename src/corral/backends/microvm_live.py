@@ -37,7 +37,6 @@ import json
 import os
 import select
 import signal
-import socket
 import struct
 import threading
 
@@ -48,9 +47,6 @@ from .namespace_live import Started
 
 #: how long the agent has to answer a command's start
 START_TIMEOUT = 30.0
-#: how long the guest has to take a frame we send it: past it (it stopped reading its
-#: control port) the VM is ended, so no host thread blocks on it forever
-SEND_TIMEOUT = 30.0
 #: the stand-in: reads "x CODE" or "s SIGNAL" and ends that way; anything else (the
 #: supervisor gone, the VM gone) ends it with SIGKILL
 STAND_IN = ('read a b; case "$a" in x) exit "$b";; s) kill -"$b" $$; '
@@ -186,7 +182,6 @@ class MicrovmLive(MicrovmSandbox):
     gid = 1000
 
     def __init__(self, plan, check, **kw) -> None:
-        self.send_lock = threading.Lock()
         super().__init__(plan, check, **kw)
         try:
             self.sandbox_cg = self.cg
@@ -232,29 +227,6 @@ class MicrovmLive(MicrovmSandbox):
     def exec(self, argv, **kw):
         raise SandboxSetupError("a live microvm sandbox runs commands through "
                                 "sb.commands", step="exec")
-
-    def _send(self, data: bytes) -> None:
-        """Send within SEND_TIMEOUT, or end the VM: a guest that stops reading its control
-        port would block the sending thread (a kill, a start, a feeder) forever."""
-        import time
-
-        with self.send_lock:
-            if self.dead:
-                return
-            view = memoryview(data)
-            deadline = time.monotonic() + SEND_TIMEOUT
-            try:
-                while view:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not select.select([], [self.sock], [], left)[1]:
-                        self._violation("it stopped reading its control channel")
-                        return
-                    try:
-                        view = view[self.sock.send(view, socket.MSG_DONTWAIT):]
-                    except BlockingIOError:
-                        continue
-            except (OSError, ValueError, AttributeError):
-                pass    # the VM's end closed
 
     def start(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
               tty_fd: int | None = None, cpu_seconds: float | None = None):

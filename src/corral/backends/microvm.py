@@ -79,6 +79,9 @@ MIN_RAM = 128 << 20
 BOOT_TIMEOUT = 120.0
 #: after a K frame, how long the agent has to report the end before the VM is killed
 KILL_GRACE = 3.0
+#: how long the guest has to take a frame we send it: past it (it stopped reading its
+#: control port) the VM is ended, so no host thread blocks on it forever
+SEND_TIMEOUT = 30.0
 CONSOLE_TAIL = 16384
 #: threads and processes of QEMU itself (vCPU threads, I/O workers)
 QEMU_PIDS = 64
@@ -372,6 +375,8 @@ class MicrovmSandbox(LiveSandbox):
         self.console = bytearray()
         self.console_bytes = 0
         self.busy = threading.Lock()
+        #: one sender at a time on the control channel (stdin's feeder beside a kill)
+        self.send_lock = threading.Lock()
         m = machine(plan)
         ram, ncpu, scratch, cpus = m["ram"], m["ncpu"], m["scratch"], m["cpus"]
         vmlinuz, rd, disk = m["files"]
@@ -620,9 +625,9 @@ class MicrovmSandbox(LiveSandbox):
         spec = {"argv": list(argv), "env": env, "cwd": self.plan.cwd, "cpu": lim.cpu,
                 "rlimits": {k: int(v) for k, v in lim.rlimits.items()}, "pids": lim.pids}
         t0 = time.monotonic()
-        self.sock.sendall(frame(b"C", json.dumps(spec).encode()))
+        self._send(frame(b"C", json.dumps(spec).encode()))
         if stdin is None:
-            self.sock.sendall(frame(b"D"))
+            self._send(frame(b"D"))
         else:
             threading.Thread(target=self._feed_stdin, args=(stdin,), daemon=True).start()
         out = {b"O": bytearray(), b"E": bytearray()}
@@ -724,10 +729,26 @@ class MicrovmSandbox(LiveSandbox):
         self._send(frame(b"D"))
 
     def _send(self, data: bytes) -> None:
-        try:
-            self.sock.sendall(data)
-        except OSError:
-            pass
+        """Send within SEND_TIMEOUT, or end the VM with an event: a guest that stops
+        reading its control port would block the sending thread (a kill at a timeout, a
+        command's start, stdin's feeder) forever. One sender at a time."""
+        with self.send_lock:
+            if self.dead:
+                return
+            view = memoryview(data)
+            deadline = time.monotonic() + SEND_TIMEOUT
+            try:
+                while view:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([], [self.sock], [], left)[1]:
+                        self._violation("it stopped reading its control channel")
+                        return
+                    try:
+                        view = view[self.sock.send(view, socket.MSG_DONTWAIT):]
+                    except BlockingIOError:
+                        continue
+            except (OSError, ValueError, AttributeError):
+                pass    # the VM's end closed
 
     def _kill(self, why: str) -> None:
         """End the VM: the sandbox is unusable from here on."""

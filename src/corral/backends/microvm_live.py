@@ -115,10 +115,10 @@ class GuestCommand:
     def kill_all(self) -> None:
         if self.ended.is_set():
             return
-        self.live._send(frame(b"k", self.idb))
         t = threading.Timer(KILL_GRACE, self._unanswered)
         t.daemon = True
         t.start()
+        self.live._send(frame(b"k", self.idb))
 
     def _unanswered(self) -> None:
         if not self.ended.is_set():
@@ -182,7 +182,6 @@ class MicrovmLive(MicrovmSandbox):
     gid = 1000
 
     def __init__(self, plan, check, **kw) -> None:
-        self.send_lock = threading.Lock()
         super().__init__(plan, check, **kw)
         try:
             self.sandbox_cg = self.cg
@@ -228,10 +227,6 @@ class MicrovmLive(MicrovmSandbox):
     def exec(self, argv, **kw):
         raise SandboxSetupError("a live microvm sandbox runs commands through "
                                 "sb.commands", step="exec")
-
-    def _send(self, data: bytes) -> None:
-        with self.send_lock:
-            super()._send(data)
 
     def start(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
               tty_fd: int | None = None, cpu_seconds: float | None = None):
@@ -379,7 +374,10 @@ class MicrovmLive(MicrovmSandbox):
         if kind == b"p":
             if cmd.started.is_set():
                 raise ValueError("a second start frame from the guest")
-            got = json.loads(body.decode("utf-8"))
+            try:
+                got = json.loads(body.decode("utf-8"))
+            except RecursionError:   # deep nesting ([[[[...): not a ValueError
+                raise ValueError("a bad start frame from the guest") from None
             if not (isinstance(got, dict) and set(got) == {"pid"} and type(got["pid"]) is int
                     and 1 < got["pid"] < 1 << 22):
                 raise ValueError("a bad start frame from the guest")

@@ -30,9 +30,14 @@ from ..errors import UnsupportedRule
 #: larger, for the tar's own blocks)
 MAX_BYTES = 64 << 20
 MAX_ENTRIES = 20_000
+#: directories nested deeper are refused (the walk recurses, holding an fd per level)
+MAX_DEPTH = 128
 #: the one destination the guest has a mount for
 DEST = "/workspace"
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+#: O_NONBLOCK: an entry listed as a regular file but swapped for a FIFO before the open
+#: must not block the open forever (it is then seen as not regular on the fd, and skipped)
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
 
 def pack(path: str) -> tuple[bytes, int]:
@@ -55,12 +60,20 @@ def pack(path: str) -> tuple[bytes, int]:
     return buf.getvalue(), state["skipped"]
 
 
-def _walk(tar: tarfile.TarFile, dfd: int, rel: str, state: dict) -> None:
+def _walk(tar: tarfile.TarFile, dfd: int, rel: str, state: dict, depth: int = 0) -> None:
+    if depth > MAX_DEPTH:
+        raise UnsupportedRule(f"the workspace nests directories more than {MAX_DEPTH} deep, "
+                              f"more than the microvm tier copies in; use a shallower "
+                              f"workspace or isolation = \"namespace\"", field="workspace")
     with os.scandir(dfd) as it:
         entries = sorted(it, key=lambda e: e.name)
     for e in entries:
         name = posixpath.join(rel, e.name) if rel else e.name
-        st = e.stat(follow_symlinks=False)
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:   # gone since the listing
+            state["skipped"] += 1
+            continue
         state["entries"] += 1
         if state["entries"] > MAX_ENTRIES:
             raise UnsupportedRule(f"the workspace holds more than {MAX_ENTRIES} entries, "
@@ -70,29 +83,45 @@ def _walk(tar: tarfile.TarFile, dfd: int, rel: str, state: dict) -> None:
         info.mode, info.mtime = stat.S_IMODE(st.st_mode) & 0o755, int(st.st_mtime)
         if stat.S_ISDIR(st.st_mode):
             info.type = tarfile.DIRTYPE
-            tar.addfile(info)
-            sub = os.open(e.name, _DIR, dir_fd=dfd)
+            try:   # swapped since the listing (a link, a FIFO, gone): left out
+                sub = os.open(e.name, _DIR, dir_fd=dfd)
+            except OSError:
+                state["skipped"] += 1
+                continue
             try:
-                _walk(tar, sub, name, state)
+                tar.addfile(info)
+                _walk(tar, sub, name, state, depth + 1)
             finally:
                 os.close(sub)
         elif stat.S_ISREG(st.st_mode):
-            fd = os.open(e.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
             try:
+                fd = os.open(e.name, _FILE, dir_fd=dfd)
+            except OSError:
+                state["skipped"] += 1
+                continue
+            try:
+                fst = os.fstat(fd)
+                if not stat.S_ISREG(fst.st_mode):   # swapped since the listing
+                    state["skipped"] += 1
+                    continue
+                state["bytes"] += fst.st_size
+                if state["bytes"] > MAX_BYTES:
+                    raise UnsupportedRule(
+                        f"the workspace holds more than {MAX_BYTES >> 20} MiB, more than "
+                        f"the microvm tier copies in; use a smaller workspace or "
+                        f"isolation = \"namespace\"", field="workspace")
                 with os.fdopen(fd, "rb", closefd=False) as f:
-                    size = os.fstat(fd).st_size
-                    state["bytes"] += size
-                    if state["bytes"] > MAX_BYTES:
-                        raise UnsupportedRule(
-                            f"the workspace holds more than {MAX_BYTES >> 20} MiB, more than "
-                            f"the microvm tier copies in; use a smaller workspace or "
-                            f"isolation = \"namespace\"", field="workspace")
-                    info.size = size
-                    tar.addfile(info, f)
+                    data = f.read(fst.st_size)   # what it holds now, at most its size
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
             finally:
                 os.close(fd)
         elif stat.S_ISLNK(st.st_mode):
-            target = os.readlink(e.name, dir_fd=dfd)
+            try:
+                target = os.readlink(e.name, dir_fd=dfd)
+            except OSError:   # swapped since the listing
+                state["skipped"] += 1
+                continue
             inside = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
             if target.startswith("/") or inside == ".." or inside.startswith("../"):
                 state["skipped"] += 1

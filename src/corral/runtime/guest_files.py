@@ -163,7 +163,7 @@ class GuestFiles:
     def _answer(data: bytes, path: str) -> dict:
         try:
             got = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):   # [[[[... is no ValueError
             raise FilesError("the sandbox's answer was not JSON", path=path) from None
         if not isinstance(got, dict):
             raise FilesError("the sandbox's answer was not an object", path=path)

@@ -415,7 +415,7 @@ def test_connect_from_another_process_and_the_sandbox_outlives_its_creator(tier)
         assert sb.get_info().metadata == {"k": "v"} and sb.get_info().isolation == tier
         assert sb.commands.run("cat /scratch/note").stdout == "from-creator\n"
         assert any(c.cmd == ("sleep", "302") for c in sb.commands.list())
-        got = []
+
         h = sb.commands.run("read x; echo \"[$x]\"; exit 4", background=True,
                             on_stdout=got.append)
         h.send_stdin("typed\n")
@@ -604,7 +604,7 @@ def test_per_command_output_and_cpu_limits_sandbox_wide_memory(tier):
         assert sb.commands.run("true").verdict == "ok"
         hold = ("import sys, time\nb = bytearray(40 << 20)\nb[::4096] = b'x' * len(b[::4096])\n"
                 "print('held', flush=True)\ntime.sleep(300)\n")
-        got = []
+
         h = sb.commands.run(["python3", "-c", hold], background=True, on_stdout=got.append)
         _wait_for(lambda: b"held" in b"".join(got) or not h.running, "40 MB held")
         assert h.running
@@ -630,7 +630,7 @@ def _gvisor_memory_ends_the_sandbox(take: str, hold: str) -> None:
     gVisor's kernel ends, and the sandbox with it says why."""
     with corral.Sandbox.create({"isolation": "gvisor", "limits": {"memory": "96M"}},
                                timeout=120) as sb:
-        got = []
+
         h = sb.commands.run(["python3", "-c", hold], background=True, on_stdout=got.append)
         _wait_for(lambda: b"held" in b"".join(got) or not h.running, "40 MB held")
         assert h.running
@@ -814,7 +814,7 @@ def test_gvisor_a_signal_reaches_the_command_inside_and_runsc_exec_keeps_supervi
     if tier_unavailable("gvisor"):
         pytest.skip(tier_unavailable("gvisor"))
     with corral.Sandbox.create({"isolation": "gvisor"}, timeout=60) as sb:
-        got = []
+
         h = sb.commands.run("trap 'echo got-int' INT; echo ready; while :; do sleep 0.1; done",
                             background=True, on_stdout=got.append)
         _wait_for(lambda: b"ready" in b"".join(got), "the trap set")
@@ -936,3 +936,31 @@ def test_user_account_refused_off_the_namespace_tier():
 
     with pytest.raises(UnsupportedRule, match='isolation = "namespace"'):
         corral.Sandbox.create({"isolation": "gvisor"}, timeout=60, user_account=True)
+
+
+@_NAMESPACE
+def test_commands_whose_status_nobody_took_do_not_stall_the_next():
+    """A command whose supervision ended early (here its on_stdout raised) leaves its wait
+    status unread on the zygote's status socket. Some hundreds of them filled that socket
+    and the zygote blocked in its send, so no entrant could be forked again for any live
+    sandbox of this process: the next command hung for good."""
+    s = corral.Sandbox.create({"isolation": "namespace"}, timeout=600)
+    got: list = []
+
+    def boom(_data):
+        raise RuntimeError("the caller's callback failed")
+
+    try:
+        for _ in range(320):
+            with pytest.raises(RuntimeError):
+                s.commands.run(["/bin/sh", "-c", "echo x; exec sleep 0.02"], on_stdout=boom,
+                               timeout=60)
+
+        t = threading.Thread(target=lambda: got.append(s.exec(["/bin/echo", "still"])),
+                             daemon=True)
+        t.start()
+        t.join(60)
+        assert got and got[0].stdout.strip() == "still", "the next command never started"
+    finally:
+        if got:
+            s.kill()

@@ -740,7 +740,7 @@ def _close_all_but(keep) -> None:
         if fd > lo:
             os.closerange(lo, fd)
         lo = fd + 1
-    os.closerange(lo, 1 << 16)
+    os.closerange(lo, 0x7FFFFFFF)   # close_range(2): every fd, however high
 
 
 def _write_all(fd: int, data: bytes) -> None:

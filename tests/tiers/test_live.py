@@ -415,7 +415,7 @@ def test_connect_from_another_process_and_the_sandbox_outlives_its_creator(tier)
         assert sb.get_info().metadata == {"k": "v"} and sb.get_info().isolation == tier
         assert sb.commands.run("cat /scratch/note").stdout == "from-creator\n"
         assert any(c.cmd == ("sleep", "302") for c in sb.commands.list())
-
+        got = []
         h = sb.commands.run("read x; echo \"[$x]\"; exit 4", background=True,
                             on_stdout=got.append)
         h.send_stdin("typed\n")
@@ -604,7 +604,7 @@ def test_per_command_output_and_cpu_limits_sandbox_wide_memory(tier):
         assert sb.commands.run("true").verdict == "ok"
         hold = ("import sys, time\nb = bytearray(40 << 20)\nb[::4096] = b'x' * len(b[::4096])\n"
                 "print('held', flush=True)\ntime.sleep(300)\n")
-
+        got = []
         h = sb.commands.run(["python3", "-c", hold], background=True, on_stdout=got.append)
         _wait_for(lambda: b"held" in b"".join(got) or not h.running, "40 MB held")
         assert h.running
@@ -630,7 +630,7 @@ def _gvisor_memory_ends_the_sandbox(take: str, hold: str) -> None:
     gVisor's kernel ends, and the sandbox with it says why."""
     with corral.Sandbox.create({"isolation": "gvisor", "limits": {"memory": "96M"}},
                                timeout=120) as sb:
-
+        got = []
         h = sb.commands.run(["python3", "-c", hold], background=True, on_stdout=got.append)
         _wait_for(lambda: b"held" in b"".join(got) or not h.running, "40 MB held")
         assert h.running
@@ -814,7 +814,7 @@ def test_gvisor_a_signal_reaches_the_command_inside_and_runsc_exec_keeps_supervi
     if tier_unavailable("gvisor"):
         pytest.skip(tier_unavailable("gvisor"))
     with corral.Sandbox.create({"isolation": "gvisor"}, timeout=60) as sb:
-
+        got = []
         h = sb.commands.run("trap 'echo got-int' INT; echo ready; while :; do sleep 0.1; done",
                             background=True, on_stdout=got.append)
         _wait_for(lambda: b"ready" in b"".join(got), "the trap set")
@@ -936,6 +936,7 @@ def test_user_account_refused_off_the_namespace_tier():
 
     with pytest.raises(UnsupportedRule, match='isolation = "namespace"'):
         corral.Sandbox.create({"isolation": "gvisor"}, timeout=60, user_account=True)
+
 
 
 @_NAMESPACE

@@ -332,3 +332,72 @@ def test_gvisor_refuses_the_key():
 
 if __name__ == "__main__":   # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# -- an errno past MAX_ERRNO -----------------------------------------------------------
+
+#: a child that loads the program given in hex (with a listener whose fd goes to the
+#: socket fd given, or without), then calls keyctl(0, 0, 0) and prints (ret, errno)
+ERRNO_CHILD = r"""
+import ctypes, os, socket, sys
+from corral.linux.process_seccomp import Loader
+prog, listen = bytes.fromhex(sys.argv[1]), sys.argv[2] == "1"
+ld = Loader(prog, listen)
+ld.no_new_privs()
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+out = os.dup(1)
+if listen:
+    fd = ld.load_listening()
+    s = socket.socket(fileno=int(sys.argv[3]))
+    socket.send_fds(s, [b"l"], [fd])
+    os.close(fd)
+    s.close()
+else:
+    ld.load()
+ctypes.set_errno(0)
+r = libc.syscall(250, ctypes.c_long(0), ctypes.c_long(0), ctypes.c_long(0))
+os.write(out, b"%d %d\n" % (r, ctypes.get_errno()))
+"""
+
+
+def _keyctl_errno_prog(err: int) -> bytes:
+    """ld nr; jeq keyctl -> ret ERRNO(err); ret ALLOW."""
+    ins = [(0x20, 0, 0, 0), (0x15, 0, 1, 250), (0x06, 0, 0, RET_ERRNO | err),
+           (0x06, 0, 0, 0x7FFF0000)]
+    return b"".join(struct.pack("<HBBI", *i) for i in ins)
+
+
+def _keyctl_run(prog: bytes, observer=None) -> tuple[int, int]:
+    if observer is None:
+        p = subprocess.run([sys.executable, "-c", ERRNO_CHILD, prog.hex(), "0"],
+                           capture_output=True, timeout=60)
+    else:
+        import socket
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        observer.watch_socket(ours)
+        try:
+            p = subprocess.run([sys.executable, "-c", ERRNO_CHILD, notifying(prog).hex(),
+                                "1", str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                               capture_output=True, timeout=60)
+        finally:
+            theirs.close()
+    assert p.returncode == 0, p.stderr[-2000:]
+    r, e = p.stdout.split()
+    return int(r), int(e)
+
+
+@pytest.mark.parametrize("err", [errno.EPERM, 4095, 5000, 0xFFFF])
+def test_an_errno_past_max_errno_is_answered_as_the_kernel_caps_it(err):
+    """The kernel caps a RET_ERRNO's data at MAX_ERRNO (4095); the observer's answer
+    must be the same, not -5000 (which libc takes for a successful return)."""
+    prog = _keyctl_errno_prog(err)
+    plain = _keyctl_run(prog)
+    obs = seccomp_notify.Observer(prog)
+    try:
+        observed = _keyctl_run(prog, obs)
+    finally:
+        obs.close()
+    assert plain == (-1, min(err, 4095))
+    assert observed == plain

@@ -936,3 +936,32 @@ def test_user_account_refused_off_the_namespace_tier():
 
     with pytest.raises(UnsupportedRule, match='isolation = "namespace"'):
         corral.Sandbox.create({"isolation": "gvisor"}, timeout=60, user_account=True)
+
+
+
+@_NAMESPACE
+def test_commands_whose_status_nobody_took_do_not_stall_the_next():
+    """A command whose supervision ended early (here its on_stdout raised) leaves its wait
+    status unread on the zygote's status socket. Some hundreds of them filled that socket
+    and the zygote blocked in its send, so no entrant could be forked again for any live
+    sandbox of this process: the next command hung for good."""
+    s = corral.Sandbox.create({"isolation": "namespace"}, timeout=600)
+    got: list = []
+
+    def boom(_data):
+        raise RuntimeError("the caller's callback failed")
+
+    try:
+        for _ in range(320):
+            with pytest.raises(RuntimeError):
+                s.commands.run(["/bin/sh", "-c", "echo x; exec sleep 0.02"], on_stdout=boom,
+                               timeout=60)
+
+        t = threading.Thread(target=lambda: got.append(s.exec(["/bin/echo", "still"])),
+                             daemon=True)
+        t.start()
+        t.join(60)
+        assert got and got[0].stdout.strip() == "still", "the next command never started"
+    finally:
+        if got:
+            s.kill()

@@ -519,6 +519,27 @@ def _zygote_main(sock, status_sock) -> None:
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
     entrants: set[int] = set()
+    # statuses nobody has read yet wait here, never in a blocking send: a supervisor that
+    # took none (its supervision ended early) must not stop this loop, which forks every
+    # live sandbox's entrants
+    status_sock.setblocking(False)
+    unsent: list[bytes] = []
+
+    def flush() -> None:
+        while unsent:
+            try:
+                status_sock.send(unsent[0])
+            except BlockingIOError:
+                poller.register(status_sock.fileno(), select.POLLOUT)
+                return
+            except OSError:     # its supervisor has gone: nobody will ask
+                unsent.clear()
+                break
+            unsent.pop(0)
+        try:
+            poller.unregister(status_sock.fileno())
+        except KeyError:
+            pass
 
     def reap(block: bool) -> bool:
         """Reap what has exited (all, blocking, if `block`); False once none is left."""
@@ -534,13 +555,12 @@ def _zygote_main(sock, status_sock) -> None:
             if done in entrants:
                 entrants.discard(done)
             else:   # a command: its supervisor waits for this (it may have gone)
-                try:
-                    status_sock.send(b"%d %d" % (done, status))
-                except OSError:
-                    pass
+                unsent.append(b"%d %d" % (done, status))
+                flush()
 
     while True:
         reap(False)
+        flush()
         try:
             ready = poller.poll()
         except InterruptedError:
@@ -720,7 +740,7 @@ def _close_all_but(keep) -> None:
         if fd > lo:
             os.closerange(lo, fd)
         lo = fd + 1
-    os.closerange(lo, 1 << 16)
+    os.closerange(lo, 0x7FFFFFFF)   # close_range(2): every fd, however high
 
 
 def _write_all(fd: int, data: bytes) -> None:

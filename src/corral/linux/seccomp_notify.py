@@ -46,6 +46,9 @@ SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
 RET_ACTION_FULL = 0xFFFF0000
 RET_ERRNO = 0x00050000
 RET_USER_NOTIF = 0x7FC00000
+#: the kernel caps a RET_ERRNO's data at this (include/linux/err.h); a notification's
+#: answer is not capped, and a bigger one would reach the caller as a plain return value
+MAX_ERRNO = 4095
 # struct seccomp_notif: id u64, pid u32, flags u32, data (nr i32, arch u32, ip u64,
 # args u64[6]); struct seccomp_notif_resp: id u64, val s64, error s32, flags u32
 NOTIF = struct.Struct("<QII iIQ6Q")
@@ -139,12 +142,12 @@ def evaluate(prog: bytes, data: bytes) -> int:
 
 
 def errno_of(prog: bytes, data: bytes) -> int:
-    """The errno the original program answers for `data`; ENOSYS (what the kernel says
-    when no listener is left) if it does not answer with an errno, which a notifying
-    program derived from it cannot reach."""
+    """The errno the original program answers for `data` (capped at MAX_ERRNO, as the
+    kernel does); ENOSYS (what the kernel says when no listener is left) if it does not
+    answer with an errno, which a notifying program derived from it cannot reach."""
     ret = evaluate(prog, data)
     if ret & RET_ACTION_FULL == RET_ERRNO:
-        return ret & 0xFFFF
+        return min(ret & 0xFFFF, MAX_ERRNO)     # as the kernel caps it
     return _errno.ENOSYS
 
 

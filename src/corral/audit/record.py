@@ -178,11 +178,11 @@ def _flush_spool() -> bool:
         item = _spooled.pop(0)
         path = item.get("db") or db_path()
         try:
-            from . import spool
+            from . import spoolw  # lean: the policy's TOML is made at ingest
 
-            f = spool.run_fields(item)
+            f = spoolw.cli_fields(item)
             f["events"].extend(item.get("more", ()))
-            spool.append(os.path.dirname(path), spool.line_of(f))
+            spoolw.append(os.path.dirname(path), spoolw.line_of(f))
         except Exception as e:   # noqa: BLE001 - a record is never worth a run
             ok = False
             from ..events import AuditEvent

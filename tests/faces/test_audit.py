@@ -433,7 +433,7 @@ def test_a_cli_run_is_spooled_and_found_by_runs(state):
 
 
 def test_a_cli_record_holds_the_policy_text_and_digest_printed_at_ingest(state, tmp_path):
-    """`corral run` spools its policy's form, not its TOML (audit/spoolw.py); after ingest
+    """`corral run` spools its policy's form, not its TOML (audit/record.py); after ingest
     the record holds the same text and digest as dump_toml of the policy that ran, and a
     --receipt's policy_sha256; a line of another corral version says so in an event."""
     from corral.audit.spool import digest

@@ -206,11 +206,11 @@ def test_corral_policy_show_prints_what_reads_back(tmp_path):
 @given(valid_policies())
 @example({"env": {"set": {"A": "\x7f", "B": "\u2028\"\\"}}})
 def test_the_spool_form_prints_the_same_toml(d):
-    """`corral run` writes its policy in the cheap form (audit/spoolw.py) and ingest prints
+    """`corral run` writes its policy in the cheap form (audit/record.py) and ingest prints
     it: through the JSON line, the same text as dump_toml (hence the same digest)."""
     import json
 
-    from corral.audit.spoolw import dumps, policy_form
+    from corral.audit.record import dumps, policy_form
     from corral.policy.dump import dump_form
 
     p = policy_from_dict(d)

@@ -23,10 +23,10 @@ def test_other_values_become_strings():
 
 
 def test_the_spool_form_of_a_policy_prints_its_toml(tmp_path):
-    """What `corral run` writes for its policy (audit/spoolw.py: no TOML, no digest on the
+    """What `corral run` writes for its policy (audit/record.py: no TOML, no digest on the
     run's path) is printed at ingest to the same text dump_toml gives: the default policy,
     a workspace, secrets (a literal's value never in the line), env, network, limits."""
-    from corral.audit.spoolw import dumps, policy_form
+    from corral.audit.record import dumps, policy_form
     from corral.policy import Policy, dump_toml, policy_from_dict
     from corral.policy.dump import dump_form
 

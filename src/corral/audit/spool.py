@@ -29,7 +29,7 @@ try:
 except ImportError:     # pragma: no cover - Python 3.12 renamed it
     from hashlib import sha256 as _sha256
 
-from .spoolw import (
+from .record import (
     ARGV_KEEP,
     EMPTY_DIGEST,
     LINE_MAX,
@@ -53,9 +53,9 @@ FIELDS = {"id": str, "kind": str, "sandbox": (str, type(None)), "started": (int,
           "policy_digest": str, "policy": str, "argv": list, "verdict": str,
           "exit_code": (int, type(None)), "signal": (int, type(None)), "usage": dict,
           "actor": str, "face": str, "events": list}
-#: what a short-lived process's line has in place of the policy's text and digest
-#: (audit/spoolw.py): ingest prints the TOML from the form, with the writer's version
-OPTIONAL = {"policy_form": dict, "version": str}
+#: what a short-lived process's line has in place of the policy's text and digest and
+#: its user's name (audit/record.py): ingest prints the TOML and names the user
+OPTIONAL = {"policy_form": dict, "version": str, "uid": int}
 
 
 _TOML: dict[int, tuple] = {}   # id(policy) -> (policy, its TOML): policies are frozen
@@ -124,7 +124,10 @@ def line_of(fields: dict) -> bytes:
 def _valid(d) -> bool:
     if not isinstance(d, dict) or not set(FIELDS) <= set(d) <= set(FIELDS) | set(OPTIONAL):
         return False
-    if not all(isinstance(d[k], t) for k, t in OPTIONAL.items() if k in d):
+    if not all(isinstance(d[k], t) and not isinstance(d[k], bool)
+               for k, t in OPTIONAL.items() if k in d):
+        return False
+    if not 0 <= d.get("uid", 0) < (1 << 32):
         return False
     for k, t in FIELDS.items():
         v = d[k]
@@ -142,7 +145,7 @@ def _valid(d) -> bool:
 
 
 def _policy_of_form(rec: dict) -> None:
-    """Fill in the policy's TOML and digest of a line that has its form (spoolw.py); a
+    """Fill in the policy's TOML and digest of a line that has its form (audit/record.py); a
     record of another corral version, or a form this one cannot print, says so in an
     `audit` event."""
     from .. import __version__
@@ -255,6 +258,9 @@ def ingest(conn, audit_dir: str) -> dict:
                         raise ValueError("not a run's record")
                     if "policy_form" in rec:
                         _policy_of_form(rec)
+                    if "uid" in rec:
+                        uid = rec.pop("uid")
+                        rec["actor"] = rec["actor"] or local_user(uid)
                     row = tuple(dumps(rec[k]) if k in ("argv", "usage") else _text(rec[k])
                                 for k in FIELDS if k != "events")
                     evs = [(_text(e["kind"]), dumps(e)) for e in rec["events"]]

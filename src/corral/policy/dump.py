@@ -58,7 +58,7 @@ _DEFAULT_TOML: list[str] = []
 
 
 def dump_form(form: dict) -> str:
-    """The TOML of a policy in the form audit/spoolw.py `policy_form` writes: {} for the
+    """The TOML of a policy in the form audit/record.py `policy_form` writes: {} for the
     default policy, else its field values and secrets (JSON-decoded)."""
     if not form:
         if not _DEFAULT_TOML:

@@ -332,8 +332,11 @@ EMPTY_DIGEST = "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7
 def private_dir(path: str) -> str:
     """Make (0700) and check a directory of ours: a link, another owner or a group- or
     world-writable mode is refused."""
-    os.makedirs(path, 0o700, exist_ok=True)
-    st = os.lstat(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        os.makedirs(path, 0o700, exist_ok=True)
+        st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         raise PermissionError(f"{path} is not a directory of this user (a link?): refused")
     if st.st_mode & 0o077:
@@ -392,15 +395,25 @@ def dumps(v) -> str:
 _DEFAULT: list = []   # [Policy()]
 
 
+def default_policy():
+    """The default Policy(), one per process (a face that uses it, `corral run` without
+    policy flags, has its record's policy_form found by identity, not by comparison)."""
+    if not _DEFAULT:
+        from ..policy.schema import Policy
+
+        _DEFAULT.append(Policy())
+    return _DEFAULT[0]
+
+
 def policy_form(policy) -> dict:
     """The policy as ingest needs it to print its TOML (policy/dump.py `dump_form`): {}
     for the default policy, else {"values": {dotted key: value}, "secrets": [[name,
     source, hosts, ttl, plain_http], ...]} (a literal secret's value is never in it)."""
-    from ..policy.schema import FIELDS, Policy
+    if policy is default_policy():
+        return {}
+    from ..policy.schema import FIELDS
 
-    if not _DEFAULT:
-        _DEFAULT.append(Policy())
-    if policy == _DEFAULT[0]:
+    if policy == default_policy():
         return {}
     values = {}
     for spec in FIELDS:

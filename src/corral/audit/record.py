@@ -395,6 +395,12 @@ def dumps(v) -> str:
 _DEFAULT: list = []   # [Policy()]
 
 
+def corral_version() -> str:
+    """corral.__version__: the package (a layer above this one) is loaded before any of
+    its modules, so it is read, not imported."""
+    return str(getattr(_sys.modules.get("corral"), "__version__", "unknown"))
+
+
 def default_policy():
     """The default Policy(), one per process (a face that uses it, `corral run` without
     policy flags, has its record's policy_form found by identity, not by comparison)."""
@@ -444,8 +450,6 @@ def image_digest(plan, policy) -> str:
 def cli_fields(item: dict) -> dict:
     """The spool line's fields of one run of a short-lived process (spool.FIELDS, the
     policy text and digest left to ingest: "policy_form" and "version" in their place)."""
-    from .. import __version__
-
     r, policy = item["result"], item["policy"]
     spool = _sys.modules.get("corral.audit.spool")
     hit = spool._TOML.get(id(policy)) if spool is not None else None
@@ -466,7 +470,7 @@ def cli_fields(item: dict) -> dict:
          "face": item["face"], "events": list(r.events[:item["n_events"]])}
     if form is not None:
         f["policy_form"] = form
-        f["version"] = __version__
+        f["version"] = corral_version()
     if not item["actor"]:   # the local user: named by ingest (pwd costs ~0.1 ms here)
         f["uid"] = os.geteuid()
     return f

@@ -148,17 +148,18 @@ def _policy_of_form(rec: dict) -> None:
     """Fill in the policy's TOML and digest of a line that has its form (audit/record.py); a
     record of another corral version, or a form this one cannot print, says so in an
     `audit` event."""
-    from .. import __version__
     from ..policy.dump import dump_form
+    from .record import corral_version
 
     form, version = rec.pop("policy_form"), rec.pop("version", None)
     note = None
     try:
         text = dump_form(form)
         rec["policy"], rec["policy_digest"] = text, digest(text.encode())
-        if version != __version__:
+        if version != corral_version():
             note = (f"this record was written by corral {version} and its policy printed "
-                    f"by corral {__version__}: the text may differ from the one that ran")
+                    f"by corral {corral_version()}: the text may differ from the one that "
+                    f"ran")
     except (KeyError, TypeError, ValueError, AttributeError, AssertionError) as e:
         rec["policy"], rec["policy_digest"] = "", ""
         note = f"the policy of this record could not be printed ({type(e).__name__}: {e})"

@@ -6,8 +6,10 @@ SQLite.
       ingest-<hex>.jsonl        a spool file renamed aside by an ingest under way (or
                                 interrupted: the next ingest takes it again)
 
-The writer side (`append`) is one os.write of one line per run: no sqlite3 import, no
-thread. The line is bounded (LINE_MAX): a bigger record keeps its essentials and drops its
+The writer side (`append`, `cli_fields`, in audit/record.py: loaded on the run path
+anyway, so `corral run` imports nothing for its record) is one os.write of one line per
+run: no sqlite3 import, no thread, no policy TOML (the line has the policy's form and the
+local user's uid; ingest prints the TOML and digest and names the user). The line is bounded (LINE_MAX): a bigger record keeps its essentials and drops its
 events (and a long argv's tail) with a note saying so. The reader side (`ingest`, called by
 audit/store.py whenever the store is opened: `corral runs/logs/denials/gc/audit`, the
 service's writer) renames the spool file aside, inserts its lines in one transaction, then

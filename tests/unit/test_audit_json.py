@@ -44,3 +44,17 @@ def test_the_spool_form_of_a_policy_prints_its_toml(tmp_path):
     line = dumps(policy_form(p))
     assert "hunter2-literal" not in line
     assert dump_form(json.loads(line)) == dump_toml(p)
+
+
+@pytest.mark.parametrize("form", [
+    {"values": {"isolation": 1e999}, "secrets": []}, {"values": [], "secrets": 3},
+    {"values": {}, "secrets": []}, {"nonsense": True}])
+def test_a_form_that_cannot_be_printed_keeps_the_run_and_says_so(form):
+    from corral.audit.spool import _policy_of_form
+
+    rec = {"policy": "", "policy_digest": "", "events": [], "policy_form": form,
+           "version": "x"}
+    _policy_of_form(rec)
+    assert rec["policy"] == "" and "policy_form" not in rec
+    assert rec["events"][0]["kind"] == "audit" and "could not be printed" in \
+        rec["events"][0]["message"]

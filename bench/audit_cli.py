@@ -1,6 +1,7 @@
 """What the audit record costs `corral run` (the spool, docs/audit.md): a paired loop.
 
     .venv/bin/python bench/audit_cli.py [--rounds 60] [--baseline-cli LAUNCHER] [--aa]
+        [--run-args "--net allow --allow-domain example.test"]
 
 Each round runs `corral run -- /bin/true` once per variant, in a shuffled order: with
 CORRAL_AUDIT=0, with recording on (the spool), and, given --baseline-cli (another build's
@@ -27,6 +28,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--baseline-cli", metavar="LAUNCHER")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--run-args", default="", metavar="ARGS",
+                    help="options for corral run (a policy other than the default)")
     ap.add_argument("--aa", action="store_true", help="also CORRAL_AUDIT=0 again (noise)")
     a = ap.parse_args()
     cli = os.path.join(os.path.dirname(sys.executable), "corral")
@@ -44,7 +47,8 @@ def main() -> int:
     rng = random.Random(a.seed)
 
     def once(name: str) -> float:
-        argv, env = [variants[name][0], "run", "--", "/bin/true"], variants[name][1]
+        argv = [variants[name][0], "run", *a.run_args.split(), "--", "/bin/true"]
+        env = variants[name][1]
         t = time.perf_counter()
         subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
         return (time.perf_counter() - t) * 1000
@@ -57,7 +61,7 @@ def main() -> int:
         for name in order:
             times[name].append(once(name))
     off = times["CORRAL_AUDIT=0"]
-    print(f"corral run -- /bin/true, {a.rounds} paired rounds (indicative on a loaded host)")
+    print(f"corral run {a.run_args + ' ' if a.run_args else ''}-- /bin/true, {a.rounds} paired rounds (indicative on a loaded host)")
     for name, xs in times.items():
         d = statistics.median(x - y for x, y in zip(xs, off))
         print(f"  {name:20s} median {statistics.median(xs):7.2f} ms   paired vs "

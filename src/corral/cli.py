@@ -174,9 +174,9 @@ def parse_secret_flag(text: str) -> dict[str, dict]:
 def effective_policy(r: RunArgs):
     if not (r.policy_file or r.overrides or r.env_pass or r.env_set or r.net_lists
             or r.ro_binds or r.secrets or r.plain_http):
-        from .policy import Policy  # what policy_from_dict({}) gives, without the loader
+        from .audit.record import default_policy  # Policy(): policy_from_dict({})'s
 
-        return Policy()
+        return default_policy()   # one per process: its audit record is found by identity
     from .policy import merge, policy_from_dict
     from .policy.load import read_toml
 

@@ -432,6 +432,43 @@ def test_a_cli_run_is_spooled_and_found_by_runs(state):
     assert len(cli(state, "runs", "--json").stdout.splitlines()) == 1
 
 
+def test_a_cli_record_holds_the_policy_text_and_digest_printed_at_ingest(state, tmp_path):
+    """`corral run` spools its policy's form, not its TOML (audit/record.py); after ingest
+    the record holds the same text and digest as dump_toml of the policy that ran, and a
+    --receipt's policy_sha256; a line of another corral version says so in an event."""
+    from corral.audit.spool import digest
+    from corral.cli import effective_policy, parse_run_args
+    from corral.policy import Policy, dump_toml
+
+    pfile = tmp_path / "p.toml"
+    pfile.write_text('[limits]\nmemory = "300m"\ntimeout = "1500ms"\n[env.set]\nA = "é\\""\n')
+    flags = ["--policy", str(pfile), "--workspace", f"{tmp_path}:review", "--env", "B=2",
+             "--net", "allow", "--allow-domain", "example.test"]
+    assert cli(state, "run", "--", "/bin/true").returncode == 0
+    assert cli(state, "run", *flags, "--", "/bin/true").returncode == 0, "flags"
+    rfile = str(tmp_path / "r.json")
+    assert cli(state, "run", *flags, "--receipt", rfile, "--", "/bin/true").returncode == 0
+    with open(spool_file(state), "rb") as f:
+        lines = [json.loads(x) for x in f.read().splitlines()]
+    assert [x["policy"] == "" for x in lines] == [True, True, False]   # --receipt: made
+    assert lines[0]["policy_form"] == {} and "version" in lines[1]
+    ran = effective_policy(parse_run_args([*flags, "--", "/bin/true"], want_command=True))
+    assert cli(state, "runs").returncode == 0          # ingest
+    conn = sqlite3.connect(db(state))
+    got = conn.execute("SELECT policy, policy_digest FROM runs ORDER BY started").fetchall()
+    notes = conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'audit'").fetchone()
+    conn.close()
+    want = [dump_toml(Policy()), dump_toml(ran), dump_toml(ran)]
+    assert got == [(t, digest(t.encode())) for t in want] and notes == (0,)
+    assert _load(rfile)["body"]["policy_sha256"] == got[2][1]
+    lines[1]["id"], lines[1]["version"] = "r-otherversion", "0.0.0-old"
+    with open(spool_file(state), "w") as f:
+        f.write(json.dumps(lines[1]) + "\n")
+    assert cli(state, "runs").returncode == 0
+    (note,) = [e for e in query.events("r-otherversion") if e["kind"] == "audit"]
+    assert "0.0.0-old" in note["message"]
+
+
 @pytest.mark.parametrize("planted", ["link", "fifo", "directory"])
 def test_an_unwritable_spool_file_gives_the_lost_event_and_follows_no_link(state, tmp_path,
                                                                            planted):

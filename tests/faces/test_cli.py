@@ -230,12 +230,14 @@ def test_run_path_imports_only_what_a_run_needs(tmp_path):
 
 def test_a_recorded_run_spools_without_sqlite_or_a_thread(tmp_path, monkeypatch):
     """With the audit store on, `corral run` keeps its record in the spool: after the
-    command it imports no sqlite3, threading or json (docs/audit.md)."""
+    command it imports no sqlite3, threading or json, nor the spool's reader (the writer
+    is in corral.audit.record) or the policy's TOML printer (docs/audit.md)."""
     monkeypatch.setenv("CORRAL_AUDIT", "1")
     monkeypatch.setenv("CORRAL_STATE_DIR", str(tmp_path / "state"))
     mods, _ = launched(tmp_path, "run", "--", "/bin/true")
-    assert "corral.audit.spool" in mods
-    assert not mods & {"_sqlite3", "sqlite3", "threading", "json", "corral.audit.store"}
+    assert "corral.audit.record" in mods
+    assert not mods & {"_sqlite3", "sqlite3", "threading", "json", "corral.audit.store",
+                       "corral.audit.spool", "corral.policy.dump", "_json", "pwd"}
     assert (tmp_path / "state" / "audit" / "spool" / "runs.jsonl").stat().st_size > 0
 
 

@@ -201,3 +201,17 @@ def test_corral_policy_show_prints_what_reads_back(tmp_path):
                               capture_output=True, text=True, timeout=60)
         assert back.returncode == 0, back.stderr
         assert back.stdout == shown.stdout
+
+
+@given(valid_policies())
+@example({"env": {"set": {"A": "\x7f", "B": "\u2028\"\\"}}})
+def test_the_spool_form_prints_the_same_toml(d):
+    """`corral run` writes its policy in the cheap form (audit/record.py) and ingest prints
+    it: through the JSON line, the same text as dump_toml (hence the same digest)."""
+    import json
+
+    from corral.audit.record import dumps, policy_form
+    from corral.policy.dump import dump_form
+
+    p = policy_from_dict(d)
+    assert dump_form(json.loads(dumps(policy_form(p)))) == dump_toml(p)

@@ -6,8 +6,10 @@ SQLite.
       ingest-<hex>.jsonl        a spool file renamed aside by an ingest under way (or
                                 interrupted: the next ingest takes it again)
 
-The writer side (`append`) is one os.write of one line per run: no sqlite3 import, no
-thread. The line is bounded (LINE_MAX): a bigger record keeps its essentials and drops its
+The writer side (`append`, `cli_fields`, in audit/record.py: loaded on the run path
+anyway, so `corral run` imports nothing for its record) is one os.write of one line per
+run: no sqlite3 import, no thread, no policy TOML (the line has the policy's form and the
+local user's uid; ingest prints the TOML and digest and names the user). The line is bounded (LINE_MAX): a bigger record keeps its essentials and drops its
 events (and a long argv's tail) with a note saying so. The reader side (`ingest`, called by
 audit/store.py whenever the store is opened: `corral runs/logs/denials/gc/audit`, the
 service's writer) renames the spool file aside, inserts its lines in one transaction, then
@@ -28,15 +30,24 @@ try:
     from _sha256 import sha256 as _sha256
 except ImportError:     # pragma: no cover - Python 3.12 renamed it
     from hashlib import sha256 as _sha256
-from _json import encode_basestring_ascii as _quote
 
-#: the longest line one run writes (and ingest reads), bytes
-LINE_MAX = 1 << 20
+from .record import (
+    ARGV_KEEP,
+    EMPTY_DIGEST,
+    LINE_MAX,
+    SPOOL_NAME,
+    append,
+    dumps,
+    image_digest,
+    local_user,
+    private_dir,
+)
+
 #: the most lines one spool file gives an ingest (the rest are skipped and counted)
 LINES_MAX = 100_000
-#: a long argv keeps this many bytes of it in a truncated record
-ARGV_KEEP = 4096
-SPOOL_NAME = "runs.jsonl"
+__all__ = ["ARGV_KEEP", "EMPTY_DIGEST", "LINE_MAX", "LINES_MAX", "SPOOL_NAME", "append",
+           "digest", "dumps", "image_digest", "ingest", "line_of", "local_user",
+           "policy_toml", "private_dir", "run_fields"]
 
 #: the fields of a run's line and their types (ingest checks each)
 FIELDS = {"id": str, "kind": str, "sandbox": (str, type(None)), "started": (int, float),
@@ -44,18 +55,9 @@ FIELDS = {"id": str, "kind": str, "sandbox": (str, type(None)), "started": (int,
           "policy_digest": str, "policy": str, "argv": list, "verdict": str,
           "exit_code": (int, type(None)), "signal": (int, type(None)), "usage": dict,
           "actor": str, "face": str, "events": list}
-
-
-def private_dir(path: str) -> str:
-    """Make (0700) and check a directory of ours: a link, another owner or a group- or
-    world-writable mode is refused."""
-    os.makedirs(path, 0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise PermissionError(f"{path} is not a directory of this user (a link?): refused")
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return path
+#: what a short-lived process's line has in place of the policy's text and digest and
+#: its user's name (audit/record.py): ingest prints the TOML and names the user
+OPTIONAL = {"policy_form": dict, "version": str, "uid": int}
 
 
 _TOML: dict[int, tuple] = {}   # id(policy) -> (policy, its TOML): policies are frozen
@@ -76,55 +78,6 @@ def policy_toml(policy) -> str:
 
 def digest(data: bytes) -> str:
     return "sha256:" + _sha256(data).hexdigest()
-
-
-def image_digest(plan, policy) -> str:
-    from ..plan import ImageRoot
-
-    if plan is not None:
-        roots = plan.find(ImageRoot)
-        if roots and roots[0].digest:
-            return roots[0].digest
-    return "host" if getattr(policy, "image", "host") in (None, "host") else ""
-
-
-_USERS: dict[int, str] = {}
-
-
-def local_user() -> str:
-    uid = os.geteuid()
-    name = _USERS.get(uid)
-    if name is None:
-        try:
-            import pwd
-
-            name = "user:" + pwd.getpwuid(uid).pw_name
-        except (KeyError, ImportError):
-            name = f"user:{uid}"
-        _USERS[uid] = name
-    return name
-
-
-def dumps(v) -> str:
-    """Compact JSON of what records hold (dict, list, str, int, float, bool, None; any
-    other value as its str), without importing json."""
-    if isinstance(v, str):
-        return _quote(v)
-    if v is None:
-        return "null"
-    if v is True or v is False:
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return int.__repr__(v)
-    if isinstance(v, float):
-        if v != v or v in (float("inf"), float("-inf")):
-            return "null"
-        return float.__repr__(v)
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{_quote(str(k))}:{dumps(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(dumps(x) for x in v) + "]"
-    return _quote(str(v))
 
 
 def run_fields(item: dict) -> dict:
@@ -165,50 +118,18 @@ def line_of(fields: dict) -> bytes:
     line = (dumps(cut) + "\n").encode("ascii")
     if len(line) > LINE_MAX:    # the policy is bounded by its schema: not expected
         cut["policy"] = ""
+        cut.pop("policy_form", None)
         line = (dumps(cut) + "\n").encode("ascii")
     return line
 
 
-def append(audit_dir: str, line: bytes) -> None:
-    """Append one line to the spool file: one write, on a regular file of ours, never
-    through a link; raises OSError (or PermissionError) if it cannot."""
-    import fcntl  # a C module: cheap
-
-    d = private_dir(os.path.join(private_dir(audit_dir), "spool"))
-    path = os.path.join(d, SPOOL_NAME)
-    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-             | os.O_NONBLOCK)
-    for _ in range(8):
-        fd = os.open(path, flags, 0o600)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                raise PermissionError(f"{path} is not a regular file of this user: refused")
-            # an ingest renames the file aside and then takes it exclusively: a writer
-            # holds it shared and checks the name still leads to it, else takes the new one
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:   # an ingest has it (renamed aside): a new file
-                continue
-            try:
-                now = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):
-                continue
-            if st.st_mode & 0o077:
-                os.fchmod(fd, 0o600)
-            n = os.write(fd, line)
-            if n != len(line):
-                raise OSError(f"a short write to {path} ({n} of {len(line)} bytes)")
-            return
-        finally:
-            os.close(fd)
-    raise OSError(f"{path} kept being renamed under this writer")
-
-
 def _valid(d) -> bool:
-    if not isinstance(d, dict) or set(d) != set(FIELDS):
+    if not isinstance(d, dict) or not set(FIELDS) <= set(d) <= set(FIELDS) | set(OPTIONAL):
+        return False
+    if not all(isinstance(d[k], t) and not isinstance(d[k], bool)
+               for k, t in OPTIONAL.items() if k in d):
+        return False
+    if not 0 <= d.get("uid", 0) < (1 << 32):
         return False
     for k, t in FIELDS.items():
         v = d[k]
@@ -223,6 +144,29 @@ def _valid(d) -> bool:
         if v is not None and not (-(1 << 63) <= v < (1 << 63)):
             return False
     return all(isinstance(e, dict) and isinstance(e.get("kind"), str) for e in d["events"])
+
+
+def _policy_of_form(rec: dict) -> None:
+    """Fill in the policy's TOML and digest of a line that has its form (audit/record.py); a
+    record of another corral version, or a form this one cannot print, says so in an
+    `audit` event."""
+    from ..policy.dump import dump_form
+    from .record import corral_version
+
+    form, version = rec.pop("policy_form"), rec.pop("version", None)
+    note = None
+    try:
+        text = dump_form(form)
+        rec["policy"], rec["policy_digest"] = text, digest(text.encode())
+        if version != corral_version():
+            note = (f"this record was written by corral {version} and its policy printed "
+                    f"by corral {corral_version()}: the text may differ from the one that "
+                    f"ran")
+    except Exception as e:   # noqa: BLE001 - a line's form is data: it never ends the ingest
+        rec["policy"], rec["policy_digest"] = "", ""
+        note = f"the policy of this record could not be printed ({type(e).__name__}: {e})"
+    if note:
+        rec["events"] = [*rec["events"], {"kind": "audit", "message": note}]
 
 
 def _text(v):
@@ -315,6 +259,11 @@ def ingest(conn, audit_dir: str) -> dict:
                     rec = json.loads(line) if line is not None else None
                     if not _valid(rec):
                         raise ValueError("not a run's record")
+                    if "policy_form" in rec:
+                        _policy_of_form(rec)
+                    if "uid" in rec:
+                        uid = rec.pop("uid")
+                        rec["actor"] = rec["actor"] or local_user(uid)
                     row = tuple(dumps(rec[k]) if k in ("argv", "usage") else _text(rec[k])
                                 for k in FIELDS if k != "events")
                     evs = [(_text(e["kind"]), dumps(e)) for e in rec["events"]]

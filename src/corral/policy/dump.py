@@ -7,7 +7,7 @@ try:     # the C encoder json.dumps(ensure_ascii=False) uses, without json's imp
 except ImportError:   # pragma: no cover
     from json.encoder import py_encode_basestring as _quote
 
-from .schema import FIELDS, SECTIONS, Policy, Spec
+from .schema import FIELDS, SECTIONS, Policy, Spec, Workspace
 from .units import format_duration, format_size
 
 
@@ -50,8 +50,36 @@ def get_value(policy: Policy, path: str):
 
 
 def dump_toml(policy: Policy) -> str:
-    lines = [f"isolation = {format_value(FIELDS[0], policy.isolation)}",
-             f"image = {_s(policy.image)}"]
+    return _dump(lambda path: get_value(policy, path), policy.image,
+                 [(s.name, s.source, s.hosts, s.ttl, s.plain_http) for s in policy.secrets])
+
+
+_DEFAULT_TOML: list[str] = []
+
+
+def dump_form(form: dict) -> str:
+    """The TOML of a policy in the form audit/record.py `policy_form` writes: {} for the
+    default policy, else its field values and secrets (JSON-decoded)."""
+    if not form:
+        if not _DEFAULT_TOML:
+            _DEFAULT_TOML.append(dump_toml(Policy()))
+        return _DEFAULT_TOML[0]
+    values, secrets = form["values"], form["secrets"]
+    kinds = {spec.path: spec.kind for spec in FIELDS}
+
+    def value(path: str):
+        v = values[path]
+        if v is not None and kinds[path] == "workspace":
+            path_, mode, mount_at = v
+            return Workspace(path_, mode, mount_at)
+        return v
+
+    return _dump(value, values["image"], [tuple(s) for s in secrets])
+
+
+def _dump(get, image, secrets) -> str:
+    lines = [f"isolation = {format_value(FIELDS[0], get('isolation'))}",
+             f"image = {_s(image)}"]
     tables = [s for s in SECTIONS]
     for spec in FIELDS:
         table = spec.path.rsplit(".", 1)[0]
@@ -63,18 +91,18 @@ def dump_toml(policy: Policy) -> str:
             if spec.path.rsplit(".", 1)[0] != table:
                 continue
             key = spec.path.rsplit(".", 1)[1]
-            value = get_value(policy, spec.path)
+            value = get(spec.path)
             if value is None:
                 lines.append(f"# {key}: none (the default)")
             else:
                 lines.append(f"{key} = {format_value(spec, value)}")
-    for s in policy.secrets:
-        lines += ["", f"[secrets.{s.name}]"]
-        if s.source == "literal":
+    for name, source, hosts, ttl, plain_http in secrets:
+        lines += ["", f"[secrets.{name}]"]
+        if source == "literal":
             lines.append("# from: a literal value given through the Python API (not shown)")
         else:
-            lines.append(f"from = {_s(s.source)}")
-        lines += [f"hosts = [{', '.join(_s(h) for h in s.hosts)}]",
-                  f"ttl = {_s(format_duration(s.ttl))}",
-                  f"plain_http = {'true' if s.plain_http else 'false'}"]
+            lines.append(f"from = {_s(source)}")
+        lines += [f"hosts = [{', '.join(_s(h) for h in hosts)}]",
+                  f"ttl = {_s(format_duration(ttl))}",
+                  f"plain_http = {'true' if plain_http else 'false'}"]
     return "\n".join(lines) + "\n"

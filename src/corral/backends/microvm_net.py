@@ -160,8 +160,15 @@ class HostRelay:
         cid = self.by_fd.get(fd)
         if cid is None:
             return
+        s = self.conns[cid]
         try:
-            data = self.conns[cid].recv(MAX_FRAME - 4)
+            # the event may be stale: its connection closed in this batch and the fd number
+            # taken by a new one; a socket with a timeout would wait for data (SEND_TIMEOUT)
+            ready = select.poll()     # poll, not select: the fd may be past FD_SETSIZE
+            ready.register(s, select.POLLIN)
+            if not ready.poll(0):
+                return
+            data = s.recv(MAX_FRAME - 4)
         except OSError:
             self._reset(cid, poller)
             return

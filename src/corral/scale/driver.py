@@ -111,6 +111,9 @@ def run_local(jobs: list[Job], base: dict, concurrency: int):
             # the workers close their sandboxes (a finalizer) as they exit; interrupted,
             # what a killed one left is removed by corral's stale sweep
             pool.shutdown(wait=True, cancel_futures=True)
+        from . import slotcg
+
+        slotcg.sweep()     # the slot cgroups of workers that were killed
 
 
 _RUNNER: list = []
@@ -119,9 +122,23 @@ _RUNNER: list = []
 def _worker_init(node: str) -> None:
     from multiprocessing.util import Finalize
 
+    from . import slotcg
+
+    moved = slotcg.enter()     # this slot's sandboxes weigh as one process (slotcg.py)
     runner = NodeRunner(node, slots=1)
     _RUNNER.append(runner)
-    Finalize(runner, runner.close, exitpriority=10)
+    Finalize(runner, _worker_end, args=(runner, moved), exitpriority=10)
+
+
+def _worker_end(runner: NodeRunner, moved) -> None:
+    """At the worker's exit (a forked multiprocessing worker runs no atexit hooks): its
+    sandboxes closed, their cgroups removed, then its slot's cpu cgroup."""
+    from ..backends.host.cgroups import POOL
+    from . import slotcg
+
+    runner.close()
+    POOL.drain()
+    slotcg.leave(moved)
 
 
 def _worker_run(task) -> dict:

@@ -80,6 +80,7 @@ class NodeRunner:
         self._refused: dict[str, CorralError] = {}
         self._idle: dict[str, list] = {}          # policy key -> reusable sandboxes
         self._digests: dict[str, tuple] = {}      # policy key -> (toml, image digest)
+        self._checked: dict[str, object] = {}     # policy key -> its Policy (no overrides)
         self._closed = False
 
     # -- one job --
@@ -88,8 +89,8 @@ class NodeRunner:
         job_id = wire.get("id") if isinstance(wire, dict) else None
         try:
             job = parse_job(wire, f"job {job_id!r}")
-            policy = job_policy(base, job)
             key = _policy_key(base, job.policy)
+            policy = self._policy(key, base, job)
             sb = self._claim(key, policy, fresh=bool(job.policy))
         except CorralError as e:
             return error_line(job_id, self.node, attempt, e)
@@ -97,6 +98,21 @@ class NodeRunner:
             return self._run_in(sb, key, job, attempt)
         finally:
             self._release(key, sb, policy)
+
+    def _policy(self, key: str, base: dict, job):
+        """The job's Policy (jobs.job_policy), made once per batch policy: a job without
+        overrides gets the batch's, checked the first time; one with overrides is checked
+        alone each time (it has a sandbox of its own anyway)."""
+        if job.policy:
+            return job_policy(base, job)
+        policy = self._checked.get(key)
+        if policy is None:
+            policy = job_policy(base, job)
+            with self._mu:
+                if len(self._checked) >= POOL_MAX:
+                    self._checked.clear()
+                self._checked[key] = policy
+        return policy
 
     def _run_in(self, sb, key: str, job, attempt: int) -> dict:
         from ..audit.record import new_id

@@ -185,10 +185,10 @@ def main() -> int:
     state = tempfile.mkdtemp(prefix="corral-bench-batch-")
     os.environ["CORRAL_STATE_DIR"] = state
     os.environ["CORRAL_AUDIT"] = "1"
-    acct = CpuAccount()
     info = startup.machine()
     base = startup.Bench(use_runsc=False)
     cluster = RayCluster() if args.ray else None
+    acct = CpuAccount()      # after the cluster: its processes stay out of the account
     contenders = {
         "bwrap pool": lambda: bwrap_pool(base, n, p),
         "batch local": lambda: batch(n, p),

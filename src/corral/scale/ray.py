@@ -30,6 +30,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..errors import BackendUnavailable, CorralError, PolicyError
+from .driver import QUEUED_PER_SLOT
 from .jobs import job_policy
 from .node import error_line
 
@@ -47,9 +48,18 @@ class NodeActor:
     """The sandboxes of one node (its jobs run in the actor's threads)."""
 
     def __init__(self, node_id: str, slots: int) -> None:
+        import threading
+
+        from . import slotcg
         from .node import NodeRunner
 
+        slotcg.sweep()
+        # its sandboxes weigh as `slots` processes with the scheduler (slotcg.py)
+        self.moved = slotcg.enter(slots)
         self.runner = NodeRunner(node_id, slots)
+        # the driver keeps a next job queued for each slot (QUEUED_PER_SLOT): at most
+        # `slots` of them run at once, the others wait here, in the actor, not on the driver
+        self.slots = threading.BoundedSemaphore(slots)
 
     def tiers(self) -> list[str]:
         from .node import host_tiers
@@ -57,10 +67,17 @@ class NodeActor:
         return host_tiers()
 
     def run(self, wire: dict, base: dict, attempt: int) -> dict:
-        return self.runner.run(wire, base, attempt)
+        with self.slots:
+            return self.runner.run(wire, base, attempt)
 
     def close(self) -> None:
+        from ..backends.host.cgroups import POOL
+        from . import slotcg
+
         self.runner.close()
+        POOL.drain()
+        slotcg.leave(self.moved)
+        self.moved = None
 
 
 class _Node:
@@ -143,7 +160,7 @@ class _Dispatch:
             slots = self.concurrency or max(1, int(n.get("Resources", {}).get("CPU", 1)))
             actor = NodeActor.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
-                max_concurrency=slots + 1, name=None).remote(nid, slots)
+                max_concurrency=slots * QUEUED_PER_SLOT + 1, name=None).remote(nid, slots)
             tiers = offered[nid] if self.advertised else None
             self.nodes[nid] = _Node(nid, actor, tiers, slots)
             new.append(self.nodes[nid])
@@ -213,7 +230,7 @@ class _Dispatch:
                     f"ray start --resources '{{\"{PREFIX}{tier}\": 1000}}' (docs/scale.md)",
                     field="isolation"))
                 continue
-            free = [n for n in nodes if n.busy < n.slots]
+            free = [n for n in nodes if n.busy < n.slots * QUEUED_PER_SLOT]
             if not free:
                 waiting.append((job, tier, attempt))
                 if len(waiting) > 4 * sum(n.slots for n in self.nodes.values()):

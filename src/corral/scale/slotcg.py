@@ -14,7 +14,9 @@ v1 only, the cpu hierarchy only: memory, pids and the rest stay where they were)
 its first sandbox: its sandboxes' cgroups are made below that one, which weighs as one
 process, as a raw pool's worker does. The limits of each sandbox are unchanged (its own
 cgroup below, its CFS quota). At the worker's end it moves back and removes the
-directory; the driver removes those of workers that were killed (sweep()). Anything that
+directory; the driver removes those of workers that were killed (sweep()). A Ray
+node's actor, which runs its slots in threads, does the same with a cgroup that weighs
+as many processes as it has slots. Anything that
 fails here leaves the worker where it was (the old weighting), never a job unrun.
 cgroup v2 (root: sandboxes under `<v2 root>/corral`, whatever the supervisor's own
 cgroup) is left as it is.
@@ -25,6 +27,10 @@ from __future__ import annotations
 import os
 
 PREFIX = "corral-slot-"
+#: the cpu.shares of one ordinary process (cgroup v1's default), and how many slots one
+#: cgroup may weigh as at most
+SHARES = 1024
+MAX_SLOTS = 256
 
 
 def _own_cpu_dir() -> str | None:
@@ -42,9 +48,10 @@ def _own_cpu_dir() -> str | None:
     return loc.own.get("cpu")
 
 
-def enter() -> tuple[str, str] | None:
-    """Move this process into a cpu cgroup of its own (see the module's docstring);
-    returns (its directory, the one it left) for leave(), or None."""
+def enter(slots: int = 1) -> tuple[str, str] | None:
+    """Move this process into a cpu cgroup of its own (see the module's docstring), that
+    weighs as `slots` processes (cpu.shares; a Ray node's actor runs its slots in
+    threads); returns (its directory, the one it left) for leave(), or None."""
     from ..linux import limits
 
     home = _own_cpu_dir()
@@ -58,6 +65,9 @@ def enter() -> tuple[str, str] | None:
     except OSError:
         return None
     try:
+        if slots > 1:
+            with open(os.path.join(d, "cpu.shares"), "w") as f:
+                f.write(str(SHARES * min(slots, MAX_SLOTS)))
         with open(os.path.join(d, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
     except OSError:

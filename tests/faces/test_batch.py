@@ -324,3 +324,33 @@ def test_an_unreachable_ray_address_is_one_line_at_once(tmp_path):
                         "Connection refused; start one with ray start --head "
                         "(docs/scale.md)\n")
     assert (tmp_path / "out.jsonl").read_text() == ""     # nothing ran, nothing written
+
+
+def test_ray_dispatch_keeps_the_queue_in_order_when_nodes_are_full():
+    """The Ray driver's dispatch: jobs it passes over (every node of their tier full) stay
+    at the front in their order; a freed slot takes the first; a node gets up to a next
+    job queued per slot. No cluster: the nodes' actors are stand-ins that count calls."""
+    pytest.importorskip("ray")
+    from corral.scale import ray as cray
+    from corral.scale.jobs import check_jobs
+
+    sent = []
+
+    class Actor:
+        class run:   # noqa: N801 - stands in for an actor method
+            @staticmethod
+            def remote(wire, base, attempt):
+                sent.append(wire["id"])
+                return object()
+
+    jobs = check_jobs([{"id": i, "argv": ["true"]} for i in range(1000)])
+    d = cray._Dispatch(jobs, {}, 1)
+    d.nodes["n"] = cray._Node("n", Actor, {"namespace"}, 1)
+    assert list(d.dispatch()) == []
+    assert sent == [0, 1]                     # one running, one queued for the slot
+    assert [j.id for j, _, _ in d.queue] == list(range(2, 1000))
+    assert list(d.dispatch()) == [] and sent == [0, 1]      # full: nothing moves
+    assert [j.id for j, _, _ in d.queue] == list(range(2, 1000))
+    d.nodes["n"].busy -= 1
+    list(d.dispatch())
+    assert sent == [0, 1, 2] and d.queue[0][0].id == 3

@@ -196,7 +196,10 @@ class _Dispatch:
             yield from self.dispatch()
             if not self.inflight:
                 continue
-            ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=1.0)
+            ready, rest = ray.wait(list(self.inflight), num_returns=1, timeout=1.0)
+            if ready and rest:   # every line that is in, then one dispatch for them all
+                more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+                ready += more
             for ref in ready:
                 job, tier, attempt, node = self.inflight.pop(ref)
                 node.busy -= 1
@@ -218,8 +221,11 @@ class _Dispatch:
                 self.refresh()
 
     def dispatch(self):
-        """Send queued jobs to free nodes of their tier; report those no node offers."""
-        waiting = deque()
+        """Send queued jobs to free nodes of their tier; report those no node offers.
+        Jobs passed over (their nodes are full) go back to the front in their order: the
+        cost of a call is bounded by the jobs it looks at, not the queue's length."""
+        waiting: list = []
+        most = 4 * sum(n.slots for n in self.nodes.values())
         while self.queue:
             job, tier, attempt = self.queue.popleft()
             nodes = self.eligible(tier)
@@ -233,15 +239,14 @@ class _Dispatch:
             free = [n for n in nodes if n.busy < n.slots * QUEUED_PER_SLOT]
             if not free:
                 waiting.append((job, tier, attempt))
-                if len(waiting) > 4 * sum(n.slots for n in self.nodes.values()):
+                if len(waiting) > most:
                     break     # the rest waits in order
                 continue
             node = min(free, key=lambda n: n.busy / n.slots)
             ref = node.actor.run.remote(job.to_wire(), self.base, attempt)
             node.busy += 1
             self.inflight[ref] = (job, tier, attempt, node)
-        waiting.extend(self.queue)
-        self.queue = waiting
+        self.queue.extendleft(reversed(waiting))
 
     def close(self) -> None:
         for n in self.nodes.values():

@@ -282,6 +282,7 @@ def test_each_local_slot_weighs_as_one_process_and_leaves_no_cgroup():
     cgroups are made (their own limits unchanged): the batch's slots weigh as P processes
     with the scheduler, not all sandboxes of the host as one. Nothing is left after."""
     import threading
+    import time
 
     home = slotcg._own_cpu_dir()
     before = set(glob.glob(f"{home}/{slotcg.PREFIX}*"))
@@ -298,6 +299,7 @@ def test_each_local_slot_weighs_as_one_process_and_leaves_no_cgroup():
                         seen[slot] = (len(runs), int(f.read()))
                 except OSError:
                     pass    # it ended in between
+        time.sleep(0.02)
     t.join(60)
     assert sorted(x["id"] for x in lines) == [0, 1]
     assert all(x.get("verdict") == "ok" for x in lines), lines

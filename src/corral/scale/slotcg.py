@@ -95,8 +95,10 @@ def leave(moved: tuple[str, str] | None) -> None:
 
 
 def sweep() -> None:
-    """Remove the slot cgroups of worker processes that are gone (killed before leave()):
-    empty directories only; a run cgroup still in one is the stale sweep's (rundir.py)."""
+    """Remove the slot cgroups of worker processes that are gone (killed before leave()).
+    The run cgroups a killed worker left in one are removed first by corral's stale sweep
+    (rundir.py: a dead supervisor's run directories, and the cgroups they recorded), run
+    here only when such a slot is found."""
     home = _own_cpu_dir()
     if home is None:
         return
@@ -104,16 +106,28 @@ def sweep() -> None:
         names = [n for n in os.listdir(home) if n.startswith(PREFIX)]
     except OSError:
         return
-    for name in names:
-        pid = name[len(PREFIX):]
-        if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
-            continue
-        _rmdir(os.path.join(home, name))
+    dead = [os.path.join(home, n) for n in names
+            if n[len(PREFIX):].isdigit() and not os.path.exists(f"/proc/{n[len(PREFIX):]}")]
+    left = [d for d in dead if not _rmdir(d)]
+    if left:
+        from ..errors import CorralError
+        from ..linux import rundir
+
+        try:
+            rundir.sweep_stale()
+        except (OSError, CorralError):
+            return
+        for d in left:
+            _rmdir(d)
 
 
-def _rmdir(d: str) -> None:
+def _rmdir(d: str) -> bool:
+    """Remove the slot cgroup `d` (and its `corral` below) if empty; whether it is gone."""
     for p in (os.path.join(d, "corral"), d):
         try:
             os.rmdir(p)
-        except OSError:
+        except FileNotFoundError:
             pass
+        except OSError:
+            return False
+    return True

@@ -331,28 +331,42 @@ def test_an_unreachable_ray_address_is_one_line_at_once(tmp_path):
 def test_ray_dispatch_keeps_the_queue_in_order_when_nodes_are_full():
     """The Ray driver's dispatch: jobs it passes over (every node of their tier full) stay
     at the front in their order; a freed slot takes the first; a node gets up to a next
-    job queued per slot. No cluster: the nodes' actors are stand-ins that count calls."""
+    call queued per slot, each call CHUNK_MAX jobs while the queue is long and fewer as it
+    runs short. No cluster: the nodes' actors are stand-ins that record the calls."""
     pytest.importorskip("ray")
     from corral.scale import ray as cray
     from corral.scale.jobs import check_jobs
 
-    sent = []
+    calls = []
 
     class Actor:
-        class run:   # noqa: N801 - stands in for an actor method
+        class run:   # noqa: N801 - stand-ins for the actor's methods
             @staticmethod
             def remote(wire, base, attempt):
-                sent.append(wire["id"])
+                calls.append([wire["id"]])
                 return object()
 
+        class run_many:   # noqa: N801
+            @staticmethod
+            def remote(tasks, base):
+                calls.append([w["id"] for w, _ in tasks])
+                return object()
+
+    k = cray.CHUNK_MAX
     jobs = check_jobs([{"id": i, "argv": ["true"]} for i in range(1000)])
     d = cray._Dispatch(jobs, {}, 1)
     d.nodes["n"] = cray._Node("n", Actor, {"namespace"}, 1)
     assert list(d.dispatch()) == []
-    assert sent == [0, 1]                     # one running, one queued for the slot
-    assert [j.id for j, _, _ in d.queue] == list(range(2, 1000))
-    assert list(d.dispatch()) == [] and sent == [0, 1]      # full: nothing moves
-    assert [j.id for j, _, _ in d.queue] == list(range(2, 1000))
+    assert calls == [list(range(k)), list(range(k, 2 * k))]   # running, and queued
+    assert [j.id for j, _, _ in d.queue] == list(range(2 * k, 1000))
+    assert list(d.dispatch()) == [] and len(calls) == 2       # full: nothing moves
+    assert [j.id for j, _, _ in d.queue] == list(range(2 * k, 1000))
     d.nodes["n"].busy -= 1
     list(d.dispatch())
-    assert sent == [0, 1, 2] and d.queue[0][0].id == 3
+    assert calls[2] == list(range(2 * k, 3 * k)) and d.queue[0][0].id == 3 * k
+    # the tail: one job a call once fewer are left than the calls the nodes could take
+    while d.queue:
+        d.nodes["n"].busy = 0
+        list(d.dispatch())
+    assert [len(c) for c in calls[-3:]] == [1, 1, 1]
+    assert sorted(i for c in calls for i in c) == list(range(1000))

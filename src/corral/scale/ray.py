@@ -1,6 +1,8 @@
 """A batch on a Ray cluster: one actor per node owns that node's sandboxes (a NodeRunner,
-scale/node.py); the driver hands each job to a node that offers the job's tier and keeps
-at most `concurrency` jobs on each node at once. docs/scale.md.
+scale/node.py); the driver hands each job to a node that offers the job's tier, in calls
+of up to CHUNK_MAX jobs (one as the queue runs short), with a next call queued for each of
+a node's `concurrency` slots; the node runs at most `concurrency` calls at once.
+docs/scale.md.
 
 Tiers. A node offers the tiers it advertises as Ray resources, `corral_namespace`,
 `corral_gvisor`, `corral_process`, `corral_wasm`, `corral_microvm` (`ray start --resources

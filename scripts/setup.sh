@@ -40,6 +40,21 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   for so in /usr/lib/python3/dist-packages/seccomp.cpython-*.so; do ln -sf "$so" "$site/"; done
   echo "$want" > "$stamp"
 fi
+# bench/.venv: matplotlib, ipykernel and jupyter_client from their own hashed lock, for
+# bench/ and for the tests that run a real Jupyter kernel or a matplotlib figure in a
+# sandbox (tests/tiers/test_live_code.py, test_run_code.py mount it read-only); kept out
+# of .venv, whose pins they would have to share. Rebuilt only when the lock changes.
+block=requirements/bench.lock
+bstamp=bench/.venv/.corral-lock.sha256
+bwant=$(sha256sum "$block" | cut -d' ' -f1)
+if [ ! -x bench/.venv/bin/python ] || [ "$(cat "$bstamp" 2>/dev/null)" != "$bwant" ]; then
+  echo "setup: building bench/.venv from /usr/bin/python3 and $block" >&2
+  rm -rf bench/.venv
+  /usr/bin/python3 -m venv bench/.venv
+  bench/.venv/bin/pip install -q --disable-pip-version-check --require-hashes --only-binary=:all: -r "$block" \
+    2> >(grep -v "is ignored: it is neither" >&2)
+  echo "$bwant" > "$bstamp"
+fi
 # a launcher without the `re` import of pip's template, in isolated mode (-I: no PYTHON*
 # variables, no user site, no current directory on sys.path) and without the site module
 # (-S, written -IS: a #! line passes one argument; no .pth processing, no sitecustomize; ~2 ms of every start): it puts corral's source

@@ -212,8 +212,12 @@ class CommandGroup:
         the sandbox's memory peak; OOM kills in the sandbox's cgroup since it started."""
         cg = self._live.sandbox_cg
         # the sandbox may have ended first (an OOM kill of gVisor's own ends it): then
-        # its cgroup's last counts, read as it was removed
-        u = cg.usage() if cg is not None else self._live.final_usage
+        # its cgroup's last counts, read by close() before it removed the cgroup. close()
+        # may run meanwhile (the watchdog saw gVisor end): a cgroup removed between the
+        # look at sandbox_cg and the read reads as no counts, and its last ones are there
+        u = cg.usage() if cg is not None else None
+        if u is None or u.oom_kills is None:
+            u = self._live.final_usage
         oom = None if u.oom_kills is None else max(0, u.oom_kills - self._oom0)
         return limits.Usage(cpu_s=self.cpu_seconds(), memory_peak_bytes=u.memory_peak_bytes,
                             oom_kills=oom)

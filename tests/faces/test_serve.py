@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 from conftest import CORRAL, tier_unavailable
+from servefix import api_error as _err
 
 from corral import client
 from corral.runtime.files import FileNotFound
@@ -111,17 +112,6 @@ def _create(http, policy=None):
     r = http.post("/sandboxes", json={"policy": policy or {}})
     assert r.status_code == 201, r.text
     return r.json()["id"]
-
-
-def _err(r, status, kind=None, field=None):
-    assert r.status_code == status, r.text
-    e = r.json()["error"]
-    assert set(e) == {"kind", "field", "message"} and e["message"]
-    if kind:
-        assert e["kind"] == kind, e
-    if field:
-        assert e["field"] == field, e
-    return e
 
 
 def test_health_openapi_and_metrics_need_no_token(server):

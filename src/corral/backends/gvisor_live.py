@@ -55,7 +55,7 @@ from ..linux._sys import set_pdeathsig, subreaper_acquire, subreaper_release
 from ..linux.supervise import ExecFailed, errno_from_message, kill_pid, spawn
 from ..plan import EgressProxy, Seccomp
 from .gvisor import PIDS_OVERHEAD, SIGKILL, GvisorSandbox
-from .gvisor_runsc import _reap, enter_userns, remove_state
+from .gvisor_runsc import _reap, remove_state
 from .host.cgroups import destroy_cgroup, run_cgroup, with_relay_tasks
 
 #: the container's own process: pid 1 of gVisor's kernel for the sandbox's life
@@ -305,24 +305,7 @@ class GvisorLive(GvisorSandbox):
                 # proxy must not fire when the thread that created the sandbox exits
                 self.proxy = spawner.call(start_proxy, config, self.net.take_listener(),
                                           attach, self.uid, self.gid)
-            parent = os.getpid()
-            host_proc = getattr(self, "host_proc", None)
-            net = self.net
-
-            def child_setup() -> None:
-                if attach:
-                    limits.RunCgroup.attach_self(attach)
-                import resource
-
-                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-                if net is not None:
-                    from .gvisor_net import runsc_mount_view
-
-                    runsc_mount_view(host_proc)
-                enter_userns(self.userns)
-                set_pdeathsig(SIGKILL)
-                if os.getppid() != parent:
-                    os._exit(125)
+            child_setup = self.runsc_child_setup(attach, self.net is not None)
 
             argv = self.runsc_argv(self.cid)
             subreaper_acquire()    # the gofer and Sentry, if runsc goes first

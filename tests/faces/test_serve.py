@@ -6,15 +6,15 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
-import time
 
 import httpx
 import pytest
 from conftest import CORRAL, tier_unavailable
+from servefix import Serve
 from servefix import api_error as _err
+from servefix import make_token as _token
 
 from corral import client
 from corral.runtime.files import FileNotFound
@@ -26,65 +26,26 @@ pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
 SECRET = "s3cr3t-value-never-on-the-wire"
 
 
-def _token(state, name, *extra):
-    out = subprocess.run([CORRAL, "token", "create", "--name", name, "--state-dir", state,
-                          *extra], capture_output=True, text=True, check=True)
-    lines = out.stdout.splitlines()
-    assert lines and lines[-1].startswith("corral_")
-    return lines[-1]
+class Server(Serve):
+    """servefix.Serve with the server's own secret in its environment, the tokens made
+    for it (.tokens) and its clients kept until stop() closes them (one dropped unclosed
+    leaves its keep-alive socket to the garbage collector: a ResourceWarning, an error
+    here)."""
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
     def __init__(self, tmp_path):
-        self.state = str(tmp_path / "state")
-        self.log = tmp_path / "serve.log"
-        self.tmp = tmp_path
+        super().__init__(tmp_path, env={"CORRAL_TEST_SECRET": SECRET})
         self.tokens = {}
         self._clients = []
 
-    def start(self):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.logf = open(self.log, "wb")
-        env = dict(os.environ, CORRAL_TEST_SECRET=SECRET)   # the server's own secret
-        self.proc = subprocess.Popen([CORRAL, "serve", "--port", str(self.port), "--state-dir",
-                                      self.state], stdout=self.logf, stderr=subprocess.STDOUT,
-                                     env=env)
-        for _ in range(600):
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            assert self.proc.poll() is None, self.log.read_text()
-            time.sleep(0.05)
-        raise AssertionError("corral serve did not come up: " + self.log.read_text())
-
     def http(self, token=None):
-        """A client of its own; kept until stop() closes it (one dropped unclosed leaves its
-        keep-alive socket to the garbage collector: a ResourceWarning, an error here)."""
-        h = {"Authorization": f"Bearer {token}"} if token else {}
-        client = httpx.Client(base_url=self.url, headers=h, timeout=120)
+        client = super().http(token)
         self._clients.append(client)
         return client
 
     def stop(self):
         for c in self._clients:
             c.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.logf.close()
+        super().stop()
 
 
 @pytest.fixture(scope="module")

@@ -206,6 +206,8 @@ class HostRelay:
 
     def _send(self, kind: bytes, cid: int, data: bytes = b"") -> None:
         if len(self.out) + 9 + len(data) > OUT_MAX:
+            self._flush_out()
+        if len(self.out) + 9 + len(data) > OUT_MAX:
             raise _Violation(f"the guest took none of {len(self.out)} bytes of its network "
                              f"port while it kept sending")
         self.out += kind + struct.pack(">II", 4 + len(data), cid) + data

@@ -64,3 +64,39 @@ def test_a_status_nobody_took_is_not_a_later_command_s_with_the_same_pid():
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got.get("second") == got["first"], f"the pid was not used again: {got}"
     assert os.WIFEXITED(got["status"]) and os.WEXITSTATUS(got["status"]) == 5, got
+
+
+def test_statuses_nobody_took_are_let_go():
+    """A command whose supervision ended early (its on_stdout raised) never takes its
+    status: the zygote's reader keeps it for nobody. Keyed by request number, such
+    statuses are never overwritten, so each is let go of with its entrant."""
+    import gc
+
+    import corral
+    from corral.linux import enter
+
+    def boom(_data):
+        raise RuntimeError("the caller's callback failed")
+
+    s = corral.Sandbox.create({"isolation": "namespace"}, timeout=300)
+    try:
+        for _ in range(30):
+            with pytest.raises(RuntimeError):
+                s.commands.run(["/bin/sh", "-c", "echo x; exec sleep 0.05"], on_stdout=boom,
+                               timeout=60)
+        import time
+
+        time.sleep(0.5)              # they have all exited: their statuses are sent
+        assert s.exec(["/bin/echo", "still"]).stdout == "still\n"   # reads them in
+        (z,) = enter._zygote_now
+        # let go of once their entrants are (the audit thread holds the last commands'
+        # handles a moment, until it has recorded them)
+        for _ in range(300):
+            gc.collect()
+            if not z._statuses:
+                break
+            time.sleep(0.1)
+        assert z._statuses == {}, z._statuses
+        assert len(z._forgotten) <= 30
+    finally:
+        s.kill()

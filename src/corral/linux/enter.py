@@ -250,7 +250,11 @@ class Entrant:
     def exit_status(self, b: int) -> int:
         """The wait status of the command `b` started, once its pidfd (b_pidfd) has
         said it exited: the zygote, its parent, reaps it and sends the status."""
-        return self.zygote.status_of(self.seq, b)
+        status = self.zygote.status_of(self.seq, b)
+        unclaimed = getattr(self, "_unclaimed", None)
+        if unclaimed is not None:
+            unclaimed.detach()
+        return status
 
     def close(self) -> None:
         """Let an unused one go (it exits at EOF), and reap it."""
@@ -309,6 +313,12 @@ class Entrant:
                 self.b_pidfd = fds[0]
                 self.sock.close()
                 report = b""
+                import weakref
+
+                # a status nobody takes (the command's supervision ended early) is let go
+                # of when this entrant is: kept by request number, it would stay for good
+                self._unclaimed = weakref.finalize(self, self.zygote.forget, self.seq)
+                self._unclaimed.atexit = False
             else:
                 self._reap()
                 report = _read_small(fail_r)
@@ -376,6 +386,14 @@ class _Zygote:
         self._statuses: dict[int, int] = {}
         self._cond = threading.Condition(threading.Lock())
         self._reading = False
+        #: requests whose status nobody will take (forget()): dropped as it comes
+        self._forgotten: set[int] = set()
+
+    def forget(self, seq: int) -> None:
+        """Nobody will take request `seq`'s status: drop it, now or as it comes."""
+        with self._cond:
+            if self._statuses.pop(seq, None) is None:
+                self._forgotten.add(seq)
 
     def status_of(self, seq: int, b: int) -> int:
         """The wait status of command `b`, of request `seq` (it has exited: its pidfd
@@ -401,6 +419,9 @@ class _Zygote:
                 with self._cond:
                     if int(got) == seq:
                         return int(status)
+                    if int(got) in self._forgotten:
+                        self._forgotten.discard(int(got))
+                        continue
                     self._statuses[int(got)] = int(status)
                     self._cond.notify_all()
         finally:

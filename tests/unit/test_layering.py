@@ -12,7 +12,8 @@ Layers, lowest first (docs/architecture.md):
     4  audit/ (record, store, query, receipt)        the audit store: runs, events, receipts
     5  images/build, install, policy_install         image work that runs sandboxes
     5  runtime/                                      one sandbox's life; the way in
-    6  cli, probe/, images/cli, audit/cli*           faces (audit/cli_learn: corral learn)
+    6  cli, probe/, images/cli, audit/cli*           faces (audit/cli_learn: corral learn;
+                                                     _runpath: the launcher's file)
     6  service/, client                              corral serve, its SDK and MCP: faces
     6  scale/, batch                                 corral batch and corral.batch.map;
                                                      ray only in scale/ray.py
@@ -59,7 +60,8 @@ def layer(mod: str) -> int | None:
         return 4
     if top == "runtime":
         return 5
-    if top in ("cli", "cli_help", "probe", "__main__", "service", "client", "scale", "batch"):
+    if top in ("cli", "cli_help", "_runpath", "probe", "__main__", "service", "client", "scale",
+               "batch"):
         return 6
     raise AssertionError(f"{mod} has no layer: add it to tests/unit/test_layering.py and "
                          f"docs/architecture.md")

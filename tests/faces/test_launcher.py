@@ -1,0 +1,101 @@
+"""The `corral` launcher and its run-path file (corral/_runpath.py): the run path's modules
+come from the file while their sources are unchanged, and from the usual import when a
+source changed or the file is not to be trusted. Real interpreters, a real `corral run`."""
+
+import json
+import marshal
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import CORRAL, ROOT
+
+from corral import _runpath
+
+SRC = os.path.join(ROOT, "src")
+PYTHON = os.path.join(ROOT, ".venv", "bin", "python3")
+SITE = next(p for p in sys.path if p.endswith("site-packages") and ROOT in p)
+#: what the launcher's process says about itself at exit: each corral module's loader
+REPORT = ("import atexit, json, sys\n"
+          "atexit.register(lambda: open({out!r}, 'w').write(json.dumps({{n: "
+          "type(m.__spec__.loader).__name__ for n, m in sys.modules.items() "
+          "if n.startswith('corral')}})))\n")
+
+
+def run_launcher(tmp_path, text: str, *args) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run a launcher's text as the launcher runs (its #! interpreter and flags), with a
+    hook that notes each corral module's loader."""
+    out = tmp_path / "loaders.json"
+    python = text.splitlines()[0][2:].split()
+    r = subprocess.run([*python, "-c", REPORT.format(out=str(out)) + text, *args],
+                       capture_output=True, text=True, timeout=60)
+    return r, json.loads(out.read_text())
+
+
+def launcher_for(tmp_path, data: bytes, mode: int = 0o644) -> str:
+    path = tmp_path / "runpath"
+    path.write_bytes(data)
+    os.chmod(path, mode)
+    return _runpath.LAUNCHER.format(python=PYTHON, src=SRC, site=SITE, runpath=str(path))
+
+
+def test_the_installed_launcher_loads_the_run_path_from_its_file(tmp_path):
+    with open(CORRAL) as f:
+        text = f.read()
+    r, loaders = run_launcher(tmp_path, text, "run", "--json", "--", "/bin/echo", "hi")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["stdout"] == "hi\n"
+    from_file = sorted(n for n, kind in loaders.items() if kind == "RunPathLoader")
+    assert "corral.cli" in from_file and "corral.backends.namespace" in from_file
+    # every module of the run path is in the file: none came the usual way
+    assert from_file == sorted(loaders), set(loaders) - set(from_file)
+
+
+def test_a_changed_source_is_imported_as_usual(tmp_path):
+    data = _runpath.build(PYTHON, SRC, SITE)
+    finder, mods = marshal.loads(data[4:])
+    file, is_pkg, mtime_ns, size, code = mods["corral.linux.limits"]
+    mods["corral.linux.limits"] = (file, is_pkg, mtime_ns - 1, size, code)   # "edited"
+    text = launcher_for(tmp_path, data[:4] + marshal.dumps((finder, mods)))
+    r, loaders = run_launcher(tmp_path, text, "run", "--", "/bin/true")
+    assert r.returncode == 0, r.stderr
+    assert loaders["corral.linux.limits"] == "SourceFileLoader"
+    assert loaders["corral.cli"] == "RunPathLoader"
+
+
+@pytest.mark.parametrize("why", ["another Python's magic number", "group-writable",
+                                 "not marshal data"])
+def test_a_file_not_to_be_trusted_is_not_used(tmp_path, why):
+    data = _runpath.build(PYTHON, SRC, SITE)
+    mode = 0o644
+    if why == "group-writable":
+        mode = 0o664
+    elif why == "another Python's magic number":
+        data = b"\x00\x00\r\n" + data[4:]
+    else:
+        data = data[:4] + b"\xff not marshal"
+    r, loaders = run_launcher(tmp_path, launcher_for(tmp_path, data, mode), "run", "--",
+                              "/bin/true")
+    assert r.returncode == 0, r.stderr
+    assert set(loaders.values()) == {"SourceFileLoader"}, why
+
+
+def test_without_the_file_the_launcher_runs_as_usual(tmp_path):
+    text = _runpath.LAUNCHER.format(python=PYTHON, src=SRC, site=SITE,
+                                    runpath=str(tmp_path / "missing"))
+    r, loaders = run_launcher(tmp_path, text, "--version")
+    assert r.returncode == 0 and r.stdout.startswith("corral ")
+    assert set(loaders.values()) == {"SourceFileLoader"}
+
+
+def test_the_file_holds_what_a_fresh_run_imports():
+    """The table lists the corral modules a fresh interpreter loads with the run path's
+    entry modules, each with its own source's path, size and code."""
+    names = _runpath.run_path_modules(PYTHON, [SRC, SITE])
+    _, mods = marshal.loads(_runpath.build(PYTHON, SRC, SITE)[4:])
+    assert sorted(mods) == sorted(names) and "corral.runtime.sandbox" in mods
+    file, is_pkg, _, size, code = mods["corral.linux"]
+    assert is_pkg and file == os.path.join(SRC, "corral", "linux", "__init__.py")
+    assert size == os.path.getsize(file)
+    assert marshal.loads(code).co_filename == file

@@ -65,11 +65,10 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox, TierCheck, assert_never
+from .base import Backend, ExecLimits, LiveSandbox, TierCheck, assert_never
 from .host import ids
 from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of, with_relay_tasks
 from .host.etc import HOSTNAME, ensure_etc
-from .host.execlimits import ExecLimits
 from .host.finish import Inflight, finish, interpreter_inside
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 

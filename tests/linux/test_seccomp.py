@@ -386,19 +386,21 @@ def test_cache_hit_returns_same_program_without_libseccomp(tmp_path):
     assert r.stdout.split() == [str(len(first)), "False"]
 
 
-def test_cache_key_follows_the_profile_source(tmp_path):
-    """The key hashes seccomp.py's bytes: an edit of a rule (or of anything in the file)
-    gives another file name, so a program built from other rules is never read."""
+def test_cache_key_follows_the_profile_source(tmp_path, monkeypatch):
+    """The key hashes seccomp.py's bytes (and the cache module's): an edit of a rule (or of
+    anything in the file) gives another file name, so a program built from other rules is
+    never read."""
+    from corral.linux import seccomp_cache
+
     key = seccomp.cache_key()
     assert len(key) == 32 and key == seccomp.cache_key()
+    assert seccomp_cache.PROFILE_SOURCE == seccomp.__file__
     src = tmp_path / "seccomp.py"
     src.write_bytes(Path(seccomp.__file__).read_bytes().replace(
         b'"kexec_load"', b'"kexec_load "', 1))
-    try:
-        seccomp.__file__, real = str(src), seccomp.__file__
+    with monkeypatch.context() as m:
+        m.setattr(seccomp_cache, "PROFILE_SOURCE", str(src))
         assert seccomp.cache_key() != key
-    finally:
-        seccomp.__file__ = real
     assert seccomp.cache_key() == key
 
 

@@ -193,7 +193,7 @@ OFF_THE_RUN_PATH = ("corral.policy.load", "corral.policy.units", "corral.events"
                     "typing", "re", "threading", "subprocess", "dataclasses", "inspect",
                     "collections", "contextvars", "_contextvars", "corral.audit.writer",
                     "corral.linux.seccomp", "corral.cli_terminal", "corral.cli_review",
-                    "corral.cli_sandbox")
+                    "corral.cli_sandbox", "resource")
 #: the corral modules `corral run -- /bin/true` imports (v0.1 imported 20; each extra one is
 #: named in docs/architecture.md, "The start-up path of corral run")
 RUN_PATH_MODULES = 28

@@ -3,9 +3,11 @@
     .venv/bin/python -m corral._runpath LAUNCHER RUNPATH SRC SITE   (scripts/setup.sh)
 
 writes LAUNCHER (.venv/bin/corral) and RUNPATH (.venv/corral-runpath): the modules a fresh
-`corral run` imports (corral's own: found by importing the run path in a fresh interpreter,
-as the launcher does), each compiled from its source, with the source's path, size and
-mtime, in one marshal file headed by this Python's bytecode magic number.
+`corral run` imports from source files (corral's own, and `__future__`, which their first
+`from __future__ import annotations` loads; found by importing the run path in a fresh
+interpreter started as the launcher starts it), each compiled from its source, with the
+source's path, size and mtime, in one marshal file headed by this Python's bytecode magic
+number.
 
 The launcher reads that file once and puts a finder first on sys.meta_path; a module it
 holds is loaded from it when its source file still has the size and mtime (ns) it was
@@ -76,7 +78,7 @@ sys.meta_path.insert(0, RunPathFinder)
 LAUNCHER = '''#!{python} -IS
 import gc, sys
 gc.disable()  # corral.cli.gc_back_on() turns it on again
-sys.path[:0] = [{src!r}, {site!r}]
+sys.path += [{src!r}, {site!r}]  # after the standard library, as a .pth puts them
 try:  # the run path's modules in one file, if ours and this Python's (corral/_runpath.py)
     import marshal, posix
     with open({runpath!r}, "rb") as f:
@@ -92,16 +94,21 @@ entry()
 '''
 
 
-def run_path_modules(python: str, paths: list[str]) -> list[str]:
-    """The corral modules a fresh interpreter started like the launcher loads with
-    ENTRY_MODULES, in the order they loaded."""
-    code = (f"import sys; sys.path[:0] = {paths!r}\n"
+def run_path_modules(python: str, paths: list[str]) -> list[tuple[str, str, bool]]:
+    """(name, source file, is a package) of each module a fresh interpreter started like the
+    launcher loads from a source file with ENTRY_MODULES, in the order they loaded (frozen,
+    built-in and extension modules are not in it, nor what the interpreter loaded before:
+    the encodings)."""
+    code = (f"import sys; sys.path += {paths!r}; before = set(sys.modules)\n"
             f"import {', '.join(ENTRY_MODULES)}\n"
-            "print('\\n'.join(m for m in sys.modules if m == 'corral' or "
-            "m.startswith('corral.')))")
+            "for n, m in [(n, m) for n, m in sys.modules.items() if n not in before]:\n"
+            "    s = getattr(m, '__spec__', None)\n"
+            "    if s and type(s.loader).__name__ == 'SourceFileLoader' and "
+            "s.origin.endswith('.py'):\n"
+            "        print(n, s.origin, int(s.submodule_search_locations is not None))")
     out = subprocess.run([python, "-IS", "-c", code], check=True, capture_output=True,
                          text=True, timeout=120).stdout
-    return out.split()
+    return [(n, f, p == "1") for n, f, p in (line.split(" ") for line in out.splitlines())]
 
 
 def build(python: str, src: str, site: str) -> bytes:
@@ -109,11 +116,7 @@ def build(python: str, src: str, site: str) -> bytes:
     from importlib.util import MAGIC_NUMBER
 
     mods = {}
-    for name in run_path_modules(python, [src, site]):
-        rel = name.split(".")
-        base = os.path.join(src, *rel)
-        is_pkg = os.path.isfile(os.path.join(base, "__init__.py"))
-        file = os.path.join(base, "__init__.py") if is_pkg else base + ".py"
+    for name, file, is_pkg in run_path_modules(python, [src, site]):
         with open(file, "rb") as f:
             st = os.fstat(f.fileno())
             source = f.read()

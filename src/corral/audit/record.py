@@ -5,9 +5,9 @@ service, MCP, the probe) hands what it ran to `record_run` here. Nothing is writ
 caller's thread: the record (references to the Result, policy and plan, no copies) goes on
 a bounded queue that one background thread per process (`corral-audit`, audit/writer.py)
 drains in batches into SQLite (audit/store.py; the thread imports sqlite3, so `corral run`
-never does on its own path). When the store cannot keep a record (the database locked past its busy timeout,
-a full disk, a full queue, the exit deadline) the run is unaffected and its Result gets an
-`audit` event (events.AuditEvent) saying the record was lost.
+never does on its own path). When the store cannot keep a record (the database locked past
+its busy timeout, a full disk, a full queue, the exit deadline) the run is unaffected and
+its Result gets an `audit` event (events.AuditEvent) saying the record was lost.
 
 A short-lived process (`corral run`: use_spool()) has no thread: flush() appends each run's
 record as one JSON line to the spool (audit/spool.py), which the store ingests whenever it

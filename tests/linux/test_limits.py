@@ -814,3 +814,28 @@ def test_renew_refuses_a_cgroup_that_still_holds_memory(make_cg, tmp_path):
     gone = RunCgroup("x", "v2", {"cgroup2": "/nonexistent"})
     gone._emptied = True
     assert not gone.renew(max_residue=None)   # v2: memory.peak cannot be reset before 6.12
+
+
+def test_the_rlimit_numbers_are_the_kernels_and_prlimit_sets_them():
+    """linux/_sys sets rlimits through libc's prlimit (no `resource` module on corral run's
+    path): its resource numbers are the resource module's, and what it sets on another
+    process is what that process then has."""
+    import resource
+
+    from corral.linux import _sys
+
+    for name in ("CPU", "FSIZE", "CORE", "NPROC", "NOFILE"):
+        assert getattr(_sys, f"RLIMIT_{name}") == getattr(resource, f"RLIMIT_{name}"), name
+    p = subprocess.Popen(PY + ["import time; time.sleep(30)"])
+    try:
+        apply_rlimits(nofile=40, fsize=3 * MiB, cpu_seconds=7, nproc=None, pid=p.pid)
+        assert resource.prlimit(p.pid, resource.RLIMIT_NOFILE) == (40, 40)
+        assert resource.prlimit(p.pid, resource.RLIMIT_FSIZE) == (3 * MiB, 3 * MiB)
+        assert resource.prlimit(p.pid, resource.RLIMIT_CPU) == (7, 8)
+        assert resource.prlimit(p.pid, resource.RLIMIT_CORE) == (0, 0)
+    finally:
+        p.kill()
+        p.wait()
+    with pytest.raises(SandboxSetupError) as e:   # gone: ESRCH, as namespace.py reads it
+        apply_rlimits(nofile=40, fsize=MiB, cpu_seconds=None, nproc=None, pid=p.pid)
+    assert e.value.errno == errno.ESRCH

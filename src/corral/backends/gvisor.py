@@ -122,7 +122,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox, TierCheck, assert_never
+from .base import Backend, ExecLimits, LiveSandbox, TierCheck, assert_never
 from .gvisor_runsc import (
     RUNSC_FAILED,
     RUNSC_FAILED_PREFIX,
@@ -138,7 +138,6 @@ from .gvisor_runsc import (
 )
 from .host.cgroups import destroy_cgroup, run_cgroup, usage_of
 from .host.etc import HOSTNAME, ensure_etc
-from .host.execlimits import ExecLimits
 from .host.finish import Inflight, finish, interpreter_inside
 from .host.ids import free_uids
 from .host.proxy import egress_files, start_proxy, with_relay_tasks

@@ -138,6 +138,55 @@ def test_health_openapi_and_metrics_need_no_token(server):
         assert m.status_code == 200 and "corral_sandboxes_live" in m.text
 
 
+def _metrics(h) -> dict[str, float]:
+    """GET /metrics as {'name{labels}': value}, checking the text format on the way."""
+    out = {}
+    for line in h.get("/metrics").text.splitlines():
+        if line.startswith("# TYPE "):
+            assert line.split()[3] in ("gauge", "counter", "histogram"), line
+            continue
+        name, _, value = line.rpartition(" ")
+        out[name] = float(value)
+    return out
+
+
+FETCH_DENIED = ("import urllib.request as u, urllib.error as e\n"
+                "try:\n    u.urlopen('http://denied.invalid/', timeout=30)\n"
+                "except e.HTTPError as x:\n    print(x.code)\n")
+
+
+def test_metrics_count_runs_by_verdict_denials_by_kind_and_latency(server):
+    """/metrics (issue 17): runs by verdict, denials by kind (a limit that stopped a
+    command, a connection the proxy refused), the run latency histogram."""
+    with server.http(server.tokens["net"]) as h, server.http() as anon:
+        before = _metrics(anon)
+        sid = _create(h, {"network": {"mode": "allow", "allow": ["a.example.com"]}})
+        try:
+            r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "sleep 30", "timeout": 0.5})
+            assert r.json()["verdict"] == "timeout", r.text
+            r = h.post(f"/sandboxes/{sid}/exec", json={"argv": ["python3", "-c",
+                                                               FETCH_DENIED]})
+            assert r.json()["stdout"] == "403\n", r.text
+            assert any(e["kind"] == "net" and e.get("decision") == "deny"
+                       for e in r.json()["events"]), r.json()["events"]
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+        after = _metrics(anon)
+
+    def grew(name):
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert grew('corral_runs_total{verdict="timeout"}') == 1
+    assert grew('corral_runs_total{verdict="ok"}') >= 1
+    assert grew('corral_denials_total{kind="limit"}') >= 1
+    assert grew('corral_denials_total{kind="net"}') >= 1
+    assert grew("corral_run_seconds_count") >= 2
+    assert grew('corral_run_seconds_bucket{le="+Inf"}') == grew("corral_run_seconds_count")
+    # the timed-out run took at least its 0.5 s: not in the buckets below that
+    assert grew('corral_run_seconds_bucket{le="0.25"}') < grew("corral_run_seconds_count")
+    assert grew("corral_run_seconds_sum") >= 0.5
+
+
 @pytest.mark.parametrize("auth", [None, "Bearer", "Bearer corral_wrong", "Basic abc",
                                   "Bearer " + "corral_" + "x" * 43])
 def test_no_or_wrong_token_is_401(server, auth):

@@ -13,6 +13,7 @@ import pytest
 from conftest import tier_unavailable
 
 import corral
+from corral.errors import UsageError
 
 pytestmark = [
     pytest.mark.skipif(tier_unavailable("namespace") is not None,
@@ -81,5 +82,11 @@ def test_another_uid_reaches_no_detached_sandbox():
         again = corral.Sandbox.connect(sb.id)
         assert again.get_info().metadata == {"k": "v"}
         assert again.commands.run("echo $((6*7))").stdout == "42\n"
+        # what the supervisor does not serve says so (docs/sessions.md)
+        for name in ("files", "pty", "run_code", "changes"):
+            with pytest.raises(UsageError, match="Sandbox.connect"):
+                getattr(again, name)
+        with pytest.raises(AttributeError):
+            assert again.no_such_thing is None   # never reached
     finally:
         sb.kill()

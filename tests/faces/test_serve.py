@@ -470,6 +470,40 @@ def test_max_concurrent_is_429_with_retry_after(server):
             h.delete(f"/sandboxes/{b}")
 
 
+def test_explain_answers_the_three_questions(server):
+    """POST /explain (a policy asked for, within the token's ceiling) and GET
+    /sandboxes/{sid}/explain (a sandbox's own): what it sees, where it connects, which
+    credentials; beyond the ceiling is 403 as for a create, and nothing is made."""
+    want = {"network": {"mode": "allow", "allow": ["api.example.com"]},
+            "secrets": {"GH": {"hosts": ["api.example.com"]}}}
+    with server.http(server.tokens["sec"]) as h:
+        r = h.post("/explain", json={"policy": want})
+        assert r.status_code == 200, r.text
+        x = r.json()
+        assert x["runs"] is True and x["tier"] == "namespace" and x["workspace"] is None
+        assert x["network"]["default_closed"] is True
+        assert x["network"]["reachable"] == ["api.example.com (via the egress proxy)"]
+        (cred,) = x["credentials"]
+        assert cred["name"] == "GH" and "only to api.example.com" in cred["how"]
+        assert SECRET not in r.text and "CORRAL_TEST_SECRET" not in r.text
+        assert {"rule", "enforced_by"} <= set(x["rules"][0])
+        _err(h.post("/explain", json={"policy": {"network": {"mode": "allow",
+                                                             "allow": ["evil.com"]}}}),
+             403, "ceiling", "network.allow")
+        assert h.get("/sandboxes").json()["sandboxes"] == []
+        r = h.post("/sandboxes", json={"policy": want})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        try:
+            got = h.get(f"/sandboxes/{sid}/explain").json()
+            assert got == x
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+    with server.http(server.tokens["a"]) as h:   # the default ceiling: no network at all
+        x = h.post("/explain", json={}).json()
+        assert x["network"]["reachable"] == [] and x["credentials"] == []
+
+
 def test_secret_values_never_cross_the_api(server):
     with server.http(server.tokens["sec"]) as h:
         r = h.post("/sandboxes", json={"policy": {

@@ -308,6 +308,30 @@ def test_bad_requests_are_json_errors(server):
         _err(h.get("/nowhere"), 404)
 
 
+def test_conflicts_are_409_json_errors(server):
+    """409, on the wire: a background command still running past a wait's timeout, its
+    stdin written after it was closed."""
+    with server.http(server.tokens["a"]) as h:
+        sid = _create(h)
+        try:
+            r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "cat; sleep 60",
+                                                       "background": True})
+            assert r.status_code == 201, r.text
+            pid = r.json()["pid"]
+            _err(h.get(f"/sandboxes/{sid}/commands/{pid}/wait", params={"timeout": 0.2}),
+                 409, "running", "timeout")
+            r = h.post(f"/sandboxes/{sid}/commands/{pid}/stdin", json={"close": True})
+            assert r.status_code == 200 and r.json()["closed"] is True, r.text
+            _err(h.post(f"/sandboxes/{sid}/commands/{pid}/stdin", json={"data": "late"}),
+                 409, "closed", "pid")
+            # a sandbox that ended by itself (its init killed from inside) is forgotten: 404
+            r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "kill -KILL -1; sleep 5"})
+            assert r.json()["verdict"] == "killed", r.text
+            _err(h.post(f"/sandboxes/{sid}/exec", json={"cmd": "true"}), 404, "not_found")
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+
+
 def test_max_sandboxes_is_429_with_retry_after(server):
     with server.http(server.tokens["one"]) as h:
         sid = _create(h)

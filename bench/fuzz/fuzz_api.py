@@ -84,7 +84,7 @@ def check(resp) -> None:
         err = resp.json()["error"]
         assert isinstance(err["message"], str) and err["kind"], err
         if resp.status_code == 422:
-            assert err["kind"] in ("invalid", "unsupported", "unavailable"), err
+            assert err["kind"] in ("invalid", "unsupported", "unavailable", "image"), err
 
 
 def one_input(data: bytes) -> None:

@@ -332,6 +332,15 @@ def test_conflicts_are_409_json_errors(server):
             h.delete(f"/sandboxes/{sid}")
 
 
+def test_an_image_the_server_does_not_have_is_422_not_a_server_error(server):
+    with server.http(server.tokens["a"]) as h:
+        for path in ("/sandboxes", "/explain"):
+            _err(h.post(path, json={"policy": {"image": "no-such-image"}}), 422, "image",
+                 "image")
+        assert h.get("/sandboxes").json()["sandboxes"] == []
+    assert "Traceback" not in server.log.read_text()
+
+
 def test_max_sandboxes_is_429_with_retry_after(server):
     with server.http(server.tokens["one"]) as h:
         sid = _create(h)

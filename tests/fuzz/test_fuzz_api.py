@@ -68,7 +68,7 @@ def check(resp) -> None:
         err = resp.json()["error"]
         assert isinstance(err["message"], str) and err["kind"]
     if resp.status_code == 422:   # a model's refusal, or a tier that cannot (status_of)
-        assert resp.json()["error"]["kind"] in ("invalid", "unsupported", "unavailable")
+        assert resp.json()["error"]["kind"] in ("invalid", "unsupported", "unavailable", "image")
 
 
 @pytest.fixture(scope="module", autouse=True)

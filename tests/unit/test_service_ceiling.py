@@ -32,6 +32,19 @@ CASES = [
     ({}, {"isolation": "gvisor"}, None),
     ({"isolation": "gvisor"}, {"isolation": "namespace"}, "isolation"),
     ({"isolation": "process"}, {"isolation": "namespace"}, None),
+    # microvm (its own kernel) and wasm (a WASI runtime in a namespace sandbox) are ranked
+    # too: a ceiling of either admits its own tier (it refused every request, its own
+    # included), and neither admits a weaker one
+    ({"isolation": "microvm"}, {}, None),
+    ({"isolation": "microvm"}, {"isolation": "gvisor"}, "isolation"),
+    ({"isolation": "microvm"}, {"isolation": "namespace"}, "isolation"),
+    ({"isolation": "wasm"}, {}, None),
+    ({"isolation": "wasm"}, {"isolation": "namespace"}, "isolation"),
+    ({"isolation": "wasm"}, {"isolation": "auto"}, "isolation"),
+    ({}, {"isolation": "microvm"}, None),
+    ({}, {"isolation": "wasm"}, None),
+    ({"isolation": "gvisor"}, {"isolation": "microvm"}, None),
+    ({"isolation": "auto"}, {"isolation": "process"}, None),
     # limits: bigger refused, equal or smaller admitted
     ({}, {"limits": {"memory": "2G"}}, "limits.memory"),
     ({}, {"limits": {"memory": "128M"}}, None),

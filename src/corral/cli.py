@@ -673,6 +673,13 @@ def cmd_sandbox(args: list[str]) -> int:
                 idle = flags[i + 1]
                 del flags[i:i + 2]
             r = parse_run_args(flags, want_command=False)
+            for flag, given in (("--stdin", r.stdin), ("--raw", r.raw), ("--tty", r.tty),
+                                ("--apply", r.apply), ("--discard", r.discard),
+                                ("--patch", r.patch), ("--receipt", r.receipt)):
+                if given:      # a run's option, not a policy's: it would be ignored here
+                    raise UsageError("not an option of corral sandbox create (it "
+                                     "takes run's policy options, --timeout, "
+                                     "--idle-timeout, --command-timeout, --json)", field=flag)
             if idle is not None:
                 r.overrides.setdefault("limits", {})["idle_timeout"] = idle
             from .runtime.remote import connect
@@ -753,15 +760,15 @@ def _exec_options_only(args: list[str]) -> None:
         if name in _EXEC_VALUES:
             v = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
             if name == "--env" and "=" not in v:
-                raise UsageError("--env: corral sandbox exec takes NAME=VALUE (passing a "
+                raise UsageError("corral sandbox exec takes NAME=VALUE (passing a "
                                  "host variable is a policy option, set at create)",
                                  field="--env")
             i += 1 if eq else 2
             continue
         if name not in _EXEC_FLAGS or eq:
-            raise UsageError(f"{name}: not an option of corral sandbox exec (the sandbox's "
-                             f"policy is set by corral sandbox create); exec takes "
-                             f"--timeout D, --env NAME=VALUE, --stdin, --json, --raw",
+            raise UsageError("not an option of corral sandbox exec (the sandbox's "
+                             "policy is set by corral sandbox create); exec takes "
+                             "--timeout D, --env NAME=VALUE, --stdin, --json, --raw",
                              field=name)
         i += 1
 

@@ -38,6 +38,8 @@ def test_a_policy_option_is_refused_and_nothing_runs(sid, opts):
     assert p.returncode == 2, (p.returncode, p.stderr)
     name = opts[0].partition("=")[0]
     assert p.stderr.startswith(f"corral: {name}: ") and p.stderr.count("\n") == 1, p.stderr
+    assert f"{name}: {name}" not in p.stderr and "not an option" in p.stderr or \
+        name == "--env", p.stderr
     assert _cli("sandbox", "exec", sid, "--", "test", "!", "-e", "/scratch/ran").returncode \
         == 0
 
@@ -54,3 +56,12 @@ def test_what_exec_takes_still_works(sid):
     # without --, the command starts at the first word that is no option
     p = _cli("sandbox", "exec", sid, "--timeout=30s", "echo", "--memory", "1G")
     assert (p.returncode, p.stdout) == (0, "--memory 1G\n"), p.stderr
+
+
+@pytest.mark.parametrize("opt", ["--stdin", "-t", "--apply", "--patch=/tmp/p", "--raw"])
+def test_create_refuses_a_runs_own_options(opt):
+    before = _cli("sandbox", "ls").stdout
+    p = _cli("sandbox", "create", "--timeout", "60", opt)
+    assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
+    assert p.stderr.startswith("corral: --") and "sandbox create" in p.stderr, p.stderr
+    assert _cli("sandbox", "ls").stdout == before         # nothing was made

@@ -51,6 +51,14 @@ CASES = [
     ({}, {"limits": {"timeout": "1h"}}, "limits.timeout"),
     ({}, {"limits": {"pids": 100000}}, "limits.pids"),
     (WIDE, {"limits": {"memory": "1G"}}, None),
+    # idle_timeout: 0 is "never", the loosest (it was taken for the smallest)
+    ({"limits": {"idle_timeout": "10m"}}, {}, None),
+    ({"limits": {"idle_timeout": "10m"}}, {"limits": {"idle_timeout": "5m"}}, None),
+    ({"limits": {"idle_timeout": "10m"}}, {"limits": {"idle_timeout": "0s"}},
+     "limits.idle_timeout"),
+    ({"limits": {"idle_timeout": "10m"}}, {"limits": {"idle_timeout": "1h"}},
+     "limits.idle_timeout"),
+    ({}, {"limits": {"idle_timeout": "1h"}}, None),      # the default ceiling: never
     # network: a mode, a domain, a port, a private range, a resolver the ceiling lacks
     ({}, {"network": {"mode": "allow", "allow": ["example.com"]}}, "network.mode"),
     (WIDE, {"network": {"mode": "allow", "allow": ["a.example.com"]}}, None),

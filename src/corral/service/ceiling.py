@@ -15,7 +15,7 @@ the first rule the request loosens out (or None).
 - filesystem: a workspace (or a path, mode or read-only bind) outside the ceiling's: the
   requested path must be the ceiling's or below it, mode ro < review < rw;
 - env.pass: a host variable the ceiling does not pass;
-- limits: any limit above the ceiling's;
+- limits: any limit above the ceiling's (an idle_timeout of 0, never, is above any other);
 - image and install: another root than the ceiling's "host" choice allows, an install phase
   or package index the ceiling does not have.
 """
@@ -112,7 +112,11 @@ def _isolation(request, ceiling) -> None:
 def _limits(request, ceiling) -> None:
     for name in _fields(request.limits):
         mine, most = getattr(request.limits, name), getattr(ceiling.limits, name)
-        if mine > most:
+        if name == "idle_timeout" and most and not mine:
+            # 0 is "never ends for idleness": the loosest value, not the smallest
+            raise Exceeds(f"limits.{name}", f"0 (never) is above this token's ceiling of "
+                          f"{most}")
+        if mine > most and not (name == "idle_timeout" and not most):
             raise Exceeds(f"limits.{name}", f"{mine} is above this token's ceiling of {most}")
 
 

@@ -272,6 +272,40 @@ def test_another_tokens_sandbox_is_404(server):
             a.delete(f"/sandboxes/{sid}")
 
 
+def test_another_tokens_sandbox_is_404_on_every_route(server):
+    """Every operation of the document on a sandbox of another token answers exactly as
+    for a sandbox that does not exist (404 naming the sandbox, or a 400 or 422 about the
+    body before any lookup), and touches nothing: a's sandbox runs on unchanged."""
+    with server.http(server.tokens["a"]) as a, server.http(server.tokens["b"]) as b:
+        sid = _create(a)
+        try:
+            a.post(f"/sandboxes/{sid}/exec", json={"cmd": "echo kept > /scratch/k"})
+            doc = b.get("/openapi.json").json()
+            n = 0
+            for path, item in doc["paths"].items():
+                if "{sid}" not in path:
+                    continue
+                url = path.replace("{pid}", "1").replace("{cid}", "c1")
+                for method in item:
+                    got = []
+                    for s_ in (sid, "0123456789ab"):
+                        got.append(b.request(method.upper(), url.replace("{sid}", s_),
+                                             json={}, params={"path": "/scratch/k"}))
+                    theirs, none = got
+                    assert theirs.status_code in (400, 404, 422), (method, path, theirs.text)
+                    assert theirs.status_code == none.status_code, (method, path)
+                    assert theirs.text.replace(sid, "0123456789ab") == none.text, (
+                        method, path, theirs.text, none.text)
+                    if theirs.status_code == 404:
+                        _err(theirs, 404, "not_found", "sandbox_id")
+                        n += 1
+            assert n >= 20
+            assert a.post(f"/sandboxes/{sid}/exec", json={"cmd": "cat /scratch/k"}).json()[
+                "stdout"] == "kept\n"
+        finally:
+            a.delete(f"/sandboxes/{sid}")
+
+
 @pytest.mark.parametrize("policy,field", [
     ({"network": {"mode": "allow", "allow": ["evil.com"]}}, "network.allow"),
     ({"network": {"mode": "allow", "allow_private": ["10.0.0.0/8"]}}, "network.allow_private"),

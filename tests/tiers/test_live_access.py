@@ -90,3 +90,18 @@ def test_another_uid_reaches_no_detached_sandbox():
             assert again.no_such_thing is None   # never reached
     finally:
         sb.kill()
+
+
+def test_the_largest_metadata_fits_a_detached_sandbox():
+    """Metadata as large as Sandbox.create takes (64 keys of 128 characters, values of
+    1024) in characters JSON spells longest (12 bytes each): a detached sandbox's registry
+    entry holds it (it was capped at 64 KiB: "registry entry too large" for valid
+    metadata), and connect() reads it back."""
+    md = {f"{i:03d}" + "\U0001F600" * 125: "\U0001F600" * 1024 for i in range(64)}
+    sb = corral.Sandbox.create({}, timeout=60, detached=True, metadata=md)
+    try:
+        again = corral.Sandbox.connect(sb.id)
+        assert again.get_info().metadata == md
+        assert again.commands.run("echo ok").stdout == "ok\n"
+    finally:
+        sb.kill()

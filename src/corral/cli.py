@@ -722,7 +722,10 @@ def cmd_sandbox(args: list[str]) -> int:
             if timeout is not None:
                 from .policy.units import parse_duration
 
-                timeout = parse_duration(timeout)
+                try:
+                    timeout = parse_duration(timeout)
+                except ValueError as e:    # a traceback before
+                    raise UsageError(str(e), field="--timeout") from None
             stdin = sys.stdin.buffer.read() if r.stdin else None
             on_out = on_err = None
             if not r.json:

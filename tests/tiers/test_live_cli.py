@@ -65,3 +65,13 @@ def test_create_refuses_a_runs_own_options(opt):
     # uid come and go meanwhile, so it cannot be compared)
     assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
     assert p.stderr.startswith("corral: --") and "sandbox create" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("value", ["-1s", "9999d", "soon", "0s"])
+def test_a_bad_exec_timeout_is_one_line_and_exit_2(sid, value):
+    p = _cli("sandbox", "exec", sid, "--timeout", value, "--", "touch", "/scratch/late")
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert p.stderr.startswith("corral: ") and p.stderr.count("\n") == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    assert _cli("sandbox", "exec", sid, "--", "test", "!", "-e", "/scratch/late").returncode \
+        == 0

@@ -29,7 +29,10 @@ MAX_OUTPUT_CHUNK = 1 << 19
 def _error(frame: dict) -> CorralError:
     kind = str(frame.get("kind", "error"))[:64]
     message = str(frame.get("message", "the supervisor failed"))[:2000]
-    err = SandboxClosed(message) if kind == "closed" else CorralError(message)
+    # the classes a caller tells apart (and their exit codes: a usage error is 2, as
+    # in-process); any other kind keeps its name on a plain CorralError
+    cls = {"closed": SandboxClosed, "usage": UsageError}.get(kind, CorralError)
+    err = cls(message)
     err.kind = kind
     return err
 

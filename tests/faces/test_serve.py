@@ -372,6 +372,12 @@ def test_an_image_the_server_does_not_have_is_422_not_a_server_error(server):
             _err(h.post(path, json={"policy": {"image": "no-such-image"}}), 422, "image",
                  "image")
         assert h.get("/sandboxes").json()["sandboxes"] == []
+    # the SDK raises the class corral.Sandbox.create raises in-process
+    from corral.errors import ImageError
+
+    with pytest.raises(ImageError, match="no image named 'no-such-image'"):
+        client.Sandbox.create({"image": "no-such-image"}, api_url=server.url,
+                              api_key=server.tokens["a"])
     assert "Traceback" not in server.log.read_text()
 
 

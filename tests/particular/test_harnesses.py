@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -15,6 +16,7 @@ from conftest import ROOT, tier_unavailable
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the harnesses run as root"),
+    pytest.mark.skipif(not shutil.which("dnsmasq"), reason="network allow needs dnsmasq"),
     pytest.mark.skipif(tier_unavailable("namespace") is not None,
                        reason=f"namespace tier: {tier_unavailable('namespace')}"),
 ]

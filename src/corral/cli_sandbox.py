@@ -46,6 +46,13 @@ def cmd_sandbox(args: list[str]) -> int:
                 idle = flags[i + 1]
                 del flags[i:i + 2]
             r = parse_run_args(flags, want_command=False)
+            for flag, given in (("--stdin", r.stdin), ("--raw", r.raw), ("--tty", r.tty),
+                                ("--apply", r.apply), ("--discard", r.discard),
+                                ("--patch", r.patch), ("--receipt", r.receipt)):
+                if given:      # a run's option, not a policy's: it would be ignored here
+                    raise UsageError("not an option of corral sandbox create (it "
+                                     "takes run's policy options, --timeout, "
+                                     "--idle-timeout, --command-timeout, --json)", field=flag)
             if idle is not None:
                 r.overrides.setdefault("limits", {})["idle_timeout"] = idle
             from .runtime.remote import connect
@@ -74,6 +81,8 @@ def cmd_sandbox(args: list[str]) -> int:
                 raise UsageError(f"corral sandbox {sub} needs an ID", field="ID")
             from .runtime.remote import connect
 
+            if sub == "exec":
+                _exec_options_only(rest[1:])    # before connect: a refusal touches nothing
             sb = connect(rest[0])
             if sub == "kill":
                 sb.kill()
@@ -86,13 +95,16 @@ def cmd_sandbox(args: list[str]) -> int:
             if timeout is not None:
                 from .policy.units import parse_duration
 
-                timeout = parse_duration(timeout)
+                try:
+                    timeout = parse_duration(timeout)
+                except ValueError as e:    # a traceback before
+                    raise UsageError(str(e), field="--timeout") from None
             stdin = sys.stdin.buffer.read() if r.stdin else None
             on_out = on_err = None
             if not r.json:
                 on_out, on_err = _writer(sys.stdout, r.raw), _writer(sys.stderr, r.raw)
-            result = sb.commands.run(r.command, stdin=stdin, timeout=timeout,
-                                     on_stdout=on_out, on_stderr=on_err)
+            result = sb.commands.run(r.command, env=r.env_set or None, stdin=stdin,
+                                     timeout=timeout, on_stdout=on_out, on_stderr=on_err)
             for w in (on_out, on_err):
                 if hasattr(w, "finish"):
                     w.finish()
@@ -105,3 +117,33 @@ def cmd_sandbox(args: list[str]) -> int:
                          field="sandbox")
     except CorralError as e:
         return _fail(e, as_json)
+
+
+#: what `corral sandbox exec` takes besides the command: the sandbox's policy was set when
+#: it was created, so a policy option here (--isolation, --memory, --workspace, ...) would
+#: be silently ignored; it is refused instead
+_EXEC_FLAGS = ("--stdin", "--json", "--raw")
+_EXEC_VALUES = ("--timeout", "--env")
+
+
+def _exec_options_only(args: list[str]) -> None:
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--" or not a.startswith("-") or a == "-":
+            return
+        name, eq, inline = a.partition("=")
+        if name in _EXEC_VALUES:
+            v = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if name == "--env" and "=" not in v:
+                raise UsageError("corral sandbox exec takes NAME=VALUE (passing a "
+                                 "host variable is a policy option, set at create)",
+                                 field="--env")
+            i += 1 if eq else 2
+            continue
+        if name not in _EXEC_FLAGS or eq:
+            raise UsageError("not an option of corral sandbox exec (the sandbox's "
+                             "policy is set by corral sandbox create); exec takes "
+                             "--timeout D, --env NAME=VALUE, --stdin, --json, --raw",
+                             field=name)
+        i += 1

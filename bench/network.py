@@ -13,7 +13,11 @@ Issue 3 (Speed) asks, side by side in one run, through the proxy vs direct on lo
                     i.e. the proxy corral starts in the run's cgroup, default limits; a
                     small GET first (it waits for the fresh proxy to start), then the
                     timed download
-       sandbox-Ncpu the same with limits.cpus = nproc (the default is 1.0 and the proxy
+       live         curl in one live sandbox (corral.Sandbox.create, network allow, default
+                    limits), made once for the whole run: sb.commands.run per round, its
+                    proxy forked from the zygote and warm (issue 16's goal is stated for a
+                    live sandbox)
+       sandbox-Ncpu the same as sandbox with limits.cpus = nproc (the default is 1.0 and the proxy
                     shares the run's CPU quota with curl)
        sandbox-copy  the same as sandbox, from a supervisor process of its own whose
                     proxies have CORRAL_EGRESS_RELAY_SPLICE=0 (relay threads that copy
@@ -29,9 +33,16 @@ Issue 3 (Speed) asks, side by side in one run, through the proxy vs direct on lo
                     2026-12-06)
   2. added latency per request, p50 and p95 (goal: p50 <= direct + 0.5 ms): small GETs, a new
      connection each, from a Python client on the host (direct and standalone proxy,
-     interleaved) and from a Python client inside a sandbox through HTTP_PROXY;
+     interleaved) and from a Python client inside a sandbox (a one-shot corral.run, and
+     the live sandbox above) through HTTP_PROXY;
   3. a storm of 500 concurrent connections from inside one sandbox (limits.open_files =
      2048), each doing one GET through the proxy (goal: 500/500 ok).
+
+CPU per download, beside the MB/s: curl's (getrusage of the children, host variants), the
+server's and the standalone or live proxy's (/proc/PID/stat, every thread). On 2 shared CPUs
+a loaded machine hands out CPU time, so the ratio direct/proxied of the CPU a download costs
+in all is what a busy machine's MB/s ratio tends to; it moves far less with the load than
+MB/s does.
 
 Everything runs on a random /24 of 127.0.0.0/8; nothing leaves the machine. The server is
 a small threaded Python process of this script (--serve) that answers /big from a 200 MB
@@ -343,6 +354,10 @@ class Bench:
         import corral
         self.corral = corral
         self.nproc = len(os.sched_getaffinity(0))
+        self.srv_pid = srv.pid
+        #: per variant, CPU ms of each download: {"curl": [...], "server": [...], "proxy": [...]}
+        self.cpu: dict[str, dict[str, list[float]]] = {}
+        self._live = None           # the live sandbox (live_sandbox()), made on first use
 
     def _spawn(self, argv, **kw) -> subprocess.Popen:
         kw.setdefault("stdout", subprocess.PIPE)
@@ -351,7 +366,39 @@ class Bench:
         self.procs.append(p)
         return p
 
+    def live_sandbox(self):
+        """The run's one live sandbox (Sandbox.create, default limits), made on first use."""
+        if self._live is None:
+            from corral.backends.host import zygote
+
+            zygote.warm()               # as in a long-lived supervisor: its proxy is forked
+            zygote.wait_ready()
+            try:
+                self._live = self.corral.Sandbox.create(self.policy(), timeout=3600)
+            except Exception as e:  # corral failing is a result here
+                raise Failed(f"Sandbox.create raised {type(e).__name__}: {e}") from e
+        return self._live
+
+    def live_run(self, argv: list[str]):
+        try:
+            r = self.live_sandbox().commands.run(argv, timeout=150)
+        except Exception as e:  # corral failing is a result here
+            raise Failed(f"commands.run raised {type(e).__name__}: {e}") from e
+        if r.verdict != "ok" or r.exit_code != 0:
+            raise Failed(f"verdict {r.verdict}, exit {r.exit_code}: {r.stderr.strip()[-400:]!r}")
+        return r
+
+    def note_cpu(self, variant: str, **ms: float) -> None:
+        d = self.cpu.setdefault(variant, {})
+        for k, v in ms.items():
+            d.setdefault(k, []).append(v)
+
     def close(self) -> None:
+        if self._live is not None:
+            try:
+                self._live.kill()
+            except Exception:  # noqa: BLE001 - the bench's own teardown
+                pass
         for p in self.procs:
             p.terminate()
         for p in self.procs:
@@ -380,13 +427,29 @@ class Bench:
         return r
 
     # -- throughput: each returns MB/s ------------------------------------------------------
-    def host_curl(self, argv: list[str]) -> float:
+    def host_curl(self, argv: list[str], variant: str | None = None,
+                  proxy_pid: int | None = None) -> float:
+        """curl on the host; with `variant`, the CPU of curl, the server and (proxy_pid)
+        the relay for this download is noted under it."""
+        import resource
+
+        c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        s0 = cpu_ms(self.srv_pid)
+        p0 = cpu_ms(proxy_pid) if proxy_pid else 0.0
         p = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True,
                            text=True, env=HOST_ENV, timeout=180)
-        return parse_curl(p.stdout, p.stderr)
+        mbs = parse_curl(p.stdout, p.stderr)
+        if variant is not None:
+            c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            ms = {"curl": (c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime) * 1e3,
+                  "server": cpu_ms(self.srv_pid) - s0}
+            if proxy_pid:
+                ms["proxy"] = cpu_ms(proxy_pid) - p0
+            self.note_cpu(variant, **ms)
+        return mbs
 
     def tp_direct(self) -> float:
-        return self.host_curl(curl_argv(self.big_url))
+        return self.host_curl(curl_argv(self.big_url), "direct")
 
     def socat_url(self, name: str) -> str:
         return f"http://{self.relay_ip}:{self.socat[name][0]}/big"
@@ -398,10 +461,25 @@ class Bench:
         return self.host_curl(curl_argv(self.socat_url("socat-256k")))
 
     def tp_proxy(self) -> float:
-        t0 = cpu_ms(self.proxy_pid)
-        mbs = self.host_curl(curl_argv(self.big_url, proxy=self.proxy_url))
-        self.proxy_cpu_ms.append(cpu_ms(self.proxy_pid) - t0)
+        mbs = self.host_curl(curl_argv(self.big_url, proxy=self.proxy_url), "proxy",
+                             self.proxy_pid)
+        self.proxy_cpu_ms.append(self.cpu["proxy"]["proxy"][-1])
         return mbs
+
+    def tp_live(self) -> float:
+        """curl in the run's live sandbox, through its (warm, zygote-forked) proxy."""
+        sb = self.live_sandbox()
+        pid = sb._live.proxy.pid if sb._live.proxy is not None else None
+        s0 = cpu_ms(self.srv_pid)
+        p0 = cpu_ms(pid) if pid else 0.0
+        r = self.live_run(curl_argv(self.big_url, sandbox=True))
+        ms = {"server": cpu_ms(self.srv_pid) - s0}
+        if r.usage.cpu_s is not None:
+            ms["curl"] = r.usage.cpu_s * 1e3
+        if pid:
+            ms["proxy"] = cpu_ms(pid) - p0
+        self.note_cpu("live", **ms)
+        return parse_curl(r.stdout, r.stderr)
 
     def tp_proxy_loop(self) -> float:
         t0 = cpu_ms(self.loop_pid)
@@ -457,7 +535,7 @@ class Bench:
         return self.tp_sandbox(cpus=float(self.nproc))
 
     def throughput_variants(self) -> dict:
-        return {"direct": self.tp_direct, "sandbox": self.tp_sandbox,
+        return {"direct": self.tp_direct, "live": self.tp_live, "sandbox": self.tp_sandbox,
                 "sandbox-2cpu" if self.nproc == 2 else f"sandbox-{self.nproc}cpu":
                     self.tp_sandbox_ncpu,
                 "sandbox-copy": self.tp_sandbox_splice,
@@ -486,6 +564,11 @@ class Bench:
         out = json.loads(r.stdout)
         self.first_request_ms.append(out["warmup_ms"][0])
         return out["ms"]
+
+    def lat_live(self, n: int) -> list[float]:
+        r = self.live_run([SANDBOX_PY, "-c", SANDBOX_LATENCY, self.srv_ip, str(self.srv_port),
+                           str(n), str(LAT_WARMUP)])
+        return json.loads(r.stdout)["ms"]
 
     # -- storm ------------------------------------------------------------------------------
     def storm(self, n: int, open_files: int) -> dict:
@@ -593,7 +676,7 @@ def main() -> int:
     errors: dict[str, str] = {}
     tp: dict[str, list[float]] = {}
     tp_warm: dict[str, list[float]] = {}
-    lat: dict[str, list[float]] = {"direct": [], "proxy": [], "sandbox": []}
+    lat: dict[str, list[float]] = {"direct": [], "proxy": [], "sandbox": [], "live": []}
     storms: list[dict] = []
     retried: list[str] = []
     t0 = time.monotonic()
@@ -646,6 +729,12 @@ def main() -> int:
                                             lambda: bench.lat_sandbox(args.requests))
                 except (Failed, ValueError, KeyError) as e:
                     errors["latency sandbox"] = f"round {rnd}: {type(e).__name__}: {e}"
+            if "latency live" not in errors:
+                try:
+                    lat["live"] += twice(f"latency live, round {rnd}",
+                                         lambda: bench.lat_live(args.requests))
+                except (Failed, ValueError, KeyError) as e:
+                    errors["latency live"] = f"round {rnd}: {type(e).__name__}: {e}"
 
         # 3. storm
         for rnd in range(runs):
@@ -680,6 +769,9 @@ def main() -> int:
                           "relay threads that copy through a 4 MiB ring, the default until "
                           "2026-12-06 (a one-shot supervisor: its proxy starts afresh, not "
                           "from the zygote)",
+        "live": f"sb.commands.run({curl_argv(bench.big_url, sandbox=True)!r}) in one "
+                f"corral.Sandbox.create(policy) made for the whole run (the same policy "
+                f"as sandbox); its proxy forked from the zygote, warm after the first round",
         "sandbox": f"corral.run(['/bin/sh', '-c', {bench.sandbox_curl_cmd()!r}]), network "
                    f"allow={bench.allow} allow_private=['127.0.0.0/8'], default limits "
                    f"(cpus 1.0; the proxy runs in the run's cgroup); the second curl's figure",
@@ -721,6 +813,29 @@ def main() -> int:
             print(f"  {label}: the standalone proxy's CPU time per {BIG // 10**6} MB download "
                   f"{pc['median']:.0f} ms median (min {pc['min']:.0f}, max {pc['max']:.0f}; "
                   f"user + system, every thread)")
+    cpu_summary = {}
+    if bench.cpu:
+        print(f"  CPU ms per {BIG // 10**6} MB download, median (curl: getrusage of the "
+              f"children, or the live command's usage; server and proxy: /proc/PID/stat, "
+              f"10 ms ticks):")
+        print(f"  {'variant':14} {'curl':>7} {'server':>7} {'proxy':>7} {'total':>7} "
+              f"{'direct/total':>13}")
+        tot = {}
+        for v in names:
+            d = bench.cpu.get(v)
+            if not d:
+                continue
+            med = {k: statistics.median(xs) for k, xs in d.items() if xs}
+            if "curl" in med and "server" in med:
+                tot[v] = med["curl"] + med["server"] + med.get("proxy", 0.0)
+            cpu_summary[v] = {**med, **({"total": tot[v]} if v in tot else {})}
+        for v, med in cpu_summary.items():
+            ratio = (f"{tot['direct'] / tot[v]:.2f}" if "direct" in tot and v in tot
+                     else "")
+            print(f"  {v:14} {med.get('curl', float('nan')):7.0f} "
+                  f"{med.get('server', float('nan')):7.0f} "
+                  f"{med.get('proxy', float('nan')):7.0f} "
+                  f"{med.get('total', float('nan')):7.0f} {ratio:>13}")
     if bench.first_byte_ms:
         fb = stats(bench.first_byte_ms)
         print(f"  a fresh sandbox's first request (the small GET before each sandboxed "
@@ -735,11 +850,12 @@ def main() -> int:
     lat_summary = {}
     labels = {"direct": "host -> server (direct)",
               "proxy": "host -> standalone proxy -> server",
-              "sandbox": "sandbox -> HTTP_PROXY -> server"}
+              "sandbox": "sandbox -> HTTP_PROXY -> server",
+              "live": "live sandbox -> HTTP_PROXY -> srv"}
     if lat["direct"]:
         bd = stats(lat["direct"])
         bd["p50"] = bd["median"]
-        for k in ("direct", "proxy", "sandbox"):
+        for k in ("direct", "proxy", "sandbox", "live"):
             if not lat[k]:
                 print(f"  {labels[k]:34} {'failed: see below':>30}")
                 continue
@@ -790,7 +906,7 @@ def main() -> int:
                      else "")
         goal(f"throughput {v} >= {GOAL_RATIO} x direct{reference}",
              f"{s['median']:.0f} vs {base:.0f} MB/s ({s['ratio']:.2f}x)", met)
-    for k in ("proxy", "sandbox"):
+    for k in ("proxy", "sandbox", "live"):
         s = lat_summary.get(k)
         if s:
             goal(f"latency {k}: added p50 <= {GOAL_ADDED_MS:g} ms",
@@ -819,7 +935,8 @@ def main() -> int:
         out = {"command": command, "machine": info, "runs": runs, "warmup": WARMUP,
                "bytes": BIG, "commands": how, "errors": errors, "retried": retried,
                "throughput_mb_s": tp, "throughput_warmup_mb_s": tp_warm,
-               "throughput_summary": tp_summary,
+               "throughput_summary": tp_summary, "cpu_ms": bench.cpu,
+               "cpu_summary": cpu_summary,
                "latency_ms": lat, "latency_summary": lat_summary,
                "storm": storms, "goals": goals,
                "sandbox_first_byte_ms": bench.first_byte_ms,

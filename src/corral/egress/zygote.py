@@ -160,7 +160,7 @@ SPARE_ROUNDS = 2
 WARM_HOST, WARM_IP = "warm.invalid", "192.0.2.1"
 
 
-def warm(request: bool = True, pending=lambda: False, rounds: int = WARM_ROUNDS) -> None:
+def warm(request: bool = True, pending=lambda: False, rounds: int = WARM_ROUNDS) -> int:
     """Run a proxy's start and (`request`) its request paths here (in the zygote, and again
     in each spare while it waits, under SCHED_IDLE), so that what they build
     lazily (the argument parser, caches, compiled patterns, the event loop's machinery, and
@@ -169,19 +169,21 @@ def warm(request: bool = True, pending=lambda: False, rounds: int = WARM_ROUNDS)
     WARM_ROUNDS allowed plain-HTTP requests and CONNECT tunnels. Nothing of this touches a
     network: the client side is a socketpair, and the upstream too (the proxy's `_connect`
     is replaced, on this instance only, by one that hands back a socketpair whose other
-    end a coroutine here answers)."""
+    end a coroutine here answers). Returns how many allowed requests came back as they
+    should (a 200 with its body, a tunnel's bytes echoed): 2 * rounds unless cut short."""
     import asyncio
     from ipaddress import ip_address
 
     from . import hostsfile
     from .__main__ import _EventWriter, parser
     from .config import NetConfig
+    from .conn import CONNECT_OK
     from .relay import _Client
     from .server import EgressProxy
 
     parser().parse_args(["--config-fd", "3", "--listen-fd", "4", "--events-fd", "1"])
     if pending():
-        return
+        return 0
     cfg = NetConfig.from_json(NetConfig(nameservers=(("127.0.0.1", 53),)).to_json())
     proxy = EgressProxy(cfg, lambda event: None, hosts=hostsfile.load(hostsfile.PATH)[0])
 
@@ -228,7 +230,8 @@ def warm(request: bool = True, pending=lambda: False, rounds: int = WARM_ROUNDS)
         finally:
             s.close()
 
-    async def allowed() -> None:
+    async def allowed() -> int:
+        answered = 0
         acfg = NetConfig.from_json(json.dumps({
             "allow": [f"{WARM_HOST}:80"], "allow_private": [f"{WARM_IP}/32"],
             "nameservers": ["127.0.0.1:53"]}))
@@ -252,26 +255,29 @@ def warm(request: bool = True, pending=lambda: False, rounds: int = WARM_ROUNDS)
                       f"\r\n").encode()
             for _ in range(rounds):
                 if pending():
-                    return
-                await one(aproxy, get)
-                await one(aproxy, tunnel, b"ping " * 20)
+                    break
+                got = await one(aproxy, get)
+                answered += got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"x" * 100)
+                got = await one(aproxy, tunnel, b"ping " * 20)
+                answered += got == CONNECT_OK + b"ping " * 20
         finally:
             await asyncio.gather(*tasks, return_exceptions=True)
             os.close(events)
+        return answered
 
-    async def requests() -> None:
+    async def requests() -> int:
         await one(proxy, b"GET http://warm.invalid/ HTTP/1.1\r\nHost: warm.invalid\r\n\r\n")
-        await allowed()
+        return await allowed()
 
     if pending():
-        return
+        return 0
     if not request:
         asyncio.new_event_loop().close()
-        return
+        return 0
     try:
-        asyncio.run(requests())
+        return asyncio.run(requests())
     except (OSError, TimeoutError):
-        pass                                   # a warm-up only
+        return 0                               # a warm-up only
 
 
 def _peer_ok(ctrl: socket.socket) -> bool:

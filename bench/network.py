@@ -23,6 +23,12 @@ Issue 3 (Speed) asks, side by side in one run, through the proxy vs direct on lo
                     proxies have CORRAL_EGRESS_RELAY_SPLICE=0 (relay threads that copy
                     through a 4 MiB ring instead of splicing, the default until
                     2026-12-06): the A/B of the ring inside a sandbox
+       direct-cg    direct, with curl in a cpu cgroup made beside the sandboxes' (cgroup v1:
+                    /corral/bench-PID-direct, the live sandbox's cpu.shares and CFS quota
+                    copied): the CPU share a sandboxed client gets, without a proxy. A
+                    reference for like with like: a sandbox is one cgroup (curl and its
+                    proxy together) under corral's, whose weight every sandbox on the
+                    machine shares, where the host's curl is a task of its own
        socat        curl on the host -> a socat TCP forwarder on the host -> the server
        socat-256k   the same with socat -b 262144 (socat's default buffer is 8 KiB)
        proxy        curl -x on the host -> `python -m corral.egress --listen` (standalone)
@@ -76,6 +82,7 @@ LAT_WARMUP = 10                  # latency requests discarded per batch
 GOAL_RATIO = 0.9                 # issue 16 (issue 3 asked 0.8): throughput >= 0.9 x direct
 GOAL_ADDED_MS = 0.5              # issue 16 (issue 3 asked 1 ms): added p50 latency <= 0.5 ms
 SANDBOX_PY = "/usr/bin/python3"  # the interpreter the sandboxed clients run
+CPU_V1 = "/sys/fs/cgroup/cpu"    # cgroup v1's cpu hierarchy (direct-cg)
 
 HOST_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # no *_proxy
 
@@ -358,6 +365,7 @@ class Bench:
         #: per variant, CPU ms of each download: {"curl": [...], "server": [...], "proxy": [...]}
         self.cpu: dict[str, dict[str, list[float]]] = {}
         self._live = None           # the live sandbox (live_sandbox()), made on first use
+        self._direct_cg: str | None = None   # direct-cg's cpu cgroup, made on first use
 
     def _spawn(self, argv, **kw) -> subprocess.Popen:
         kw.setdefault("stdout", subprocess.PIPE)
@@ -393,7 +401,35 @@ class Bench:
         for k, v in ms.items():
             d.setdefault(k, []).append(v)
 
+    def direct_cgroup(self) -> str:
+        """A cpu cgroup (v1) beside the live sandbox's, with its cpu.shares and CFS quota."""
+        if self._direct_cg is None:
+            sb = self.live_sandbox()
+            proxy = sb._live.proxy
+            if proxy is None:
+                raise Failed("the live sandbox has no proxy")
+            with open(f"/proc/{proxy.pid}/cgroup") as f:
+                rel = next((line.split(":", 2)[2].strip() for line in f
+                            if "cpu" in line.split(":", 2)[1].split(",")), None)
+            src = os.path.join(CPU_V1, (rel or "").lstrip("/"))
+            if not rel or rel == "/" or not os.path.isdir(src):
+                raise Failed(f"no cgroup v1 cpu group for the live sandbox ({rel!r})")
+            cg = os.path.join(os.path.dirname(src), f"bench-{os.getpid()}-direct")
+            os.mkdir(cg)
+            self._direct_cg = cg
+            for name in ("cpu.cfs_period_us", "cpu.cfs_quota_us", "cpu.shares"):
+                with open(os.path.join(src, name)) as f:
+                    value = f.read().strip()
+                with open(os.path.join(cg, name), "w") as f:
+                    f.write(value)
+        return self._direct_cg
+
     def close(self) -> None:
+        if self._direct_cg is not None:
+            try:
+                os.rmdir(self._direct_cg)
+            except OSError:
+                pass
         if self._live is not None:
             try:
                 self._live.kill()
@@ -428,7 +464,7 @@ class Bench:
 
     # -- throughput: each returns MB/s ------------------------------------------------------
     def host_curl(self, argv: list[str], variant: str | None = None,
-                  proxy_pid: int | None = None) -> float:
+                  proxy_pid: int | None = None, preexec=None) -> float:
         """curl on the host; with `variant`, the CPU of curl, the server and (proxy_pid)
         the relay for this download is noted under it."""
         import resource
@@ -437,7 +473,7 @@ class Bench:
         s0 = cpu_ms(self.srv_pid)
         p0 = cpu_ms(proxy_pid) if proxy_pid else 0.0
         p = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True,
-                           text=True, env=HOST_ENV, timeout=180)
+                           text=True, env=HOST_ENV, timeout=180, preexec_fn=preexec)
         mbs = parse_curl(p.stdout, p.stderr)
         if variant is not None:
             c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -450,6 +486,15 @@ class Bench:
 
     def tp_direct(self) -> float:
         return self.host_curl(curl_argv(self.big_url), "direct")
+
+    def tp_direct_cg(self) -> float:
+        tasks = os.path.join(self.direct_cgroup(), "tasks")
+
+        def join() -> None:
+            with open(tasks, "w") as f:
+                f.write(str(os.getpid()))
+
+        return self.host_curl(curl_argv(self.big_url), "direct-cg", preexec=join)
 
     def socat_url(self, name: str) -> str:
         return f"http://{self.relay_ip}:{self.socat[name][0]}/big"
@@ -535,7 +580,8 @@ class Bench:
         return self.tp_sandbox(cpus=float(self.nproc))
 
     def throughput_variants(self) -> dict:
-        return {"direct": self.tp_direct, "live": self.tp_live, "sandbox": self.tp_sandbox,
+        return {"direct": self.tp_direct, "direct-cg": self.tp_direct_cg,
+                "live": self.tp_live, "sandbox": self.tp_sandbox,
                 "sandbox-2cpu" if self.nproc == 2 else f"sandbox-{self.nproc}cpu":
                     self.tp_sandbox_ncpu,
                 "sandbox-copy": self.tp_sandbox_splice,
@@ -769,6 +815,8 @@ def main() -> int:
                           "relay threads that copy through a 4 MiB ring, the default until "
                           "2026-12-06 (a one-shot supervisor: its proxy starts afresh, not "
                           "from the zygote)",
+        "direct-cg": "the same as direct, curl started in a cpu cgroup (v1) made beside "
+                     "the live sandbox's with its cpu.shares and CFS quota copied",
         "live": f"sb.commands.run({curl_argv(bench.big_url, sandbox=True)!r}) in one "
                 f"corral.Sandbox.create(policy) made for the whole run (the same policy "
                 f"as sandbox); its proxy forked from the zygote, warm after the first round",
@@ -803,6 +851,15 @@ def main() -> int:
         tp_summary[v] = s
         ratio = f"{s['ratio']:.2f}" if base else "-"
         print(f"  {v:14} {s['median']:12.0f} {s['min']:9.0f} {s['max']:9.0f} {ratio:>9}")
+    cg = tp_summary.get("direct-cg")
+    if cg:
+        print("  like with like: the sandboxed variants against direct-cg (curl alone in "
+              "a sandbox's CPU share): " + ", ".join(
+                  f"{v} {tp_summary[v]['median'] / cg['median']:.2f}x"
+                  for v in names if v in tp_summary and v.startswith(("live", "sandbox"))))
+        for v in names:
+            if v in tp_summary and v.startswith(("live", "sandbox")):
+                tp_summary[v]["ratio_direct_cg"] = tp_summary[v]["median"] / cg["median"]
     print("  commands:")
     for v in names:
         print(f"    {v:14} {how[v]}")
@@ -902,7 +959,8 @@ def main() -> int:
         met = s["ratio"] >= GOAL_RATIO
         reference = (" (reference)" if v.startswith("socat") or v in ("proxy-loop",
                                                                        "proxy-copy",
-                                                                       "sandbox-copy")
+                                                                       "sandbox-copy",
+                                                                       "direct-cg")
                      else "")
         goal(f"throughput {v} >= {GOAL_RATIO} x direct{reference}",
              f"{s['median']:.0f} vs {base:.0f} MB/s ({s['ratio']:.2f}x)", met)

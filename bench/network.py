@@ -381,8 +381,12 @@ class Bench:
 
             zygote.warm()               # as in a long-lived supervisor: its proxy is forked
             zygote.wait_ready()
+            pol = self.policy()
+            # one proxy for every round: the default budget (per sandbox) would cut it
+            pol["network"]["budget"] = {"requests": 1000000, "bytes_in": "1000G",
+                                        "bytes_out": "1000G"}
             try:
-                self._live = self.corral.Sandbox.create(self.policy(), timeout=3600)
+                self._live = self.corral.Sandbox.create(pol, timeout=3600)
             except Exception as e:  # corral failing is a result here
                 raise Failed(f"Sandbox.create raised {type(e).__name__}: {e}") from e
         return self._live
@@ -819,7 +823,8 @@ def main() -> int:
                      "the live sandbox's with its cpu.shares and CFS quota copied",
         "live": f"sb.commands.run({curl_argv(bench.big_url, sandbox=True)!r}) in one "
                 f"corral.Sandbox.create(policy) made for the whole run (the same policy "
-                f"as sandbox); its proxy forked from the zygote, warm after the first round",
+                f"as sandbox, its budget raised: one proxy serves every round); its proxy "
+                f"forked from the zygote, warm after the first round",
         "sandbox": f"corral.run(['/bin/sh', '-c', {bench.sandbox_curl_cmd()!r}]), network "
                    f"allow={bench.allow} allow_private=['127.0.0.0/8'], default limits "
                    f"(cpus 1.0; the proxy runs in the run's cgroup); the second curl's figure",

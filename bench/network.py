@@ -198,6 +198,16 @@ ms = [timed_get(proxy, req) * 1e3 for _ in range(n + warm)]
 print(json.dumps({"proxy": os.environ["http_proxy"], "ms": ms[warm:], "warmup_ms": ms[:warm]}))
 '''
 
+# on the host, in direct-cg's cpu cgroup: warm + N timed GETs straight to the server; the
+# same interpreter and client code as the sandboxed one, with a sandbox's CPU share
+DIRECT_LATENCY = CLIENT + r'''
+import json, sys
+host, port, n, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+req = get_request(host, port, False)
+ms = [timed_get((host, port), req) * 1e3 for _ in range(n + warm)]
+print(json.dumps({"ms": ms[warm:]}))
+'''
+
 # inside a sandbox: N connections opened at once through HTTP_PROXY; once all are open (or
 # have failed), each sends one GET and reads the response
 SANDBOX_STORM = r'''
@@ -615,6 +625,24 @@ class Bench:
         self.first_request_ms.append(out["warmup_ms"][0])
         return out["ms"]
 
+    def lat_direct_cg(self, n: int) -> list[float]:
+        """n GETs straight to the server from SANDBOX_PY on the host, in direct-cg's cgroup."""
+        tasks = os.path.join(self.direct_cgroup(), "tasks")
+
+        def join() -> None:
+            with open(tasks, "w") as f:
+                f.write(str(os.getpid()))
+
+        p = subprocess.run([SANDBOX_PY, "-I", "-c", DIRECT_LATENCY, self.srv_ip,
+                            str(self.srv_port), str(n), str(LAT_WARMUP)], check=False,
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           env=HOST_ENV, timeout=120, preexec_fn=join)
+        try:
+            return json.loads(p.stdout)["ms"]
+        except (ValueError, KeyError):
+            raise Failed(f"the direct-cg client printed {p.stdout[-200:]!r}, stderr "
+                         f"{p.stderr[-300:]!r}") from None
+
     def lat_live(self, n: int) -> list[float]:
         r = self.live_run([SANDBOX_PY, "-c", SANDBOX_LATENCY, self.srv_ip, str(self.srv_port),
                            str(n), str(LAT_WARMUP)])
@@ -726,7 +754,8 @@ def main() -> int:
     errors: dict[str, str] = {}
     tp: dict[str, list[float]] = {}
     tp_warm: dict[str, list[float]] = {}
-    lat: dict[str, list[float]] = {"direct": [], "proxy": [], "sandbox": [], "live": []}
+    lat: dict[str, list[float]] = {"direct": [], "proxy": [], "sandbox": [], "live": [],
+                                   "direct-cg": []}
     storms: list[dict] = []
     retried: list[str] = []
     t0 = time.monotonic()
@@ -785,6 +814,12 @@ def main() -> int:
                                          lambda: bench.lat_live(args.requests))
                 except (Failed, ValueError, KeyError) as e:
                     errors["latency live"] = f"round {rnd}: {type(e).__name__}: {e}"
+            if "latency direct-cg" not in errors:
+                try:
+                    lat["direct-cg"] += twice(f"latency direct-cg, round {rnd}",
+                                              lambda: bench.lat_direct_cg(args.requests))
+                except (Failed, OSError, subprocess.SubprocessError) as e:
+                    errors["latency direct-cg"] = f"round {rnd}: {type(e).__name__}: {e}"
 
         # 3. storm
         for rnd in range(runs):
@@ -913,11 +948,12 @@ def main() -> int:
     labels = {"direct": "host -> server (direct)",
               "proxy": "host -> standalone proxy -> server",
               "sandbox": "sandbox -> HTTP_PROXY -> server",
-              "live": "live sandbox -> HTTP_PROXY -> srv"}
+              "live": "live sandbox -> HTTP_PROXY -> srv",
+              "direct-cg": "host, sandbox's CPU share -> srv"}
     if lat["direct"]:
         bd = stats(lat["direct"])
         bd["p50"] = bd["median"]
-        for k in ("direct", "proxy", "sandbox", "live"):
+        for k in ("direct", "proxy", "sandbox", "live", "direct-cg"):
             if not lat[k]:
                 print(f"  {labels[k]:34} {'failed: see below':>30}")
                 continue
@@ -936,6 +972,15 @@ def main() -> int:
                   f"{statistics.median(pairs):+.3f} ms)")
     print(f"  the sandboxed client is {SANDBOX_PY} under corral's seccomp filter; its "
           f"added figures are against the host's direct client")
+    if lat["direct-cg"] and lat_summary:
+        cg = statistics.median(lat["direct-cg"])
+        print(f"  like with like: against direct-cg ({SANDBOX_PY} on the host in a cpu cgroup "
+              f"with the live sandbox's share, p50 {cg:.3f} ms): " + ", ".join(
+                  f"{k} {lat_summary[k]['p50'] - cg:+.3f} ms" for k in ("sandbox", "live")
+                  if k in lat_summary))
+        for k in ("sandbox", "live"):
+            if k in lat_summary:
+                lat_summary[k]["added_p50_direct_cg"] = lat_summary[k]["p50"] - cg
     if bench.first_request_ms:
         fr = stats(bench.first_request_ms)
         print(f"  first request of each sandbox (a warm-up one, not in the table): "

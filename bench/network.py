@@ -376,6 +376,8 @@ class Bench:
         self.cpu: dict[str, dict[str, list[float]]] = {}
         self._live = None           # the live sandbox (live_sandbox()), made on first use
         self._direct_cg: str | None = None   # direct-cg's cpu cgroup, made on first use
+        #: the standalone proxy's CPU per small request, us, one figure per latency batch
+        self.lat_cpu_us: list[float] = []
 
     def _spawn(self, argv, **kw) -> subprocess.Popen:
         kw.setdefault("stdout", subprocess.PIPE)
@@ -610,12 +612,14 @@ class Bench:
         proxy_req = get_request(self.srv_ip, self.srv_port, True)
         d_addr, p_addr = (self.srv_ip, self.srv_port), (self.proxy_ip, self.proxy_port)
         direct, proxied = [], []
+        c0 = sched_ms(self.proxy_pid)
         for i in range(n + LAT_WARMUP):
             pair = [(direct, d_addr, direct_req), (proxied, p_addr, proxy_req)]
             for out, addr, req in (pair if i % 2 == 0 else pair[::-1]):
                 ms = timed_get(addr, req) * 1e3
                 if i >= LAT_WARMUP:
                     out.append(ms)
+        self.lat_cpu_us.append((sched_ms(self.proxy_pid) - c0) * 1e3 / (n + LAT_WARMUP))
         return direct, proxied
 
     def lat_sandbox(self, n: int) -> list[float]:
@@ -670,6 +674,18 @@ def cpu_ms(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def sched_ms(pid: int) -> float:
+    """CPU time of pid, every thread, in ms from /proc/PID/task/*/schedstat (ns, not ticks)."""
+    ns = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                ns += int(f.read().split()[0])
+        except (OSError, ValueError):
+            pass                      # a thread that ended meanwhile
+    return ns / 1e6
 
 
 def free_port(ip: str) -> int:
@@ -970,6 +986,11 @@ def main() -> int:
             lat_summary["proxy"]["paired_added_p50"] = statistics.median(pairs)
             print(f"  (host: median of the per-pair difference, proxy minus direct: "
                   f"{statistics.median(pairs):+.3f} ms)")
+        if bench.lat_cpu_us:
+            lat_summary["proxy"]["cpu_us_per_request"] = statistics.median(bench.lat_cpu_us)
+            print(f"  the standalone proxy's CPU per request: "
+                  f"{statistics.median(bench.lat_cpu_us):.0f} us median of the batches "
+                  f"(schedstat, every thread)")
     print(f"  the sandboxed client is {SANDBOX_PY} under corral's seccomp filter; its "
           f"added figures are against the host's direct client")
     if lat["direct-cg"] and lat_summary:

@@ -295,7 +295,7 @@ def parse_curl(out: str, err: str) -> float:
 
 
 class Bench:
-    def __init__(self, net: str) -> None:
+    def __init__(self, net: str, ab_src: str | None = None) -> None:
         self.procs: list[subprocess.Popen] = []
         self.tmp = tempfile.mkdtemp(prefix="corral-bench-net-", dir="/dev/shm")
         self.srv_ip, self.relay_ip, self.proxy_ip = f"{net}.1", f"{net}.2", f"{net}.3"
@@ -360,6 +360,22 @@ class Bench:
         self.splice_cpu_ms: list[float] = []
         if "listening on" not in q.stderr.readline().decode():
             raise SystemExit("the standalone proxy (relay threads splicing) did not start")
+        # --ab-src: the same standalone proxy from another source tree (say main's, from
+        # `git archive main src | tar -x -C DIR`), its small requests interleaved with the
+        # others in the latency batches: an A/B of the proxy's code in one run
+        self.ab_pid = self.ab_port = None
+        self.lat_ab: list[float] = []
+        self.lat_ab_cpu_us: list[float] = []
+        if ab_src:
+            self.ab_port = free_port(self.proxy_ip)
+            code = (f"import runpy, sys; sys.path.insert(0, {os.path.abspath(ab_src)!r}); "
+                    f"runpy.run_module('corral.egress', run_name='__main__', alter_sys=True)")
+            q = self._spawn([sys.executable, "-I", "-c", code, "--config", self.proxy_cfg,
+                             "--listen", f"{self.proxy_ip}:{self.ab_port}", "--events",
+                             "/dev/null"], stderr=subprocess.PIPE)
+            self.ab_pid = q.pid
+            if "listening on" not in q.stderr.readline().decode():
+                raise SystemExit(f"the proxy from {ab_src} did not start")
         #: CPU ms (user + system, every thread) the standalone proxy spent per download:
         #: what it costs, which load on the machine moves far less than MB/s
         self.proxy_cpu_ms: list[float] = []
@@ -611,15 +627,23 @@ class Bench:
         direct_req = get_request(self.srv_ip, self.srv_port, False)
         proxy_req = get_request(self.srv_ip, self.srv_port, True)
         d_addr, p_addr = (self.srv_ip, self.srv_port), (self.proxy_ip, self.proxy_port)
-        direct, proxied = [], []
+        direct, proxied, ab = [], [], []
         c0 = sched_ms(self.proxy_pid)
+        a0 = sched_ms(self.ab_pid) if self.ab_pid else 0.0
         for i in range(n + LAT_WARMUP):
             pair = [(direct, d_addr, direct_req), (proxied, p_addr, proxy_req)]
+            if self.ab_port:                   # three: rotated, then flipped, each time
+                pair.append((ab, (self.proxy_ip, self.ab_port), proxy_req))
+                k = i % 3
+                pair = pair[k:] + pair[:k]
             for out, addr, req in (pair if i % 2 == 0 else pair[::-1]):
                 ms = timed_get(addr, req) * 1e3
                 if i >= LAT_WARMUP:
                     out.append(ms)
         self.lat_cpu_us.append((sched_ms(self.proxy_pid) - c0) * 1e3 / (n + LAT_WARMUP))
+        if self.ab_pid:
+            self.lat_ab += ab
+            self.lat_ab_cpu_us.append((sched_ms(self.ab_pid) - a0) * 1e3 / (n + LAT_WARMUP))
         return direct, proxied
 
     def lat_sandbox(self, n: int) -> list[float]:
@@ -729,6 +753,9 @@ def main() -> int:
     ap.add_argument("--open-files", type=int, default=2048,
                     help="limits.open_files of the storm's sandbox (2048)")
     ap.add_argument("--json", metavar="FILE", help="write every raw sample here")
+    ap.add_argument("--ab-src", metavar="DIR", help="a src/ tree (holding corral/) whose "
+                    "standalone proxy's small requests are interleaved with this one's in "
+                    "the latency batches, CPU per request beside: an A/B of the code")
     ap.add_argument("--serve", nargs=2, metavar=("IP", "FILE"), help=argparse.SUPPRESS)
     ap.add_argument("--sandbox-run", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -766,7 +793,7 @@ def main() -> int:
               "corral", "commit", "euid", "load_start"):
         print(f"  {k:7} {info[k]}")
 
-    bench = Bench(net)
+    bench = Bench(net, args.ab_src)
     errors: dict[str, str] = {}
     tp: dict[str, list[float]] = {}
     tp_warm: dict[str, list[float]] = {}
@@ -991,6 +1018,17 @@ def main() -> int:
             print(f"  the standalone proxy's CPU per request: "
                   f"{statistics.median(bench.lat_cpu_us):.0f} us median of the batches "
                   f"(schedstat, every thread)")
+        if bench.lat_ab:
+            s = stats(bench.lat_ab)
+            lat_summary["proxy-ab"] = {**s, "p50": s["median"],
+                                       "added_p50": s["median"] - bd["p50"],
+                                       "cpu_us_per_request":
+                                           statistics.median(bench.lat_ab_cpu_us)}
+            print(f"  --ab-src {args.ab_src}: its proxy p50 {s['median']:.3f} ms "
+                  f"({s['median'] - bd['p50']:+.3f} ms; this tree's "
+                  f"{lat_summary['proxy']['added_p50']:+.3f}), CPU per request "
+                  f"{statistics.median(bench.lat_ab_cpu_us):.0f} us (this tree's "
+                  f"{statistics.median(bench.lat_cpu_us):.0f})")
     print(f"  the sandboxed client is {SANDBOX_PY} under corral's seccomp filter; its "
           f"added figures are against the host's direct client")
     if lat["direct-cg"] and lat_summary:

@@ -22,6 +22,7 @@ HTTP_PROXY & co: then httpx carries it). Anything else goes through httpx as bef
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import json
 import os
@@ -132,11 +133,22 @@ def _take(route: Route) -> http.client.HTTPConnection:
 def _give(route: Route, conn: http.client.HTTPConnection) -> None:
     key = (os.getpid(), *route.key)
     with _mu:
+        if not _idle:
+            atexit.register(_close_idle)
         conns = _idle.setdefault(key, [])
         if len(conns) < KEEP:
             conns.append(conn)
             return
     conn.close()
+
+
+def _close_idle() -> None:
+    """At exit: this process's idle connections closed (not left to the collector)."""
+    with _mu:
+        conns = [c for k, cs in _idle.items() if k[0] == os.getpid() for c in cs]
+        _idle.clear()
+    for c in conns:
+        c.close()
 
 
 def _connect(route: Route) -> http.client.HTTPConnection:

@@ -66,11 +66,13 @@ def _ticks(pid: int) -> int:
 def _tree_ticks(pid: int) -> int:
     """The server's and its direct children's (the zygotes) CPU, with what they reaped."""
     total = _ticks(pid)
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            kids = f.read().split()
+    kids = []
+    try:    # each thread's: a child forked by another thread is listed under it
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids += f.read().split()
     except OSError:
-        kids = []
+        pass
     return total + sum(_ticks(int(k)) for k in kids)
 
 

@@ -1,0 +1,161 @@
+"""The sync SDK's foreground command on a kept-alive http.client connection
+(corral/client/_fast.py) against a real `corral serve`: the connection is reused, one the
+service closed is not, its errors are the SDK's and httpx's as before, and a call that
+gives up closes its connection, so the service kills the command (the disconnect rule)."""
+
+import os
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+from conftest import CORRAL, tier_unavailable
+from test_serve import Server, _token
+
+from corral import client
+from corral.client import _fast
+from corral.client._common import sync_client
+
+pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
+                                reason=f"namespace tier: {tier_unavailable('namespace')}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("serve-fast"))
+    s.tokens["a"] = _token(s.state, "a")
+    s.tokens["gone"] = _token(s.state, "gone")
+    s.start()
+    yield s
+    s.stop()
+
+
+def _idle(server) -> list:
+    return _fast._idle.get((os.getpid(), "http", "127.0.0.1", server.port), [])
+
+
+def _procs_with(arg: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if arg.encode() in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def _until(pred, what: str, tries: int = 600):
+    for _ in range(tries):
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"never: {what}")
+
+
+def test_a_foreground_command_reuses_one_kept_alive_connection(server):
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
+        r = sb.commands.run("echo one; echo two >&2; exit 3")
+        assert (r.exit_code, r.stdout, r.stderr) == (3, "one\n", "two\n"), r
+        assert sb._fast, "the fast path applies to the SDK's own client on plain http"
+        first = [c.sock.getsockname() for c in _idle(server)]
+        assert len(first) == 1
+        assert sb.commands.run(["echo", "again"]).stdout == "again\n"
+        assert [c.sock.getsockname() for c in _idle(server)] == first
+
+
+def test_a_connection_the_service_closed_is_not_reused(server):
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
+        sb.commands.run("true")
+        idle = _idle(server)
+        assert idle
+        for c in idle:           # the service sees EOF and closes its end
+            c.sock.shutdown(socket.SHUT_WR)
+        old = [c.sock for c in idle]
+        _until(lambda: all(_readable(s) for s in old), "the service closed them")
+        assert sb.commands.run("echo fresh").stdout == "fresh\n"
+        assert all(s.fileno() == -1 for s in old)       # closed, not used
+        assert len(_idle(server)) == 1 and _idle(server)[0].sock not in old
+
+
+def _readable(s) -> bool:
+    import select
+
+    return bool(select.select([s], [], [], 0)[0])
+
+
+def test_errors_are_the_sdks_own(server):
+    sb = client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"])
+    other = client.Sandbox.connect(sb.id, api_url=server.url, api_key=server.tokens["a"])
+    sb.kill()
+    with pytest.raises(client.NotFound) as e:       # 404 through the fast path
+        other.commands.run("true")
+    assert e.value.status == 404 and other._fast
+    other._http.close()
+    with pytest.raises(RuntimeError):     # a killed Sandbox's client is closed: as httpx
+        sb.commands.run("true")
+    gone = client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["gone"])
+    import subprocess
+
+    subprocess.run([CORRAL, "token", "revoke", "gone", "--state-dir", server.state],
+                   check=True, capture_output=True)
+    with pytest.raises(client.AuthError) as e:
+        gone.commands.run("true")
+    assert e.value.status == 401
+    gone._http.close()
+
+
+def test_transport_failures_are_httpx_errors():
+    headers = {"Authorization": "Bearer corral_x"}
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    sb = client.Sandbox({"id": "abc"}, sync_client(f"http://127.0.0.1:{port}", headers))
+    with pytest.raises(httpx.ConnectError):            # nobody listens
+        sb.commands.run("true")
+    sb._http.close()
+
+    lsn = socket.socket()
+    lsn.bind(("127.0.0.1", 0))
+    lsn.listen()
+
+    def hang_up():           # reads the request, answers nothing, closes
+        c, _ = lsn.accept()
+        c.recv(65536)
+        c.close()
+
+    t = threading.Thread(target=hang_up, daemon=True)
+    t.start()
+    sb = client.Sandbox({"id": "abc"},
+                        sync_client(f"http://127.0.0.1:{lsn.getsockname()[1]}", headers))
+    try:
+        with pytest.raises(httpx.RemoteProtocolError):
+            sb.commands.run("true")
+    finally:
+        t.join(10)
+        lsn.close()
+        sb._http.close()
+
+
+def test_a_call_that_gives_up_kills_its_command(server):
+    """A read timeout (a caller giving up) closes the connection: the service sees the
+    client go and kills the foreground command, as with httpx."""
+    arg = f"1013.{os.getpid()}"
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
+        sb.commands.run("true")
+        before = len(_idle(server))
+
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(
+            _until(lambda: _procs_with(arg), "the command runs")), daemon=True)
+        t.start()
+        with pytest.raises(httpx.ReadTimeout):
+            sb._exec({"argv": ["sleep", arg]}, 5.0)
+        t.join(60)
+        assert seen, "the command ran"
+        _until(lambda: not _procs_with(arg), "the command is killed")
+        assert len(_idle(server)) == before - 1        # that connection was not kept
+        assert sb.commands.run("echo after").stdout == "after\n"

@@ -159,3 +159,29 @@ def test_a_call_that_gives_up_kills_its_command(server):
         _until(lambda: not _procs_with(arg), "the command is killed")
         assert len(_idle(server)) == before - 1        # that connection was not kept
         assert sb.commands.run("echo after").stdout == "after\n"
+
+
+def test_the_commands_zygote_is_forked_before_the_web_stack(server):
+    """corral serve forks the commands' zygote (linux/enter.py) before it imports FastAPI
+    and pydantic: each command's entrant is a fork of that small process (enter.warm)."""
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
+        sb.commands.run("true")
+        pid = server.proc.pid
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            own = f.read()
+        kids = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids += [int(k) for k in f.read().split()]
+        zygotes = []
+        for k in kids:
+            with open(f"/proc/{k}/cmdline", "rb") as f:
+                if f.read() == own:
+                    zygotes.append(k)
+        assert len(zygotes) == 1, (kids, zygotes)
+
+        def maps(p):
+            with open(f"/proc/{p}/maps") as f:
+                return f.read()
+        assert "pydantic_core" in maps(pid)             # the server has the web stack
+        assert "pydantic_core" not in maps(zygotes[0])  # its zygote does not

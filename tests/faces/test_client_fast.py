@@ -108,6 +108,16 @@ def test_errors_are_the_sdks_own(server):
     gone._http.close()
 
 
+def test_a_body_over_the_cap_is_the_services_413(server):
+    """The service answers 413 from Content-Length and closes before it reads the body:
+    that answer is the error (as httpx reads it), not the write's broken pipe."""
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
+        with pytest.raises(client.ApiError) as e:
+            sb.commands.run("cat", stdin=b"x" * (17 << 20))
+        assert e.value.status == 413 and e.value.kind == "too_large", e.value
+        assert sb.commands.run("echo fine").stdout == "fine\n"
+
+
 def test_transport_failures_are_httpx_errors():
     headers = {"Authorization": "Bearer corral_x"}
     with socket.socket() as free:

@@ -29,6 +29,7 @@ import os
 import select
 import socket
 import threading
+from typing import NoReturn
 from urllib.parse import quote
 
 import httpx
@@ -83,33 +84,40 @@ def post_exec(route: Route, sid: str, body: dict, timeout: float | None) -> tupl
     done = False
     try:
         conn.sock.settimeout(timeout)
+        wrote = None
         try:
             conn.request("POST", path, data, headers)
         except socket.timeout as e:
             raise httpx.WriteTimeout(str(e) or "timed out writing the request") from e
         except (OSError, http.client.HTTPException) as e:
-            raise httpx.WriteError(str(e) or type(e).__name__) from e
+            # as httpx: the service may have answered before it read the whole body (a
+            # 413 for a body over its cap) and closed; that answer is read if it is there
+            wrote = e
         try:
             r = conn.getresponse()
             raw = r.read()
-        except socket.timeout as e:
-            raise httpx.ReadTimeout(str(e) or "timed out reading the response") from e
-        except (http.client.RemoteDisconnected, http.client.IncompleteRead,
-                http.client.BadStatusLine) as e:
-            raise httpx.RemoteProtocolError(str(e) or "the server disconnected without "
-                                            "a whole response") from e
-        except http.client.HTTPException as e:
-            raise httpx.RemoteProtocolError(str(e) or type(e).__name__) from e
-        except OSError as e:
-            raise httpx.ReadError(str(e) or type(e).__name__) from e
+        except (socket.timeout, OSError, http.client.HTTPException) as e:
+            if wrote is not None:
+                raise httpx.WriteError(str(wrote) or type(wrote).__name__) from wrote
+            if isinstance(e, socket.timeout):
+                raise httpx.ReadTimeout(str(e) or "timed out reading the response") from e
+            _read_error(e)
         out = {k.lower(): v for k, v in r.getheaders()}
-        done = not r.will_close
+        done = wrote is None and not r.will_close
         return r.status, out, raw
     finally:
         if done:
             _give(route, conn)
         else:
             conn.close()
+
+
+def _read_error(e: BaseException) -> NoReturn:
+    """httpx's exception for a failure reading the answer."""
+    if isinstance(e, http.client.HTTPException):   # RemoteDisconnected, IncompleteRead...
+        raise httpx.RemoteProtocolError(str(e) or "the server disconnected without a "
+                                        "whole response") from e
+    raise httpx.ReadError(str(e) or type(e).__name__) from e
 
 
 def _take(route: Route) -> http.client.HTTPConnection:

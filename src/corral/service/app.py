@@ -232,6 +232,7 @@ def serve(config, *, e2b_debug: str | None = None) -> int:
     # when installed) a command's entrant failed its setns (EINVAL), not looked into
     uconfig = uvicorn.Config(app, host=config.host, port=config.port, loop="asyncio",
                              http="auto", log_level=config.log_level,
+                             access_log=config.access_log,
                              timeout_graceful_shutdown=drain, **tls)
     zygote.warm()   # the egress proxies' template, ready before the first sandbox asks
     sockets = None

@@ -171,27 +171,48 @@ def test_a_call_that_gives_up_kills_its_command(server):
         assert sb.commands.run("echo after").stdout == "after\n"
 
 
+def _zygotes(pid: int) -> list[int]:
+    """The server's children that are forks of it (its commands' zygote): the same
+    command line, unlike the egress zygote (python -I -c ...) and bwrap."""
+    def read(path):
+        with open(path, "rb") as f:
+            return f.read()
+    own = read(f"/proc/{pid}/cmdline")
+    kids = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        kids += [int(k) for k in read(f"/proc/{pid}/task/{tid}/children").split()]
+    return [k for k in kids if read(f"/proc/{k}/cmdline") == own]
+
+
 def test_the_commands_zygote_is_forked_before_the_web_stack(server):
     """corral serve forks the commands' zygote (linux/enter.py) before it imports FastAPI
     and pydantic: each command's entrant is a fork of that small process (enter.warm)."""
     with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
         sb.commands.run("true")
         pid = server.proc.pid
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            own = f.read()
-        kids = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                kids += [int(k) for k in f.read().split()]
-        zygotes = []
-        for k in kids:
-            with open(f"/proc/{k}/cmdline", "rb") as f:
-                if f.read() == own:
-                    zygotes.append(k)
-        assert len(zygotes) == 1, (kids, zygotes)
+        zygotes = _zygotes(pid)
+        assert len(zygotes) == 1, zygotes
 
         def maps(p):
             with open(f"/proc/{p}/maps") as f:
                 return f.read()
         assert "pydantic_core" in maps(pid)             # the server has the web stack
         assert "pydantic_core" not in maps(zygotes[0])  # its zygote does not
+
+
+def test_the_zygote_outlives_a_groups_sigint_and_sigterm_commands_do_not_inherit(server):
+    """Ctrl-C or systemd's stop signals the whole group while the service drains: the
+    zygote stays (it ends when the service does), and a command still starts with SIGINT
+    and SIGTERM at their defaults."""
+    import signal
+
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
+        sb.commands.run("true")
+        (zygote,) = _zygotes(server.proc.pid)
+        os.kill(zygote, signal.SIGINT)
+        os.kill(zygote, signal.SIGTERM)
+        assert sb.commands.run("echo alive").stdout == "alive\n"
+        with open(f"/proc/{zygote}/status") as f:
+            assert "State:\tZ" not in f.read()
+        ign = sb.commands.run("grep SigIgn /proc/self/status").stdout.split()[1]
+        assert not int(ign, 16) & (1 << (signal.SIGINT - 1) | 1 << (signal.SIGTERM - 1)), ign

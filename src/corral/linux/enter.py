@@ -522,6 +522,11 @@ def _zygote_main(sock, status_sock) -> None:
 
     _close_all_but((0, 1, 2, sock.fileno(), status_sock.fileno()))
     _sys.become_subreaper()
+    # its end is its owner's (EOF on the socket), not a SIGINT or SIGTERM sent to the
+    # whole group (Ctrl-C, systemd's stop) while the owner drains its commands; the
+    # entrants give their commands every signal at its default (inherited_signals)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)

@@ -15,9 +15,10 @@ client go and kills the command, as with httpx. Nothing is retried (a POST that 
 run is never sent twice).
 
 It applies only where httpx would have sent the request straight to the service: a
-Sandbox on the shared pool (client._common.sync_client), plain http or https (the
-process's TLS context, hostname checked), and no proxy from the environment (httpx's
-HTTP_PROXY & co: then httpx carries it). Anything else goes through httpx as before.
+Sandbox on the shared pool (client._common.sync_client: httpx takes no proxy from the
+environment for a client given its own transport, so neither does this path), plain http
+or https (the process's TLS context, hostname checked), and no proxy mounted on the
+client. Anything else goes through httpx as before.
 """
 
 from __future__ import annotations

@@ -39,11 +39,19 @@ import tempfile
 import threading
 import time
 
-import httpx
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "src"))
+if __name__ == "__main__":
+    # the in-process commands' zygote forked before httpx and the SDK are imported, as
+    # corral serve forks its own before the web stack (linux/enter.warm): the in-process
+    # column is then the command's own cost, not that of forking a bigger process
+    from corral.linux import enter
+
+    enter.warm()
+
+import httpx  # noqa: E402
+
 CORRAL = os.path.join(ROOT, ".venv", "bin", "corral")
 
 GOALS_MS = {"create": 25.0, "run_true": 5.0, "run_code": 3.0, "mcp_run_code": 5.0}

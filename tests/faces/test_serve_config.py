@@ -127,6 +127,21 @@ def test_the_config_turns_mcp_on_and_sets_the_log_level(tmp_path):
     assert "(MCP at /mcp)" in log and "GET /health" not in log    # no access log
 
 
+def test_the_config_turns_the_access_log_off(tmp_path):
+    """access_log = false: no line per request; corral's own lines stay (info level)."""
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text('[server]\naccess_log = false\n')
+    s = Serve(tmp_path, "--config", str(cfg))
+    s.start()
+    try:
+        with s.http() as h:
+            assert h.get("/health").status_code == 200
+    finally:
+        s.stop()
+    log = s.log.read_text()
+    assert "corral serve: http://" in log and "GET /health" not in log, log
+
+
 def test_the_config_gives_host_port_and_state_dir(tmp_path):
     """No flags: the address and the state directory (relative to the file) are the
     config's, and a token made in that state directory is the one the server knows."""
@@ -168,6 +183,7 @@ def test_the_config_gives_host_port_and_state_dir(tmp_path):
     ('[limits]\nrate = "lots"\n', "limits.rate"),
     ('[limits]\nburst = 4\n', "limits.burst"),
     ('[server]\nport = "8787"\n', "server.port"),
+    ('[server]\naccess_log = "no"\n', "server.access_log"),
     ('[secrets]\nGH = "env:CORRAL_TEST_UNSET_VARIABLE"\n', "secrets.GH"),
     ('[secrets.GH]\nvalue = "ghp_literal"\n', "secrets.GH.value"),
     ('[secrets]\nGH = "ghp_literal"\n', "secrets.GH"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import socket
 import threading
@@ -62,6 +63,16 @@ def _raise(r: httpx.Response) -> None:
     except (ValueError, KeyError, TypeError):
         err = {"kind": "http", "field": None, "message": r.text[:500]}
     _raise_error(r.status_code, err, r.headers.get("retry-after"))
+
+
+def _raise_raw(status: int, raw: bytes, retry: str | None = None) -> None:
+    """_raise for an answer read without httpx (client/_fast.py): status, body bytes."""
+    try:
+        err = json.loads(raw)["error"]
+    except (ValueError, KeyError, TypeError):
+        err = {"kind": "http", "field": None,
+               "message": raw.decode("utf-8", errors="replace")[:500]}
+    _raise_error(status, err, retry)
 
 
 def _raise_error(status: int, err: dict, retry: str | None = None) -> None:

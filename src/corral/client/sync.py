@@ -16,6 +16,7 @@ from ._common import (
     _config,
     _raise,
     _raise_error,
+    _raise_raw,
     _result,
     applied_of,
     as_bytes,
@@ -134,9 +135,9 @@ class Commands:
         if background:
             return CommandHandle(sb, sb._call("POST", "exec", json=body), on_stdout,
                                  on_stderr)
-        http_timeout = httpx.Timeout(None if timeout is None else timeout + 60, connect=30)
         if on_stdout is None and on_stderr is None:
-            return _result(sb._call("POST", "exec", json=body, timeout=http_timeout))
+            return _result(sb._exec(body, None if timeout is None else timeout + 60))
+        http_timeout = httpx.Timeout(None if timeout is None else timeout + 60, connect=30)
         with sb._http.stream("POST", f"/sandboxes/{sb.id}/exec", params={"stream": "ndjson"},
                              json=body, timeout=http_timeout) as r:
             if r.status_code >= 400:
@@ -509,6 +510,9 @@ class Sandbox:
         self.commands = Commands(self)
         self.files = Files(self)
         self.pty = Pty(self)
+        #: where a foreground command's Result is asked for without httpx (_fast.py):
+        #: None until the first, False where httpx must carry it
+        self._fast = None
 
     @classmethod
     def create(cls, policy: dict | None = None, *, timeout: float = 300,
@@ -555,6 +559,24 @@ class Sandbox:
                                f"/sandboxes/{self.id}", **kw)
         _raise(r)
         return r.json()
+
+    def _exec(self, body: dict, timeout: float | None) -> Any:
+        """POST exec's JSON answer (a foreground command, no stream): on a kept-alive
+        http.client connection where that applies (_fast.py), else through httpx; the
+        same errors either way. `timeout`: each read's and write's, None for none."""
+        if self._fast is None:
+            from ._fast import route_of
+
+            self._fast = route_of(self._http) or False
+        if self._fast is False or self._http.is_closed:
+            return self._call("POST", "exec", json=body,
+                              timeout=httpx.Timeout(timeout, connect=30))
+        from ._fast import post_exec
+
+        status, headers, raw = post_exec(self._fast, self.id, body, timeout)
+        if status >= 400:
+            _raise_raw(status, raw, headers.get("retry-after"))
+        return json.loads(raw)
 
     # -- the live sandbox's face --
     @property

@@ -108,6 +108,7 @@ def serve(args: list[str]) -> int:
                     "--drain-timeout", "--e2b-debug"}, SERVE_USAGE, frozenset({"--mcp"}))
     if a.rest:
         raise UsageError(f"unexpected {a.rest[0]!r}", field="serve")
+    _warm_zygote()
     from .config import Config, load
 
     c = load(a.opts["--config"]) if "--config" in a.opts else Config()
@@ -243,6 +244,18 @@ def mcp(args: list[str]) -> int:
     a = Args(args, {"--policy", "--state-dir"}, MCP_USAGE)
     if a.rest:
         raise UsageError(f"unexpected {a.rest[0]!r}", field="mcp")
+    _warm_zygote()
     from .mcp import run_stdio
 
     return run_stdio(a.opts.get("--policy"))
+
+
+def _warm_zygote() -> None:
+    """The commands' zygote (linux/enter.py), forked before the web and MCP stacks are
+    imported: each command's entrant is then a fork of a small process (enter.warm)."""
+    from ..linux import enter
+
+    try:
+        enter.warm()
+    except OSError:    # made on first use then, as everywhere else
+        pass

@@ -8,6 +8,7 @@
     tls_key = "/etc/corral/key.pem"
     mcp = true                  # --mcp: MCP over streamable HTTP at /mcp
     log_level = "info"          # uvicorn's: critical, error, warning, info, debug
+    access_log = true           # a line per request (false: ~0.2 ms less CPU a request)
     drain_timeout = 30          # --drain-timeout: seconds requests get at SIGTERM
 
     [limits]                    # for every token that does not set its own
@@ -38,7 +39,7 @@ import re
 from ..errors import UsageError
 
 SERVER_KEYS = ("host", "port", "state_dir", "tls_cert", "tls_key", "mcp", "log_level",
-               "drain_timeout")
+               "access_log", "drain_timeout")
 #: SIGTERM: how long running requests (foreground commands, cells) get to finish
 DRAIN_S = 30.0
 LIMIT_KEYS = ("rate", "burst", "max_sandboxes", "max_concurrent")
@@ -61,6 +62,8 @@ class Config:
         self.tls_key: str | None = None
         self.mcp: bool = False
         self.log_level: str = "info"
+        #: uvicorn's access log, a line per request (corral's own log lines stay)
+        self.access_log: bool = True
         self.drain_timeout: float = DRAIN_S
         #: defaults of the token limits (tokens.LIMITS): rate in requests a second
         self.limits: dict = {}
@@ -128,10 +131,10 @@ def _server(c: Config, t: dict, path: str) -> None:
             raise _fail(path, key, f"unknown key; [server] has {', '.join(SERVER_KEYS)}")
         if k == "port":
             c.port = _int(v, key, path, 0, 65535)
-        elif k == "mcp":
+        elif k in ("mcp", "access_log"):
             if not isinstance(v, bool):
                 raise _fail(path, key, "must be true or false")
-            c.mcp = v
+            setattr(c, k, v)
         elif k == "drain_timeout":
             try:
                 c.drain_timeout = drain_seconds(v, key)

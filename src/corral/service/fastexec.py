@@ -88,6 +88,22 @@ class _Wake:
             self.fut.set_result(None)
 
 
+class _OnDone:
+    """The loop of a waiter (Notifier's (loop, waiter) pair) woken only once the command
+    is done: its start and its output chunks wake no one here (a foreground command's
+    Result is all this path sends), so the event loop sleeps while it runs instead of
+    taking the GIL from the thread that starts and supervises it."""
+
+    __slots__ = ("loop", "done")
+
+    def __init__(self, loop, done) -> None:
+        self.loop, self.done = loop, done
+
+    def call_soon_threadsafe(self, fn) -> None:
+        if self.done.is_set():
+            self.loop.call_soon_threadsafe(fn)
+
+
 class LeanExec:
     """ASGI middleware: see the module's docstring."""
 
@@ -157,19 +173,19 @@ class LeanExec:
         slot.__enter__()                                              # 429
         loop = asyncio.get_running_loop()
         c = None
-        gone = None
         key = None
+        # what the wait needs is made before the command goes to its thread: the event
+        # loop then sleeps at once, and the thread has the GIL to start it
+        wake = _Wake(loop.create_future())
+        gone = loop.create_task(_gone(receive))
+        gone.add_done_callback(lambda _t, w=wake: w.set())
         try:
             c = e.commands.start(argv, env=d.get("env"), cwd=d.get("cwd"), stdin=stdin,
                                  timeout=d.get("timeout"), on_end=lambda c: _count(svc, c))
-            wake = _Wake(loop.create_future())
-            key = (loop, wake)
+            key = (_OnDone(loop, c.done), wake)
             with c.notifier._mu:
                 c.notifier._waiters.add(key)
             while not c.done.is_set():
-                if gone is None:
-                    gone = loop.create_task(_gone(receive))
-                    gone.add_done_callback(lambda _t, w=wake: w.set())
                 timer = loop.call_later(WAKE_S, wake.set)
                 try:
                     await wake.fut
@@ -192,8 +208,7 @@ class LeanExec:
             if key is not None:
                 with c.notifier._mu:
                     c.notifier._waiters.discard(key)
-            if gone is not None:
-                gone.cancel()
+            gone.cancel()
             slot.__exit__(None, None, None)
 
 

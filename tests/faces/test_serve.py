@@ -576,15 +576,15 @@ def test_streamed_output_arrives_before_the_command_ends(server):
         other = client.Sandbox.connect(sb.id, api_url=server.url, api_key=server.tokens["a"])
         seen = []
 
-        def on_stdout(text):
-            seen.append(text)
+        def on_stdout(data):
+            seen.append(data)
             if len(seen) == 1:
                 other.files.write("/scratch/go", "")
 
         r = sb.commands.run("echo first; while [ ! -e /scratch/go ]; do sleep 0.05; done; "
                             "echo second >&2; echo third", timeout=60, on_stdout=on_stdout,
-                            on_stderr=lambda t: seen.append("err:" + t))
+                            on_stderr=lambda b: seen.append(b"err:" + b))
         other._http.close()
         assert r.verdict == "ok", r
-        assert "".join(s for s in seen if not s.startswith("err:")) == "first\nthird\n"
-        assert "err:second\n" in seen and r.stdout == "first\nthird\n"
+        assert b"".join(s for s in seen if not s.startswith(b"err:")) == b"first\nthird\n"
+        assert b"err:second\n" in seen and r.stdout == "first\nthird\n"

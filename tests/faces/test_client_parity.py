@@ -172,3 +172,20 @@ def test_the_async_twin_gets_bytes_env_and_engine(server):
             assert await h.send_signal(15) is False
         await sb.close()          # after the end of `async with`: a no-op
     asyncio.run(main())
+
+
+def test_user_account_and_commands_as_the_user(server, sb):
+    """create(user_account=True) and commands.run(user="user"), as in-process: uid 1000
+    inside with its own HOME; root stays root; a sandbox without the account refuses
+    user="user" with in-process's UsageError."""
+    from corral.errors import UsageError
+
+    with client.Sandbox.create({}, user_account=True, api_url=server.url,
+                               api_key=server.tokens["a"]) as acc:
+        r = acc.commands.run("id -u; echo $HOME", user="user")
+        assert (r.verdict, r.stdout) == ("ok", "1000\n/home/user\n"), r
+        assert acc.commands.run("id -u").stdout == "0\n"
+        h = acc.commands.run(["id", "-u"], user="user", background=True)
+        assert h.wait(60).stdout == "1000\n"
+    with pytest.raises(UsageError):
+        sb.commands.run("id -u", user="user")

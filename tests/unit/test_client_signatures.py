@@ -31,8 +31,8 @@ PAIRS = {
 # (class, name) or (class, method, parameter): in-process only, and why. "both" applies to
 # the sync and the async SDK; "async" to AsyncSandbox & co only.
 HOST_SIDE = "a host-side internal of the in-process sandbox (fds, host uids, setup)"
-NO_ACCOUNT = ("the REST API makes no unprivileged account yet (the E2B face does: "
-              "docs/e2b.md); user=\"user\" has nothing to run as")
+NO_ACCOUNT = ("files as the unprivileged account are not on the REST API yet (the E2B "
+              "face has them: docs/e2b.md); sb.files is root's")
 NO_LEARN = "learn mode is not offered over the service (runtime/learn.py runs in-process)"
 NO_AWAIT = "a property cannot await: `(await sb.get_info()).state` / `.ends`"
 ALLOWED: dict[tuple, tuple[str, str]] = {
@@ -45,10 +45,8 @@ ALLOWED: dict[tuple, tuple[str, str]] = {
     ("Sandbox", "create", "learn"): ("both", NO_LEARN),
     ("Sandbox", "learned"): ("both", NO_LEARN),
     ("Sandbox", "learned_policy"): ("both", NO_LEARN),
-    ("Sandbox", "create", "user_account"): ("both", NO_ACCOUNT),
     ("Sandbox", "files_for"): ("both", NO_ACCOUNT),
     ("Sandbox", "user_files"): ("both", NO_ACCOUNT),
-    ("Commands", "run", "user"): ("both", NO_ACCOUNT),
     ("Sandbox", "enter_target"): ("both", HOST_SIDE),
     ("Sandbox", "ids"): ("both", HOST_SIDE),
     ("Sandbox", "open"): ("both", HOST_SIDE + ": a remote sandbox is open once made"),

@@ -372,6 +372,13 @@ def info_of(d: dict) -> SandboxInfo:
     return rec(SandboxInfo, d)
 
 
+def create_body(policy, timeout, metadata, user_account: bool) -> dict:
+    body = {"policy": policy or {}, "timeout": timeout, "metadata": metadata}
+    if user_account:
+        body["user_account"] = True
+    return body
+
+
 def exec_body(cmd, *, env, cwd, stdin, timeout, background) -> dict:
     body = _argv_or_cmd(cmd) | {"timeout": timeout, "background": background}
     if env is not None:

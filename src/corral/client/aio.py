@@ -32,6 +32,7 @@ from ._common import (
     context_body,
     context_id,
     context_of,
+    create_body,
     entry_of,
     exec_body,
     execution_of,
@@ -125,13 +126,17 @@ class AsyncCommands:
 
     async def run(self, cmd, *, env: dict[str, str] | None = None, cwd: str | None = None,
                   stdin: bytes | str | None = None, timeout: float | None = None,
-                  on_stdout=None, on_stderr=None, background: bool = False):
+                  on_stdout=None, on_stderr=None, background: bool = False,
+                  user: str | None = None):
         """As the sync commands.run: a Result (foreground) or an AsyncCommandHandle
-        (background=True); on_stdout / on_stderr (plain functions) get bytes chunks."""
+        (background=True); on_stdout / on_stderr (plain functions) get bytes chunks;
+        user "root" (default) or "user"."""
         sb = self._sb
         body = exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
                          background=background)
         on_stdout, on_stderr = bytes_output(body, on_stdout, on_stderr)
+        if user is not None:
+            body["user"] = user
         if background:
             return AsyncCommandHandle(sb, await sb._call("POST", "exec", json=body),
                                       on_stdout, on_stderr)
@@ -491,16 +496,17 @@ class AsyncSandbox:
 
     @classmethod
     async def create(cls, policy: dict | None = None, *, timeout: float = 300,
-                     metadata: dict[str, str] | None = None, api_url: str | None = None,
-                     api_key: str | None = None,
+                     metadata: dict[str, str] | None = None, user_account: bool = False,
+                     api_url: str | None = None, api_key: str | None = None,
                      request_timeout: float = 300.0) -> AsyncSandbox:
-        """As Sandbox.create: a live sandbox for `policy`, ended after `timeout` seconds.
-        Raises CeilingError, PolicyError, RateLimited, AuthError."""
+        """As Sandbox.create: a live sandbox for `policy`, ended after `timeout` seconds
+        (user_account: its unprivileged account). Raises CeilingError, PolicyError,
+        RateLimited, AuthError."""
         url, headers = _config(api_url, api_key)
         http = async_client(url, headers, request_timeout)
         try:
-            r = await http.post("/sandboxes", json={"policy": policy or {},
-                                                    "timeout": timeout, "metadata": metadata})
+            r = await http.post("/sandboxes", json=create_body(policy, timeout, metadata,
+                                                               user_account))
             _raise(r)
         except BaseException:
             await http.aclose()

@@ -30,6 +30,7 @@ from ._common import (
     context_body,
     context_id,
     context_of,
+    create_body,
     entry_of,
     exec_body,
     execution_of,
@@ -147,19 +148,23 @@ class Commands:
 
     def run(self, cmd, *, env: dict[str, str] | None = None, cwd: str | None = None,
             stdin: bytes | str | None = None, timeout: float | None = None,
-            on_stdout=None, on_stderr=None, background: bool = False):
+            on_stdout=None, on_stderr=None, background: bool = False,
+            user: str | None = None):
         """Run `cmd` (a shell line as str, or an argv list) with `env` added, in `cwd`,
         `stdin` (str or bytes) as its input. Foreground (default): waits and returns its
         Result; `timeout` seconds (default the policy's limits.timeout). on_stdout /
         on_stderr get each chunk as bytes as it comes (as in-process; wrap a callback in
         corral.TextChunks for str). If this call is interrupted (the connection drops),
         the service kills the command. background=True: a CommandHandle at once (default
-        no timeout); it runs until it exits, is killed, or the sandbox ends. Raises
+        no timeout); it runs until it exits, is killed, or the sandbox ends. user: "root"
+        (default) or "user" (the account of create(user_account=True)). Raises
         SandboxClosed (the sandbox ended), UsageError, ApiError (NotFound, RateLimited)."""
         sb = self._sb
         body = exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
                          background=background)
         on_stdout, on_stderr = bytes_output(body, on_stdout, on_stderr)
+        if user is not None:
+            body["user"] = user
         if background:
             return CommandHandle(sb, sb._call("POST", "exec", json=body), on_stdout,
                                  on_stderr)
@@ -579,16 +584,20 @@ class Sandbox:
 
     @classmethod
     def create(cls, policy: dict | None = None, *, timeout: float = 300,
-               metadata: dict[str, str] | None = None, api_url: str | None = None,
-               api_key: str | None = None, request_timeout: float = 300.0) -> Sandbox:
+               metadata: dict[str, str] | None = None, user_account: bool = False,
+               api_url: str | None = None, api_key: str | None = None,
+               request_timeout: float = 300.0) -> Sandbox:
         """A new live sandbox for `policy` (a dict in the TOML layout), within the token's
         ceiling (CeilingError naming the rule otherwise), ended after `timeout` seconds
-        (set_timeout changes it) or by kill()."""
+        (default 300; set_timeout changes it) or by kill(). user_account=True: an
+        unprivileged account beside root (commands.run(user="user"); the namespace tier
+        with the service as root, UnsupportedRule elsewhere). request_timeout: seconds
+        of each HTTP request. Raises PolicyError, RateLimited, AuthError."""
         url, headers = _config(api_url, api_key)
         http = sync_client(url, headers, request_timeout)
         try:
-            r = http.post("/sandboxes", json={"policy": policy or {}, "timeout": timeout,
-                                              "metadata": metadata})
+            r = http.post("/sandboxes", json=create_body(policy, timeout, metadata,
+                                                         user_account))
             _raise(r)
         except BaseException:
             http.close()

@@ -45,6 +45,9 @@ class ExecBody(BaseModel):
         "(background: it runs until it exits or the sandbox ends)"))
     background: bool = Field(False, description="start it and answer at once with its pid "
                              "(201); its output: GET .../commands/{pid}/output")
+    user: Literal["root", "user"] | None = Field(None, description=(
+        "who runs it: root (the sandbox's own, the default) or user (the unprivileged "
+        "account of a sandbox created with user_account; 400 without one)"))
     output_encoding: Literal["utf-8", "base64"] = Field("utf-8", description=(
         "how its output chunks are streamed (stream=ndjson, GET .../output): utf-8 text "
         "(decoded as it comes, invalid bytes as U+FFFD), or base64 of the bytes exactly "
@@ -111,7 +114,7 @@ async def exec_(sid: str, body: ExecBody, token: Auth, svc: Svc, request: Reques
         c = await run_in_threadpool(
             e.commands.start, argv, env=body.env, cwd=body.cwd, stdin=stdin,
             timeout=body.timeout, background=True, on_end=lambda c: _count(svc, c),
-            raw=body.output_encoding == "base64")
+            raw=body.output_encoding == "base64", user=body.user)
         return JSONResponse(c.info(), status_code=201)
     slot = svc.slot(token)
     slot.__enter__()             # 429 now, before a stream's 200
@@ -122,7 +125,7 @@ async def exec_(sid: str, body: ExecBody, token: Auth, svc: Svc, request: Reques
         # hop here; this coroutine is woken when it runs and when it has ended
         c = e.commands.start(argv, env=body.env, cwd=body.cwd, stdin=stdin,
                              timeout=body.timeout, on_end=lambda c: _count(svc, c),
-                             raw=body.output_encoding == "base64")
+                             raw=body.output_encoding == "base64", user=body.user)
         until = c.started.is_set if stream == "ndjson" else c.done.is_set
         while not until():
             waiter = asyncio.ensure_future(c.notifier.wait(WAKE_S, until))

@@ -179,6 +179,8 @@ def test_every_public_sdk_call_has_a_docstring():
             if not inspect.isclass(cls) or cls.__module__ != mod.__name__ \
                     or cname.startswith("_"):
                 continue
+            if not (cls.__doc__ or "").strip():
+                bare.append(f"{mod.__name__}.{cname}")
             for name, attr in vars(cls).items():
                 if name.startswith("_") and name not in ("__enter__", "__aenter__"):
                     continue

@@ -51,7 +51,8 @@ from .sync import CHUNK, WATCH_QUEUE
 
 
 class AsyncCommandHandle:
-    """A background command (await wait(), kill(), send_stdin(), close_stdin())."""
+    """A background command (await wait(), kill(), send_signal(), send_stdin(),
+    close_stdin()); with callbacks, a task streams its output (bytes) to them."""
 
     def __init__(self, sb: AsyncSandbox, d: dict, on_stdout=None, on_stderr=None) -> None:
         self._sb = sb
@@ -121,6 +122,8 @@ class AsyncCommandHandle:
 
 
 class AsyncCommands:
+    """`sb.commands` with await: run and list."""
+
     def __init__(self, sb: AsyncSandbox) -> None:
         self._sb = sb
 
@@ -445,6 +448,8 @@ class AsyncPtyHandle:
 
 
 class AsyncPty:
+    """`sb.pty` with await: create."""
+
     def __init__(self, sb: AsyncSandbox) -> None:
         self._sb = sb
 

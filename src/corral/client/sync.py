@@ -55,8 +55,9 @@ WATCH_QUEUE = 4096
 
 class CommandHandle:
     """A background command on the service (runtime.commands.CommandHandle's face): pid,
-    cmd, running, wait(timeout), kill(), send_stdin(data), close_stdin(). With on_stdout
-    / on_stderr, a thread of its own streams the output to them as it comes."""
+    cmd, running, wait(timeout), kill(), send_signal(sig), send_stdin(data, timeout),
+    close_stdin(). With on_stdout / on_stderr, a thread of its own streams the output
+    (bytes) to them as it comes."""
 
     def __init__(self, sb: Sandbox, d: dict, on_stdout=None, on_stderr=None) -> None:
         self._sb = sb
@@ -143,6 +144,8 @@ class CommandHandle:
 
 
 class Commands:
+    """`sb.commands`: run (foreground or background) and list, as runtime.commands."""
+
     def __init__(self, sb: Sandbox) -> None:
         self._sb = sb
 
@@ -528,6 +531,8 @@ class PtyHandle:
 
 
 class Pty:
+    """`sb.pty`: terminals over a WebSocket (create), as runtime.pty.Pty."""
+
     def __init__(self, sb: Sandbox) -> None:
         self._sb = sb
 

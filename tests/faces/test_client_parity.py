@@ -49,10 +49,18 @@ def _collect():
 
 
 def test_output_callbacks_get_bytes_in_process_and_over_the_sdk(sb):
-    """The same command, the same callbacks: bytes on both sides, byte for byte."""
+    """The same command, the same callbacks: bytes on both sides, byte for byte; and a
+    run_code cell's callbacks get str on both sides."""
     with corral.Sandbox.create({}) as local:
         lo, le, on_lo, on_le = _collect()
         r_local = local.commands.run(SPLIT, on_stdout=on_lo, on_stderr=on_le, timeout=60)
+        cell_local = []
+        local.run_code("print('cell-out')", on_stdout=cell_local.append, timeout=60)
+    cell_remote = []
+    sb.run_code("print('cell-out')", on_stdout=cell_remote.append, timeout=60)
+    # a cell's output is text on both sides (E2B's shape): str chunks, the same text
+    assert cell_local and all(type(c) is str for c in cell_local + cell_remote)
+    assert "".join(cell_local) == "".join(cell_remote) == "cell-out\n"
     ro, re_, on_ro, on_re = _collect()
     r_remote = sb.commands.run(SPLIT, on_stdout=on_ro, on_stderr=on_re, timeout=60)
     for chunks in (lo, le, ro, re_):

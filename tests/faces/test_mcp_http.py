@@ -72,7 +72,8 @@ def test_tools_code_files_and_a_denial_over_http(server):
         return out
 
     def denied_net():
-        for line in httpx.get(server.url + "/metrics", timeout=30).text.splitlines():
+        for line in httpx.get(server.url + "/metrics", timeout=30, headers={
+                "Authorization": f"Bearer {server.tokens['a']}"}).text.splitlines():
             if line.startswith('corral_denials_total{kind="net"} '):
                 return float(line.split()[1])
         return 0.0

@@ -75,7 +75,10 @@ def _create(http, policy=None):
     return r.json()["id"]
 
 
-def test_health_openapi_and_metrics_need_no_token(server):
+def test_health_and_openapi_need_no_token_metrics_does(server):
+    """/health, /openapi.json and /docs answer without a token; /metrics (issue 17: every
+    other route) is 401 without a valid one, and a Prometheus scrape's bearer token
+    gets the text format (docs/service.md's scrape config)."""
     with server.http() as h:
         assert h.get("/health").json()["ok"] is True
         doc = h.get("/openapi.json").json()
@@ -84,9 +87,17 @@ def test_health_openapi_and_metrics_need_no_token(server):
                      "/sandboxes/{sid}/files", "/sandboxes/{sid}/files/list",
                      "/sandboxes/{sid}/run_code", "/sandboxes/{sid}/explain", "/explain"):
             assert path in doc["paths"], path
+        assert doc["paths"]["/metrics"]["get"]["security"] == [{"bearer": []}]
+        assert "401" in doc["paths"]["/metrics"]["get"]["responses"]
+        assert "security" not in doc["paths"]["/health"]["get"]
         assert h.get("/docs").status_code == 200
+        _err(h.get("/metrics"), 401, "auth", "authorization")
+        _err(h.get("/metrics", headers={"Authorization": "Bearer corral_" + "x" * 43}),
+             401, "auth", "authorization")
+    with server.http(server.tokens["a"]) as h:
         m = h.get("/metrics")
         assert m.status_code == 200 and "corral_sandboxes_live" in m.text
+        assert m.headers["content-type"].startswith("text/plain; version=0.0.4")
 
 
 def _metrics(h) -> dict[str, float]:
@@ -109,8 +120,8 @@ FETCH_DENIED = ("import urllib.request as u, urllib.error as e\n"
 def test_metrics_count_runs_by_verdict_denials_by_kind_and_latency(server):
     """/metrics (issue 17): runs by verdict, denials by kind (a limit that stopped a
     command, a connection the proxy refused), the run latency histogram."""
-    with server.http(server.tokens["net"]) as h, server.http() as anon:
-        before = _metrics(anon)
+    with server.http(server.tokens["net"]) as h:
+        before = _metrics(h)
         sid = _create(h, {"network": {"mode": "allow", "allow": ["a.example.com"]}})
         try:
             r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "sleep 30", "timeout": 0.5})
@@ -122,7 +133,7 @@ def test_metrics_count_runs_by_verdict_denials_by_kind_and_latency(server):
                        for e in r.json()["events"]), r.json()["events"]
         finally:
             h.delete(f"/sandboxes/{sid}")
-        after = _metrics(anon)
+        after = _metrics(h)
 
     def grew(name):
         return after.get(name, 0) - before.get(name, 0)
@@ -565,15 +576,15 @@ def test_streamed_output_arrives_before_the_command_ends(server):
         other = client.Sandbox.connect(sb.id, api_url=server.url, api_key=server.tokens["a"])
         seen = []
 
-        def on_stdout(text):
-            seen.append(text)
+        def on_stdout(data):
+            seen.append(data)
             if len(seen) == 1:
                 other.files.write("/scratch/go", "")
 
         r = sb.commands.run("echo first; while [ ! -e /scratch/go ]; do sleep 0.05; done; "
                             "echo second >&2; echo third", timeout=60, on_stdout=on_stdout,
-                            on_stderr=lambda t: seen.append("err:" + t))
+                            on_stderr=lambda b: seen.append(b"err:" + b))
         other._http.close()
         assert r.verdict == "ok", r
-        assert "".join(s for s in seen if not s.startswith("err:")) == "first\nthird\n"
-        assert "err:second\n" in seen and r.stdout == "first\nthird\n"
+        assert b"".join(s for s in seen if not s.startswith(b"err:")) == b"first\nthird\n"
+        assert b"err:second\n" in seen and r.stdout == "first\nthird\n"

@@ -1,8 +1,8 @@
-"""Every route of `corral serve` but /health, /metrics, /openapi.json and /docs answers 401
-without a valid bearer token (issue 17), walked over the whole OpenAPI document so that a
-route added later without its token check fails here; the terminal's WebSocket too. In
-process, through the real ASGI app (starlette's TestClient); the opener refuses to open a
-sandbox, so nothing is started."""
+"""Every route of `corral serve` but /health, /openapi.json and /docs (/metrics too)
+answers 401 without a valid bearer token (issue 17), walked over the whole OpenAPI
+document so that a route added later without its token check fails here; the terminal's
+WebSocket too. In process, through the real ASGI app (starlette's TestClient); the opener
+refuses to open a sandbox, so nothing is started."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from corral.errors import BackendUnavailable
 
-OPEN = {("GET", "/health"), ("GET", "/metrics")}
+OPEN = {("GET", "/health")}      # /metrics needs a token (a scrape sends one)
 FILL = {"sid": "0123456789ab", "cid": "c1", "pid": "7", "run_id": "r1"}
 
 

@@ -340,8 +340,9 @@ def test_a_server_secret_reaches_the_granted_host_and_never_the_api(tmp_path, wo
                     "GITHUB_TOKEN": table}}}))
                 _err(answers[-1], 400, "policy", "secrets.GITHUB_TOKEN")
             answers.append(h.delete(f"/sandboxes/{sid}"))
-        with s.http() as h:
+        with s.http(tok) as h:
             answers.append(h.get("/metrics"))
+            assert answers[-1].status_code == 200, answers[-1].text
     finally:
         s.stop()
     for r in answers:

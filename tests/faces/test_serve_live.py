@@ -118,7 +118,7 @@ def test_background_command_stdin_output_wait_and_list(sb):
     h.close_stdin()
     r = h.wait(60)
     assert r.verdict == "ok" and r.stdout == "hello\ndone-42\n", r
-    assert "".join(seen) == "hello\ndone-42\n"
+    assert b"".join(seen) == b"hello\ndone-42\n"      # bytes, as in-process
     assert not h.running
     assert h.pid not in [c.pid for c in sb.commands.list()]
 

@@ -90,7 +90,7 @@ def _raise_error(status: int, err: dict, retry: str | None = None) -> None:
         from ..runtime.changes import ReviewError
 
         raise ReviewError(message, field=field)
-    if kind == "running":            # a wait whose timeout passed: as in-process
+    if kind in ("running", "timeout"):   # a wait (a stdin write) whose timeout passed
         raise TimeoutError(message)
     if kind == "setup":
         raise SandboxSetupError(message, step=field or "", field=field)
@@ -243,11 +243,21 @@ def context_id(context) -> str | None:
     return context.id
 
 
-def code_body(code: str, language, context, timeout) -> dict:
+def code_body(code: str, language, context, timeout, env=None) -> dict:
     if not isinstance(code, str):
         raise TypeError("code must be a str")
-    return {"code": code, "language": language, "context": context_id(context),
+    body = {"code": code, "language": language, "context": context_id(context),
             "timeout": timeout}
+    if env:
+        body["env"] = dict(env)
+    return body
+
+
+def context_body(language: str, cwd, engine) -> dict:
+    body = {"language": language, "cwd": cwd}
+    if engine is not None:
+        body["engine"] = engine
+    return body
 
 
 def code_line(line: str, on_stdout, on_stderr, on_result, on_error):
@@ -373,6 +383,13 @@ def info_of(d: dict) -> SandboxInfo:
     return rec(SandboxInfo, d)
 
 
+def create_body(policy, timeout, metadata, user_account: bool) -> dict:
+    body = {"policy": policy or {}, "timeout": timeout, "metadata": metadata}
+    if user_account:
+        body["user_account"] = True
+    return body
+
+
 def exec_body(cmd, *, env, cwd, stdin, timeout, background) -> dict:
     body = _argv_or_cmd(cmd) | {"timeout": timeout, "background": background}
     if env is not None:
@@ -388,11 +405,57 @@ def exec_body(cmd, *, env, cwd, stdin, timeout, background) -> dict:
     return body
 
 
-def stdin_body(data, close: bool = False) -> dict:
+def stdin_body(data, close: bool = False, timeout: float | None = None) -> dict:
     if isinstance(data, str):
         data = data.encode()
-    return {"data": base64.b64encode(bytes(data)).decode(), "encoding": "base64",
+    body = {"data": base64.b64encode(bytes(data)).decode(), "encoding": "base64",
             "close": close}
+    if timeout is not None:
+        body["timeout"] = timeout
+    return body
+
+
+class broken_pipe:
+    """A command's stdin closed (409, kind "closed", field "pid", which _raise_error makes
+    a SandboxClosed) as BrokenPipeError, as in-process; the sandbox's own end stays
+    SandboxClosed."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, e, tb) -> None:
+        if isinstance(e, SandboxClosed) and e.field == "pid":
+            raise BrokenPipeError(e.message) from None
+
+
+def bytes_output(body: dict, on_stdout, on_stderr):
+    """With an output callback, ask for the output as base64 (the bytes as the command
+    wrote them) and wrap the callbacks to get bytes, as in-process: (on_stdout,
+    on_stderr), each None where it was."""
+    if on_stdout is None and on_stderr is None:
+        return on_stdout, on_stderr
+    body["output_encoding"] = "base64"
+    return _unb64(on_stdout), _unb64(on_stderr)
+
+
+def _unb64(fn):
+    if fn is None:
+        return None
+
+    def call(data: str) -> None:
+        fn(base64.b64decode(data))
+    return call
+
+
+def pty_params(cols, rows, cmd, cwd, timeout, env) -> dict:
+    """A terminal's query parameters (cmd a str, or an argv list as a shell line)."""
+    import json
+    import shlex
+
+    if cmd is not None and not isinstance(cmd, str):
+        cmd = shlex.join(str(a) for a in cmd)
+    return {"cols": cols, "rows": rows, "cmd": cmd, "cwd": cwd, "timeout": timeout,
+            "env": json.dumps(dict(env)) if env else None}
 
 
 def line_item(line: str, on_stdout, on_stderr):

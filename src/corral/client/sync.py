@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 
+from ..errors import SandboxClosed
 from ..result import Result
 from ._common import (
     ApiError,
@@ -21,18 +22,23 @@ from ._common import (
     applied_of,
     as_bytes,
     batch_body,
+    broken_pipe,
+    bytes_output,
     changes_of,
     check_format,
     code_body,
     code_line,
+    context_body,
     context_id,
     context_of,
+    create_body,
     entry_of,
     exec_body,
     execution_of,
     info_of,
     line_item,
     patch_of,
+    pty_params,
     rec,
     sse_events,
     stdin_body,
@@ -50,8 +56,9 @@ WATCH_QUEUE = 4096
 
 class CommandHandle:
     """A background command on the service (runtime.commands.CommandHandle's face): pid,
-    cmd, running, wait(timeout), kill(), send_stdin(data), close_stdin(). With on_stdout
-    / on_stderr, a thread of its own streams the output to them as it comes."""
+    cmd, running, wait(timeout), kill(), send_signal(sig), send_stdin(data, timeout),
+    close_stdin(). With on_stdout / on_stderr, a thread of its own streams the output
+    (bytes) to them as it comes."""
 
     def __init__(self, sb: Sandbox, d: dict, on_stdout=None, on_stderr=None) -> None:
         self._sb = sb
@@ -84,6 +91,8 @@ class CommandHandle:
 
     @property
     def running(self) -> bool:
+        """Whether it still runs (one request). Raises ApiError (NotFound once the
+        service let it go: it keeps the last 16 ended commands)."""
         if self._result is not None:
             return False
         d = self._sb._call("GET", f"commands/{self.pid}")
@@ -104,34 +113,62 @@ class CommandHandle:
         return self._result
 
     def kill(self) -> None:
-        """SIGKILL the command and every process it started."""
+        """SIGKILL the command and every process it started. Raises NotFound if the
+        service no longer knows it."""
         self._sb._call("POST", f"commands/{self.pid}/kill")
 
-    def send_stdin(self, data: bytes | str) -> None:
-        self._sb._call("POST", f"commands/{self.pid}/stdin", json=stdin_body(data))
+    def send_signal(self, sig: int) -> bool:
+        """Send signal number `sig` (1-64) to the command's own process (not those it
+        started); False once it has exited."""
+        return self._sb._call("POST", f"commands/{self.pid}/signal",
+                              json={"signal": int(sig)})["sent"]
+
+    def send_stdin(self, data: bytes | str, timeout: float | None = None) -> None:
+        """Write data (str: UTF-8) to its stdin. Waits while the pipe is full, at most
+        `timeout` seconds if given (then TimeoutError, part of data perhaps written).
+        BrokenPipeError once its stdin is closed (or it ended), as in-process."""
+        with broken_pipe():
+            self._sb._call("POST", f"commands/{self.pid}/stdin", json=stdin_body(
+                data, timeout=timeout), timeout=None if timeout is None else timeout + 30)
 
     def close_stdin(self) -> None:
-        self._sb._call("POST", f"commands/{self.pid}/stdin", json=stdin_body(b"", True))
+        """Close its stdin (the command reads end of file); a no-op once closed."""
+        try:
+            self._sb._call("POST", f"commands/{self.pid}/stdin",
+                           json=stdin_body(b"", True))
+        except SandboxClosed as e:
+            if e.field != "pid":
+                raise
 
     def __repr__(self) -> str:
         return f"<CommandHandle pid={self.pid} {list(self.cmd)!r:.60}>"
 
 
 class Commands:
+    """`sb.commands`: run (foreground or background) and list, as runtime.commands."""
+
     def __init__(self, sb: Sandbox) -> None:
         self._sb = sb
 
     def run(self, cmd, *, env: dict[str, str] | None = None, cwd: str | None = None,
             stdin: bytes | str | None = None, timeout: float | None = None,
-            on_stdout=None, on_stderr=None, background: bool = False):
-        """Run `cmd` (a shell line as str, or an argv list). Foreground (default): waits
-        and returns its Result; on_stdout / on_stderr get each chunk (str) as it comes
-        (streamed as NDJSON). If this call is interrupted (the connection drops), the
-        service kills the command. background=True: a CommandHandle at once; it runs
-        until it exits, is killed, or the sandbox ends."""
+            on_stdout=None, on_stderr=None, background: bool = False,
+            user: str | None = None):
+        """Run `cmd` (a shell line as str, or an argv list) with `env` added, in `cwd`,
+        `stdin` (str or bytes) as its input. Foreground (default): waits and returns its
+        Result; `timeout` seconds (default the policy's limits.timeout). on_stdout /
+        on_stderr get each chunk as bytes as it comes (as in-process; wrap a callback in
+        corral.TextChunks for str). If this call is interrupted (the connection drops),
+        the service kills the command. background=True: a CommandHandle at once (default
+        no timeout); it runs until it exits, is killed, or the sandbox ends. user: "root"
+        (default) or "user" (the account of create(user_account=True)). Raises
+        SandboxClosed (the sandbox ended), UsageError, ApiError (NotFound, RateLimited)."""
         sb = self._sb
         body = exec_body(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
                          background=background)
+        on_stdout, on_stderr = bytes_output(body, on_stdout, on_stderr)
+        if user is not None:
+            body["user"] = user
         if background:
             return CommandHandle(sb, sb._call("POST", "exec", json=body), on_stdout,
                                  on_stderr)
@@ -151,7 +188,8 @@ class Commands:
         raise ApiError(502, "stream", "the output stream ended without a result")
 
     def list(self) -> list[CommandInfo]:
-        """The commands running now, then processes finished ones left behind."""
+        """The commands running now, then processes finished ones left behind (a
+        CommandInfo each: pid inside, cmd, background, started, detached)."""
         return [rec(CommandInfo, d) for d in self._sb._call("GET", "commands")["commands"]]
 
 
@@ -166,7 +204,8 @@ class Files:
     def read(self, path: str, format: str = "text"):
         """The file's content: "text" (UTF-8, bad bytes replaced), "bytes", or "stream"
         (an iterator of byte chunks as they arrive, for big files: the file is opened now,
-        the transfer runs as you iterate; close() the iterator to stop early)."""
+        the transfer runs as you iterate; close() the iterator to stop early; chunks of
+        1 MiB). Raises FileNotFound, FilesError (a directory, a bad format)."""
         check_format(format, path)
         sb = self._sb
         req = sb._http.build_request("GET", f"/sandboxes/{sb.id}/files/content",
@@ -188,7 +227,8 @@ class Files:
     def write(self, path: str, data, *, extract: bool = False):
         """Write data (str: UTF-8; bytes-like; a readable file object) to path, parents
         made, atomically; a WriteInfo. extract=True: data is a tar to unpack into the
-        directory path (write_archive)."""
+        directory path (write_archive). Raises FilesError (a read-only path, a
+        directory there), ApiError with status 413 over the service's 16 MiB cap."""
         if extract:
             return self.write_archive(path, data)
         return write_info_of(self._sb._call("PUT", "files/content", params={"path": path},
@@ -196,46 +236,55 @@ class Files:
 
     def write_files(self, files) -> list:
         """Write each of [{"path": ..., "data": ...}, ...] (or (path, data) pairs) in turn,
-        in one request; a WriteInfo each."""
+        in one request; a WriteInfo each. Raises FilesError at the first that fails (those
+        before it are written), ApiError 413 over 16 MiB in all."""
         d = self._sb._call("POST", "files/batch", json=batch_body(files))
         return [write_info_of(w) for w in d["written"]]
 
     def write_archive(self, path: str, tar):
         """Unpack a tar (bytes or a binary file object; plain, gzip, bzip2 or xz) into the
         directory path, checked whole first on the service (runtime.archive): a member
-        absolute or with `..`, a link out, a device node refuse it, nothing written."""
+        absolute or with `..`, a link out, a device node refuse it, nothing written
+        (FilesError). A WriteInfo of the directory; ApiError 413 over 16 MiB."""
         return write_info_of(self._sb._call("PUT", "files/archive", params={"path": path},
                                             content=as_bytes(tar)))
 
     def list(self, path: str = ".", depth: int = 1) -> list:
         """The entries below path, down to depth levels: EntryInfo each (name, path,
-        type, size, mode, mtime, symlink_target), sorted by path."""
+        type, size (bytes), mode, mtime (time.time()), symlink_target), sorted by path;
+        depth >= 1 (default 1: the directory's own entries). Raises FileNotFound."""
         d = self._sb._call("GET", "files/list", params={"path": path, "depth": depth})
         return [entry_of(x) for x in d["entries"]]
 
     def info(self, path: str):
-        """The entry itself (a link described, not followed): an EntryInfo."""
+        """The entry itself (a link described, not followed): an EntryInfo. Raises
+        FileNotFound."""
         return entry_of(self._sb._call("GET", "files/info", params={"path": path}))
 
     def exists(self, path: str) -> bool:
+        """Whether anything is at path (a dangling link counts)."""
         return self._sb._call("GET", "files/exists", params={"path": path})["exists"]
 
     def remove(self, path: str) -> None:
-        """A file, a link (not what it points to) or a directory tree."""
+        """Remove a file, a link (not what it points to) or a directory tree. Raises
+        FileNotFound, FilesError (a read-only path)."""
         self._sb._call("DELETE", "files", params={"path": path})
 
     def rename(self, old: str, new: str):
-        """Move an entry within the sandbox (replacing a file at new); its new EntryInfo."""
+        """Move an entry within the sandbox (replacing a file at new); its new EntryInfo.
+        Raises FileNotFound (no old), FilesError."""
         return entry_of(self._sb._call("POST", "files/rename", json={"old": old,
                                                                       "new": new}))
 
     def make_dir(self, path: str) -> bool:
-        """The directory and its missing parents; True if anything was made."""
+        """The directory and its missing parents; True if anything was made. Raises
+        FilesError (a file in the way, a read-only path)."""
         return self._sb._call("POST", "files/mkdir", json={"path": path})["made"]
 
     def watch(self, path: str, *, recursive: bool = False) -> Watcher:
         """Changes in a directory from now on (the watch is set up when this returns): a
-        Watcher, as in-process."""
+        Watcher, as in-process (recursive: the subdirectories too). Raises FileNotFound,
+        FilesError (not a directory)."""
         return Watcher(self._sb, path, recursive)
 
 
@@ -258,9 +307,11 @@ class _chunks:
             raise
 
     def close(self) -> None:
+        """Let the connection go (the rest of the file unread)."""
         self._r.close()
 
     def __enter__(self):
+        """`with`: close() at its end."""
         return self
 
     def __exit__(self, *exc) -> None:
@@ -358,6 +409,7 @@ class Watcher:
                 return out
 
     def get_new_events(self) -> list:
+        """The events that came since the last call, without waiting (a list)."""
         return self.next_events(0)
 
     def __iter__(self):
@@ -365,12 +417,14 @@ class Watcher:
             yield from self.next_events(None)
 
     def stop(self) -> None:
+        """End the watch (its stream closed); idempotent."""
         self.done = True
         self._r.close()
 
     close = stop
 
     def __enter__(self) -> Watcher:
+        """`with`: stop() at its end."""
         return self
 
     def __exit__(self, *exc) -> None:
@@ -389,6 +443,9 @@ class PtyHandle:
     command's, inside the sandbox: the host's pids stay on the host), send_input, resize,
     kill, wait. Output reaches on_data (bytes) from a thread of its own, as it comes."""
 
+    pid: int | None              # inside the sandbox (in-process: the host's)
+    pid_inside: int | None       # the same pid, under in-process's name for it
+
     def __init__(self, ws, on_data) -> None:
         self._ws = ws
         self._on_data = on_data
@@ -396,7 +453,10 @@ class PtyHandle:
         self._error: BaseException | None = None
         self._done = threading.Event()
         first = json.loads(ws.recv(timeout=60))
+        #: the terminal's command's pid inside the sandbox (in-process, `pid` is the
+        #: host's and `pid_inside` this one; the service never shows host pids)
         self.pid: int | None = first.get("pid")
+        self.pid_inside: int | None = self.pid
         self._thread = threading.Thread(target=self._read, daemon=True, name="corral-pty")
         self._thread.start()
 
@@ -432,9 +492,13 @@ class PtyHandle:
             raise BrokenPipeError("the terminal has ended") from None
 
     def resize(self, cols: int, rows: int) -> None:
+        """A new window size in characters; the command's foreground group gets SIGWINCH
+        (a bad size is reported by the service on the socket, not raised here)."""
         self._ws.send(json.dumps({"type": "resize", "cols": cols, "rows": rows}))
 
     def kill(self) -> None:
+        """End the terminal's command (and what it started); a no-op once it has ended.
+        wait() then gives its Result (verdict "killed")."""
         from websockets.exceptions import ConnectionClosed
 
         try:
@@ -455,6 +519,7 @@ class PtyHandle:
         return self._result
 
     def __enter__(self) -> PtyHandle:
+        """`with`: the terminal's command is killed at its end if still running."""
         return self
 
     def __exit__(self, *exc) -> None:
@@ -467,20 +532,25 @@ class PtyHandle:
 
 
 class Pty:
+    """`sb.pty`: terminals over a WebSocket (create), as runtime.pty.Pty."""
+
     def __init__(self, sb: Sandbox) -> None:
         self._sb = sb
 
-    def create(self, cols: int = 80, rows: int = 24, cmd: str | None = None, *,
-               on_data=None, cwd: str | None = None,
+    def create(self, cols: int = 80, rows: int = 24, cmd: str | list | None = None, *,
+               on_data=None, env: dict[str, str] | None = None, cwd: str | None = None,
                timeout: float | None = None) -> PtyHandle:
-        """A terminal of cols x rows running cmd (a shell command line; default an
-        interactive bash), on_data called with each chunk (bytes) it shows."""
+        """A terminal of cols x rows characters running cmd (a shell command line or an
+        argv list; default an interactive bash) with `env` added, in `cwd`; on_data is
+        called with each chunk (bytes) it shows, from a thread of the handle's. timeout:
+        seconds (default the policy's limits.timeout). Raises UsageError (a bad size,
+        env or cwd), UnsupportedRule (a tier without terminals), NotFound."""
         from websockets.exceptions import InvalidStatus
         from websockets.sync.client import connect
 
         sb = self._sb
         url = ws_url(str(sb._http.base_url).rstrip("/"), f"/sandboxes/{sb.id}/pty",
-                     {"cols": cols, "rows": rows, "cmd": cmd, "cwd": cwd, "timeout": timeout})
+                     pty_params(cols, rows, cmd, cwd, timeout, env))
         try:
             ws = connect(url, additional_headers={"Authorization":
                                                   sb._http.headers["authorization"]},
@@ -502,6 +572,13 @@ def _raise_ws(e) -> None:
 class Sandbox:
     """A sandbox on a corral service. Made by Sandbox.create or Sandbox.connect."""
 
+    id: str
+    isolation: str               # the tier: "namespace", "gvisor", ...
+    info: dict                   # the service's view of it when made (GET /sandboxes/{id})
+    commands: Commands
+    files: Files
+    pty: Pty
+
     def __init__(self, info: dict, http: httpx.Client) -> None:
         self.id: str = info["id"]
         self.isolation: str = info.get("isolation", "")
@@ -516,16 +593,20 @@ class Sandbox:
 
     @classmethod
     def create(cls, policy: dict | None = None, *, timeout: float = 300,
-               metadata: dict[str, str] | None = None, api_url: str | None = None,
-               api_key: str | None = None, request_timeout: float = 300.0) -> Sandbox:
+               metadata: dict[str, str] | None = None, user_account: bool = False,
+               api_url: str | None = None, api_key: str | None = None,
+               request_timeout: float = 300.0) -> Sandbox:
         """A new live sandbox for `policy` (a dict in the TOML layout), within the token's
         ceiling (CeilingError naming the rule otherwise), ended after `timeout` seconds
-        (set_timeout changes it) or by kill()."""
+        (default 300; set_timeout changes it) or by kill(). user_account=True: an
+        unprivileged account beside root (commands.run(user="user"); the namespace tier
+        with the service as root, UnsupportedRule elsewhere). request_timeout: seconds
+        of each HTTP request. Raises PolicyError, RateLimited, AuthError."""
         url, headers = _config(api_url, api_key)
         http = sync_client(url, headers, request_timeout)
         try:
-            r = http.post("/sandboxes", json={"policy": policy or {}, "timeout": timeout,
-                                              "metadata": metadata})
+            r = http.post("/sandboxes", json=create_body(policy, timeout, metadata,
+                                                         user_account))
             _raise(r)
         except BaseException:
             http.close()
@@ -548,6 +629,8 @@ class Sandbox:
 
     @staticmethod
     def list(*, api_url: str | None = None, api_key: str | None = None) -> list[dict]:
+        """This token's live sandboxes, each as GET /sandboxes/{id} shows it (id,
+        isolation, created, policy, state, ends, usage, metadata). Raises AuthError."""
         url, headers = _config(api_url, api_key)
         with sync_client(url, headers) as http:
             r = http.get("/sandboxes")
@@ -581,31 +664,45 @@ class Sandbox:
     # -- the live sandbox's face --
     @property
     def state(self) -> str:
+        """"running" or "ended" (one request)."""
         return self.get_info().state
 
+    @property
+    def ends(self) -> float:
+        """When (time.time()) its timeout passes (one request)."""
+        return self.get_info().ends
+
     def get_info(self) -> SandboxInfo:
-        """State, created, ends, policy digest, usage so far, metadata."""
+        """A SandboxInfo: state, created, ends (time.time() values), policy digest,
+        idle_timeout, usage so far, metadata, ended_by, offers. Raises NotFound once the
+        sandbox has ended and the service let it go."""
         d = self._call("GET", "")
         return info_of(dict(d, id=self.id))
 
     def set_timeout(self, seconds: float) -> None:
-        """End the sandbox `seconds` from now (longer or shorter than before)."""
+        """End the sandbox `seconds` from now (longer or shorter than before; at most 7
+        days). Raises NotFound once it has ended."""
         self._call("POST", "timeout", json={"timeout": seconds})
 
     def exec(self, argv, *, stdin: str | bytes | None = None,
-             timeout: float | None = None) -> Result:
-        """Run argv (a list) or a shell line (a str): a corral Result."""
-        return self.commands.run(argv, stdin=stdin, timeout=timeout)
+             timeout: float | None = None, on_stdout=None, on_stderr=None) -> Result:
+        """Run argv (a list) or a shell line (a str) and wait: a corral Result;
+        commands.run's stdin, timeout (seconds) and bytes callbacks."""
+        return self.commands.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout,
+                                 on_stderr=on_stderr)
 
     # -- run_code and code contexts --
     def run_code(self, code: str, *, language: str | None = None, context=None,
                  timeout: float | None = None, on_stdout=None, on_stderr=None,
-                 on_result=None, on_error=None):
-        """Run a cell in a persistent interpreter (the language's default context, or
-        `context`: a Context or its id); its Execution (runtime.session's). on_stdout /
-        on_stderr get each chunk (str), on_result each CodeResult, on_error the
-        ExecutionError, as they come (streamed as NDJSON)."""
-        body = code_body(code, language, context, timeout)
+                 on_result=None, on_error=None, env: dict[str, str] | None = None):
+        """Run a cell in a persistent interpreter (language "python" by default,
+        "javascript" or "bash"; or `context`: a Context or its id); its Execution
+        (runtime.session's). timeout: seconds (default the policy's limits.timeout). env:
+        variables for this cell only (python, javascript). on_stdout / on_stderr get each
+        chunk (str, as in-process), on_result each CodeResult, on_error the
+        ExecutionError, as they come. Raises ContextError (no such context, a language
+        not the context's, a bad env), SandboxClosed."""
+        body = code_body(code, language, context, timeout, env)
         http_timeout = httpx.Timeout(None if timeout is None else timeout + 60, connect=30)
         if on_stdout is None and on_stderr is None and on_result is None and on_error is None:
             return execution_of(self._call("POST", "run_code", json=body,
@@ -623,28 +720,38 @@ class Sandbox:
                         return ex
         raise ApiError(502, "stream", "the cell's stream ended without its Execution")
 
-    def create_context(self, language: str = "python", cwd: str | None = None):
-        """A new interpreter of its own (python, javascript or bash): a Context (id,
-        language, cwd) to give run_code(context=)."""
-        return context_of(self._call("POST", "contexts", json={"language": language,
-                                                               "cwd": cwd}))
+    def create_context(self, language: str = "python", cwd: str | None = None, *,
+                       engine: str | None = None):
+        """A new interpreter of its own (python, javascript or bash) starting in `cwd`
+        (default the sandbox's working directory): a Context (id, language, cwd) to give
+        run_code(context=). engine (python): "auto" (default), "ipykernel" or "runner".
+        Raises ContextError (a bad cwd, an engine the image lacks)."""
+        return context_of(self._call("POST", "contexts", json=context_body(
+            language, cwd, engine)))
 
     def list_contexts(self) -> list:
+        """Every Context, the languages' default ones (made by run_code) included."""
         return [context_of(c) for c in self._call("GET", "contexts")["contexts"]]
 
     def restart_context(self, context) -> None:
-        """A fresh interpreter for the context (same id); its variables are gone."""
+        """A fresh interpreter for the context (a Context or its id; same id); its
+        variables are gone. Raises ContextError if there is no such context."""
         self._call("POST", f"contexts/{context_id(context)}/restart")
 
     def remove_context(self, context) -> None:
+        """End the context's interpreter and forget it (a Context or its id); ContextError
+        if there is none."""
         self._call("DELETE", f"contexts/{context_id(context)}")
 
     def explain(self) -> dict:
+        """The sandbox's policy explained (docs/explain.md: what it may read, write and
+        reach), as GET .../explain answers."""
         return self._call("GET", "explain")
 
     # -- review mode --
     def changes(self) -> list:
-        """What the sandbox changed in its workspace (runtime.changes.Change each)."""
+        """What the sandbox changed in its review-mode workspace (runtime.changes.Change
+        each). Raises UsageError where the workspace is not in review mode."""
         return changes_of(self._call("GET", "changes"))
 
     def changes_patch(self, paths=None) -> tuple[bytes, list]:
@@ -659,6 +766,8 @@ class Sandbox:
             "paths": None if paths is None else list(paths), "exact": exact}))
 
     def discard_changes(self) -> None:
+        """Forget every change: the workspace looks inside as the host's is (no command
+        may be running). Raises UsageError where the workspace is not in review mode."""
         self._call("POST", "changes/discard")
 
     # -- events --
@@ -678,7 +787,9 @@ class Sandbox:
                 yield ev
 
     def kill(self) -> None:
-        """End the sandbox on the service (idempotent here: a second kill is a no-op)."""
+        """End the sandbox on the service now: every process, mount and its proxy go
+        (idempotent: a second kill, or one after it ended, is a no-op). Returns None,
+        where in-process returns teardown problems (those stay in the service's log)."""
         if self._http.is_closed:
             return
         try:
@@ -688,9 +799,12 @@ class Sandbox:
         finally:
             self._http.close()
 
-    close = kill
+    def close(self) -> None:
+        """kill(): what `with` calls at its end."""
+        self.kill()
 
     def __enter__(self) -> Sandbox:
+        """`with`: the sandbox is killed at its end."""
         return self
 
     def __exit__(self, *exc) -> None:

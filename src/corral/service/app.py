@@ -1,6 +1,6 @@
 """The HTTP service `corral serve` runs: a FastAPI app over corral's sandboxes.
 
-Every route but /health, /metrics, /openapi.json and /docs needs `Authorization: Bearer
+Every route but /health, /openapi.json and /docs needs `Authorization: Bearer
 TOKEN` (tokens.py). A token sees only the sandboxes it created (another's answer 404, as if
 they did not exist) and cannot create one beyond its ceiling (ceiling.py: 403 naming the
 rule). Every error is `{"error": {"kind", "field", "message"}}`. Request bodies are capped

@@ -13,9 +13,9 @@ usage: corral serve [--host ADDR] [--port N] [--state-dir DIR] [--config FILE]
                     [--e2b-debug TOKEN_NAME]
 
 The HTTP service (docs/service.md): sandboxes over a JSON API, OpenAPI at /openapi.json,
-docs at /docs, /health and /metrics, and a web dashboard at / (a browser logs in once
-with its token: docs/dashboard.md). Every other route needs Authorization: Bearer TOKEN
-(corral token create). Listens on 127.0.0.1:8787 by default; another address without TLS
+docs at /docs, /health, and a web dashboard at / (a browser logs in once with its
+token: docs/dashboard.md). Every other route (/metrics too) needs Authorization: Bearer
+TOKEN (corral token create). Listens on 127.0.0.1:8787 by default; another address without TLS
 prints a warning. --config: a TOML file with [server], [limits] (defaults of the token
 limits) and [secrets] (where the server reads each secret a ceiling may grant); flags win
 over it. --tls-cert/--tls-key: serve HTTPS. --mcp: MCP over streamable HTTP at /mcp,

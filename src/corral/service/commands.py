@@ -67,11 +67,14 @@ FOREGROUND = Threads("svc-fg")
 class Cmd:
     """One command: its handle, what it printed so far, and its Result once ended."""
 
-    def __init__(self, background: bool) -> None:
+    def __init__(self, background: bool, raw: bool = False) -> None:
         self.background = background
         self.handle = None
         self.pid = 0
-        self.chunks: list[tuple[str, str]] = []     # ("stdout" | "stderr", text)
+        #: ("stdout" | "stderr", text), or the bytes as the command wrote them when `raw`
+        #: (started for a client that asked for its output as bytes: output_encoding)
+        self.chunks: list[tuple[str, str | bytes]] = []
+        self.raw = raw
         self.trimmed = False                         # chunks let go (the Result has them)
         self.result = None
         #: what ended a foreground command that never gave a Result (the sandbox closed,
@@ -99,14 +102,23 @@ class Cmd:
         if cancelled:
             h.kill()
 
-    def _out(self, stream: str, text: str) -> None:
+    def _out(self, stream: str, data: str | bytes) -> None:
         with self._mu:
-            self.chunks.append((stream, text))
+            self.chunks.append((stream, data))
         self.notifier.notify()
 
-    def output_since(self, i: int) -> list[tuple[str, str]]:
+    def chunks_since(self, i: int) -> list[tuple[str, str | bytes]]:
+        """The chunks from `i` on as kept: text, or bytes for a `raw` command."""
         with self._mu:
             return [] if self.trimmed else self.chunks[i:]
+
+    def output_since(self, i: int) -> list[tuple[str, str]]:
+        """The chunks from `i` on as text (a raw command's each decoded on its own, bad
+        bytes and a sequence split between two chunks as U+FFFD)."""
+        out = self.chunks_since(i)
+        if self.raw:
+            out = [(s, d.decode("utf-8", errors="replace")) for s, d in out]
+        return out
 
     def trim(self) -> None:
         with self._mu:
@@ -129,17 +141,21 @@ class CommandTable:
 
     def start(self, argv: list[str], *, env=None, cwd=None, stdin: bytes | None = None,
               timeout: float | None = None, background: bool = False, on_end=None,
-              user: str | None = None) -> Cmd:
+              user: str | None = None, raw: bool = False) -> Cmd:
         """Start argv in the sandbox. Background: started when this returns (it blocks:
         call it off the event loop). Foreground: handed to a FOREGROUND thread, so this
         returns at once; `cmd.started` is set once it runs (or could not: `cmd.error`),
         `cmd.done` once its Result is in (or `cmd.error`). `on_end(cmd)` is called (from
-        another thread) after its Result is in."""
+        another thread) after its Result is in. raw=True: its output chunks are kept as
+        the bytes it wrote (Cmd.chunks_since), not decoded."""
         from ..runtime.sandbox import TextChunks
 
-        c = Cmd(background)
-        out = TextChunks(lambda t: c._out("stdout", t))
-        err = TextChunks(lambda t: c._out("stderr", t))
+        c = Cmd(background, raw)
+        if raw:
+            out, err = _Raw(c, "stdout"), _Raw(c, "stderr")
+        else:
+            out = TextChunks(lambda t: c._out("stdout", t))
+            err = TextChunks(lambda t: c._out("stderr", t))
         if not background:
             FOREGROUND.submit(self._foreground, c, argv, env, cwd, stdin, timeout, out, err,
                               on_end, user)
@@ -229,6 +245,19 @@ class CommandTable:
             cmds = list(self._by_pid.values())
         for c in cmds:
             c.notifier.notify()
+
+
+class _Raw:
+    """An on_stdout / on_stderr callback keeping the command's bytes as they come."""
+
+    def __init__(self, c: Cmd, stream: str) -> None:
+        self._c, self._stream = c, stream
+
+    def __call__(self, data: bytes) -> None:
+        self._c._out(self._stream, bytes(data))
+
+    def close(self) -> None:
+        pass
 
 
 def _as(user: str | None) -> dict:

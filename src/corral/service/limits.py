@@ -3,8 +3,8 @@
 A token with `rate` R (requests a second) and `burst` B may send B requests at once, then
 R a second on average; the request past that is answered 429 with `Retry-After` (whole
 seconds until the bucket holds a request again). Every authenticated request counts, on
-the REST API and on /mcp alike, before its handler runs; /health, /metrics and the
-OpenAPI document carry no token and are not counted.
+the REST API and on /mcp alike, before its handler runs (a /metrics scrape too); /health and the OpenAPI
+document carry no token and are not counted.
 
 The other two limits of a token live where they are enforced: `max_sandboxes` (live
 sandboxes at once) at create, `max_concurrent` (commands and cells running at once)

@@ -6,7 +6,7 @@ The routers list their own error statuses (common.errors); this adds, by rule, w
 router does not list, the bearer scheme, the Retry-After of a 429 and the
 WWW-Authenticate of a 401, and makes FastAPI's own 422 the error body the service sends:
 
-- every operation but /health, /metrics and the document itself: 401 (no or bad token),
+- every operation but /health and the document itself: 401 (no or bad token),
   429 (a rate or concurrency limit, with Retry-After), 422 (a request that does not match
   the schema, or a policy the tier cannot enforce);
 - with a path parameter: 404 (no such sandbox, or another token's);
@@ -20,7 +20,7 @@ WWW-Authenticate of a 401, and makes FastAPI's own 422 the error body the servic
 
 from __future__ import annotations
 
-OPEN = {"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+OPEN = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 WHY = {
     "400": "a bad value in the request; `field` names it",
     "401": "no token, or one unknown or revoked (WWW-Authenticate: Bearer)",

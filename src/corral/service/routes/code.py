@@ -43,6 +43,9 @@ class CodeBody(BaseModel):
                                 "(POST .../contexts); default the language's own")
     timeout: float | None = Field(None, gt=0, le=86400, description="seconds, at most "
                                   "86400; default the policy's limits.timeout")
+    env: dict[str, str] | None = Field(None, max_length=256, description=(
+        "variables set for this cell only (put back after it; python and javascript, "
+        "not bash): at most 256, names 1-256 chars without '=' or NUL"))
 
 
 class ContextBody(BaseModel):
@@ -50,6 +53,10 @@ class ContextBody(BaseModel):
     language: Language = "python"
     cwd: str | None = Field(None, description="where its interpreter starts (inside); "
                             "default the sandbox's working directory")
+    engine: Literal["auto", "ipykernel", "runner"] | None = Field(None, description=(
+        "python's interpreter: auto (the default: an IPython kernel where the image's "
+        "python3 has ipykernel, else corral's runner), ipykernel (refused where there is "
+        "none) or runner"))
 
 
 def execution_view(ex) -> dict:
@@ -75,6 +82,8 @@ def _view(c) -> dict:
 
 def _run(svc, e, body: CodeBody, **callbacks):
     t0 = time.monotonic()
+    if body.env:
+        callbacks["env"] = body.env
     if body.context is None:
         with e.lock:             # the default contexts: made on first use, one cell a time
             ex = e.sandbox.run_code(body.code, language=body.language,
@@ -183,7 +192,8 @@ def create_context(sid: str, body: ContextBody, token: Auth, svc: Svc):
     e = svc.entry(sid, token)
     try:
         with e.lock:   # the sandbox's code session is made on first use, by one call at once
-            c = e.sandbox.create_context(body.language, body.cwd)
+            c = e.sandbox.create_context(body.language, body.cwd, **(
+                {"engine": body.engine} if body.engine is not None else {}))
     except ContextError as x:      # a bad cwd, or an interpreter that cannot start there
         raise ApiError(400, x.kind, x.message, x.field) from None
     e.events.add("context.created", _view(c))

@@ -45,6 +45,13 @@ class ExecBody(BaseModel):
         "(background: it runs until it exits or the sandbox ends)"))
     background: bool = Field(False, description="start it and answer at once with its pid "
                              "(201); its output: GET .../commands/{pid}/output")
+    user: Literal["root", "user"] | None = Field(None, description=(
+        "who runs it: root (the sandbox's own, the default) or user (the unprivileged "
+        "account of a sandbox created with user_account; 400 without one)"))
+    output_encoding: Literal["utf-8", "base64"] = Field("utf-8", description=(
+        "how its output chunks are streamed (stream=ndjson, GET .../output): utf-8 text "
+        "(decoded as it comes, invalid bytes as U+FFFD), or base64 of the bytes exactly "
+        "as the command wrote them (the Result's stdout and stderr are text either way)"))
 
 
 class StdinBody(BaseModel):
@@ -52,6 +59,15 @@ class StdinBody(BaseModel):
     data: str = Field("", description="what to write")
     encoding: Literal["utf-8", "base64"] = "utf-8"
     close: bool = Field(False, description="close its stdin after data (end of file)")
+    timeout: float | None = Field(None, gt=0, le=MAX_WAIT_S, description=(
+        "seconds to wait at most while the command's stdin pipe is full (then 409, kind "
+        "\"timeout\", part of data perhaps written); default: as long as it takes"))
+
+
+class SignalBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    signal: int = Field(..., ge=1, le=64, description="the signal's number (15: SIGTERM, "
+                        "2: SIGINT, ...), sent to the command's own process only")
 
 
 def _bytes(text: str | None, encoding: str, field: str) -> bytes | None:
@@ -82,7 +98,8 @@ async def _gone(request: Request) -> None:
 @router.post("/sandboxes/{sid}/exec", status_code=200, responses={
     200: {"content": {"application/x-ndjson": {}}, "description": "the Result; with "
           "stream=ndjson, one JSON object a line: {\"stdout\": text} and {\"stderr\": "
-          "text} chunks as they come, then {\"result\": Result}"},
+          "text} chunks as they come (base64 with output_encoding), then {\"result\": "
+          "Result}"},
     201: {"description": "background: the command's handle {pid, cmd, background, "
           "started, running}"}})
 async def exec_(sid: str, body: ExecBody, token: Auth, svc: Svc, request: Request,
@@ -96,7 +113,8 @@ async def exec_(sid: str, body: ExecBody, token: Auth, svc: Svc, request: Reques
     if body.background:
         c = await run_in_threadpool(
             e.commands.start, argv, env=body.env, cwd=body.cwd, stdin=stdin,
-            timeout=body.timeout, background=True, on_end=lambda c: _count(svc, c))
+            timeout=body.timeout, background=True, on_end=lambda c: _count(svc, c),
+            raw=body.output_encoding == "base64", user=body.user)
         return JSONResponse(c.info(), status_code=201)
     slot = svc.slot(token)
     slot.__enter__()             # 429 now, before a stream's 200
@@ -106,7 +124,8 @@ async def exec_(sid: str, body: ExecBody, token: Auth, svc: Svc, request: Reques
         # a foreground command starts in a thread of its own (service/commands.py): no
         # hop here; this coroutine is woken when it runs and when it has ended
         c = e.commands.start(argv, env=body.env, cwd=body.cwd, stdin=stdin,
-                             timeout=body.timeout, on_end=lambda c: _count(svc, c))
+                             timeout=body.timeout, on_end=lambda c: _count(svc, c),
+                             raw=body.output_encoding == "base64", user=body.user)
         until = c.started.is_set if stream == "ndjson" else c.done.is_set
         while not until():
             waiter = asyncio.ensure_future(c.notifier.wait(WAKE_S, until))
@@ -125,7 +144,8 @@ async def exec_(sid: str, body: ExecBody, token: Auth, svc: Svc, request: Reques
         raise
     gone.cancel()
     if stream == "ndjson":
-        return StreamingResponse(_lines(request, c, slot, foreground=True),
+        return StreamingResponse(_lines(request, c, slot, foreground=True,
+                                        encoding=body.output_encoding),
                                  media_type="application/x-ndjson")
     slot.__exit__(None, None, None)
     return JSONResponse(c.result.to_dict())
@@ -136,24 +156,57 @@ def _count(svc, c) -> None:
     svc.metrics.run(r.verdict, r.usage.wall_s or 0.0, r.events)
 
 
+class _Encode:
+    """A stream's chunks as its client asked for them: text (a raw command's bytes
+    decoded incrementally per stream, so a sequence split between chunks comes whole),
+    or base64 of the bytes (a text-kept command's: its text as UTF-8)."""
+
+    def __init__(self, encoding: str) -> None:
+        self.base64 = encoding == "base64"
+        self._dec: dict = {}
+
+    def __call__(self, stream: str, data) -> str:
+        if self.base64:
+            return base64.b64encode(data if isinstance(data, bytes)
+                                    else data.encode()).decode()
+        if isinstance(data, str):
+            return data
+        dec = self._dec.get(stream)
+        if dec is None:
+            import codecs
+
+            dec = self._dec[stream] = codecs.getincrementaldecoder("utf-8")("replace")
+        return dec.decode(data)
+
+    def rest(self) -> list[tuple[str, str]]:
+        """What the decoders held back (a sequence the output left unfinished)."""
+        return [(s, t) for s, d in self._dec.items() if (t := d.decode(b"", final=True))]
+
+
 async def _lines(request: Request, c, slot=None, *, foreground: bool, start: int = 0,
-                 svc=None):
-    """NDJSON: the command's output from chunk `start` on as it comes, then its Result.
-    A foreground command is killed if the stream ends before its Result (the client went
-    away); a background one is left running."""
+                 svc=None, encoding: str = "utf-8"):
+    """NDJSON: the command's output from chunk `start` on as it comes (`encoding`: see
+    ExecBody.output_encoding), then its Result. A foreground command is killed if the
+    stream ends before its Result (the client went away); a background one is left
+    running."""
     i, finished = start, False
+    enc = _Encode(encoding)
     gone = asyncio.ensure_future(_gone(request)) if foreground else None
     try:
         while True:
-            for stream, text in c.output_since(i):
+            for stream, data in c.chunks_since(i):
                 i += 1
-                yield json.dumps({stream: text}) + "\n"
-            if c.done.is_set() and not c.output_since(i):
+                text = enc(stream, data)
+                if text:
+                    yield json.dumps({stream: text}) + "\n"
+            if c.done.is_set() and not c.chunks_since(i):
+                for stream, text in enc.rest():
+                    yield json.dumps({stream: text}) + "\n"
                 yield json.dumps({"result": c.result.to_dict()}) + "\n"
                 finished = True
                 return
             waiter = asyncio.ensure_future(c.notifier.wait(
-                WAKE_S, lambda: c.done.is_set() or bool(c.output_since(i))))
+                WAKE_S, lambda: c.done.is_set() or bool(c.chunks_since(i))))
             await asyncio.wait({waiter} | ({gone} if gone else set()),
                                return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
@@ -204,13 +257,28 @@ def send_stdin(sid: str, pid: int, body: StdinBody, token: Auth, svc: Svc):
     data = _bytes(body.data, body.encoding, "data") or b""
     try:
         if data:
-            c.handle.send_stdin(data)
+            c.handle.send_stdin(data, **({} if body.timeout is None
+                                         else {"timeout": body.timeout}))
         if body.close:
             c.handle.close_stdin()
+    except TimeoutError:
+        raise ApiError(409, "timeout", f"command {pid} did not read its stdin within "
+                       f"{body.timeout:g} s", "timeout") from None
     except (BrokenPipeError, OSError):
         raise ApiError(409, "closed", f"command {pid}'s stdin is closed (or it ended)",
                        "pid") from None
     return {"pid": pid, "written": len(data), "closed": body.close}
+
+
+@router.post("/sandboxes/{sid}/commands/{pid}/signal")
+def signal_command(sid: str, pid: int, body: SignalBody, token: Auth, svc: Svc):
+    """Send a signal to a background command's own process (not those it started), never
+    to a recycled pid; `sent` is false once it has exited."""
+    c = _cmd(svc, svc.entry(sid, token), pid)
+    if not c.background:
+        raise ApiError(409, "usage", "only a background command takes signals here (a "
+                       "foreground one ends with its request)", "pid")
+    return {"pid": pid, "sent": bool(c.handle.send_signal(body.signal))}
 
 
 @router.post("/sandboxes/{sid}/commands/{pid}/kill")
@@ -243,9 +311,15 @@ async def wait_command(sid: str, pid: int, token: Auth, svc: Svc,
     "application/x-ndjson": {}}, "description": "{\"stdout\"|\"stderr\": text} lines "
     "from its start (or chunk `since`), as they come, then {\"result\": Result}"}})
 async def command_output(sid: str, pid: int, token: Auth, svc: Svc, request: Request,
-                         since: int = 0):
+                         since: int = 0,
+                         encoding: Literal["utf-8", "base64"] | None = None):
+    """`encoding` of the chunks: utf-8 text or base64 of the bytes (ExecBody's
+    output_encoding); default the one the command was started with. Bytes exactly as
+    written only for a command started with output_encoding base64."""
     if since < 0:
         raise ApiError(400, "invalid", "since is a chunk index from 0", "since")
     c = _cmd(svc, svc.entry(sid, token), pid)
-    return StreamingResponse(_lines(request, c, foreground=False, start=since, svc=svc),
+    enc = encoding or ("base64" if c.raw else "utf-8")
+    return StreamingResponse(_lines(request, c, foreground=False, start=since, svc=svc,
+                                    encoding=enc),
                              media_type="application/x-ndjson")

@@ -1,4 +1,5 @@
-"""A terminal in a sandbox over a WebSocket: WS /sandboxes/{sid}/pty?cols=&rows=&cmd=.
+"""A terminal in a sandbox over a WebSocket: WS /sandboxes/{sid}/pty?cols=&rows=&cmd=
+(and cwd=, timeout= seconds, env= a JSON object of variables).
 
 The handshake carries the bearer token like any request (Authorization header); a refusal
 is an HTTP answer with the JSON error where the server can send one, else a close with
@@ -43,7 +44,8 @@ async def _refuse(ws: WebSocket, status: int, kind: str, message: str, field=Non
 
 @router.websocket("/sandboxes/{sid}/pty")
 async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str | None = None,
-              cwd: str | None = None, timeout: float | None = None):
+              cwd: str | None = None, timeout: float | None = None, env: str | None = None):
+    """`env`: a JSON object of variables (str to str) added for the terminal's command."""
     from ..limits import Limited
 
     try:
@@ -54,6 +56,10 @@ async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str 
         return await _refuse(ws, err.status, err.kind, err.message, err.field)
     except Limited as err:
         return await _refuse(ws, 429, "rate", err.message, err.field)
+    try:
+        env_map = _env(env)
+    except ValueError as err:
+        return await _refuse(ws, 400, "invalid", str(err), "env")
     loop = asyncio.get_running_loop()
     out: asyncio.Queue = asyncio.Queue(QUEUE_CHUNKS)
 
@@ -65,7 +71,8 @@ async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str 
 
     try:
         term = await run_in_threadpool(e.sandbox.pty.create, cols, rows, cmd,
-                                       on_data=on_data, cwd=cwd, timeout=timeout)
+                                       on_data=on_data, cwd=cwd, timeout=timeout,
+                                       env=env_map)
     except CorralError as err:
         return await _refuse(ws, status_of(err), err.kind, err.message, err.field)
     await ws.accept()
@@ -103,6 +110,25 @@ async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str 
                 await ws.close(1000)
             except (WebSocketDisconnect, RuntimeError, OSError):
                 pass
+
+
+#: variables a terminal's env may add
+MAX_ENV = 256
+
+
+def _env(text: str | None) -> dict[str, str] | None:
+    """The `env` query parameter: None, or a JSON object of at most MAX_ENV str to str."""
+    if text is None:
+        return None
+    try:
+        d = json.loads(text)
+    except ValueError:
+        raise ValueError("env is a JSON object of variable names to str values") from None
+    if not isinstance(d, dict) or len(d) > MAX_ENV or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in d.items()):
+        raise ValueError(f"env is a JSON object of at most {MAX_ENV} variable names to "
+                         "str values")
+    return d or None
 
 
 async def _input(ws: WebSocket, term) -> None:

@@ -32,6 +32,10 @@ class CreateBody(Strict):
     metadata: dict[str, str] | None = Field(None, description=(
         "at most 64 str keys (1-128 chars) to str values (at most 1024): yours, shown "
         "back in get and list"))
+    user_account: bool = Field(False, description=(
+        "an unprivileged account beside the sandbox's root (uid 1000 inside, a host uid of "
+        "its own, HOME /home/user), for commands run with user \"user\"; the namespace "
+        "tier only, with corral serve as root (422 elsewhere)"))
 
 
 class TimeoutBody(Strict):
@@ -53,7 +57,8 @@ def create(body: CreateBody, token: Auth, svc: Svc):
                        who=("service", f"token:{token.name}"))
         raise
     with svc.reserve(token), svc.slot(token):   # max_sandboxes, max_concurrent: 429
-        e = reg.create(token.name, policy, timeout=body.timeout, metadata=body.metadata)
+        e = reg.create(token.name, policy, timeout=body.timeout, metadata=body.metadata,
+                       user_account=body.user_account)
     with svc.metrics.mu:
         svc.metrics.created += 1
     log.info("sandbox %s created for token %s (%s)", e.id, token.name, e.sandbox.isolation)

@@ -1,11 +1,12 @@
-"""GET /health and GET /metrics: no token needed."""
+"""GET /health (no token needed) and GET /metrics (a valid token, as every route but
+/health and the OpenAPI document: a Prometheus scrape sends it as a bearer token)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
-from ..common import Svc
+from ..common import Auth, Svc
 
 router = APIRouter(tags=["service"])
 
@@ -16,6 +17,8 @@ def health(svc: Svc):
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-def metrics_text(svc: Svc):
+def metrics_text(token: Auth, svc: Svc):
+    """The service's counters in Prometheus text format (service-wide totals: every
+    token that may scrape sees the same numbers, which carry no sandbox or token names)."""
     return PlainTextResponse(svc.metrics.text(svc.registry.count()),
                              media_type="text/plain; version=0.0.4")

@@ -15,9 +15,10 @@ compiled from, else (or for any module it does not hold) the usual import runs. 
 what importing a module from its own .pyc costs beyond running the code: the directory
 stat and listing lookups, a stat of the candidate file, the .pyc's open, fstat, read and
 checks (~30 us a module, ~1 ms of the 29 modules; docs/architecture.md). The file is
-used only when it is a regular file of root or of this user that no one else may write
-(as the .venv it lives in) and made by this Python (magic number); anything odd: the
-usual import. A stale file is harmless: each changed module falls back on its own, and
+used only when it is a regular file (opened without following a link or waiting on a
+FIFO, then checked by its fd before any of it is read) of root or of this user that no one
+else may write (as the .venv it lives in), with one link, under 64 MiB, and made by this
+Python (magic number); anything odd: the usual import. A stale file is harmless: each changed module falls back on its own, and
 `scripts/setup.sh` rewrites the file.
 """
 
@@ -79,14 +80,17 @@ LAUNCHER = '''#!{python} -IS
 import gc, sys
 gc.disable()  # corral.cli.gc_back_on() turns it on again
 sys.path += [{src!r}, {site!r}]  # after the standard library, as a .pth puts them
-try:  # the run path's modules in one file, if ours and this Python's (corral/_runpath.py)
-    import marshal, posix
-    with open({runpath!r}, "rb") as f:
-        st, data = posix.fstat(f.fileno()), f.read()
-    if (st.st_uid in (0, posix.geteuid()) and not st.st_mode & 0o022 and st.st_nlink == 1
-            and data[:4] == sys.modules["_frozen_importlib_external"].MAGIC_NUMBER):
-        code, mods = marshal.loads(memoryview(data)[4:])
-        exec(code, {{"MODS": mods}})
+try:  # the run path's modules in one file, if ours and this Python's (corral/_runpath.py):
+    import marshal, posix  # opened once, not through a link nor waiting (a FIFO), checked
+    with open(posix.open({runpath!r}, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_NONBLOCK
+                         | posix.O_CLOEXEC), "rb") as f:   # by its fd, then read from it
+        st = posix.fstat(f.fileno())
+        if (st.st_mode & 0o170000 == 0o100000 and st.st_uid in (0, posix.geteuid())
+                and not st.st_mode & 0o022 and st.st_nlink == 1 and st.st_size < 1 << 26):
+            data = f.read(st.st_size)
+            if data[:4] == sys.modules["_frozen_importlib_external"].MAGIC_NUMBER:
+                code, mods = marshal.loads(memoryview(data)[4:])
+                exec(code, {{"MODS": mods}})
 except (OSError, ValueError, EOFError, TypeError):
     pass
 from corral.cli import entry

@@ -122,3 +122,25 @@ def test_the_file_holds_what_a_fresh_run_imports():
     assert is_pkg and file == os.path.join(SRC, "corral", "linux", "__init__.py")
     assert size == os.path.getsize(file)
     assert marshal.loads(code).co_filename == file
+
+
+@pytest.mark.parametrize("what", ["a FIFO", "a link to a good file", "a directory"])
+def test_only_a_regular_file_is_opened_and_used(tmp_path, what):
+    """The file is opened without following a link and without waiting (a FIFO with no
+    writer), and checked by its fd before anything is read: what is not a regular file of
+    ours, or is reached through a link, is not used, and the launcher never hangs on it."""
+    path = tmp_path / "runpath"
+    if what == "a FIFO":
+        os.mkfifo(path, 0o644)
+    elif what == "a directory":
+        path.mkdir(0o755)
+    else:
+        good = tmp_path / "good"
+        good.write_bytes(_runpath.build(PYTHON, SRC, SITE))
+        os.chmod(good, 0o644)
+        os.symlink(good, path)
+    text = _runpath.LAUNCHER.format(python=PYTHON, src=SRC, site=SITE, runpath=str(path))
+    r, loaders = run_launcher(tmp_path, text, "run", "--", "/bin/true")
+    assert r.returncode == 0, r.stderr
+    assert "RunPathLoader" not in loaders.values(), what
+    assert loaders["corral.cli"] == "SourceFileLoader"

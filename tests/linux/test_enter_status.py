@@ -100,3 +100,35 @@ def test_statuses_nobody_took_are_let_go():
         assert len(z._forgotten) <= 30
     finally:
         s.kill()
+
+
+FORGET = r"""
+import gc, weakref
+from corral.linux import enter
+
+z = enter._Zygote()                   # a real zygote, this process's own
+
+
+class Command:                        # a command's entrant, in a reference cycle
+    pass
+
+
+c = Command()
+c.me = c
+weakref.finalize(c, z.forget, 7)      # as Entrant.start registers it
+del c
+with z._cond:                         # inside status_of's locked section, the GC runs
+    gc.collect()
+z.sock.close()
+z.status_sock.close()
+print("done")
+"""
+
+
+def test_forgetting_a_status_never_waits_for_the_zygotes_lock():
+    """Entrant's finalizer (zygote.forget) runs wherever the cyclic GC runs, which may be a
+    thread inside status_of holding the zygote's lock (not reentrant): it must not take
+    that lock, or the thread deadlocks on itself."""
+    p = subprocess.run([sys.executable, "-c", FORGET], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT)
+    assert p.returncode == 0 and p.stdout == "done\n", p.stderr[-2000:]

@@ -185,3 +185,49 @@ def test_a_guest_that_keeps_sending_and_reads_nothing_is_a_violation(tmp_path, m
         host.close()
         writer.join(30)
         guest.close()
+
+
+def test_what_the_relay_holds_for_the_proxy_is_bounded_over_all_connections(
+        tmp_path, monkeypatch):
+    """A guest that spreads its bytes over many connections the proxy takes nothing of
+    (each kept under CONN_HIGH, so the per-connection bound never stops the port) gets the
+    relay to hold at most PENDING_HIGH (and one read of the port) in all: without that
+    bound, MAX_CONNS connections of CONN_HIGH each (128 MiB of the host's memory a VM)."""
+    monkeypatch.setattr(microvm_net, "SEND_TIMEOUT", 120.0)   # no reset while it runs
+    path, listener, host, guest, violations, relay = _relay(tmp_path)
+    conns = 16
+    ups = []
+    most = [0]
+    try:
+        for cid in range(1, conns + 1):
+            guest.sendall(_frame(b"A", cid))
+            ups.append(listener.accept()[0])              # accepted, never read
+        # round by round, 60000 bytes to each: ~12 rounds fill the kernel's buffers and
+        # CONN_HIGH of each connection
+        flood = b"".join(_frame(b"B", cid, b"x" * 60000)
+                         for _ in range(16) for cid in range(1, conns + 1))
+
+        def write():
+            try:
+                guest.sendall(flood)
+            except OSError:      # the test closes its end at the finish
+                pass
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        still = 0
+        while still < 100:       # until the relay holds the same for 1 s: it stopped
+            held = sum(len(p) for p in list(relay.pending.values()))
+            still = still + 1 if held == most[0] else 0
+            most[0] = max(most[0], held)
+            select.select([], [], [], 0.01)
+        assert most[0] > microvm_net.CONN_HIGH, "the relay never held the guest's bytes"
+        assert most[0] <= microvm_net.PENDING_HIGH + (1 << 16), most[0]
+        assert violations == [] and len(relay.conns) == conns
+    finally:
+        for u in ups:
+            u.close()
+        relay.close()
+        host.close()
+        guest.close()
+        listener.close()

@@ -57,3 +57,15 @@ def test_workspace_mode_only_narrower(tmp_path):
 def test_a_network_none_batch_takes_no_network_job():
     assert widening(policy_from_dict({}), policy_from_dict(
         {"network": {"mode": "allow"}}))[0] == "network.mode"
+
+
+@pytest.mark.parametrize("job,widens", [
+    ("wasm", False), ("gvisor", True), ("microvm", True), ("namespace", True),
+])
+def test_a_wasm_batch_takes_no_native_tier(job, widens):
+    """The wasm tier runs Python modules in a WASI runtime only: a job moving to any
+    native tier (gvisor, microvm: ranked as strong or stronger) could run a shell, any
+    binary and subprocesses, which the batch's tier never grants."""
+    found = widening(policy_from_dict({"isolation": "wasm"}),
+                     policy_from_dict({"isolation": job}))
+    assert (found is not None and found[0] == "isolation") is widens, found

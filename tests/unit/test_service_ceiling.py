@@ -44,6 +44,12 @@ CASES = [
     ({}, {"isolation": "microvm"}, None),
     ({}, {"isolation": "wasm"}, None),
     ({"isolation": "gvisor"}, {"isolation": "microvm"}, None),
+    # a wasm ceiling runs wasm modules only: a native tier, however well isolated, runs
+    # shells, subprocesses and any binary, which the wasm tier never does (both were
+    # admitted as "at least as strong")
+    ({"isolation": "wasm"}, {"isolation": "gvisor"}, "isolation"),
+    ({"isolation": "wasm"}, {"isolation": "microvm"}, "isolation"),
+    ({"isolation": "gvisor"}, {"isolation": "wasm"}, None),
     ({"isolation": "auto"}, {"isolation": "process"}, None),
     # limits: bigger refused, equal or smaller admitted
     ({}, {"limits": {"memory": "2G"}}, "limits.memory"),

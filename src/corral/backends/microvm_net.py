@@ -34,10 +34,11 @@ taken yet waits in a bounded buffer:
   slow client); past OUT_MAX, which only a guest that keeps sending while it reads
   nothing can cause (each frame it sends may be answered), the guest has broken the
   protocol (on_violation).
-- to the proxy (a buffer per connection): past CONN_HIGH bytes the relay stops reading
-  the guest's port until the proxy has taken some (the port carries every connection:
-  there is no other way to slow one sender down), and a connection the proxy takes
-  nothing of for SEND_TIMEOUT is reset (R to the guest), its buffer dropped.
+- to the proxy (a buffer per connection): past CONN_HIGH bytes in one, or PENDING_HIGH
+  in all, the relay stops reading the guest's port until the proxy has taken some (the
+  port carries every connection: there is no other way to slow one sender down), and a
+  connection the proxy takes nothing of for SEND_TIMEOUT is reset (R to the guest), its
+  buffer dropped.
 A guest that stops reading its port (a client inside that reads nothing makes the agent
 stop) stalls its own connections, never the relay's thread: it still takes the guest's
 frames and its stop, and no other VM shares it.
@@ -63,8 +64,11 @@ SEND_TIMEOUT = 30.0
 #: at most (past it, the guest broke the protocol)
 OUT_HIGH = 256 << 10
 OUT_MAX = 4 << 20
-#: bytes for the proxy the relay holds per connection before it stops reading the port
+#: bytes for the proxy the relay holds per connection, and over all of them, before it
+#: stops reading the port (without the second, MAX_CONNS connections each kept under
+#: CONN_HIGH by the guest would hold 128 MiB of the host's memory)
 CONN_HIGH = 256 << 10
+PENDING_HIGH = 1 << 20
 PROXY_SOCKET = "egress.sock"
 
 _IN, _OUT = select.POLLIN, select.POLLOUT
@@ -138,7 +142,11 @@ class HostRelay:
         """The port: read unless a connection's proxy is behind; write while bytes wait.
         The proxy's sockets: read while the guest keeps up and it has not ended; write
         while bytes wait."""
-        behind = any(len(p) > CONN_HIGH for p in self.pending.values())
+        held, behind = 0, False
+        for p in self.pending.values():
+            held += len(p)
+            behind = behind or len(p) > CONN_HIGH
+        behind = behind or held > PENDING_HIGH
         self._want(self.sock.fileno(), (0 if behind else _IN) | (_OUT if self.out else 0))
         reading = len(self.out) <= OUT_HIGH
         for cid, s in self.conns.items():

@@ -53,6 +53,7 @@ a failure before A was ready comes on its socket.
 from __future__ import annotations
 
 import _signal
+import collections
 import ctypes
 import marshal
 import os
@@ -388,10 +389,25 @@ class _Zygote:
         self._reading = False
         #: requests whose status nobody will take (forget()): dropped as it comes
         self._forgotten: set[int] = set()
+        #: forget()'s requests, not yet moved to _forgotten (under _cond, by status_of)
+        self._to_forget: collections.deque[int] = collections.deque()
 
     def forget(self, seq: int) -> None:
-        """Nobody will take request `seq`'s status: drop it, now or as it comes."""
-        with self._cond:
+        """Nobody will take request `seq`'s status: drop it, now or as it comes. Never
+        waits for _cond: it runs from a finalizer, which the cyclic GC (or a signal
+        handler) may run in a thread inside status_of that holds it (not reentrant: a
+        deadlock); if _cond is taken, status_of lets the request go on its next call."""
+        self._to_forget.append(seq)
+        if self._cond.acquire(blocking=False):
+            try:
+                self._forget_now()
+            finally:
+                self._cond.release()
+
+    def _forget_now(self) -> None:
+        """Under _cond: the requests forget() was told of, their statuses dropped."""
+        while self._to_forget:
+            seq = self._to_forget.popleft()
             if self._statuses.pop(seq, None) is None:
                 self._forgotten.add(seq)
 
@@ -400,6 +416,7 @@ class _Zygote:
         said so). One caller at a time reads the socket, keeping the statuses of others
         for them."""
         with self._cond:
+            self._forget_now()
             while True:
                 if seq in self._statuses:
                     return self._statuses.pop(seq)
@@ -419,6 +436,7 @@ class _Zygote:
                 with self._cond:
                     if int(got) == seq:
                         return int(status)
+                    self._forget_now()
                     if int(got) in self._forgotten:
                         self._forgotten.discard(int(got))
                         continue

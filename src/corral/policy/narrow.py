@@ -16,6 +16,10 @@ from .schema import SPEC_BY_PATH, Policy
 
 #: tiers by strength of isolation (docs/tiers.md): a job may move up, never down
 TIER_RANK = {"process": 0, "namespace": 1, "wasm": 2, "gvisor": 2, "microvm": 3}
+#: tiers that run no native code (wasm: Python in a WASI runtime; no shell, no
+#: subprocesses, no sockets): a base of one admits that tier only, since every other tier,
+#: however strongly isolated, runs native programs it never would
+CODE_ONLY = frozenset({"wasm"})
 _MODE_RANK = {"ro": 0, "review": 1, "rw": 2}
 #: limits a job may lower (idle_timeout is a live sandbox's, never a batch job's)
 _LIMITS = ("timeout", "cpu_time", "memory", "cpus", "pids", "scratch", "scratch_inodes",
@@ -28,6 +32,9 @@ def widening(base: Policy, job: Policy) -> tuple[str, str] | None:
         if job.isolation == "auto":
             return "isolation", (f"\"auto\" may pick a tier weaker than the batch's "
                                  f"{base.isolation!r}; name a tier")
+        if base.isolation in CODE_ONLY:
+            return "isolation", (f"{job.isolation!r} runs native code; the batch's "
+                                 f"{base.isolation!r} runs only its own modules")
         if TIER_RANK.get(job.isolation, -1) < TIER_RANK.get(base.isolation, 0):
             return "isolation", (f"{job.isolation!r} isolates less than the batch's "
                                  f"{base.isolation!r}")
@@ -99,4 +106,4 @@ def _network(base: Policy, job: Policy) -> tuple[str, str] | None:
     return None
 
 
-__all__ = ["TIER_RANK", "widening"]
+__all__ = ["CODE_ONLY", "TIER_RANK", "widening"]

@@ -156,6 +156,9 @@ class GuestFiles:
         if over[0]:
             raise FilesError(f"the answer from the sandbox was over {limit} bytes", path=path)
         if r.exit_code == 3:
+            if len(out) > ANSWER_MAX:   # an error is one small object: not parsed past it
+                raise FilesError(f"the sandbox's error answer was over {ANSWER_MAX} bytes",
+                                 path=path)
             err = self._answer(bytes(out), path)
             msg = err.get("error")
             errno = err.get("errno") if type(err.get("errno")) is int else None

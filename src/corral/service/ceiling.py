@@ -5,7 +5,8 @@ the first rule the request loosens out (or None).
 
 - isolation: a weaker tier than the ceiling's (microvm > gvisor = wasm > namespace >
   process, policy/narrow.py's table, as for a batch job's override; "auto" counts as the
-  weakest tier it may pick, process);
+  weakest tier it may pick, process); a wasm ceiling admits wasm only (every other tier
+  runs native code);
 - network: a mode, an allow rule, a private range, a nameserver, an upstream CA or a bigger
   budget the ceiling does not grant (an allow rule is granted when one ceiling rule covers
   every host and port it matches); the ceiling's deny rules are added to every sandbox by
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import os
 
+from ..policy.narrow import CODE_ONLY
 from ..policy.narrow import TIER_RANK as _STRENGTH
 from ..policy.rules import DEFAULT_PORTS, parse_cidr, parse_rule
 
@@ -103,6 +105,11 @@ def narrow(request, ceiling):
 
 def _isolation(request, ceiling) -> None:
     want, most = request.isolation, ceiling.isolation
+    if most in CODE_ONLY and want != most:
+        # no tier is "stronger" than wasm here: any other runs native programs, shells and
+        # subprocesses, which a wasm ceiling never grants
+        raise Exceeds("isolation", f"tier {want!r} runs native code; this token's ceiling "
+                      f"({most!r}) runs only {most} modules: ask for {most!r}")
     # a tier of neither table (none: policies are validated) is refused, never admitted
     if TIER_RANK.get(want, -1) < TIER_RANK.get(most, max(TIER_RANK.values()) + 1):
         raise Exceeds("isolation", f"tier {want!r} is weaker than this token's ceiling "

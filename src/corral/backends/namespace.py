@@ -68,6 +68,7 @@ from ..result import Result
 from .base import Backend, LiveSandbox, TierCheck, assert_never
 from .host import ids
 from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of, with_relay_tasks
+from .host.deferred import DEFERRED
 from .host.etc import HOSTNAME, ensure_etc
 from .host.execlimits import ExecLimits
 from .host.finish import Inflight, finish, interpreter_inside
@@ -291,6 +292,12 @@ class NamespaceSandbox(LiveSandbox):
     #: the scratch tmpfs owned by it (namespace_live.py sets it; corral must be root)
     user_account = False
     user_uid = -1
+
+    @property
+    def defers_teardown(self) -> bool:
+        """close(defer_as=...) may leave the removal of emptied resources to
+        host/deferred.py (not a subclass's own close())."""
+        return type(self).close is NamespaceSandbox.close
 
     def __init__(self, backend: NamespaceBackend, plan: Plan, check: TierCheck,
                  granted: list | None = None, upstream_ca: str | None = None) -> None:
@@ -708,7 +715,16 @@ class NamespaceSandbox(LiveSandbox):
         return [SETSID, "--ctty", "--", *argv], slave, extra
 
     # -- teardown ------------------------------------------------------------------------
-    def close(self) -> list[str]:
+    def close(self, defer_as: str | None = None) -> list[str]:
+        """Kill what is left, unmount, delete. Returns teardown problems.
+
+        `defer_as` (corral.run()'s one-shot sandbox: its run id): once every process is
+        gone (each exec killed, reaped and its cgroup checked empty before its Result was
+        made; end_all() here), the removal of what is left empty (the scratch tmpfs, the
+        run dir, the cgroups given to the pool) goes to the teardown thread
+        (host/deferred.py, which says where its problems go), if the run dir holds no
+        mount but the scratch tmpfs: a workspace or bind of the host's is unmounted
+        before close() returns."""
         problems: list[str] = []
         if getattr(self, "_inflight", None) is not None:
             self._inflight.end_all()
@@ -719,11 +735,20 @@ class NamespaceSandbox(LiveSandbox):
             self.review.close()
         if getattr(self, "dir", None) is not None:
             kept, self._cgroups = self._cgroups, []
-            POOL.note(kept)                 # recorded there before this run dir goes
-            problems += self.dir.remove()   # the scratch tmpfs, charged to them, goes too
-            problems += POOL.give(kept)
-            self.dir = None
+            run_dir, self.dir = self.dir, None
+            if (defer_as is not None and run_dir.mounts == [self.scratch]
+                    and not self._inflight.running()):
+                DEFERRED.submit(defer_as, run_dir.id, lambda: _remove(run_dir, kept))
+            else:
+                problems += _remove(run_dir, kept)
         return problems
+
+
+def _remove(run_dir, kept: list) -> list[str]:
+    """Remove an emptied sandbox's run dir, then give its cgroups to the pool."""
+    POOL.note(kept)                   # recorded there before this run dir goes
+    problems = run_dir.remove()       # the scratch tmpfs, charged to them, goes too
+    return problems + POOL.give(kept)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -43,7 +43,6 @@ from ..linux.supervise import (
 )
 from ..plan import (
     SCRATCH,
-    SYSTEM_PATHS,
     CpuQuota,
     CpuTime,
     EgressProxy,
@@ -67,9 +66,9 @@ from ..plan import (
 from ..result import Result
 from .base import Backend, LiveSandbox, TierCheck, assert_never
 from .host import ids
-from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of, with_relay_tasks
-from .host.deferred import DEFERRED
-from .host.etc import HOSTNAME, ensure_etc
+from .host.cgroups import keep_cgroup, run_cgroup, usage_of, with_relay_tasks
+from .host.deferred import DEFERRED, remove_run
+from .host.etc import HOSTNAME, ensure_etc, system_binds
 from .host.execlimits import ExecLimits
 from .host.finish import Inflight, finish, interpreter_inside
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
@@ -438,11 +437,7 @@ class NamespaceSandbox(LiveSandbox):
 
                         a += ["--ro-bind", self.ca_file, CA_BUNDLE]
                 case SystemRoot():
-                    for p in SYSTEM_PATHS:
-                        if os.path.islink(p):
-                            a += ["--symlink", os.readlink(p), p]
-                        elif os.path.isdir(p):
-                            a += ["--ro-bind", p, p]
+                    a += system_binds()
                     a += ["--ro-bind", self.etc, "/etc"]   # ETC_BINDS: etc.py
                     for p in self.etc_dirs:
                         a += ["--ro-bind", p, p]
@@ -738,17 +733,10 @@ class NamespaceSandbox(LiveSandbox):
             run_dir, self.dir = self.dir, None
             if (defer_as is not None and run_dir.mounts == [self.scratch]
                     and not self._inflight.running()):
-                DEFERRED.submit(defer_as, run_dir.id, lambda: _remove(run_dir, kept))
+                DEFERRED.submit(defer_as, run_dir.id, lambda: remove_run(run_dir, kept))
             else:
-                problems += _remove(run_dir, kept)
+                problems += remove_run(run_dir, kept)
         return problems
-
-
-def _remove(run_dir, kept: list) -> list[str]:
-    """Remove an emptied sandbox's run dir, then give its cgroups to the pool."""
-    POOL.note(kept)                   # recorded there before this run dir goes
-    problems = run_dir.remove()       # the scratch tmpfs, charged to them, goes too
-    return problems + POOL.give(kept)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -25,8 +25,55 @@ def coerce_policy(policy: Policy | dict | str | os.PathLike | None) -> Policy:
     from ..policy import load_policy, policy_from_dict  # not for a Policy or None
 
     if isinstance(policy, dict):
-        return policy_from_dict(policy)
+        key = _dict_key(policy)
+        if key is None:
+            return policy_from_dict(policy)
+        made = _FROM_DICT.get(key)
+        if made is None:
+            made = policy_from_dict(policy)
+            if len(_FROM_DICT) >= FROM_DICT_MAX:
+                del _FROM_DICT[next(iter(_FROM_DICT))]   # the oldest
+            _FROM_DICT[key] = made
+        return made
     return load_policy(os.fspath(policy))
+
+
+#: Policies made from dicts (frozen: one is shared safely), by the dict's content:
+#: validating a dict costs ~0.1 ms of each corral.run(argv, policy) and most callers pass
+#: the same few. Only dicts whose Policy depends on nothing but their content are kept:
+#: plain data, no section that names a host path (checked against the host each time) or
+#: holds secret values. At most FROM_DICT_MAX, the oldest dropped first.
+FROM_DICT_MAX = 32
+_FROM_DICT: dict = {}
+_CACHEABLE = frozenset(("isolation", "image", "limits", "env", "network", "audit", "batch"))
+
+
+def _dict_key(policy: dict):
+    """A hashable copy of a policy dict's content, with each value's type (True and 1
+    differ), or None when its Policy must be made afresh (see _FROM_DICT)."""
+    if not _CACHEABLE.issuperset(policy):
+        return None
+    net = policy.get("network")
+    if isinstance(net, dict) and "upstream_ca" in net:
+        return None
+    try:
+        return _frozen(policy, 0)
+    except (TypeError, RecursionError):
+        return None
+
+
+def _frozen(v, depth: int):
+    t = type(v)
+    if t in (str, int, float, bool) or v is None:
+        return (t, v)
+    if depth > 8:
+        raise TypeError("too deep")
+    if t is dict:
+        return (dict, tuple((_frozen(k, depth + 1), _frozen(x, depth + 1))
+                            for k, x in v.items()))
+    if t is list or t is tuple:
+        return (t, tuple(_frozen(x, depth + 1) for x in v))
+    raise TypeError(f"not plain data: {t.__name__}")
 
 
 def check_tier(tier, plan: Plan):

@@ -18,7 +18,10 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the root path: /run/c
 
 @pytest.fixture
 def run_dirs(monkeypatch):
-    """The ids of the run directories made while the test runs."""
+    """The run directories made while the test runs, none made ahead before it: the
+    first is its first sandbox's."""
+    DEFERRED.flush(30)
+    assert DEFERRED.drain_ready() == []
     made = []
     real = rundir.RunDir.__init__
 
@@ -45,18 +48,25 @@ def test_a_one_shot_run_is_over_when_it_returns_and_its_run_dir_goes_after(run_d
     r = corral.run(["/bin/sh", "-c", "(setsid sleep 300 > /dev/null 2>&1 &); "
                     "echo x > /scratch/f; echo done"])
     assert r.verdict == "ok" and r.stdout == "done\n", r
-    (d,) = run_dirs
+    d = run_dirs[0]
     assert _cgroup_pids(d.id) == []      # the daemon died with the run, before it returned
     assert DEFERRED.flush(30)
     assert not os.path.exists(d.path)
     assert not [m for m in mountinfo() if d.path in m]
     assert DEFERRED.take_problems() == []
+    # one made ahead (besides the cgroup pool's own run dir), its scratch mounted, for
+    # the next run
+    (ahead,) = [m for m in run_dirs[1:] if os.path.exists(m.path + "/scratch")]
+    assert [m for m in mountinfo() if ahead.path + "/scratch" in m]
+    r = corral.run(["/bin/sh", "-c", "ls -A /scratch /tmp; echo ok"])
+    assert r.verdict == "ok" and r.stdout == "/scratch:\n\n/tmp:\nok\n", r   # empty
+    assert DEFERRED.flush(30) and not os.path.exists(ahead.path)
 
 
 def test_a_sandbox_closed_by_hand_is_torn_down_before_close_returns(run_dirs):
     with corral.Sandbox() as sb:
         assert sb.exec(["/bin/true"]).verdict == "ok"
-    (d,) = run_dirs
+    (d,) = run_dirs       # and none made ahead
     assert not os.path.exists(d.path)     # no deferral outside corral.run()
 
 
@@ -67,7 +77,7 @@ def test_a_failed_deferred_teardown_reaches_the_next_result_and_names_its_run(ru
     DEFERRED.submit(None, "test-hold", lambda: hold.wait(30) and [])  # the thread waits
     try:
         first = corral.run(["/bin/true"])
-        (d,) = run_dirs
+        d = run_dirs[0]
         assert first.verdict == "ok" and os.path.isdir(d.path)
         # a mount of its own in the run dir: its removal fails (EBUSY), as it would if
         # anything kept a part of it

@@ -315,7 +315,9 @@ class NamespaceSandbox(LiveSandbox):
         #: the execs running now, which close() ends (one in another thread, say)
         self._inflight = Inflight()
         rundir.sweep_if_due()
-        self.dir = rundir.RunDir()
+        #: (run dir, uid, its scratch) made ahead by the teardown thread (host/deferred.py)
+        self._ready = self._take_ready()
+        self.dir = self._ready[0] if self._ready else rundir.RunDir()
         try:
             self._setup()
         except BaseException:
@@ -325,7 +327,9 @@ class NamespaceSandbox(LiveSandbox):
     # -- setup ---------------------------------------------------------------------------
     def _setup(self) -> None:
         plan = self.plan
-        if self.root:
+        if self._ready:
+            self.uid = self.gid = self._ready[1]
+        elif self.root:
             self.uid = self.gid = ids.pick()
         else:
             self.uid, self.gid = os.getuid(), os.getgid()
@@ -338,8 +342,12 @@ class NamespaceSandbox(LiveSandbox):
 
                 self.image_root = image_root(self.dir, op)
         scratch = plan.find(Scratch)[0]
-        self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
-                                     self.gid, enforce=self.root and not self._unenforced(scratch))
+        if self._ready:
+            self.scratch = self._ready[2]
+        else:
+            self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
+                                         self.gid,
+                                         enforce=self.root and not self._unenforced(scratch))
         self.fds: dict[str, int] = {}
         if self.user_account:
             self._user_account()
@@ -411,6 +419,18 @@ class NamespaceSandbox(LiveSandbox):
         except OSError as e:
             raise SandboxSetupError(f"the user namespace with a user account: {e.strerror}",
                                     step="userns", errno=e.errno) from None
+
+    def _ready_key(self) -> tuple[int, int] | None:
+        """What a run dir made ahead must match: its scratch's (size, inodes); None when
+        this sandbox does not take one (not root, or scratch not enforced)."""
+        scratch = self.plan.find(Scratch)[0]
+        if not self.root or self._unenforced(scratch):
+            return None
+        return (scratch.size, scratch.inodes)
+
+    def _take_ready(self):
+        key = self._ready_key()
+        return DEFERRED.take_ready(key) if key is not None else None
 
     def _unenforced(self, op: Op) -> bool:
         return not self.check.enforces(op)
@@ -733,10 +753,24 @@ class NamespaceSandbox(LiveSandbox):
             run_dir, self.dir = self.dir, None
             if (defer_as is not None and run_dir.mounts == [self.scratch]
                     and not self._inflight.running()):
-                DEFERRED.submit(defer_as, run_dir.id, lambda: remove_run(run_dir, kept))
+                key = self._ready_key()
+                DEFERRED.submit(defer_as, run_dir.id, lambda: remove_run(run_dir, kept),
+                                ready=(key, lambda: _make_ready(*key)) if key else None)
             else:
                 problems += remove_run(run_dir, kept)
         return problems
+
+
+def _make_ready(size: int, inodes: int):
+    """A run dir with its scratch tmpfs mounted, for a later sandbox (host/deferred.py):
+    (run dir, its uid, the scratch's path)."""
+    d = rundir.RunDir()
+    try:
+        uid = ids.pick()
+        return d, uid, setup_scratch(d, size, inodes, uid, uid, enforce=True)
+    except BaseException:
+        d.remove()
+        raise
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -20,7 +20,14 @@ Its problems (each a sentence: an unmount or removal that failed) are never drop
    the next corral start sweeps them, cgroups and mounts included (linux/rundir.py), as
    it does for any dead supervisor's.
 
-A forked child starts with an empty queue; what its parent queued stays the parent's.
+After such a teardown the thread also makes a run directory ahead for the next sandbox
+of the same kind (a uid picked, its scratch tmpfs mounted with the same size and inode
+caps: namespace.py's _make_ready), at most READY_MAX of a kind; a sandbox takes one
+(`take_ready`) instead of making its own. Each is used once. They are this process's run
+dirs like any other (locked: swept if it dies) and removed at exit (`drain_ready`).
+
+A forked child starts with an empty queue and none made ahead; what its parent queued or
+made stays the parent's.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ import os
 
 #: problems kept for the next run at most (older ones go to stderr instead)
 MAX_PROBLEMS = 64
+#: run dirs (scratch tmpfs mounted, a uid picked) made ahead per kind at most
+READY_MAX = 2
 
 
 class Deferred:
@@ -44,6 +53,8 @@ class Deferred:
         self._thread = False
         #: (run id or None, run dir id, problem)
         self._problems: list[tuple[str | None, str, str]] = []
+        #: (key, (run dir, uid, scratch)): run dirs made ahead for the next sandboxes
+        self._ready: list = []
 
     def _mine(self) -> bool:
         if os.getpid() == self._pid:
@@ -51,8 +62,18 @@ class Deferred:
         self.__init__()      # a forked child: the parent's queue and thread are not its own
         return False
 
-    def submit(self, run_id: str | None, dir_id: str, work) -> None:
-        """Queue `work()` (returns a list of problems) for the teardown thread."""
+    def submit(self, run_id: str | None, dir_id: str, work, ready=None) -> None:
+        """Queue `work()` (returns a list of problems) for the teardown thread; `ready`:
+        (key, make), after it the thread makes one run dir ahead with `make()` unless
+        READY_MAX of that key are waiting (take_ready)."""
+        if ready is not None:
+            key, make = ready
+            inner = work
+
+            def work():
+                problems = inner()
+                self._make_ready(key, make)
+                return problems
         with self._lock:
             self._mine()
             if not self._queue:
@@ -89,6 +110,43 @@ class Deferred:
                 spill = self._problems[:-MAX_PROBLEMS]
                 del self._problems[:-MAX_PROBLEMS]
             _to_stderr(spill)
+
+    def _make_ready(self, key, make) -> None:
+        with self._lock:
+            if sum(k == key for k, _ in self._ready) >= READY_MAX:
+                return
+        try:
+            item = make()
+        except Exception:  # noqa: BLE001 - the next sandbox makes its own, and says why
+            return
+        with self._lock:
+            if self._mine():
+                self._ready.append((key, item))
+                return
+        item[0].remove()   # pragma: no cover - forked meanwhile
+
+    def take_ready(self, key):
+        """A run dir made ahead for `key` (what make() returned), or None."""
+        with self._lock:
+            if not self._mine():
+                return None
+            for i, (k, item) in enumerate(self._ready):
+                if k == key:
+                    del self._ready[i]
+                    return item
+        return None
+
+    def drain_ready(self) -> list[str]:
+        """Remove the run dirs made ahead (at exit; bench/leaks.py before it counts).
+        Returns problems."""
+        with self._lock:
+            if not self._mine():
+                return []
+            ready, self._ready = self._ready, []
+        problems: list[str] = []
+        for _, item in ready:
+            problems += item[0].remove()
+        return problems
 
     def pending(self) -> int:
         with self._lock:
@@ -136,6 +194,7 @@ DEFERRED = Deferred()
 
 def _at_exit() -> None:
     DEFERRED.flush()
+    _to_stderr([(None, "made ahead", p) for p in DEFERRED.drain_ready()])
     _to_stderr(DEFERRED.take_problems())
 
 

@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 def coerce_policy(policy: Policy | dict | str | os.PathLike | None) -> Policy:
     """A Policy from a Policy, a dict in the TOML layout, or a TOML file path."""
     if policy is None:
-        return Policy()
+        if _DEFAULT[0] is None:
+            _DEFAULT[0] = Policy()
+        return _DEFAULT[0]
     if isinstance(policy, Policy):
         return policy
     from ..policy import load_policy, policy_from_dict  # not for a Policy or None
@@ -38,6 +40,8 @@ def coerce_policy(policy: Policy | dict | str | os.PathLike | None) -> Policy:
     return load_policy(os.fspath(policy))
 
 
+#: the default Policy (frozen: one is shared), made on first use
+_DEFAULT: list = [None]
 #: Policies made from dicts (frozen: one is shared safely), by the dict's content:
 #: validating a dict costs ~0.1 ms of each corral.run(argv, policy) and most callers pass
 #: the same few. Only dicts whose Policy depends on nothing but their content are kept:

@@ -122,3 +122,28 @@ def test_what_is_queued_is_done_before_the_process_exits():
     paths = p.stdout.split()
     assert len(paths) >= 5
     assert [path for path in paths if os.path.exists(path)] == []
+
+
+def test_runs_in_many_threads_never_queue_more_than_the_bound(run_dirs):
+    import threading
+
+    from corral.backends.host import deferred
+
+    seen, bad = [], []
+
+    def runs():
+        for _ in range(10):
+            r = corral.run(["/bin/true"])
+            seen.append(DEFERRED.pending())
+            if r.verdict != "ok":
+                bad.append(r)
+    threads = [threading.Thread(target=runs) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == [] and len(seen) == 40
+    assert max(seen) <= deferred.MAX_PENDING
+    assert DEFERRED.flush(60) and DEFERRED.take_problems() == []
+    assert DEFERRED.drain_ready() == []
+    assert [d.path for d in run_dirs if os.path.exists(d.path)] == []

@@ -751,12 +751,13 @@ class NamespaceSandbox(LiveSandbox):
         if getattr(self, "dir", None) is not None:
             kept, self._cgroups = self._cgroups, []
             run_dir, self.dir = self.dir, None
-            if (defer_as is not None and run_dir.mounts == [self.scratch]
-                    and not self._inflight.running()):
-                key = self._ready_key()
-                DEFERRED.submit(defer_as, run_dir.id, lambda: remove_run(run_dir, kept),
-                                ready=(key, lambda: _make_ready(*key)) if key else None)
-            else:
+            key = self._ready_key()
+            if not (defer_as is not None and run_dir.mounts == [self.scratch]
+                    and not self._inflight.running()
+                    and DEFERRED.submit(defer_as, run_dir.id,
+                                        lambda: remove_run(run_dir, kept),
+                                        ready=(key, lambda: _make_ready(*key)) if key
+                                        else None)):
                 problems += remove_run(run_dir, kept)
         return problems
 

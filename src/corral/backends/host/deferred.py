@@ -40,6 +40,8 @@ import os
 MAX_PROBLEMS = 64
 #: run dirs (scratch tmpfs mounted, a uid picked) made ahead per kind at most
 READY_MAX = 2
+#: teardowns queued at most; past it the caller tears down itself (submit)
+MAX_PENDING = 4
 
 
 class Deferred:
@@ -62,10 +64,12 @@ class Deferred:
         self.__init__()      # a forked child: the parent's queue and thread are not its own
         return False
 
-    def submit(self, run_id: str | None, dir_id: str, work, ready=None) -> None:
+    def submit(self, run_id: str | None, dir_id: str, work, ready=None) -> bool:
         """Queue `work()` (returns a list of problems) for the teardown thread; `ready`:
         (key, make), after it the thread makes one run dir ahead with `make()` unless
-        READY_MAX of that key are waiting (take_ready)."""
+        READY_MAX of that key are waiting (take_ready). False, and nothing queued, when
+        MAX_PENDING are waiting already (runs in many threads outpace the one teardown
+        thread): the caller then does the work itself, as if there were no thread."""
         if ready is not None:
             key, make = ready
             inner = work
@@ -76,6 +80,8 @@ class Deferred:
                 return problems
         with self._lock:
             self._mine()
+            if len(self._queue) >= MAX_PENDING:
+                return False
             if not self._queue:
                 self._idle.acquire()
             self._queue.append((run_id, dir_id, work))
@@ -84,6 +90,7 @@ class Deferred:
                 _thread.start_new_thread(self._loop, ())
             if self._wake.locked():
                 self._wake.release()
+        return True
 
     def _loop(self) -> None:
         while True:

@@ -197,6 +197,9 @@ def _to_stderr(problems) -> None:
 
 
 DEFERRED = Deferred()
+# a child forked while the thread held the lock must not inherit it locked: it starts
+# afresh at once (the parent's queue, thread and run dirs made ahead are not its own)
+os.register_at_fork(after_in_child=DEFERRED.__init__)
 
 
 def _at_exit() -> None:

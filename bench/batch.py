@@ -23,6 +23,11 @@ work on the machine changes from round to round, less within one):
                  CPU each, P/2 jobs at once on each (P in all); started once, outside the
                  timing; the driver is this process
 
+CPU a job (where cpuacct is a cgroup v1 hierarchy apart from cpu, as root): the bench
+runs in a cpuacct cgroup of its own, which every contender's processes and sandboxes are
+below (not the Ray cluster's, started before it): the median over rounds of its CPU time
+per job, all processes and the kernel's work for them.
+
 Per-job overhead of Ray = (wall of batch ray - wall of batch local) / N * P: the extra
 slot-time each job costs; and the driver's own CPU time per job on Ray (this process:
 dispatch, results, output lines, audit records), which bounds how many nodes one driver
@@ -120,6 +125,51 @@ class RayCluster:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+class CpuAccount:
+    """This process (and all it starts from now on, the sandboxes' run cgroups below it
+    included) in a cpuacct cgroup of its own, when cpuacct is a cgroup v1 hierarchy apart
+    from cpu (so the scheduler's view of the contenders is unchanged): the CPU time every
+    process of a contender used, the kernel's work on their behalf included (not its
+    deferred work in kernel threads). None where that cannot be had."""
+
+    ROOT = "/sys/fs/cgroup/cpuacct"
+
+    def __init__(self) -> None:
+        self.dir = None
+        cpu = "/sys/fs/cgroup/cpu"
+        try:
+            if os.path.samefile(self.ROOT, cpu):
+                return
+            with open("/proc/self/cgroup") as f:
+                own = next(line.split(":", 2)[2].strip() for line in f
+                           if "cpuacct" in line.split(":", 2)[1].split(","))
+            d = os.path.join(self.ROOT + own, f"corral-bench-{os.getpid()}")
+            os.mkdir(d)
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        except (OSError, StopIteration):
+            return
+        self.dir, self.home = d, os.path.dirname(d)
+
+    def ns(self) -> int:
+        with open(os.path.join(self.dir, "cpuacct.usage")) as f:
+            return int(f.read())
+
+    def close(self) -> None:
+        if self.dir is None:
+            return
+        try:
+            with open(os.path.join(self.home, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        except OSError:
+            return
+        for d in sorted((r for r, _, _ in os.walk(self.dir)), key=len, reverse=True):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -138,6 +188,7 @@ def main() -> int:
     info = startup.machine()
     base = startup.Bench(use_runsc=False)
     cluster = RayCluster() if args.ray else None
+    acct = CpuAccount()      # after the cluster: its processes stay out of the account
     contenders = {
         "bwrap pool": lambda: bwrap_pool(base, n, p),
         "batch local": lambda: batch(n, p),
@@ -155,21 +206,28 @@ def main() -> int:
         contenders["batch ray"] = on_ray
     names = list(contenders)
     walls: dict[str, list[float]] = {c: [] for c in names}
+    cpu_ms: dict[str, list[float]] = {c: [] for c in names if c != "batch ray"}
     load0 = os.getloadavg()
     try:
         batch(min(n, 20), p)                 # warm-up: imports, caches, the receipt key
         for rnd in range(rounds):
             k = rnd % len(names)
             for c in names[k:] + names[:k]:
+                t0 = acct.ns() if acct.dir and c in cpu_ms else None
                 w = contenders[c]()
                 walls[c].append(w)
-                print(f"  round {rnd + 1} {c:12} {n / w:7.1f} jobs/s ({w:.2f} s)",
+                extra = ""
+                if t0 is not None:
+                    cpu_ms[c].append((acct.ns() - t0) / n / 1e6)
+                    extra = f", {cpu_ms[c][-1]:.1f} ms CPU a job"
+                print(f"  round {rnd + 1} {c:12} {n / w:7.1f} jobs/s ({w:.2f} s{extra})",
                       file=sys.stderr, flush=True)
     finally:
         base.close()
         if cluster is not None:
             cluster.close()
         shutil.rmtree(state, ignore_errors=True)
+        acct.close()
     load1 = os.getloadavg()
     wall = {c: statistics.median(ws) for c, ws in walls.items()}
     rate = {c: n / w for c, w in wall.items()}
@@ -178,13 +236,15 @@ def main() -> int:
     # paired: each round's ratio to the bwrap pool of the same round, then the median
     paired = {c: statistics.median(b / w for w, b in zip(walls[c], walls["bwrap pool"]))
               for c in names}
+    cpu = {c: statistics.median(v) for c, v in cpu_ms.items() if v}
     for c in names:
         print(f"  {c:12} {rate[c]:7.1f} jobs/s   {paired[c]:.2f}x bwrap pool (median of "
               f"the rounds' paired ratios; of the medians: "
-              f"{rate[c] / rate['bwrap pool']:.2f}x)")
+              f"{rate[c] / rate['bwrap pool']:.2f}x)"
+              + (f"; CPU {cpu[c]:.1f} ms a job" if c in cpu else ""))
     out = {"machine": info, "jobs": n, "parallel": p, "rounds": rounds, "walls": walls,
            "jobs_per_s": rate, "paired_ratio": paired, "ratio_local": paired["batch local"],
-           "goal": f"batch local >= {GOAL}x bwrap pool"}
+           "goal": f"batch local >= {GOAL}x bwrap pool", "cpu_ms_per_job": cpu}
     if "batch ray" in wall:
         over = (wall["batch ray"] - wall["batch local"]) / n * p * 1000
         out["ray_overhead_ms_per_job"] = over

@@ -11,7 +11,8 @@ notes the time after each step (time.perf_counter_ns, in the process):
   open      the run dir, the /etc tree, scratch, the seccomp program, bwrap's argv
   exec      one `/bin/true`: its cgroup, bwrap, the command, the Result (bwrap's own time,
             measured on its own by bench/startup.py, is most of it)
-  close     scratch unmounted, run dir removed, cgroups given back
+  close     scratch unmounted, run dir removed, cgroups given back; the audit record
+            appended to the spool (as `corral run` does)
   atexit    the exit handlers (the cgroup pool drained: the run's cgroups removed)
 
 Around them, timed from outside (wall clock of the whole process, as bench/startup.py):
@@ -43,6 +44,11 @@ import corral.backends.namespace
 _t.append(time.perf_counter_ns())
 r = corral.cli.parse_run_args(["--", "/bin/true"], want_command=True)
 sb = Sandbox(corral.cli.effective_policy(r))
+try:   # as cmd_run: the record goes to the spool at exit (no writer thread, no SQLite)
+    from corral.audit.record import flush, use_spool
+    use_spool()
+except ImportError:   # an older build, without the audit store
+    flush = lambda: None
 _t.append(time.perf_counter_ns())
 sb.open()
 _t.append(time.perf_counter_ns())
@@ -50,6 +56,7 @@ res = sb.exec(r.command)
 assert res.exit_code == 0, res
 _t.append(time.perf_counter_ns())
 sb.close()
+flush()
 _t.append(time.perf_counter_ns())
 import atexit, os
 atexit._run_exitfuncs()

@@ -13,12 +13,22 @@ Issue 3 (Speed) asks, side by side in one run, through the proxy vs direct on lo
                     i.e. the proxy corral starts in the run's cgroup, default limits; a
                     small GET first (it waits for the fresh proxy to start), then the
                     timed download
-       sandbox-Ncpu the same with limits.cpus = nproc (the default is 1.0 and the proxy
+       live         curl in one live sandbox (corral.Sandbox.create, network allow, default
+                    limits), made once for the whole run: sb.commands.run per round, its
+                    proxy forked from the zygote and warm (issue 16's goal is stated for a
+                    live sandbox)
+       sandbox-Ncpu the same as sandbox with limits.cpus = nproc (the default is 1.0 and the proxy
                     shares the run's CPU quota with curl)
        sandbox-copy  the same as sandbox, from a supervisor process of its own whose
                     proxies have CORRAL_EGRESS_RELAY_SPLICE=0 (relay threads that copy
                     through a 4 MiB ring instead of splicing, the default until
                     2026-12-06): the A/B of the ring inside a sandbox
+       direct-cg    direct, with curl in a cpu cgroup made beside the sandboxes' (cgroup v1:
+                    /corral/bench-PID-direct, the live sandbox's cpu.shares and CFS quota
+                    copied): the CPU share a sandboxed client gets, without a proxy. A
+                    reference for like with like: a sandbox is one cgroup (curl and its
+                    proxy together) under corral's, whose weight every sandbox on the
+                    machine shares, where the host's curl is a task of its own
        socat        curl on the host -> a socat TCP forwarder on the host -> the server
        socat-256k   the same with socat -b 262144 (socat's default buffer is 8 KiB)
        proxy        curl -x on the host -> `python -m corral.egress --listen` (standalone)
@@ -29,9 +39,16 @@ Issue 3 (Speed) asks, side by side in one run, through the proxy vs direct on lo
                     2026-12-06)
   2. added latency per request, p50 and p95 (goal: p50 <= direct + 0.5 ms): small GETs, a new
      connection each, from a Python client on the host (direct and standalone proxy,
-     interleaved) and from a Python client inside a sandbox through HTTP_PROXY;
+     interleaved) and from a Python client inside a sandbox (a one-shot corral.run, and
+     the live sandbox above) through HTTP_PROXY;
   3. a storm of 500 concurrent connections from inside one sandbox (limits.open_files =
      2048), each doing one GET through the proxy (goal: 500/500 ok).
+
+CPU per download, beside the MB/s: curl's (getrusage of the children, host variants), the
+server's and the standalone or live proxy's (/proc/PID/stat, every thread). On 2 shared CPUs
+a loaded machine hands out CPU time, so the ratio direct/proxied of the CPU a download costs
+in all is what a busy machine's MB/s ratio tends to; it moves far less with the load than
+MB/s does.
 
 Everything runs on a random /24 of 127.0.0.0/8; nothing leaves the machine. The server is
 a small threaded Python process of this script (--serve) that answers /big from a 200 MB
@@ -41,30 +58,45 @@ file in /dev/shm with sendfile(2) and /small with a 100-byte body.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from startup import machine, percentile, sh  # the same machine description
+from network_clients import (  # noqa: E402 - the server, the clients, /proc readings
+    DIRECT_LATENCY,
+    SANDBOX_LATENCY,
+    SANDBOX_STORM,
+    SMALL,
+    cpu_ms,
+    curl_argv,
+    free_port,
+    get_request,
+    loadavg,
+    progress,
+    sched_ms,
+    serve,
+    socat_version,
+    stats,
+    timed_get,
+    wait_listening,
+)
+from startup import machine, sh  # the same machine description
 
 BIG = 200 * 1000 * 1000          # bytes of the download (200 MB, 1 MB = 10^6 B)
-SMALL = 100                      # bytes of a small body
 WARMUP = 1                       # throughput rounds discarded
 LAT_WARMUP = 10                  # latency requests discarded per batch
 GOAL_RATIO = 0.9                 # issue 16 (issue 3 asked 0.8): throughput >= 0.9 x direct
 GOAL_ADDED_MS = 0.5              # issue 16 (issue 3 asked 1 ms): added p50 latency <= 0.5 ms
 SANDBOX_PY = "/usr/bin/python3"  # the interpreter the sandboxed clients run
+CPU_V1 = "/sys/fs/cgroup/cpu"    # cgroup v1's cpu hierarchy (direct-cg)
 
 HOST_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # no *_proxy
 
@@ -73,186 +105,7 @@ class Failed(Exception):
     pass
 
 
-# -- the server ---------------------------------------------------------------------------
-
-def serve(host: str, path: str) -> None:
-    """HTTP/1.1 on host:0 (the port is printed on stdout), a thread per connection,
-    keep-alive honoured. /big: `path` with sendfile; anything else: SMALL bytes."""
-    size = os.path.getsize(path)
-    fd = os.open(path, os.O_RDONLY)
-    small = b"x" * (SMALL - 1) + b"\n"
-    ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind((host, 0))
-    ls.listen(4096)
-    print(ls.getsockname()[1], flush=True)
-
-    def conn(c: socket.socket) -> None:
-        buf = b""
-        try:
-            while True:
-                while b"\r\n\r\n" not in buf:
-                    d = c.recv(65536)
-                    if not d:
-                        return
-                    buf += d
-                head, buf = buf.split(b"\r\n\r\n", 1)
-                lines = head.split(b"\r\n")
-                target = lines[0].split()[1]
-                close = any(h.lower().replace(b" ", b"") == b"connection:close"
-                            for h in lines[1:])
-                conn_hdr = b"close" if close else b"keep-alive"
-                if target.endswith(b"/big"):
-                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
-                              b"Content-Length: %d\r\nConnection: %s\r\n\r\n" % (size, conn_hdr))
-                    off = 0
-                    while off < size:
-                        n = os.sendfile(c.fileno(), fd, off, size - off)
-                        if n == 0:
-                            return
-                        off += n
-                else:
-                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
-                              b"Content-Length: %d\r\nConnection: %s\r\n\r\n%s"
-                              % (len(small), conn_hdr, small))
-                if close:
-                    return
-        except OSError:
-            return
-        finally:
-            c.close()
-
-    while True:
-        c, _ = ls.accept()
-        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=conn, args=(c,), daemon=True).start()
-
-
-# -- one small request, timed (the same code runs on the host and inside the sandbox) ------
-
-def timed_get(addr: tuple[str, int], request: bytes) -> float:
-    """Seconds from before connect to the last byte of the response (Content-Length)."""
-    t0 = time.perf_counter()
-    s = socket.create_connection(addr)
-    try:
-        s.sendall(request)
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            d = s.recv(65536)
-            if not d:
-                raise OSError("closed before the response head")
-            buf += d
-        head, body = buf.split(b"\r\n\r\n", 1)
-        if not head.startswith(b"HTTP/1.1 200"):
-            raise OSError("status " + head.split(b"\r\n")[0].decode(errors="replace"))
-        n = 0
-        for line in head.split(b"\r\n")[1:]:
-            k, _, v = line.partition(b":")
-            if k.strip().lower() == b"content-length":
-                n = int(v)
-        while len(body) < n:
-            d = s.recv(65536)
-            if not d:
-                raise OSError("closed in the body")
-            body += d
-    finally:
-        s.close()
-    return time.perf_counter() - t0
-
-
-def get_request(host: str, port: int, absolute: bool) -> bytes:
-    target = f"http://{host}:{port}/small" if absolute else "/small"
-    return (f"GET {target} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
-            ).encode()
-
-
-CLIENT = ("from __future__ import annotations\nimport socket, time\n\n"
-          + inspect.getsource(timed_get) + "\n" + inspect.getsource(get_request))
-
-# inside a sandbox: warm + N timed GETs through HTTP_PROXY; prints {"ms": [N], "warmup_ms": [warm]}
-SANDBOX_LATENCY = CLIENT + r'''
-import json, os, sys, urllib.parse
-host, port, n, warm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-p = urllib.parse.urlsplit(os.environ["http_proxy"])
-proxy = (p.hostname, p.port)
-req = get_request(host, port, True)
-ms = [timed_get(proxy, req) * 1e3 for _ in range(n + warm)]
-print(json.dumps({"proxy": os.environ["http_proxy"], "ms": ms[warm:], "warmup_ms": ms[:warm]}))
-'''
-
-# inside a sandbox: N connections opened at once through HTTP_PROXY; once all are open (or
-# have failed), each sends one GET and reads the response
-SANDBOX_STORM = r'''
-import asyncio, json, os, resource, sys, time, urllib.parse
-host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-p = urllib.parse.urlsplit(os.environ["http_proxy"])
-req = ("GET http://%s:%d/small HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n"
-       % (host, port, host, port)).encode()
-errors, opened = {}, [0]
-
-def err(e):
-    k = type(e).__name__ + (": " + str(e) if str(e) else "")
-    errors[k[:120]] = errors.get(k[:120], 0) + 1
-
-async def main():
-    arrived, all_in = [0], asyncio.Event()
-    def arrive():
-        arrived[0] += 1
-        if arrived[0] == n:
-            all_in.set()
-    async def one():
-        try:
-            r, w = await asyncio.wait_for(asyncio.open_connection(p.hostname, p.port), 60)
-        except Exception as e:
-            arrive(); err(e); return False
-        opened[0] += 1
-        arrive()
-        try:
-            await all_in.wait()
-            w.write(req)
-            await w.drain()
-            head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 60)
-            status = head.split(b"\r\n")[0]
-            if not status.startswith(b"HTTP/1.1 200"):
-                raise OSError(status.decode(errors="replace"))
-            length = [int(l.split(b":")[1]) for l in head.split(b"\r\n")
-                      if l.lower().startswith(b"content-length:")][0]
-            await asyncio.wait_for(r.readexactly(length), 60)
-            return True
-        except Exception as e:
-            err(e); return False
-        finally:
-            w.close()
-    # one GET first: the fresh proxy's start-up is not the storm's
-    r, w = await asyncio.open_connection(p.hostname, p.port)
-    w.write(req)
-    head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 60)
-    w.close()
-    t0 = time.perf_counter()
-    tasks = [asyncio.ensure_future(one()) for _ in range(n)]
-    await all_in.wait()
-    t_open = time.perf_counter() - t0
-    ok = sum(await asyncio.gather(*tasks))
-    return ok, t_open, time.perf_counter() - t0
-
-ok, t_open, wall = asyncio.run(main())
-print(json.dumps({"n": n, "ok": ok, "errors": errors, "opened_at_once": opened[0],
-                  "open_s": t_open, "wall_s": wall,
-                  "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)}))
-'''
-
-
 # -- the bench ----------------------------------------------------------------------------
-
-def curl_argv(url: str, proxy: str | None = None, sandbox: bool = False) -> list[str]:
-    argv = ["curl", "-sS", "-o", "/dev/null", "-w",
-            "%{http_code} %{size_download} %{speed_download}", "-m", "120"]
-    if proxy:
-        argv += ["-x", proxy]
-    elif not sandbox:
-        argv += ["--noproxy", "*"]
-    return argv + [url]
-
 
 def parse_curl(out: str, err: str) -> float:
     """MB/s from curl's -w line; Failed unless a 200 with every byte."""
@@ -267,7 +120,7 @@ def parse_curl(out: str, err: str) -> float:
 
 
 class Bench:
-    def __init__(self, net: str) -> None:
+    def __init__(self, net: str, ab_src: str | None = None) -> None:
         self.procs: list[subprocess.Popen] = []
         self.tmp = tempfile.mkdtemp(prefix="corral-bench-net-", dir="/dev/shm")
         self.srv_ip, self.relay_ip, self.proxy_ip = f"{net}.1", f"{net}.2", f"{net}.3"
@@ -332,6 +185,22 @@ class Bench:
         self.splice_cpu_ms: list[float] = []
         if "listening on" not in q.stderr.readline().decode():
             raise SystemExit("the standalone proxy (relay threads splicing) did not start")
+        # --ab-src: the same standalone proxy from another source tree (say main's, from
+        # `git archive main src | tar -x -C DIR`), its small requests interleaved with the
+        # others in the latency batches: an A/B of the proxy's code in one run
+        self.ab_pid = self.ab_port = None
+        self.lat_ab: list[float] = []
+        self.lat_ab_cpu_us: list[float] = []
+        if ab_src:
+            self.ab_port = free_port(self.proxy_ip)
+            code = (f"import runpy, sys; sys.path.insert(0, {os.path.abspath(ab_src)!r}); "
+                    f"runpy.run_module('corral.egress', run_name='__main__', alter_sys=True)")
+            q = self._spawn([sys.executable, "-I", "-c", code, "--config", self.proxy_cfg,
+                             "--listen", f"{self.proxy_ip}:{self.ab_port}", "--events",
+                             "/dev/null"], stderr=subprocess.PIPE)
+            self.ab_pid = q.pid
+            if "listening on" not in q.stderr.readline().decode():
+                raise SystemExit(f"the proxy from {ab_src} did not start")
         #: CPU ms (user + system, every thread) the standalone proxy spent per download:
         #: what it costs, which load on the machine moves far less than MB/s
         self.proxy_cpu_ms: list[float] = []
@@ -343,6 +212,13 @@ class Bench:
         import corral
         self.corral = corral
         self.nproc = len(os.sched_getaffinity(0))
+        self.srv_pid = srv.pid
+        #: per variant, CPU ms of each download: {"curl": [...], "server": [...], "proxy": [...]}
+        self.cpu: dict[str, dict[str, list[float]]] = {}
+        self._live = None           # the live sandbox (live_sandbox()), made on first use
+        self._direct_cg: str | None = None   # direct-cg's cpu cgroup, made on first use
+        #: the standalone proxy's CPU per small request, us, one figure per latency batch
+        self.lat_cpu_us: list[float] = []
 
     def _spawn(self, argv, **kw) -> subprocess.Popen:
         kw.setdefault("stdout", subprocess.PIPE)
@@ -351,7 +227,71 @@ class Bench:
         self.procs.append(p)
         return p
 
+    def live_sandbox(self):
+        """The run's one live sandbox (Sandbox.create, default limits), made on first use."""
+        if self._live is None:
+            from corral.backends.host import zygote
+
+            zygote.warm()               # as in a long-lived supervisor: its proxy is forked
+            zygote.wait_ready()
+            pol = self.policy()
+            # one proxy for every round: the default budget (per sandbox) would cut it
+            pol["network"]["budget"] = {"requests": 1000000, "bytes_in": "1000G",
+                                        "bytes_out": "1000G"}
+            try:
+                self._live = self.corral.Sandbox.create(pol, timeout=3600)
+            except Exception as e:  # corral failing is a result here
+                raise Failed(f"Sandbox.create raised {type(e).__name__}: {e}") from e
+        return self._live
+
+    def live_run(self, argv: list[str]):
+        try:
+            r = self.live_sandbox().commands.run(argv, timeout=150)
+        except Exception as e:  # corral failing is a result here
+            raise Failed(f"commands.run raised {type(e).__name__}: {e}") from e
+        if r.verdict != "ok" or r.exit_code != 0:
+            raise Failed(f"verdict {r.verdict}, exit {r.exit_code}: {r.stderr.strip()[-400:]!r}")
+        return r
+
+    def note_cpu(self, variant: str, **ms: float) -> None:
+        d = self.cpu.setdefault(variant, {})
+        for k, v in ms.items():
+            d.setdefault(k, []).append(v)
+
+    def direct_cgroup(self) -> str:
+        """A cpu cgroup (v1) beside the live sandbox's, with its cpu.shares and CFS quota."""
+        if self._direct_cg is None:
+            sb = self.live_sandbox()
+            proxy = sb._live.proxy
+            if proxy is None:
+                raise Failed("the live sandbox has no proxy")
+            with open(f"/proc/{proxy.pid}/cgroup") as f:
+                rel = next((line.split(":", 2)[2].strip() for line in f
+                            if "cpu" in line.split(":", 2)[1].split(",")), None)
+            src = os.path.join(CPU_V1, (rel or "").lstrip("/"))
+            if not rel or rel == "/" or not os.path.isdir(src):
+                raise Failed(f"no cgroup v1 cpu group for the live sandbox ({rel!r})")
+            cg = os.path.join(os.path.dirname(src), f"bench-{os.getpid()}-direct")
+            os.mkdir(cg)
+            self._direct_cg = cg
+            for name in ("cpu.cfs_period_us", "cpu.cfs_quota_us", "cpu.shares"):
+                with open(os.path.join(src, name)) as f:
+                    value = f.read().strip()
+                with open(os.path.join(cg, name), "w") as f:
+                    f.write(value)
+        return self._direct_cg
+
     def close(self) -> None:
+        if self._direct_cg is not None:
+            try:
+                os.rmdir(self._direct_cg)
+            except OSError:
+                pass
+        if self._live is not None:
+            try:
+                self._live.kill()
+            except Exception:  # noqa: BLE001 - the bench's own teardown
+                pass
         for p in self.procs:
             p.terminate()
         for p in self.procs:
@@ -380,13 +320,38 @@ class Bench:
         return r
 
     # -- throughput: each returns MB/s ------------------------------------------------------
-    def host_curl(self, argv: list[str]) -> float:
+    def host_curl(self, argv: list[str], variant: str | None = None,
+                  proxy_pid: int | None = None, preexec=None) -> float:
+        """curl on the host; with `variant`, the CPU of curl, the server and (proxy_pid)
+        the relay for this download is noted under it."""
+        import resource
+
+        c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        s0 = cpu_ms(self.srv_pid)
+        p0 = cpu_ms(proxy_pid) if proxy_pid else 0.0
         p = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True,
-                           text=True, env=HOST_ENV, timeout=180)
-        return parse_curl(p.stdout, p.stderr)
+                           text=True, env=HOST_ENV, timeout=180, preexec_fn=preexec)
+        mbs = parse_curl(p.stdout, p.stderr)
+        if variant is not None:
+            c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            ms = {"curl": (c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime) * 1e3,
+                  "server": cpu_ms(self.srv_pid) - s0}
+            if proxy_pid:
+                ms["proxy"] = cpu_ms(proxy_pid) - p0
+            self.note_cpu(variant, **ms)
+        return mbs
 
     def tp_direct(self) -> float:
-        return self.host_curl(curl_argv(self.big_url))
+        return self.host_curl(curl_argv(self.big_url), "direct")
+
+    def tp_direct_cg(self) -> float:
+        tasks = os.path.join(self.direct_cgroup(), "tasks")
+
+        def join() -> None:
+            with open(tasks, "w") as f:
+                f.write(str(os.getpid()))
+
+        return self.host_curl(curl_argv(self.big_url), "direct-cg", preexec=join)
 
     def socat_url(self, name: str) -> str:
         return f"http://{self.relay_ip}:{self.socat[name][0]}/big"
@@ -398,10 +363,25 @@ class Bench:
         return self.host_curl(curl_argv(self.socat_url("socat-256k")))
 
     def tp_proxy(self) -> float:
-        t0 = cpu_ms(self.proxy_pid)
-        mbs = self.host_curl(curl_argv(self.big_url, proxy=self.proxy_url))
-        self.proxy_cpu_ms.append(cpu_ms(self.proxy_pid) - t0)
+        mbs = self.host_curl(curl_argv(self.big_url, proxy=self.proxy_url), "proxy",
+                             self.proxy_pid)
+        self.proxy_cpu_ms.append(self.cpu["proxy"]["proxy"][-1])
         return mbs
+
+    def tp_live(self) -> float:
+        """curl in the run's live sandbox, through its (warm, zygote-forked) proxy."""
+        sb = self.live_sandbox()
+        pid = sb._live.proxy.pid if sb._live.proxy is not None else None
+        s0 = cpu_ms(self.srv_pid)
+        p0 = cpu_ms(pid) if pid else 0.0
+        r = self.live_run(curl_argv(self.big_url, sandbox=True))
+        ms = {"server": cpu_ms(self.srv_pid) - s0}
+        if r.usage.cpu_s is not None:
+            ms["curl"] = r.usage.cpu_s * 1e3
+        if pid:
+            ms["proxy"] = cpu_ms(pid) - p0
+        self.note_cpu("live", **ms)
+        return parse_curl(r.stdout, r.stderr)
 
     def tp_proxy_loop(self) -> float:
         t0 = cpu_ms(self.loop_pid)
@@ -457,7 +437,8 @@ class Bench:
         return self.tp_sandbox(cpus=float(self.nproc))
 
     def throughput_variants(self) -> dict:
-        return {"direct": self.tp_direct, "sandbox": self.tp_sandbox,
+        return {"direct": self.tp_direct, "direct-cg": self.tp_direct_cg,
+                "live": self.tp_live, "sandbox": self.tp_sandbox,
                 "sandbox-2cpu" if self.nproc == 2 else f"sandbox-{self.nproc}cpu":
                     self.tp_sandbox_ncpu,
                 "sandbox-copy": self.tp_sandbox_splice,
@@ -471,13 +452,23 @@ class Bench:
         direct_req = get_request(self.srv_ip, self.srv_port, False)
         proxy_req = get_request(self.srv_ip, self.srv_port, True)
         d_addr, p_addr = (self.srv_ip, self.srv_port), (self.proxy_ip, self.proxy_port)
-        direct, proxied = [], []
+        direct, proxied, ab = [], [], []
+        c0 = sched_ms(self.proxy_pid)
+        a0 = sched_ms(self.ab_pid) if self.ab_pid else 0.0
         for i in range(n + LAT_WARMUP):
             pair = [(direct, d_addr, direct_req), (proxied, p_addr, proxy_req)]
+            if self.ab_port:                   # three: rotated, then flipped, each time
+                pair.append((ab, (self.proxy_ip, self.ab_port), proxy_req))
+                k = i % 3
+                pair = pair[k:] + pair[:k]
             for out, addr, req in (pair if i % 2 == 0 else pair[::-1]):
                 ms = timed_get(addr, req) * 1e3
                 if i >= LAT_WARMUP:
                     out.append(ms)
+        self.lat_cpu_us.append((sched_ms(self.proxy_pid) - c0) * 1e3 / (n + LAT_WARMUP))
+        if self.ab_pid:
+            self.lat_ab += ab
+            self.lat_ab_cpu_us.append((sched_ms(self.ab_pid) - a0) * 1e3 / (n + LAT_WARMUP))
         return direct, proxied
 
     def lat_sandbox(self, n: int) -> list[float]:
@@ -486,6 +477,29 @@ class Bench:
         out = json.loads(r.stdout)
         self.first_request_ms.append(out["warmup_ms"][0])
         return out["ms"]
+
+    def lat_direct_cg(self, n: int) -> list[float]:
+        """n GETs straight to the server from SANDBOX_PY on the host, in direct-cg's cgroup."""
+        tasks = os.path.join(self.direct_cgroup(), "tasks")
+
+        def join() -> None:
+            with open(tasks, "w") as f:
+                f.write(str(os.getpid()))
+
+        p = subprocess.run([SANDBOX_PY, "-I", "-c", DIRECT_LATENCY, self.srv_ip,
+                            str(self.srv_port), str(n), str(LAT_WARMUP)], check=False,
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           env=HOST_ENV, timeout=120, preexec_fn=join)
+        try:
+            return json.loads(p.stdout)["ms"]
+        except (ValueError, KeyError):
+            raise Failed(f"the direct-cg client printed {p.stdout[-200:]!r}, stderr "
+                         f"{p.stderr[-300:]!r}") from None
+
+    def lat_live(self, n: int) -> list[float]:
+        r = self.live_run([SANDBOX_PY, "-c", SANDBOX_LATENCY, self.srv_ip, str(self.srv_port),
+                           str(n), str(LAT_WARMUP)])
+        return json.loads(r.stdout)["ms"]
 
     # -- storm ------------------------------------------------------------------------------
     def storm(self, n: int, open_files: int) -> dict:
@@ -504,43 +518,6 @@ class Bench:
         return out
 
 
-def cpu_ms(pid: int) -> float:
-    """utime + stime of pid, all its threads, in ms."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
-
-
-def free_port(ip: str) -> int:
-    s = socket.socket()
-    s.bind((ip, 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def wait_listening(ip: str, port: int, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection((ip, port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-
-
-def stats(xs: list[float]) -> dict:
-    return {"n": len(xs), "median": statistics.median(xs), "p95": percentile(xs, 0.95),
-            "min": min(xs), "max": max(xs)}
-
-
-def progress(text: str) -> None:
-    if sys.stderr.isatty():
-        print(f"\r  {text}\033[K", end="", file=sys.stderr, flush=True)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 runs instead of 9")
@@ -552,6 +529,9 @@ def main() -> int:
     ap.add_argument("--open-files", type=int, default=2048,
                     help="limits.open_files of the storm's sandbox (2048)")
     ap.add_argument("--json", metavar="FILE", help="write every raw sample here")
+    ap.add_argument("--ab-src", metavar="DIR", help="a src/ tree (holding corral/) whose "
+                    "standalone proxy's small requests are interleaved with this one's in "
+                    "the latency batches, CPU per request beside: an A/B of the code")
     ap.add_argument("--serve", nargs=2, metavar=("IP", "FILE"), help=argparse.SUPPRESS)
     ap.add_argument("--sandbox-run", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -576,7 +556,7 @@ def main() -> int:
                           *sys.argv[1:]])
     info = machine()
     info["curl"] = sh(["curl", "--version"])
-    info["socat"] = _socat_version()
+    info["socat"] = socat_version()
     info["commit"] = sh(["git", "-C", HERE, "rev-parse", "--short", "HEAD"]) + (
         " (work tree modified)" if sh(["git", "-C", HERE, "status", "--porcelain",
                                         "--", "../src"]) not in ("exit 0", "") else "")
@@ -589,11 +569,12 @@ def main() -> int:
               "corral", "commit", "euid", "load_start"):
         print(f"  {k:7} {info[k]}")
 
-    bench = Bench(net)
+    bench = Bench(net, args.ab_src)
     errors: dict[str, str] = {}
     tp: dict[str, list[float]] = {}
     tp_warm: dict[str, list[float]] = {}
-    lat: dict[str, list[float]] = {"direct": [], "proxy": [], "sandbox": []}
+    lat: dict[str, list[float]] = {"direct": [], "proxy": [], "sandbox": [], "live": [],
+                                   "direct-cg": []}
     storms: list[dict] = []
     retried: list[str] = []
     t0 = time.monotonic()
@@ -646,6 +627,18 @@ def main() -> int:
                                             lambda: bench.lat_sandbox(args.requests))
                 except (Failed, ValueError, KeyError) as e:
                     errors["latency sandbox"] = f"round {rnd}: {type(e).__name__}: {e}"
+            if "latency live" not in errors:
+                try:
+                    lat["live"] += twice(f"latency live, round {rnd}",
+                                         lambda: bench.lat_live(args.requests))
+                except (Failed, ValueError, KeyError) as e:
+                    errors["latency live"] = f"round {rnd}: {type(e).__name__}: {e}"
+            if "latency direct-cg" not in errors:
+                try:
+                    lat["direct-cg"] += twice(f"latency direct-cg, round {rnd}",
+                                              lambda: bench.lat_direct_cg(args.requests))
+                except (Failed, OSError, subprocess.SubprocessError) as e:
+                    errors["latency direct-cg"] = f"round {rnd}: {type(e).__name__}: {e}"
 
         # 3. storm
         for rnd in range(runs):
@@ -680,6 +673,12 @@ def main() -> int:
                           "relay threads that copy through a 4 MiB ring, the default until "
                           "2026-12-06 (a one-shot supervisor: its proxy starts afresh, not "
                           "from the zygote)",
+        "direct-cg": "the same as direct, curl started in a cpu cgroup (v1) made beside "
+                     "the live sandbox's with its cpu.shares and CFS quota copied",
+        "live": f"sb.commands.run({curl_argv(bench.big_url, sandbox=True)!r}) in one "
+                f"corral.Sandbox.create(policy) made for the whole run (the same policy "
+                f"as sandbox, its budget raised: one proxy serves every round); its proxy "
+                f"forked from the zygote, warm after the first round",
         "sandbox": f"corral.run(['/bin/sh', '-c', {bench.sandbox_curl_cmd()!r}]), network "
                    f"allow={bench.allow} allow_private=['127.0.0.0/8'], default limits "
                    f"(cpus 1.0; the proxy runs in the run's cgroup); the second curl's figure",
@@ -711,6 +710,15 @@ def main() -> int:
         tp_summary[v] = s
         ratio = f"{s['ratio']:.2f}" if base else "-"
         print(f"  {v:14} {s['median']:12.0f} {s['min']:9.0f} {s['max']:9.0f} {ratio:>9}")
+    cg = tp_summary.get("direct-cg")
+    if cg:
+        print("  like with like: the sandboxed variants against direct-cg (curl alone in "
+              "a sandbox's CPU share): " + ", ".join(
+                  f"{v} {tp_summary[v]['median'] / cg['median']:.2f}x"
+                  for v in names if v in tp_summary and v.startswith(("live", "sandbox"))))
+        for v in names:
+            if v in tp_summary and v.startswith(("live", "sandbox")):
+                tp_summary[v]["ratio_direct_cg"] = tp_summary[v]["median"] / cg["median"]
     print("  commands:")
     for v in names:
         print(f"    {v:14} {how[v]}")
@@ -721,6 +729,29 @@ def main() -> int:
             print(f"  {label}: the standalone proxy's CPU time per {BIG // 10**6} MB download "
                   f"{pc['median']:.0f} ms median (min {pc['min']:.0f}, max {pc['max']:.0f}; "
                   f"user + system, every thread)")
+    cpu_summary = {}
+    if bench.cpu:
+        print(f"  CPU ms per {BIG // 10**6} MB download, median (curl: getrusage of the "
+              f"children, or the live command's usage; server and proxy: /proc/PID/stat, "
+              f"10 ms ticks):")
+        print(f"  {'variant':14} {'curl':>7} {'server':>7} {'proxy':>7} {'total':>7} "
+              f"{'direct/total':>13}")
+        tot = {}
+        for v in names:
+            d = bench.cpu.get(v)
+            if not d:
+                continue
+            med = {k: statistics.median(xs) for k, xs in d.items() if xs}
+            if "curl" in med and "server" in med:
+                tot[v] = med["curl"] + med["server"] + med.get("proxy", 0.0)
+            cpu_summary[v] = {**med, **({"total": tot[v]} if v in tot else {})}
+        for v, med in cpu_summary.items():
+            ratio = (f"{tot['direct'] / tot[v]:.2f}" if "direct" in tot and v in tot
+                     else "")
+            print(f"  {v:14} {med.get('curl', float('nan')):7.0f} "
+                  f"{med.get('server', float('nan')):7.0f} "
+                  f"{med.get('proxy', float('nan')):7.0f} "
+                  f"{med.get('total', float('nan')):7.0f} {ratio:>13}")
     if bench.first_byte_ms:
         fb = stats(bench.first_byte_ms)
         print(f"  a fresh sandbox's first request (the small GET before each sandboxed "
@@ -735,11 +766,13 @@ def main() -> int:
     lat_summary = {}
     labels = {"direct": "host -> server (direct)",
               "proxy": "host -> standalone proxy -> server",
-              "sandbox": "sandbox -> HTTP_PROXY -> server"}
+              "sandbox": "sandbox -> HTTP_PROXY -> server",
+              "live": "live sandbox -> HTTP_PROXY -> srv",
+              "direct-cg": "host, sandbox's CPU share -> srv"}
     if lat["direct"]:
         bd = stats(lat["direct"])
         bd["p50"] = bd["median"]
-        for k in ("direct", "proxy", "sandbox"):
+        for k in ("direct", "proxy", "sandbox", "live", "direct-cg"):
             if not lat[k]:
                 print(f"  {labels[k]:34} {'failed: see below':>30}")
                 continue
@@ -756,8 +789,33 @@ def main() -> int:
             lat_summary["proxy"]["paired_added_p50"] = statistics.median(pairs)
             print(f"  (host: median of the per-pair difference, proxy minus direct: "
                   f"{statistics.median(pairs):+.3f} ms)")
+        if bench.lat_cpu_us:
+            lat_summary["proxy"]["cpu_us_per_request"] = statistics.median(bench.lat_cpu_us)
+            print(f"  the standalone proxy's CPU per request: "
+                  f"{statistics.median(bench.lat_cpu_us):.0f} us median of the batches "
+                  f"(schedstat, every thread)")
+        if bench.lat_ab:
+            s = stats(bench.lat_ab)
+            lat_summary["proxy-ab"] = {**s, "p50": s["median"],
+                                       "added_p50": s["median"] - bd["p50"],
+                                       "cpu_us_per_request":
+                                           statistics.median(bench.lat_ab_cpu_us)}
+            print(f"  --ab-src {args.ab_src}: its proxy p50 {s['median']:.3f} ms "
+                  f"({s['median'] - bd['p50']:+.3f} ms; this tree's "
+                  f"{lat_summary['proxy']['added_p50']:+.3f}), CPU per request "
+                  f"{statistics.median(bench.lat_ab_cpu_us):.0f} us (this tree's "
+                  f"{statistics.median(bench.lat_cpu_us):.0f})")
     print(f"  the sandboxed client is {SANDBOX_PY} under corral's seccomp filter; its "
           f"added figures are against the host's direct client")
+    if lat["direct-cg"] and lat_summary:
+        cg = statistics.median(lat["direct-cg"])
+        print(f"  like with like: against direct-cg ({SANDBOX_PY} on the host in a cpu cgroup "
+              f"with the live sandbox's share, p50 {cg:.3f} ms): " + ", ".join(
+                  f"{k} {lat_summary[k]['p50'] - cg:+.3f} ms" for k in ("sandbox", "live")
+                  if k in lat_summary))
+        for k in ("sandbox", "live"):
+            if k in lat_summary:
+                lat_summary[k]["added_p50_direct_cg"] = lat_summary[k]["p50"] - cg
     if bench.first_request_ms:
         fr = stats(bench.first_request_ms)
         print(f"  first request of each sandbox (a warm-up one, not in the table): "
@@ -786,11 +844,12 @@ def main() -> int:
         met = s["ratio"] >= GOAL_RATIO
         reference = (" (reference)" if v.startswith("socat") or v in ("proxy-loop",
                                                                        "proxy-copy",
-                                                                       "sandbox-copy")
+                                                                       "sandbox-copy",
+                                                                       "direct-cg")
                      else "")
         goal(f"throughput {v} >= {GOAL_RATIO} x direct{reference}",
              f"{s['median']:.0f} vs {base:.0f} MB/s ({s['ratio']:.2f}x)", met)
-    for k in ("proxy", "sandbox"):
+    for k in ("proxy", "sandbox", "live"):
         s = lat_summary.get(k)
         if s:
             goal(f"latency {k}: added p50 <= {GOAL_ADDED_MS:g} ms",
@@ -819,7 +878,8 @@ def main() -> int:
         out = {"command": command, "machine": info, "runs": runs, "warmup": WARMUP,
                "bytes": BIG, "commands": how, "errors": errors, "retried": retried,
                "throughput_mb_s": tp, "throughput_warmup_mb_s": tp_warm,
-               "throughput_summary": tp_summary,
+               "throughput_summary": tp_summary, "cpu_ms": bench.cpu,
+               "cpu_summary": cpu_summary,
                "latency_ms": lat, "latency_summary": lat_summary,
                "storm": storms, "goals": goals,
                "sandbox_first_byte_ms": bench.first_byte_ms,
@@ -830,26 +890,6 @@ def main() -> int:
             json.dump(out, f, indent=1)
         print(f"\nraw samples written to {args.json}")
     return 0
-
-
-def loadavg() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3]) + " (1, 5, 15 min)"
-    except OSError as e:
-        return f"unavailable ({e})"
-
-
-def _socat_version() -> str:
-    try:
-        out = subprocess.run(["socat", "-V"], check=False, capture_output=True,
-                             text=True).stdout
-    except OSError as e:
-        return f"unavailable ({e})"
-    for line in out.splitlines():
-        if line.startswith("socat version"):
-            return line.strip()
-    return "unknown"
 
 
 if __name__ == "__main__":

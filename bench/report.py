@@ -447,10 +447,14 @@ def network_section(net: dict) -> list[str]:
     L += table(["variant", "median", "min", "max", "x direct"], rows) + [""]
     ls = net["latency_summary"]
     names = {"direct": "host -> server (direct)", "proxy": "host -> standalone proxy -> server",
-             "sandbox": "sandbox -> HTTP_PROXY -> server"}
+             "sandbox": "sandbox -> HTTP_PROXY -> server",
+             "live": "live sandbox -> HTTP_PROXY -> server",
+             "direct-cg": "host, a sandbox's CPU share -> server (direct)",
+             "proxy-ab": "host -> --ab-src's standalone proxy -> server"}
     rows = [[names.get(k, k), f"{s['p50']:.3f}", f"{s['p95']:.3f}",
-             f"+{s['added_p50']:.3f}" if k != "direct" else "",
-             f"+{s['added_p95']:.3f}" if k != "direct" else ""] for k, s in ls.items()]
+             f"{s['added_p50']:+.3f}" if k != "direct" else "",
+             f"{s['added_p95']:+.3f}" if k != "direct" and "added_p95" in s else ""]
+            for k, s in ls.items()]
     L += ["Latency of a small GET, new connection each (ms):", ""]
     L += table(["client", "p50", "p95", "added p50", "added p95"], rows) + [""]
     rows = [[str(i + 1), str(s.get("ok", 0)), str(sum(s.get("errors", {}).values())),

@@ -40,16 +40,32 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; th
   for so in /usr/lib/python3/dist-packages/seccomp.cpython-*.so; do ln -sf "$so" "$site/"; done
   echo "$want" > "$stamp"
 fi
-# a launcher without the `re` import of pip's template, in isolated mode (-I: no PYTHON*
-# variables, no user site, no current directory on sys.path) and without the site module
-# (-S, written -IS: a #! line passes one argument; no .pth processing, no sitecustomize; ~2 ms of every start): it puts corral's source
-# and the venv's site-packages on sys.path itself, which is all a .pth here would add;
-# and it starts with the cyclic GC off (the run path's imports set off ~1 ms of collections;
+# bench/.venv: matplotlib, ipykernel and jupyter_client from their own hashed lock, for
+# bench/ and for the tests that run a real Jupyter kernel or a matplotlib figure in a
+# sandbox (tests/tiers/test_live_code.py, test_run_code.py mount it read-only); kept out
+# of .venv, whose pins they would have to share. Rebuilt only when the lock changes.
+block=requirements/bench.lock
+bstamp=bench/.venv/.corral-lock.sha256
+bwant=$(sha256sum "$block" | cut -d' ' -f1)
+if [ ! -x bench/.venv/bin/python ] || [ "$(cat "$bstamp" 2>/dev/null)" != "$bwant" ]; then
+  echo "setup: building bench/.venv from /usr/bin/python3 and $block" >&2
+  rm -rf bench/.venv
+  /usr/bin/python3 -m venv bench/.venv
+  bench/.venv/bin/pip install -q --disable-pip-version-check --require-hashes --only-binary=:all: -r "$block" \
+    2> >(grep -v "is ignored: it is neither" >&2)
+  echo "$bwant" > "$bstamp"
+fi
+# the launcher (.venv/bin/corral) and its run-path file (corral/_runpath.py): pip's template
+# imports `re`; this one runs in isolated mode (-I: no PYTHON* variables, no user site, no
+# current directory on sys.path) without the site module (-S, written -IS: a #! line passes
+# one argument; no .pth processing, no sitecustomize; ~2 ms of every start), puts corral's
+# source and the venv's site-packages on sys.path itself (all a .pth here would add),
+# starts with the cyclic GC off (the run path's imports set off ~1 ms of collections;
 # corral.cli.gc_back_on() turns it on, with those objects frozen, before a command starts)
+# and loads the modules of `corral run` from one file (.venv/corral-runpath) while their
+# sources are unchanged
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-printf '#!%s -IS\nimport gc, sys\ngc.disable()  # corral.cli.gc_back_on() turns it on again\nsys.path[:0] = [%s, %s]\nfrom corral.cli import entry\nentry()\n' \
-  "$PWD/.venv/bin/python3" "'$PWD/src'" "'$site'" > .venv/bin/corral
-chmod 755 .venv/bin/corral
+.venv/bin/python -m corral._runpath .venv/bin/corral .venv/corral-runpath "$PWD/src" "$site" >/dev/null
 # setuptools' distutils shim costs every start a little and corral does not need it
 rm -f .venv/lib/python3*/site-packages/distutils-precedence.pth
 # Moving a process into a cgroup waits out an RCU grace period (~10 ms on an idle host)

@@ -85,7 +85,7 @@ def net_events(r) -> list[dict]:
 
 
 #: the network fixtures (servers, dnsmasq, the grants' world) for every test file
-pytest_plugins = ("netfix", "imagefix")
+pytest_plugins = ("netfix", "imagefix", "vmfix", "wasmfix")
 
 
 @pytest.fixture(scope="session")

@@ -326,94 +326,10 @@ def _review_mode(r: RunArgs, policy) -> bool:
     return on
 
 
-def _review(sb, r: RunArgs) -> dict:
-    """After the command: list the changes (stderr), write --patch, then apply them
-    (--apply, or those accepted at the terminal), drop them (--discard) or leave the
-    host untouched and say how to apply. Returns the summary for --json."""
-    from .runtime.changes import show
+def _review(sb, r: RunArgs) -> dict:   # cli_review.py: loaded only in review mode
+    from .cli_review import review
 
-    changes = sb.changes()
-    say = sys.stderr.write
-    out: dict = {"changes": [c.to_dict() for c in changes], "applied": [], "conflicts": [],
-                 "refused": [], "patch": None}
-    if not changes:
-        say("corral: review: the command changed nothing in the workspace\n")
-        return out
-    say(f"corral: review: {len(changes)} change(s) to the workspace, none on the host yet:\n")
-    for c in changes:
-        say(f"  {c.summary()}\n")
-    if r.patch:
-        data, left = sb.changes_patch()
-        with open(r.patch, "wb") as f:
-            f.write(data)
-        out["patch"] = r.patch
-        say(f"corral: review: wrote the patch to {r.patch} (git apply {r.patch})\n")
-        for path, why in left:
-            say(f"corral: review: not in the patch: {show(path)}: {why}\n")
-    paths = None
-    if r.discard:
-        sb.discard_changes()
-        say("corral: review: changes discarded; the host workspace is untouched\n")
-        return out
-    if not r.apply:
-        if r.patch or r.json or r.stdin or not (os.isatty(0) and os.isatty(2)):
-            if not r.patch:
-                say("corral: review: nothing was applied (no terminal to ask on); the host "
-                    "workspace is untouched. Run again with --apply to copy the changes, or "
-                    "--patch FILE to write them as a patch\n")
-            return out
-        paths = _ask(changes)
-        if not paths:
-            say("corral: review: nothing applied; the host workspace is untouched\n")
-            return out
-    done = sb.apply_changes(paths, exact=paths is not None)
-    out.update(applied=list(done.applied), conflicts=[list(x) for x in done.conflicts],
-               refused=[list(x) for x in done.refused])
-    say(f"corral: review: applied {len(done.applied)} change(s) to the host workspace\n")
-    for path, why in done.conflicts:
-        say(f"corral: review: CONFLICT, left: {show(path)}: {why}\n")
-    for path, why in done.refused:
-        say(f"corral: review: REFUSED: {show(path)}: {why}\n")
-    return out
-
-
-def _ask(changes) -> list[str]:
-    """y/n per change on the terminal (a: this and the rest, q: none of the rest). The
-    directories a file needs come with it; a deleted directory goes once everything in
-    it was accepted."""
-    from .termsafe import neutralise
-
-    picked: list[str] = []
-    rest = None
-    for c in changes:
-        if c.refused or c.conflict or c.type == "dir" and c.kind != "modified":
-            continue
-        if rest is None:
-            sys.stderr.write(c.summary() + "\n")
-            if c.diff:
-                sys.stderr.write(neutralise(c.diff if len(c.diff) < 4000 else
-                                            c.diff[:4000] + "\n[...]\n"))
-            sys.stderr.write("apply it? [y]es, [n]o, [a]ll the rest, [q]uit: ")
-            sys.stderr.flush()
-            answer = sys.stdin.readline().strip().lower()
-            if answer in ("a", "all"):
-                rest = True
-            elif answer in ("q", "quit", ""):
-                rest = False
-            if answer not in ("y", "yes") and rest is not True:
-                if rest is False:
-                    break
-                continue
-        elif rest is False:
-            break
-        picked.append(c.path)
-    for c in changes:   # deleted directories whose whole content was accepted
-        inside = [d.path for d in changes if d.kind == "deleted" and d.type != "dir"
-                  and d.path.startswith(c.path + "/")]
-        if c.kind == "deleted" and c.type == "dir" and inside and all(
-                p in picked for p in inside):
-            picked.append(c.path)
-    return picked
+    return review(sb, r)
 
 
 def _print_events(events: list[dict], *, output_limit: bool = True) -> None:
@@ -434,106 +350,16 @@ def _print_events(events: list[dict], *, output_limit: bool = True) -> None:
             sys.stderr.write(f"corral: {e['kind']} {what}: {text}\n")
 
 
-def _run_tty(r: RunArgs, policy) -> int:
-    """`corral run -t`: the sandbox's own pty, relayed to this process's stdin and stdout
-    (corral.linux.tty); this terminal in raw mode from the start of the command to its end."""
-    from .linux.tty import raw_mode
-    from .runtime.sandbox import Sandbox
+def _run_tty(r: RunArgs, policy) -> int:   # cli_terminal.py: loaded only for -t
+    from .cli_terminal import run_tty
 
-    try:
-        on_out = None if r.json else _write_fd1
-        with _terminate_cleanly():
-            with Sandbox(policy) as sb:
-                sb.open()   # set-up errors show before the terminal goes raw
-                gc_back_on()
-                with raw_mode(0):
-                    result = sb.exec(r.command, stdin=0, tty=True, on_stdout=on_out)
-    except CorralError as e:
-        return _fail(e, r.json)
-    if r.json:
-        sys.stdout.write(result.to_json() + "\n")
-    else:   # the terminal showed all the output: no note that the Result kept only part
-        _print_events(result.events, output_limit=False)
-    return result.cli_exit_status()
+    return run_tty(r, policy)
 
 
-def cmd_shell(args: list[str]) -> int:
-    """`corral shell`: sb.pty.create on this terminal. (`corral shell ID`, for a live
-    sandbox, comes with live sandboxes.)"""
-    as_json = False
-    try:
-        r = parse_run_args(args, want_command=True)
-        if r.help:
-            _help("SHELL")
-            return 0
-        if r.command and "--" not in args:
-            raise UsageError(f"corral shell {r.command[0]}: attaching to a live sandbox "
-                             "by id is not in this build; corral shell alone opens a "
-                             "fresh one (a command goes after --)", field="ID")
-        if not os.isatty(0):
-            raise UsageError("corral shell needs a terminal on stdin; for a pipe use "
-                             "corral run -- CMD", field="stdin")
-        as_json = r.json
-        policy = effective_policy(r)
-        os.environ.setdefault("CORRAL_AUDIT_FACE", "cli")   # the audit store's face
-        return _shell(policy, r.command or None, r.json)
-    except CorralError as e:
-        return _fail(e, as_json)
+def cmd_shell(args: list[str]) -> int:   # cli_terminal.py
+    from .cli_terminal import cmd_shell as shell
 
-
-def _shell(policy, cmd, as_json: bool) -> int:
-    import _signal
-    import select
-
-    from .linux.tty import raw_mode, window_size
-    from .runtime.sandbox import Sandbox
-
-    with _terminate_cleanly():
-        with Sandbox(policy) as sb:
-            sb.open()   # set-up errors show before the terminal goes raw
-            rows, cols = window_size(0) or (24, 80)
-            with raw_mode(0):
-                term = sb.pty.create(cols, rows, cmd, on_data=None if as_json else _write_fd1)
-
-                def resized(signum, frame):
-                    size = window_size(0)
-                    if size:
-                        term.resize(size[1], size[0])
-                old = _signal.signal(28, resized)   # SIGWINCH
-                try:
-                    reading = True
-                    while True:
-                        try:
-                            result = term.wait(0 if reading else None)
-                            break
-                        except TimeoutError:
-                            pass
-                        if select.select([0], [], [], 0.1)[0]:
-                            try:
-                                data = os.read(0, 65536)
-                            except OSError:
-                                data = b""
-                            try:
-                                if data:
-                                    term.send_input(data)
-                            except BrokenPipeError:
-                                data = b""
-                            reading = bool(data)
-                finally:
-                    _signal.signal(28, old)
-    if as_json:
-        sys.stdout.write(result.to_json() + "\n")
-    else:
-        _print_events(result.events, output_limit=False)
-    return result.cli_exit_status()
-
-
-def _write_fd1(data: bytes) -> None:
-    """The terminal's output, from the relay thread: straight to fd 1 (no buffer lock a
-    blocked write could hold at exit)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(1, view):]
+    return shell(args)
 
 
 def _writer(stream, raw: bool):
@@ -637,101 +463,10 @@ def cmd_install(args: list[str]) -> int:
     return install_main(args)
 
 
-def cmd_sandbox(args: list[str]) -> int:
-    """`corral sandbox create|ls|exec|kill` (runtime/supervisor.py, runtime/remote.py)."""
-    import json
+def cmd_sandbox(args: list[str]) -> int:   # cli_sandbox.py: loaded only here
+    from .cli_sandbox import cmd_sandbox as sandbox
 
-    sub, rest = (args[0], args[1:]) if args else ("", [])
-    os.environ.setdefault("CORRAL_AUDIT_FACE", "cli")   # the audit store's face
-    as_json = "--json" in (rest[:rest.index("--")] if "--" in rest else rest)
-    try:
-        if sub in ("-h", "--help", ""):
-            _help("SANDBOX")
-            return 0 if sub else 2
-        if sub == "create":
-            timeout, flags = 300.0, []
-            it = iter(rest)
-            for a in it:
-                name, eq, inline = a.partition("=")
-                if name in ("--timeout", "--idle-timeout", "--command-timeout"):
-                    v = inline if eq else next(it, None)
-                    if v is None:
-                        raise UsageError(f"{name} needs a value", field=name)
-                    if name == "--timeout":
-                        try:
-                            timeout = float(v)
-                        except ValueError:
-                            raise UsageError(f"--timeout {v!r} is not seconds", field=name) from None
-                    else:
-                        key = "idle_timeout" if name == "--idle-timeout" else "timeout"
-                        flags += ["--timeout" if key == "timeout" else "--idle", v]
-                elif a != "--json":
-                    flags.append(a)
-            idle = None
-            if "--idle" in flags:
-                i = flags.index("--idle")
-                idle = flags[i + 1]
-                del flags[i:i + 2]
-            r = parse_run_args(flags, want_command=False)
-            if idle is not None:
-                r.overrides.setdefault("limits", {})["idle_timeout"] = idle
-            from .runtime.remote import connect
-            from .runtime.supervisor import start_detached
-
-            sid = start_detached(effective_policy(r), timeout=timeout)
-            info = connect(sid).get_info()
-            sys.stdout.write((json.dumps(info.to_dict()) if as_json else sid) + "\n")
-            return 0
-        if sub == "ls":
-            from .runtime.registry import entries
-
-            found = entries()
-            if as_json:
-                sys.stdout.write(json.dumps(found) + "\n")
-            else:
-                import time
-
-                for e in found:
-                    left = max(0, e["ends"] - time.time())
-                    sys.stdout.write(f"{e['id']}  {e['isolation']:9}  pid {e['pid']:<8} "
-                                     f"ends in {left:.0f}s\n")
-            return 0
-        if sub in ("exec", "kill"):
-            if not rest or rest[0].startswith("-"):
-                raise UsageError(f"corral sandbox {sub} needs an ID", field="ID")
-            from .runtime.remote import connect
-
-            sb = connect(rest[0])
-            if sub == "kill":
-                sb.kill()
-                return 0
-            r = parse_run_args(rest[1:], want_command=True)
-            if not r.command:
-                raise UsageError("no command given; write corral sandbox exec ID -- CMD...",
-                                 field="CMD")
-            timeout = r.overrides.get("limits", {}).get("timeout")
-            if timeout is not None:
-                from .policy.units import parse_duration
-
-                timeout = parse_duration(timeout)
-            stdin = sys.stdin.buffer.read() if r.stdin else None
-            on_out = on_err = None
-            if not r.json:
-                on_out, on_err = _writer(sys.stdout, r.raw), _writer(sys.stderr, r.raw)
-            result = sb.commands.run(r.command, stdin=stdin, timeout=timeout,
-                                     on_stdout=on_out, on_stderr=on_err)
-            for w in (on_out, on_err):
-                if hasattr(w, "finish"):
-                    w.finish()
-            if r.json:
-                sys.stdout.write(result.to_json() + "\n")
-            else:
-                _print_events(result.events)
-            return result.cli_exit_status()
-        raise UsageError(f"unknown sandbox command {sub!r}; see corral sandbox --help",
-                         field="sandbox")
-    except CorralError as e:
-        return _fail(e, as_json)
+    return sandbox(args)
 
 
 def cmd_audit(name: str):

@@ -137,14 +137,16 @@ SANDBOX_USAGE = """\
 usage: corral sandbox create [run's policy options] [--timeout S] [--idle-timeout D]
                              [--command-timeout D] [--json]
        corral sandbox ls [--json]
-       corral sandbox exec ID [--stdin] [--json] [--timeout D] -- CMD...
+       corral sandbox exec ID [--stdin] [--json] [--raw] [--timeout D]
+                           [--env NAME=VALUE]... -- CMD...
        corral sandbox kill ID
 
 Live sandboxes that outlive this command: `create` starts one with a supervisor process of
 its own and prints its id; it runs until `kill` or its timeout (--timeout, seconds,
 default 300; --idle-timeout: limits.idle_timeout; --command-timeout: each command's
 limits.timeout). `exec` runs CMD in it (files in /scratch and background processes are
-kept between execs) and exits with CMD's status, as `corral run` does.
+kept between execs) and exits with CMD's status, as `corral run` does; a policy option
+given to `exec` is refused (exit 2): the sandbox's policy is the one it was created with.
 """
 
 LEARN_USAGE = """\

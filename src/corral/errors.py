@@ -62,6 +62,29 @@ class UsageError(CorralError):
     exit_code = 2
 
 
+def option_values(args: list[str], names, end: str | None = None):
+    """Walk a command line: (name, value) for an option of `names`, given as `NAME VALUE`
+    or `NAME=VALUE`, and (None, arg) for any other argument; an option with no value left
+    is a UsageError. From `end` on (`--`, say), every argument is (None, arg)."""
+    it = iter(args)
+    for a in it:
+        if a == end:
+            yield None, a
+            for b in it:
+                yield None, b
+            return
+        name, eq, inline = a.partition("=")
+        if name not in names:
+            yield None, a
+        elif eq:
+            yield name, inline
+        else:
+            v = next(it, None)
+            if v is None:
+                raise UsageError(f"{name} needs a value", field=name)
+            yield name, v
+
+
 class UnsupportedRule(CorralError):
     """This tier cannot enforce a rule the user set explicitly; nothing ran."""
 

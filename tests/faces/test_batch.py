@@ -12,6 +12,7 @@ from conftest import CORRAL, PY, tier_unavailable
 
 import corral
 from corral.errors import UsageError
+from corral.scale import slotcg
 
 pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
                                 reason=f"namespace tier: {tier_unavailable('namespace')}")
@@ -255,6 +256,67 @@ def test_a_worker_killed_mid_batch_hangs_nothing_and_loses_no_job(tmp_path):
     assert sorted(x["id"] for x in lines) == list(range(8))
     assert all(x.get("verdict") == "ok" for x in lines), lines
     assert any(x["attempt"] == 2 for x in lines)
+    home = slotcg._own_cpu_dir()
+    if home is not None:   # the killed worker's slot cgroup is swept, the others removed
+        assert not [p for p in workers if os.path.exists(f"{home}/{slotcg.PREFIX}{p}")]
+
+
+def slot_runs(home):
+    """{slot cgroup: [run cgroups in it with a process]} below the cpu cgroup `home`."""
+    found = {}
+    for slot in glob.glob(f"{home}/{slotcg.PREFIX}*"):
+        for run in glob.glob(f"{slot}/corral/*/cgroup.procs"):
+            try:
+                with open(run) as f:
+                    if f.read().split():
+                        found.setdefault(slot, []).append(os.path.dirname(run))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or slotcg._own_cpu_dir() is None,
+                    reason="slot cpu cgroups: cgroup v1 and root only")
+def test_each_local_slot_weighs_as_one_process_and_leaves_no_cgroup():
+    """Every worker moves into a cpu cgroup of its own, below which its sandboxes' run
+    cgroups are made (their own limits unchanged): the batch's slots weigh as P processes
+    with the scheduler, not all sandboxes of the host as one. Nothing is left after."""
+    import threading
+    import time
+
+    home = slotcg._own_cpu_dir()
+    before = set(glob.glob(f"{home}/{slotcg.PREFIX}*"))
+    jobs = [{"id": i, "argv": ["sleep", "1.5"]} for i in range(2)]
+    lines, seen = [], {}
+    t = threading.Thread(target=lambda: lines.extend(
+        corral.batch.map(jobs, {"limits": {"cpus": 0.5}}, concurrency=2)))
+    t.start()
+    while t.is_alive() and len(seen) < 2:
+        for slot, runs in slot_runs(home).items():
+            if slot not in before:
+                try:        # the policy's cpus, on the run's own cgroup as before
+                    with open(f"{runs[0]}/cpu.cfs_quota_us") as f:
+                        seen[slot] = (len(runs), int(f.read()))
+                except OSError:
+                    pass    # it ended in between
+        time.sleep(0.02)
+    t.join(60)
+    assert sorted(x["id"] for x in lines) == [0, 1]
+    assert all(x.get("verdict") == "ok" for x in lines), lines
+    assert len(seen) == 2, seen       # two slots, each its own cgroup with a running job
+    assert set(seen.values()) == {(1, 50_000)}, seen
+    assert set(glob.glob(f"{home}/{slotcg.PREFIX}*")) <= before
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or slotcg._own_cpu_dir() is None,
+                    reason="slot cpu cgroups: cgroup v1 and root only")
+def test_the_slot_cgroup_of_a_dead_worker_is_swept():
+    p = subprocess.Popen(["true"])
+    p.wait()                          # a pid nobody has now
+    d = f"{slotcg._own_cpu_dir()}/{slotcg.PREFIX}{p.pid}"
+    os.makedirs(f"{d}/corral")
+    slotcg.sweep()
+    assert not os.path.exists(d)
 
 
 def test_an_unreachable_ray_address_is_one_line_at_once(tmp_path):
@@ -264,3 +326,47 @@ def test_an_unreachable_ray_address_is_one_line_at_once(tmp_path):
                         "Connection refused; start one with ray start --head "
                         "(docs/scale.md)\n")
     assert (tmp_path / "out.jsonl").read_text() == ""     # nothing ran, nothing written
+
+
+def test_ray_dispatch_keeps_the_queue_in_order_when_nodes_are_full():
+    """The Ray driver's dispatch: jobs it passes over (every node of their tier full) stay
+    at the front in their order; a freed slot takes the first; a node gets up to a next
+    call queued per slot, each call CHUNK_MAX jobs while the queue is long and fewer as it
+    runs short. No cluster: the nodes' actors are stand-ins that record the calls."""
+    pytest.importorskip("ray")
+    from corral.scale import ray as cray
+    from corral.scale.jobs import check_jobs
+
+    calls = []
+
+    class Actor:
+        class run:   # noqa: N801 - stand-ins for the actor's methods
+            @staticmethod
+            def remote(wire, base, attempt):
+                calls.append([wire["id"]])
+                return object()
+
+        class run_many:   # noqa: N801
+            @staticmethod
+            def remote(tasks, base):
+                calls.append([w["id"] for w, _ in tasks])
+                return object()
+
+    k = cray.CHUNK_MAX
+    jobs = check_jobs([{"id": i, "argv": ["true"]} for i in range(1000)])
+    d = cray._Dispatch(jobs, {}, 1)
+    d.nodes["n"] = cray._Node("n", Actor, {"namespace"}, 1)
+    assert list(d.dispatch()) == []
+    assert calls == [list(range(k)), list(range(k, 2 * k))]   # running, and queued
+    assert [j.id for j, _, _ in d.queue] == list(range(2 * k, 1000))
+    assert list(d.dispatch()) == [] and len(calls) == 2       # full: nothing moves
+    assert [j.id for j, _, _ in d.queue] == list(range(2 * k, 1000))
+    d.nodes["n"].busy -= 1
+    list(d.dispatch())
+    assert calls[2] == list(range(2 * k, 3 * k)) and d.queue[0][0].id == 3 * k
+    # the tail: one job a call once fewer are left than the calls the nodes could take
+    while d.queue:
+        d.nodes["n"].busy = 0
+        list(d.dispatch())
+    assert [len(c) for c in calls[-3:]] == [1, 1, 1]
+    assert sorted(i for c in calls for i in c) == list(range(1000))

@@ -72,8 +72,9 @@ def batch(c, jobs, policy=None, concurrency=2):
                                  concurrency=concurrency))
 
 
-def test_jobs_spread_over_both_nodes(cluster):
+def test_jobs_spread_over_both_nodes(cluster, monkeypatch):
     c, _ = cluster
+    monkeypatch.setenv("CORRAL_AUDIT", "1")    # the driver's records (conftest turns it off)
     workers = worker_ids(c)
     assert len(workers) == 2
     jobs = [{"id": i, "argv": ["sh", "-c", f"sleep 0.3; echo {i}"]} for i in range(8)]
@@ -84,6 +85,17 @@ def test_jobs_spread_over_both_nodes(cluster):
     for x in lines:       # each node signed its own receipt of what it ran
         assert x["receipt"]["body"]["run_id"] == x["run_id"]
         assert x["receipt"]["body"]["argv"] == jobs[x["id"]]["argv"]
+    # and the driver's machine keeps every run, with the node's receipt, in its audit
+    # store (CORRAL_STATE_DIR, set by the fixture)
+    from corral.audit import query, record
+
+    assert record.flush(30)
+    for x in lines:
+        got = query.get_run(x["run_id"])
+        assert got is not None, x["run_id"]
+        run, _, receipt = got
+        assert run["face"] == "batch" and run["verdict"] == "ok", run
+        assert receipt == x["receipt"]
 
 
 def test_a_tier_no_node_has_is_reported_not_hung(cluster):

@@ -185,13 +185,18 @@ def test_stdin_that_is_a_terminal_is_refused():
 # -- the start-up path (issue 14): what `corral run` imports, and how it ends -------------
 
 #: imported only when needed: a policy to read, an event to make, an egress proxy, the
-#: whole ctypes package, OpenSSL's hashlib; none is on the path of a plain run
+#: whole ctypes package, OpenSSL's hashlib, the audit store's writer thread (and the
+#: collections it uses), the seccomp tables (a cache miss), the CLI's other commands;
+#: none is on the path of a plain run
 OFF_THE_RUN_PATH = ("corral.policy.load", "corral.policy.units", "corral.events",
                     "corral.backends.host.proxy", "ctypes", "hashlib", "json", "enum",
-                    "typing", "re", "threading", "subprocess", "dataclasses", "inspect")
-#: the corral modules `corral run -- /bin/true` imports (v0.1 imported 20; docs/benchmarks.md):
-#: 27 after issue 14's cuts, and the audit store's hook (corral.audit, corral.audit.record)
-RUN_PATH_MODULES = 29
+                    "typing", "re", "threading", "subprocess", "dataclasses", "inspect",
+                    "collections", "contextvars", "_contextvars", "corral.audit.writer",
+                    "corral.linux.seccomp", "corral.cli_terminal", "corral.cli_review",
+                    "corral.cli_sandbox", "resource")
+#: the corral modules `corral run -- /bin/true` imports (v0.1 imported 20; each extra one is
+#: named in docs/architecture.md, "The start-up path of corral run")
+RUN_PATH_MODULES = 28
 
 
 def launched(tmp_path, *args) -> tuple[set[str], str]:
@@ -231,7 +236,7 @@ def test_run_path_imports_only_what_a_run_needs(tmp_path):
 def test_a_recorded_run_spools_without_sqlite_or_a_thread(tmp_path, monkeypatch):
     """With the audit store on, `corral run` keeps its record in the spool: after the
     command it imports no sqlite3, threading or json, nor the spool's reader (the writer
-    is in corral.audit.record) or the policy's TOML printer (docs/audit.md)."""
+    is in corral.audit.record) nor the writer thread's module, or the policy's TOML printer (docs/audit.md)."""
     monkeypatch.setenv("CORRAL_AUDIT", "1")
     monkeypatch.setenv("CORRAL_STATE_DIR", str(tmp_path / "state"))
     mods, _ = launched(tmp_path, "run", "--", "/bin/true")

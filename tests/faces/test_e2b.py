@@ -16,7 +16,7 @@ import struct
 import httpx
 import pytest
 from conftest import tier_unavailable
-from test_serve import Server, _token
+from e2bfix import e2b_env, e2b_serve
 
 e2b = pytest.importorskip("e2b")
 e2b_ci = pytest.importorskip("e2b_code_interpreter")
@@ -37,47 +37,25 @@ pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve-e2b")
-    s = Server(tmp)
     net = tmp / "net.toml"
     net.write_text('[network]\nmode = "allow"\nallow = ["*.example.com"]\n')
-    s.tokens["a"] = _token(s.state, "a")
-    s.tokens["b"] = _token(s.state, "b")
-    s.tokens["net"] = _token(s.state, "net", "--ceiling", str(net))
-    templates = tmp / "templates.toml"
-    templates.write_text('[small]\nlimits = { memory = "200M" }\n\n'
-                         '[wide]\nnetwork = { mode = "allow", allow = ["*.other.org"] }\n\n'
-                         # the defaults on the host's root: no image build in this file
-                         # (test_e2b_images.py runs them on the python and datascience images)
-                         '[base]\n\n[code-interpreter-v1]\n\n'
-                         '[ghost]\nimage = "never-built"\n')
-    import os
-
-    mine = {"CORRAL_E2B_KEEPALIVE_S": "0.5",        # the subprocess's keepalive period
-            "CORRAL_AUDIT": "1",                     # the audit store on (test_audited)
-            "CORRAL_E2B_TEMPLATES": str(templates), "CORRAL_E2B_DOMAIN": "corral.test"}
-    old = {k: os.environ.get(k) for k in mine}
-    os.environ.update(mine)
-    try:
-        s.start()
-    finally:             # the suite's own values back (conftest sets CORRAL_AUDIT)
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    s = e2b_serve(tmp, {"a": [], "b": [], "net": ["--ceiling", str(net)]},
+                  '[small]\nlimits = { memory = "200M" }\n\n'
+                  '[wide]\nnetwork = { mode = "allow", allow = ["*.other.org"] }\n\n'
+                  # the defaults on the host's root: no image build in this file
+                  # (test_e2b_images.py runs them on the python and datascience images)
+                  '[base]\n\n[code-interpreter-v1]\n\n'
+                  '[ghost]\nimage = "never-built"\n',
+                  {"CORRAL_E2B_KEEPALIVE_S": "0.5",   # the subprocess's keepalive period
+                   "CORRAL_AUDIT": "1",                # the audit store on (test_audited)
+                   "CORRAL_E2B_DOMAIN": "corral.test"})
     yield s
     s.stop()
 
 
 @pytest.fixture
 def env(server, monkeypatch):
-    """The three variables, as a user sets them (token a)."""
-    monkeypatch.setenv("E2B_API_URL", server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
-    monkeypatch.setenv("E2B_API_KEY", server.tokens["a"])
-    monkeypatch.delenv("E2B_DEBUG", raising=False)
-    monkeypatch.delenv("E2B_DOMAIN", raising=False)
-    return server
+    return e2b_env(server, monkeypatch)
 
 
 def test_lifecycle(env):
@@ -456,23 +434,10 @@ def test_debug_mode(tmp_path, monkeypatch):
     """E2B_DEBUG=true: the SDK makes no control-plane call and talks to localhost:49983
     and :49999; `corral serve --e2b-debug NAME` answers there with one sandbox of token
     NAME, made on first use."""
-    import subprocess
-
     if not (_port_free(49983) and _port_free(49999)):
         pytest.skip("127.0.0.1:49983 or :49999 is taken on this host")
-    s = Server(tmp_path)
-    s.tokens["dev"] = _token(s.state, "dev")
-    templates = tmp_path / "templates.toml"
-    templates.write_text("[base]\n")        # the host's root: no image build here
-    monkeypatch.setenv("CORRAL_E2B_TEMPLATES", str(templates))
-    real_popen = subprocess.Popen
-
-    def popen(argv, **kw):                 # Server.start, with the flag added
-        return real_popen([*argv, "--e2b-debug", "dev"], **kw)
-
-    monkeypatch.setattr(subprocess, "Popen", popen)
-    s.start()
-    monkeypatch.setattr(subprocess, "Popen", real_popen)
+    # the host's root: no image build here
+    s = e2b_serve(tmp_path, {"dev": []}, "[base]\n", args=("--e2b-debug", "dev"))
     try:
         monkeypatch.setenv("E2B_DEBUG", "true")
         for v in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"):
@@ -553,7 +518,7 @@ def test_user_refused_off_the_namespace_tier(env, tmp_path, monkeypatch):
         pytest.skip(f"gvisor: {tier_unavailable('gvisor')}")
     ceiling = tmp_path / "gvisor.toml"
     ceiling.write_text('isolation = "gvisor"\n')
-    monkeypatch.setenv("E2B_API_KEY", _token(env.state, "gv", "--ceiling", str(ceiling)))
+    monkeypatch.setenv("E2B_API_KEY", env.token("gv", "--ceiling", str(ceiling)))
     with Sandbox.create(timeout=120) as sb:
         assert sb.commands.run("id -u").stdout == "0\n"
         with pytest.raises(SandboxException, match="namespace tier"):

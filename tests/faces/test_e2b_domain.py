@@ -23,7 +23,8 @@ import time
 import httpx
 import pytest
 from conftest import CORRAL, tier_unavailable
-from test_serve import _free_port, _token
+from servefix import free_port as _free_port
+from servefix import make_token as _token
 
 pytest.importorskip("e2b_code_interpreter")
 

@@ -17,6 +17,7 @@ import zlib
 
 import pytest
 from conftest import tier_unavailable
+from e2bfix import e2b_env, e2b_serve
 from imagefix import CACHE, corral_in
 
 e2b = pytest.importorskip("e2b")
@@ -65,38 +66,19 @@ def images():
 
 @pytest.fixture(scope="module")
 def server(images, tmp_path_factory):
-    from test_serve import Server, _token
-
     tmp = tmp_path_factory.mktemp("e2b-images")
-    s = Server(tmp)
-    s.tokens["a"] = _token(s.state, "a")
     pinned = tmp / "pinned.toml"
     pinned.write_text('image = "python"\n')
-    s.tokens["pinned"] = _token(s.state, "pinned", "--ceiling", str(pinned))
-    templates = tmp / "templates.toml"
-    templates.write_text('[py-small]\nimage = "python"\nlimits = { memory = "300M" }\n')
-    old = {k: os.environ.get(k) for k in ("CORRAL_STATE_DIR", "CORRAL_E2B_TEMPLATES")}
-    os.environ.update(CORRAL_STATE_DIR=images, CORRAL_E2B_TEMPLATES=str(templates))
-    try:
-        s.start()              # the images' store is the server's (CORRAL_STATE_DIR)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    s = e2b_serve(tmp, {"a": [], "pinned": ["--ceiling", str(pinned)]},
+                  '[py-small]\nimage = "python"\nlimits = { memory = "300M" }\n',
+                  {"CORRAL_STATE_DIR": images})   # the images' store is the server's
     yield s
     s.stop()
 
 
 @pytest.fixture
 def env(server, monkeypatch):
-    monkeypatch.setenv("E2B_API_URL", server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
-    monkeypatch.setenv("E2B_API_KEY", server.tokens["a"])
-    monkeypatch.delenv("E2B_DEBUG", raising=False)
-    monkeypatch.delenv("E2B_DOMAIN", raising=False)
-    return server
+    return e2b_env(server, monkeypatch)
 
 
 def _policy(server, token, sid) -> dict:

@@ -71,7 +71,15 @@ def test_tools_code_files_and_a_denial_over_http(server):
         out["refused"] = (r.is_error, r.content[0].text)
         return out
 
+    def denied_net():
+        for line in httpx.get(server.url + "/metrics", timeout=30).text.splitlines():
+            if line.startswith('corral_denials_total{kind="net"} '):
+                return float(line.split()[1])
+        return 0.0
+
+    before = denied_net()
     out = _session(server.url, server.tokens["a"], body, mode="legacy")
+    assert denied_net() == before + 1       # /metrics counts MCP's commands too
     assert "run_code" in out["tools"] and "get_changes" in out["tools"]
     assert out["code"]["results"][0]["text"] == "42"
     assert out["again"]["results"][0]["text"] == "43"

@@ -6,14 +6,15 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
-import time
 
 import httpx
 import pytest
 from conftest import CORRAL, tier_unavailable
+from servefix import Serve
+from servefix import api_error as _err
+from servefix import make_token as _token
 
 from corral import client
 from corral.runtime.files import FileNotFound
@@ -25,65 +26,26 @@ pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
 SECRET = "s3cr3t-value-never-on-the-wire"
 
 
-def _token(state, name, *extra):
-    out = subprocess.run([CORRAL, "token", "create", "--name", name, "--state-dir", state,
-                          *extra], capture_output=True, text=True, check=True)
-    lines = out.stdout.splitlines()
-    assert lines and lines[-1].startswith("corral_")
-    return lines[-1]
+class Server(Serve):
+    """servefix.Serve with the server's own secret in its environment, the tokens made
+    for it (.tokens) and its clients kept until stop() closes them (one dropped unclosed
+    leaves its keep-alive socket to the garbage collector: a ResourceWarning, an error
+    here)."""
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
     def __init__(self, tmp_path):
-        self.state = str(tmp_path / "state")
-        self.log = tmp_path / "serve.log"
-        self.tmp = tmp_path
+        super().__init__(tmp_path, env={"CORRAL_TEST_SECRET": SECRET})
         self.tokens = {}
         self._clients = []
 
-    def start(self):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.logf = open(self.log, "wb")
-        env = dict(os.environ, CORRAL_TEST_SECRET=SECRET)   # the server's own secret
-        self.proc = subprocess.Popen([CORRAL, "serve", "--port", str(self.port), "--state-dir",
-                                      self.state], stdout=self.logf, stderr=subprocess.STDOUT,
-                                     env=env)
-        for _ in range(600):
-            try:
-                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            assert self.proc.poll() is None, self.log.read_text()
-            time.sleep(0.05)
-        raise AssertionError("corral serve did not come up: " + self.log.read_text())
-
     def http(self, token=None):
-        """A client of its own; kept until stop() closes it (one dropped unclosed leaves its
-        keep-alive socket to the garbage collector: a ResourceWarning, an error here)."""
-        h = {"Authorization": f"Bearer {token}"} if token else {}
-        client = httpx.Client(base_url=self.url, headers=h, timeout=120)
+        client = super().http(token)
         self._clients.append(client)
         return client
 
     def stop(self):
         for c in self._clients:
             c.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.logf.close()
+        super().stop()
 
 
 @pytest.fixture(scope="module")
@@ -113,17 +75,6 @@ def _create(http, policy=None):
     return r.json()["id"]
 
 
-def _err(r, status, kind=None, field=None):
-    assert r.status_code == status, r.text
-    e = r.json()["error"]
-    assert set(e) == {"kind", "field", "message"} and e["message"]
-    if kind:
-        assert e["kind"] == kind, e
-    if field:
-        assert e["field"] == field, e
-    return e
-
-
 def test_health_openapi_and_metrics_need_no_token(server):
     with server.http() as h:
         assert h.get("/health").json()["ok"] is True
@@ -136,6 +87,55 @@ def test_health_openapi_and_metrics_need_no_token(server):
         assert h.get("/docs").status_code == 200
         m = h.get("/metrics")
         assert m.status_code == 200 and "corral_sandboxes_live" in m.text
+
+
+def _metrics(h) -> dict[str, float]:
+    """GET /metrics as {'name{labels}': value}, checking the text format on the way."""
+    out = {}
+    for line in h.get("/metrics").text.splitlines():
+        if line.startswith("# TYPE "):
+            assert line.split()[3] in ("gauge", "counter", "histogram"), line
+            continue
+        name, _, value = line.rpartition(" ")
+        out[name] = float(value)
+    return out
+
+
+FETCH_DENIED = ("import urllib.request as u, urllib.error as e\n"
+                "try:\n    u.urlopen('http://denied.invalid/', timeout=30)\n"
+                "except e.HTTPError as x:\n    print(x.code)\n")
+
+
+def test_metrics_count_runs_by_verdict_denials_by_kind_and_latency(server):
+    """/metrics (issue 17): runs by verdict, denials by kind (a limit that stopped a
+    command, a connection the proxy refused), the run latency histogram."""
+    with server.http(server.tokens["net"]) as h, server.http() as anon:
+        before = _metrics(anon)
+        sid = _create(h, {"network": {"mode": "allow", "allow": ["a.example.com"]}})
+        try:
+            r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "sleep 30", "timeout": 0.5})
+            assert r.json()["verdict"] == "timeout", r.text
+            r = h.post(f"/sandboxes/{sid}/exec", json={"argv": ["python3", "-c",
+                                                               FETCH_DENIED]})
+            assert r.json()["stdout"] == "403\n", r.text
+            assert any(e["kind"] == "net" and e.get("decision") == "deny"
+                       for e in r.json()["events"]), r.json()["events"]
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+        after = _metrics(anon)
+
+    def grew(name):
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert grew('corral_runs_total{verdict="timeout"}') == 1
+    assert grew('corral_runs_total{verdict="ok"}') >= 1
+    assert grew('corral_denials_total{kind="limit"}') >= 1
+    assert grew('corral_denials_total{kind="net"}') >= 1
+    assert grew("corral_run_seconds_count") >= 2
+    assert grew('corral_run_seconds_bucket{le="+Inf"}') == grew("corral_run_seconds_count")
+    # the timed-out run took at least its 0.5 s: not in the buckets below that
+    assert grew('corral_run_seconds_bucket{le="0.25"}') < grew("corral_run_seconds_count")
+    assert grew("corral_run_seconds_sum") >= 0.5
 
 
 @pytest.mark.parametrize("auth", [None, "Bearer", "Bearer corral_wrong", "Basic abc",
@@ -223,6 +223,40 @@ def test_another_tokens_sandbox_is_404(server):
             a.delete(f"/sandboxes/{sid}")
 
 
+def test_another_tokens_sandbox_is_404_on_every_route(server):
+    """Every operation of the document on a sandbox of another token answers exactly as
+    for a sandbox that does not exist (404 naming the sandbox, or a 400 or 422 about the
+    body before any lookup), and touches nothing: a's sandbox runs on unchanged."""
+    with server.http(server.tokens["a"]) as a, server.http(server.tokens["b"]) as b:
+        sid = _create(a)
+        try:
+            a.post(f"/sandboxes/{sid}/exec", json={"cmd": "echo kept > /scratch/k"})
+            doc = b.get("/openapi.json").json()
+            n = 0
+            for path, item in doc["paths"].items():
+                if "{sid}" not in path:
+                    continue
+                url = path.replace("{pid}", "1").replace("{cid}", "c1")
+                for method in item:
+                    got = []
+                    for s_ in (sid, "0123456789ab"):
+                        got.append(b.request(method.upper(), url.replace("{sid}", s_),
+                                             json={}, params={"path": "/scratch/k"}))
+                    theirs, none = got
+                    assert theirs.status_code in (400, 404, 422), (method, path, theirs.text)
+                    assert theirs.status_code == none.status_code, (method, path)
+                    assert theirs.text.replace(sid, "0123456789ab") == none.text, (
+                        method, path, theirs.text, none.text)
+                    if theirs.status_code == 404:
+                        _err(theirs, 404, "not_found", "sandbox_id")
+                        n += 1
+            assert n >= 20
+            assert a.post(f"/sandboxes/{sid}/exec", json={"cmd": "cat /scratch/k"}).json()[
+                "stdout"] == "kept\n"
+        finally:
+            a.delete(f"/sandboxes/{sid}")
+
+
 @pytest.mark.parametrize("policy,field", [
     ({"network": {"mode": "allow", "allow": ["evil.com"]}}, "network.allow"),
     ({"network": {"mode": "allow", "allow_private": ["10.0.0.0/8"]}}, "network.allow_private"),
@@ -257,6 +291,45 @@ def test_bad_requests_are_json_errors(server):
         _err(h.post("/sandboxes", content=b"{not json", headers={
             "content-type": "application/json"}), 422)
         _err(h.get("/nowhere"), 404)
+
+
+def test_conflicts_are_409_json_errors(server):
+    """409, on the wire: a background command still running past a wait's timeout, its
+    stdin written after it was closed."""
+    with server.http(server.tokens["a"]) as h:
+        sid = _create(h)
+        try:
+            r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "cat; sleep 60",
+                                                       "background": True})
+            assert r.status_code == 201, r.text
+            pid = r.json()["pid"]
+            _err(h.get(f"/sandboxes/{sid}/commands/{pid}/wait", params={"timeout": 0.2}),
+                 409, "running", "timeout")
+            r = h.post(f"/sandboxes/{sid}/commands/{pid}/stdin", json={"close": True})
+            assert r.status_code == 200 and r.json()["closed"] is True, r.text
+            _err(h.post(f"/sandboxes/{sid}/commands/{pid}/stdin", json={"data": "late"}),
+                 409, "closed", "pid")
+            # a sandbox that ended by itself (its init killed from inside) is forgotten: 404
+            r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "kill -KILL -1; sleep 5"})
+            assert r.json()["verdict"] == "killed", r.text
+            _err(h.post(f"/sandboxes/{sid}/exec", json={"cmd": "true"}), 404, "not_found")
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+
+
+def test_an_image_the_server_does_not_have_is_422_not_a_server_error(server):
+    with server.http(server.tokens["a"]) as h:
+        for path in ("/sandboxes", "/explain"):
+            _err(h.post(path, json={"policy": {"image": "no-such-image"}}), 422, "image",
+                 "image")
+        assert h.get("/sandboxes").json()["sandboxes"] == []
+    # the SDK raises the class corral.Sandbox.create raises in-process
+    from corral.errors import ImageError
+
+    with pytest.raises(ImageError, match="no image named 'no-such-image'"):
+        client.Sandbox.create({"image": "no-such-image"}, api_url=server.url,
+                              api_key=server.tokens["a"])
+    assert "Traceback" not in server.log.read_text()
 
 
 def test_max_sandboxes_is_429_with_retry_after(server):
@@ -419,6 +492,40 @@ def test_max_concurrent_is_429_with_retry_after(server):
         finally:
             h.delete(f"/sandboxes/{a}")
             h.delete(f"/sandboxes/{b}")
+
+
+def test_explain_answers_the_three_questions(server):
+    """POST /explain (a policy asked for, within the token's ceiling) and GET
+    /sandboxes/{sid}/explain (a sandbox's own): what it sees, where it connects, which
+    credentials; beyond the ceiling is 403 as for a create, and nothing is made."""
+    want = {"network": {"mode": "allow", "allow": ["api.example.com"]},
+            "secrets": {"GH": {"hosts": ["api.example.com"]}}}
+    with server.http(server.tokens["sec"]) as h:
+        r = h.post("/explain", json={"policy": want})
+        assert r.status_code == 200, r.text
+        x = r.json()
+        assert x["runs"] is True and x["tier"] == "namespace" and x["workspace"] is None
+        assert x["network"]["default_closed"] is True
+        assert x["network"]["reachable"] == ["api.example.com (via the egress proxy)"]
+        (cred,) = x["credentials"]
+        assert cred["name"] == "GH" and "only to api.example.com" in cred["how"]
+        assert SECRET not in r.text and "CORRAL_TEST_SECRET" not in r.text
+        assert {"rule", "enforced_by"} <= set(x["rules"][0])
+        _err(h.post("/explain", json={"policy": {"network": {"mode": "allow",
+                                                             "allow": ["evil.com"]}}}),
+             403, "ceiling", "network.allow")
+        assert h.get("/sandboxes").json()["sandboxes"] == []
+        r = h.post("/sandboxes", json={"policy": want})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        try:
+            got = h.get(f"/sandboxes/{sid}/explain").json()
+            assert got == x
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+    with server.http(server.tokens["a"]) as h:   # the default ceiling: no network at all
+        x = h.post("/explain", json={}).json()
+        assert x["network"]["reachable"] == [] and x["credentials"] == []
 
 
 def test_secret_values_never_cross_the_api(server):

@@ -10,17 +10,7 @@ import pytest
 from conftest import CORRAL, tier_unavailable
 from netfix import GRANT_PRIV, TOKEN, make_cert
 from servefix import Serve, free_port, serve_once
-
-
-def _err(r, status, kind=None, field=None):
-    assert r.status_code == status, r.text
-    e = r.json()["error"]
-    assert set(e) == {"kind", "field", "message"} and e["message"]
-    if kind:
-        assert e["kind"] == kind, e
-    if field:
-        assert e["field"] == field, e
-    return e
+from servefix import api_error as _err
 
 
 @pytest.fixture(scope="module")

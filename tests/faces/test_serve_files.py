@@ -17,6 +17,7 @@ import time
 import httpx
 import pytest
 from conftest import tier_unavailable
+from servefix import api_error as _err
 from test_serve import Server, _token
 
 from corral import client
@@ -51,14 +52,6 @@ def raw(server, sb):
     with httpx.Client(base_url=f"{server.url}/sandboxes/{sb.id}", timeout=120, headers={
             "Authorization": f"Bearer {server.tokens['a']}"}) as h:
         yield h
-
-
-def _err(r, status, kind=None):
-    assert r.status_code == status, (r.status_code, r.text[:300])
-    e = r.json()["error"]
-    if kind:
-        assert e["kind"] == kind, e
-    return e
 
 
 def _tar(*members, gz=False) -> bytes:

@@ -21,7 +21,7 @@ TARGETS = sorted(n[:-3] for n in os.listdir(BENCH_FUZZ) if n.startswith("fuzz_")
 def test_there_is_a_target_per_parser():
     assert set(TARGETS) >= {"fuzz_policy", "fuzz_hosts", "fuzz_tls", "fuzz_conn",
                             "fuzz_scrubber", "fuzz_archive", "fuzz_microvm", "fuzz_runner",
-                            "fuzz_supervisor", "fuzz_connect", "fuzz_spool"}
+                            "fuzz_supervisor", "fuzz_connect", "fuzz_spool", "fuzz_api"}
 
 
 @pytest.mark.parametrize("name", TARGETS)

@@ -45,9 +45,14 @@ def errno_of(uid: int, code: str) -> str:
     return r.stdout.strip()
 
 
-def mount_count() -> int:
+def mounts_of(base: str) -> list[str]:
+    """The mounts whose mount point, or whose root in its filesystem, is in the test's
+    own tree `base` (a mkdtemp name no one else uses): what a bind of it could leave.
+    Not every mount of the host: other processes (sandboxes of other suites) mount and
+    unmount meanwhile."""
+    name = os.path.basename(base)
     with open("/proc/self/mountinfo") as f:
-        return sum(1 for _ in f)
+        return [ln for ln in f if any(name in p.split("/") for p in ln.split()[3:5])]
 
 
 def mountinfo(path: str) -> list[str]:
@@ -243,13 +248,13 @@ def test_errors_are_one_line_and_leave_nothing_mounted(trees, case):
         dst = os.path.join(t.base, "nope")
     else:
         umap = (O, -1)
-    before = mount_count()
+    before = mounts_of(t.base)
     with pytest.raises(SandboxSetupError) as ei:
         idmap.idmapped_bind(src, dst, uid_map=umap, gid_map=gmap, readonly=True)
     e = ei.value
     assert (e.step, e.field) == ("workspace-idmap", "filesystem.workspace")
     assert "\n" not in str(e)
-    assert mount_count() == before
+    assert mounts_of(t.base) == before == []
     expected = {"missing-src": (errno.ENOENT, "does not exist"),
                 "proc-src": (errno.EINVAL, "move it to ext4/xfs/btrfs/tmpfs"),
                 "missing-dst": (errno.ENOENT, "cannot mount the workspace"),

@@ -269,6 +269,32 @@ def test_memory_hog_is_oom_killed(make_cg):
 
 
 @needs_cgroups
+def test_a_gvisor_command_s_oom_is_counted_when_its_sandbox_s_cgroup_goes_as_it_reads(
+        make_cg):
+    """gvisor: an OOM kill of gVisor's own ends the sandbox, and the watchdog's close()
+    removes its cgroup while the command's supervision reads its counts. A read between
+    the look at sandbox_cg and its removal found the files gone (no counts): the command
+    was "killed", not "oom". close() keeps the last counts (final_usage) before it removes
+    the cgroup; the command's usage takes them then. Here that interleaving, made."""
+    from corral.backends.gvisor_live import CommandGroup, GvisorLive
+
+    cg = make_cg(memory=64 * MiB)
+    live = object.__new__(GvisorLive)      # what a command's group reads of its sandbox
+    live.sandbox_cg = cg
+    live.final_usage = limits.Usage(cpu_s=None, memory_peak_bytes=None, oom_kills=None)
+    cmd = CommandGroup(live, ns_pid=2, exec_pid=0)
+    assert spawn(cg, "x = b'x' * (256 << 20)").wait(20) == -signal.SIGKILL   # an OOM kill
+    u = cg.usage()                         # close(): the last counts, then the removal
+    live.final_usage = limits.Usage(cpu_s=cg.cpu_seconds(),
+                                    memory_peak_bytes=u.memory_peak_bytes,
+                                    oom_kills=u.oom_kills)
+    cg.destroy()                           # ... while sandbox_cg still names it
+    assert cmd.usage().oom_kills >= 1
+    live.sandbox_cg = None                 # and once close() has let it go
+    assert cmd.usage().oom_kills >= 1
+
+
+@needs_cgroups
 def test_child_that_fits_is_not_killed(make_cg):
     cg = make_cg(memory=64 * MiB)
     p = spawn(cg, "x = b'x' * (16 << 20)")
@@ -788,3 +814,28 @@ def test_renew_refuses_a_cgroup_that_still_holds_memory(make_cg, tmp_path):
     gone = RunCgroup("x", "v2", {"cgroup2": "/nonexistent"})
     gone._emptied = True
     assert not gone.renew(max_residue=None)   # v2: memory.peak cannot be reset before 6.12
+
+
+def test_the_rlimit_numbers_are_the_kernels_and_prlimit_sets_them():
+    """linux/_sys sets rlimits through libc's prlimit (no `resource` module on corral run's
+    path): its resource numbers are the resource module's, and what it sets on another
+    process is what that process then has."""
+    import resource
+
+    from corral.linux import _sys
+
+    for name in ("CPU", "FSIZE", "CORE", "NPROC", "NOFILE"):
+        assert getattr(_sys, f"RLIMIT_{name}") == getattr(resource, f"RLIMIT_{name}"), name
+    p = subprocess.Popen(PY + ["import time; time.sleep(30)"])
+    try:
+        apply_rlimits(nofile=40, fsize=3 * MiB, cpu_seconds=7, nproc=None, pid=p.pid)
+        assert resource.prlimit(p.pid, resource.RLIMIT_NOFILE) == (40, 40)
+        assert resource.prlimit(p.pid, resource.RLIMIT_FSIZE) == (3 * MiB, 3 * MiB)
+        assert resource.prlimit(p.pid, resource.RLIMIT_CPU) == (7, 8)
+        assert resource.prlimit(p.pid, resource.RLIMIT_CORE) == (0, 0)
+    finally:
+        p.kill()
+        p.wait()
+    with pytest.raises(SandboxSetupError) as e:   # gone: ESRCH, as namespace.py reads it
+        apply_rlimits(nofile=40, fsize=MiB, cpu_seconds=None, nproc=None, pid=p.pid)
+    assert e.value.errno == errno.ESRCH

@@ -387,6 +387,37 @@ def test_300_concurrent_connections(proxy):
     assert len(evs) == 320 and all(e["decision"] == "allow" for e in evs)
 
 
+def test_connections_queued_while_the_proxy_is_stopped_are_all_served(proxy):
+    """The listener stays registered with the proxy's loop and each wake-up accepts a batch
+    (server.ACCEPT_BATCH): a backlog of more than one batch, every request already sent,
+    is served whole once the proxy runs again; and the same target asked for over and
+    over, allowed and denied, gets the same answer each time (the decisions it keeps)."""
+    from corral.egress.server import ACCEPT_BATCH
+
+    p = proxy(allow=["allowed.test"], allow_private=[PRIV])
+    n = 2 * ACCEPT_BATCH + 20
+    os.kill(p.proc.pid, signal.SIGSTOP)
+    try:
+        conns = []
+        for i in range(n):
+            s = socket.create_connection(("127.0.0.1", p.port), timeout=30)
+            host = b"allowed.test" if i % 2 == 0 else b"denied.test"
+            s.sendall(b"GET http://" + host + b"/hello HTTP/1.1\r\nHost: " + host +
+                      b"\r\nConnection: close\r\n\r\n")
+            conns.append(s)
+    finally:
+        os.kill(p.proc.pid, signal.SIGCONT)
+    for i, s in enumerate(conns):
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+        s.close()
+        assert got.startswith(b"HTTP/1.1 200" if i % 2 == 0 else b"HTTP/1.1 403"), (i, got)
+    evs = p.events(n)
+    assert sorted((e["host"], e["decision"]) for e in evs) == sorted(
+        [("allowed.test", "allow")] * (n - n // 2) + [("denied.test", "deny")] * (n // 2))
+
+
 def test_connection_cap(proxy):
     p = proxy(allow=["allowed.test"], allow_private=[PRIV], max_connections=20)
     held = [socket.create_connection(("127.0.0.1", p.port), timeout=5) for _ in range(20)]

@@ -239,3 +239,23 @@ def test_a_stuck_zygote_is_replaced(servers, dnsmasq, ready):
     with pytest.raises(ChildProcessError):
         os.waitpid(ready, os.WNOHANG)         # the stuck one was killed and reaped
     assert zygote.wait_ready() and zygote.zygote_pid() != ready
+
+
+def test_the_warm_up_runs_the_allowed_paths_without_a_network():
+    """The template (and each spare) runs allowed plain-HTTP requests and CONNECT tunnels
+    through a proxy of its own, so that a new sandbox's first request finds their pages
+    copied and their bytecode quickened: every one must come back answered. Run in a network
+    namespace of its own with no interface up (not even loopback): the warm-up uses
+    socketpairs only, and a connect or a DNS query would fail there."""
+    import subprocess
+    import sys
+
+    from corral.egress.zygote import SPARE_ROUNDS, WARM_ROUNDS
+
+    code = ("import corral.egress.boot as b; b.preload(grants=False)\n"
+            "import corral.egress.zygote as z\n"
+            f"print(z.warm(), z.warm(rounds={SPARE_ROUNDS}), z.warm(request=False))")
+    r = subprocess.run(["unshare", "--net", sys.executable, "-I", "-c", code],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(2 * WARM_ROUNDS), str(2 * SPARE_ROUNDS), "0"], r

@@ -10,6 +10,7 @@ from inside (two links, one /30 address, netlink refusing changes), a network na
 per exec bound in the run dir and gone after it, and the sweep that unmounts a binding a
 killed supervisor left. The only traffic is on 127.0.0.0/8 and inside those namespaces."""
 
+import fcntl
 import json
 import os
 import signal
@@ -220,8 +221,12 @@ sb.exec(["/bin/sh", "-c", "curl -sS -m 10 http://allowed.test/ >/dev/null; (sets
 """
 
 
-def test_supervisor_death_leaves_nothing_running_and_the_sweep_unmounts_the_netns(
-        dnsmasq, servers):
+def _dead_victim(dnsmasq):
+    """A supervisor (VICTIM) with a live gvisor sandbox, SIGKILLed; its run dir's lock
+    held here, as a live supervisor holds it, so that no other process's sweep (the suites
+    of other checkouts start corral meanwhile) removes the run while the test looks at
+    it. (p, run_dir, uid, netns inode, lock fd), or None when another sweep took the run
+    first (the lock waited for it)."""
     p = subprocess.Popen([sys.executable, "-c", VICTIM,
                           json.dumps(policy(dnsmasq, ["allowed.test"]))],
                          stdout=subprocess.PIPE, text=True)
@@ -236,21 +241,45 @@ def test_supervisor_death_leaves_nothing_running_and_the_sweep_unmounts_the_netn
     ino = os.stat(netns).st_ino
     assert procs_in_netns(ino), "the Sentry should be in the sandbox's netns"
     assert procs_mentioning("corral.egress.boot"), "the proxy should run"
+    lock = os.open(os.path.join(run_dir, "lock"), os.O_WRONLY | os.O_CLOEXEC)
     p.send_signal(signal.SIGKILL)
     p.wait()
     p.stdout.close()
-    deadline = time.monotonic() + 5
-    while (procs_mentioning(run_dir) or procs_of_uid(uid) or procs_in_netns(ino)) \
-            and time.monotonic() < deadline:
-        time.sleep(0.05)
-    # parent-death signals ended runsc, its gofer and Sentry, and the proxy
-    assert procs_mentioning(run_dir) == [] and procs_of_uid(uid) == []
-    assert procs_in_netns(ino) == []
-    # only the binding keeps the sandbox's netns now; the next start's sweep removes it
-    assert len(nsfs_mounts_below(run_dir)) == 1
+    fcntl.flock(lock, fcntl.LOCK_EX)      # free once the supervisor is gone, or a sweep is
+    if os.path.isdir(run_dir):
+        return p, run_dir, uid, ino, lock
+    os.close(lock)                        # another process's sweep removed it: again
+    limits.RunCgroup.sweep_stale(lambda r: r.split("-")[0] == os.path.basename(run_dir))
+    return None
+
+
+def test_supervisor_death_leaves_nothing_running_and_the_sweep_unmounts_the_netns(
+        dnsmasq, servers):
+    for _ in range(3):
+        got = _dead_victim(dnsmasq)
+        if got is not None:
+            break
+    else:
+        raise AssertionError("other processes' sweeps took the dead run three times")
+    p, run_dir, uid, ino, lock = got
+    try:
+        deadline = time.monotonic() + 5
+        while (procs_mentioning(run_dir) or procs_of_uid(uid) or procs_in_netns(ino)) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # parent-death signals ended runsc, its gofer and Sentry, and the proxy
+        assert procs_mentioning(run_dir) == [] and procs_of_uid(uid) == []
+        assert procs_in_netns(ino) == []
+        # only the binding keeps the sandbox's netns now; the next start's sweep removes it
+        assert len(nsfs_mounts_below(run_dir)) == 1
+    finally:
+        os.close(lock)
     run_id = os.path.basename(run_dir)
     swept = rundir.sweep_stale()
-    if run_id not in swept:  # a concurrent corral start swept it first
+    if run_id not in swept:  # a concurrent corral start's sweep took it first: its end
+        deadline = time.monotonic() + 30
+        while os.path.exists(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
         limits.RunCgroup.sweep_stale(lambda r: r.split("-")[0] == run_id)
     assert not os.path.exists(run_dir)
     assert not [m for m in mountinfo() if run_dir in m]

@@ -14,6 +14,7 @@ import time
 import pytest
 from conftest import CORRAL, ROOT
 from imagefix import corral_in
+from vmfix import children, is_qemu, microvm_unusable
 
 import corral
 from corral.backends import AUTO_ORDER
@@ -23,33 +24,6 @@ from corral.errors import UnsupportedRule
 pytestmark = pytest.mark.timeout(600)
 
 
-def _usable() -> str | None:
-    from corral.backends.microvm import MicrovmBackend
-    from corral.errors import BackendUnavailable
-
-    try:
-        MicrovmBackend()._require()
-    except BackendUnavailable as e:
-        return e.message
-    return None
-
-
-@pytest.fixture(scope="module")
-def vm_image(mini_image):
-    """(state, image name), with CORRAL_STATE_DIR pointing at the image's store."""
-    why = _usable()
-    if why:
-        pytest.skip(why)
-    state, name, _ = mini_image
-    old = os.environ.get("CORRAL_STATE_DIR")
-    os.environ["CORRAL_STATE_DIR"] = state
-    yield state, name
-    if old is None:
-        del os.environ["CORRAL_STATE_DIR"]
-    else:
-        os.environ["CORRAL_STATE_DIR"] = old
-
-
 def policy(name, **limits):
     return {"isolation": "microvm", "image": name, "limits": limits}
 
@@ -57,8 +31,8 @@ def policy(name, **limits):
 # -- no boot: refusals, auto, explain, the frame parser -------------------------------------
 
 def test_the_host_root_is_refused_in_one_line():
-    if _usable():
-        pytest.skip(_usable())
+    if microvm_unusable():
+        pytest.skip(microvm_unusable())
     p = subprocess.run([CORRAL, "run", "--isolation", "microvm", "--", "true"],
                        capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode == 3 and p.stderr.count("\n") == 1, p.stderr
@@ -67,8 +41,8 @@ def test_the_host_root_is_refused_in_one_line():
     assert 'isolation = "namespace" could' in p.stderr
 
 
-def test_what_it_cannot_do_yet_is_refused_naming_a_tier_that_could(vm_image, tmp_path):
-    state, name = vm_image
+def test_what_it_cannot_do_yet_is_refused_naming_a_tier_that_could(vm_store, tmp_path):
+    state, name = vm_store
     for extra in (["--ro-bind", str(tmp_path)], ["--tty"]):
         p = corral_in(state, "run", "--isolation", "microvm", "--image", name, *extra,
                       "--", "true", check=False)
@@ -78,8 +52,8 @@ def test_what_it_cannot_do_yet_is_refused_naming_a_tier_that_could(vm_image, tmp
         corral.run(["true"], {**policy(name), "filesystem": {"ro_binds": ["/usr/share/doc"]}})
 
 
-def test_auto_never_picks_it_and_explain_says_own_kernel(vm_image):
-    state, name = vm_image
+def test_auto_never_picks_it_and_explain_says_own_kernel(vm_store):
+    state, name = vm_store
     assert "microvm" not in AUTO_ORDER
     d = json.loads(corral_in(state, "explain", "--isolation", "microvm", "--image", name,
                              "--json").stdout)
@@ -116,8 +90,8 @@ def test_frames_from_the_guest_are_parsed_strictly():
 # -- real boots ------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_a_command_in_a_vm_of_its_own(vm_image):
-    state, name = vm_image
+def test_a_command_in_a_vm_of_its_own(vm_store):
+    state, name = vm_store
     with open("/etc/os-release") as f:
         host = f.readline().strip()
     with corral.Sandbox(policy(name, timeout="60s", cpu_time="3s", output="64KiB",
@@ -164,8 +138,8 @@ def test_a_command_in_a_vm_of_its_own(vm_image):
 
 
 @pytest.mark.slow
-def test_stdin_run_code_and_one_command_at_a_time(vm_image):
-    state, name = vm_image
+def test_stdin_run_code_and_one_command_at_a_time(vm_store):
+    state, name = vm_store
     with corral.Sandbox(policy(name)) as sb:
         r = sb.exec(["sh", "-c", "wc -c"], stdin=b"x" * 200000)
         assert (r.verdict, r.stdout) == ("ok", "200000\n"), r
@@ -179,27 +153,27 @@ def test_stdin_run_code_and_one_command_at_a_time(vm_image):
 
 
 @pytest.mark.slow
-def test_memory_gives_oom_and_a_guest_that_stops_answering_is_killed(vm_image):
+def test_memory_gives_oom_and_a_guest_that_stops_answering_is_killed(vm_store):
     from corral.errors import SandboxSetupError
 
-    state, name = vm_image
+    state, name = vm_store
     with corral.Sandbox(policy(name, memory="256MiB", timeout="60s")) as sb:
         r = sb.exec(["python3", "-c", "b = b'x' * (1 << 30); print('survived')"])
         assert r.verdict == "oom" and "survived" not in r.stdout, r
         assert any(e.get("limit") == "memory" for e in r.events), r.events
-        (qemu,) = [p for p in _children(os.getpid()) if _is_qemu(p)]
+        (qemu,) = [p for p in children(os.getpid()) if is_qemu(p)]
         os.kill(qemu, signal.SIGSTOP)   # the guest stops answering, even to a kill
         r = sb.exec(["sleep", "30"], timeout=2)
         assert r.verdict == "timeout", r
-        assert not _is_qemu(qemu) or open(f"/proc/{qemu}/stat").read().split()[2] == "Z"
+        assert not is_qemu(qemu) or open(f"/proc/{qemu}/stat").read().split()[2] == "Z"
         with pytest.raises(SandboxSetupError, match="gone"):
             sb.exec(["true"])
 
 
 @pytest.mark.slow
 def test_sandboxes_restored_from_one_snapshot_get_different_random_bytes_and_identity(
-        vm_image):
-    state, name = vm_image
+        vm_store):
+    state, name = vm_store
     code = ("import os, random, socket; print(open('/dev/urandom', 'rb').read(16).hex(), "
             "os.urandom(16).hex(), random.getrandbits(64), socket.gethostname(), "
             "open('/etc/machine-id').read().strip())")
@@ -221,28 +195,9 @@ def test_sandboxes_restored_from_one_snapshot_get_different_random_bytes_and_ide
         assert out[4] != "0" * 32    # not the template's
 
 
-def _children(pid):
-    out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:   # a thread may end between the listing and the read
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(x) for x in f.read().split()]
-        except FileNotFoundError:
-            pass
-    return out
-
-
-def _is_qemu(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().startswith(b"/usr/bin/qemu-system-x86_64\0")
-    except OSError:
-        return False
-
-
 @pytest.mark.slow
-def test_killing_the_supervisor_leaves_no_qemu(vm_image):
-    state, name = vm_image
+def test_killing_the_supervisor_leaves_no_qemu(vm_store):
+    state, name = vm_store
     code = ("import corral, sys\n"
             f"sb = corral.Sandbox({policy(name, timeout='300s')!r}).open()\n"
             "print('up', flush=True)\n"
@@ -251,7 +206,7 @@ def test_killing_the_supervisor_leaves_no_qemu(vm_image):
                            env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src")))
     try:
         assert sup.stdout.readline() == b"up\n"
-        (qemu,) = [p for p in _children(sup.pid) if _is_qemu(p)]
+        (qemu,) = [p for p in children(sup.pid) if is_qemu(p)]
         assert os.stat(f"/proc/{qemu}").st_uid >= 1_500_000_000   # its own uid, not root
         with open(f"/proc/{qemu}/cgroup") as f:   # the run's cgroup, recorded in its run dir
             cgs = [line.strip().split(":", 2)[2] for line in f if "-mvm" in line]
@@ -262,10 +217,10 @@ def test_killing_the_supervisor_leaves_no_qemu(vm_image):
         sup.send_signal(signal.SIGKILL)
         sup.wait()
         for _ in range(200):   # bounded wait for the kernel to deliver PDEATHSIG
-            if not _is_qemu(qemu):
+            if not is_qemu(qemu):
                 break
             time.sleep(0.05)
-        assert not _is_qemu(qemu), f"QEMU {qemu} outlived its supervisor"
+        assert not is_qemu(qemu), f"QEMU {qemu} outlived its supervisor"
         # the dead supervisor's cgroup is left; the next start's sweep removes it
         from corral.linux.rundir import sweep_stale
 
@@ -277,7 +232,7 @@ def test_killing_the_supervisor_leaves_no_qemu(vm_image):
         sweep_stale()
         assert not left()
     finally:
-        if "qemu" in locals() and _is_qemu(qemu):
+        if "qemu" in locals() and is_qemu(qemu):
             os.kill(qemu, signal.SIGKILL)
         sup.kill()
         sup.wait()
@@ -285,8 +240,8 @@ def test_killing_the_supervisor_leaves_no_qemu(vm_image):
 
 
 @pytest.mark.slow
-def test_a_read_only_workspace_is_copied_in(vm_image, tmp_path):
-    state, name = vm_image
+def test_a_read_only_workspace_is_copied_in(vm_store, tmp_path):
+    state, name = vm_store
     ws = tmp_path / "ws"
     (ws / "sub").mkdir(parents=True)
     (ws / "a.txt").write_text("hello ws\n")
@@ -310,8 +265,8 @@ def test_a_read_only_workspace_is_copied_in(vm_image, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_probe_runs_on_microvm_and_its_claims_hold(vm_image):
-    state, name = vm_image
+def test_the_probe_runs_on_microvm_and_its_claims_hold(vm_store):
+    state, name = vm_store
     cases = ["fs.ssh-key", "kernel.no-new-privs", "net.direct-tcp", "dos.proxy-huge-header",
              "term.escape-sequences"]
     p = corral_in(state, "probe", "--isolation", "microvm", "--image", name, "--json",
@@ -329,13 +284,13 @@ def test_the_probe_runs_on_microvm_and_its_claims_hold(vm_image):
 
 
 @pytest.mark.slow
-def test_a_guest_that_floods_its_console_is_ended_with_an_event(vm_image, monkeypatch):
+def test_a_guest_that_floods_its_console_is_ended_with_an_event(vm_store, monkeypatch):
     """The guest kernel's OOM report is written to its console (an error-level message);
     with the console's bound lowered to a few bytes, that is a flood: the VM is ended."""
     from corral.backends import microvm
     from corral.errors import SandboxSetupError
 
-    state, name = vm_image
+    state, name = vm_store
     with corral.Sandbox(policy(name, memory="256MiB", timeout="60s")) as sb:
         sb.open()
         monkeypatch.setattr(microvm, "CONSOLE_MAX", 16)

@@ -16,50 +16,11 @@ import os
 import time
 
 import pytest
+from vmfix import qemus
 
 import corral
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-def _usable() -> str | None:
-    from corral.backends.microvm import MicrovmBackend
-    from corral.errors import BackendUnavailable
-
-    try:
-        MicrovmBackend()._require()
-    except BackendUnavailable as e:
-        return e.message
-    return None
-
-
-@pytest.fixture(scope="module")
-def vm_image(mini_image):
-    why = _usable()
-    if why:
-        pytest.skip(why)
-    state, name, _ = mini_image
-    old = os.environ.get("CORRAL_STATE_DIR")
-    os.environ["CORRAL_STATE_DIR"] = state
-    yield name
-    if old is None:
-        del os.environ["CORRAL_STATE_DIR"]
-    else:
-        os.environ["CORRAL_STATE_DIR"] = old
-
-
-def _qemus() -> list[int]:
-    found = []
-    for task in os.listdir(f"/proc/{os.getpid()}/task"):
-        with open(f"/proc/{os.getpid()}/task/{task}/children") as f:
-            for pid in f.read().split():
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as c:
-                        if c.read().startswith(b"/usr/bin/qemu-system"):
-                            found.append(int(pid))
-                except OSError:
-                    pass
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -93,7 +54,7 @@ def test_a_hung_guest_is_killed_at_its_deadline_and_leaves_nothing(vm_image):
     with corral.Sandbox({"isolation": "microvm", "image": vm_image,
                          "limits": {"timeout": "120s"}}) as sb:
         assert sb.exec(["true"]).verdict == "ok"
-        (qemu,) = _qemus()
+        (qemu,) = qemus()
         cpu_dirs = [d for h, d in sb._live.cg._dirs.items() if h in ("cpu", "cgroup2")]
         assert cpu_dirs, sb._live.cg._dirs
         for d in cpu_dirs:               # the guest hangs: QEMU runs 1 ms a second
@@ -118,4 +79,4 @@ def test_a_hung_guest_is_killed_at_its_deadline_and_leaves_nothing(vm_image):
             sb.exec(["true"])
         run_dir = sb._live.dir.path
     assert not os.path.exists(run_dir)
-    assert _qemus() == []
+    assert qemus() == []

@@ -12,49 +12,12 @@ import time
 import pytest
 from conftest import net_events
 from netfix import PRIV, SRV
+from vmfix import qemus
 
 import corral
 from corral.runtime.files import FilesError
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def vm_image(mini_image):
-    from corral.backends.microvm import MicrovmBackend
-    from corral.errors import BackendUnavailable
-
-    try:
-        MicrovmBackend()._require()
-    except BackendUnavailable as e:
-        pytest.skip(e.message)
-    state, name, _ = mini_image
-    old = os.environ.get("CORRAL_STATE_DIR")
-    os.environ["CORRAL_STATE_DIR"] = state
-    yield name
-    if old is None:
-        del os.environ["CORRAL_STATE_DIR"]
-    else:
-        os.environ["CORRAL_STATE_DIR"] = old
-
-
-def _qemus() -> list[int]:
-    """QEMU processes that are children of this process."""
-    out = []
-    for task in os.listdir(f"/proc/{os.getpid()}/task"):
-        try:   # a thread may end between the listing and the read
-            with open(f"/proc/{os.getpid()}/task/{task}/children") as f:
-                pids = f.read().split()
-        except FileNotFoundError:
-            continue
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as c:
-                    if c.read().startswith(b"/usr/bin/qemu-system-x86_64\0"):
-                        out.append(int(pid))
-            except OSError:
-                pass
-    return out
 
 
 def _until(cond, timeout=30.0):
@@ -65,7 +28,7 @@ def _until(cond, timeout=30.0):
 
 
 def test_a_live_microvm_sandbox(vm_image, dnsmasq, servers):
-    before = set(_qemus())
+    before = set(qemus())
     policy = {"isolation": "microvm", "image": vm_image,
               "limits": {"cpu_time": "3s", "scratch": "16MiB"},
               "network": {"mode": "allow", "allow": ["allowed.test"], "allow_private": [PRIV],
@@ -147,15 +110,15 @@ def test_a_live_microvm_sandbox(vm_image, dnsmasq, servers):
         problems = sb.kill()
     assert problems == []
     assert sb.state == "ended"
-    assert set(_qemus()) <= before, "a QEMU outlived its sandbox"
+    assert set(qemus()) <= before, "a QEMU outlived its sandbox"
 
 
 def test_a_guest_that_stops_answering_is_ended_with_an_event(vm_image):
-    before = set(_qemus())
+    before = set(qemus())
     sb = corral.Sandbox.create({"isolation": "microvm", "image": vm_image}, timeout=300)
     try:
         assert sb.commands.run("echo up").stdout == "up\n"
-        (qemu,) = set(_qemus()) - before
+        (qemu,) = set(qemus()) - before
         h = sb.commands.run(["sleep", "60"], background=True, timeout=2)
         os.kill(qemu, signal.SIGSTOP)   # the guest stops answering, even a kill
         r = h.wait(30)   # its timeout's kill is not answered: the VM is ended
@@ -169,11 +132,11 @@ def test_a_guest_that_stops_answering_is_ended_with_an_event(vm_image):
         assert "did not answer a kill" in text, sb.events
     finally:
         sb.kill()
-    assert set(_qemus()) <= before
+    assert set(qemus()) <= before
 
 
 def test_the_warm_pool_hands_out_microvm_sandboxes(vm_image):
-    before = set(_qemus())
+    before = set(qemus())
     with corral.Pool({"isolation": "microvm", "image": vm_image}, size=1) as pool:
         sb = pool.claim(timeout=120)
         try:
@@ -183,7 +146,7 @@ def test_the_warm_pool_hands_out_microvm_sandboxes(vm_image):
         finally:
             sb.kill()
     for _ in range(100):   # the pool's refill, killed at close
-        if set(_qemus()) <= before:
+        if set(qemus()) <= before:
             break
         time.sleep(0.1)
-    assert set(_qemus()) <= before
+    assert set(qemus()) <= before

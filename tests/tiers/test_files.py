@@ -317,6 +317,12 @@ def test_info_exists_remove_rename_make_dir(live):
     assert not f.exists("/scratch/m/none") and not f.exists("/scratch/m/n/x/under-a-file")
     info = f.info("/scratch/m/dangling")
     assert (info.type, info.symlink_target) == ("symlink", "nowhere")
+    # size, mode and mtime as the sandbox set them
+    r = live.sh("printf 12345 > /scratch/m/t; chmod 640 /scratch/m/t; python3 -c "
+                "\"import os; os.utime('/scratch/m/t', (1000000000, 1000000000.5))\"")
+    assert r.exit_code == 0, r.stderr
+    info = f.info("/scratch/m/t")
+    assert (info.type, info.size, info.mode, info.mtime) == ("file", 5, 0o640, 1000000000.5)
     with pytest.raises(FileNotFound):
         f.info("/scratch/nothing")
     moved = f.rename("/scratch/m/n/x", "/scratch/m/y")

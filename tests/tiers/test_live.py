@@ -13,13 +13,13 @@ import threading
 import time
 
 import pytest
-from conftest import procs_mentioning, procs_of_uid, tier_unavailable
+from conftest import procs_of_uid, tier_unavailable
+from livefix import TIERS, available, describe, gone, mounts_below, running, wait_for
 from netfix import free_port
 
 import corral
 from corral.errors import BackendUnavailable, SandboxClosed, UsageError
 
-TIERS = ("namespace", "gvisor")
 _NAMESPACE = pytest.mark.skipif(tier_unavailable("namespace") is not None,
                                 reason=f"namespace tier: {tier_unavailable('namespace')}")
 
@@ -33,13 +33,9 @@ SYSCALLS = textwrap.dedent("""
     print(" ".join(out))
 """)
 
-
 @pytest.fixture(params=TIERS)
 def tier(request):
-    why = tier_unavailable(request.param)
-    if why is not None:
-        pytest.skip(f"{request.param} tier: {why}")
-    return request.param
+    return available(request.param)
 
 
 @pytest.fixture
@@ -47,70 +43,6 @@ def sb(tier):
     s = corral.Sandbox.create({"isolation": tier}, timeout=120)
     yield s
     s.kill()
-
-
-def _gone(sb_id: str) -> list[int]:
-    """Host processes naming the sandbox's run dir (runsc run, exec, ps, kill: --root)."""
-    return procs_mentioning(f"/{sb_id}/")
-
-
-def _wait_for(pred, what: str, seconds: float = 30.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
-
-def _running(pids: list[int]) -> list[int]:
-    """Those of pids that exist and are not zombies."""
-    out = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            out.append(pid)
-    return out
-
-
-def _describe(pids: list[int]) -> list[str]:
-    out = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ")[:120].decode(errors="replace")
-        except OSError:
-            continue
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                status = {k: v.strip() for k, _, v in (ln.partition(":") for ln in f)}
-        except OSError:
-            status = {}
-        out.append(f"{pid} state {stat[0]} ppid {stat[1]} (this process: {os.getpid()}) "
-                   f"name {status.get('Name')} nspid {status.get('NSpid')}: {cmd}")
-    return out
-
-
-def _reap_ours(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-
-
-def _mounts_below(path: str) -> list[str]:
-    with open("/proc/self/mountinfo") as f:
-        return [ln.split()[4] for ln in f if ln.split()[4].startswith(path)]
-
 
 def test_state_survives_between_commands_variables_do_not(sb):
     assert sb.commands.run("echo kept > /scratch/a; export X=1; echo $X").stdout == "1\n"
@@ -207,7 +139,7 @@ def test_background_handle_stdin_streams_and_its_own_result(sb):
     h = sb.commands.run("while read l; do echo \"got $l\"; done; echo bye >&2; exit 3",
                         background=True, on_stdout=got.append)
     h.send_stdin("a\n")
-    _wait_for(lambda: b"".join(got) == b"got a\n", "the first line streamed back")
+    wait_for(lambda: b"".join(got) == b"got a\n", "the first line streamed back")
     h.send_stdin(b"b\n")
     h.close_stdin()
     r = h.wait(30)
@@ -255,7 +187,7 @@ def test_sandbox_wide_pids_limit_holds_across_commands(tier):
     with corral.Sandbox.create({"isolation": tier, "limits": {"pids": 24}}, timeout=120) as sb:
         hold = sb.commands.run("for i in $(seq 16); do sleep 300 & done; wait",
                                background=True)
-        _wait_for(lambda: sb.commands.run("ps -e -o args").stdout.splitlines().count("sleep 300") == 16,
+        wait_for(lambda: sb.commands.run("ps -e -o args").stdout.splitlines().count("sleep 300") == 16,
                   "16 sleepers")
         r = sb.commands.run("for i in $(seq 12); do sleep 1 & done; wait")
         assert "fork" in r.stderr.lower() or "resource" in r.stderr.lower(), r
@@ -269,17 +201,17 @@ def test_sandbox_timeout_leaves_nothing_behind(tier):
     run_dir = sb._live.dir.path
     cgroups = sb._live.sandbox_cg.paths
     uid = sb.ids[0]
-    assert procs_of_uid(uid) and _mounts_below(run_dir) and all(map(os.path.isdir, cgroups))
-    _wait_for(lambda: sb.state == "ended", "the timeout")
+    assert procs_of_uid(uid) and mounts_below(run_dir) and all(map(os.path.isdir, cgroups))
+    wait_for(lambda: sb.state == "ended", "the timeout")
     assert sb.get_info().ended_by == "timeout"
     assert any("timeout" in e["message"] for e in sb.events)
     assert bg.wait(30).verdict == "killed"
     # nothing runs; an entrant that was never used may still be a zombie for a moment,
     # until the zygote that forked it reaps it (linux/enter.py)
-    left = _running(procs_of_uid(uid) + _gone(sb.id))
-    assert left == [], _describe(left)
-    _wait_for(lambda: not procs_of_uid(uid) + _gone(sb.id), "the zombies to be reaped")
-    assert _mounts_below(run_dir) == [] and not os.path.exists(run_dir)
+    left = running(procs_of_uid(uid) + gone(sb.id))
+    assert left == [], describe(left)
+    wait_for(lambda: not procs_of_uid(uid) + gone(sb.id), "the zombies to be reaped")
+    assert mounts_below(run_dir) == [] and not os.path.exists(run_dir)
     assert not any(map(os.path.exists, cgroups))
     with pytest.raises(SandboxClosed, match="timeout"):
         sb.commands.run("true")
@@ -298,7 +230,7 @@ def test_killing_init_from_inside_closes_the_sandbox_with_an_event(sb):
     assert r.verdict == "killed" and "survived" not in r.stdout, r
     assert any(e["kind"] == "teardown" and "init" in e["message"] for e in r.events), r
     assert sb.state == "ended" and sb.get_info().ended_by == "init"
-    assert not os.path.exists(run_dir) and _gone(sb.id) == []
+    assert not os.path.exists(run_dir) and gone(sb.id) == []
     with pytest.raises(SandboxClosed, match="init"):
         sb.commands.run("true")
 
@@ -311,7 +243,7 @@ def test_idle_timeout_ends_an_unused_sandbox(tier):
         h = sb.commands.run(["sleep", "2"], background=True)   # running: not idle
         assert h.wait(30).verdict == "ok"
         assert sb.state == "running"
-        _wait_for(lambda: sb.state == "ended", "the idle timeout")
+        wait_for(lambda: sb.state == "ended", "the idle timeout")
         assert sb.get_info().ended_by == "idle"
     finally:
         sb.kill()
@@ -365,7 +297,7 @@ def test_one_shot_sandbox_and_exec_are_unchanged():
 
 def test_pool_claims_distinct_never_used_sandboxes(tier):
     with corral.Pool({"isolation": tier}, size=2, timeout=60) as pool:
-        _wait_for(lambda: pool.ready() == 2, "two ready sandboxes")
+        wait_for(lambda: pool.ready() == 2, "two ready sandboxes")
         a, b = pool.claim(), pool.claim()
         c = pool.claim()     # made behind the first claims
         try:
@@ -385,213 +317,6 @@ def test_pool_claims_distinct_never_used_sandboxes(tier):
     assert pool.ready() == 0
 
 
-# ---- supervisor processes, connect, the CLI ------------------------------------------
-
-def _cli(*args, input=None, timeout=120):
-    import subprocess
-
-    from conftest import CORRAL
-
-    return subprocess.run([CORRAL, *args], check=False, capture_output=True, text=True, input=input,
-                          timeout=timeout)
-
-
-def test_connect_from_another_process_and_the_sandbox_outlives_its_creator(tier):
-    import subprocess
-    import sys
-
-    make = ("import corral\n"
-            f"sb = corral.Sandbox.create({{'isolation': {tier!r}}}, timeout=60, detached=True,"
-            " metadata={'k': 'v'})\n"
-            "sb.commands.run('echo from-creator > /scratch/note')\n"
-            "sb.commands.run(['sleep', '302'], background=True)\n"
-            "print(sb.id)\n")
-    p = subprocess.run([sys.executable, "-c", make], check=False, capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 0, p.stderr
-    sid = p.stdout.strip()             # its creator has exited
-    sb = corral.Sandbox.connect(sid)
-    try:
-        assert sb.get_info().metadata == {"k": "v"} and sb.get_info().isolation == tier
-        assert sb.commands.run("cat /scratch/note").stdout == "from-creator\n"
-        assert any(c.cmd == ("sleep", "302") for c in sb.commands.list())
-        got = []
-        h = sb.commands.run("read x; echo \"[$x]\"; exit 4", background=True,
-                            on_stdout=got.append)
-        h.send_stdin("typed\n")
-        r = h.wait(60)
-        assert (r.exit_code, r.stdout, b"".join(got)) == (4, "[typed]\n", b"[typed]\n")
-        r = sb.commands.run("sleep 30", timeout=0.5)
-        assert r.verdict == "timeout"
-        r = sb.commands.run(["no-such-command"])
-        assert r.exit_code == 127 and "not found" in r.stderr, r
-    finally:
-        sb.kill()
-    with pytest.raises(SandboxClosed):
-        corral.Sandbox.connect(sid)
-    with pytest.raises(UsageError):
-        corral.Sandbox.connect("../../etc")
-
-
-def test_cli_create_ls_exec_kill(tier):
-    p = _cli("sandbox", "create", "--isolation", tier, "--timeout", "60", "--memory", "256M")
-    assert p.returncode == 0, p.stderr
-    sid = p.stdout.strip()
-    try:
-        assert sid in _cli("sandbox", "ls").stdout
-        p = _cli("sandbox", "exec", sid, "--", "sh", "-c",
-                 "echo kept > /scratch/x; sleep 300 > /dev/null 2>&1 &")
-        assert p.returncode == 0, p.stderr
-        p = _cli("sandbox", "exec", sid, "--", "sh", "-c", "cat /scratch/x; ps -e -o args")
-        assert p.stdout.startswith("kept\n") and "sleep 300" in p.stdout.splitlines(), p
-        assert _cli("sandbox", "exec", sid, "--", "sh", "-c", "exit 7").returncode == 7
-        p = _cli("sandbox", "exec", sid, "--stdin", "--", "cat", input="piped")
-        assert p.stdout == "piped"
-        p = _cli("sandbox", "exec", sid, "--timeout", "1s", "--", "sleep", "30")
-        assert p.returncode == 124 and "timeout" in p.stderr
-        info = corral.Sandbox.connect(sid).get_info()
-        assert info.usage["commands"] == 5
-    finally:
-        assert _cli("sandbox", "kill", sid).returncode == 0
-    assert sid not in _cli("sandbox", "ls").stdout
-    p = _cli("sandbox", "exec", sid, "--", "true")
-    assert p.returncode == 125 and "no live sandbox" in p.stderr
-    assert _cli("sandbox", "exec", "not-an-id", "--", "true").returncode == 2
-
-
-def test_a_sigkilled_supervisor_leaves_nothing_after_the_sweep(tier):
-    _sigkill_the_supervisor(tier)
-
-
-def test_a_sigkilled_supervisor_below_a_subreaper_that_never_reaps_leaves_nothing(tier):
-    """This process is a child subreaper, as corral makes its caller while a one-shot run
-    or a live sandbox of its own lives, and it reaps nothing it did not start: the
-    supervisor it starts, and what that leaves when killed, must not depend on it (the
-    commands' zombies would be this process's, and the sandbox's init would wait for them
-    to be reaped, in the kernel, for as long as this process lives)."""
-    from corral.linux import _sys
-
-    _sys.subreaper_acquire()
-    try:
-        _sigkill_the_supervisor(tier)
-    finally:
-        _sys.subreaper_release()
-
-
-def test_an_in_process_sandbox_sigkilled_below_a_subreaper_that_never_reaps(tier):
-    """A live sandbox opened in a process of its own (no supervisor, no reaper of
-    corral's above it), that process SIGKILLed while a command runs, below this process
-    as a child subreaper that reaps nothing it did not start: the commands must not be
-    the dead process's children (their zombies would be this process's, never reaped,
-    and the sandbox's init would wait for them in the kernel, running, for as long as
-    this process lives). The entrants' zygote reaps them (linux/enter.py)."""
-    import signal
-    import subprocess
-    import sys
-
-    from corral.linux import _sys, rundir
-
-    make = ("import os, sys, time, corral\n"
-            "from corral.linux import rundir\n"
-            f"sb = corral.Sandbox.create({{'isolation': {tier!r}}}, timeout=120)\n"
-            "sb.commands.run(['sleep', '304'], background=True)\n"
-            "d = os.path.join(rundir.base_dir(), sb.id)\n"
-            "print(sb.id, os.stat(os.path.join(d, 'scratch')).st_uid, flush=True)\n"
-            "time.sleep(300)\n")
-    before = set(_children())
-    _sys.subreaper_acquire()
-    try:
-        p = subprocess.Popen([sys.executable, "-c", make], stdout=subprocess.PIPE, text=True)
-        try:
-            sid, uid = p.stdout.readline().split()
-        except ValueError:
-            p.kill()
-            p.wait()
-            raise AssertionError("the creator did not start its sandbox") from None
-        uid = int(uid)
-        run_dir = os.path.join(rundir.base_dir(), sid)
-        try:   # (gvisor's commands are inside its sentry: not host processes)
-            assert tier == "gvisor" or "sleep 304" in " ".join(_describe(procs_of_uid(uid)))
-        finally:
-            os.kill(p.pid, signal.SIGKILL)
-            p.wait()
-            p.stdout.close()
-        try:
-            _wait_for(lambda: not _running(procs_of_uid(uid) + _gone(sid)),
-                      "the sandbox's init and every process inside to end")
-        except AssertionError:
-            raise AssertionError("still running: " + "; ".join(
-                _describe(_running(procs_of_uid(uid) + _gone(sid))))) from None
-        # what the creator left came to this process (its zygote, bwrap): once they
-        # have ended, reaped here, so no zombie of ours outlives the test
-        _wait_for(lambda: not _running(list(set(_children()) - before)),
-                  "the creator's zygote to end")
-        _reap_ours(list(set(_children()) - before))
-    finally:
-        _sys.subreaper_release()
-    rundir.sweep_stale(rundir.base_dir())
-    assert not os.path.exists(run_dir) and _mounts_below(run_dir) == []
-
-
-def _children() -> list[int]:
-    """This process's children (every thread's)."""
-    out = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/children") as f:
-                out += [int(x) for x in f.read().split()]
-        except OSError:
-            pass
-    return out
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def _sigkill_the_supervisor(tier) -> None:
-    import signal
-
-    from corral.linux import rundir
-    from corral.runtime import registry
-
-    p = _cli("sandbox", "create", "--isolation", tier, "--timeout", "120")
-    assert p.returncode == 0, p.stderr
-    sid = p.stdout.strip()
-    entry = registry.read_entry(sid)
-    parent = _parent(entry["pid"])   # (the supervisor's reaper: ours if we are a subreaper)
-    ours = parent != os.getpid() and _parent(parent) == os.getpid()
-    base = rundir.base_dir()
-    run_dir = os.path.join(base, sid)
-    uid = os.stat(os.path.join(run_dir, "scratch")).st_uid
-    with open(os.path.join(run_dir, "cgroups")) as f:
-        cgroups = [line.split()[3] for line in f if line.strip()]
-    corral.Sandbox.connect(sid).commands.run(["sleep", "303"], background=True)
-    assert procs_of_uid(uid) and cgroups and _mounts_below(run_dir)
-    os.kill(entry["pid"], signal.SIGKILL)
-    # dead means exited: a zombie counts (while this process is a child subreaper, e.g.
-    # a run_code interpreter of an earlier test still ending, orphans come to it), and
-    # those that are ours are reaped after
-    _wait_for(lambda: not _running([entry["pid"]]), "the supervisor's end")
-    try:
-        _wait_for(lambda: not _running(procs_of_uid(uid) + _gone(sid)),
-                  "bwrap (or runsc) and every process inside to die")
-    except AssertionError:
-        raise AssertionError(f"still running: {_describe(_running(procs_of_uid(uid) + _gone(sid)))}") from None
-    _reap_ours([entry["pid"]])
-    if ours:
-        _wait_for(lambda: not _running([parent]), "the supervisor's reaper to end")
-        _reap_ours([parent])
-    # (another corral process on this host may sweep it first: either way it goes)
-    rundir.sweep_stale(base)
-    assert not os.path.exists(run_dir) and _mounts_below(run_dir) == []
-    assert not any(map(os.path.exists, cgroups))
-    assert registry.read_entry(sid) is None
-    assert not os.path.exists(os.path.join(base, rundir.REGISTRY, sid + ".json"))
-    assert sid not in _cli("sandbox", "ls").stdout
-
-
 def test_per_command_output_and_cpu_limits_sandbox_wide_memory(tier):
     policy = {"isolation": tier, "limits": {"output": "1K", "cpu_time": "1s", "memory": "96M"}}
     with corral.Sandbox.create(policy, timeout=120) as sb:
@@ -606,7 +331,7 @@ def test_per_command_output_and_cpu_limits_sandbox_wide_memory(tier):
                 "print('held', flush=True)\ntime.sleep(300)\n")
         got = []
         h = sb.commands.run(["python3", "-c", hold], background=True, on_stdout=got.append)
-        _wait_for(lambda: b"held" in b"".join(got) or not h.running, "40 MB held")
+        wait_for(lambda: b"held" in b"".join(got) or not h.running, "40 MB held")
         assert h.running
         # alone it fits (70 MB < 96 MB); with the other's 40 MB it does not, and the OOM
         # killer takes the largest process of the sandbox: this one
@@ -632,12 +357,12 @@ def _gvisor_memory_ends_the_sandbox(take: str, hold: str) -> None:
                                timeout=120) as sb:
         got = []
         h = sb.commands.run(["python3", "-c", hold], background=True, on_stdout=got.append)
-        _wait_for(lambda: b"held" in b"".join(got) or not h.running, "40 MB held")
+        wait_for(lambda: b"held" in b"".join(got) or not h.running, "40 MB held")
         assert h.running
         r = sb.commands.run(["python3", "-c", take], timeout=60)
         assert r.verdict == "oom" and "took" not in r.stdout, r
         assert any(e.get("limit") == "memory" for e in r.events)
-        _wait_for(lambda: sb.state == "ended", "the sandbox's end")
+        wait_for(lambda: sb.state == "ended", "the sandbox's end")
         assert sb.get_info().ended_by == "init"
         assert any("memory" in e["message"] and "OOM" in e["message"]
                    for e in sb.events), sb.events
@@ -763,10 +488,10 @@ def test_pty_in_a_live_sandbox_is_a_command_of_it(sb):
     term = sb.pty.create(80, 24, ["bash", "--norc", "-i"], on_data=out.append)
     assert term.pid_inside and term.pid_inside in [c.pid for c in sb.commands.list()]
     term.send_input(b"cat /scratch/mark; test -t 0 && echo tty-yes\r")
-    _wait_for(lambda: b"tty-yes" in b"".join(out), "the terminal's echo")
+    wait_for(lambda: b"tty-yes" in b"".join(out), "the terminal's echo")
     term.resize(120, 40)
     term.send_input(b"stty size\r")
-    _wait_for(lambda: b"40 120" in b"".join(out), "the new size")
+    wait_for(lambda: b"40 120" in b"".join(out), "the new size")
     term.send_input(b"exit\r")
     r = term.wait(60)
     assert r.verdict == "ok" and "from-the-sandbox" in r.stdout and r.stderr == "", r
@@ -793,7 +518,7 @@ def test_review_mode_on_a_live_sandbox_holds_writes_until_apply(tier, tmp_path):
     with corral.Sandbox.create(policy, timeout=120) as sb:
         assert sb.commands.run("echo changed > /workspace/a.txt").verdict == "ok"
         h = sb.commands.run("echo new > /workspace/b.txt; sleep 300", background=True)
-        _wait_for(lambda: sb.commands.run("cat /workspace/b.txt").stdout == "new\n",
+        wait_for(lambda: sb.commands.run("cat /workspace/b.txt").stdout == "new\n",
                   "the background command's write")
         assert (ws / "a.txt").read_text() == "orig\n" and not (ws / "b.txt").exists()
         assert sorted((c.path, c.kind) for c in sb.changes()) == [("a.txt", "modified"),
@@ -817,10 +542,10 @@ def test_gvisor_a_signal_reaches_the_command_inside_and_runsc_exec_keeps_supervi
         got = []
         h = sb.commands.run("trap 'echo got-int' INT; echo ready; while :; do sleep 0.1; done",
                             background=True, on_stdout=got.append)
-        _wait_for(lambda: b"ready" in b"".join(got), "the trap set")
+        wait_for(lambda: b"ready" in b"".join(got), "the trap set")
         assert os.getsid(h.host_pid) == h.host_pid != os.getsid(0)
         h._started.cgroup.signal(signal.SIGINT)
-        _wait_for(lambda: b"got-int" in b"".join(got), "the trap's output")
+        wait_for(lambda: b"got-int" in b"".join(got), "the trap's output")
         assert h.running and os.path.exists(f"/proc/{h.host_pid}")
         h.kill()
         assert h.wait(30).verdict == "killed"
@@ -883,12 +608,12 @@ def test_gvisor_a_terminal_command_gets_sigwinch_through_resized():
                 out.append(data)
 
         threading.Thread(target=read, daemon=True).start()
-        _wait_for(lambda: b"ready" in b"".join(out), "the trap set")
+        wait_for(lambda: b"ready" in b"".join(out), "the trap set")
         fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
         time.sleep(0.5)
         assert b"winch" not in b"".join(out)     # gVisor raised none by itself
         h._started.resized()
-        _wait_for(lambda: b"winch 40 120" in b"".join(out), "the trap's output")
+        wait_for(lambda: b"winch 40 120" in b"".join(out), "the trap's output")
         h.kill()
         assert h.wait(30).verdict == "killed"
         os.close(master)
@@ -917,8 +642,8 @@ def test_user_account_is_a_distinct_unprivileged_uid():
     finally:
         sb.kill()
     # nothing of either uid runs; a zombie may wait a moment for its reaper
-    assert _running(procs_of_uid(user_uid) + procs_of_uid(root_uid)) == []
-    _wait_for(lambda: not procs_of_uid(user_uid) + procs_of_uid(root_uid),
+    assert running(procs_of_uid(user_uid) + procs_of_uid(root_uid)) == []
+    wait_for(lambda: not procs_of_uid(user_uid) + procs_of_uid(root_uid),
               "the zombies to be reaped")
     plain = corral.Sandbox.create({"isolation": "namespace"}, timeout=60)
     try:

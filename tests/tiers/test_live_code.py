@@ -159,9 +159,8 @@ def kb():
     """A live sandbox whose python3 is bench/.venv's (ipykernel, jupyter_client,
     matplotlib from requirements/bench.lock), mounted read-only at its own path: an image
     with ipykernel, as the datascience image will be."""
-    if not _has_ipykernel():
-        pytest.skip("bench/.venv with ipykernel is not built (bench/all.py builds it from "
-                    "requirements/bench.lock)")
+    assert _has_ipykernel(), ("bench/.venv with ipykernel is not built: scripts/setup.sh "
+                              "builds it from requirements/bench.lock")
     policy = {"limits": {"timeout": "120s", "cpu_time": "10m"},
               "filesystem": {"workspace": {"path": BENCH_VENV, "mode": "ro",
                                            "mount_at": "same"}},
@@ -240,8 +239,7 @@ def test_engine_ipykernel_is_refused_where_the_image_has_none(sb):
 def test_no_kernel_on_the_process_tier_auto_falls_back_to_the_runner():
     """The process tier refuses the kernel's unix sockets: "auto" gives corral's runner,
     "ipykernel" is refused with the kernel's own error."""
-    if not _has_ipykernel():
-        pytest.skip("bench/.venv with ipykernel is not built")
+    assert _has_ipykernel(), "bench/.venv with ipykernel: scripts/setup.sh builds it"
     policy = {"isolation": "process", "limits": {"timeout": "60s"},
               "filesystem": {"workspace": {"path": BENCH_VENV, "mode": "ro",
                                            "mount_at": "same"}},

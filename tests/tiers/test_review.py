@@ -149,6 +149,23 @@ def test_review_leaves_the_host_untouched_until_apply(tier, ws):
         assert after[rel] == before[rel]
 
 
+def test_a_binary_change_is_listed_with_sizes_not_a_diff(tier, ws):
+    """Issue 16: "a unified diff for text files and sizes for binary ones"."""
+    with corral.Sandbox(review_policy(ws, tier)) as sb:
+        r = sb.exec(["sh", "-c", "printf '\\000\\377 more binary!' >> bin.dat; "
+                     "head -c 3000 /dev/zero > zeros.bin"])
+        assert r.exit_code == 0, r.stderr
+        by = {c.path: c for c in sb.changes()}
+        mod, new = by["bin.dat"], by["zeros.bin"]
+        assert (mod.kind, mod.binary, mod.diff) == ("modified", True, None)
+        assert (mod.old_size, mod.new_size) == (9, 9 + 15)
+        assert (new.kind, new.binary, new.diff, new.new_size) == ("added", True, None, 3000)
+        assert mod.summary() == "M bin.dat  (9 bytes -> 24 bytes)", mod.summary()
+        assert new.summary() == "A zeros.bin  (3000 bytes)", new.summary()
+        patch, _ = sb.changes_patch()
+        assert b"GIT binary patch" in patch or b"Binary files" in patch, patch[:400]
+
+
 def test_a_directory_replaced_inside_is_opaque_its_old_entries_deleted(ws):
     """rm -rf sub; mkdir sub: the overlay marks the new sub opaque; the host's sub/b is
     then deleted even though no whiteout names it, and a file recreated as it was is no

@@ -290,12 +290,12 @@ def _matplotlib_in_sandbox() -> tuple[dict, str] | None:
     return None
 
 
-@pytest.mark.skipif(_matplotlib_in_sandbox() is None,
-                    reason="matplotlib is neither installed for /usr/bin/python3 nor in "
-                           "bench/.venv (bench/all.py builds it); the datascience image has it")
 @pytest.mark.parametrize("tier", TIERS)
 def test_a_matplotlib_plot_comes_back_as_png_once(tier):
-    extra, setup = _matplotlib_in_sandbox()
+    found = _matplotlib_in_sandbox()
+    assert found, ("matplotlib is neither installed for /usr/bin/python3 nor in bench/.venv: "
+                   "scripts/setup.sh builds it")
+    extra, setup = found
     with open_box(tier, {**POLICY, **extra}) as sb:
         ex = sb.run_code(setup + "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\n"
                          "plt.show()", timeout=120)
@@ -453,9 +453,8 @@ def _has_matplotlib(py: str) -> bool:
         [py, "-c", "import matplotlib"], check=False, capture_output=True).returncode == 0
 
 
-@pytest.mark.skipif(not _has_matplotlib(BENCH_PY),
-                    reason="bench/.venv (with matplotlib) is not built: bench/all.py makes it")
 def test_runner_sends_matplotlib_figures_as_png():
+    assert _has_matplotlib(BENCH_PY), "bench/.venv (matplotlib): scripts/setup.sh builds it"
     s = CodeSession(None, start=local_start(BENCH_PY), max_log=1 << 20, default_timeout=60)
     try:
         ex = s.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")

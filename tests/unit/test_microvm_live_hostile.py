@@ -94,3 +94,58 @@ def test_one_shot_send_is_bounded_when_the_guest_stops_reading(monkeypatch):
     finally:
         host.close()
         guest.close()
+
+
+def test_the_list_helper_s_answer_is_parsed_a_line_at_a_time(tmp_path):
+    """The helper the guest runs for sb.files.list (here on this host's python3, over a
+    directory of the test's): one entry a line, read back whole."""
+    import subprocess
+
+    from corral.runtime.guest_files import HELPER, GuestFiles
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a, \u00e9\n.txt").write_text("x")
+    (tmp_path / "l").symlink_to("/nowhere")
+    p = subprocess.run(["/usr/bin/python3", "-I", "-S", "-c", HELPER, "list", str(tmp_path),
+                        "2", "100"], capture_output=True, check=True)
+    got = GuestFiles._entries(p.stdout, 100, str(tmp_path))
+    assert sorted((e.name, e.type) for e in got) == [
+        ("a, \u00e9\n.txt", "file"), ("d", "dir"), ("l", "symlink")]
+    assert [e.symlink_target for e in got if e.type == "symlink"] == ["/nowhere"]
+    with pytest.raises(Exception, match="more than 2 entries"):
+        GuestFiles._entries(p.stdout, 2, str(tmp_path))
+
+
+def test_a_listing_is_bounded_and_counted_before_it_is_parsed():
+    """The guest is hostile: its listing's lines are counted (against caps.entries) and
+    each line's size checked before any JSON is parsed, and the whole answer is bounded
+    by caps.entries, far below the 64 MiB it once could send."""
+    from corral.runtime import guest_files
+    from corral.runtime.files import Caps, FilesError
+    from corral.runtime.guest_files import GuestFiles
+
+    with pytest.raises(FilesError, match="more than 3 entries"):     # not "not JSON"
+        GuestFiles._entries(b"[[[[\n" * 4, 3, "/x")
+    with pytest.raises(FilesError, match="an entry over"):
+        GuestFiles._entries(b"[" * (guest_files.LINE_MAX + 1) + b"\n", 3, "/x")
+    with pytest.raises(FilesError, match="cut short"):
+        GuestFiles._entries(b'["a", "/a", "file", 1, 420, 0, null]', 3, "/x")
+
+    class Guest:
+        """sb.commands as a guest that answers a listing without end."""
+
+        def __init__(self):
+            self.commands, self.sent = self, 0
+
+        def run(self, argv, stdin=None, on_stdout=None, timeout=None):
+            line = b'["a", "/a", "file", 1, 420, 0, null]\n'
+            for _ in range(4096):                    # 64 MiB in all, 16 KiB at a time
+                on_stdout(line * 420)
+                self.sent += len(line) * 420
+            return type("R", (), {"exit_code": 0, "verdict": "ok", "stderr": ""})()
+
+    g = Guest()
+    files = GuestFiles(g, caps=Caps(entries=100))
+    limit = guest_files.LINE_MAX + 100 * guest_files.LIST_ENTRY_BYTES
+    with pytest.raises(FilesError, match=f"over {limit} bytes"):
+        files.list("/")

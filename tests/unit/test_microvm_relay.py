@@ -5,6 +5,7 @@ proxy a unix listener of the test's."""
 import select
 import socket
 import struct
+import threading
 
 from corral.backends import microvm_net
 from corral.backends.microvm_net import HostRelay
@@ -55,3 +56,132 @@ def test_an_event_for_a_connection_with_nothing_to_read_does_not_stall_or_reset_
         guest.close()
         host.close()
         proxy.close()
+
+
+def _relay(tmp_path, proxy=True):
+    path = str(tmp_path / "egress.sock")
+    listener = microvm_net.proxy_listener(path) if proxy else None
+    host, guest = socket.socketpair()
+    violations: list = []
+    return path, listener, host, guest, violations, HostRelay(host, path, violations.append)
+
+
+def _read_frame(sock: socket.socket) -> tuple[bytes, int, bytes]:
+    head = _read_exactly(sock, 5)
+    body = _read_exactly(sock, struct.unpack(">I", head[1:5])[0])
+    return head[:1], struct.unpack(">I", body[:4])[0], body[4:]
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        got = sock.recv(n - len(out))
+        assert got, "the relay's port closed"
+        out += got
+    return out
+
+
+def _until(cond, what: str) -> None:
+    for _ in range(1000):
+        if cond():
+            return
+        select.select([], [], [], 0.01)
+    raise AssertionError(what)
+
+
+def test_a_guest_that_stops_reading_its_port_does_not_block_the_relay(tmp_path):
+    """The proxy sends a connection 2 MiB while the guest reads nothing: the relay holds a
+    bounded part of it, stops reading the proxy, and still takes the guest's frames (a
+    second connection is opened); once the guest reads, every byte arrives, in order."""
+    path, listener, host, guest, violations, relay = _relay(tmp_path)
+    ups = []
+    try:
+        guest.sendall(_frame(b"A", 1))
+        ups.append(listener.accept()[0])
+        data = bytes(range(256)) * (8 << 10)            # 2 MiB
+        sender = threading.Thread(target=ups[0].sendall, args=(data,), daemon=True)
+        sender.start()
+        _until(lambda: len(relay.out) > microvm_net.OUT_HIGH, "the relay's buffer never filled")
+        guest.sendall(_frame(b"A", 2))                  # the relay still takes frames
+        listener.settimeout(30)
+        ups.append(listener.accept()[0])
+        assert len(relay.out) <= microvm_net.OUT_HIGH + microvm_net.MAX_FRAME + 9
+        got = b""
+        guest.settimeout(30)
+        while len(got) < len(data):                     # the guest reads again
+            kind, cid, chunk = _read_frame(guest)
+            assert (kind, cid) == (b"B", 1), (kind, cid)
+            got += chunk
+        assert got == data
+        sender.join(30)
+        assert violations == []
+    finally:
+        for u in ups:
+            u.close()
+        relay.close()
+        assert not relay.thread.is_alive()
+        guest.close()
+        host.close()
+        listener.close()
+
+
+def test_a_proxy_that_takes_nothing_stalls_only_its_connection_which_is_reset(
+        tmp_path, monkeypatch):
+    """The guest sends connection 1 more than the relay holds while the proxy reads none
+    of it: the relay keeps a bounded part, still relays the proxy's bytes of connection 2
+    to the guest meanwhile, and resets connection 1 (R) after SEND_TIMEOUT."""
+    monkeypatch.setattr(microvm_net, "SEND_TIMEOUT", 3.0)
+    path, listener, host, guest, violations, relay = _relay(tmp_path)
+    ups = []
+    try:
+        for cid in (1, 2):
+            guest.sendall(_frame(b"A", cid))
+            ups.append(listener.accept()[0])
+        flood = b"".join(_frame(b"B", 1, b"x" * 60000) for _ in range(70))   # 4 MiB
+        writer = threading.Thread(target=guest.sendall, args=(flood,), daemon=True)
+        writer.start()
+        _until(lambda: len(relay.pending.get(1, b"")) > microvm_net.CONN_HIGH,
+               "the relay never held connection 1's bytes")
+        ups[1].sendall(b"ping")
+        guest.settimeout(30)
+        assert _read_frame(guest) == (b"B", 2, b"ping"), "connection 2 waited for 1"
+        assert len(relay.pending.get(1, b"")) <= microvm_net.CONN_HIGH + (1 << 16)
+        assert _read_frame(guest) == (b"R", 1, b"")    # then 1 is reset
+        writer.join(30)
+        assert not writer.is_alive() and 1 not in relay.conns and 1 not in relay.pending
+        assert violations == []
+    finally:
+        for u in ups:
+            u.close()
+        relay.close()
+        guest.close()
+        host.close()
+        listener.close()
+
+
+def test_a_guest_that_keeps_sending_and_reads_nothing_is_a_violation(tmp_path, monkeypatch):
+    """Each connection the guest opens past the relay's cap is answered (Z): a guest that
+    opens them without end and reads none of the answers is cut at OUT_MAX, not held
+    without bound."""
+    monkeypatch.setattr(microvm_net, "MAX_CONNS", 0)    # every one past the cap: no connect
+    path, listener, host, guest, violations, relay = _relay(tmp_path, proxy=False)
+    try:
+        n = (microvm_net.OUT_MAX + (1 << 20)) // 9       # (the port's socket buffer takes some)
+        frames = b"".join(_frame(b"A", cid) for cid in range(1, n + 1))
+        def write():
+            try:
+                guest.sendall(frames)
+            except OSError:      # the relay has gone, and the test closes its end
+                pass
+
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        relay.thread.join(120)
+        assert not relay.thread.is_alive()
+        assert len(violations) == 1 and "took none" in violations[0], violations
+        assert len(relay.out) <= microvm_net.OUT_MAX
+    finally:
+        relay.close()
+        host.close()
+        writer.join(30)
+        guest.close()

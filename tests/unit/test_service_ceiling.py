@@ -32,12 +32,33 @@ CASES = [
     ({}, {"isolation": "gvisor"}, None),
     ({"isolation": "gvisor"}, {"isolation": "namespace"}, "isolation"),
     ({"isolation": "process"}, {"isolation": "namespace"}, None),
+    # microvm (its own kernel) and wasm (a WASI runtime in a namespace sandbox) are ranked
+    # too: a ceiling of either admits its own tier (it refused every request, its own
+    # included), and neither admits a weaker one
+    ({"isolation": "microvm"}, {}, None),
+    ({"isolation": "microvm"}, {"isolation": "gvisor"}, "isolation"),
+    ({"isolation": "microvm"}, {"isolation": "namespace"}, "isolation"),
+    ({"isolation": "wasm"}, {}, None),
+    ({"isolation": "wasm"}, {"isolation": "namespace"}, "isolation"),
+    ({"isolation": "wasm"}, {"isolation": "auto"}, "isolation"),
+    ({}, {"isolation": "microvm"}, None),
+    ({}, {"isolation": "wasm"}, None),
+    ({"isolation": "gvisor"}, {"isolation": "microvm"}, None),
+    ({"isolation": "auto"}, {"isolation": "process"}, None),
     # limits: bigger refused, equal or smaller admitted
     ({}, {"limits": {"memory": "2G"}}, "limits.memory"),
     ({}, {"limits": {"memory": "128M"}}, None),
     ({}, {"limits": {"timeout": "1h"}}, "limits.timeout"),
     ({}, {"limits": {"pids": 100000}}, "limits.pids"),
     (WIDE, {"limits": {"memory": "1G"}}, None),
+    # idle_timeout: 0 is "never", the loosest (it was taken for the smallest)
+    ({"limits": {"idle_timeout": "10m"}}, {}, None),
+    ({"limits": {"idle_timeout": "10m"}}, {"limits": {"idle_timeout": "5m"}}, None),
+    ({"limits": {"idle_timeout": "10m"}}, {"limits": {"idle_timeout": "0s"}},
+     "limits.idle_timeout"),
+    ({"limits": {"idle_timeout": "10m"}}, {"limits": {"idle_timeout": "1h"}},
+     "limits.idle_timeout"),
+    ({}, {"limits": {"idle_timeout": "1h"}}, None),      # the default ceiling: never
     # network: a mode, a domain, a port, a private range, a resolver the ceiling lacks
     ({}, {"network": {"mode": "allow", "allow": ["example.com"]}}, "network.mode"),
     (WIDE, {"network": {"mode": "allow", "allow": ["a.example.com"]}}, None),

@@ -96,6 +96,13 @@ def test_the_cli_prints_the_token_once_on_the_last_line(tmp_path):
     bad = subprocess.run([CORRAL, "token", "create", "--name", "y", "--ceiling", str(ceiling),
                           "--state-dir", state], capture_output=True, text=True)
     assert bad.returncode == 2 and "limits.memory" in bad.stderr and bad.stdout == ""
+    # a ceiling file that is missing or no TOML: named as --ceiling (it said --policy)
+    for path in (str(tmp_path / "missing.toml"), "/etc/passwd"):
+        bad = subprocess.run([CORRAL, "token", "create", "--name", "z", "--ceiling", path,
+                              "--state-dir", state], capture_output=True, text=True)
+        assert bad.returncode == 2 and bad.stdout == "", bad.stderr
+        assert bad.stderr.startswith("corral token: --ceiling: ") and "--policy" not in \
+            bad.stderr, bad.stderr
 
 
 def test_apply_changes_is_off_unless_asked_and_the_cli_sets_it(tmp_path):

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from ..errors import CorralError, UsageError
+from ..errors import CorralError, UsageError, option_values
 
 RUNS_USAGE = """\
 usage: corral runs [--since AGE] [--verdict V] [--tier T] [--limit N] [--json]
@@ -62,16 +62,11 @@ def _flags(args: list[str], values: tuple[str, ...], bools: tuple[str, ...] = ("
            positional: int = 0) -> tuple[dict, list[str]]:
     out: dict = {}
     pos: list[str] = []
-    it = iter(args)
-    for a in it:
-        name, eq, inline = a.partition("=")
-        if name in values:
-            v = inline if eq else next(it, None)
-            if v is None:
-                raise UsageError(f"{name} needs a value", field=name)
-            out[name] = v
-        elif name in bools and not eq:
-            out[name] = True
+    for name, a in option_values(args, values):
+        if name is not None:
+            out[name] = a
+        elif a in bools:
+            out[a] = True
         elif not a.startswith("-") and len(pos) < positional:
             pos.append(a)
         else:

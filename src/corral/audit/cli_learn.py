@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from ..errors import CorralError, UsageError
+from ..errors import CorralError, UsageError, option_values
 
 #: run flags that make no sense for a learn run, with why
 _REFUSED = {
@@ -28,36 +28,21 @@ def split_learn_flags(args: list[str]) -> tuple[list[str], str | None, float]:
     """Take --out FILE and --margin X (before `--`) out of args; the rest are run's."""
     rest: list[str] = []
     out, margin = None, None
-    i = 0
-    while i < len(args):
-        a = args[i]
-        if a == "--":
-            rest += args[i:]
-            break
-        name, eq, inline = a.partition("=")
-        if name in ("--out", "--margin"):
-            if eq:
-                v = inline
-            else:
-                i += 1
-                if i >= len(args):
-                    raise UsageError(f"{name} needs a value", field=name)
-                v = args[i]
-            if name == "--out":
-                if not v:
-                    raise UsageError("--out needs a file name", field="--out")
-                out = os.path.abspath(v)
-            else:
-                try:
-                    margin = float(v)
-                except ValueError:
-                    margin = -1.0
-                if not 1.0 <= margin <= 100:
-                    raise UsageError(f"--margin {v!r} is not a number from 1 to 100; write "
-                                     f"--margin 1.5 for 50% headroom", field="--margin")
+    for name, v in option_values(args, ("--out", "--margin"), end="--"):
+        if name is None:
+            rest.append(v)
+        elif name == "--out":
+            if not v:
+                raise UsageError("--out needs a file name", field="--out")
+            out = os.path.abspath(v)
         else:
-            rest.append(a)
-        i += 1
+            try:
+                margin = float(v)
+            except ValueError:
+                margin = -1.0
+            if not 1.0 <= margin <= 100:
+                raise UsageError(f"--margin {v!r} is not a number from 1 to 100; write "
+                                 f"--margin 1.5 for 50% headroom", field="--margin")
     from ..runtime.learn import MARGIN
 
     return rest, out, MARGIN if margin is None else margin

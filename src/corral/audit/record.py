@@ -3,11 +3,11 @@
 Every face (corral run, corral.run, Sandbox.exec, live sandboxes and their commands, the
 service, MCP, the probe) hands what it ran to `record_run` here. Nothing is written on the
 caller's thread: the record (references to the Result, policy and plan, no copies) goes on
-a bounded queue that one background thread per process (`corral-audit`) drains in batches
-into SQLite (audit/store.py; the thread imports sqlite3, so `corral run` never does on its
-own path). When the store cannot keep a record (the database locked past its busy timeout,
-a full disk, a full queue, the exit deadline) the run is unaffected and its Result gets an
-`audit` event (events.AuditEvent) saying the record was lost.
+a bounded queue that one background thread per process (`corral-audit`, audit/writer.py)
+drains in batches into SQLite (audit/store.py; the thread imports sqlite3, so `corral run`
+never does on its own path). When the store cannot keep a record (the database locked past
+its busy timeout, a full disk, a full queue, the exit deadline) the run is unaffected and
+its Result gets an `audit` event (events.AuditEvent) saying the record was lost.
 
 A short-lived process (`corral run`: use_spool()) has no thread: flush() appends each run's
 record as one JSON line to the spool (audit/spool.py), which the store ingests whenever it
@@ -29,26 +29,16 @@ import os
 import stat
 import sys as _sys
 import time
-from _contextvars import ContextVar  # contextvars only re-exports it
-from collections import deque
 
 from ..linux.rundir import state_dir
 
-#: records waiting for the writer at most; past it a record is dropped (and said so).
-#: Each holds its Result (up to limits.output per stream) until written.
-QUEUE_MAX = 1000
-#: records the writer puts in one transaction at most
-BATCH_MAX = 500
-#: how long the writer lets records gather before a transaction, seconds (a flush does
-#: not wait for it)
-LINGER_S = 0.05
-#: how long the writer waits for a lock another connection holds, seconds
-BUSY_TIMEOUT_S = 0.25
 #: how long the process waits at exit for what is queued, seconds
 EXIT_DEADLINE_S = 1.0
 
-_face: ContextVar[str | None] = ContextVar("corral_audit_face", default=None)
-_actor: ContextVar[str | None] = ContextVar("corral_audit_actor", default=None)
+#: [face, actor]: the two ContextVars, made by the first acting_as (`corral run` never
+#: makes them, so it loads neither _contextvars, an extension module, nor contextvars)
+_vars: list = []
+_vars_mu = _thread.allocate_lock()
 _path: list[str | None] = [None]
 _spooling = [False]   # use_spool()
 _spooled: list[dict] = []   # this process's runs for the spool, until flush()
@@ -75,18 +65,34 @@ class acting_as:
         self.actor, self.face = actor, face
 
     def __enter__(self):
-        self._tokens = (_actor.set(self.actor), _face.set(self.face or _face.get()))
+        face, actor = _context_vars()
+        self._tokens = (actor.set(self.actor), face.set(self.face or face.get()))
         return self
 
     def __exit__(self, *exc) -> None:
-        _actor.reset(self._tokens[0])
-        _face.reset(self._tokens[1])
+        face, actor = _vars
+        actor.reset(self._tokens[0])
+        face.reset(self._tokens[1])
+
+
+def _context_vars() -> list:
+    if not _vars:
+        from _contextvars import ContextVar  # contextvars only re-exports it
+
+        with _vars_mu:
+            if not _vars:
+                _vars.extend([ContextVar("corral_audit_face", default=None),
+                              ContextVar("corral_audit_actor", default=None)])
+    return _vars
 
 
 def origin() -> tuple[str, str | None]:
     """(face, actor) of the caller: None actor is the local user (filled in by the
     writer)."""
-    return (_face.get() or os.environ.get("CORRAL_AUDIT_FACE") or "api"), _actor.get()
+    face = actor = None
+    if _vars:   # else no acting_as has run in this process: nobody set them
+        face, actor = _vars[0].get(), _vars[1].get()
+    return (face or os.environ.get("CORRAL_AUDIT_FACE") or "api"), actor
 
 
 def new_id() -> str:
@@ -170,7 +176,8 @@ def flush(timeout: float = EXIT_DEADLINE_S) -> bool:
     some were still waiting: those are marked lost on their Results. Spooled records are
     appended now (a failed append: lost, and said on the Result)."""
     ok = _flush_spool()
-    w = _writers.get(os.getpid())
+    mod = _sys.modules.get("corral.audit.writer")   # no writer module: no writer
+    w = mod.current() if mod is not None else None
     return ok if w is None else w.flush(timeout) and ok
 
 
@@ -193,110 +200,12 @@ def _flush_spool() -> bool:
     return ok
 
 
-class _Writer:
-    def __init__(self) -> None:
-        import threading  # after the first run, not before it (the run path's imports)
+def _writer():
+    """This process's writer thread (audit/writer.py: threading and collections are
+    imported there, off `corral run`'s path), started by the first record."""
+    from .writer import writer
 
-        self.queue: deque = deque()
-        self.cv = threading.Condition()
-        self.busy = False
-        self.flushing = 0
-        self.conns: dict = {}    # database path -> connection
-        self.lost = 0
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="corral-audit")
-        self.thread.start()
-
-    def put(self, item: dict, result) -> None:
-        item["db"] = db_path()
-        with self.cv:
-            if len(self.queue) < QUEUE_MAX:
-                self.queue.append(item)
-                self.cv.notify()
-                return
-        self._lose([item], f"the writer's queue is full ({QUEUE_MAX} records waiting)")
-
-    def flush(self, timeout: float) -> bool:
-        end = time.monotonic() + timeout
-        with self.cv:
-            self.flushing += 1
-            self.cv.notify_all()
-            while self.queue or self.busy:
-                left = end - time.monotonic()
-                if left <= 0:
-                    dropped = list(self.queue)
-                    self.queue.clear()
-                    break
-                self.cv.wait(left)
-            else:
-                self.flushing -= 1
-                return True
-            self.flushing -= 1
-        self._lose(dropped, f"not written within the {timeout:g}s exit deadline")
-        return False
-
-    def _loop(self) -> None:
-        while True:
-            with self.cv:
-                while not self.queue:
-                    self.cv.wait()
-                linger = time.monotonic() + LINGER_S   # let a batch gather
-                while (not self.flushing and len(self.queue) < BATCH_MAX
-                       and (left := linger - time.monotonic()) > 0):
-                    self.cv.wait(left)
-                batch = [self.queue.popleft() for _ in range(min(len(self.queue),
-                                                                 BATCH_MAX))]
-                self.busy = True
-            try:
-                by_db: dict[str, list] = {}
-                for item in batch:
-                    by_db.setdefault(item["db"], []).append(item)
-                for path, items in by_db.items():
-                    self._write(path, items)
-            finally:
-                with self.cv:
-                    self.busy = False
-                    self.cv.notify_all()
-
-    def _write(self, path: str, batch: list[dict]) -> None:
-        try:
-            from . import store
-
-            conn = self.conns.get(path)
-            if conn is None:
-                conn = self.conns[path] = store.connect(path, busy_timeout=BUSY_TIMEOUT_S)
-            store.write_batch(conn, batch)
-        except Exception as e:   # noqa: BLE001 - a record is never worth a run
-            self._lose(batch, f"{str(e) or type(e).__name__} ({path})")
-            conn = self.conns.pop(path, None)
-            if conn is not None:
-                try:
-                    conn.close()
-                except Exception:   # noqa: BLE001
-                    pass
-
-    def _lose(self, items: list[dict], why: str) -> None:
-        from ..events import AuditEvent
-
-        self.lost += len(items)
-        for item in items:
-            result = item.get("result")
-            if result is not None:
-                result.events.append(AuditEvent.lost(why).to_dict())
-
-
-_writers: dict[int, _Writer] = {}
-_writers_mu = _thread.allocate_lock()
-
-
-def _writer() -> _Writer:
-    pid = os.getpid()
-    w = _writers.get(pid)
-    if w is None:
-        with _writers_mu:
-            w = _writers.get(pid)
-            if w is None:
-                w = _writers[pid] = _Writer()
-    return w
+    return writer()
 
 
 def _at_exit() -> None:

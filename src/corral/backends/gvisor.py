@@ -122,7 +122,7 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox, TierCheck, assert_never
+from .base import Backend, ExecLimits, LiveSandbox, TierCheck, assert_never
 from .gvisor_runsc import (
     RUNSC_FAILED,
     RUNSC_FAILED_PREFIX,
@@ -138,7 +138,6 @@ from .gvisor_runsc import (
 )
 from .host.cgroups import destroy_cgroup, run_cgroup, usage_of
 from .host.etc import HOSTNAME, ensure_etc
-from .host.execlimits import ExecLimits
 from .host.finish import Inflight, finish, interpreter_inside
 from .host.ids import free_uids
 from .host.proxy import egress_files, start_proxy, with_relay_tasks
@@ -643,6 +642,32 @@ class GvisorSandbox(LiveSandbox):
             "linux": linux,
         }
 
+    def runsc_child_setup(self, attach: list[int], net: bool):
+        """What runsc's child does between fork and exec (one-shot and live): join the
+        run's cgroup (`attach`), no core dumps, the network's mount view (`net`), the
+        sandbox's user namespace (runsc's nobody is the Sentry's uid there), SIGKILL at
+        its parent's death, and exit if that parent is already gone."""
+        parent = os.getpid()
+        host_proc = getattr(self, "host_proc", None)
+        userns = self.userns
+
+        def child_setup() -> None:
+            if attach:
+                limits.RunCgroup.attach_self(attach)
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if net:
+                from .gvisor_net import runsc_mount_view
+
+                runsc_mount_view(host_proc)
+            enter_userns(userns)
+            set_pdeathsig(SIGKILL)
+            if os.getppid() != parent:
+                os._exit(125)
+
+        return child_setup
+
     def runsc_argv(self, container_id: str) -> list[str]:
         b = self.backend
         a = [b.runsc or "runsc", f"--root={self.state}", f"--platform={b.platform}",
@@ -716,23 +741,7 @@ class GvisorSandbox(LiveSandbox):
         reaping = False
         try:
             attach = cg.attach_fds() if cg else []
-            parent = os.getpid()
-            host_proc = getattr(self, "host_proc", None)
-
-            def child_setup() -> None:
-                if attach:
-                    limits.RunCgroup.attach_self(attach)
-                import resource
-
-                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-                if net is not None:
-                    from .gvisor_net import runsc_mount_view
-
-                    runsc_mount_view(host_proc)
-                enter_userns(self.userns)   # runsc's nobody is the Sentry's uid there
-                set_pdeathsig(SIGKILL)
-                if os.getppid() != parent:
-                    os._exit(125)
+            child_setup = self.runsc_child_setup(attach, net is not None)
 
             if net is not None:  # the proxy serves the listener before runsc starts
                 from ..grants import proxy_config

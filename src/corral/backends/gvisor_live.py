@@ -55,7 +55,7 @@ from ..linux._sys import set_pdeathsig, subreaper_acquire, subreaper_release
 from ..linux.supervise import ExecFailed, errno_from_message, kill_pid, spawn
 from ..plan import EgressProxy, Seccomp
 from .gvisor import PIDS_OVERHEAD, SIGKILL, GvisorSandbox
-from .gvisor_runsc import _reap, enter_userns, remove_state
+from .gvisor_runsc import _reap, remove_state
 from .host.cgroups import destroy_cgroup, run_cgroup, with_relay_tasks
 
 #: the container's own process: pid 1 of gVisor's kernel for the sandbox's life
@@ -212,8 +212,12 @@ class CommandGroup:
         the sandbox's memory peak; OOM kills in the sandbox's cgroup since it started."""
         cg = self._live.sandbox_cg
         # the sandbox may have ended first (an OOM kill of gVisor's own ends it): then
-        # its cgroup's last counts, read as it was removed
-        u = cg.usage() if cg is not None else self._live.final_usage
+        # its cgroup's last counts, read by close() before it removed the cgroup. close()
+        # may run meanwhile (the watchdog saw gVisor end): a cgroup removed between the
+        # look at sandbox_cg and the read reads as no counts, and its last ones are there
+        u = cg.usage() if cg is not None else None
+        if u is None or u.oom_kills is None:
+            u = self._live.final_usage
         oom = None if u.oom_kills is None else max(0, u.oom_kills - self._oom0)
         return limits.Usage(cpu_s=self.cpu_seconds(), memory_peak_bytes=u.memory_peak_bytes,
                             oom_kills=oom)
@@ -301,24 +305,7 @@ class GvisorLive(GvisorSandbox):
                 # proxy must not fire when the thread that created the sandbox exits
                 self.proxy = spawner.call(start_proxy, config, self.net.take_listener(),
                                           attach, self.uid, self.gid)
-            parent = os.getpid()
-            host_proc = getattr(self, "host_proc", None)
-            net = self.net
-
-            def child_setup() -> None:
-                if attach:
-                    limits.RunCgroup.attach_self(attach)
-                import resource
-
-                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-                if net is not None:
-                    from .gvisor_net import runsc_mount_view
-
-                    runsc_mount_view(host_proc)
-                enter_userns(self.userns)
-                set_pdeathsig(SIGKILL)
-                if os.getppid() != parent:
-                    os._exit(125)
+            child_setup = self.runsc_child_setup(attach, self.net is not None)
 
             argv = self.runsc_argv(self.cid)
             subreaper_acquire()    # the gofer and Sentry, if runsc goes first

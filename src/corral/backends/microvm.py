@@ -336,7 +336,7 @@ def parse_exit(data: bytes) -> dict:
 def machine(plan: Plan) -> dict:
     """The VM a plan boots: RAM, vCPUs, scratch, files, accelerator, and the key a warm
     snapshot of it is kept under."""
-    from .host.execlimits import ExecLimits
+    from .base import ExecLimits
 
     lim = ExecLimits.from_plan(plan)
     (img,) = plan.find(ImageRoot)
@@ -616,7 +616,7 @@ class MicrovmSandbox(LiveSandbox):
             self.busy.release()
 
     def _exec(self, argv, stdin, on_stdout, on_stderr, timeout) -> Result:
-        from .host.execlimits import ExecLimits
+        from .base import ExecLimits
 
         lim = ExecLimits.from_plan(self.plan, timeout)
         (envop,) = self.plan.find(Environment)

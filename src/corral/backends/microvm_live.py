@@ -230,7 +230,7 @@ class MicrovmLive(MicrovmSandbox):
 
     def start(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
               tty_fd: int | None = None, cpu_seconds: float | None = None):
-        from .host.execlimits import ExecLimits
+        from .base import ExecLimits
 
         if not self.alive():
             raise SandboxSetupError(f"the microvm sandbox is gone ({self.dead or 'ended'})",

@@ -29,7 +29,7 @@ import select
 import time
 
 from ..errors import BackendUnavailable, SandboxSetupError
-from ..linux import limits, rundir, seccomp
+from ..linux import limits, rundir, seccomp_cache
 from ..linux._sys import real_ids, subreaper_acquire, subreaper_release
 from ..linux.supervise import (
     ENOENT,
@@ -64,12 +64,11 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox, TierCheck, assert_never
+from .base import Backend, ExecLimits, LiveSandbox, TierCheck, assert_never
 from .host import ids
 from .host.cgroups import keep_cgroup, run_cgroup, usage_of, with_relay_tasks
 from .host.deferred import DEFERRED, remove_run
 from .host.etc import HOSTNAME, ensure_etc, system_binds
-from .host.execlimits import ExecLimits
 from .host.finish import Inflight, finish, interpreter_inside
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 
@@ -385,7 +384,7 @@ class NamespaceSandbox(LiveSandbox):
 
             self.ca, self.ca_file, self.upstream_ca = egress_files(self.dir, self.granted,
                                                                    self.upstream_ca)
-        self.bpf = seccomp.bpf_bytes(os.path.join(self.dir.base, "cache"))
+        self.bpf = seccomp_cache.bpf_bytes(os.path.join(self.dir.base, "cache"))
         if len(self.bpf) > 4096:  # PIPE_BUF: the gate's one write must not be split
             raise AssertionError(f"the seccomp program is {len(self.bpf)} bytes, over 4096")
         #: bwrap's argv up to the command, without the per-exec fds (exec() adds

@@ -33,8 +33,8 @@ from ..linux import enter, spawner
 from ..linux._sys import subreaper_acquire, subreaper_release
 from ..linux.supervise import kill_pid, spawn
 from ..plan import EgressProxy, Environment
+from .base import ExecLimits
 from .host.cgroups import destroy_cgroup, run_cgroup
-from .host.execlimits import ExecLimits
 from .host.proxy import start_proxy, with_relay_tasks
 from .namespace import (
     USER_ID,

@@ -122,10 +122,9 @@ from ..plan import (
     WorkspaceMount,
 )
 from ..result import Result
-from .base import Backend, LiveSandbox, TierCheck, assert_never
+from .base import Backend, ExecLimits, LiveSandbox, TierCheck, assert_never
 from .host import ids
 from .host.cgroups import run_cgroup, usage_of
-from .host.execlimits import ExecLimits
 from .host.finish import finish
 from .host.proxy import egress_files
 from .host.scratch import open_source, scratch_events

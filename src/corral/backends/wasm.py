@@ -420,7 +420,7 @@ class WasmSandbox(LiveSandbox):
             from .. import guest
 
             gargv = ["python3", "-c", guest.source("wasm_session.py"), *argv[3:]]
-        from .host.execlimits import ExecLimits
+        from .base import ExecLimits
 
         lim = ExecLimits.from_plan(self.plan, timeout)
         status_dir = os.path.join(self.ns.scratch, "tmp")

@@ -32,8 +32,7 @@ import shlex
 
 from ..errors import UnsupportedRule
 from ..plan import SCRATCH, WorkspaceMount
-from .base import TierCheck
-from .host.execlimits import ExecLimits
+from .base import ExecLimits, TierCheck
 from .namespace_live import NamespaceLive, Started
 from .wasm import (
     BACKSTOP_S,

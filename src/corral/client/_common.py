@@ -13,6 +13,7 @@ from .._record import Default, Record
 from ..errors import (
     BackendUnavailable,
     CorralError,
+    ImageError,
     PolicyError,
     SandboxClosed,
     SandboxSetupError,
@@ -83,7 +84,8 @@ def _raise_error(status: int, err: dict, retry: str | None = None) -> None:
     if kind == "setup":
         raise SandboxSetupError(message, step=field or "", field=field)
     same = {"policy": PolicyError, "usage": UsageError, "unsupported": UnsupportedRule,
-            "unavailable": BackendUnavailable, "closed": SandboxClosed}.get(kind)
+            "unavailable": BackendUnavailable, "closed": SandboxClosed,
+            "image": ImageError}.get(kind)
     if same is not None:
         raise same(message, field=field)
     cls = {401: AuthError, 403: CeilingError, 404: NotFound, 429: RateLimited}.get(

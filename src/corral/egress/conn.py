@@ -305,6 +305,8 @@ def _check_host_header(headers, host: str, port: int, *, default_port: int) -> N
 
 
 def _same_host(a: str, b: str) -> bool:
+    if a == b:                  # the usual case, and the answer either branch would give
+        return True
     try:
         return parse_host(a) == parse_host(b)
     except HostError:

@@ -119,6 +119,11 @@ class EgressProxy(TerminateMixin, ForwardMixin, RelayMixin):
         #: the host's /etc/hosts (hostsfile.py), asked before DNS
         self._hosts = hosts if hosts is not None else hostsfile.load()[0]
         self._budgets = Budgets(cfg.budget)
+        #: decide_target and check_address are pure functions of the (frozen) config and
+        #: their arguments: each answer is kept, per (host as written, port) and (address,
+        #: port), up to DECISIONS_KEPT entries (then the table starts again)
+        self._decisions: dict[tuple[str, int], Decision] = {}
+        self._checks: dict[tuple[IPAddress, int], Decision] = {}
         self._clients: dict[socket.socket, _Client] = {}
         self._last_overflow_event = 0.0
         self._last_foreign_event = 0.0
@@ -147,39 +152,62 @@ class EgressProxy(TerminateMixin, ForwardMixin, RelayMixin):
 
     async def serve(self, listener: socket.socket) -> None:
         """Accept until cancelled; on cancel, cut every connection (their events are
-        emitted) and return."""
+        emitted) and return. The listener stays registered with the event loop: each
+        wake-up accepts every connection waiting (up to ACCEPT_BATCH), without a future,
+        a task switch and two epoll_ctl calls per connection as loop.sock_accept costs."""
         loop = asyncio.get_running_loop()
         listener.setblocking(False)
-        sweeper = asyncio.create_task(self._sweep())
-        try:
-            while True:
+        fd = listener.fileno()
+        failed: asyncio.Future = loop.create_future()
+
+        def resume() -> None:
+            if not failed.done():
+                loop.add_reader(fd, ready)
+
+        def ready() -> None:
+            for _ in range(ACCEPT_BATCH):
                 try:
-                    client, _ = await loop.sock_accept(listener)
+                    client, _ = listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    return
                 except OSError as e:
                     if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                        await asyncio.sleep(0.05)
-                        continue
+                        loop.remove_reader(fd)          # out of fds: try again shortly
+                        loop.call_later(0.05, resume)
+                        return
                     if e.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR):
                         continue
-                    raise
-                client.setblocking(False)
-                if self.cfg.peer_uid is not None and not self._peer_ok(client):
-                    continue
-                if len(self._clients) >= self.cfg.max_connections:
-                    self._overflow(client)
-                    continue
-                _nodelay(client)
-                st = _Client()
-                self._clients[client] = st
-                st.task = asyncio.create_task(self._run_client(client, st))
-                st.task.add_done_callback(self._report_crash)
+                    loop.remove_reader(fd)
+                    if not failed.done():
+                        failed.set_exception(e)
+                    return
+                self._accepted(client)
+
+        sweeper = asyncio.create_task(self._sweep())
+        loop.add_reader(fd, ready)
+        try:
+            await failed
         finally:
+            loop.remove_reader(fd)
             sweeper.cancel()
             tasks = [c.task for c in self._clients.values() if c.task is not None]
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, sweeper, return_exceptions=True)
             self._peers.close()
+
+    def _accepted(self, client: socket.socket) -> None:
+        client.setblocking(False)
+        if self.cfg.peer_uid is not None and not self._peer_ok(client):
+            return
+        if len(self._clients) >= self.cfg.max_connections:
+            self._overflow(client)
+            return
+        _nodelay(client)
+        st = _Client()
+        self._clients[client] = st
+        st.task = asyncio.create_task(self._run_client(client, st))
+        st.task.add_done_callback(self._report_crash)
 
     def _report_crash(self, task: asyncio.Task) -> None:
         """A bug in one connection's handler must not pass silently (nor stop the others);
@@ -281,6 +309,17 @@ class EgressProxy(TerminateMixin, ForwardMixin, RelayMixin):
     async def _read_head(self, client, conn: ProxyConnection, st: _Client, first: bool):
         loop = asyncio.get_running_loop()
         limit = self.cfg.header_timeout
+        if first:           # the head is usually there already: no timer, no wait
+            try:
+                data = client.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                pass
+            else:
+                st.last_active = time.monotonic()
+                conn.receive_data(data)
+                ev = conn.next_event()
+                if ev is not NEED_DATA:
+                    return ev
         async with asyncio.timeout(limit if first else None) as tm:
             while True:
                 ev = conn.next_event()
@@ -299,7 +338,10 @@ class EgressProxy(TerminateMixin, ForwardMixin, RelayMixin):
         """Decide, take a request from the budget, resolve once, check, connect. Returns the
         decision, the connected socket and the checked addresses (to reconnect to without a
         second lookup). Raises _Refused (with the status and reason to send)."""
-        d = decide_target(self.cfg, host, port)
+        d = self._decisions.get((host, port))
+        if d is None:
+            d = decide_target(self.cfg, host, port)
+            _keep(self._decisions, (host, port), d)
         if not d.allow:
             raise _Refused(403, d.reason)
         exceeded = self._budgets.take_request(d.budget_key)
@@ -311,7 +353,10 @@ class EgressProxy(TerminateMixin, ForwardMixin, RelayMixin):
             candidates = await self._resolve(d.host)
         allowed, refusals = [], []
         for addr in candidates:
-            c = check_address(self.cfg, addr, port)
+            c = self._checks.get((addr, port))
+            if c is None:
+                c = check_address(self.cfg, addr, port)
+                _keep(self._checks, (addr, port), c)
             (allowed if c.allow else refusals).append(c)
         if not allowed:
             raise _Refused(403, refusals[0].reason if refusals else "dns: no address")
@@ -486,12 +531,26 @@ class EgressProxy(TerminateMixin, ForwardMixin, RelayMixin):
             raise _Cut("sni mismatch")
 
 
+#: decisions kept per proxy (server.EgressProxy._decisions, _checks), each table
+DECISIONS_KEPT = 1024
+
+
+def _keep(table: dict, key, value) -> None:
+    if len(table) >= DECISIONS_KEPT:
+        table.clear()
+    table[key] = value
+
+
 def _nodelay(s: socket.socket) -> None:
     try:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except OSError:
         pass
 
+
+#: connections accepted in one wake-up of the listener at most (then the loop runs the
+#: rest of its work; the listener, still readable, wakes it again)
+ACCEPT_BATCH = 64
 
 #: fds one client connection can hold: its socket, the upstream's, two splice pipes (2 each)
 FDS_PER_CONNECTION = 6

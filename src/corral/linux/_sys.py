@@ -1,5 +1,7 @@
-"""The few libc calls the standard library lacks (mount, umount2, prctl, capget/capset) and
-the per-thread id changes glibc does not offer (raw syscalls).
+"""The few libc calls the standard library lacks (mount, umount2, prctl, capget/capset), prlimit
+(the `resource` module's is an extension module of its own to load, ~0.2 ms of every
+`corral run`, for one call) and the per-thread id changes glibc does not offer (raw
+syscalls).
 
 Through `_ctypes`, the C core of ctypes, with the four C types and the function class
 below made exactly as ctypes makes them: the ctypes package defines some thirty types on
@@ -22,6 +24,9 @@ MS_NOEXEC = 0x8
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 0x2
 PR_SET_PDEATHSIG = 1
+#: resource numbers of the rlimits (x86_64 Linux; the `resource` module's RLIMIT_* values,
+#: tests/linux/test_limits.py)
+RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_CORE, RLIMIT_NPROC, RLIMIT_NOFILE = 0, 1, 4, 6, 7
 
 
 class _Int(_ctypes._SimpleCData):      # ctypes.c_int
@@ -62,6 +67,7 @@ def _function(name: str, *argtypes) -> _Function:
 _mount = _function("mount", _CharP, _CharP, _CharP, _ULong, _CharP)
 _umount2 = _function("umount2", _CharP, _Int)
 _prctl = _function("prctl", _Int, _ULong, _ULong, _ULong, _ULong)
+_prlimit = _function("prlimit", _Int, _Int, _CharP, _CharP)
 _syscall = _function("syscall")   # arguments as ctypes passes them untyped: int, NULL, array
 _get_errno = _ctypes.get_errno
 
@@ -84,6 +90,15 @@ def mount(source: str, target: str, fstype: str, flags: int, data: str) -> None:
     if _mount(source.encode(), target.encode(), fstype.encode(), flags, data.encode()) != 0:
         e = _get_errno()
         raise OSError(e, os.strerror(e), target)
+
+
+def prlimit(pid: int, which: int, soft: int, hard: int) -> None:
+    """prlimit(2): set rlimit `which` of process `pid` (0: this one) to soft and hard (each
+    0 to 2**64 - 1). OSError with the errno if the kernel refuses."""
+    new = soft.to_bytes(8, "little") + hard.to_bytes(8, "little")   # struct rlimit64
+    if _prlimit(pid, which, new, None) != 0:
+        e = _get_errno()
+        raise OSError(e, os.strerror(e))
 
 
 def umount(target: str) -> int:

@@ -36,7 +36,10 @@ own uid without capabilities, every other fd closed). setns(CLONE_NEWPID) moved 
 children, so the command (B) is in the sandbox's pid namespace. A sends B's pid and a
 pidfd of B (opened while B could not have been reaped: A, its parent, lives and does not
 wait) and exits; its exit hands B to the nearest child subreaper, the
-zygote, which reaps A and B and sends B's wait status to the supervisor. The supervisor
+zygote, which reaps A and B and sends B's wait status to the supervisor, under the
+request's sequence number (A told the zygote B's pid for it before exiting: a pid can be
+used again once reaped, so a status nobody read, keyed by pid, could be taken for a later
+command's). The supervisor
 watches B through its pidfd and takes the status from the zygote (Entrant.exit_status):
 B is never the supervisor's child, so whatever is above the supervisor (a subreaper or a
 PID 1 that never reaps) never holds B's zombie, on which the sandbox's dying init would
@@ -188,8 +191,11 @@ class Entrant:
         #: the seccomp listener of the command's filter (Program.listen), once ready: the
         #: caller takes it (an Observer watches it) and sets this to -1, or close() does
         self.listener = -1
+        #: the zygote's number for this entrant's request: its command's status comes
+        #: back under it (never under the pid, which is used again once reaped)
+        self.seq = 0
         try:
-            self.pid, self.pidfd, self.zygote = _zygote().fork_entrant(
+            self.pid, self.pidfd, self.zygote, self.seq = _zygote().fork_entrant(
                 theirs, target, attach, program, uid)
         except BaseException:
             ours.close()
@@ -244,7 +250,11 @@ class Entrant:
     def exit_status(self, b: int) -> int:
         """The wait status of the command `b` started, once its pidfd (b_pidfd) has
         said it exited: the zygote, its parent, reaps it and sends the status."""
-        return self.zygote.status_of(b)
+        status = self.zygote.status_of(self.seq, b)
+        unclaimed = getattr(self, "_unclaimed", None)
+        if unclaimed is not None:
+            unclaimed.detach()
+        return status
 
     def close(self) -> None:
         """Let an unused one go (it exits at EOF), and reap it."""
@@ -303,6 +313,12 @@ class Entrant:
                 self.b_pidfd = fds[0]
                 self.sock.close()
                 report = b""
+                import weakref
+
+                # a status nobody takes (the command's supervision ended early) is let go
+                # of when this entrant is: kept by request number, it would stay for good
+                self._unclaimed = weakref.finalize(self, self.zygote.forget, self.seq)
+                self._unclaimed.atexit = False
             else:
                 self._reap()
                 report = _read_small(fail_r)
@@ -337,11 +353,11 @@ class _Zygote:
     writes afterwards, about 180 of them on a command's path, a fraction of a millisecond.
     The zygote is a fork of this process made once, idle but for its requests: (A's socket
     end, the target's pidfd and root fd, the cgroup's attach fds, the seccomp program) in,
-    (A's pid, a pidfd of A) out.
+    (A's pid, the request's sequence number, a pidfd of A) out.
 
     It is a child subreaper: a command whose A exits is handed to it, not to this
     process, and it reaps the command and sends its wait status back on a socket of its
-    own (`status_of`). So the commands are never this process's children: if this
+    own (`status_of`), under the request's sequence number. So the commands are never this process's children: if this
     process is SIGKILLed, they do not go to whatever subreaper or PID 1 is above it (one
     that never reaps would keep their zombies, and the sandbox's dying init waits, in the
     kernel, until every process of its pid namespace is reaped); the zygote outlives
@@ -365,17 +381,28 @@ class _Zygote:
         self.sock, self.pid, self.owner = ours, pid, os.getpid()
         self.lock = threading.Lock()
         self.status_sock = st_ours
+        #: statuses read for other callers, by sequence number (unique for the zygote's
+        #: life: a pid is not, and a status left unread must never match a later command)
         self._statuses: dict[int, int] = {}
         self._cond = threading.Condition(threading.Lock())
         self._reading = False
+        #: requests whose status nobody will take (forget()): dropped as it comes
+        self._forgotten: set[int] = set()
 
-    def status_of(self, b: int) -> int:
-        """The wait status of command `b` (it has exited: its pidfd said so). One
-        caller at a time reads the socket, keeping the statuses of others for them."""
+    def forget(self, seq: int) -> None:
+        """Nobody will take request `seq`'s status: drop it, now or as it comes."""
+        with self._cond:
+            if self._statuses.pop(seq, None) is None:
+                self._forgotten.add(seq)
+
+    def status_of(self, seq: int, b: int) -> int:
+        """The wait status of command `b`, of request `seq` (it has exited: its pidfd
+        said so). One caller at a time reads the socket, keeping the statuses of others
+        for them."""
         with self._cond:
             while True:
-                if b in self._statuses:
-                    return self._statuses.pop(b)
+                if seq in self._statuses:
+                    return self._statuses.pop(seq)
                 if not self._reading:
                     break
                 self._cond.wait()
@@ -388,11 +415,14 @@ class _Zygote:
                     msg = b""
                 if not msg:     # the zygote died: its commands came to us, if anyone
                     return _wait_own(b)
-                pid, _, status = msg.partition(b" ")
+                got, _, status = msg.partition(b" ")
                 with self._cond:
-                    if int(pid) == b:
+                    if int(got) == seq:
                         return int(status)
-                    self._statuses[int(pid)] = int(status)
+                    if int(got) in self._forgotten:
+                        self._forgotten.discard(int(got))
+                        continue
+                    self._statuses[int(got)] = int(status)
                     self._cond.notify_all()
         finally:
             with self._cond:
@@ -400,7 +430,7 @@ class _Zygote:
                 self._cond.notify_all()
 
     def fork_entrant(self, theirs, target: Target, attach: list[int], program: Program,
-                     uid: int = 0) -> tuple[int, int, _Zygote]:
+                     uid: int = 0) -> tuple[int, int, _Zygote, int]:
         req = marshal.dumps((target.flags, target.last_cap, program.bpf, uid,
                              program.listen))
         with self.lock:
@@ -411,12 +441,13 @@ class _Zygote:
             raise BrokenPipeError("the zygote is gone")
         if msg[:1] == b"s":    # (never: statuses have their own socket)
             raise BrokenPipeError("the zygote is confused")
-        if not msg.isdigit() or len(fds) != 1:
+        a, _, seq = msg.partition(b" ")
+        if not (a.isdigit() and seq.isdigit()) or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
             raise SandboxSetupError("entering the sandbox failed: the zygote could not "
                                     f"fork an entrant ({msg[:200]!r})", step="enter")
-        return int(msg), fds[0], self
+        return int(a), fds[0], self, int(seq)
 
     def close(self) -> None:
         self.sock.close()
@@ -507,7 +538,9 @@ def _wait_own(b: int) -> int:
 
 def _zygote_main(sock, status_sock) -> None:
     """The zygote's loop: each request forks one A; A's that exited are reaped, and so
-    are the commands (B) their exits handed over, whose statuses go to status_sock."""
+    are the commands (B) their exits handed over, whose statuses go to status_sock under
+    their request's sequence number (each A writes "B SEQ" to the births pipe before it
+    exits, so before B can be handed over)."""
     import signal
 
     _close_all_but((0, 1, 2, sock.fileno(), status_sock.fileno()))
@@ -519,6 +552,28 @@ def _zygote_main(sock, status_sock) -> None:
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
     entrants: set[int] = set()
+    births_r, births_w = os.pipe2(os.O_CLOEXEC)
+    os.set_blocking(births_r, False)
+    poller.register(births_r, select.POLLIN)
+    born: dict[int, int] = {}     # a command's pid: its request's sequence number
+    seq = 0
+    pending = b""
+
+    def read_births() -> None:
+        nonlocal pending
+        while True:
+            try:
+                chunk = os.read(births_r, 4096)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            b, _, n = line.partition(b" ")
+            if b.isdigit() and n.isdigit():
+                born[int(b)] = int(n)
     # statuses nobody has read yet wait here, never in a blocking send: a supervisor that
     # took none (its supervision ended early) must not stop this loop, which forks every
     # live sandbox's entrants
@@ -554,9 +609,13 @@ def _zygote_main(sock, status_sock) -> None:
                 return True
             if done in entrants:
                 entrants.discard(done)
-            else:   # a command: its supervisor waits for this (it may have gone)
-                unsent.append(b"%d %d" % (done, status))
+                continue
+            read_births()   # its A wrote "B SEQ" before it exited, so before this
+            n = born.pop(done, None)
+            if n is not None:   # a command: its supervisor waits for this (it may have gone)
+                unsent.append(b"%d %d" % (n, status))
                 flush()
+            # else its A failed before it told (and told its supervisor, which waits not)
 
     while True:
         reap(False)
@@ -570,6 +629,8 @@ def _zygote_main(sock, status_sock) -> None:
                 os.read(wake_r, 512)
             except BlockingIOError:
                 pass
+        if any(fd == births_r for fd, _ in ready):
+            read_births()
         if not any(fd == sock.fileno() for fd, _ in ready):
             continue
         msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 64)
@@ -590,6 +651,7 @@ def _zygote_main(sock, status_sock) -> None:
                 os.close(fd)
             sock.send(b"bad request")
             continue
+        seq += 1
         try:
             program = Program(bpf, listen)
             a = os.fork()
@@ -601,8 +663,9 @@ def _zygote_main(sock, status_sock) -> None:
         if a == 0:
             sock.close()
             theirs = socket.socket(fileno=theirs_fd)
+            os.close(births_r)
             _entrant(theirs, _Received(pidfd, root_fd, flags, last_cap, uid), attach,
-                     program)
+                     program, (births_w, seq))
             os._exit(127)
         entrants.add(a)
         for fd in fds:
@@ -613,14 +676,15 @@ def _zygote_main(sock, status_sock) -> None:
             sock.send(f"pidfd_open: {e.strerror}".encode())
             continue
         try:
-            socket.send_fds(sock, [str(a).encode()], [apidfd])
+            socket.send_fds(sock, [b"%d %d" % (a, seq)], [apidfd])
         finally:
             os.close(apidfd)
 
 
-def _entrant(theirs, target: Target, attach: list[int], program: Program) -> None:
+def _entrant(theirs, target: Target, attach: list[int], program: Program,
+             birth: tuple[int, int]) -> None:
     """A's life (the module's docstring), in a child of the zygote: _exit on any failure,
-    never return."""
+    never return. `birth`: the zygote's births pipe and this request's sequence number."""
     ignored, _ = inherited_signals()
     caps = list(range(target.last_cap + 1))
     zero_caps = (ctypes.c_uint32 * 6)()
@@ -636,7 +700,8 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program) -> Non
             from .seccomp_notify import install_listening
         # nothing else of this process's: A may wait long, and a copy of a pipe's
         # write end (a command's stdin) would keep its reader from seeing EOF
-        _close_all_but((0, 1, 2, theirs.fileno(), target.pidfd, target.root_fd,
+        births_w, seq = birth
+        _close_all_but((0, 1, 2, theirs.fileno(), target.pidfd, target.root_fd, births_w,
                         *attach))
         os.setgroups([])
         for fd in attach:
@@ -719,6 +784,9 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program) -> Non
         # B's pidfd, opened while B cannot have been reaped (this process is its
         # parent and does not wait), goes with its pid; then this process exits and B is
         # reparented to the nearest child subreaper, the zygote, which reaps it
+        # first the zygote learns whose B is (one write under PIPE_BUF: whole, before
+        # this process exits and B is handed over to it), then the supervisor
+        os.write(births_w, b"%d %d\n" % (b, seq))
         pfd = os.pidfd_open(b)
         socket.send_fds(theirs, [str(b).encode()], [pfd])
         os._exit(0)

@@ -43,11 +43,11 @@ from __future__ import annotations
 import _signal  # the C module: `signal` imports enum, which costs start-up time
 import errno
 import os
-import resource
 import time
 
 from .._record import Record
 from ..errors import SandboxSetupError
+from ._sys import RLIMIT_CORE, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC, prlimit
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -833,6 +833,11 @@ def _v2_enable(d: str, controllers: list[str]) -> None:
 
 # ---- rlimits ----
 
+#: what the resource module's setrlimit says for these errnos (a ValueError, no errno)
+_SETRLIMIT_ERRORS = {errno.EINVAL: "current limit exceeds maximum limit",
+                     errno.EPERM: "not allowed to raise maximum limit"}
+
+
 def apply_rlimits(*, nofile: int, fsize: int, cpu_seconds: int | None,
                   nproc: int | None, pid: int | None = None) -> None:
     """Set the rlimits (soft = hard), and no core dumps, of the calling process or of `pid`
@@ -840,19 +845,20 @@ def apply_rlimits(*, nofile: int, fsize: int, cpu_seconds: int | None,
     setrlimit(2), safe in preexec_fn. RLIMIT_CPU gets hard = soft + 1, so SIGXCPU comes
     before SIGKILL. Note that RLIMIT_NPROC counts the user's processes and does not bind
     root."""
-    limits = [(resource.RLIMIT_CORE, 0, 0), (resource.RLIMIT_NOFILE, nofile, nofile),
-              (resource.RLIMIT_FSIZE, fsize, fsize)]
+    limits = [(RLIMIT_CORE, 0, 0), (RLIMIT_NOFILE, nofile, nofile), (RLIMIT_FSIZE, fsize, fsize)]
     if cpu_seconds is not None:
-        limits.append((resource.RLIMIT_CPU, cpu_seconds, cpu_seconds + 1))
+        limits.append((RLIMIT_CPU, cpu_seconds, cpu_seconds + 1))
     if nproc is not None:
-        limits.append((resource.RLIMIT_NPROC, nproc, nproc))
+        limits.append((RLIMIT_NPROC, nproc, nproc))
     for which, soft, hard in limits:
         try:
-            if pid is None:
-                resource.setrlimit(which, (soft, hard))
-            else:
-                resource.prlimit(pid, which, (soft, hard))
-        except (OSError, ValueError) as e:
+            try:
+                prlimit(pid or 0, which, soft, hard)
+            except OSError as e:   # setrlimit's words, as the resource module gives them
+                if pid is None and e.errno in _SETRLIMIT_ERRORS:
+                    raise ValueError(_SETRLIMIT_ERRORS[e.errno]) from None
+                raise
+        except (OSError, ValueError, OverflowError) as e:
             raise SandboxSetupError(f"setrlimit({which}, {soft}) failed: {e}; raising a hard "
                                     f"limit needs root", step="rlimit",
                                     errno=getattr(e, "errno", None)) from None

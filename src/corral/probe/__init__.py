@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from ..errors import BackendUnavailable, CorralError, UsageError
+from ..errors import BackendUnavailable, CorralError, UsageError, option_values
 
 USAGE = """\
 usage: corral probe [--isolation T]... [--category C]... [--case ID]... [--json]
@@ -48,35 +48,24 @@ OPTIONAL_TIERS = ("wasm", "microvm")
 def _parse(args: list[str]) -> dict:
     opts = {"tiers": [], "categories": [], "cases": [], "json": False, "report": None,
             "list": False, "help": False, "image": None}
-    i = 0
-    while i < len(args):
-        a = args[i]
-        name, eq, inline = a.partition("=")
-        if name in ("--isolation", "--category", "--case", "--report", "--image"):
-            if eq:
-                v = inline
-            else:
-                i += 1
-                if i >= len(args):
-                    raise UsageError(f"{name} needs a value", field=name)
-                v = args[i]
-            if name == "--image":
-                opts["image"] = v
-            elif name == "--report":
-                if not v.endswith((".md", ".html")):
-                    raise UsageError(f"--report {v!r}: the file must end in .md or .html",
-                                     field="--report")
-                opts["report"] = v
-            else:
-                opts[{"--isolation": "tiers", "--category": "categories",
-                      "--case": "cases"}[name]].append(v)
-        elif a in ("--json", "--list"):
-            opts[a[2:]] = True
-        elif a in ("-h", "--help"):
+    values = ("--isolation", "--category", "--case", "--report", "--image")
+    for name, v in option_values(args, values):
+        if name == "--image":
+            opts["image"] = v
+        elif name == "--report":
+            if not v.endswith((".md", ".html")):
+                raise UsageError(f"--report {v!r}: the file must end in .md or .html",
+                                 field="--report")
+            opts["report"] = v
+        elif name is not None:
+            opts[{"--isolation": "tiers", "--category": "categories",
+                  "--case": "cases"}[name]].append(v)
+        elif v in ("--json", "--list"):
+            opts[v[2:]] = True
+        elif v in ("-h", "--help"):
             opts["help"] = True
         else:
-            raise UsageError(f"unknown argument {a!r}; see corral probe --help", field=a)
-        i += 1
+            raise UsageError(f"unknown argument {v!r}; see corral probe --help", field=v)
     return opts
 
 

@@ -24,7 +24,7 @@ import time
 
 from .._record import Record
 from ..audit import record as _audit
-from ..backends.host.execlimits import ExecLimits
+from ..backends.base import ExecLimits
 from ..backends.host.finish import finish
 from ..errors import UsageError
 from ..linux.supervise import ExecFailed, Outcome, Stream, decode_status, supervise

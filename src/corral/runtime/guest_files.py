@@ -18,8 +18,8 @@ import posixpath
 from .files import Caps, EntryInfo, FileNotFound, FilesError, WriteInfo
 
 #: the helper run in the guest: argv[1] the operation, argv[2:] its paths; stdin the data
-#: of a write. Answers JSON on stdout (or the file's bytes for a read); errors as
-#: {"error": strerror, "errno": n} with exit 3.
+#: of a write. Answers JSON on stdout (or the file's bytes for a read; for a list, one
+#: entry's JSON a line); errors as {"error": strerror, "errno": n} with exit 3.
 HELPER = r"""
 import json, os, stat, sys
 op, args = sys.argv[1], sys.argv[2:]
@@ -95,7 +95,7 @@ try:
                     sys.exit(3)
                 if level < depth and stat.S_ISDIR(st.st_mode) and not p.startswith(("/proc/", "/sys/")):
                     stack.append((p, level + 1))
-        print(json.dumps({"entries": out}))
+        sys.stdout.write("".join(json.dumps(e) + "\n" for e in out))
     elif op == "info":
         print(json.dumps({"entry": entry(args[0], os.lstat(args[0]))}))
     elif op == "remove":
@@ -113,8 +113,16 @@ except OSError as e:
     print(json.dumps({"error": e.strerror or str(e), "errno": e.errno}))
     sys.exit(3)
 """
-#: bytes of JSON a listing may come back as
-ANSWER_MAX = 64 << 20
+#: bytes of JSON an answer of one entry or none may come back as (an entry is at most
+#: about 51 KiB: a name of 255 bytes, a path and a link target of 4096, each byte of them
+#: six as a JSON escape at worst)
+ANSWER_MAX = 256 << 10
+#: a listing's line (one entry) at most, in bytes, and what a listing may take on average
+#: per entry of caps.entries (a path of ~1000 bytes; a listing of long names may need a
+#: narrower path): the whole answer is bounded, and its entries counted, before any of it
+#: is parsed
+LINE_MAX = 64 << 10
+LIST_ENTRY_BYTES = 2 << 10
 
 
 class GuestFiles:
@@ -222,11 +230,31 @@ class GuestFiles:
         if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
             raise FilesError(f"depth is a whole number from 1 to {MAX_DEPTH}", path=str(path))
         p = self._abs(path)
-        got = self._answer(self._run("list", p, str(depth), str(self.caps.entries), path=p), p)
-        entries = got.get("entries")
-        if not isinstance(entries, list) or len(entries) > self.caps.entries:
-            raise FilesError("the sandbox's answer had no entries list", path=p)
-        return sorted((self._entry(e, p) for e in entries), key=lambda e: e.path)
+        cap = self.caps.entries
+        data = self._run("list", p, str(depth), str(cap), path=p,
+                         limit=LINE_MAX + cap * LIST_ENTRY_BYTES)
+        return sorted(self._entries(data, cap, p), key=lambda e: e.path)
+
+    @classmethod
+    def _entries(cls, data: bytes, cap: int, path: str) -> list[EntryInfo]:
+        """A listing's answer, one entry a line: counted and each line's size checked
+        before any is parsed, then parsed a line at a time."""
+        if data and not data.endswith(b"\n"):
+            raise FilesError("the sandbox's answer was cut short", path=path)
+        if data.count(b"\n") > cap:
+            raise FilesError(f"the sandbox's answer had more than {cap} entries", path=path)
+        lines = data.split(b"\n")[:-1]
+        if any(len(line) > LINE_MAX for line in lines):
+            raise FilesError("the sandbox's answer had an entry over "
+                             f"{LINE_MAX} bytes", path=path)
+        out = []
+        for line in lines:
+            try:
+                e = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                raise FilesError("the sandbox's answer was not JSON", path=path) from None
+            out.append(cls._entry(e, path))
+        return out
 
     def info(self, path: str) -> EntryInfo:
         p = self._abs(path)

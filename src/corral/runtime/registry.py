@@ -23,7 +23,10 @@ import re
 from ..errors import SandboxClosed, UsageError
 from ..linux import rundir
 
-MAX_ENTRY = 64 * 1024
+#: bytes of one entry: room for the largest metadata Sandbox.create takes (64 keys of 128
+#: characters to values of 1024, each character at most 12 bytes as JSON escapes it) and
+#: the rest; it was 64 KiB, less than valid metadata could need
+MAX_ENTRY = 1 << 20
 ID_RE = re.compile(f"[0-9a-f]{{{rundir.ID_LEN}}}")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from ..errors import CorralError, SandboxClosed
+from ..errors import CorralError, SandboxClosed, UsageError
 from ..result import Result, Usage
 from .commands import CommandInfo, argv_of
 from .live import SandboxInfo
@@ -29,7 +29,10 @@ MAX_OUTPUT_CHUNK = 1 << 19
 def _error(frame: dict) -> CorralError:
     kind = str(frame.get("kind", "error"))[:64]
     message = str(frame.get("message", "the supervisor failed"))[:2000]
-    err = SandboxClosed(message) if kind == "closed" else CorralError(message)
+    # the classes a caller tells apart (and their exit codes: a usage error is 2, as
+    # in-process); any other kind keeps its name on a plain CorralError
+    cls = {"closed": SandboxClosed, "usage": UsageError}.get(kind, CorralError)
+    err = cls(message)
     err.kind = kind
     return err
 
@@ -104,6 +107,22 @@ class RemoteSandbox:
 
     def __repr__(self) -> str:
         return f"<corral remote sandbox {self.id}>"
+
+    def __getattr__(self, name: str):
+        # what a Live sandbox has and the supervisor's socket does not serve (yet): one
+        # clear line instead of an AttributeError
+        if name in _NOT_SERVED:
+            raise UsageError(f"{name}: not served to a sandbox reached with "
+                             f"Sandbox.connect() (only commands, get_info, set_timeout and "
+                             f"kill are); use it in the process that created the sandbox, "
+                             f"or through corral serve (docs/sessions.md)", field=name)
+        raise AttributeError(name)
+
+
+#: a Live sandbox's faces that a RemoteSandbox does not have
+_NOT_SERVED = frozenset({"files", "pty", "run_code", "create_context", "list_contexts",
+                         "restart_context", "remove_context", "changes", "apply_changes",
+                         "discard_changes", "changes_patch", "exec", "files_for"})
 
 
 class RemoteHandle:

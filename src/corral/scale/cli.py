@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import CorralError, UsageError
+from ..errors import CorralError, UsageError, option_values
 
 
 def parse(args: list[str]) -> dict:
@@ -13,24 +13,15 @@ def parse(args: list[str]) -> dict:
                   "concurrency": None}
     flags = {"--out": "out", "--policy": "policy", "--ray": "ray",
              "--concurrency": "concurrency"}
-    i = 0
-    while i < len(args):
-        a = args[i]
-        name, eq, value = a.partition("=")
-        if name in flags:
-            if not eq:
-                if i + 1 >= len(args):
-                    raise UsageError(f"{name} needs a value", field=name)
-                i += 1
-                value = args[i]
-            opts[flags[name]] = value
+    for name, a in option_values(args, flags):
+        if name is not None:
+            opts[flags[name]] = a
         elif a.startswith("-") and a != "-":
             raise UsageError(f"unknown option {a!r}; see corral batch --help", field=a)
         elif opts["jobs"] is None:
             opts["jobs"] = a
         else:
             raise UsageError(f"one JOBS file only, not also {a!r}", field="JOBS")
-        i += 1
     if opts["jobs"] is None:
         raise UsageError("give the jobs file: corral batch JOBS.jsonl --out RESULTS.jsonl",
                          field="JOBS")

@@ -16,6 +16,10 @@ from .node import NodeRunner, error_line, node_name
 
 #: jobs at once, at most, on one machine
 MAX_CONCURRENCY = 1024
+#: jobs handed to the local workers per slot: one running, one waiting in the pool's
+#: queue, so a worker that finishes a job starts the next at once instead of waiting for
+#: the driver to take the result and send another (~1 ms a job of the slot's time)
+QUEUED_PER_SLOT = 2
 
 
 def check_concurrency(n) -> int | None:
@@ -59,12 +63,13 @@ def run_batch(jobs: list[Job], base: dict, *, ray_address: str | None = None,
 
 def run_local(jobs: list[Job], base: dict, concurrency: int):
     """This machine: `concurrency` forked worker processes, each running one job at a time
-    in sandboxes of a NodeRunner of its own (its warm pool keeps one ready). Processes,
-    not threads: each job's supervision is Python, and on a busy host threads of one
-    process queue behind one another for the GIL. When a worker dies (the OOM killer, a
-    signal), the pool cannot say which job it had: the jobs in flight run again on a new
-    set of workers (their lines say `attempt` 2), and a job in flight at a second death
-    gets an error line instead."""
+    in sandboxes of a NodeRunner of its own (its warm pool keeps one ready), with a next
+    job queued for it (QUEUED_PER_SLOT). Processes, not threads: each job's supervision is
+    Python, and on a busy host threads of one process queue behind one another for the
+    GIL. When a worker dies (the OOM killer, a signal), the pool cannot say which job it
+    had: the jobs in flight (running or queued) run again on a new set of workers (their
+    lines say `attempt` 2), and a job in flight at a second death gets an error line
+    instead."""
     from collections import deque
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
@@ -80,7 +85,7 @@ def run_local(jobs: list[Job], base: dict, concurrency: int):
             if pool is None:
                 pool = ProcessPoolExecutor(slots, mp_context=get_context("fork"),
                                            initializer=_worker_init, initargs=(node,))
-            while todo and len(running) < slots:
+            while todo and len(running) < slots * QUEUED_PER_SLOT:
                 job, attempt = todo.popleft()
                 try:
                     f = pool.submit(_worker_run, (job.to_wire(), base, attempt))
@@ -111,6 +116,9 @@ def run_local(jobs: list[Job], base: dict, concurrency: int):
             # the workers close their sandboxes (a finalizer) as they exit; interrupted,
             # what a killed one left is removed by corral's stale sweep
             pool.shutdown(wait=True, cancel_futures=True)
+        from . import slotcg
+
+        slotcg.sweep()     # the slot cgroups of workers that were killed
 
 
 _RUNNER: list = []
@@ -119,9 +127,23 @@ _RUNNER: list = []
 def _worker_init(node: str) -> None:
     from multiprocessing.util import Finalize
 
+    from . import slotcg
+
+    moved = slotcg.enter()     # this slot's sandboxes weigh as one process (slotcg.py)
     runner = NodeRunner(node, slots=1)
     _RUNNER.append(runner)
-    Finalize(runner, runner.close, exitpriority=10)
+    Finalize(runner, _worker_end, args=(runner, moved), exitpriority=10)
+
+
+def _worker_end(runner: NodeRunner, moved) -> None:
+    """At the worker's exit (a forked multiprocessing worker runs no atexit hooks): its
+    sandboxes closed, their cgroups removed, then its slot's cpu cgroup."""
+    from ..backends.host.cgroups import POOL
+    from . import slotcg
+
+    runner.close()
+    POOL.drain()
+    slotcg.leave(moved)
 
 
 def _worker_run(task) -> dict:

@@ -80,6 +80,7 @@ class NodeRunner:
         self._refused: dict[str, CorralError] = {}
         self._idle: dict[str, list] = {}          # policy key -> reusable sandboxes
         self._digests: dict[str, tuple] = {}      # policy key -> (toml, image digest)
+        self._checked: dict[str, object] = {}     # policy key -> its Policy (no overrides)
         self._closed = False
 
     # -- one job --
@@ -88,8 +89,8 @@ class NodeRunner:
         job_id = wire.get("id") if isinstance(wire, dict) else None
         try:
             job = parse_job(wire, f"job {job_id!r}")
-            policy = job_policy(base, job)
             key = _policy_key(base, job.policy)
+            policy = self._policy(key, base, job)
             sb = self._claim(key, policy, fresh=bool(job.policy))
         except CorralError as e:
             return error_line(job_id, self.node, attempt, e)
@@ -97,6 +98,21 @@ class NodeRunner:
             return self._run_in(sb, key, job, attempt)
         finally:
             self._release(key, sb, policy)
+
+    def _policy(self, key: str, base: dict, job):
+        """The job's Policy (jobs.job_policy), made once per batch policy: a job without
+        overrides gets the batch's, checked the first time; one with overrides is checked
+        alone each time (it has a sandbox of its own anyway)."""
+        if job.policy:
+            return job_policy(base, job)
+        policy = self._checked.get(key)
+        if policy is None:
+            policy = job_policy(base, job)
+            with self._mu:
+                if len(self._checked) >= POOL_MAX:
+                    self._checked.clear()
+                self._checked[key] = policy
+        return policy
 
     def _run_in(self, sb, key: str, job, attempt: int) -> dict:
         from ..audit.record import new_id
@@ -187,7 +203,11 @@ class NodeRunner:
                 if not self._closed:
                     self._idle.setdefault(key, []).append(sb)
                     return
-        sb.close()
+        # closed by the pool's thread, off the job's path (unmounting its scratch waits
+        # for the kernel's RCU grace period: ~3 ms a job of a slot's time otherwise)
+        pool = self._pools.get(key)
+        if pool is None or not pool.retire(sb):
+            sb.close()
 
     def close(self) -> None:
         """Close every sandbox this runner keeps (pools, reusable ones)."""
@@ -202,14 +222,20 @@ class NodeRunner:
             sb.close()
 
 
+#: used sandboxes a pool's thread may have waiting to be closed; past it, the job's
+#: thread closes its own
+RETIRED_MAX = 8
+
+
 class Warm:
     """Opened sandboxes of one policy kept ready (planned, checked against the tier, run
     directory, scratch mounted, seccomp program loaded), each handed out once, refilled
-    by a thread of its own."""
+    by a thread of its own, which also closes the used ones handed back (retire())."""
 
     def __init__(self, policy, size: int) -> None:
         self.policy, self.size = policy, size
         self.ready: deque = deque()
+        self.retired: deque = deque()
         self.cv = threading.Condition()
         self.closed = False
         self.error: CorralError | None = None
@@ -221,10 +247,14 @@ class Warm:
 
         while True:
             with self.cv:
-                while not self.closed and len(self.ready) >= self.size:
+                while not self.closed and len(self.ready) >= self.size and not self.retired:
                     self.cv.wait()
                 if self.closed:
                     return
+                used = self.retired.popleft() if len(self.ready) >= self.size else None
+            if used is not None:     # the next one first: a job may be waiting for it
+                used.close()
+                continue
             try:
                 sb = Sandbox(self.policy).open()
             except CorralError as e:
@@ -251,12 +281,25 @@ class Warm:
             self.cv.notify_all()
             return sb
 
+    def retire(self, sb) -> bool:
+        """Have the pool's thread close `sb` (its job is over, every process of it
+        gone); False when it cannot (closed, failed, behind): the caller closes it."""
+        with self.cv:
+            if self.closed or self.error is not None or len(self.retired) >= RETIRED_MAX:
+                return False
+            self.retired.append(sb)
+            self.cv.notify_all()
+            return True
+
     def close(self) -> None:
         with self.cv:
             self.closed = True
             ready, self.ready = list(self.ready), deque()
             self.cv.notify_all()
         self.thread.join(60)
+        with self.cv:
+            ready += self.retired
+            self.retired = deque()
         for sb in ready:
             sb.close()
 

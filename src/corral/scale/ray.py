@@ -1,6 +1,8 @@
 """A batch on a Ray cluster: one actor per node owns that node's sandboxes (a NodeRunner,
-scale/node.py); the driver hands each job to a node that offers the job's tier and keeps
-at most `concurrency` jobs on each node at once. docs/scale.md.
+scale/node.py); the driver hands each job to a node that offers the job's tier, in calls
+of up to CHUNK_MAX jobs (one as the queue runs short), with a next call queued for each of
+a node's `concurrency` slots; the node runs at most `concurrency` calls at once.
+docs/scale.md.
 
 Tiers. A node offers the tiers it advertises as Ray resources, `corral_namespace`,
 `corral_gvisor`, `corral_process`, `corral_wasm`, `corral_microvm` (`ray start --resources
@@ -30,6 +32,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..errors import BackendUnavailable, CorralError, PolicyError
+from .driver import QUEUED_PER_SLOT
 from .jobs import job_policy
 from .node import error_line
 
@@ -40,6 +43,9 @@ MAX_ATTEMPTS = 3
 REFRESH_S = 2.0
 #: how long the driver waits for a node's actor to say which tiers its host offers
 DETECT_TIMEOUT_S = 120.0
+#: jobs one call to a node's actor carries at most (one Ray call a job costs the driver
+#: ~2 ms of CPU); fewer as the queue runs short, so the last jobs still spread out
+CHUNK_MAX = 8
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
@@ -47,9 +53,18 @@ class NodeActor:
     """The sandboxes of one node (its jobs run in the actor's threads)."""
 
     def __init__(self, node_id: str, slots: int) -> None:
+        import threading
+
+        from . import slotcg
         from .node import NodeRunner
 
+        slotcg.sweep()
+        # its sandboxes weigh as `slots` processes with the scheduler (slotcg.py)
+        self.moved = slotcg.enter(slots)
         self.runner = NodeRunner(node_id, slots)
+        # the driver keeps a next job queued for each slot (QUEUED_PER_SLOT): at most
+        # `slots` of them run at once, the others wait here, in the actor, not on the driver
+        self.slots = threading.BoundedSemaphore(slots)
 
     def tiers(self) -> list[str]:
         from .node import host_tiers
@@ -57,10 +72,22 @@ class NodeActor:
         return host_tiers()
 
     def run(self, wire: dict, base: dict, attempt: int) -> dict:
-        return self.runner.run(wire, base, attempt)
+        with self.slots:
+            return self.runner.run(wire, base, attempt)
+
+    def run_many(self, tasks: list, base: dict) -> list[dict]:
+        """[(wire, attempt), ...] one after another in one slot: their lines, together."""
+        with self.slots:
+            return [self.runner.run(wire, base, attempt) for wire, attempt in tasks]
 
     def close(self) -> None:
+        from ..backends.host.cgroups import POOL
+        from . import slotcg
+
         self.runner.close()
+        POOL.drain()
+        slotcg.leave(self.moved)
+        self.moved = None
 
 
 class _Node:
@@ -122,7 +149,7 @@ class _Dispatch:
                 tier = default_tier    # the node refuses it, and says why
             self.queue.append((job, tier, 1))
         self.nodes: dict[str, _Node] = {}
-        self.inflight: dict = {}       # ObjectRef -> (job, tier, attempt, node)
+        self.inflight: dict = {}       # ObjectRef -> ([(job, tier, attempt)], node)
         self.advertised = False
         self.last_refresh = 0.0
 
@@ -143,7 +170,7 @@ class _Dispatch:
             slots = self.concurrency or max(1, int(n.get("Resources", {}).get("CPU", 1)))
             actor = NodeActor.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
-                max_concurrency=slots + 1, name=None).remote(nid, slots)
+                max_concurrency=slots * QUEUED_PER_SLOT + 1, name=None).remote(nid, slots)
             tiers = offered[nid] if self.advertised else None
             self.nodes[nid] = _Node(nid, actor, tiers, slots)
             new.append(self.nodes[nid])
@@ -179,30 +206,41 @@ class _Dispatch:
             yield from self.dispatch()
             if not self.inflight:
                 continue
-            ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=1.0)
+            ready, rest = ray.wait(list(self.inflight), num_returns=1, timeout=1.0)
+            if ready and rest:   # every line that is in, then one dispatch for them all
+                more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+                ready += more
             for ref in ready:
-                job, tier, attempt, node = self.inflight.pop(ref)
+                chunk, node = self.inflight.pop(ref)
                 node.busy -= 1
                 try:
-                    yield ray.get(ref)
+                    lines = ray.get(ref)
                 except ray.exceptions.RayActorError:
                     self.lost(node)       # its node died, or its actor with it
-                    if attempt >= MAX_ATTEMPTS:
-                        yield error_line(job.id, node.id, attempt, CorralError(
-                            f"the job's node was lost {attempt} times; not run",
-                            field="node"))
-                    else:
-                        self.queue.appendleft((job, tier, attempt + 1))
+                    for job, tier, attempt in reversed(chunk):
+                        if attempt >= MAX_ATTEMPTS:
+                            yield error_line(job.id, node.id, attempt, CorralError(
+                                f"the job's node was lost {attempt} times; not run",
+                                field="node"))
+                        else:
+                            self.queue.appendleft((job, tier, attempt + 1))
+                    continue
                 except ray.exceptions.RayError as e:
-                    yield error_line(job.id, node.id, attempt, CorralError(
-                        f"the node failed to run the job: {type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}", field="node"))
+                    for job, _, attempt in chunk:
+                        yield error_line(job.id, node.id, attempt, CorralError(
+                            f"the node failed to run the job: {type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''}", field="node"))
+                    continue
+                yield from lines if isinstance(lines, list) else [lines]
             if time.monotonic() - self.last_refresh > REFRESH_S:
                 self.refresh()
 
     def dispatch(self):
-        """Send queued jobs to free nodes of their tier; report those no node offers."""
-        waiting = deque()
+        """Send queued jobs to free nodes of their tier; report those no node offers.
+        Jobs passed over (their nodes are full) go back to the front in their order: the
+        cost of a call is bounded by the jobs it looks at, not the queue's length."""
+        waiting: list = []
+        most = 4 * sum(n.slots for n in self.nodes.values())
         while self.queue:
             job, tier, attempt = self.queue.popleft()
             nodes = self.eligible(tier)
@@ -213,18 +251,31 @@ class _Dispatch:
                     f"ray start --resources '{{\"{PREFIX}{tier}\": 1000}}' (docs/scale.md)",
                     field="isolation"))
                 continue
-            free = [n for n in nodes if n.busy < n.slots]
+            free = [n for n in nodes if n.busy < n.slots * QUEUED_PER_SLOT]
             if not free:
                 waiting.append((job, tier, attempt))
-                if len(waiting) > 4 * sum(n.slots for n in self.nodes.values()):
+                if len(waiting) > most:
                     break     # the rest waits in order
                 continue
             node = min(free, key=lambda n: n.busy / n.slots)
-            ref = node.actor.run.remote(job.to_wire(), self.base, attempt)
+            chunk = [(job, tier, attempt)]
+            size = self.chunk_size()
+            while len(chunk) < size and self.queue and self.queue[0][1] == tier:
+                chunk.append(self.queue.popleft())
+            if len(chunk) == 1:
+                ref = node.actor.run.remote(job.to_wire(), self.base, attempt)
+            else:
+                ref = node.actor.run_many.remote(
+                    [(j.to_wire(), a) for j, _, a in chunk], self.base)
             node.busy += 1
-            self.inflight[ref] = (job, tier, attempt, node)
-        waiting.extend(self.queue)
-        self.queue = waiting
+            self.inflight[ref] = (chunk, node)
+        self.queue.extendleft(reversed(waiting))
+
+    def chunk_size(self) -> int:
+        """Jobs for the next call: CHUNK_MAX while the queue is long, down to one as it
+        runs short (every call the live nodes could take at once gets its share)."""
+        calls = sum(n.slots for n in self.nodes.values() if n.alive) * QUEUED_PER_SLOT
+        return max(1, min(CHUNK_MAX, len(self.queue) // max(1, calls)))
 
     def close(self) -> None:
         for n in self.nodes.values():

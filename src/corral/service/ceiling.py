@@ -3,8 +3,9 @@ the first rule the request loosens out (or None).
 
 "Exceeds" per rule kind, each a loosening the agent holding the token must not get:
 
-- isolation: a weaker tier than the ceiling's (gvisor > namespace > process; "auto" counts
-  as the weakest tier it may pick, process);
+- isolation: a weaker tier than the ceiling's (microvm > gvisor = wasm > namespace >
+  process, policy/narrow.py's table, as for a batch job's override; "auto" counts as the
+  weakest tier it may pick, process);
 - network: a mode, an allow rule, a private range, a nameserver, an upstream CA or a bigger
   budget the ceiling does not grant (an allow rule is granted when one ceiling rule covers
   every host and port it matches); the ceiling's deny rules are added to every sandbox by
@@ -14,7 +15,7 @@ the first rule the request loosens out (or None).
 - filesystem: a workspace (or a path, mode or read-only bind) outside the ceiling's: the
   requested path must be the ceiling's or below it, mode ro < review < rw;
 - env.pass: a host variable the ceiling does not pass;
-- limits: any limit above the ceiling's;
+- limits: any limit above the ceiling's (an idle_timeout of 0, never, is above any other);
 - image and install: another root than the ceiling's "host" choice allows, an install phase
   or package index the ceiling does not have.
 """
@@ -23,10 +24,12 @@ from __future__ import annotations
 
 import os
 
+from ..policy.narrow import TIER_RANK as _STRENGTH
 from ..policy.rules import DEFAULT_PORTS, parse_cidr, parse_rule
 
-#: how strong each tier is; "auto" may pick any, so it counts as the weakest
-TIER_RANK = {"gvisor": 3, "namespace": 2, "process": 1, "auto": 1}
+#: how strong each tier is (policy/narrow.py's table: one order for ceilings and batch
+#: overrides); "auto" may pick any, so it counts as the weakest
+TIER_RANK = {**_STRENGTH, "auto": _STRENGTH["process"]}
 MODE_RANK = {"ro": 0, "review": 1, "rw": 2}
 
 
@@ -100,7 +103,8 @@ def narrow(request, ceiling):
 
 def _isolation(request, ceiling) -> None:
     want, most = request.isolation, ceiling.isolation
-    if TIER_RANK.get(want, 0) < TIER_RANK.get(most, 3):
+    # a tier of neither table (none: policies are validated) is refused, never admitted
+    if TIER_RANK.get(want, -1) < TIER_RANK.get(most, max(TIER_RANK.values()) + 1):
         raise Exceeds("isolation", f"tier {want!r} is weaker than this token's ceiling "
                       f"({most!r}); ask for {most!r} or a stronger tier")
 
@@ -108,7 +112,11 @@ def _isolation(request, ceiling) -> None:
 def _limits(request, ceiling) -> None:
     for name in _fields(request.limits):
         mine, most = getattr(request.limits, name), getattr(ceiling.limits, name)
-        if mine > most:
+        if name == "idle_timeout" and most and not mine:
+            # 0 is "never ends for idleness": the loosest value, not the smallest
+            raise Exceeds(f"limits.{name}", f"0 (never) is above this token's ceiling of "
+                          f"{most}")
+        if mine > most and not (name == "idle_timeout" and not most):
             raise Exceeds(f"limits.{name}", f"{mine} is above this token's ceiling of {most}")
 
 

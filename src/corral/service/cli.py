@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..errors import CorralError, UsageError
+from ..errors import CorralError, PolicyError, UsageError
 
 SERVE_USAGE = """\
 usage: corral serve [--host ADDR] [--port N] [--state-dir DIR] [--config FILE]
@@ -187,7 +187,11 @@ def token(args: list[str]) -> int:
             from ..policy.load import policy_from_dict, read_toml
             from .config import with_sources
 
-            ceiling = read_toml(a.opts["--ceiling"])
+            try:
+                ceiling = read_toml(a.opts["--ceiling"])
+            except PolicyError as e:    # read_toml names --policy: here it is --ceiling
+                raise PolicyError(e.message.replace("--policy", "--ceiling"),
+                                  field="--ceiling") from None
             # a bad ceiling fails here; a secret without `from` is the server config's
             policy_from_dict(with_sources(ceiling, None), allow_literal=False)
         tok = store.create(a.opts["--name"], ceiling=ceiling,

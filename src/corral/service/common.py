@@ -15,6 +15,7 @@ from starlette.requests import HTTPConnection
 from ..errors import (
     BackendUnavailable,
     CorralError,
+    ImageError,
     PolicyError,
     SandboxClosed,
     UnsupportedRule,
@@ -43,8 +44,8 @@ def errors(*statuses: int) -> dict:
             404: "no such sandbox, command or file (or another token's)",
             409: "the sandbox ended, a command still running, a closed stdin, a review "
                  "that cannot be read", 413: "the body is over the cap",
-            422: "the body does not match the schema, or the tier cannot enforce the "
-                 "policy", 429: "a token's limit (Retry-After)",
+            422: "the body does not match the schema, the tier cannot enforce the "
+                 "policy, or the policy names an image this server does not have", 429: "a token's limit (Retry-After)",
             503: "the service is shutting down"}
     return {s: {"model": ErrorBody, "description": what[s]} for s in statuses}
 
@@ -76,8 +77,8 @@ def status_of(e: CorralError) -> int:
         return 404
     if isinstance(e, (PolicyError, UsageError, FilesError)):
         return 400
-    if isinstance(e, (UnsupportedRule, BackendUnavailable)):
-        return 422
+    if isinstance(e, (UnsupportedRule, BackendUnavailable, ImageError)):
+        return 422       # ImageError: an image this server does not have (or cannot use)
     if isinstance(e, (ContextError, SandboxClosed)):
         return 409
     if getattr(e, "kind", None) == "review":      # runtime.changes.ReviewError

@@ -48,11 +48,12 @@ class Caller(NamedTuple):
 
 
 def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry | None = None,
-          caller=None, busy=None, quota=None):
+          caller=None, busy=None, quota=None, metrics=None):
     """The MCPServer with corral's tools; returns (server, registry).
     `caller(ctx) -> Caller` (default: the one stdio user within `ceiling_data`); `busy`:
     a limits.Concurrency and `quota` a limits.Quota shared with the REST API (None: no
-    token limits, as on stdio). server.corral_end_session(key, owner)
+    token limits, as on stdio); `metrics`: the service's metrics.Metrics, which counts
+    run_command's runs as the REST API's (None on stdio). server.corral_end_session(key, owner)
     kills a session's own sandbox (mcp_http calls it when an HTTP session ends)."""
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
@@ -175,6 +176,8 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
         with slot(who), e.lock:
             r = guard(lambda: e.sandbox.exec(["/bin/sh", "-c", command], timeout=timeout))
         _remember(e, r.events)
+        if metrics is not None:
+            metrics.run(r.verdict, r.usage.wall_s or 0.0, r.events)
         d = {"verdict": r.verdict, "exit_code": r.exit_code, "signal": r.signal,
              "stdout": r.stdout, "stderr": r.stderr,
              "stdout_truncated": r.stdout_truncated, "stderr_truncated": r.stderr_truncated,

@@ -60,7 +60,7 @@ def mount(app):
                       f"{tok.name}/{sid}", tok)
 
     server, _ = build(registry=svc.registry, caller=caller, busy=svc.busy,
-                      quota=svc.quota)
+                      quota=svc.quota, metrics=svc.metrics)
     server.streamable_http_app(transport_security=TransportSecuritySettings(
         enable_dns_rebinding_protection=False))
     manager = server.session_manager

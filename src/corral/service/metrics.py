@@ -15,12 +15,19 @@ class Metrics:
         self.requests: dict[int, int] = {}
         self.hist = [0] * (len(self.BUCKETS) + 1)
         self.hist_sum = 0.0
+        #: events of runs that say something was refused, by kind (net, secret, limit,
+        #: syscall, refused): the rule as the audit store's denials (audit/query.py)
+        self.denials: dict[str, int] = {}
         #: POST .../exec requests answered by the lean path (fastexec.py), not FastAPI
         self.lean = 0
 
-    def run(self, verdict: str, seconds: float) -> None:
+    def run(self, verdict: str, seconds: float, events=()) -> None:
         with self.mu:
             self.runs[verdict] = self.runs.get(verdict, 0) + 1
+            for ev in events:
+                kind = denial_kind(ev)
+                if kind is not None:
+                    self.denials[kind] = self.denials.get(kind, 0) + 1
             i = next((i for i, b in enumerate(self.BUCKETS) if seconds <= b), len(self.BUCKETS))
             self.hist[i] += 1
             self.hist_sum += seconds
@@ -36,6 +43,9 @@ class Metrics:
                    f"corral_sandboxes_created_total {self.created}",
                    "# TYPE corral_runs_total counter"]
             out += [f'corral_runs_total{{verdict="{v}"}} {n}' for v, n in sorted(self.runs.items())]
+            out.append("# TYPE corral_denials_total counter")
+            out += [f'corral_denials_total{{kind="{k}"}} {n}'
+                    for k, n in sorted(self.denials.items())]
             out.append("# TYPE corral_http_responses_total counter")
             out += [f'corral_http_responses_total{{status="{s}"}} {n}'
                     for s, n in sorted(self.requests.items())]
@@ -51,3 +61,15 @@ class Metrics:
                     f"corral_run_seconds_sum {self.hist_sum:.6f}",
                     f"corral_run_seconds_count {acc}"]
         return "\n".join(out) + "\n"
+
+
+def denial_kind(ev) -> str | None:
+    """The kind of a Result's event that says something was refused, else None: a
+    connection or a secret denied or withheld by the proxy, a limit that stopped the
+    command, a refused run, a refused system call (audit/query.py's denials, same rule)."""
+    if not isinstance(ev, dict):
+        return None
+    kind = ev.get("kind")
+    if kind in ("net", "secret"):
+        return kind if ev.get("decision") in ("deny", "withheld") else None
+    return kind if kind in ("limit", "refused", "syscall") else None

@@ -256,7 +256,7 @@ async def start(state, request, msg):
 
     def on_end(c):
         r = c.result
-        svc.metrics.run(r.verdict, r.usage.wall_s or 0.0)
+        svc.metrics.run(r.verdict, r.usage.wall_s or 0.0, r.events)
 
     if not cwd and face.account:
         cwd = HOME        # E2B's default working directory, the account's home

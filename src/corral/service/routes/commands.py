@@ -133,7 +133,7 @@ async def exec_(sid: str, body: ExecBody, token: Auth, svc: Svc, request: Reques
 
 def _count(svc, c) -> None:
     r = c.result
-    svc.metrics.run(r.verdict, r.usage.wall_s or 0.0)
+    svc.metrics.run(r.verdict, r.usage.wall_s or 0.0, r.events)
 
 
 async def _lines(request: Request, c, slot=None, *, foreground: bool, start: int = 0,

@@ -1,0 +1,124 @@
+"""The `corral` launcher and its run-path file (corral/_runpath.py): the run path's modules
+come from the file while their sources are unchanged, and from the usual import when a
+source changed or the file is not to be trusted. Real interpreters, a real `corral run`."""
+
+import json
+import marshal
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import CORRAL, ROOT
+
+from corral import _runpath
+
+SRC = os.path.join(ROOT, "src")
+PYTHON = os.path.join(ROOT, ".venv", "bin", "python3")
+SITE = next(p for p in sys.path if p.endswith("site-packages") and ROOT in p)
+#: what the launcher's process says about itself at exit: each module's loader
+REPORT = ("import atexit, json, sys\n"
+          "atexit.register(lambda: open({out!r}, 'w').write(json.dumps({{n: "
+          "type(m.__spec__.loader).__name__ for n, m in sys.modules.items() "
+          "if getattr(m, '__spec__', None)}})))\n")
+
+
+def run_launcher(tmp_path, text: str, *args) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run a launcher's text as the launcher runs (its #! interpreter and flags), with a
+    hook that notes each corral module's loader."""
+    out = tmp_path / "loaders.json"
+    python = text.splitlines()[0][2:].split()
+    r = subprocess.run([*python, "-c", REPORT.format(out=str(out)) + text, *args],
+                       capture_output=True, text=True, timeout=60)
+    return r, json.loads(out.read_text())
+
+
+def launcher_for(tmp_path, data: bytes, mode: int = 0o644) -> str:
+    path = tmp_path / "runpath"
+    path.write_bytes(data)
+    os.chmod(path, mode)
+    return _runpath.LAUNCHER.format(python=PYTHON, src=SRC, site=SITE, runpath=str(path))
+
+
+def test_the_installed_launcher_loads_the_run_path_from_its_file(tmp_path):
+    """The installed launcher reads the installed file: every module whose source is as
+    it was when scripts/setup.sh wrote the file comes from it (a module edited since comes
+    the usual way until setup.sh runs again)."""
+    with open(CORRAL) as f:
+        text = f.read()
+    runpath = os.path.join(ROOT, ".venv", "corral-runpath")
+    assert repr(runpath) in text
+    with open(runpath, "rb") as f:
+        _, mods = marshal.loads(f.read()[4:])
+    r, loaders = run_launcher(tmp_path, text, "run", "--json", "--", "/bin/echo", "hi")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["stdout"] == "hi\n"
+    assert "corral.cli" in mods and "corral.backends.namespace" in mods
+    for name, (file, _, mtime_ns, size, _) in mods.items():
+        if not os.path.exists(file):   # a module moved away since: not imported at all
+            assert name not in loaders
+            continue
+        st = os.stat(file)
+        same = (st.st_mtime_ns, st.st_size) == (mtime_ns, size)
+        assert loaders[name] == ("RunPathLoader" if same else "SourceFileLoader"), name
+
+
+def test_a_fresh_file_holds_every_module_of_the_run_path(tmp_path):
+    r, loaders = run_launcher(tmp_path, launcher_for(tmp_path, _runpath.build(PYTHON, SRC,
+                                                                              SITE)),
+                              "run", "--", "/bin/true")
+    assert r.returncode == 0, r.stderr
+    from_file = sorted(n for n, kind in loaders.items() if kind == "RunPathLoader")
+    ours = sorted(n for n in loaders if n.startswith("corral"))
+    assert from_file == sorted(ours + ["__future__"]), set(ours) - set(from_file)
+
+
+def test_a_changed_source_is_imported_as_usual(tmp_path):
+    data = _runpath.build(PYTHON, SRC, SITE)
+    finder, mods = marshal.loads(data[4:])
+    file, is_pkg, mtime_ns, size, code = mods["corral.linux.limits"]
+    mods["corral.linux.limits"] = (file, is_pkg, mtime_ns - 1, size, code)   # "edited"
+    text = launcher_for(tmp_path, data[:4] + marshal.dumps((finder, mods)))
+    r, loaders = run_launcher(tmp_path, text, "run", "--", "/bin/true")
+    assert r.returncode == 0, r.stderr
+    assert loaders["corral.linux.limits"] == "SourceFileLoader"
+    assert loaders["corral.cli"] == "RunPathLoader"
+
+
+@pytest.mark.parametrize("why", ["another Python's magic number", "group-writable",
+                                 "not marshal data"])
+def test_a_file_not_to_be_trusted_is_not_used(tmp_path, why):
+    data = _runpath.build(PYTHON, SRC, SITE)
+    mode = 0o644
+    if why == "group-writable":
+        mode = 0o664
+    elif why == "another Python's magic number":
+        data = b"\x00\x00\r\n" + data[4:]
+    else:
+        data = data[:4] + b"\xff not marshal"
+    r, loaders = run_launcher(tmp_path, launcher_for(tmp_path, data, mode), "run", "--",
+                              "/bin/true")
+    assert r.returncode == 0, r.stderr
+    assert "RunPathLoader" not in loaders.values(), why
+
+
+def test_without_the_file_the_launcher_runs_as_usual(tmp_path):
+    text = _runpath.LAUNCHER.format(python=PYTHON, src=SRC, site=SITE,
+                                    runpath=str(tmp_path / "missing"))
+    r, loaders = run_launcher(tmp_path, text, "--version")
+    assert r.returncode == 0 and r.stdout.startswith("corral ")
+    assert "RunPathLoader" not in loaders.values() and loaders["corral.cli"] == "SourceFileLoader"
+
+
+def test_the_file_holds_what_a_fresh_run_imports():
+    """The table lists the modules a fresh interpreter loads from source files with the run
+    path's entry modules, each with its own source's path, size and code."""
+    names = [n for n, _, _ in _runpath.run_path_modules(PYTHON, [SRC, SITE])]
+    _, mods = marshal.loads(_runpath.build(PYTHON, SRC, SITE)[4:])
+    assert sorted(mods) == sorted(names) and "corral.runtime.sandbox" in mods
+    # the standard library's one source module on the path (the others are frozen)
+    assert [n for n in mods if not n.startswith("corral")] == ["__future__"]
+    file, is_pkg, _, size, code = mods["corral.linux"]
+    assert is_pkg and file == os.path.join(SRC, "corral", "linux", "__init__.py")
+    assert size == os.path.getsize(file)
+    assert marshal.loads(code).co_filename == file

@@ -179,7 +179,10 @@ def settle(tracker: Tracker, before: dict[str, int], seconds: float = 10.0) -> d
     import time
 
     from corral.backends.host.cgroups import POOL
+    from corral.backends.host.deferred import DEFERRED
 
+    DEFERRED.flush(seconds)   # one-shot runs' teardown left to its thread: done first
+    DEFERRED.drain_ready()    # and the run dirs it made ahead are the supervisor's
     POOL.drain()        # the idle cgroups kept for reuse (v1) are the supervisor's, not leaks
     deadline = time.monotonic() + seconds
     while True:

@@ -225,6 +225,7 @@ needs_v1 = pytest.mark.skipif(not _v1(), reason="run cgroups are reused on cgrou
 @needs_v1
 def test_a_sandbox_keeps_its_cgroup_and_the_pool_passes_it_on():
     from corral.backends.host.cgroups import POOL
+    from corral.backends.host.deferred import DEFERRED
 
     # the pool hands out its oldest idle cgroup of a kind first: start from an empty one
     # (the earlier tests of this process leave theirs there)
@@ -245,6 +246,7 @@ def test_a_sandbox_keeps_its_cgroup_and_the_pool_passes_it_on():
     r = corral.run(["/bin/echo", "x"],
                    on_stdout=lambda _: in_use.append(any(cg is kept for cg in POOL._idle)))
     assert r.verdict == "ok" and in_use == [False]    # the next run took it
+    DEFERRED.flush()       # a one-shot run's teardown thread gives it back (deferred.py)
     assert any(cg is kept for cg in POOL._idle)       # and gave it back
 
 
@@ -268,6 +270,8 @@ import corral
 from corral.backends.host.cgroups import POOL
 
 assert corral.run(["/bin/true"]).verdict == "ok"
+from corral.backends.host.deferred import DEFERRED
+DEFERRED.flush()   # its teardown thread gives the run's cgroup to the pool
 paths = [p for cg in POOL._idle for p in cg.paths] + [POOL._dir.path]
 print(" ".join(paths), flush=True)
 how = sys.argv[1]

@@ -43,7 +43,6 @@ from ..linux.supervise import (
 )
 from ..plan import (
     SCRATCH,
-    SYSTEM_PATHS,
     CpuQuota,
     CpuTime,
     EgressProxy,
@@ -67,8 +66,9 @@ from ..plan import (
 from ..result import Result
 from .base import Backend, ExecLimits, LiveSandbox, TierCheck, assert_never
 from .host import ids
-from .host.cgroups import POOL, keep_cgroup, run_cgroup, usage_of, with_relay_tasks
-from .host.etc import HOSTNAME, ensure_etc
+from .host.cgroups import keep_cgroup, run_cgroup, usage_of, with_relay_tasks
+from .host.deferred import DEFERRED, remove_run
+from .host.etc import HOSTNAME, ensure_etc, system_binds
 from .host.finish import Inflight, finish, interpreter_inside
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
 
@@ -291,6 +291,12 @@ class NamespaceSandbox(LiveSandbox):
     user_account = False
     user_uid = -1
 
+    @property
+    def defers_teardown(self) -> bool:
+        """close(defer_as=...) may leave the removal of emptied resources to
+        host/deferred.py (not a subclass's own close())."""
+        return type(self).close is NamespaceSandbox.close
+
     def __init__(self, backend: NamespaceBackend, plan: Plan, check: TierCheck,
                  granted: list | None = None, upstream_ca: str | None = None) -> None:
         self.granted = granted or []
@@ -308,7 +314,9 @@ class NamespaceSandbox(LiveSandbox):
         #: the execs running now, which close() ends (one in another thread, say)
         self._inflight = Inflight()
         rundir.sweep_if_due()
-        self.dir = rundir.RunDir()
+        #: (run dir, uid, its scratch) made ahead by the teardown thread (host/deferred.py)
+        self._ready = self._take_ready()
+        self.dir = self._ready[0] if self._ready else rundir.RunDir()
         try:
             self._setup()
         except BaseException:
@@ -318,7 +326,9 @@ class NamespaceSandbox(LiveSandbox):
     # -- setup ---------------------------------------------------------------------------
     def _setup(self) -> None:
         plan = self.plan
-        if self.root:
+        if self._ready:
+            self.uid = self.gid = self._ready[1]
+        elif self.root:
             self.uid = self.gid = ids.pick()
         else:
             self.uid, self.gid = os.getuid(), os.getgid()
@@ -331,8 +341,12 @@ class NamespaceSandbox(LiveSandbox):
 
                 self.image_root = image_root(self.dir, op)
         scratch = plan.find(Scratch)[0]
-        self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
-                                     self.gid, enforce=self.root and not self._unenforced(scratch))
+        if self._ready:
+            self.scratch = self._ready[2]
+        else:
+            self.scratch = setup_scratch(self.dir, scratch.size, scratch.inodes, self.uid,
+                                         self.gid,
+                                         enforce=self.root and not self._unenforced(scratch))
         self.fds: dict[str, int] = {}
         if self.user_account:
             self._user_account()
@@ -405,6 +419,18 @@ class NamespaceSandbox(LiveSandbox):
             raise SandboxSetupError(f"the user namespace with a user account: {e.strerror}",
                                     step="userns", errno=e.errno) from None
 
+    def _ready_key(self) -> tuple[int, int] | None:
+        """What a run dir made ahead must match: its scratch's (size, inodes); None when
+        this sandbox does not take one (not root, or scratch not enforced)."""
+        scratch = self.plan.find(Scratch)[0]
+        if not self.root or self._unenforced(scratch):
+            return None
+        return (scratch.size, scratch.inodes)
+
+    def _take_ready(self):
+        key = self._ready_key()
+        return DEFERRED.take_ready(key) if key is not None else None
+
     def _unenforced(self, op: Op) -> bool:
         return not self.check.enforces(op)
 
@@ -430,11 +456,7 @@ class NamespaceSandbox(LiveSandbox):
 
                         a += ["--ro-bind", self.ca_file, CA_BUNDLE]
                 case SystemRoot():
-                    for p in SYSTEM_PATHS:
-                        if os.path.islink(p):
-                            a += ["--symlink", os.readlink(p), p]
-                        elif os.path.isdir(p):
-                            a += ["--ro-bind", p, p]
+                    a += system_binds()
                     a += ["--ro-bind", self.etc, "/etc"]   # ETC_BINDS: etc.py
                     for p in self.etc_dirs:
                         a += ["--ro-bind", p, p]
@@ -707,7 +729,16 @@ class NamespaceSandbox(LiveSandbox):
         return [SETSID, "--ctty", "--", *argv], slave, extra
 
     # -- teardown ------------------------------------------------------------------------
-    def close(self) -> list[str]:
+    def close(self, defer_as: str | None = None) -> list[str]:
+        """Kill what is left, unmount, delete. Returns teardown problems.
+
+        `defer_as` (corral.run()'s one-shot sandbox: its run id): once every process is
+        gone (each exec killed, reaped and its cgroup checked empty before its Result was
+        made; end_all() here), the removal of what is left empty (the scratch tmpfs, the
+        run dir, the cgroups given to the pool) goes to the teardown thread
+        (host/deferred.py, which says where its problems go), if the run dir holds no
+        mount but the scratch tmpfs: a workspace or bind of the host's is unmounted
+        before close() returns."""
         problems: list[str] = []
         if getattr(self, "_inflight", None) is not None:
             self._inflight.end_all()
@@ -718,11 +749,28 @@ class NamespaceSandbox(LiveSandbox):
             self.review.close()
         if getattr(self, "dir", None) is not None:
             kept, self._cgroups = self._cgroups, []
-            POOL.note(kept)                 # recorded there before this run dir goes
-            problems += self.dir.remove()   # the scratch tmpfs, charged to them, goes too
-            problems += POOL.give(kept)
-            self.dir = None
+            run_dir, self.dir = self.dir, None
+            key = self._ready_key()
+            if not (defer_as is not None and run_dir.mounts == [self.scratch]
+                    and not self._inflight.running()
+                    and DEFERRED.submit(defer_as, run_dir.id,
+                                        lambda: remove_run(run_dir, kept),
+                                        ready=(key, lambda: _make_ready(*key)) if key
+                                        else None)):
+                problems += remove_run(run_dir, kept)
         return problems
+
+
+def _make_ready(size: int, inodes: int):
+    """A run dir with its scratch tmpfs mounted, for a later sandbox (host/deferred.py):
+    (run dir, its uid, the scratch's path)."""
+    d = rundir.RunDir()
+    try:
+        uid = ids.pick()
+        return d, uid, setup_scratch(d, size, inodes, uid, uid, enforce=True)
+    except BaseException:
+        d.remove()
+        raise
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -10,6 +10,7 @@ Each exec is a fresh set of namespaces and a fresh cgroup; its processes end wit
 from __future__ import annotations
 
 import os
+import sys as _sys
 import time
 
 from ..audit import record as _audit
@@ -352,9 +353,12 @@ class Sandbox:
     def remove_context(self, context) -> None:
         self._code_session().remove_context(context)
 
-    def close(self) -> list[str]:
+    def close(self, *, _defer: bool = False) -> list[str]:
         """Kill what is left, unmount, delete scratch. Returns teardown problems. In a
-        forked child of the process that opened it, only forgets it: it is the parent's."""
+        forked child of the process that opened it, only forgets it: it is the parent's.
+        `_defer` (run()'s one-shot sandbox): a tier that can (the namespace tier) leaves
+        the removal of what is left empty to its teardown thread (backends/host/
+        deferred.py); its problems then reach a later Result (run() below)."""
         files, self._files = self._files, None
         if files is not None:
             files.close()
@@ -366,7 +370,10 @@ class Sandbox:
         if live is None or self._pid != os.getpid() or live not in _left_open:
             return []   # not open, its parent's, or closed already by the exit hook
         _left_open.discard(live)
-        problems = live.close()
+        if _defer and self.last_run_id is not None and getattr(live, "defers_teardown", False):
+            problems = live.close(defer_as=self.last_run_id)
+        else:
+            problems = live.close()
         if problems:
             self.teardown_problems += problems
             if self._last is not None:   # kept, never dropped: the last Result carries them
@@ -467,9 +474,39 @@ def refused(e: CorralError, argv, policy) -> None:
 
 
 def run(argv: list[str], policy: Policy | dict | str | None = None, **kw) -> Result:
-    """Run one command in a fresh sandbox and return its Result."""
-    with Sandbox(policy, _argv=argv) as sb:
-        return sb.exec(argv, **kw)
+    """Run one command in a fresh sandbox and return its Result.
+
+    Every process of the run is gone when it returns; on the namespace tier the removal
+    of its emptied scratch tmpfs, run directory and cgroups may still be under way on a
+    background thread (backends/host/deferred.py). A problem there reaches the Result of
+    this process's next run() as a "teardown" event naming the run it belongs to (and
+    that run's audit record), or stderr at exit."""
+    sb = Sandbox(policy, _argv=argv)
+    try:
+        sb.open()
+        result = sb.exec(argv, **kw)
+    except BaseException:
+        sb.close()
+        raise
+    sb.close(_defer=True)
+    deferred = _sys.modules.get("corral.backends.host.deferred")
+    if deferred is not None:
+        _earlier_teardown(result, deferred.DEFERRED.take_problems())
+    return result
+
+
+def _earlier_teardown(result: Result, problems) -> None:
+    """Problems of earlier runs' deferred teardown: "teardown" events of this Result,
+    naming the run, and of that run's own audit record."""
+    if not problems:
+        return
+    from ..events import TeardownEvent
+
+    for run_id, dir_id, p in problems:
+        result.events.append(TeardownEvent(
+            f"an earlier run's teardown (run {run_id}, run dir {dir_id}): {p}").to_dict())
+        if run_id is not None:
+            _audit.record_events(run_id, [TeardownEvent(p).to_dict()])
 
 
 __all__ = ["Sandbox", "TextChunks", "run", "coerce_policy", "prepare", "Plan"]

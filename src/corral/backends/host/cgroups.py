@@ -137,15 +137,15 @@ class CgroupPool:
         return False
 
     def take(self, key):
+        """An idle cgroup made with these limits, ready for a run (renewed when it was
+        given back), or None."""
         with self._lock:
             self._mine()
             for i, cg in enumerate(self._idle):
                 if cg.key == key:
                     del self._idle[i]
-                    break
-            else:
-                return None
-        return cg if _renew(cg, max_residue=self.RESIDUE) else None
+                    return cg
+        return None
 
     def note(self, cgs: list) -> None:
         """Record cgroups in the pool's run dir (before the run dir that recorded them goes)."""
@@ -168,16 +168,23 @@ class CgroupPool:
                     self._noted.add(cg.run_id)
 
     def give(self, cgs: list) -> list[str]:
-        """Keep what fits (note() them first); remove the rest. Returns teardown problems."""
-        problems: list[str] = []
+        """Keep what fits (note() them first), renewed for their next run here (off the
+        next run's path when a one-shot run's teardown thread gives them: host/deferred.py;
+        nothing runs in an idle one, so its counters stay at their start); remove the rest
+        (and any that cannot be renewed: see RunCgroup.renew). Returns teardown
+        problems."""
         with self._lock:
-            if self._mine():
-                room = self.SIZE - len(self._idle)
-                fits = [cg for cg in cgs if cg.run_id in self._noted][:max(room, 0)]
-                self._idle += fits
-                cgs = [cg for cg in cgs if all(cg is not f for f in fits)]
+            room = self.SIZE - len(self._idle) if self._mine() else 0
+            fits = [cg for cg in cgs if cg.run_id in self._noted][:max(room, 0)]
+        ready = [cg for cg in fits if _renew(cg, max_residue=self.RESIDUE)]
+        with self._lock:
+            room = self.SIZE - len(self._idle) if self._mine() else 0
+            kept = ready[:max(room, 0)]
+            self._idle += kept
+        problems: list[str] = []
         for cg in cgs:
-            problems += destroy_cgroup(cg)
+            if all(cg is not k for k in kept):
+                problems += destroy_cgroup(cg)   # idempotent: those _renew removed too
         return problems
 
     def drain(self) -> None:

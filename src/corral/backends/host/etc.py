@@ -28,7 +28,7 @@ import binascii
 import os
 import stat
 
-from ...plan import ETC_BINDS
+from ...plan import ETC_BINDS, SYSTEM_PATHS
 
 HOSTNAME = "corral"
 VERSION = "3"
@@ -207,3 +207,29 @@ def _bind_ro(src: str, dst: str) -> None:
     MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC = 1, 32, 4096, 16384
     mount(src, dst, "", MS_BIND | MS_REC, "")
     mount("none", dst, "", MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, "")
+
+
+#: system_binds()'s answer, with when it was found: the host's /usr, /bin, /lib... as
+#: they are (a directory bound, a link made again) are looked at again after
+#: SYSTEM_RECHECK_S (a usr-merge conversion reaches the sandboxes started a second later;
+#: seven lstats and readlinks per start are waste)
+SYSTEM_RECHECK_S = 1.0
+_system: tuple[float, tuple[str, ...]] | None = None
+
+
+def system_binds() -> list[str]:
+    """bwrap's options for SYSTEM_PATHS: each directory bound read-only at its own path,
+    each symbolic link made again inside."""
+    import time
+
+    global _system
+    now = time.monotonic()
+    if _system is None or now - _system[0] >= SYSTEM_RECHECK_S:
+        a: list[str] = []
+        for p in SYSTEM_PATHS:
+            if os.path.islink(p):
+                a += ["--symlink", os.readlink(p), p]
+            elif os.path.isdir(p):
+                a += ["--ro-bind", p, p]
+        _system = (now, tuple(a))
+    return list(_system[1])

@@ -126,6 +126,10 @@ class Inflight:
     def run(self) -> _Run:
         return _Run(self)
 
+    def running(self) -> bool:
+        """Is any exec still running (one end_all() could not wait out)?"""
+        return bool(self._slots)
+
     def end_all(self, wait: float = CLOSE_WAIT_S) -> None:
         slots = list(self._slots.values())
         for slot in slots:

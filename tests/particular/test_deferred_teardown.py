@@ -1,0 +1,149 @@
+"""corral.run()'s deferred teardown on the namespace tier (backends/host/deferred.py): what
+the Result depends on is done before it returns, the removal of the emptied run dir goes
+to a thread, its problems reach the next run's Result, and nothing is left at exit."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import mountinfo
+
+import corral
+from corral.backends.host.deferred import DEFERRED
+from corral.linux import rundir
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the root path: /run/corral")
+
+
+@pytest.fixture
+def run_dirs(monkeypatch):
+    """The run directories made while the test runs, none made ahead before it: the
+    first is its first sandbox's."""
+    DEFERRED.flush(30)
+    assert DEFERRED.drain_ready() == []
+    made = []
+    real = rundir.RunDir.__init__
+
+    def init(self, *a, **kw):
+        real(self, *a, **kw)
+        made.append(self)
+    monkeypatch.setattr(rundir.RunDir, "__init__", init)
+    return made
+
+
+def _cgroup_pids(run_id: str) -> list[str]:
+    from corral.linux import limits
+
+    found = []
+    for _, parent in limits.detect().parents:
+        for name in os.listdir(parent) if os.path.isdir(parent) else ():
+            if name.startswith(run_id + "-"):
+                with open(os.path.join(parent, name, "cgroup.procs")) as f:
+                    found += f.read().split()
+    return found
+
+
+def test_a_one_shot_run_is_over_when_it_returns_and_its_run_dir_goes_after(run_dirs):
+    r = corral.run(["/bin/sh", "-c", "(setsid sleep 300 > /dev/null 2>&1 &); "
+                    "echo x > /scratch/f; echo done"])
+    assert r.verdict == "ok" and r.stdout == "done\n", r
+    d = run_dirs[0]
+    assert _cgroup_pids(d.id) == []      # the daemon died with the run, before it returned
+    assert DEFERRED.flush(30)
+    assert not os.path.exists(d.path)
+    assert not [m for m in mountinfo() if d.path in m]
+    assert DEFERRED.take_problems() == []
+    # one made ahead (besides the cgroup pool's own run dir), its scratch mounted, for
+    # the next run
+    (ahead,) = [m for m in run_dirs[1:] if os.path.exists(m.path + "/scratch")]
+    assert [m for m in mountinfo() if ahead.path + "/scratch" in m]
+    r = corral.run(["/bin/sh", "-c", "ls -A /scratch /tmp; echo ok"])
+    assert r.verdict == "ok" and r.stdout == "/scratch:\n\n/tmp:\nok\n", r   # empty
+    assert DEFERRED.flush(30) and not os.path.exists(ahead.path)
+
+
+def test_a_sandbox_closed_by_hand_is_torn_down_before_close_returns(run_dirs):
+    with corral.Sandbox() as sb:
+        assert sb.exec(["/bin/true"]).verdict == "ok"
+    (d,) = run_dirs       # and none made ahead
+    assert not os.path.exists(d.path)     # no deferral outside corral.run()
+
+
+def test_a_failed_deferred_teardown_reaches_the_next_result_and_names_its_run(run_dirs):
+    import threading
+
+    hold = threading.Event()
+    DEFERRED.submit(None, "test-hold", lambda: hold.wait(30) and [])  # the thread waits
+    try:
+        first = corral.run(["/bin/true"])
+        d = run_dirs[0]
+        assert first.verdict == "ok" and os.path.isdir(d.path)
+        # a mount of its own in the run dir: its removal fails (EBUSY), as it would if
+        # anything kept a part of it
+        busy = os.path.join(d.path, "busy")
+        os.mkdir(busy)
+        subprocess.run(["mount", "-t", "tmpfs", "none", busy], check=True)
+    finally:
+        hold.set()
+    try:
+        assert DEFERRED.flush(30)
+        second = corral.run(["/bin/true"])
+        events = [e for e in second.events if e["kind"] == "teardown"]
+        assert len(events) == 1, second.events
+        assert d.id in events[0]["message"] and "earlier run" in events[0]["message"]
+        assert first is not second and not [e for e in first.events if e["kind"] == "teardown"]
+    finally:
+        subprocess.run(["umount", busy], check=False)
+        rundir._rmtree(d.path)
+    assert DEFERRED.flush(30)
+    assert DEFERRED.take_problems() == []
+
+
+EXIT_SCRIPT = """
+import corral
+from corral.linux import rundir
+made = []
+real = rundir.RunDir.__init__
+def init(self, *a, **kw):
+    real(self, *a, **kw)
+    made.append(self.path)
+rundir.RunDir.__init__ = init
+for _ in range(5):
+    assert corral.run(["/bin/true"]).verdict == "ok"
+print(" ".join(made), flush=True)
+"""
+
+
+def test_what_is_queued_is_done_before_the_process_exits():
+    p = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    paths = p.stdout.split()
+    assert len(paths) >= 5
+    assert [path for path in paths if os.path.exists(path)] == []
+
+
+def test_runs_in_many_threads_never_queue_more_than_the_bound(run_dirs):
+    import threading
+
+    from corral.backends.host import deferred
+
+    seen, bad = [], []
+
+    def runs():
+        for _ in range(10):
+            r = corral.run(["/bin/true"])
+            seen.append(DEFERRED.pending())
+            if r.verdict != "ok":
+                bad.append(r)
+    threads = [threading.Thread(target=runs) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == [] and len(seen) == 40
+    assert max(seen) <= deferred.MAX_PENDING
+    assert DEFERRED.flush(60) and DEFERRED.take_problems() == []
+    assert DEFERRED.drain_ready() == []
+    assert [d.path for d in run_dirs if os.path.exists(d.path)] == []

@@ -62,8 +62,11 @@ class RemoteSandbox:
 
     def _call(self, req: dict, want: str) -> dict:
         with self._connect() as s:
-            send_frame(s, req)
-            frame = recv_frame(s)
+            try:
+                send_frame(s, req)
+                frame = recv_frame(s)
+            except ConnectionError:    # reset or broken pipe: the supervisor died mid-call
+                frame = None
         if frame is None:
             raise SandboxClosed(f"sandbox {self.id}: the supervisor closed the connection")
         if frame.get("ev") == "error":

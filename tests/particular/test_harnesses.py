@@ -24,6 +24,7 @@ pytestmark = [
 PY = os.path.join(ROOT, ".venv", "bin", "python")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_concurrency_harness_runs_small_and_finds_nothing_left(tmp_path):
     """bench/concurrency.py with 3 sandboxes for 3 s, network none then allow (each
@@ -47,6 +48,7 @@ def test_concurrency_harness_runs_small_and_finds_nothing_left(tmp_path):
                 "supervisor fds"} <= set(x["after"]), x["after"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_soak_harness_runs_small_and_finds_nothing_left(tmp_path):
     """bench/soak.py --runs 16 on the namespace tier: every kind of the mix (true, python,

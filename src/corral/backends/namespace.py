@@ -26,6 +26,7 @@ import _signal  # the C module: `signal` would import enum on the start-up path
 import math
 import os
 import select
+import sys
 import time
 
 from ..errors import BackendUnavailable, SandboxSetupError
@@ -66,8 +67,7 @@ from ..plan import (
 from ..result import Result
 from .base import Backend, ExecLimits, LiveSandbox, TierCheck, assert_never
 from .host import ids
-from .host.cgroups import keep_cgroup, run_cgroup, usage_of, with_relay_tasks
-from .host.deferred import DEFERRED, remove_run
+from .host.cgroups import keep_cgroup, remove_run, run_cgroup, usage_of, with_relay_tasks
 from .host.etc import HOSTNAME, ensure_etc, system_binds
 from .host.finish import Inflight, finish, interpreter_inside
 from .host.scratch import mount_binds, mount_workspace, open_source, scratch_events, setup_scratch
@@ -429,7 +429,10 @@ class NamespaceSandbox(LiveSandbox):
 
     def _take_ready(self):
         key = self._ready_key()
-        return DEFERRED.take_ready(key) if key is not None else None
+        # made only by the teardown thread of host/deferred.py, imported by the first
+        # deferred close(): a process that never defers (the CLI) never imports it
+        deferred = sys.modules.get("corral.backends.host.deferred")
+        return deferred.DEFERRED.take_ready(key) if key is not None and deferred else None
 
     def _unenforced(self, op: Op) -> bool:
         return not self.check.enforces(op)
@@ -751,6 +754,8 @@ class NamespaceSandbox(LiveSandbox):
             kept, self._cgroups = self._cgroups, []
             run_dir, self.dir = self.dir, None
             key = self._ready_key()
+            if defer_as is not None:
+                from .host.deferred import DEFERRED
             if not (defer_as is not None and run_dir.mounts == [self.scratch]
                     and not self._inflight.running()
                     and DEFERRED.submit(defer_as, run_dir.id,

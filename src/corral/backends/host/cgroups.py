@@ -222,3 +222,11 @@ def usage_of(outcome, cg):
     usage.cpu_s = round(u.cpu_s, 6) if u.cpu_s is not None else None
     usage.memory_peak_bytes = u.memory_peak_bytes
     return usage, u.oom_kills or 0
+
+
+def remove_run(run_dir, kept: list) -> list[str]:
+    """Remove an emptied sandbox's run dir, then give its cgroups to the pool (note()d
+    there first: the run dir that recorded them goes). Returns teardown problems."""
+    POOL.note(kept)                   # recorded there before this run dir goes
+    problems = run_dir.remove()       # the scratch tmpfs, charged to them, goes too
+    return problems + POOL.give(kept)

@@ -179,14 +179,6 @@ class Deferred:
         return out
 
 
-def remove_run(run_dir, kept: list) -> list[str]:
-    """Remove an emptied sandbox's run dir, then give its cgroups to the pool (note()d
-    there first: the run dir that recorded them goes). Returns teardown problems."""
-    POOL.note(kept)                   # recorded there before this run dir goes
-    problems = run_dir.remove()       # the scratch tmpfs, charged to them, goes too
-    return problems + POOL.give(kept)
-
-
 def _to_stderr(problems) -> None:
     for run_id, dir_id, p in problems:
         try:
@@ -211,6 +203,6 @@ def _at_exit() -> None:
 # host/cgroups.py registered POOL.drain at its import (above, through namespace.py's
 # imports); atexit runs the latest first, so what is queued gives its cgroups to the pool
 # before the pool is drained
-from .cgroups import POOL  # noqa: E402  (registers POOL.drain first)
+from .cgroups import POOL  # noqa: E402,F401  (imported for its atexit: POOL.drain registered first)
 
 atexit.register(_at_exit)

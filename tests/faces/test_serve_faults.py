@@ -53,6 +53,23 @@ def test_a_service_killed_mid_request_is_swept_and_its_records_closed_on_restart
         run_dir = os.path.join(base_dir(), sid)
         assert os.path.isdir(run_dir)
 
+        def written() -> bool:   # the audit writer's thread commits in batches: the
+            try:                 # claim is about records written before the kill
+                db = sqlite3.connect(f"file:{os.path.join(s.state, 'audit', 'audit.db')}"
+                                     "?mode=ro", uri=True, timeout=5)
+            except sqlite3.OperationalError:
+                return False
+            try:
+                runs = db.execute("SELECT argv FROM runs WHERE sandbox = ?", (sid,)).fetchall()
+                gone = db.execute("SELECT ended FROM sandboxes WHERE id = ?",
+                                  (ended,)).fetchone()
+                return any("before" in a for (a,) in runs) and bool(gone and gone[0])
+            except sqlite3.OperationalError:
+                return False
+            finally:
+                db.close()
+        _until(written, "the records before the kill are written")
+
         def request():       # a request in flight when the service dies
             try:
                 with s.http(tok) as h2:

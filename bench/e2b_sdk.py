@@ -26,23 +26,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-import httpx
+from _serve import free_port, wait_up  # bench/_serve.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORRAL = os.path.join(os.path.dirname(HERE), ".venv", "bin", "corral")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ms(xs: list[float]) -> str:
@@ -67,18 +60,13 @@ def main() -> int:
     state = os.path.join(tmp, "state")
     tok = subprocess.run([CORRAL, "token", "create", "--name", "bench", "--state-dir", state],
                          capture_output=True, text=True, check=True).stdout.split()[-1]
-    port = _port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(os.path.join(tmp, "serve.log"), "wb")
     proc = subprocess.Popen([CORRAL, "serve", "--port", str(port), "--state-dir", state],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.05)
+        wait_up(url, proc)
         os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=tok)
         from e2b_code_interpreter import Sandbox as E2B
 

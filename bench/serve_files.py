@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -19,15 +18,10 @@ import tempfile
 import time
 
 import httpx
+from _serve import free_port  # bench/_serve.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORRAL = os.path.join(os.path.dirname(HERE), ".venv", "bin", "corral")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _up(url: str, proc) -> None:
@@ -64,7 +58,7 @@ def main() -> int:
         tok = subprocess.run([CORRAL, "token", "create", "--name", "bench", "--state-dir",
                               state], capture_output=True, text=True, check=True
                              ).stdout.split()[-1]
-        port, raw_port = _port(), _port()
+        port, raw_port = free_port(), free_port()
         url = f"http://127.0.0.1:{port}"
         serve = subprocess.Popen([CORRAL, "serve", "--port", str(port), "--state-dir",
                                   state], stdout=subprocess.DEVNULL,

@@ -26,24 +26,19 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from _serve import free_port, wait_up  # bench/_serve.py
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "src"))
 CORRAL = os.path.join(ROOT, ".venv", "bin", "corral")
 GAP_S = 0.02
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cpu(pid: int) -> float:
@@ -53,23 +48,17 @@ def _cpu(pid: int) -> float:
 
 
 def _serve(tmp: str, name: str, lean: bool):
-    import httpx
 
     state = os.path.join(tmp, name)
     tok = subprocess.run([CORRAL, "token", "create", "--name", "bench", "--state-dir", state],
                          capture_output=True, text=True, check=True).stdout.split()[-1]
-    port = _port()
+    port = free_port()
     env = dict(os.environ, CORRAL_SERVE_LEAN="1" if lean else "0")
     log = open(os.path.join(tmp, name + ".log"), "wb")
     proc = subprocess.Popen([CORRAL, "serve", "--port", str(port), "--state-dir", state],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.05)
+    wait_up(url, proc)
     return proc, url, tok, port, log
 
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from _serve import free_port, wait_up  # bench/_serve.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -46,12 +47,6 @@ sys.argv = ["corral"] + sys.argv[1:]
 from corral.cli import main
 sys.exit(main())
 """
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ticks(pid: int) -> int:
@@ -79,7 +74,6 @@ def _tree_ticks(pid: int) -> int:
 def side(src: str, h11: bool, runs: int) -> dict:
     """One round of one tree (run in a process of its own: its corral is `src`'s)."""
     sys.path.insert(0, src)
-    import httpx
 
     from corral import client
 
@@ -89,19 +83,14 @@ def side(src: str, h11: bool, runs: int) -> dict:
     tok = subprocess.run(launcher + ["token", "create", "--name", "bench", "--state-dir",
                                      state], capture_output=True, text=True,
                          check=True).stdout.split()[-1]
-    port = _port()
+    port = free_port()
     log = open(os.path.join(tmp, "serve.log"), "wb")
     proc = subprocess.Popen(launcher + ["serve", "--port", str(port), "--state-dir", state],
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     sb = None
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.05)
+        wait_up(url, proc)
         sb = client.Sandbox.create({}, timeout=600, api_url=url, api_key=tok)
         for _ in range(5):
             sb.commands.run("true")

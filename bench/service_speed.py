@@ -31,13 +31,14 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from _serve import free_port, wait_up  # bench/_serve.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -58,12 +59,6 @@ GOALS_MS = {"create": 25.0, "run_true": 5.0, "run_code": 3.0, "mcp_run_code": 5.
 GAP_S = 0.02           # the pause before each timed command (as bench/live.py)
 PUBLISHED = "E2B (their cloud, published, not measured here): create ~150 ms (E2B), " \
             "~230 ms (a third party)"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _med(xs) -> float:
@@ -230,19 +225,14 @@ def main() -> int:
     state = os.path.join(tmp, "state")
     tok = subprocess.run([CORRAL, "token", "create", "--name", "bench", "--state-dir", state],
                          capture_output=True, text=True, check=True).stdout.split()[-1]
-    port = _port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(os.path.join(tmp, "serve.log"), "wb")
     proc = subprocess.Popen([CORRAL, "serve", "--port", str(port), "--state-dir", state],
                             stdout=log, stderr=subprocess.STDOUT)
     SERVER_PID[0] = proc.pid
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.05)
+        wait_up(url, proc)
         http, inproc = bench_pairs(url, tok, a.runs, "inproc" not in skip)
         conc = None if "concurrent" in skip else bench_concurrent(url, tok)
     finally:

@@ -58,6 +58,7 @@ file in /dev/shm with sendfile(2) and /small with a 100-byte body.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -621,24 +622,19 @@ def main() -> int:
                 lat["proxy"] += p
             except OSError as e:
                 errors["latency host"] = f"round {rnd}: {type(e).__name__}: {e}"
-            if "latency sandbox" not in errors:
+            for key, measure, failures in (
+                    ("sandbox", bench.lat_sandbox, (Failed, ValueError, KeyError)),
+                    ("live", bench.lat_live, (Failed, ValueError, KeyError)),
+                    ("direct-cg", bench.lat_direct_cg,
+                     (Failed, OSError, subprocess.SubprocessError))):
+                name = f"latency {key}"
+                if name in errors:
+                    continue
                 try:
-                    lat["sandbox"] += twice(f"latency sandbox, round {rnd}",
-                                            lambda: bench.lat_sandbox(args.requests))
-                except (Failed, ValueError, KeyError) as e:
-                    errors["latency sandbox"] = f"round {rnd}: {type(e).__name__}: {e}"
-            if "latency live" not in errors:
-                try:
-                    lat["live"] += twice(f"latency live, round {rnd}",
-                                         lambda: bench.lat_live(args.requests))
-                except (Failed, ValueError, KeyError) as e:
-                    errors["latency live"] = f"round {rnd}: {type(e).__name__}: {e}"
-            if "latency direct-cg" not in errors:
-                try:
-                    lat["direct-cg"] += twice(f"latency direct-cg, round {rnd}",
-                                              lambda: bench.lat_direct_cg(args.requests))
-                except (Failed, OSError, subprocess.SubprocessError) as e:
-                    errors["latency direct-cg"] = f"round {rnd}: {type(e).__name__}: {e}"
+                    lat[key] += twice(f"{name}, round {rnd}",
+                                      functools.partial(measure, args.requests))
+                except failures as e:
+                    errors[name] = f"round {rnd}: {type(e).__name__}: {e}"
 
         # 3. storm
         for rnd in range(runs):

@@ -258,7 +258,9 @@ def test_a_worker_killed_mid_batch_hangs_nothing_and_loses_no_job(tmp_path):
     assert any(x["attempt"] == 2 for x in lines)
     home = slotcg._own_cpu_dir()
     if home is not None:   # the killed worker's slot cgroup is swept, the others removed
-        assert not [p for p in workers if os.path.exists(f"{home}/{slotcg.PREFIX}{p}")]
+        left = {p: slotcg._procs(f"{home}/{slotcg.PREFIX}{p}") for p in workers
+                if os.path.exists(f"{home}/{slotcg.PREFIX}{p}")}
+        assert not left, {p: [(q, cmdline(q)) for q in qs] for p, qs in left.items()}
 
 
 def slot_runs(home):
@@ -317,6 +319,33 @@ def test_the_slot_cgroup_of_a_dead_worker_is_swept():
     os.makedirs(f"{d}/corral")
     slotcg.sweep()
     assert not os.path.exists(d)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or slotcg._own_cpu_dir() is None,
+                    reason="slot cpu cgroups: cgroup v1 and root only")
+def test_what_still_runs_in_a_dead_workers_slot_is_killed_and_the_slot_removed():
+    """A killed worker's helpers (in its slot) and sandbox processes (in a run cgroup below,
+    here one no run directory records) may outlive it for a moment: the sweep kills them
+    and removes the slot, instead of leaving it because it was busy."""
+    p = subprocess.Popen(["true"])
+    p.wait()                          # a pid nobody has now: the dead worker's
+    d = f"{slotcg._own_cpu_dir()}/{slotcg.PREFIX}{p.pid}"
+    os.makedirs(f"{d}/corral/run")
+    helper, inner = (subprocess.Popen(["sleep", "60"]) for _ in range(2))
+    try:
+        for proc, cg in ((helper, d), (inner, f"{d}/corral/run")):
+            with open(f"{cg}/cgroup.procs", "w") as f:
+                f.write(str(proc.pid))
+        slotcg.sweep()
+        assert not os.path.exists(d)
+        assert helper.wait(10) == -9 and inner.wait(10) == -9
+    finally:
+        for proc in (helper, inner):
+            proc.kill()
+            proc.wait()
+        for x in (f"{d}/corral/run", f"{d}/corral", d):
+            if os.path.exists(x):
+                os.rmdir(x)
 
 
 def test_an_unreachable_ray_address_is_one_line_at_once(tmp_path):

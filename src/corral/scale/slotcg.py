@@ -96,9 +96,14 @@ def leave(moved: tuple[str, str] | None) -> None:
 
 def sweep() -> None:
     """Remove the slot cgroups of worker processes that are gone (killed before leave()).
-    The run cgroups a killed worker left in one are removed first by corral's stale sweep
-    (rundir.py: a dead supervisor's run directories, and the cgroups they recorded), run
-    here only when such a slot is found."""
+
+    Everything in a dead worker's slot is that worker's: helpers it forked (they stay in
+    the slot itself, and may hold the locks of its run directories for a moment after it
+    died) and its sandboxes' processes (in run cgroups below). They are killed first, so
+    that corral's stale sweep (rundir.py: a dead supervisor's run directories and the
+    cgroups they recorded, in every hierarchy) finds those run directories unlocked, and
+    then the slot is removed; a run cgroup left there that no record names (the worker
+    died between making it and noting it) is removed from the slot too."""
     home = _own_cpu_dir()
     if home is None:
         return
@@ -109,16 +114,75 @@ def sweep() -> None:
     dead = [os.path.join(home, n) for n in names
             if n[len(PREFIX):].isdigit() and not os.path.exists(f"/proc/{n[len(PREFIX):]}")]
     left = [d for d in dead if not _rmdir(d)]
-    if left:
-        from ..errors import CorralError
-        from ..linux import rundir
+    if not left:
+        return
+    for d in left:
+        _kill_all(d)
+    from ..errors import CorralError
+    from ..linux import rundir
 
-        try:
-            rundir.sweep_stale()
-        except (OSError, CorralError):
-            return
-        for d in left:
+    try:
+        rundir.sweep_stale()
+    except (OSError, CorralError):
+        pass         # another run's trouble: this slot is still removed below
+    for d in left:
+        if not _rmdir(d):
+            _rmdir_below(d)
             _rmdir(d)
+
+
+def _procs(d: str) -> set[int]:
+    """The processes in the cpu cgroup `d` and every cgroup below it."""
+    found: set[int] = set()
+    for root, _dirs, _files in os.walk(d):        # never follows a symlink
+        try:
+            with open(os.path.join(root, "cgroup.procs")) as f:
+                found.update(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def _kill_all(d: str, timeout: float = 3.0) -> bool:
+    """SIGKILL every process in `d`'s subtree (through pidfds: a pid still listed after
+    its pidfd was opened is that process, never a recycled one) until it is empty or
+    `timeout` seconds passed; whether it is empty."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while pids := _procs(d):
+        if time.monotonic() > deadline:
+            return False
+        fds: dict[int, int] = {}
+        for pid in pids:
+            try:
+                fds[pid] = os.pidfd_open(pid)
+            except OSError:
+                pass
+        still = _procs(d)
+        for pid, fd in fds.items():
+            try:
+                if pid in still:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    return True
+
+
+def _rmdir_below(d: str) -> None:
+    """Remove the empty cgroups below `d`, deepest first."""
+    for root, dirs, _files in os.walk(d, topdown=False):
+        for name in dirs:
+            try:
+                os.rmdir(os.path.join(root, name))
+            except OSError:
+                pass
 
 
 def _rmdir(d: str) -> bool:

@@ -104,20 +104,20 @@ class Service:
         self.draining = False
 
     def entry(self, sid: str, token: Token):
-        e = self.registry.get(token.name, sid)
+        e = self.registry.get(token.owner, sid)
         if e is None:
             raise ApiError(404, "not_found", f"no sandbox {sid!r}", "sandbox_id")
         return e
 
     def slot(self, token: Token):
         """One operation of a token in flight; over its max_concurrent: Limited (429)."""
-        return self.busy.slot(token.name, token.max_concurrent)
+        return self.busy.slot(token.owner, token.max_concurrent)
 
     def reserve(self, token: Token):
         """A place for one more sandbox of the token while it is made; past its
         max_sandboxes (those live and those being made): Limited (429)."""
-        return self.quota.reserve(token.name, token.max_sandboxes,
-                                  lambda: self.registry.count(token.name))
+        return self.quota.reserve(token.owner, token.max_sandboxes,
+                                  lambda: self.registry.count(token.owner))
 
 
 async def service(request: HTTPConnection) -> Service:

@@ -23,7 +23,7 @@ from pydantic import Field
 
 from ..errors import CorralError
 from .ceiling import Exceeds, requested
-from .registry import Registry
+from .registry import Registry, owner_name
 
 OWNER = "mcp"
 #: seconds a sandbox of an MCP session lives at most (the session's end kills it sooner)
@@ -105,7 +105,7 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
             from ..audit.record import record_refused
 
             face = os.environ.get("CORRAL_AUDIT_FACE") or "service"   # as registry.create
-            actor = None if face == "mcp" else f"token:{who.owner}"
+            actor = None if face == "mcp" else f"token:{owner_name(who.owner)}"
             record_refused([], getattr(e, "kind", "ceiling"), e.message, e.field,
                            who=(face, actor))
             raise

@@ -453,6 +453,52 @@ def test_cli_asks_on_a_terminal(ws):
     assert read(os.path.join(ws, "sub/b")) == b"b\n"
 
 
+#: "Trojan Source" (CVE-2021-42574): a line that renders as a comment but runs, and names
+#: that render as another name
+TROJAN = ("printf 'ok = 1  # \\342\\200\\256 } \\342\\201\\246if admin:\\342\\201\\251"
+          " \\342\\201\\246 begin\\n' >> a.txt; "
+          "echo x > \"$(printf 'run\\342\\200\\256txt.sh')\"; "
+          "echo y > \"$(printf 'ke\\342\\200\\213ep\\357\\273\\277')\"")
+HIDDEN = ["\u202e", "\u2066", "\u2069", "\u200b", "\ufeff"]
+
+
+def test_review_shows_bidi_controls_and_zero_width_characters_escaped(ws):
+    """The review's listing and the diffs it asks about on a terminal show each
+    reordering or invisible character as an escape: none reaches the terminal raw."""
+    p = _cli(ws, "--", "sh", "-c", TROJAN)
+    assert p.returncode == 0, p.stderr
+    assert not [c for c in HIDDEN if c in p.stderr], p.stderr
+    assert "A run\\u202etxt.sh" in p.stderr and "A ke\\u200bep\\ufeff" in p.stderr
+    master, slave = os.openpty()
+    try:
+        os.write(master, b"n\n" * 20)
+        proc = subprocess.Popen([CORRAL, "run", "--workspace", f"{ws}:review", "--", "sh",
+                                 "-c", TROJAN], cwd=ws, stdin=slave, stderr=slave,
+                                stdout=subprocess.PIPE)
+        os.close(slave)
+        slave = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        proc.stdout.close()
+        assert proc.wait(timeout=180) == 0, seen
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+    text = seen.decode()
+    assert "apply it?" in text
+    assert not [c for c in HIDDEN if c in text], text
+    assert "+ok = 1  # \\u202e } \\u2066if admin:\\u2069 \\u2066 begin" in text, text
+    assert read(os.path.join(ws, "a.txt")) == b"hello\nworld\n"
+
+
 def test_the_process_tier_refuses_review_naming_a_tier_that_could(ws):
     with pytest.raises(UnsupportedRule) as e:
         corral.Sandbox(review_policy(ws, "process"))

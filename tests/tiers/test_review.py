@@ -381,6 +381,53 @@ def test_patch_is_accepted_by_git_apply_and_matches_apply(ws, tmp_path):
     assert os.readlink(os.path.join(ws, "link")) == "a.txt"
 
 
+#: names git quotes in a patch ("a/\\303\\244 b"), and near misses it does not
+ODD_NAMES = ["\u00e4 b", 'q"uote', "back\\slash", "new\nline", "tab\there", "trail ",
+             "\udcff\udcfe", "x b", "sp ace/b y", "--- a", "+++ b", "@@ -1 +1 @@",
+             "a/b c"]
+
+
+@pytest.mark.skipif(GIT is None, reason="git is not installed")
+def test_patch_names_git_quotes_reach_the_same_paths_through_git_apply(ws, tmp_path):
+    """Every odd name of the patch is the path git apply writes, byte for byte, and the
+    path apply_changes writes: no name lands on another path (the patch is git's own
+    quoting, C-style with octal escapes, which git parses back)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(ws, copy, symlinks=True)
+    script = ("i=0; for n in \"$@\"; do mkdir -p \"$(dirname -- \"$n\")\"; "
+              "printf 'line %d\\n' $i > \"$n\"; i=$((i+1)); done; "
+              "echo more >> a.txt; rm keep")
+    with corral.Sandbox(review_policy(ws)) as sb:
+        r = sb.exec(["sh", "-c", script, "sh", *ODD_NAMES])
+        assert r.exit_code == 0, r.stderr
+        data, left = sb.changes_patch()
+        assert left == []
+        # the review's own diffs quote the names as the patch does: a newline in a name
+        # starts no header line of its own
+        diffs = {c.path: c.diff for c in sb.changes()}
+        assert diffs["new\nline"].splitlines()[:2] == ['--- /dev/null', '+++ "b/new\\nline"']
+        assert diffs["+++ b"].splitlines()[1] == "+++ b/+++ b"
+        assert diffs["\udcff\udcfe"].splitlines()[1] == '+++ "b/\\377\\376"'
+        (tmp_path / "p.patch").write_bytes(data)
+        numstat = subprocess.run([GIT, "apply", "--numstat", "-z", str(tmp_path / "p.patch")],
+                                 cwd=copy, capture_output=True)
+        assert numstat.returncode == 0, numstat.stderr
+        named = {os.fsdecode(x.split(b"\t", 2)[2]) for x in numstat.stdout.split(b"\0")
+                 if x}
+        assert named == {*ODD_NAMES, "a.txt", "keep"}, named
+        subprocess.run([GIT, "apply", str(tmp_path / "p.patch")], cwd=copy, check=True)
+        done = sb.apply_changes()
+        assert done.refused == () and done.conflicts == ()
+
+    def files(root):
+        return {rel: body for rel, (fmt, mode, body, *_r) in snapshot(root).items()
+                if fmt != stat.S_IFDIR}
+
+    assert files(copy) == files(ws)
+    for i, n in enumerate(ODD_NAMES):
+        assert read(os.path.join(ws, n)) == f"line {i}\n".encode(), n
+
+
 def _cli(ws, *args, **kw):
     return subprocess.run([CORRAL, "run", "--workspace", f"{ws}:review", *args], cwd=ws,
                           capture_output=True, text=True, timeout=180,

@@ -6,6 +6,7 @@ them) are listed, read and removed through their escaped form on REST, MCP and E
 never a 500 or a broken stream; a run_code frame with a lone surrogate ends no stream."""
 
 import asyncio
+import json
 import subprocess
 
 import pytest
@@ -81,3 +82,50 @@ def test_a_token_made_again_under_a_revoked_name_never_reaches_the_old_sandboxes
     # until its timeout ends it)
     with server.http(server.tokens["a"]) as h:
         assert h.get("/health").json()["sandboxes"] >= 1
+
+
+# -- run_code: a lone surrogate from the interpreter --------------------------------------
+#: a frame written straight to the runner's own stream (sandboxed code can find it), its
+#: text a lone surrogate in a JSON escape; and node's own output, which has them as is
+FORGED = r'''
+import gc, os, struct
+out = [o for o in gc.get_objects() if isinstance(o, type) and o.__name__ == "State"
+       and hasattr(o, "out_fd")][0].out_fd
+b = b'{"type":"stdout","text":"forged \\udcff \\ud800 end\\n"}'
+os.write(out, struct.pack(">I", len(b)) + b)
+print("after")
+'''
+NODE = "console.log('a\\udcffb'); throw new Error('bad \\udcff name')"
+
+
+def _strict(text: str) -> str:
+    text.encode("utf-8")          # raises on a lone surrogate
+    return text
+
+
+@pytest.mark.parametrize("language,code", [("python", FORGED), ("javascript", NODE)])
+def test_a_lone_surrogate_from_the_interpreter_is_replaced_never_a_500(server, language,
+                                                                        code):
+    with server.http(server.tokens["a"]) as h:
+        sid = h.post("/sandboxes", json={}).json()["id"]
+        try:
+            body = {"code": code, "language": language}
+            r = h.post(f"/sandboxes/{sid}/run_code", json=body)
+            assert r.status_code == 200, r.text
+            _strict(r.content.decode("utf-8"))
+            ex = r.json()
+            out = "".join(ex["logs"]["stdout"])
+            assert _strict(out) == ("forged \ufffd \ufffd end\nafter\n" if language == "python"
+                                    else "a\ufffdb\n"), out
+            # streamed: every line whole, the end line last
+            r = h.post(f"/sandboxes/{sid}/run_code", json=body, params={"stream": "ndjson"})
+            lines = [json.loads(_strict(x)) for x in r.content.decode("utf-8").splitlines()]
+            assert lines[-1]["type"] == "end", lines
+            if language == "javascript":
+                assert lines[-1]["data"]["error"]["value"] == "bad \ufffd name"
+            # the context lives on
+            r = h.post(f"/sandboxes/{sid}/run_code", json={"code": "1 + 1",
+                                                          "language": language})
+            assert r.json()["results"][0]["text"] == "2", r.text
+        finally:
+            h.delete(f"/sandboxes/{sid}")

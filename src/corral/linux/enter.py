@@ -273,11 +273,12 @@ class Entrant:
         stdout and stderr, no pipes made (both read fds returned are -1), and no session
         of its own (its first program makes one and takes the terminal: setsid --ctty)."""
         self._wait_ready()
-        argvb = [a.encode() for a in argv]
-        envb = {k.encode(): v.encode() for k, v in env.items()}
+        # os.fsencode: bytes that are not UTF-8 (surrogate-escaped) are themselves again
+        argvb = [os.fsencode(a) for a in argv]
+        envb = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
         path = env.get("PATH", "/usr/bin:/bin")
         names = ([argvb[0]] if b"/" in argvb[0] else
-                 [os.path.join(d.encode(), argvb[0]) for d in path.split(":") if d])
+                 [os.path.join(os.fsencode(d), argvb[0]) for d in path.split(":") if d])
         req = -1
         if stdout_fd is None:
             out_r, out_w = os.pipe()
@@ -289,7 +290,7 @@ class Entrant:
             ours = []
         fail_r, fail_w = os.pipe()
         try:
-            data = marshal.dumps((argvb, envb, names, cwd.encode(), *rlimits,
+            data = marshal.dumps((argvb, envb, names, os.fsencode(cwd), *rlimits,
                                   stdout_fd is None))
             if len(data) < INLINE_MAX:    # in the message: no memfd to make, write, read
                 socket.send_fds(self.sock, [b"i" + data], [stdin_fd, out_w, err_w, fail_w])

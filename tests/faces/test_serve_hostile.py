@@ -7,8 +7,10 @@ never a 500 or a broken stream; a run_code frame with a lone surrogate ends no s
 
 import asyncio
 import json
+import os
 import subprocess
 
+import httpx
 import pytest
 from conftest import CORRAL, tier_unavailable
 from servefix import Serve
@@ -20,8 +22,15 @@ pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Serve(tmp_path_factory.mktemp("serve-hostile"), "--mcp")
-    s.tokens = {"a": s.token("a")}
+    tmp = tmp_path_factory.mktemp("serve-hostile")
+    s = Serve(tmp, "--mcp")
+    s.ws = tmp / "ws"
+    s.ws.mkdir()
+    (tmp / "review.toml").write_text(f'[filesystem.workspace]\npath = "{s.ws}"\n'
+                                     'mode = "review"\n')
+    s.tokens = {"a": s.token("a"), "human": s.token("human", "--ceiling",
+                                                    str(tmp / "review.toml"),
+                                                    "--apply-changes")}
     s.start()
     yield s
     s.stop()
@@ -127,5 +136,101 @@ def test_a_lone_surrogate_from_the_interpreter_is_replaced_never_a_500(server, l
             r = h.post(f"/sandboxes/{sid}/run_code", json={"code": "1 + 1",
                                                           "language": language})
             assert r.json()["results"][0]["text"] == "2", r.text
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+
+
+# -- file names that are not UTF-8 ----------------------------------------------------------
+#: made by the sandbox: the bytes 0xff 0xfe; "a", 0xff, "b"; a name shaped like the quoted
+#: form itself; a directory named with 0xc3 (half of a UTF-8 character) holding a file
+MAKE = ("mkdir -p /scratch/d && cd /scratch/d && printf 1 > $'\\xff\\xfe' && "
+        "printf 2 > $'a\\xffb' && printf 3 > '\"q\"' && mkdir $'\\xc3' && "
+        "printf 4 > $'\\xc3/in'")
+WIRE = {'"\\xff\\xfe"': "1", '"a\\xffb"': "2", '"\\"q\\""': "3", '"\\xc3"/in': "4"}
+
+
+@pytest.fixture
+def odd(server):
+    """A sandbox whose /scratch/d holds names that are not UTF-8; its id."""
+    with server.http(server.tokens["a"]) as h:
+        sid = h.post("/sandboxes", json={}).json()["id"]
+        r = h.post(f"/sandboxes/{sid}/exec", json={"argv": ["bash", "-c", MAKE]})
+        assert r.json()["verdict"] == "ok", r.text
+        yield h, sid
+        h.delete(f"/sandboxes/{sid}")
+
+
+def test_rest_lists_reads_and_removes_names_that_are_not_utf8(odd):
+    h, sid = odd
+    base = f"/sandboxes/{sid}/files"
+    r = h.get(base + "/list", params={"path": "/scratch/d", "depth": 2})
+    assert r.status_code == 200, r.text
+    got = {e["path"]: e for e in r.json()["entries"]}
+    assert set(got) == {"/scratch/d/" + w for w in WIRE} | {'/scratch/d/"\\xc3"'}, got
+    assert got['/scratch/d/"a\\xffb"']["name"] == '"a\\xffb"'
+    for w, content in WIRE.items():        # each listed path reads back its own file
+        r = h.get(base, params={"path": "/scratch/d/" + w})
+        assert r.status_code == 200 and r.json()["content"] == content, (w, r.text)
+        assert h.get(base + "/content", params={"path": "/scratch/d/" + w}).content == \
+            content.encode()
+        assert h.get(base + "/info", params={"path": "/scratch/d/" + w}).json()["path"] \
+            == "/scratch/d/" + w
+    # a name that is not there, or a quoted form that is not well formed: clear errors
+    e = _err(h.get(base, params={"path": '/scratch/d/"\\xfe"'}), 404, "files")
+    assert e["field"] == '/scratch/d/"\\xfe"'
+    e = _err(h.get(base, params={"path": '/scratch/d/"\\q"'}), 400, "files", "path")
+    assert "\\xNN" in e["message"]
+    _err(h.get(base, params={"path": '/scratch/d/"\\x2f"'}), 400, "files", "path")
+    # written, renamed and removed by the same form
+    r = h.put(base, json={"path": '/scratch/d/"new\\xfd"', "content": "5"})
+    assert r.status_code == 200 and r.json()["path"] == '/scratch/d/"new\\xfd"', r.text
+    r = h.post(base + "/rename", json={"old": '/scratch/d/"new\\xfd"',
+                                       "new": '/scratch/d/"re\\xfd"'})
+    assert r.status_code == 200 and r.json()["name"] == '"re\\xfd"', r.text
+    for w in ['"\\xff\\xfe"', '"re\\xfd"', '"\\xc3"']:
+        assert h.delete(base, params={"path": "/scratch/d/" + w}).status_code == 200
+    r = h.post(f"/sandboxes/{sid}/exec", json={"argv": ["bash", "-c", "ls /scratch/d | od -An -c"]})
+    assert r.json()["stdout"].split() == ['"', "q", '"', "\\n", "a", "377", "b", "\\n"]
+
+
+def test_rest_watch_streams_a_name_that_is_not_utf8(odd):
+    h, sid = odd
+    with h.stream("GET", f"/sandboxes/{sid}/files/watch", params={"path": "/scratch/d"},
+                  timeout=60) as r:
+        lines = r.iter_lines()
+        assert json.loads(next(lines))["watching"] == "/scratch/d"
+        h2 = httpx.Client(base_url=str(h.base_url), headers=h.headers, timeout=60)
+        with h2:
+            h2.post(f"/sandboxes/{sid}/exec", json={"argv": ["bash", "-c",
+                                                             "touch $'/scratch/d/w\\xff'"]})
+        for line in lines:
+            if line.strip():
+                ev = json.loads(line)
+                break
+    assert (ev["type"], ev["name"], ev["path"]) == ("add", '"w\\xff"', '/scratch/d/"w\\xff"')
+
+
+def test_changes_of_names_that_are_not_utf8_list_diff_and_apply(server):
+    policy = {"filesystem": {"workspace": {"path": str(server.ws), "mode": "review"}}}
+    with server.http(server.tokens["human"]) as h:
+        r = h.post("/sandboxes", json={"policy": policy})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        try:
+            r = h.post(f"/sandboxes/{sid}/exec", json={"argv": ["bash", "-c",
+                       "cd /workspace && printf 1 > $'\\xff\\xfe' && printf 2 > $'k\\xfd'"]})
+            assert r.json()["verdict"] == "ok", r.text
+            r = h.get(f"/sandboxes/{sid}/changes")
+            assert r.status_code == 200, r.text
+            assert {c["path"] for c in r.json()["changes"]} == {'"\\xff\\xfe"', '"k\\xfd"'}
+            r = h.get(f"/sandboxes/{sid}/changes/diff", params={"path": '"\\xff\\xfe"'})
+            assert r.status_code == 200, r.text
+            assert 'diff --git "a/\\377\\376" "b/\\377\\376"' in r.json()["patch"]
+            assert "k" not in r.json()["patch"]
+            r = h.post(f"/sandboxes/{sid}/changes/apply", json={"paths": ['"\\xff\\xfe"']})
+            assert r.status_code == 200 and r.json()["applied"] == ['"\\xff\\xfe"'], r.text
+            assert os.listdir(os.fsencode(server.ws)) == [b"\xff\xfe"]
+            _err(h.post(f"/sandboxes/{sid}/changes/apply", json={"paths": ['"\\xf"']}),
+                 400, "files", "paths.0")
         finally:
             h.delete(f"/sandboxes/{sid}")

@@ -234,3 +234,22 @@ def test_changes_of_names_that_are_not_utf8_list_diff_and_apply(server):
                  400, "files", "paths.0")
         finally:
             h.delete(f"/sandboxes/{sid}")
+
+
+def test_mcp_lists_and_reads_names_that_are_not_utf8(server, odd):
+    h, sid = odd
+
+    async def body(c):
+        ls = await c.call_tool("list_files", {"path": "/scratch/d", "sandbox_id": sid})
+        rd = await c.call_tool("read_file", {"path": '/scratch/d/"a\\xffb"',
+                                             "sandbox_id": sid})
+        bad = await c.call_tool("read_file", {"path": '/scratch/d/"\\xfe"',
+                                              "sandbox_id": sid})
+        return ls, rd, bad
+    ls, rd, bad = _mcp(server.url, server.tokens["a"], body)
+    assert not ls.is_error, ls.content
+    assert {e["name"] for e in ls.structured_content["entries"]} == {
+        '"\\xff\\xfe"', '"a\\xffb"', '"\\"q\\""', '"\\xc3"'}
+    assert '/scratch/d/"a\\xffb"' in ls.content[0].text
+    assert not rd.is_error and rd.structured_content["content"] == "2", rd.content
+    assert bad.is_error and '/scratch/d/"\\xfe"' in bad.content[0].text, bad.content

@@ -150,13 +150,24 @@ def _unquote(c: str, field: str) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
+def wire_names(x, keys=("name", "path", "symlink_target", "target", "old_target")) -> dict:
+    """A record of names (an EntryInfo, WriteInfo, watch event, review Change) as JSON,
+    each name in its wire form."""
+    d = x.to_dict()
+    for k in keys:
+        if isinstance(d.get(k), str):
+            d[k] = wire_name(d[k])
+    return d
+
+
 def wire_error(x):
     """A FilesError naming its path in the wire form (its field would show a byte that is
     not UTF-8 as \\udcff, a name no request can send back)."""
-    if not _SURROGATE.search(getattr(x, "path", "") or ""):
+    from ..runtime.files import FilesError
+
+    if not isinstance(x, FilesError) or not _SURROGATE.search(x.path or ""):
         return x
-    new = type(x)(x.message, path=wire_name(x.path), errno=x.errno)
-    return new
+    return type(x)(x.message, path=wire_name(x.path), errno=x.errno)
 
 
 def wire_json(v):

@@ -60,6 +60,9 @@ def rpc_error(e: BaseException) -> RpcError:
         return RpcError(code, msg)
     if isinstance(e, CorralError):
         from ...runtime.files import FileNotFound
+        from ..common import wire_error
+
+        e = wire_error(e)      # a path not UTF-8 named as the API writes it
 
         if isinstance(e, FileNotFound):
             return RpcError("not_found", str(e))

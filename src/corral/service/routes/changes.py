@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..common import COMMON_ERRORS, ApiError, Auth, Svc, errors, local_name, wire_name
+from ..common import COMMON_ERRORS, ApiError, Auth, Svc, errors, local_name, wire_name, wire_names
 
 log = logging.getLogger("corral.serve")
 router = APIRouter(tags=["changes"], responses=COMMON_ERRORS)
@@ -39,14 +39,9 @@ def list_changes(sid: str, token: Auth, svc: Svc):
     return {"changes": [_change(c) for c in e.sandbox.changes()]}
 
 
-def _change(c) -> dict:
-    """A Change as JSON, its path and link targets in their wire form (common.wire_name:
-    a byte that is not UTF-8 written quoted, as the files routes write it)."""
-    d = c.to_dict()
-    for k in ("path", "target", "old_target"):
-        if isinstance(d.get(k), str):
-            d[k] = wire_name(d[k])
-    return d
+#: a Change as JSON, its path and link targets in their wire form (common.wire_name: a
+#: byte that is not UTF-8 written quoted, as the files routes write it)
+_change = wire_names
 
 
 def _paths(paths: list[str] | None, field: str) -> list[str] | None:

@@ -25,7 +25,16 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from ...runtime.files import MAX_DEPTH
-from ..common import COMMON_ERRORS, ApiError, Auth, Svc, local_name, wire_error, wire_name
+from ..common import (
+    COMMON_ERRORS,
+    ApiError,
+    Auth,
+    Svc,
+    local_name,
+    wire_error,
+    wire_name,
+    wire_names,
+)
 
 router = APIRouter(tags=["files"], responses=COMMON_ERRORS)
 
@@ -77,14 +86,9 @@ def _call(e, fn):
             raise wire_error(x) from None
 
 
-def _out(x) -> dict:
-    """An EntryInfo, WriteInfo or watch event as JSON, its names in their wire form (a
-    byte that is not UTF-8 written quoted: common.wire_name)."""
-    d = x.to_dict()
-    for k in ("name", "path", "symlink_target"):
-        if isinstance(d.get(k), str):
-            d[k] = wire_name(d[k])
-    return d
+#: an EntryInfo, WriteInfo or watch event as JSON, its names in their wire form (a byte
+#: that is not UTF-8 written quoted: common.wire_name)
+_out = wire_names
 
 
 def _decode(body: WriteBody, field: str) -> bytes:

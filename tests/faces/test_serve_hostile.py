@@ -253,3 +253,28 @@ def test_mcp_lists_and_reads_names_that_are_not_utf8(server, odd):
     assert '/scratch/d/"a\\xffb"' in ls.content[0].text
     assert not rd.is_error and rd.structured_content["content"] == "2", rd.content
     assert bad.is_error and '/scratch/d/"\\xfe"' in bad.content[0].text, bad.content
+
+
+def test_a_lone_surrogate_sent_in_is_a_400_or_its_byte(server):
+    """JSON may escape a lone surrogate; a surrogate escape (U+DC80-U+DCFF) is the byte
+    it stands for, any other is refused naming the field: never a 500."""
+    with server.http(server.tokens["a"]) as h:
+        sid = h.post("/sandboxes", json={}).json()["id"]
+        try:
+            def post(path, raw):
+                return h.post(f"/sandboxes/{sid}/{path}", content=raw,
+                              headers={"content-type": "application/json"})
+            r = post("exec", '{"argv": ["od", "-An", "-c", "/dev/stdin"], '
+                             '"stdin": "x", "env": {"V": "\\udcff"}}')
+            assert r.status_code == 200, r.text
+            r = post("exec", '{"argv": ["printf", "%s", "\\udcff"]}')
+            assert r.status_code == 200 and r.json()["stdout"] == "\ufffd", r.text
+            _err(post("exec", '{"argv": ["printf", "%s", "\\ud800"]}'), 400, "usage", "cmd")
+            _err(post("exec", '{"argv": ["true"], "env": {"V": "\\ud800"}}'), 400, "usage",
+                 "env")
+            _err(post("run_code", '{"language": "bash", "code": "echo \\ud800"}'), 400,
+                 "usage", "code")
+            r = post("run_code", '{"language": "bash", "code": "printf %s \\udcff | od -An -b"}')
+            assert r.json()["logs"]["stdout"] == [" 377\n"], r.text
+        finally:
+            h.delete(f"/sandboxes/{sid}")

@@ -184,6 +184,8 @@ def test_files_named_with_bytes_that_are_not_utf8(env):
                 '"', "q", '"', "\\n", "w", "375", "\\n"]
             with pytest.raises(SandboxException, match="quoted"):
                 sb.files.read('/tmp/d/"\\q"')
+            with pytest.raises(SandboxException, match='/tmp/d/"w.xfd" is not a dir'):
+                sb.files.list('/tmp/d/"w\\xfd"')
         finally:
             handle.stop()
 

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ...errors import CorralError
-from ..common import ApiError, status_of
+from ..common import ApiError, SafeJSONResponse, status_of
 from .state import HOME
 
 #: a stream's keepalive event every this many seconds (the SDK asks for <= 50);
@@ -77,7 +77,7 @@ def rpc_error(e: BaseException) -> RpcError:
 
 def unary_error(e: BaseException) -> JSONResponse:
     r = rpc_error(e)
-    return JSONResponse({"code": r.code, "message": r.message},
+    return SafeJSONResponse({"code": r.code, "message": r.message},
                         status_code=STATUS_OF_CODE.get(r.code, 500))
 
 
@@ -128,7 +128,7 @@ def unary(fn):
                 raise RpcError("invalid_argument", "unary calls are application/json "
                                "(the SDK's JSON codec)")
             msg = _obj(await request.body())
-            return JSONResponse(await fn(state, request, msg))
+            return SafeJSONResponse(await fn(state, request, msg))
         except Exception as e:  # noqa: BLE001 - every error is the caller's answer
             return unary_error(e)
     return call

@@ -79,7 +79,7 @@ async def make_dir(state, request, msg):
 
     def mk(f):
         if not f.make_dir(p):
-            raise RpcError("already_exists", f"directory {p} already exists")
+            raise RpcError("already_exists", f"directory {wire_name(p)} already exists")
         return f.info(p)
     return {"entry": entry(await _files(state, request, mk))}
 
@@ -97,7 +97,7 @@ async def list_dir(state, request, msg):
 
     def ls(f):
         if f.info(p).type != "dir":
-            raise RpcError("invalid_argument", f"path {p} is not a directory")
+            raise RpcError("invalid_argument", f"path {wire_name(p)} is not a directory")
         return f.list(p, depth=depth)
     return {"entries": [entry(i) for i in await _files(state, request, ls)]}
 

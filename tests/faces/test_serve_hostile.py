@@ -264,9 +264,10 @@ def test_a_lone_surrogate_sent_in_is_a_400_or_its_byte(server):
             def post(path, raw):
                 return h.post(f"/sandboxes/{sid}/{path}", content=raw,
                               headers={"content-type": "application/json"})
-            r = post("exec", '{"argv": ["od", "-An", "-c", "/dev/stdin"], '
-                             '"stdin": "x", "env": {"V": "\\udcff"}}')
-            assert r.status_code == 200, r.text
+            r = post("exec", '{"argv": ["sh", "-c", "od -An -b; printf %s \\"$V\\" | od -An -b"], '
+                             '"stdin": "\\udcfe", "env": {"V": "\\udcff"}}')
+            assert r.status_code == 200 and r.json()["stdout"].split() == ["376", "377"], r.text
+            _err(post("exec", '{"argv": ["cat"], "stdin": "\\ud800"}'), 400, "invalid", "stdin")
             r = post("exec", '{"argv": ["printf", "%s", "\\udcff"]}')
             assert r.status_code == 200 and r.json()["stdout"] == "\ufffd", r.text
             _err(post("exec", '{"argv": ["printf", "%s", "\\ud800"]}'), 400, "usage", "cmd")

@@ -215,7 +215,7 @@ async def events(c, start: int, *, with_start: bool = True):
     while True:
         for stream, text in c.output_since(i):
             i += 1
-            yield {"event": {"data": {stream: b64(text.encode())}}}
+            yield {"event": {"data": {stream: b64(text.encode("utf-8", "replace"))}}}
             last = loop.time()
         if c.done.is_set() and not c.output_since(i):
             yield {"event": {"end": _end(c.result)}}

@@ -644,3 +644,35 @@ def test_a_ceiling_refusal_in_the_service_is_recorded_for_its_token(tmp_path, mo
         assert b.get("/runs").json() == {"runs": []}
     finally:
         s.stop()
+
+
+def _key_after_barrier(directory, barrier, out):
+    from corral.audit import receipt
+
+    barrier.wait()
+    try:
+        out.put(receipt.public_key_text(directory))
+    except Exception as e:  # noqa: BLE001 - the parent asserts on what came back
+        out.put(f"error: {type(e).__name__}: {e}")
+
+
+def test_processes_making_the_host_key_at_once_all_sign_with_the_same_whole_key(tmp_path):
+    """Ray nodes on one machine share its key: the first use by several at once once left
+    one reading the key file before its creator had written it (no receipt, CI failure)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(5):
+        d = str(tmp_path / f"state{round_}")
+        n = 12
+        barrier, out = ctx.Barrier(n), ctx.Queue()
+        procs = [ctx.Process(target=_key_after_barrier, args=(d, barrier, out))
+                 for _ in range(n)]
+        for p in procs:
+            p.start()
+        got = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(60)
+        assert len(set(got)) == 1 and got[0].startswith("ed25519:"), got
+        assert sorted(os.listdir(d)) == ["receipt.key"], os.listdir(d)
+        assert os.stat(os.path.join(d, "receipt.key")).st_mode & 0o777 == 0o600

@@ -132,3 +132,135 @@ def test_forgetting_a_status_never_waits_for_the_zygotes_lock():
     p = subprocess.run([sys.executable, "-c", FORGET], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)
     assert p.returncode == 0 and p.stdout == "done\n", p.stderr[-2000:]
+
+
+# -- a failure after the command started (the handover) -------------------------------------
+# The entrant (A) runs under the sandbox's seccomp program from its ready on, so a program
+# that refuses pidfd_open (434 on every architecture) makes the kernel fail A's handover of
+# a command that has already been exec'd: the real failure, no mock.
+
+def _refusing_pidfd_open(action: int) -> bytes:
+    import struct
+
+    def insn(code, k, jt=0, jf=0):
+        return struct.pack("<HBBI", code, jt, jf, k)
+
+    return (insn(0x20, 0)                      # A = seccomp_data.nr
+            + insn(0x15, 434, 0, 1)            # pidfd_open?
+            + insn(0x06, action)               # then `action`
+            + insn(0x06, 0x7FFF0000))          # else SECCOMP_RET_ALLOW
+
+
+ERRNO_EPERM = 0x00050000 | 1
+KILL_PROCESS = 0x80000000
+
+
+def _with_cmdline(argv: list[str]) -> list[int]:
+    want = b"\0".join(a.encode() for a in argv) + b"\0"
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if f.read() == want:
+                        found.append(int(d))
+            except OSError:
+                pass
+    return found
+
+
+def _zombie_sleeps_of_zygote() -> list[int]:
+    """The zygote's children that are zombie `sleep`s: a command killed but not reaped."""
+    from corral.linux import enter
+
+    z = enter._zygote_now[0].pid
+    with open(f"/proc/{z}/task/{z}/children") as f:
+        kids = f.read().split()
+    out = []
+    for k in kids:
+        try:
+            with open(f"/proc/{k}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+        if comm == "sleep" and state == "Z":
+            out.append(int(k))
+    return out
+
+
+@pytest.fixture
+def live_sb():
+    import corral
+
+    sb = corral.Sandbox.create({"isolation": "namespace"}, timeout=300)
+    yield sb
+    sb.kill()
+
+
+def _use_program(sb, bpf: bytes):
+    from corral.linux import enter
+
+    live = sb._live
+    with sb._lock:                   # the watchdog prepares entrants under it
+        old, live.program = live.program, enter.Program(bpf)
+        live.drop_entrant()          # one prepared with the old program
+    return old
+
+
+@pytest.mark.parametrize("action", [ERRNO_EPERM, KILL_PROCESS], ids=["refused", "A-killed"])
+def test_a_command_not_handed_over_is_killed_and_said_so(live_sb, action):
+    """The handover fails after exec: refused (A reports it) or A killed by the kernel
+    (it says nothing). Either way the caller gets step "handover", not "enter" (which
+    means nothing ran), and nothing of the command is left, running or unreaped."""
+    from corral.errors import SandboxSetupError
+
+    argv = ["/bin/sleep", "3599.25"]
+    old = _use_program(live_sb, _refusing_pidfd_open(action))
+    with pytest.raises(SandboxSetupError) as ei:
+        live_sb.commands.run(argv, timeout=60)
+    assert ei.value.step == "handover", ei.value
+    assert ei.value.to_dict()["step"] == "handover"
+    if action == ERRNO_EPERM:
+        assert ei.value.errno == 1 and "killed" in str(ei.value), ei.value
+    assert _with_cmdline(argv) == [], "the command outlived its failed handover"
+    import time
+
+    time.sleep(0.2)   # (A-killed: the zygote reaps what the cgroup's kill ended)
+    assert _zombie_sleeps_of_zygote() == []
+    _use_program(live_sb, old.bpf)
+    r = live_sb.commands.run(["/bin/echo", "still"])     # the sandbox serves on
+    assert r.exit_code == 0 and r.stdout == "still\n"
+
+
+def test_the_entrant_itself_kills_and_reaps_a_command_it_could_not_hand_over(live_sb):
+    """Without the sandbox's cgroup kill behind it (Entrant used alone): A kills the
+    command it started, and start() returns only once the zygote has reaped it."""
+    from corral.errors import SandboxSetupError
+    from corral.linux import enter
+
+    live = live_sb._live
+    argv = ["/bin/sleep", "3599.75"]
+    with live_sb._lock:
+        cg = live._cgroup()
+        attach = cg.attach_fds()
+        try:
+            entrant = enter.Entrant(live.target, attach,
+                                    enter.Program(_refusing_pidfd_open(ERRNO_EPERM)))
+        finally:
+            for fd in attach:
+                os.close(fd)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        try:
+            with pytest.raises(SandboxSetupError) as ei:
+                entrant.start(argv, {"PATH": "/usr/bin:/bin"}, cwd="/", stdin_fd=devnull,
+                              rlimits=live.rlimits)
+        finally:
+            os.close(devnull)
+        assert ei.value.step == "handover" and ei.value.errno == 1, ei.value
+        # at once: no kill of ours came first, no wait
+        assert _with_cmdline(argv) == [], "the entrant left its command running"
+        assert _zombie_sleeps_of_zygote() == [], "the command was not reaped"
+        assert cg.pids() == []
+        assert entrant.seq not in entrant.zygote._statuses
+        live.release(cg)

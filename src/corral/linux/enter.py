@@ -47,7 +47,13 @@ wait forever.
 
 A failure before exec is written to a close-on-exec pipe (`py:ERRNO:message`,
 `exec:ERRNO:` when the command's own exec failed, `cwd:ERRNO:` for its working directory);
-a failure before A was ready comes on its socket.
+a failure before A was ready comes on its socket. A failure after the command started
+(B's pidfd cannot be opened or sent: the handover) must not leave it running with
+nobody to supervise it: A kills B, says so (`run:ERRNO:PID:...`), and the supervisor
+waits until the zygote has reaped B before it raises SandboxSetupError(step="handover")
+(an A that dies silently after its ready is the same step: the caller kills the
+command's cgroup). Step "enter" means nothing ran; "handover" that the command started
+and was killed before anyone watched it.
 """
 
 from __future__ import annotations
@@ -339,12 +345,45 @@ class Entrant:
                 why = os.strerror(int(code)) if code.isdigit() and len(code) < 5 else "?"
                 raise UsageError(f"cannot use {cwd!r} as the working directory inside the "
                                  f"sandbox: {why}", field="cwd")
+            if report.startswith(b"run:"):
+                raise self._not_handed_over(report)
+            if not report and not got:
+                # A died after its ready without a word (a signal): whether it had
+                # started the command is unknown; a status the zygote may send for it is
+                # nobody's, and the caller kills what is in the command's cgroup
+                self.zygote.forget(self.seq)
+                raise SandboxSetupError(
+                    "the entrant ended before it handed the command over (killed by a "
+                    "signal?); whatever it had started is killed with the command's "
+                    "cgroup", step="handover")
             if not report and got.startswith(b"e"):
                 report = got[1:]
             message, code = _fail_report(report) if report else ("no report", None)
             raise SandboxSetupError(f"entering the sandbox failed: {message}", step="enter",
                                     errno=code)
         return b, out_r, err_r
+
+    def _not_handed_over(self, report: bytes) -> SandboxSetupError:
+        """A's report that the command (B) had started when a later step failed
+        (`run:ERRNO:PID:TK:message`: T, the zygote was told B's pid; K, A killed B):
+        waits until the zygote has reaped B (its status comes under this request's
+        number), so that nothing of the command is left, then the error to raise. When A
+        could not kill it, the caller's kill of the command's cgroup does (and the
+        zygote's status for it is let go of)."""
+        parts = report.split(b":", 4)
+        ok = (len(parts) == 5 and parts[1].isdigit() and len(parts[1]) <= 4
+              and parts[2].isdigit() and 0 < len(parts[2]) <= 10
+              and parts[3] in (b"00", b"01", b"10", b"11"))
+        code = (int(parts[1]) or None) if ok else None
+        if ok and parts[3] == b"11":
+            self.zygote.status_of(self.seq, int(parts[2]))   # killed and reaped
+        else:
+            self.zygote.forget(self.seq)
+        why = parts[4].decode(errors="replace") if ok else "no readable report"
+        return SandboxSetupError(f"the command started but could not be handed over to "
+                                 f"its supervisor ({why}); it was killed, and its Result "
+                                 f"would mean nothing: run it again", step="handover",
+                                 errno=code)
 
 
 class _Zygote:
@@ -724,6 +763,8 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program,
     header = (ctypes.c_uint32 * 2)(_sys._CAP_V3, 0)
     libc, flags = _libc, target.flags
     fail_w = -1
+    started = 0        # B's pid once it runs: a failure after that is the handover's
+    told = False       # the zygote knows B (it will send B's status under `seq`)
     try:
         # the zygote's SIGCHLD handler and wakeup fd are not A's (the fd number may be
         # reused here for a command's pipe)
@@ -819,14 +860,24 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program,
         # reparented to the nearest child subreaper, the zygote, which reaps it
         # first the zygote learns whose B is (one write under PIPE_BUF: whole, before
         # this process exits and B is handed over to it), then the supervisor
+        started = b
         os.write(births_w, b"%d %d\n" % (b, seq))
+        told = True
         pfd = os.pidfd_open(b)
         socket.send_fds(theirs, [str(b).encode()], [pfd])
         os._exit(0)
     except BaseException as e:  # noqa: BLE001 - reported to the supervisor, then die
         try:
             code = getattr(e, "errno", 0) or 0
-            report = f"py:{code}:{e}".encode()[:1000]
+            if started:   # the command runs but nobody supervises it: it must not
+                killed = True
+                try:
+                    os.kill(started, 9)
+                except OSError:
+                    killed = False
+                report = f"run:{code}:{started}:{told:d}{killed:d}:{e}".encode()[:1000]
+            else:
+                report = f"py:{code}:{e}".encode()[:1000]
             if fail_w >= 0:
                 os.write(fail_w, report)
             else:

@@ -264,3 +264,100 @@ def test_the_entrant_itself_kills_and_reaps_a_command_it_could_not_hand_over(liv
         assert cg.pids() == []
         assert entrant.seq not in entrant.zygote._statuses
         live.release(cg)
+
+
+
+RETIRE = r"""
+import json, os, select, sys, time
+from corral.linux import enter
+
+enter.UNSENT_MAX = 8                  # read by the zygote as it is forked: below
+enter.RETIRED_FLUSH_S = 2.0
+import corral
+
+
+def wait_exit(pidfd, ms=30_000):
+    p = select.poll()
+    p.register(pidfd, select.POLLIN)
+    return bool(p.poll(ms))
+
+
+def start(sb, argv, stdin_fd):
+    with sb._lock:                    # the watchdog prepares entrants under it
+        return sb._live.start(argv, {"PATH": "/usr/bin:/bin"}, cwd="/", stdin_fd=stdin_fd)
+
+
+def done(sb, s):
+    assert wait_exit(s.pidfd), "a command did not exit"
+    s.before_wait()
+    for fd in (s.pidfd, s.out_r, s.err_r):
+        os.close(fd)
+    s.cgroup.kill_all()
+    with sb._lock:
+        sb._live.release(s.cgroup)
+
+
+sb = corral.Sandbox.create({"isolation": "namespace"}, timeout=300)
+devnull = os.open(os.devnull, os.O_RDONLY)
+enter.warm()
+first = enter._zygote_now[0]
+out = {"first": first.pid}
+# running across the retirement: its status must still come back right, from the old
+# zygote (it exits 7 once its stdin ends)
+r, w = os.pipe()
+long = start(sb, ["/bin/sh", "-c", "read x; exit 7"], r)
+os.close(r)
+n = 0
+while enter._zygote_now[0] is first and n < 4000:
+    done(sb, start(sb, ["/bin/true"], devnull))     # its status nobody takes
+    n += 1
+out["commands"] = n
+out["replaced"] = enter._zygote_now[0] is not first
+with open(f"/proc/{first.pid}/stat") as f:
+    out["old_state"] = f.read().rsplit(")", 1)[1].split()[0]   # retired, not gone yet
+old_fd = os.pidfd_open(first.pid)
+s = start(sb, ["/bin/sh", "-c", "exit 5"], devnull)    # on the new zygote: its own status
+assert wait_exit(s.pidfd)
+s.before_wait()
+out["new_status"] = s.exit_status(s.pid)
+out["new_zygote"] = enter._zygote_now[0].pid
+done(sb, s)
+os.close(w)                          # the long one ends; the old zygote reaps it
+assert wait_exit(long.pidfd)
+long.before_wait()
+out["long_status"] = long.exit_status(long.pid)
+done(sb, long)
+# with none of its commands left, the old zygote sends what it holds (or gives up
+# after RETIRED_FLUSH_S) and exits; the next use reaps it
+out["old_exited"] = wait_exit(old_fd, 10_000)
+s = start(sb, ["/bin/true"], devnull)
+done(sb, s)
+try:
+    os.waitpid(first.pid, os.WNOHANG)
+    out["old_reaped"] = False
+except ChildProcessError:
+    out["old_reaped"] = True
+out["retired_left"] = len(enter._zygote_retired)
+sb.kill()
+print(json.dumps(out))
+"""
+
+
+def test_a_zygote_whose_statuses_nobody_reads_retires_and_is_replaced():
+    """The entrants' zygote keeps at most UNSENT_MAX statuses its supervisor has not read
+    (beyond what the socket holds): then it retires instead of growing. The next command
+    gets a new zygote; a command the old one started still gets its own status from it;
+    the old one exits once its commands are reaped and is reaped itself."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a live namespace sandbox")
+    p = subprocess.run([sys.executable, "-c", RETIRE], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src")))
+    assert p.returncode == 0, p.stderr[-3000:]
+    import json
+
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["replaced"], f"no retirement after {got['commands']} unread statuses: {got}"
+    assert got["old_state"] != "Z" and got["new_zygote"] != got["first"], got
+    assert os.WEXITSTATUS(got["new_status"]) == 5 and os.WIFEXITED(got["new_status"]), got
+    assert os.WIFEXITED(got["long_status"]) and os.WEXITSTATUS(got["long_status"]) == 7, got
+    assert got["old_exited"] and got["old_reaped"] and got["retired_left"] == 0, got

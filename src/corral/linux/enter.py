@@ -67,6 +67,7 @@ import resource
 import select
 import socket
 import threading
+import time
 
 try:
     import _posixsubprocess
@@ -97,6 +98,13 @@ SECCOMP_MODE_FILTER = 2
 #: a command's request (argv, env, cwd, rlimits) up to this size travels in the message
 #: that hands the entrant its fds; a bigger one in a memfd
 INLINE_MAX = 32 << 10
+#: statuses the zygote keeps for its supervisor once the status socket is full (nobody has
+#: read them: commands whose supervision ended early, never asked for): past this many it
+#: retires (_zygote_main) instead of keeping more, and the next command gets a new zygote
+UNSENT_MAX = 4096
+#: a retired zygote whose commands have all been reaped waits at most this long for its
+#: supervisor to read the statuses it still holds, then exits
+RETIRED_FLUSH_S = 5.0
 
 _libc = _sys._libc
 _libc.setns.argtypes = (ctypes.c_int, ctypes.c_int)
@@ -496,6 +504,10 @@ class _Zygote:
             msg, fds, _, _ = socket.recv_fds(self.sock, 1100, 1)
         if not msg:
             raise BrokenPipeError("the zygote is gone")
+        if msg == b"retired":
+            for fd in fds:
+                os.close(fd)
+            raise _Retired()
         if msg[:1] == b"s":    # (never: statuses have their own socket)
             raise BrokenPipeError("the zygote is confused")
         a, _, seq = msg.partition(b" ")
@@ -515,13 +527,30 @@ class _Zygote:
             pass
 
 
+class _Retired(Exception):
+    """The zygote has retired (too many statuses unread: UNSENT_MAX) and forks no more
+    entrants; it lives on until its commands are reaped and their statuses sent."""
+
+
 _zygote_now: list = []
+#: retired zygotes not yet exited (reaped by _zygote() once they have)
+_zygote_retired: list = []
 _zygote_lock = threading.Lock()
 
 
 def _zygote() -> _Zygote:
     """This process's zygote, made on first use (and again after a fork or its death)."""
     with _zygote_lock:
+        for old in list(_zygote_retired):
+            try:
+                done = old.owner != os.getpid() or os.waitpid(old.pid, os.WNOHANG)[0]
+            except ChildProcessError:
+                done = True
+            if done:
+                # its request socket only: statuses it sent before it exited may wait, unread,
+                # on the other, whose readers (its entrants) hold it (closed as it is let go)
+                old.sock.close()
+                _zygote_retired.remove(old)
         z = _zygote_now[0] if _zygote_now else None
         if z is not None and z.owner == os.getpid():
             try:
@@ -556,7 +585,7 @@ def _close_at_exit() -> None:
     """At this process's exit: close its end of the zygote's socket (the zygote reaps
     its entrants and ends at EOF) instead of leaving it to the interpreter's teardown."""
     with _zygote_lock:
-        for z in _zygote_now:
+        for z in (*_zygote_now, *_zygote_retired):
             if z.owner == os.getpid():
                 z.sock.close()
                 z.status_sock.close()
@@ -571,6 +600,17 @@ class _ZygoteUser:
     def fork_entrant(self, theirs, target, attach, program, uid=0):
         try:
             return self.z.fork_entrant(theirs, target, attach, program, uid)
+        except _Retired:
+            import weakref
+
+            with _zygote_lock:
+                if _zygote_now and _zygote_now[0] is self.z:
+                    # never waited for here: it ends once its commands have (and its
+                    # request socket must stay open till then: EOF tells it we are gone)
+                    _zygote_retired.append(self.z)
+                    weakref.finalize(self.z, self.z.status_sock.close)
+                    _zygote_now.clear()
+            return _zygote().z.fork_entrant(theirs, target, attach, program, uid)
         except (BrokenPipeError, ConnectionResetError):
             with _zygote_lock:
                 if _zygote_now and _zygote_now[0] is self.z:
@@ -607,7 +647,13 @@ def _zygote_main(sock, status_sock) -> None:
     """The zygote's loop: each request forks one A; A's that exited are reaped, and so
     are the commands (B) their exits handed over, whose statuses go to status_sock under
     their request's sequence number (each A writes "B SEQ" to the births pipe before it
-    exits, so before B can be handed over)."""
+    exits, so before B can be handed over).
+
+    Statuses the socket will not take (its supervisor reads none: their commands'
+    supervision ended early) wait in a list; once more than UNSENT_MAX wait, the zygote
+    retires rather than keep more: each request gets "retired" (its supervisor makes a new
+    zygote), and it lives on only to reap the entrants and commands it has and send their
+    statuses, then exits (waiting RETIRED_FLUSH_S at most for a reader)."""
     import signal
 
     _close_all_but((0, 1, 2, sock.fileno(), status_sock.fileno()))
@@ -689,9 +735,21 @@ def _zygote_main(sock, status_sock) -> None:
                 flush()
             # else its A failed before it told (and told its supervisor, which waits not)
 
+    retired = False
     while True:
-        reap(False)
+        left = reap(False)
         flush()
+        if not retired and len(unsent) > UNSENT_MAX:
+            retired = True
+        if retired and not left:     # every entrant and command of it reaped
+            read_births()
+            deadline = time.monotonic() + RETIRED_FLUSH_S
+            while unsent and time.monotonic() < deadline:
+                p = select.poll()
+                p.register(status_sock.fileno(), select.POLLOUT)
+                p.poll(max(1, int((deadline - time.monotonic()) * 1000)))
+                flush()
+            os._exit(0)
         try:
             ready = poller.poll()
         except InterruptedError:
@@ -711,6 +769,11 @@ def _zygote_main(sock, status_sock) -> None:
             while reap(True):
                 pass
             os._exit(0)
+        if retired:
+            for fd in fds:
+                os.close(fd)
+            sock.send(b"retired")
+            continue
         try:
             flags, last_cap, bpf, uid, listen = marshal.loads(msg)
             if not isinstance(uid, int) or not 0 <= uid < 1 << 31:

@@ -43,7 +43,10 @@ command's). The supervisor
 watches B through its pidfd and takes the status from the zygote (Entrant.exit_status):
 B is never the supervisor's child, so whatever is above the supervisor (a subreaper or a
 PID 1 that never reaps) never holds B's zombie, on which the sandbox's dying init would
-wait forever.
+wait forever. Statuses nobody asks for (a command whose supervision ended early) wait in
+the zygote once its status socket is full; past UNSENT_MAX of them the zygote retires
+(forks no more; exits once its commands are reaped and their statuses sent) and the next
+command gets a new zygote.
 
 A failure before exec is written to a close-on-exec pipe (`py:ERRNO:message`,
 `exec:ERRNO:` when the command's own exec failed, `cwd:ERRNO:` for its working directory);

@@ -268,14 +268,11 @@ def _wait_runs(http, n=1):
 
 
 def test_service_runs_are_recorded_per_token_with_a_stored_receipt(tmp_path, monkeypatch):
-    from test_serve import Server, _token
+    from servefix import Server
 
     monkeypatch.setenv("CORRAL_AUDIT", "1")
 
-    s = Server(tmp_path)
-    s.tokens["a"] = _token(s.state, "a")
-    s.tokens["b"] = _token(s.state, "b")
-    s.start()
+    s = Server(tmp_path, tokens=["a", "b"]).start()
     try:
         a, b = s.http(s.tokens["a"]), s.http(s.tokens["b"])
         sid = a.post("/sandboxes", json={"policy": {}}).json()["id"]
@@ -621,15 +618,12 @@ def test_runs_refused_before_they_start_are_recorded(state, tmp_path):
 
 
 def test_a_ceiling_refusal_in_the_service_is_recorded_for_its_token(tmp_path, monkeypatch):
-    from test_serve import Server, _token
+    from servefix import Server
 
     monkeypatch.setenv("CORRAL_AUDIT", "1")
-    s = Server(tmp_path)
     ceiling = tmp_path / "ceiling.toml"
     ceiling.write_text('[limits]\nmemory = "256M"\n')
-    s.tokens["a"] = _token(s.state, "a", "--ceiling", str(ceiling))
-    s.tokens["b"] = _token(s.state, "b")
-    s.start()
+    s = Server(tmp_path, tokens=[("a", "--ceiling", str(ceiling)), "b"]).start()
     try:
         a, b = s.http(s.tokens["a"]), s.http(s.tokens["b"])
         r = a.post("/sandboxes", json={"policy": {"limits": {"memory": "1G"}}})

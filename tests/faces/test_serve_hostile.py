@@ -13,7 +13,7 @@ import subprocess
 import httpx
 import pytest
 from conftest import CORRAL, tier_unavailable
-from servefix import Serve
+from servefix import Server
 from servefix import api_error as _err
 
 pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
@@ -23,17 +23,13 @@ pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve-hostile")
-    s = Serve(tmp, "--mcp")
-    s.ws = tmp / "ws"
-    s.ws.mkdir()
-    (tmp / "review.toml").write_text(f'[filesystem.workspace]\npath = "{s.ws}"\n'
+    (tmp / "ws").mkdir()
+    (tmp / "review.toml").write_text(f'[filesystem.workspace]\npath = "{tmp / "ws"}"\n'
                                      'mode = "review"\n')
-    s.tokens = {"a": s.token("a"), "human": s.token("human", "--ceiling",
-                                                    str(tmp / "review.toml"),
-                                                    "--apply-changes")}
-    s.start()
-    yield s
-    s.stop()
+    with Server(tmp, "--mcp", tokens=["a", ("human", "--ceiling", str(tmp / "review.toml"),
+                                            "--apply-changes")]) as s:
+        s.ws = tmp / "ws"
+        yield s
 
 
 def _mcp(url, token, body):

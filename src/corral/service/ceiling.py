@@ -89,9 +89,89 @@ def requested(raw: dict, ceiling_data: dict):
             filled[name] = {**(table if isinstance(table, dict) else {}),
                             "from": own[name].source}
         data["secrets"] = filled
+    host_paths(data, ceiling)
     policy = policy_from_dict(data, allow_literal=False)
     check(policy, ceiling)
     return narrow(policy, ceiling)
+
+
+def _raw_path(raw) -> str | None:
+    """A path the loader would look up on the host, or None for a value it refuses by its
+    text alone (not a string, relative, NUL, newline, '..'): those answers tell nothing."""
+    if not isinstance(raw, str) or not raw.startswith("/") or "\0" in raw or "\n" in raw \
+            or ".." in raw.split("/"):
+        return None
+    return os.path.normpath(raw)
+
+
+def host_paths(data: dict, ceiling) -> None:
+    """Every host path the request (`data`, the TOML layout, unvalidated) names, checked
+    against the ceiling (a Policy) by its text, before the loader looks at the host: its
+    answers (does not exist, not a directory, a system tree, a link) would tell the token
+    holder what is there. Exceeds for a path outside the ceiling's; a path below one the
+    ceiling grants is walked with lstat from there, and a symbolic link on the way is
+    refused before anything follows it (the loader's realpath would, out of the grant)."""
+
+    def table(name):
+        t = data.get(name)
+        return t if isinstance(t, dict) else {}
+
+    fs = table("filesystem")
+    ws = fs.get("workspace")
+    if ws is not None:
+        raw = ws.get("path") if isinstance(ws, dict) else ws
+        if ceiling.filesystem.workspace is None:
+            raise Exceeds("filesystem.workspace", "a workspace is not within this token's "
+                          "ceiling")
+        path, top = _raw_path(raw), ceiling.filesystem.workspace.path
+        if path is not None:
+            if not _below(path, top):
+                raise Exceeds("filesystem.workspace.path", f"{raw} is not the ceiling's "
+                              f"workspace ({top}) or below it")
+            _no_link(path, top, raw, "filesystem.workspace.path")
+    binds = fs.get("ro_binds")
+    if isinstance(binds, (list, tuple)):
+        for i, raw in enumerate(binds):
+            path = _raw_path(raw)
+            if path is None:
+                continue
+            top = next((c for c in ceiling.filesystem.ro_binds if _below(path, c)), None)
+            if top is None:
+                raise Exceeds("filesystem.ro_binds", f"showing the host's {raw} is not "
+                              "within this token's ceiling")
+            _no_link(path, top, raw, f"filesystem.ro_binds[{i}]")
+    for section, key, granted in (
+            ("network", "upstream_ca", ceiling.network.upstream_ca),
+            ("install", "requirements", ceiling.install.requirements)):
+        raw = table(section).get(key)
+        path = _raw_path(raw)
+        if path is not None and path != granted:
+            what = ("an upstream CA file" if key == "upstream_ca" else
+                    "a requirements file on the host")
+            raise Exceeds(f"{section}.{key}", f"{what} is not within this token's "
+                          "ceiling" + (f" (it grants {granted} only)" if granted else ""))
+
+
+def _no_link(path: str, top: str, raw: str, field: str) -> None:
+    """Walk from `top` (a granted, resolved path) down to `path` with lstat: a symbolic
+    link on the way is refused by name, never followed; a missing or non-directory
+    component ends the walk (the loader says so: that is inside the grant)."""
+    import stat
+
+    from ..errors import PolicyError
+
+    cur = top.rstrip("/")
+    for name in path[len(cur):].split("/"):
+        if not name:
+            continue
+        cur += "/" + name
+        try:
+            st = os.lstat(cur)
+        except OSError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise PolicyError(f"{raw!r} has a symbolic link in it ({cur}), and corral follows "
+                        "none; name the real path", field=field)
 
 
 def narrow(request, ceiling):

@@ -18,7 +18,11 @@ the first rule the request loosens out (or None).
 - env.pass: a host variable the ceiling does not pass;
 - limits: any limit above the ceiling's (an idle_timeout of 0, never, is above any other);
 - image and install: another root than the ceiling's "host" choice allows, an install phase
-  or package index the ceiling does not have.
+  or package index the ceiling does not have, a package the ceiling does not list (as
+  written there: "requests" is not "requests==2.32.3"), a name let past the typosquat
+  check that the ceiling does not let past;
+- audit: the syscall audit off when the ceiling turns it on (a request that leaves it out
+  takes the ceiling's).
 """
 
 from __future__ import annotations
@@ -57,12 +61,16 @@ def check(request, ceiling) -> None:
             raise Exceeds("env.pass", f"passing the host variable {name} is not within "
                           "this token's ceiling")
     _image(request, ceiling)
+    if ceiling.audit.syscalls and not request.audit.syscalls:
+        raise Exceeds("audit.syscalls", "turning off the syscall audit (refused syscalls "
+                      "recorded as events) is not within this token's ceiling: leave "
+                      "audit.syscalls out or true")
 
 
 def requested(raw: dict, ceiling_data: dict):
     """The policy a request (`raw`, a dict in the TOML layout) asks for, checked against a
     ceiling (`ceiling_data`, the same layout): the ceiling's isolation, image and limits
-    where the request leaves them out; each secret names hosts (and a ttl) only, its source
+    (and audit) where the request leaves them out; each secret names hosts (and a ttl) only, its source
     the ceiling's; the ceiling's deny rules added. PolicyError for a bad request, Exceeds
     for one beyond the ceiling."""
     from ..errors import PolicyError
@@ -71,7 +79,8 @@ def requested(raw: dict, ceiling_data: dict):
     if not isinstance(raw, dict):
         raise PolicyError("a policy is a table (JSON object) of sections", field="policy")
     ceiling = policy_from_dict(ceiling_data, allow_literal=False)
-    base = {k: ceiling_data[k] for k in ("isolation", "limits", "image") if k in ceiling_data}
+    base = {k: ceiling_data[k] for k in ("isolation", "limits", "image", "audit")
+            if k in ceiling_data}
     data = merge(base, raw) if base else dict(raw)
     secrets = data.get("secrets")
     if secrets is not None:
@@ -323,6 +332,15 @@ def _image(request, ceiling) -> None:
         if ri.requirements is not None and ri.requirements != ci.requirements:
             raise Exceeds("install.requirements", "a requirements file on the host is not "
                           "within this token's ceiling")
+        for i, pkg in enumerate(ri.packages):
+            if pkg not in ci.packages:
+                raise Exceeds("install.packages", f"the package {pkg[:80]!r} is not "
+                              "within this token's ceiling; ask for one it lists, as "
+                              f"written there: {', '.join(ci.packages) or 'none'}")
+        for name in ri.allow_names:
+            if name not in ci.allow_names:
+                raise Exceeds("install.allow_names", f"letting {name[:80]!r} past the "
+                              "typosquat check is not within this token's ceiling")
         if ri.timeout > ci.timeout:
             raise Exceeds("install.timeout", f"{ri.timeout}s is above this token's ceiling "
                           f"of {ci.timeout}s")

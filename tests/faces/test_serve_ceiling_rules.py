@@ -1,7 +1,8 @@
 """Rules a token's ceiling gates beyond the original table (docs/service.md, "Ceilings"):
 the syscall audit a ceiling turns on cannot be turned off by a request (and a request that
 leaves it out keeps it on); an install phase may ask only for packages, and let through
-only typosquat-looking names, that the ceiling lists. For real: `corral serve` under
+only typosquat-looking names, that the ceiling lists; a token made with --max-lifetime
+cannot make a sandbox live longer, at create or by setting its timeout later. For real: `corral serve` under
 uvicorn in a subprocess (servefix.Serve), tokens made with `corral token create`; answers
 read from POST /explain, which opens no sandbox, and one real namespace sandbox made to
 read back the policy it runs under."""
@@ -23,7 +24,8 @@ def server(tmp_path_factory):
     s = Serve(tmp)
     s.tokens = {"audit": s.token("audit", "--ceiling", str(audit)),
                 "install": s.token("install", "--ceiling", str(install)),
-                "plain": s.token("plain")}
+                "plain": s.token("plain"),
+                "brief": s.token("brief", "--max-lifetime", "2m")}
     s.start()
     yield s
     s.stop()
@@ -75,3 +77,53 @@ def test_an_install_within_the_ceilings_packages_is_not_refused_by_it(server):
                      "allow_names": ["reqeusts-mock"]}):
         r = _explain(server, "install", {"install": install})
         assert r.status_code != 403, r.text
+
+
+def test_a_timeout_past_the_tokens_max_lifetime_is_403_and_nothing_is_made(server):
+    with server.http(server.tokens["brief"]) as h:
+        e = _err(h.post("/sandboxes", json={"timeout": 3600}), 403, "ceiling", "timeout")
+        assert "120s" in e["message"], e
+        assert h.get("/sandboxes").json()["sandboxes"] == []
+
+
+@pytest.mark.skipif(tier_unavailable("namespace") is not None,
+                    reason=f"namespace tier: {tier_unavailable('namespace')}")
+def test_setting_a_timeout_cannot_outlive_the_max_lifetime(server):
+    """Renewing was the way past any bound: POST .../timeout sets the end from now, as
+    often as asked. The bound counts from the sandbox's creation."""
+    with server.http(server.tokens["brief"]) as h:
+        r = h.post("/sandboxes", json={"timeout": 60})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        try:
+            _err(h.post(f"/sandboxes/{sid}/timeout", json={"timeout": 7 * 86400}), 403,
+                 "ceiling", "timeout")
+            _err(h.post(f"/sandboxes/{sid}/timeout", json={"timeout": 121}), 403,
+                 "ceiling", "timeout")
+            r = h.post(f"/sandboxes/{sid}/timeout", json={"timeout": 90})
+            assert r.status_code == 200, r.text
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+    # a token without one renews as before
+    with server.http(server.tokens["plain"]) as h:
+        sid = h.post("/sandboxes", json={"timeout": 60}).json()["id"]
+        try:
+            assert h.post(f"/sandboxes/{sid}/timeout", json={"timeout": 3600}).status_code \
+                == 200
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+
+
+def test_max_lifetime_is_shown_and_checked_when_the_token_is_made(server):
+    import subprocess
+
+    from servefix import CORRAL
+
+    out = subprocess.run([CORRAL, "token", "ls", "--state-dir", server.state],
+                         capture_output=True, text=True)
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("brief\t"))
+    assert "max-lifetime=120s" in line, line
+    for bad in ("0", "8d", "soon"):
+        p = subprocess.run([CORRAL, "token", "create", "--name", "x", "--max-lifetime", bad,
+                            "--state-dir", server.state], capture_output=True, text=True)
+        assert p.returncode == 2 and "--max-lifetime" in p.stderr, (bad, p.stderr)

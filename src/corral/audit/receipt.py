@@ -189,15 +189,55 @@ def parse_key(text: str) -> bytes:
 
 
 RECEIPT_MAX = 4 << 20
+#: how deep a receipt's objects and lists may nest (one corral makes is 3 deep: the
+#: receipt, its body, usage or egress)
+DEPTH_MAX = 16
+
+
+class _Twice(ValueError):
+    pass
+
+
+def _unique(pairs: list) -> dict:
+    """json's object_pairs_hook: an object, refused when it names a key twice (json keeps
+    the last, other readers the first: one receipt, two readings)."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Twice(f"the receipt names the key {k[:64]!r} twice in one object")
+        out[k] = v
+    return out
+
+
+def _depth(v) -> int:
+    """How deep `v` nests, walked without recursion, stopping past DEPTH_MAX."""
+    deepest, todo = 0, [(v, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if d > DEPTH_MAX:
+                break
+            todo.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 def load(data: bytes) -> dict:
+    """A receipt's JSON, parsed strictly: over RECEIPT_MAX bytes, not JSON, a key twice
+    in one object, nesting past DEPTH_MAX or a field missing is MALFORMED."""
     if len(data) > RECEIPT_MAX:
         raise VerifyError(MALFORMED, f"the receipt is over {RECEIPT_MAX} bytes")
     try:
-        r = json.loads(data)
+        r = json.loads(data, object_pairs_hook=_unique)
+    except _Twice as e:
+        raise VerifyError(MALFORMED, str(e)) from None
+    except RecursionError:      # [[[[... past the interpreter's stack: not a ValueError
+        raise VerifyError(MALFORMED, f"the receipt nests deeper than {DEPTH_MAX} levels"
+                          ) from None
     except ValueError as e:
         raise VerifyError(MALFORMED, f"the receipt is not JSON ({e})") from None
+    if _depth(r) > DEPTH_MAX:
+        raise VerifyError(MALFORMED, f"the receipt nests deeper than {DEPTH_MAX} levels")
     if not isinstance(r, dict) or r.get("receipt") != VERSION or not isinstance(
             r.get("body"), dict) or not isinstance(r.get("key"), str) or not isinstance(
             r.get("signature"), str):

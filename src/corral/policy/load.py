@@ -490,6 +490,17 @@ def _workspace(raw: Any, path: str) -> Workspace | None:
     return Workspace(path=real, mode=mode, mount_at=mount_at)
 
 
+#: the longest requirement string taken (a name, extras, a version and a marker fit in a
+#: few hundred characters); checked before the pattern runs
+REQUIREMENT_MAX = 1024
+#: NAME[extras] and a version tail, written so that a string matches one way only: the
+#: name's characters are all the tail's too, so without extras the name is its first
+#: character and the rest is tail. (NAME* then TAIL* backtracked quadratically on a long
+#: name ended by a bad character: tests/unit/test_policy_hostile.py.)
+_REQUIREMENT = (r"[A-Za-z0-9](?:[A-Za-z0-9._-]*\[[A-Za-z0-9._, -]*\])?"
+                r"[ A-Za-z0-9<>=!~.,*;:'\"()_+-]*")
+
+
 def _requirements(raw: Any, path: str) -> tuple[str, ...]:
     """Requirement strings (a name, extras, a version specifier, a marker): never a pip
     option, and nothing that would end the line pip reads."""
@@ -498,9 +509,10 @@ def _requirements(raw: Any, path: str) -> tuple[str, ...]:
     if not isinstance(raw, (list, tuple)):
         raise ValueError("expected a list of requirement strings")
     for i, r in enumerate(raw):
-        if not isinstance(r, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*"
-                                                      r"(\[[A-Za-z0-9._, -]*\])?"
-                                                      r"[ A-Za-z0-9<>=!~.,*;:'\"()_+-]*", r):
+        if isinstance(r, str) and len(r) > REQUIREMENT_MAX:
+            raise PolicyError(f"{r[:40]!r}... is {len(r)} characters long; a requirement "
+                              f"is at most {REQUIREMENT_MAX}", field=f"{path}[{i}]")
+        if not isinstance(r, str) or not re.fullmatch(_REQUIREMENT, r):
             raise PolicyError(f"{r!r} is not a requirement (NAME[extras] and a version, "
                               "e.g. \"requests==2.32.3\"; no pip options, no URLs)",
                               field=f"{path}[{i}]")

@@ -252,7 +252,8 @@ FIELDS: tuple[Spec, ...] = (
          "install phase: wheels only, a network that reaches only the index hosts. The result "
          "is an image, reused while the base image and the requirements are the same."),
     Spec("install.packages", "requirements", "Requirement strings installed the same way, "
-         "e.g. [\"requests==2.32.3\"]."),
+         "e.g. [\"requests==2.32.3\"]: NAME[extras], a version and a marker, at most 1024 "
+         "characters each (a longer one is refused, naming its index)."),
     Spec("install.index_urls", "urls", "The package indexes (http or https URLs) the install "
          "phase may reach, the first as --index-url; default: PyPI. No other index is "
          "reachable, whatever a requirements file says."),

@@ -687,7 +687,7 @@ class Files:
                 dfd, _ = self._dir(p, create=True)
             try:
                 self._check_fs(dfd, p)
-                archive.extract(self, dfd, blob, members, p)
+                archive.extract(self, dfd, blob, members, p, self.caps.members)
             finally:
                 os.close(dfd)
         except OSError as e:

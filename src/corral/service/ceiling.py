@@ -18,7 +18,11 @@ the first rule the request loosens out (or None).
 - env.pass: a host variable the ceiling does not pass;
 - limits: any limit above the ceiling's (an idle_timeout of 0, never, is above any other);
 - image and install: another root than the ceiling's "host" choice allows, an install phase
-  or package index the ceiling does not have.
+  or package index the ceiling does not have, a package the ceiling does not list (as
+  written there: "requests" is not "requests==2.32.3"), a name let past the typosquat
+  check that the ceiling does not let past;
+- audit: the syscall audit off when the ceiling turns it on (a request that leaves it out
+  takes the ceiling's).
 """
 
 from __future__ import annotations
@@ -57,12 +61,16 @@ def check(request, ceiling) -> None:
             raise Exceeds("env.pass", f"passing the host variable {name} is not within "
                           "this token's ceiling")
     _image(request, ceiling)
+    if ceiling.audit.syscalls and not request.audit.syscalls:
+        raise Exceeds("audit.syscalls", "turning off the syscall audit (refused syscalls "
+                      "recorded as events) is not within this token's ceiling: leave "
+                      "audit.syscalls out or true")
 
 
 def requested(raw: dict, ceiling_data: dict):
     """The policy a request (`raw`, a dict in the TOML layout) asks for, checked against a
     ceiling (`ceiling_data`, the same layout): the ceiling's isolation, image and limits
-    where the request leaves them out; each secret names hosts (and a ttl) only, its source
+    (and audit) where the request leaves them out; each secret names hosts (and a ttl) only, its source
     the ceiling's; the ceiling's deny rules added. PolicyError for a bad request, Exceeds
     for one beyond the ceiling."""
     from ..errors import PolicyError
@@ -71,7 +79,8 @@ def requested(raw: dict, ceiling_data: dict):
     if not isinstance(raw, dict):
         raise PolicyError("a policy is a table (JSON object) of sections", field="policy")
     ceiling = policy_from_dict(ceiling_data, allow_literal=False)
-    base = {k: ceiling_data[k] for k in ("isolation", "limits", "image") if k in ceiling_data}
+    base = {k: ceiling_data[k] for k in ("isolation", "limits", "image", "audit")
+            if k in ceiling_data}
     data = merge(base, raw) if base else dict(raw)
     secrets = data.get("secrets")
     if secrets is not None:
@@ -89,9 +98,89 @@ def requested(raw: dict, ceiling_data: dict):
             filled[name] = {**(table if isinstance(table, dict) else {}),
                             "from": own[name].source}
         data["secrets"] = filled
+    host_paths(data, ceiling)
     policy = policy_from_dict(data, allow_literal=False)
     check(policy, ceiling)
     return narrow(policy, ceiling)
+
+
+def _raw_path(raw) -> str | None:
+    """A path the loader would look up on the host, or None for a value it refuses by its
+    text alone (not a string, relative, NUL, newline, '..'): those answers tell nothing."""
+    if not isinstance(raw, str) or not raw.startswith("/") or "\0" in raw or "\n" in raw \
+            or ".." in raw.split("/"):
+        return None
+    return os.path.normpath(raw)
+
+
+def host_paths(data: dict, ceiling) -> None:
+    """Every host path the request (`data`, the TOML layout, unvalidated) names, checked
+    against the ceiling (a Policy) by its text, before the loader looks at the host: its
+    answers (does not exist, not a directory, a system tree, a link) would tell the token
+    holder what is there. Exceeds for a path outside the ceiling's; a path below one the
+    ceiling grants is walked with lstat from there, and a symbolic link on the way is
+    refused before anything follows it (the loader's realpath would, out of the grant)."""
+
+    def table(name):
+        t = data.get(name)
+        return t if isinstance(t, dict) else {}
+
+    fs = table("filesystem")
+    ws = fs.get("workspace")
+    if ws is not None:
+        raw = ws.get("path") if isinstance(ws, dict) else ws
+        if ceiling.filesystem.workspace is None:
+            raise Exceeds("filesystem.workspace", "a workspace is not within this token's "
+                          "ceiling")
+        path, top = _raw_path(raw), ceiling.filesystem.workspace.path
+        if path is not None:
+            if not _below(path, top):
+                raise Exceeds("filesystem.workspace.path", f"{raw} is not the ceiling's "
+                              f"workspace ({top}) or below it")
+            _no_link(path, top, raw, "filesystem.workspace.path")
+    binds = fs.get("ro_binds")
+    if isinstance(binds, (list, tuple)):
+        for i, raw in enumerate(binds):
+            path = _raw_path(raw)
+            if path is None:
+                continue
+            top = next((c for c in ceiling.filesystem.ro_binds if _below(path, c)), None)
+            if top is None:
+                raise Exceeds("filesystem.ro_binds", f"showing the host's {raw} is not "
+                              "within this token's ceiling")
+            _no_link(path, top, raw, f"filesystem.ro_binds[{i}]")
+    for section, key, granted in (
+            ("network", "upstream_ca", ceiling.network.upstream_ca),
+            ("install", "requirements", ceiling.install.requirements)):
+        raw = table(section).get(key)
+        path = _raw_path(raw)
+        if path is not None and path != granted:
+            what = ("an upstream CA file" if key == "upstream_ca" else
+                    "a requirements file on the host")
+            raise Exceeds(f"{section}.{key}", f"{what} is not within this token's "
+                          "ceiling" + (f" (it grants {granted} only)" if granted else ""))
+
+
+def _no_link(path: str, top: str, raw: str, field: str) -> None:
+    """Walk from `top` (a granted, resolved path) down to `path` with lstat: a symbolic
+    link on the way is refused by name, never followed; a missing or non-directory
+    component ends the walk (the loader says so: that is inside the grant)."""
+    import stat
+
+    from ..errors import PolicyError
+
+    cur = top.rstrip("/")
+    for name in path[len(cur):].split("/"):
+        if not name:
+            continue
+        cur += "/" + name
+        try:
+            st = os.lstat(cur)
+        except OSError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise PolicyError(f"{raw!r} has a symbolic link in it ({cur}), and corral follows "
+                        "none; name the real path", field=field)
 
 
 def narrow(request, ceiling):
@@ -243,6 +332,15 @@ def _image(request, ceiling) -> None:
         if ri.requirements is not None and ri.requirements != ci.requirements:
             raise Exceeds("install.requirements", "a requirements file on the host is not "
                           "within this token's ceiling")
+        for i, pkg in enumerate(ri.packages):
+            if pkg not in ci.packages:
+                raise Exceeds("install.packages", f"the package {pkg[:80]!r} is not "
+                              "within this token's ceiling; ask for one it lists, as "
+                              f"written there: {', '.join(ci.packages) or 'none'}")
+        for name in ri.allow_names:
+            if name not in ci.allow_names:
+                raise Exceeds("install.allow_names", f"letting {name[:80]!r} past the "
+                              "typosquat check is not within this token's ceiling")
         if ri.timeout > ci.timeout:
             raise Exceeds("install.timeout", f"{ri.timeout}s is above this token's ceiling "
                           f"of {ci.timeout}s")

@@ -30,7 +30,7 @@ that token for every caller on this host (a development mode).
 TOKEN_USAGE = """\
 usage: corral token create --name N [--ceiling POLICY_FILE] [--max-sandboxes K]
                            [--max-concurrent C] [--rate N/s [--burst B]] [--apply-changes]
-                           [--admin] [--state-dir DIR]
+                           [--admin] [--max-lifetime DURATION] [--state-dir DIR]
        corral token ls [--state-dir DIR]
        corral token revoke NAME [--state-dir DIR]
 
@@ -46,6 +46,9 @@ Retry-After. Limits left unset take the server config's [limits] (docs/service.m
 workspace (give it to a person's review tool, never to an agent; without it apply is 403).
 --admin: the token sees every token's runs, denials and live sandboxes (the audit queries
 and the dashboard at /, docs/dashboard.md); it still controls only its own sandboxes.
+--max-lifetime: how long each of its sandboxes may live from its creation (e.g. 2h), the
+timeout it asks for at create and any it sets later included (past it: 403, field
+timeout); without it a sandbox lives up to 7 days a call, renewable.
 """
 
 MCP_USAGE = """\
@@ -82,6 +85,17 @@ class Args:
                 raise UsageError(f"unknown option {a}", field=a)
             else:
                 self.rest.append(a)
+
+
+def _duration(v: str | None, field: str) -> float | None:
+    if v is None:
+        return None
+    from ..policy.units import parse_duration
+
+    try:
+        return parse_duration(v)
+    except ValueError as e:
+        raise UsageError(str(e), field=field) from None
 
 
 def _int(v: str | None, field: str) -> int | None:
@@ -173,7 +187,7 @@ def token(args: list[str]) -> int:
     from .tokens import TokenStore
 
     a = Args(args, {"--name", "--ceiling", "--max-sandboxes", "--max-concurrent", "--rate",
-                    "--burst", "--state-dir"}, TOKEN_USAGE,
+                    "--burst", "--state-dir", "--max-lifetime"}, TOKEN_USAGE,
              frozenset({"--apply-changes", "--admin"}))
     if not a.rest:
         sys.stderr.write(TOKEN_USAGE)
@@ -202,7 +216,9 @@ def token(args: list[str]) -> int:
                            rate=a.opts.get("--rate"),
                            burst=_int(a.opts.get("--burst"), "--burst"),
                            apply_changes="--apply-changes" in a.flags,
-                           admin="--admin" in a.flags)
+                           admin="--admin" in a.flags,
+                           max_lifetime=_duration(a.opts.get("--max-lifetime"),
+                                                  "--max-lifetime"))
         sys.stderr.write(f"corral token: created {a.opts['--name']!r}; the token follows, "
                          "shown only now\n")
         sys.stdout.write(tok + "\n")
@@ -222,6 +238,10 @@ def token(args: list[str]) -> int:
                 limits.append(f"rate={format_rate(t.rate)}")
                 if t.burst is not None:
                     limits.append(f"burst={t.burst}")
+            if t.max_lifetime is not None:
+                from ..policy.units import format_duration
+
+                limits.append(f"max-lifetime={format_duration(t.max_lifetime)}")
             if t.apply_changes:
                 limits.append("apply-changes")
             if t.admin:

@@ -95,6 +95,9 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
     def create(who: Caller, raw: dict, timeout: float = SANDBOX_S):
         from contextlib import nullcontext
 
+        most = getattr(who.token, "max_lifetime", None)
+        if most is not None:     # the token's max lifetime (--max-lifetime) caps it
+            timeout = min(timeout, most)
         policy = guard(lambda: _requested(who, raw))
         tok = who.token
         hold = nullcontext() if quota is None or tok is None else quota.reserve(

@@ -89,6 +89,10 @@ class Token:
         #: sees every token's runs, denials and live sandboxes in the audit queries and
         #: the dashboard (corral token create --admin); it controls only its own sandboxes
         self.admin: bool = d.get("admin") is True
+        #: seconds a sandbox of this token may live from its creation, whatever timeout
+        #: it asks for or sets later (corral token create --max-lifetime; None: 7 days a
+        #: call, renewable without end)
+        self.max_lifetime: float | None = d.get("max_lifetime")
 
     @property
     def owner(self) -> str:
@@ -98,12 +102,29 @@ class Token:
     def to_dict(self) -> dict:
         return {"name": self.name, "id": self.id, "sha256": self.sha256, "created": self.created,
                 "ceiling": self.ceiling, **self.own, "revoked": self.revoked,
-                "apply_changes": self.apply_changes, "admin": self.admin}
+                "apply_changes": self.apply_changes, "admin": self.admin,
+                "max_lifetime": self.max_lifetime}
 
     def ceiling_policy(self):
         from ..policy.load import policy_from_dict
 
         return policy_from_dict(self.ceiling, allow_literal=False)
+
+
+def lifetime(token, seconds: float, born: float | None = None) -> None:
+    """Exceeds (403 naming `timeout`) when a sandbox made at `born` (None: now) would
+    live past the token's max_lifetime by ending `seconds` from now."""
+    from .ceiling import Exceeds
+
+    most = getattr(token, "max_lifetime", None)
+    if most is None:
+        return
+    now = time.time()
+    left = (born if born is not None else now) + most - now
+    if seconds > left + 0.001:
+        raise Exceeds("timeout", f"{seconds:g}s from now is past this token's max "
+                      f"lifetime of {most:g}s from the sandbox's creation ({max(left, 0):.0f}s "
+                      "left)")
 
 
 class TokenStore:
@@ -187,7 +208,8 @@ class TokenStore:
     def create(self, name: str, *, ceiling: dict | None = None,
                max_sandboxes: int | None = None, max_concurrent: int | None = None,
                rate: float | None = None, burst: int | None = None,
-               apply_changes: bool = False, admin: bool = False) -> str:
+               apply_changes: bool = False, admin: bool = False,
+               max_lifetime: float | None = None) -> str:
         """Record a new token and return it (the only time it exists in clear)."""
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             raise UsageError(f"{name!r} is not a token name: letters, digits, '.', '_', '-', "
@@ -196,6 +218,10 @@ class TokenStore:
                                                                  max_concurrent)):
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise UsageError("must be a whole number of at least 1", field=field)
+        if max_lifetime is not None and (isinstance(max_lifetime, bool) or not isinstance(
+                max_lifetime, (int, float)) or not 1 <= max_lifetime <= 7 * 86400):
+            raise UsageError("a lifetime from 1s to 7d, e.g. --max-lifetime 2h",
+                             field="--max-lifetime")
         if burst is not None and rate is None:
             raise UsageError("a burst needs a rate: --rate N/s --burst B", field="--burst")
         if rate is not None:
@@ -217,7 +243,7 @@ class TokenStore:
                                  "ceiling": ceiling or {}, "max_sandboxes": max_sandboxes,
                                  "max_concurrent": max_concurrent, "rate": rate,
                                  "burst": burst, "apply_changes": bool(apply_changes),
-                                 "admin": bool(admin)}))
+                                 "admin": bool(admin), "max_lifetime": max_lifetime}))
             self._save(tokens)
         finally:
             os.close(fd)

@@ -26,6 +26,7 @@ from starlette.routing import Route
 from ...errors import CorralError
 from ..ceiling import Exceeds
 from ..common import ApiError, requested_policy, status_of
+from ..tokens import lifetime
 from .state import ENVD_VERSION, Face, strict_json
 
 log = logging.getLogger("corral.serve")
@@ -226,6 +227,7 @@ async def _create(state, request: Request, token):
         raise ApiError(503, "draining", "the service is shutting down: no new sandboxes",
                        None, {"Retry-After": "5"})
     reg = svc.registry
+    lifetime(token, timeout)
     policy = requested_policy(raw, token, svc)
 
     from .state import _account_for
@@ -330,20 +332,22 @@ def _timeout_of(body: dict) -> int:
 
 
 async def set_timeout(state, request):
-    _, e, _ = _mine(state, request, request.path_params["sid"])
+    token, e, _ = _mine(state, request, request.path_params["sid"])
     t = _timeout_of(strict_json(await request.body(), "body"))
+    lifetime(token, t, e.created)
     e.sandbox.set_timeout(float(t))
     return Response(status_code=204)
 
 
 async def connect(state, request):
     """Sandbox.connect: a running sandbox's handle again; its timeout only grows."""
-    _, e, face = _mine(state, request, request.path_params["sid"])
+    token, e, face = _mine(state, request, request.path_params["sid"])
     body = strict_json(await request.body(), "body")
     if body.get("timeout") is not None:
         import time
 
         t = _timeout_of(body)
         if e.sandbox.get_info().ends < time.time() + t:
+            lifetime(token, t, e.created)
             e.sandbox.set_timeout(float(t))
     return JSONResponse(_sandbox(face), status_code=200)

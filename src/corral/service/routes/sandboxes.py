@@ -10,7 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import CorralError
 from ..ceiling import Exceeds
-from ..common import COMMON_ERRORS, ApiError, Auth, Svc, errors, requested_policy, view
+from ..common import (
+    COMMON_ERRORS,
+    ApiError,
+    Auth,
+    Svc,
+    errors,
+    requested_policy,
+    view,
+)
+from ..tokens import lifetime
 
 log = logging.getLogger("corral.serve")
 router = APIRouter(tags=["sandboxes"], responses=COMMON_ERRORS)
@@ -49,6 +58,7 @@ def create(body: CreateBody, token: Auth, svc: Svc):
                        None, {"Retry-After": "5"})
     reg = svc.registry
     try:
+        lifetime(token, body.timeout)
         policy = requested_policy(body.policy, token, svc)
     except (Exceeds, CorralError) as e:   # refused before it started: recorded
         from ...audit.record import record_refused
@@ -79,6 +89,7 @@ def get(sid: str, token: Auth, svc: Svc):
 def set_timeout(sid: str, body: TimeoutBody, token: Auth, svc: Svc):
     """End the sandbox `timeout` seconds from now (longer or shorter than before)."""
     e = svc.entry(sid, token)
+    lifetime(token, body.timeout, e.created)
     e.sandbox.set_timeout(body.timeout)
     return view(e)
 

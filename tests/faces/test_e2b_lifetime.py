@@ -1,0 +1,45 @@
+"""A token's --max-lifetime through the E2B face, with the official SDK against a real
+`corral serve` (e2bfix): create with a longer timeout is refused, and so are set_timeout
+and connect past the lifetime counted from the sandbox's creation; within it they work."""
+
+import pytest
+from conftest import tier_unavailable
+from e2bfix import e2b_serve
+
+e2b = pytest.importorskip("e2b")
+from e2b import Sandbox  # noqa: E402
+from e2b.exceptions import SandboxException  # noqa: E402
+
+pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
+                                reason=f"namespace tier: {tier_unavailable('namespace')}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = e2b_serve(tmp_path_factory.mktemp("e2b-life"), {"brief": ["--max-lifetime", "2m"]},
+                  "[base]\n\n")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def env(server, monkeypatch):
+    monkeypatch.setenv("E2B_API_URL", server.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
+    monkeypatch.setenv("E2B_API_KEY", server.tokens["brief"])
+    monkeypatch.delenv("E2B_DEBUG", raising=False)
+    monkeypatch.delenv("E2B_DOMAIN", raising=False)
+    return server
+
+
+def test_the_max_lifetime_holds_through_the_e2b_face(env):
+    with pytest.raises(SandboxException, match="lifetime"):
+        Sandbox.create(timeout=3600)
+    assert Sandbox.list().next_items() == []
+    with Sandbox.create(timeout=60) as sb:
+        with pytest.raises(SandboxException, match="lifetime"):
+            sb.set_timeout(3600)
+        with pytest.raises(SandboxException, match="lifetime"):
+            Sandbox.connect(sb.sandbox_id, timeout=3600)
+        sb.set_timeout(90)
+        assert sb.commands.run("echo ok").stdout == "ok\n"

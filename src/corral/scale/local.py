@@ -170,7 +170,10 @@ class _Pool:
         if pid == 0:                                        # the worker
             code = 1
             try:
-                signal.signal(signal.SIGINT, signal.SIG_IGN)   # the driver stops it
+                # ^C reaches the whole process group: the driver stops the workers. A
+                # handler, not SIG_IGN: an ignored signal stays ignored across exec, so
+                # the sandbox's start (supervise.spawn) would take its slow path to reset it
+                signal.signal(signal.SIGINT, _no_op)
                 ours.close()
                 self.sel.close()
                 for w in self.workers.values():             # the other workers' links
@@ -318,6 +321,10 @@ class _Pool:
 
 
 # -- the worker process --
+def _no_op(_sig, _frame) -> None:
+    pass
+
+
 def _worker(sock: socket.socket, runner, base: dict) -> None:
     from ..backends.host.cgroups import POOL
     from . import slotcg

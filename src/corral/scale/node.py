@@ -97,6 +97,7 @@ class NodeRunner:
         from ..audit import record, spool  # noqa: F401 - imported now, not per job
         from ..backends.host import views  # noqa: F401 - scratch wiped between reuses
         from ..policy.dump import dump_toml
+        from ..runtime import files  # noqa: F401 - job files, scratch wiped between reuses
         from .jobs import Job
 
         key = self._key(base, None)
@@ -110,6 +111,8 @@ class NodeRunner:
 
             self._digests[key] = (dump_toml(sb.policy), image_digest(sb.plan, sb.policy))
             rc._private_key()
+            rc.corral_version()     # importlib.metadata: ~30 ms, once, not in every worker
+            spool.local_user()
         except Exception:  # noqa: BLE001 - each job's receipt says why it has none
             pass
 

@@ -121,8 +121,8 @@ class _Pool:
         while len(self.workers) < want:
             why = None
             if self.idle_deaths >= IDLE_DEATHS_MAX:
-                why = (f"{self.idle_deaths} worker processes died before they ran a job; "
-                       f"not run")
+                why = (f"worker processes keep dying ({self.idle_deaths} with no job in "
+                       f"flight); not run")
             else:
                 try:
                     self._spawn()
@@ -341,7 +341,10 @@ def _worker(sock: socket.socket, runner, base: dict) -> None:
                 data = pickle.dumps(_failed(runner, wire, attempt, CorralError(
                     f"the job's line is over {MAX_FRAME} bytes; lower limits.output",
                     field="limits.output")), pickle.HIGHEST_PROTOCOL)
-            sock.sendall(_HEADER.pack(len(data)) + data)
+            try:
+                sock.sendall(_HEADER.pack(len(data)) + data)
+            except OSError:
+                return              # the driver is gone (killed, or it stopped the batch)
     finally:
         runner.close()
         POOL.drain()
@@ -367,7 +370,10 @@ def _exactly(sock: socket.socket, n: int) -> bytearray | None:
     view = memoryview(buf)
     got = 0
     while got < n:
-        k = sock.recv_into(view[got:])
+        try:
+            k = sock.recv_into(view[got:])
+        except ConnectionResetError:
+            return None
         if not k:
             return None
         got += k

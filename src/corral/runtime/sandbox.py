@@ -46,6 +46,9 @@ class Sandbox:
         except CorralError as e:
             refused(e, _argv or [], policy)
             raise
+        self._fresh_state()
+
+    def _fresh_state(self) -> None:
         self._live = None
         self._pid = 0
         #: the Result of the last exec: close() adds its teardown problems to its events
@@ -96,6 +99,22 @@ class Sandbox:
 
             (proxy,) = self.plan.find(EgressProxy)
             self._granted = resolve(self.policy, dict(proxy.grants), host_env)
+
+    def sibling(self) -> Sandbox:
+        """A new, unopened sandbox of this one's policy, with its plan, tier check and
+        secret values as they were made for this one (nothing planned or checked again):
+        for a pool of like sandboxes made ahead (scale/node.py's Warm)."""
+        if self._learner is not None:
+            from ..errors import UsageError
+
+            raise UsageError("a sandbox in learn mode has no siblings; make each with "
+                             "learn=True", field="learn")
+        sb = object.__new__(type(self))
+        sb.policy, sb._learner, sb._backend = self.policy, None, self._backend
+        sb.plan, sb._check, sb._granted = self.plan, self._check, self._granted
+        sb._fresh_state()
+        sb._audit_origin = self._audit_origin
+        return sb
 
     @classmethod
     def create(cls, policy: Policy | dict | str | None = None, *, timeout: float = 300,

@@ -12,13 +12,12 @@ import os
 
 from ..errors import CorralError, UsageError
 from .jobs import Job, job_policy
-from .node import NodeRunner, error_line, node_name
 
 #: jobs at once, at most, on one machine
 MAX_CONCURRENCY = 1024
-#: jobs handed to the local workers per slot: one running, one waiting in the pool's
-#: queue, so a worker that finishes a job starts the next at once instead of waiting for
-#: the driver to take the result and send another (~1 ms a job of the slot's time)
+#: jobs in flight per slot (a local worker, a Ray node's slot): one running, one waiting,
+#: so a slot that finishes a job starts the next at once instead of waiting for the
+#: driver to take the result and send another (~1 ms a job of the slot's time)
 QUEUED_PER_SLOT = 2
 
 
@@ -62,98 +61,10 @@ def run_batch(jobs: list[Job], base: dict, *, ray_address: str | None = None,
 
 
 def run_local(jobs: list[Job], base: dict, concurrency: int):
-    """This machine: `concurrency` forked worker processes, each running one job at a time
-    in sandboxes of a NodeRunner of its own (its warm pool keeps one ready), with a next
-    job queued for it (QUEUED_PER_SLOT). Processes, not threads: each job's supervision is
-    Python, and on a busy host threads of one process queue behind one another for the
-    GIL. When a worker dies (the OOM killer, a signal), the pool cannot say which job it
-    had: the jobs in flight (running or queued) run again on a new set of workers (their
-    lines say `attempt` 2), and a job in flight at a second death gets an error line
-    instead."""
-    from collections import deque
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-    from concurrent.futures.process import BrokenProcessPool
-    from multiprocessing import get_context
+    """This machine: `concurrency` forked worker processes (scale/local.py)."""
+    from .local import run_local as run
 
-    todo = deque((j, 1) for j in jobs)
-    node = node_name()
-    slots = max(1, min(concurrency, len(jobs)))
-    pool = None
-    running: dict = {}
-    try:
-        while todo or running:
-            if pool is None:
-                pool = ProcessPoolExecutor(slots, mp_context=get_context("fork"),
-                                           initializer=_worker_init, initargs=(node,))
-            while todo and len(running) < slots * QUEUED_PER_SLOT:
-                job, attempt = todo.popleft()
-                try:
-                    f = pool.submit(_worker_run, (job.to_wire(), base, attempt))
-                except BrokenProcessPool:
-                    todo.appendleft((job, attempt))
-                    break
-                running[f] = (job, attempt)
-            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-            broken = False
-            for f in done:
-                job, attempt = running.pop(f)
-                try:
-                    yield f.result()
-                except BrokenProcessPool:
-                    broken = True
-                    if attempt < 2:
-                        todo.appendleft((job, attempt + 1))
-                    else:
-                        yield error_line(job.id, node, attempt, CorralError(
-                            "a worker process died twice while the job was in flight "
-                            "(killed, perhaps by the OOM killer); not run again",
-                            field="job"))
-            if broken:
-                pool.shutdown(wait=True, cancel_futures=True)
-                pool = None
-    finally:
-        if pool is not None:
-            # the workers close their sandboxes (a finalizer) as they exit; interrupted,
-            # what a killed one left is removed by corral's stale sweep
-            pool.shutdown(wait=True, cancel_futures=True)
-        from . import slotcg
-
-        slotcg.sweep()     # the slot cgroups of workers that were killed
-
-
-_RUNNER: list = []
-
-
-def _worker_init(node: str) -> None:
-    from multiprocessing.util import Finalize
-
-    from . import slotcg
-
-    moved = slotcg.enter()     # this slot's sandboxes weigh as one process (slotcg.py)
-    runner = NodeRunner(node, slots=1)
-    _RUNNER.append(runner)
-    Finalize(runner, _worker_end, args=(runner, moved), exitpriority=10)
-
-
-def _worker_end(runner: NodeRunner, moved) -> None:
-    """At the worker's exit (a forked multiprocessing worker runs no atexit hooks): its
-    sandboxes closed, their cgroups removed, then its slot's cpu cgroup."""
-    from ..backends.host.cgroups import POOL
-    from . import slotcg
-
-    runner.close()
-    POOL.drain()
-    slotcg.leave(moved)
-
-
-def _worker_run(task) -> dict:
-    wire, base, attempt = task
-    runner = _RUNNER[0]
-    try:
-        return runner.run(wire, base, attempt)
-    except Exception as e:  # noqa: BLE001 - one job's failure is its own line
-        return error_line(wire.get("id"), runner.node, attempt, CorralError(
-            f"the job failed on this node: {type(e).__name__}: {e}", field="job"))
+    return run(jobs, base, concurrency)
 
 
 class _Recorder:

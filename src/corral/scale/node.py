@@ -81,7 +81,40 @@ class NodeRunner:
         self._idle: dict[str, list] = {}          # policy key -> reusable sandboxes
         self._digests: dict[str, tuple] = {}      # policy key -> (toml, image digest)
         self._checked: dict[str, object] = {}     # policy key -> its Policy (no overrides)
+        self._templates: dict[str, object] = {}   # policy key -> an unopened Sandbox of it
+        self._base_key: tuple = (None, None)      # (the batch's dict, its policy key)
         self._closed = False
+
+    def prepare(self, base: dict) -> None:
+        """Make now, once, what every job without a policy of its own needs: the batch's
+        Policy (checked), its plan checked against the tier (or the refusal every such
+        job's line will carry), its TOML and image digest for the receipts, this
+        machine's signing key read, and the modules a job's run, receipt and line use
+        imported. The local driver calls it before it forks its workers (scale/local.py),
+        which then plan, check and import nothing of their own per job; without it the
+        first job of each policy does it."""
+        from ..audit import receipt as rc
+        from ..audit import record, spool  # noqa: F401 - imported now, not per job
+        from ..backends.host import views  # noqa: F401 - scratch wiped between reuses
+        from ..policy.dump import dump_toml
+        from ..runtime import files  # noqa: F401 - job files, scratch wiped between reuses
+        from .jobs import Job
+
+        key = self._key(base, None)
+        try:
+            policy = self._policy(key, base, Job(id=0, argv=("true",)))
+            sb = self._template(key, policy)
+        except CorralError:
+            return      # kept (_refused) for each job's line, or raised again per job
+        try:
+            from ..audit.spool import image_digest
+
+            self._digests[key] = (dump_toml(sb.policy), image_digest(sb.plan, sb.policy))
+            rc._private_key()
+            rc.corral_version()     # importlib.metadata: ~30 ms, once, not in every worker
+            spool.local_user()
+        except Exception:  # noqa: BLE001 - each job's receipt says why it has none
+            pass
 
     # -- one job --
     def run(self, wire: dict, base: dict, attempt: int = 1) -> dict:
@@ -89,7 +122,7 @@ class NodeRunner:
         job_id = wire.get("id") if isinstance(wire, dict) else None
         try:
             job = parse_job(wire, f"job {job_id!r}")
-            key = _policy_key(base, job.policy)
+            key = self._key(base, job.policy)
             policy = self._policy(key, base, job)
             sb = self._claim(key, policy, fresh=bool(job.policy))
         except CorralError as e:
@@ -98,6 +131,39 @@ class NodeRunner:
             return self._run_in(sb, key, job, attempt)
         finally:
             self._release(key, sb, policy)
+
+    def _key(self, base: dict, overrides: dict | None) -> str:
+        """_policy_key(), made once for the batch's own policy (the same dict each job)."""
+        if overrides:
+            return _policy_key(base, overrides)
+        known, key = self._base_key
+        if known is not base:
+            key = _policy_key(base, None)
+            self._base_key = (base, key)
+        return key
+
+    def _template(self, key: str, policy):
+        """The batch policy's unopened Sandbox: planned and checked against the tier once
+        (a refusal kept for every later job); the pool's sandboxes are its siblings."""
+        from ..runtime.sandbox import Sandbox
+
+        with self._mu:
+            sb = self._templates.get(key)
+            refused = self._refused.get(key)
+        if sb is not None:
+            return sb
+        if refused is not None:
+            raise refused
+        try:
+            sb = Sandbox(policy)
+        except CorralError as e:
+            with self._mu:
+                self._refused[key] = e
+            raise
+        with self._mu:
+            if len(self._templates) >= POOL_MAX:
+                self._templates.clear()
+            return self._templates.setdefault(key, sb)
 
     def _policy(self, key: str, base: dict, job):
         """The job's Policy (jobs.job_policy), made once per batch policy: a job without
@@ -183,13 +249,16 @@ class NodeRunner:
             if refused is not None:
                 raise refused
             pool = self._pools.get(key)
-            if pool is None:
-                try:
-                    Sandbox(policy)    # plan and tier check: a refusal now, not in the pool
-                except CorralError as e:
-                    self._refused[key] = e
-                    raise
-                pool = self._pools[key] = Warm(policy, min(self.slots, POOL_MAX))
+        if pool is None:
+            # plan and tier check (once: prepare() may have done it): a refusal now, not
+            # in the pool
+            template = self._template(key, policy)
+            with self._mu:
+                if self._closed:
+                    raise UsageError("the node's runner is closed", field="batch")
+                pool = self._pools.get(key)
+                if pool is None:
+                    pool = self._pools[key] = Warm(template, min(self.slots, POOL_MAX))
         try:
             return pool.claim()
         except CorralError as e:
@@ -228,12 +297,13 @@ RETIRED_MAX = 8
 
 
 class Warm:
-    """Opened sandboxes of one policy kept ready (planned, checked against the tier, run
-    directory, scratch mounted, seccomp program loaded), each handed out once, refilled
-    by a thread of its own, which also closes the used ones handed back (retire())."""
+    """Opened sandboxes of one policy kept ready (run directory, scratch mounted, seccomp
+    program loaded), each handed out once, refilled by a thread of its own, which also
+    closes the used ones handed back (retire()). Each is a sibling of `template` (an
+    unopened Sandbox of the policy): planned and checked against the tier once, for all."""
 
-    def __init__(self, policy, size: int) -> None:
-        self.policy, self.size = policy, size
+    def __init__(self, template, size: int) -> None:
+        self.template, self.size = template, size
         self.ready: deque = deque()
         self.retired: deque = deque()
         self.cv = threading.Condition()
@@ -243,8 +313,6 @@ class Warm:
         self.thread.start()
 
     def _fill(self) -> None:
-        from ..runtime.sandbox import Sandbox
-
         while True:
             with self.cv:
                 while not self.closed and len(self.ready) >= self.size and not self.retired:
@@ -256,7 +324,7 @@ class Warm:
                 used.close()
                 continue
             try:
-                sb = Sandbox(self.policy).open()
+                sb = self.template.sibling().open()
             except CorralError as e:
                 with self.cv:
                     self.error = e

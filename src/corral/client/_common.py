@@ -93,7 +93,7 @@ def _raise_error(status: int, err: dict, retry: str | None = None) -> None:
     if kind in ("running", "timeout"):   # a wait (a stdin write) whose timeout passed
         raise TimeoutError(message)
     if kind == "setup":
-        raise SandboxSetupError(message, step=field or "", field=field)
+        raise SandboxSetupError(message, step=err.get("step") or field or "", field=field)
     same = {"policy": PolicyError, "usage": UsageError, "unsupported": UnsupportedRule,
             "unavailable": BackendUnavailable, "closed": SandboxClosed,
             "image": ImageError}.get(kind)

@@ -100,7 +100,7 @@ class Sandbox:
             (proxy,) = self.plan.find(EgressProxy)
             self._granted = resolve(self.policy, dict(proxy.grants), host_env)
 
-    def sibling(self) -> Sandbox:
+    def _sibling(self) -> Sandbox:
         """A new, unopened sandbox of this one's policy, with its plan, tier check and
         secret values as they were made for this one (nothing planned or checked again):
         for a pool of like sandboxes made ahead (scale/node.py's Warm)."""

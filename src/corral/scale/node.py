@@ -324,7 +324,7 @@ class Warm:
                 used.close()
                 continue
             try:
-                sb = self.template.sibling().open()
+                sb = self.template._sibling().open()
             except CorralError as e:
                 with self.cv:
                     self.error = e

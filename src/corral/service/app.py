@@ -3,7 +3,8 @@
 Every route but /health, /openapi.json and /docs needs `Authorization: Bearer
 TOKEN` (tokens.py). A token sees only the sandboxes it created (another's answer 404, as if
 they did not exist) and cannot create one beyond its ceiling (ceiling.py: 403 naming the
-rule). Every error is `{"error": {"kind", "field", "message"}}`. Request bodies are capped
+rule). Every error is `{"error": {"kind", "field", "message"}}` (and `step` for a setup
+error). Request bodies are capped
 (413) before any handler reads them (bodycap.py). The routes are in routes/, one module a
 resource; what they share (auth, the service's state, errors) is in common.py.
 """
@@ -21,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import CorralError
 from .bodycap import BodyCap
 from .ceiling import Exceeds
-from .common import ApiError, SafeJSONResponse, Service, error, status_of
+from .common import ApiError, SafeJSONResponse, Service, corral_error, error
 from .limits import Limited
 from .metrics import Metrics
 from .registry import Registry
@@ -82,7 +83,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
 
     @app.exception_handler(CorralError)
     async def _corral(request, e: CorralError):
-        return error(status_of(e), e.kind, e.message, e.field)
+        return corral_error(e)
 
     @app.exception_handler(Exception)
     async def _internal(request, e: Exception):

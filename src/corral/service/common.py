@@ -19,6 +19,7 @@ from ..errors import (
     ImageError,
     PolicyError,
     SandboxClosed,
+    SandboxSetupError,
     UnsupportedRule,
     UsageError,
 )
@@ -30,6 +31,7 @@ class ErrorDetail(BaseModel):
     kind: str
     field: str | None = None
     message: str
+    step: str | None = None     # a setup error's step (SandboxSetupError.step)
 
 
 class ErrorBody(BaseModel):
@@ -68,9 +70,19 @@ _LONE_HIGH = re.compile("[\ud800-\udc7f\udd00-\udfff]")
 
 
 def error(status: int, kind: str, message: str, field: str | None = None,
-          headers: dict | None = None) -> JSONResponse:
-    return SafeJSONResponse({"error": {"kind": kind, "field": field, "message": message}},
-                        status_code=status, headers=headers)
+          headers: dict | None = None, step: str | None = None) -> JSONResponse:
+    """The JSON error every route answers; `step` only for a setup error (where building
+    the sandbox failed: SandboxSetupError.step), so the SDK raises it with the same step."""
+    body = {"kind": kind, "field": field, "message": message}
+    if step is not None:
+        body["step"] = step
+    return SafeJSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def corral_error(e: CorralError) -> JSONResponse:
+    """A CorralError as the API answers it (its status, kind, field; a setup step)."""
+    return error(status_of(e), e.kind, e.message, e.field,
+                 step=getattr(e, "step", None) if isinstance(e, SandboxSetupError) else None)
 
 
 # -- names that are not UTF-8 -----------------------------------------------------------------

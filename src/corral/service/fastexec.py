@@ -222,7 +222,7 @@ def _error_response(e: BaseException, scope):
     propagate (a cancellation)."""
     from ..errors import CorralError
     from .ceiling import Exceeds
-    from .common import ApiError, error, status_of
+    from .common import ApiError, corral_error, error
     from .limits import Limited
 
     if isinstance(e, ApiError):
@@ -232,7 +232,7 @@ def _error_response(e: BaseException, scope):
     if isinstance(e, Exceeds):
         return error(403, "ceiling", e.message, e.field)
     if isinstance(e, CorralError):
-        return error(status_of(e), e.kind, e.message, e.field)
+        return corral_error(e)
     if isinstance(e, Exception):
         log.exception("corral serve: POST %s failed", scope.get("path"))
         return error(500, "internal", "the server failed on this request (its log says "

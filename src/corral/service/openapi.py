@@ -38,7 +38,8 @@ ERROR_SCHEMA = {
         "additionalProperties": False,
         "properties": {"kind": {"type": "string"},
                        "field": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-                       "message": {"type": "string"}}}}}
+                       "message": {"type": "string"},
+                       "step": {"type": "string"}}}}}
 POLICY_OPS = {("post", "/sandboxes"), ("post", "/explain")}
 
 

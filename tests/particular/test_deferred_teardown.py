@@ -147,3 +147,49 @@ def test_runs_in_many_threads_never_queue_more_than_the_bound(run_dirs):
     assert DEFERRED.flush(60) and DEFERRED.take_problems() == []
     assert DEFERRED.drain_ready() == []
     assert [d.path for d in run_dirs if os.path.exists(d.path)] == []
+
+
+def test_a_failed_teardown_reaches_only_its_own_threads_results(run_dirs):
+    """Runs in two threads at once: the failed teardown of thread A's run (its run dir
+    made busy by a mount of its own) must never show in a Result of thread B's, which runs
+    while it fails; A's next run gets it."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = ThreadPoolExecutor(max_workers=1)   # one thread: A's runs
+    hold = threading.Event()
+    DEFERRED.submit(None, "test-hold", lambda: hold.wait(30) and [])  # the thread waits
+    busy = None
+    try:
+        first = a.submit(corral.run, ["/bin/true"]).result(60)
+        d = run_dirs[0]
+        assert first.verdict == "ok" and os.path.isdir(d.path)
+        busy = os.path.join(d.path, "busy")
+        os.mkdir(busy)
+        subprocess.run(["mount", "-t", "tmpfs", "none", busy], check=True)
+        b_results, stop = [], threading.Event()
+
+        def b_runs():
+            while not stop.is_set() or len(b_results) < 8:
+                b_results.append(corral.run(["/bin/true"]))
+        b = threading.Thread(target=b_runs)
+        b.start()
+        hold.set()                       # A's teardown fails while B runs
+        assert DEFERRED.flush(30)
+        stop.set()
+        b.join(120)
+        assert not b.is_alive()
+        assert [r.verdict for r in b_results] == ["ok"] * len(b_results)
+        assert [e for r in b_results for e in r.events if e["kind"] == "teardown"] == []
+        second = a.submit(corral.run, ["/bin/true"]).result(60)
+        events = [e for e in second.events if e["kind"] == "teardown"]
+        assert len(events) == 1, second.events
+        assert d.id in events[0]["message"] and "earlier run" in events[0]["message"]
+    finally:
+        hold.set()
+        a.shutdown()
+        if busy is not None:
+            subprocess.run(["umount", busy], check=False)
+            rundir._rmtree(run_dirs[0].path)
+    assert DEFERRED.flush(30)
+    assert DEFERRED.take_problems() == []

@@ -193,3 +193,42 @@ def test_a_failed_teardown_reaches_only_its_own_threads_results(run_dirs):
             rundir._rmtree(run_dirs[0].path)
     assert DEFERRED.flush(30)
     assert DEFERRED.take_problems() == []
+
+
+def test_a_due_sweep_runs_on_the_teardown_thread_not_the_callers(run_dirs, monkeypatch):
+    """Once the teardown thread runs, the periodic sweep of dead supervisors' run dirs
+    (rundir.sweep_if_due) goes to it: the run that opens a sandbox does not wait for it,
+    and what a dead supervisor left is removed all the same."""
+    import threading
+
+    monkeypatch.setattr(rundir, "SWEEP_EVERY_S", 0.0)    # due at every open
+    swept_by = []
+    real = rundir.sweep_stale
+
+    def sweep(*a, **kw):
+        swept_by.append(threading.get_ident())
+        return real(*a, **kw)
+    monkeypatch.setattr(rundir, "sweep_stale", sweep)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:       # a supervisor that dies with its run dir made (and a tmpfs in it)
+        try:
+            d = rundir.RunDir()
+            os.mkdir(d.path + "/m")
+            subprocess.run(["mount", "-t", "tmpfs", "none", d.path + "/m"], check=True)
+            os.write(w, d.path.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    dead = os.read(r, 200).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert os.path.isdir(dead)
+    assert corral.run(["/bin/true"]).verdict == "ok"     # the thread is running now
+    swept_by.clear()
+    for _ in range(3):
+        assert corral.run(["/bin/true"]).verdict == "ok"
+    assert DEFERRED.flush(30)
+    assert swept_by and threading.get_ident() not in swept_by
+    assert not os.path.exists(dead) and not [m for m in mountinfo() if dead in m]
+    assert DEFERRED.take_problems() == []

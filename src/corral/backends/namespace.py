@@ -313,7 +313,7 @@ class NamespaceSandbox(LiveSandbox):
         self._cgroups: list = []
         #: the execs running now, which close() ends (one in another thread, say)
         self._inflight = Inflight()
-        rundir.sweep_if_due()
+        rundir.sweep_if_due(off_path=_sweep_off_path())
         #: (run dir, uid, its scratch) made ahead by the teardown thread (host/deferred.py)
         self._ready = self._take_ready()
         self.dir = self._ready[0] if self._ready else rundir.RunDir()
@@ -764,6 +764,14 @@ class NamespaceSandbox(LiveSandbox):
                                         else None)):
                 problems += remove_run(run_dir, kept)
         return problems
+
+
+def _sweep_off_path():
+    """Where a due sweep of dead run dirs goes instead of this thread: the teardown thread
+    of host/deferred.py, if this process has one running (it was imported by the first
+    deferred close()); None: swept here (the first sandbox of a process, the CLI)."""
+    deferred = sys.modules.get("corral.backends.host.deferred")
+    return deferred.DEFERRED.run_soon if deferred is not None else None
 
 
 def _make_ready(size: int, inodes: int):

@@ -24,6 +24,10 @@ Its problems (each a sentence: an unmount or removal that failed) are never drop
    the next corral start sweeps them, cgroups and mounts included (linux/rundir.py), as
    it does for any dead supervisor's.
 
+The same thread runs the periodic sweep of dead supervisors' run directories
+(linux/rundir.sweep_if_due, about once a second) once it is running (`run_soon`), so that
+the run opening a sandbox does not wait for it.
+
 After such a teardown the thread also makes a run directory ahead for the next sandbox
 of the same kind (a uid picked, its scratch tmpfs mounted with the same size and inode
 caps: namespace.py's _make_ready), at most READY_MAX of a kind; a sandbox takes one
@@ -97,6 +101,20 @@ class Deferred:
             if self._wake.locked():
                 self._wake.release()
         return True
+
+    def run_soon(self, fn) -> bool:
+        """Queue `fn()` (its return value unused) for the teardown thread if the thread
+        runs already and the queue has room; False, and nothing queued, otherwise (the
+        caller runs it itself). For the periodic sweep of dead run dirs
+        (linux/rundir.sweep_if_due), which need not hold up the sandbox being opened; an
+        exception of it is a problem of the calling thread's, as a teardown's is."""
+        def work():
+            fn()
+            return []
+        with self._lock:
+            if not self._mine() or not self._thread or len(self._queue) >= MAX_PENDING:
+                return False
+        return self.submit(None, "sweep", work)
 
     def _loop(self) -> None:
         while True:

@@ -232,3 +232,37 @@ def test_a_due_sweep_runs_on_the_teardown_thread_not_the_callers(run_dirs, monke
     assert swept_by and threading.get_ident() not in swept_by
     assert not os.path.exists(dead) and not [m for m in mountinfo() if dead in m]
     assert DEFERRED.take_problems() == []
+
+
+def test_a_run_dir_that_would_not_go_keeps_its_cgroups_out_of_the_pool(run_dirs):
+    """A run dir whose removal failed is left with its lock free, so the next sweep (of
+    any corral process) takes it for a dead supervisor's and removes the cgroups named
+    after it: those must not be in the pool for later runs to take."""
+    import threading
+
+    from corral.backends.host.cgroups import POOL
+
+    hold = threading.Event()
+    DEFERRED.submit(None, "test-hold", lambda: hold.wait(30) and [])  # the thread waits
+    busy = None
+    try:
+        first = corral.run(["/bin/true"])
+        d = run_dirs[0]
+        assert first.verdict == "ok" and os.path.isdir(d.path)
+        busy = os.path.join(d.path, "busy")
+        os.mkdir(busy)
+        subprocess.run(["mount", "-t", "tmpfs", "none", busy], check=True)
+        hold.set()
+        assert DEFERRED.flush(30)
+        assert [p for _, dir_id, p in DEFERRED.take_problems() if dir_id == d.id]
+        assert d.id in rundir.sweep_stale()      # its lock is free: swept as dead
+        assert not [cg for cg in POOL._idle if cg.run_id.startswith(d.id)]
+        results = [corral.run(["/bin/true"]) for _ in range(POOL.SIZE + 2)]
+        assert [r.verdict for r in results] == ["ok"] * len(results)
+    finally:
+        hold.set()
+        if busy is not None:
+            subprocess.run(["umount", busy], check=False)
+            if os.path.exists(d.path):
+                rundir._rmtree(d.path)
+    assert DEFERRED.flush(30)

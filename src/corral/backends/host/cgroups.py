@@ -226,7 +226,16 @@ def usage_of(outcome, cg):
 
 def remove_run(run_dir, kept: list) -> list[str]:
     """Remove an emptied sandbox's run dir, then give its cgroups to the pool (note()d
-    there first: the run dir that recorded them goes). Returns teardown problems."""
+    there first: the run dir that recorded them goes). Returns teardown problems.
+
+    A run dir that would not go is left with its lock free: any corral start's sweep
+    takes it for a dead supervisor's and removes the cgroups named after it (linux/
+    rundir.sweep_stale), so they are removed now instead of pooled, where a later run
+    would take one the sweep may remove under it."""
     POOL.note(kept)                   # recorded there before this run dir goes
     problems = run_dir.remove()       # the scratch tmpfs, charged to them, goes too
+    if problems:
+        for cg in kept:
+            problems += destroy_cgroup(cg)
+        return problems
     return problems + POOL.give(kept)

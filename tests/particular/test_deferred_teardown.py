@@ -234,6 +234,35 @@ def test_a_due_sweep_runs_on_the_teardown_thread_not_the_callers(run_dirs, monke
     assert DEFERRED.take_problems() == []
 
 
+def test_a_review_workspace_is_unmounted_before_run_returns_its_scratch_after(
+        run_dirs, tmp_path):
+    """A one-shot run with a workspace in review mode: the overlay and the workspace's
+    clone (the host's directory) are unmounted before corral.run() returns; only the
+    removal of the scratch tmpfs and the run dir is left to the teardown thread."""
+    import threading
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "keep.txt").write_text("kept\n")
+    os.chmod(ws, 0o755)
+    os.chmod(tmp_path, 0o755)
+    hold = threading.Event()
+    DEFERRED.submit(None, "test-hold", lambda: hold.wait(30) and [])  # the thread waits
+    try:
+        r = corral.run(["/bin/sh", "-c", "echo x > /workspace/new.txt; cat keep.txt"],
+                       {"filesystem": {"workspace": {"path": str(ws), "mode": "review"}}})
+        assert r.verdict == "ok" and r.stdout == "kept\n", r
+        d = run_dirs[0]
+        mounted = [m.split()[4] for m in mountinfo() if d.path in m]
+        assert mounted == [d.path + "/scratch"]   # what is left for the thread
+        assert os.listdir(ws) == ["keep.txt"]
+    finally:
+        hold.set()
+    assert DEFERRED.flush(30)
+    assert not os.path.exists(d.path) and not [m for m in mountinfo() if d.path in m]
+    assert DEFERRED.take_problems() == []
+
+
 def test_a_run_dir_that_would_not_go_keeps_its_cgroups_out_of_the_pool(run_dirs):
     """A run dir whose removal failed is left with its lock free, so the next sweep (of
     any corral process) takes it for a dead supervisor's and removes the cgroups named

@@ -739,9 +739,10 @@ class NamespaceSandbox(LiveSandbox):
         gone (each exec killed, reaped and its cgroup checked empty before its Result was
         made; end_all() here), the removal of what is left empty (the scratch tmpfs, the
         run dir, the cgroups given to the pool) goes to the teardown thread
-        (host/deferred.py, which says where its problems go), if the run dir holds no
-        mount but the scratch tmpfs: a workspace or bind of the host's is unmounted
-        before close() returns."""
+        (host/deferred.py, which says where its problems go). Every other mount of the
+        run dir (a workspace, its review overlay, a bind of the host's, an image's root)
+        is unmounted here first, before close() returns; if one will not go, all of it
+        is done here."""
         problems: list[str] = []
         if getattr(self, "_inflight", None) is not None:
             self._inflight.end_all()
@@ -756,8 +757,9 @@ class NamespaceSandbox(LiveSandbox):
             key = self._ready_key()
             if defer_as is not None:
                 from .host.deferred import DEFERRED
-            if not (defer_as is not None and run_dir.mounts == [self.scratch]
-                    and not self._inflight.running()
+            if not (defer_as is not None and not self._inflight.running()
+                    and run_dir.unmount_all_but(self.scratch)
+                    and run_dir.mounts == [self.scratch]
                     and DEFERRED.submit(defer_as, run_dir.id,
                                         lambda: remove_run(run_dir, kept),
                                         ready=(key, lambda: _make_ready(*key)) if key

@@ -132,6 +132,17 @@ class RunDir:
         os.mkdir(p, mode)
         return p
 
+    def unmount_all_but(self, keep: str) -> bool:
+        """Unmount every mount of the run dir but `keep`, the latest first, each dropped
+        from `mounts` once gone. True if only `keep` (if it was there) is left; False at
+        the first that will not go (remove() then tries it again and says why)."""
+        for m in reversed(list(self.mounts)):
+            if m != keep:
+                if _umount(m):
+                    return False
+                self.mounts.remove(m)
+        return True
+
     def remove(self) -> list[str]:
         """Unmount, delete, release. Returns problems (for teardown events)."""
         problems = _remove_tree(self.path, self.mounts)

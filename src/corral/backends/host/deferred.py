@@ -107,9 +107,13 @@ class Deferred:
         runs already and the queue has room; False, and nothing queued, otherwise (the
         caller runs it itself). For the periodic sweep of dead run dirs
         (linux/rundir.sweep_if_due), which need not hold up the sandbox being opened; an
-        exception of it is a problem of the calling thread's, as a teardown's is."""
+        error of it is a problem of the calling thread's, as a teardown's is (its next
+        run's Result says so) instead of failing the run that opened a sandbox."""
         def work():
-            fn()
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - reported, as a teardown's problem
+                return [f"the sweep of dead supervisors' run dirs: {type(e).__name__}: {e}"]
             return []
         with self._lock:
             if not self._mine() or not self._thread or len(self._queue) >= MAX_PENDING:

@@ -11,9 +11,11 @@ notes the time after each step (time.perf_counter_ns, in the process):
   open      the run dir, the /etc tree, scratch, the seccomp program, bwrap's argv
   exec      one `/bin/true`: its cgroup, bwrap, the command, the Result (bwrap's own time,
             measured on its own by bench/startup.py, is most of it)
-  close     scratch unmounted, run dir removed, cgroups given back; the audit record
-            appended to the spool (as `corral run` does)
-  atexit    the exit handlers (the cgroup pool drained: the run's cgroups removed)
+  close     scratch unmounted, run dir removed, cgroups removed (an older build: given
+            to the cgroup pool); the audit record appended to the spool (as `corral run`
+            does)
+  atexit    the exit handlers (an older build: the cgroup pool drained, the run's cgroups
+            removed)
 
 Around them, timed from outside (wall clock of the whole process, as bench/startup.py):
 `interp` is the launcher's interpreter with its flags and nothing else (`-c pass`),
@@ -49,6 +51,11 @@ try:   # as cmd_run: the record goes to the spool at exit (no writer thread, no 
     use_spool()
 except ImportError:   # an older build, without the audit store
     flush = lambda: None
+try:   # as cmd_run: the sandbox's cgroups removed at close, not pooled
+    from corral.backends.host.cgroups import POOL
+    POOL.short_lived()
+except (ImportError, AttributeError):   # an older build: they go to the pool
+    pass
 _t.append(time.perf_counter_ns())
 sb.open()
 _t.append(time.perf_counter_ns())

@@ -236,6 +236,9 @@ def cmd_run(args: list[str]) -> int:
         from .audit.record import flush, use_spool
 
         use_spool()   # a short-lived process: its record goes to the spool, no SQLite here
+        from .backends.host.cgroups import POOL
+
+        POOL.short_lived()   # and its sandbox's cgroups are removed at close, not pooled
         if r.tty:
             return _run_tty(r, policy)
         from .runtime.sandbox import Sandbox

@@ -65,7 +65,7 @@ def _ask(changes) -> list[str]:
     """y/n per change on the terminal (a: this and the rest, q: none of the rest). The
     directories a file needs come with it; a deleted directory goes once everything in
     it was accepted."""
-    from .termsafe import neutralise
+    from .termsafe import review as shown
 
     picked: list[str] = []
     rest = None
@@ -75,8 +75,10 @@ def _ask(changes) -> list[str]:
         if rest is None:
             sys.stderr.write(c.summary() + "\n")
             if c.diff:
-                sys.stderr.write(neutralise(c.diff if len(c.diff) < 4000 else
-                                            c.diff[:4000] + "\n[...]\n"))
+                # bidi controls and zero-width characters shown, not obeyed: a
+                # hostile change cannot hide code from the person judging it
+                sys.stderr.write(shown(c.diff if len(c.diff) < 4000 else
+                                       c.diff[:4000] + "\n[...]\n"))
             sys.stderr.write("apply it? [y]es, [n]o, [a]ll the rest, [q]uit: ")
             sys.stderr.flush()
             answer = sys.stdin.readline().strip().lower()

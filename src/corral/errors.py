@@ -9,8 +9,10 @@
     ├── SandboxSetupError    exit 125 corral failed while building the sandbox (step, errno)
     └── SandboxClosed        exit 125 a live sandbox has ended (killed, timed out, its init died)
 
-No command has run when any of these is raised. Messages are one line and never contain a
-secret value.
+No command has run when any of these is raised, but for a SandboxSetupError of step
+"handover": a live sandbox's command had started when handing it over to its supervisor
+failed, and it was killed (and reaped) before anyone watched it; its output and status
+mean nothing. Messages are one line and never contain a secret value.
 """
 
 from __future__ import annotations

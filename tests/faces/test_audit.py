@@ -268,14 +268,11 @@ def _wait_runs(http, n=1):
 
 
 def test_service_runs_are_recorded_per_token_with_a_stored_receipt(tmp_path, monkeypatch):
-    from test_serve import Server, _token
+    from servefix import Server
 
     monkeypatch.setenv("CORRAL_AUDIT", "1")
 
-    s = Server(tmp_path)
-    s.tokens["a"] = _token(s.state, "a")
-    s.tokens["b"] = _token(s.state, "b")
-    s.start()
+    s = Server(tmp_path, tokens=["a", "b"]).start()
     try:
         a, b = s.http(s.tokens["a"]), s.http(s.tokens["b"])
         sid = a.post("/sandboxes", json={"policy": {}}).json()["id"]
@@ -621,15 +618,12 @@ def test_runs_refused_before_they_start_are_recorded(state, tmp_path):
 
 
 def test_a_ceiling_refusal_in_the_service_is_recorded_for_its_token(tmp_path, monkeypatch):
-    from test_serve import Server, _token
+    from servefix import Server
 
     monkeypatch.setenv("CORRAL_AUDIT", "1")
-    s = Server(tmp_path)
     ceiling = tmp_path / "ceiling.toml"
     ceiling.write_text('[limits]\nmemory = "256M"\n')
-    s.tokens["a"] = _token(s.state, "a", "--ceiling", str(ceiling))
-    s.tokens["b"] = _token(s.state, "b")
-    s.start()
+    s = Server(tmp_path, tokens=[("a", "--ceiling", str(ceiling)), "b"]).start()
     try:
         a, b = s.http(s.tokens["a"]), s.http(s.tokens["b"])
         r = a.post("/sandboxes", json={"policy": {"limits": {"memory": "1G"}}})
@@ -644,3 +638,35 @@ def test_a_ceiling_refusal_in_the_service_is_recorded_for_its_token(tmp_path, mo
         assert b.get("/runs").json() == {"runs": []}
     finally:
         s.stop()
+
+
+def _key_after_barrier(directory, barrier, out):
+    from corral.audit import receipt
+
+    barrier.wait()
+    try:
+        out.put(receipt.public_key_text(directory))
+    except Exception as e:  # noqa: BLE001 - the parent asserts on what came back
+        out.put(f"error: {type(e).__name__}: {e}")
+
+
+def test_processes_making_the_host_key_at_once_all_sign_with_the_same_whole_key(tmp_path):
+    """Ray nodes on one machine share its key: the first use by several at once once left
+    one reading the key file before its creator had written it (no receipt, CI failure)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(5):
+        d = str(tmp_path / f"state{round_}")
+        n = 12
+        barrier, out = ctx.Barrier(n), ctx.Queue()
+        procs = [ctx.Process(target=_key_after_barrier, args=(d, barrier, out))
+                 for _ in range(n)]
+        for p in procs:
+            p.start()
+        got = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(60)
+        assert len(set(got)) == 1 and got[0].startswith("ed25519:"), got
+        assert sorted(os.listdir(d)) == ["receipt.key"], os.listdir(d)
+        assert os.stat(os.path.join(d, "receipt.key")).st_mode & 0o777 == 0o600

@@ -83,6 +83,7 @@ def test_jobs_spread_over_both_nodes(cluster, monkeypatch):
     assert all(x["verdict"] == "ok" and x["stdout"] == f"{x['id']}\n" for x in lines), lines
     assert {x["node"] for x in lines} == workers      # both, and never the head
     for x in lines:       # each node signed its own receipt of what it ran
+        assert x["receipt"] is not None, x["events"]
         assert x["receipt"]["body"]["run_id"] == x["run_id"]
         assert x["receipt"]["body"]["argv"] == jobs[x["id"]]["argv"]
     # and the driver's machine keeps every run, with the node's receipt, in its audit

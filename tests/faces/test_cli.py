@@ -161,6 +161,15 @@ def _run_on_a_terminal(args):
     return p.returncode, out
 
 
+def test_argv_bytes_that_are_not_utf8_reach_the_command_as_they_are():
+    """sys.argv holds them surrogate-escaped; the sandbox's command gets the bytes (it
+    was a UnicodeEncodeError traceback)."""
+    r = subprocess.run([CORRAL, "run", "--", "printf", "%s", b"\xff\xfe-\xc3\xa4"],
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"\xff\xfe-\xc3\xa4"
+
+
 def test_escape_sequences_are_neutralised_on_a_terminal():
     evil = "printf 'a\\033]52;c;ZXZpbA==\\007b\\033[2Jc\\rd\\n'"
     rc, out = _run_on_a_terminal(["run", "--", "/bin/sh", "-c", evil])

@@ -6,12 +6,11 @@ gives up closes its connection, so the service kills the command (the disconnect
 import os
 import socket
 import threading
-import time
 
 import httpx
 import pytest
 from conftest import CORRAL, tier_unavailable
-from test_serve import Server, _token
+from servefix import Server, procs_with, until
 
 from corral import client
 from corral.client import _fast
@@ -23,37 +22,12 @@ pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("serve-fast"))
-    s.tokens["a"] = _token(s.state, "a")
-    s.tokens["gone"] = _token(s.state, "gone")
-    s.start()
-    yield s
-    s.stop()
+    with Server(tmp_path_factory.mktemp("serve-fast"), tokens=["a", "gone"]) as s:
+        yield s
 
 
 def _idle(server) -> list:
     return _fast._idle.get((os.getpid(), "http", "127.0.0.1", server.port), [])
-
-
-def _procs_with(arg: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if arg.encode() in f.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-
-
-def _until(pred, what: str, tries: int = 600):
-    for _ in range(tries):
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"never: {what}")
 
 
 def test_a_foreground_command_reuses_one_kept_alive_connection(server):
@@ -75,7 +49,7 @@ def test_a_connection_the_service_closed_is_not_reused(server):
         for c in idle:           # the service sees EOF and closes its end
             c.sock.shutdown(socket.SHUT_WR)
         old = [c.sock for c in idle]
-        _until(lambda: all(_readable(s) for s in old), "the service closed them")
+        until(lambda: all(_readable(s) for s in old), "the service closed them")
         assert sb.commands.run("echo fresh").stdout == "fresh\n"
         assert all(s.fileno() == -1 for s in old)       # closed, not used
         assert len(_idle(server)) == 1 and _idle(server)[0].sock not in old
@@ -160,13 +134,13 @@ def test_a_call_that_gives_up_kills_its_command(server):
 
         seen = []
         t = threading.Thread(target=lambda: seen.append(
-            _until(lambda: _procs_with(arg), "the command runs")), daemon=True)
+            until(lambda: procs_with(arg), "the command runs")), daemon=True)
         t.start()
         with pytest.raises(httpx.ReadTimeout):
             sb._exec({"argv": ["sleep", arg]}, 5.0)
         t.join(60)
         assert seen, "the command ran"
-        _until(lambda: not _procs_with(arg), "the command is killed")
+        until(lambda: not procs_with(arg), "the command is killed")
         assert len(_idle(server)) == before - 1        # that connection was not kept
         assert sb.commands.run("echo after").stdout == "after\n"
 

@@ -3,7 +3,7 @@ output callbacks get the command's bytes on both sides (non-UTF-8 output and a s
 split between writes included), and the parameters the SDK gained for parity (run_code's
 env, create_context's engine, the terminal's env and argv, send_stdin's timeout,
 send_signal, exec's callbacks) reach the sandbox. A real `corral serve` on loopback
-(tests/faces/test_serve.py's Server), namespace-tier sandboxes."""
+(tests/fixtures/servefix.py's Server), namespace-tier sandboxes."""
 
 import asyncio
 import base64
@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 from conftest import tier_unavailable
-from test_serve import Server, _token
+from servefix import Server
 
 import corral
 from corral import client
@@ -30,11 +30,8 @@ WANT_OUT, WANT_ERR = b"\xff\xfeh\xc3\xa9llo", b"e\xff"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("client-parity"))
-    s.tokens["a"] = _token(s.state, "a")
-    s.start()
-    yield s
-    s.stop()
+    with Server(tmp_path_factory.mktemp("client-parity"), tokens=["a"]) as s:
+        yield s
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ datascience images are test_e2b_images.py's (slow)."""
 import asyncio
 import io
 import struct
+import time
 
 import httpx
 import pytest
@@ -154,6 +155,39 @@ def test_users(env):
             sb.commands.run("id -u", user="nobody")
         with pytest.raises(SandboxException, match="user"):
             sb.pty.create(e2b.PtySize(rows=24, cols=80), user="user")
+
+
+def test_files_named_with_bytes_that_are_not_utf8(env):
+    """The sandbox names files with any bytes: listed (and watched) in the quoted form
+    of the native API ("\\xff\\xfe", docs/service.md), read and removed by it; a
+    malformed quoted name is refused in one line."""
+    with Sandbox.create(timeout=120) as sb:
+        sb.commands.run("mkdir -p /tmp/d && printf 1 > $'/tmp/d/\\xff\\xfe' && "
+                        "printf 2 > '/tmp/d/\"q\"'")
+        handle = sb.files.watch_dir("/tmp/d")
+        try:
+            names = sorted(e.name for e in sb.files.list("/tmp/d"))
+            assert names == ['"\\"q\\""', '"\\xff\\xfe"'], names
+            assert sb.files.read('/tmp/d/"\\xff\\xfe"') == "1"
+            assert sb.files.read('/tmp/d/"\\"q\\""') == "2"
+            assert sb.files.get_info('/tmp/d/"\\xff\\xfe"').path == '/tmp/d/"\\xff\\xfe"'
+            sb.commands.run("touch $'/tmp/d/w\\xfd'")
+            seen = []
+            for _ in range(50):
+                seen += [e.name for e in handle.get_new_events()]
+                if '"w\\xfd"' in seen:
+                    break
+                time.sleep(0.1)
+            assert '"w\\xfd"' in seen, seen
+            sb.files.remove('/tmp/d/"\\xff\\xfe"')
+            assert sb.commands.run("ls /tmp/d | od -An -c").stdout.split() == [
+                '"', "q", '"', "\\n", "w", "375", "\\n"]
+            with pytest.raises(SandboxException, match="quoted"):
+                sb.files.read('/tmp/d/"\\q"')
+            with pytest.raises(SandboxException, match='/tmp/d/"w.xfd" is not a dir'):
+                sb.files.list('/tmp/d/"w\\xfd"')
+        finally:
+            handle.stop()
 
 
 def test_files(env):

@@ -12,7 +12,7 @@ import subprocess
 import httpx
 import pytest
 from conftest import CORRAL, tier_unavailable
-from servefix import Serve
+from servefix import Server
 from servefix import api_error as _err
 from servefix import make_token as _token
 
@@ -26,47 +26,20 @@ pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
 SECRET = "s3cr3t-value-never-on-the-wire"
 
 
-class Server(Serve):
-    """servefix.Serve with the server's own secret in its environment, the tokens made
-    for it (.tokens) and its clients kept until stop() closes them (one dropped unclosed
-    leaves its keep-alive socket to the garbage collector: a ResourceWarning, an error
-    here)."""
-
-    def __init__(self, tmp_path):
-        super().__init__(tmp_path, env={"CORRAL_TEST_SECRET": SECRET})
-        self.tokens = {}
-        self._clients = []
-
-    def http(self, token=None):
-        client = super().http(token)
-        self._clients.append(client)
-        return client
-
-    def stop(self):
-        for c in self._clients:
-            c.close()
-        super().stop()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
-    s = Server(tmp)
     ceiling = tmp / "ceiling.toml"
     ceiling.write_text('[network]\nmode = "allow"\nallow = ["*.example.com"]\n'
                        '[limits]\nmemory = "256M"\n')
-    s.tokens["a"] = _token(s.state, "a")
-    s.tokens["b"] = _token(s.state, "b")
-    s.tokens["net"] = _token(s.state, "net", "--ceiling", str(ceiling))
-    s.tokens["one"] = _token(s.state, "one", "--max-sandboxes", "1")
-    s.tokens["busy"] = _token(s.state, "busy", "--max-concurrent", "1")
     sec = tmp / "secret.toml"
     sec.write_text('[network]\nmode = "allow"\nallow = ["api.example.com"]\n'
                    '[secrets.GH]\nfrom = "env:CORRAL_TEST_SECRET"\nhosts = ["api.example.com"]\n')
-    s.tokens["sec"] = _token(s.state, "sec", "--ceiling", str(sec))
-    s.start()
-    yield s
-    s.stop()
+    with Server(tmp, env={"CORRAL_TEST_SECRET": SECRET},
+                tokens=["a", "b", ("net", "--ceiling", str(ceiling)),
+                        ("one", "--max-sandboxes", "1"), ("busy", "--max-concurrent", "1"),
+                        ("sec", "--ceiling", str(sec))]) as s:
+        yield s
 
 
 def _create(http, policy=None):
@@ -457,10 +430,8 @@ def test_the_sandbox_behind_the_service_is_one(server):
 
 
 def test_sigterm_kills_every_sandbox(tmp_path):
-    s = Server(tmp_path)
-    tok = _token(s.state, "t")
-    s.start()
-    with s.http(tok) as h:
+    s = Server(tmp_path, tokens=["t"]).start()
+    with s.http(s.tokens["t"]) as h:
         sid = _create(h)
         marker = f"corral-serve-test-{os.getpid()}-{sid}"
         r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": f"echo {marker}"})

@@ -5,12 +5,11 @@ sandboxes, the audit store in SQLite)."""
 import os
 import sqlite3
 import threading
-import time
 
 import httpx
 import pytest
 from conftest import procs_mentioning, tier_unavailable
-from servefix import Serve
+from servefix import Serve, until
 
 from corral.linux.rundir import base_dir
 
@@ -19,16 +18,6 @@ pytestmark = [
                        reason=f"namespace tier: {tier_unavailable('namespace')}"),
     pytest.mark.skipif(os.geteuid() != 0, reason="watches the run directories in /run/corral"),
 ]
-
-
-def _until(pred, what: str, seconds: float = 60.0):
-    deadline = time.monotonic() + seconds
-    while True:
-        v = pred()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.05)
 
 
 def test_a_service_killed_mid_request_is_swept_and_its_records_closed_on_restart(tmp_path):
@@ -68,7 +57,7 @@ def test_a_service_killed_mid_request_is_swept_and_its_records_closed_on_restart
                 return False
             finally:
                 db.close()
-        _until(written, "the records before the kill are written")
+        until(written, "the records before the kill are written")
 
         def request():       # a request in flight when the service dies
             try:
@@ -79,7 +68,7 @@ def test_a_service_killed_mid_request_is_swept_and_its_records_closed_on_restart
                 out["e"] = e
         t = threading.Thread(target=request, daemon=True)
         t.start()
-        _until(lambda: procs_mentioning(f"sleep {marker}"), "the command runs")
+        until(lambda: procs_mentioning(f"sleep {marker}"), "the command runs")
         s.proc.kill()
         s.proc.wait(60)
     finally:
@@ -87,14 +76,14 @@ def test_a_service_killed_mid_request_is_swept_and_its_records_closed_on_restart
     t.join(60)
     assert "e" in out, out          # the client sees its connection go, not an answer
     # nothing of the sandbox outlives its service (bwrap dies with its parent)
-    _until(lambda: not procs_mentioning(f"sleep {marker}"), "the command is gone", 15)
+    until(lambda: not procs_mentioning(f"sleep {marker}"), "the command is gone", 15)
 
     again = Serve(tmp_path / "two", env={"CORRAL_AUDIT": "1"})
     again.state = s.state
     again.start()
     try:
-        _until(lambda: b"sweep:" in again.log.read_bytes(), "the sweep is logged")
-        _until(lambda: not os.path.isdir(run_dir), "the run directory is swept")
+        until(lambda: b"sweep:" in again.log.read_bytes(), "the sweep is logged")
+        until(lambda: not os.path.isdir(run_dir), "the run directory is swept")
         db = sqlite3.connect(os.path.join(s.state, "audit", "audit.db"))
         try:
             assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
@@ -147,7 +136,7 @@ def test_a_full_state_directory_gives_clear_errors_and_loses_no_record(tmp_path)
             sid = h.post("/sandboxes", json={}).json()["id"]
             assert h.post(f"/sandboxes/{sid}/exec", json={"cmd": "echo one"}).json()[
                 "stdout"] == "one\n"
-            _until(lambda: h.get("/runs").json()["runs"], "the first record is written")
+            until(lambda: h.get("/runs").json()["runs"], "the first record is written")
             tokens = (state / "service" / "tokens.json").read_bytes()
             with open(state / "filler", "wb", buffering=0) as f:     # the rest of the disk
                 try:
@@ -175,7 +164,7 @@ def test_a_full_state_directory_gives_clear_errors_and_loses_no_record(tmp_path)
             # page when the disk fills): wait for the record of "echo three"
             def recorded():
                 return [x["argv"][-1] for x in h.get("/runs").json()["runs"]]
-            _until(lambda: "echo three" in recorded(), "records again")
+            until(lambda: "echo three" in recorded(), "records again")
             argvs = recorded()
             assert "echo one" in argvs and "echo three" in argvs, argvs
     finally:

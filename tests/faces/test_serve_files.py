@@ -17,8 +17,8 @@ import time
 import httpx
 import pytest
 from conftest import tier_unavailable
+from servefix import Server, until
 from servefix import api_error as _err
-from test_serve import Server, _token
 
 from corral import client
 from corral.runtime.files import FileNotFound, FilesError
@@ -32,12 +32,8 @@ CAP = 16 << 20        # the service's body cap (service.app.BODY_MAX)
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("serve-files")
-    s = Server(tmp)
-    s.tokens["a"] = _token(s.state, "a")
-    s.start()
-    yield s
-    s.stop()
+    with Server(tmp_path_factory.mktemp("serve-files"), tokens=["a"]) as s:
+        yield s
 
 
 @pytest.fixture
@@ -104,15 +100,6 @@ def _held_by(server, name: str) -> bool:
     return False
 
 
-def _until(pred, what: str) -> None:
-    """Poll pred every 50 ms, at most 600 times (an end the service gets to)."""
-    for _ in range(600):
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"never: {what}")
-
-
 def test_streaming_download_of_a_few_megabytes(server, sb, raw):
     r = sb.exec(["sh", "-c", "head -c 6291459 /dev/urandom > /scratch/big && "
                  "sha256sum /scratch/big"])
@@ -137,10 +124,10 @@ def test_streaming_download_of_a_few_megabytes(server, sb, raw):
     assert len(next(it)) > 0
     assert _held_by(server, "big-held")        # open in the service while it streams
     it.close()
-    _until(lambda: not _held_by(server, "big-held"), "the service closes the file")
+    until(lambda: not _held_by(server, "big-held"), "the service closes the file")
     with sb.files.read("/scratch/big-held", format="stream") as never_read:
         assert never_read is not None
-    _until(lambda: not _held_by(server, "big-held"), "the service closes the file")
+    until(lambda: not _held_by(server, "big-held"), "the service closes the file")
     assert sb.files.exists("/scratch/big-held")
     # the JSON read holds the file whole: bounded, and it says where to go instead
     assert sb.exec("head -c 17M /dev/zero > /scratch/huge").verdict == "ok"

@@ -9,34 +9,19 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 
 import httpx
 import pytest
 from conftest import procs_of_uid, tier_unavailable
-from test_serve import Server, _token
+from servefix import Server, procs_with, until
 
 from corral import client
 from corral.errors import SandboxClosed, UsageError
 
 pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
                                 reason=f"namespace tier: {tier_unavailable('namespace')}")
-
-
-def _procs_with(arg: str) -> list[int]:
-    """Host pids whose command line has `arg` as one word."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                words = f.read().split(b"\0")
-        except OSError:
-            continue
-        if arg.encode() in words:
-            found.append(int(pid))
-    return found
 
 
 def _uid_of(pid: int) -> int:
@@ -47,36 +32,21 @@ def _uid_of(pid: int) -> int:
     raise AssertionError(pid)
 
 
-def _until(pred, what: str, tries: int = 600):
-    """Poll `pred` (every 50 ms, at most `tries` times): for ends that come when the
-    service gets to them; not a timing assertion."""
-    for _ in range(tries):
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"never: {what}")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve-live")
-    s = Server(tmp)
     ws = tmp / "ws"
     ws.mkdir()
     (ws / "README.md").write_text("hello\n")
-    s.ws = ws
     review = tmp / "review.toml"
     review.write_text(f'[filesystem.workspace]\npath = "{ws}"\nmode = "review"\n')
     net = tmp / "net.toml"
     net.write_text('[network]\nmode = "allow"\nallow = ["allowed.invalid"]\n')
-    s.tokens["a"] = _token(s.state, "a")
-    s.tokens["net"] = _token(s.state, "net", "--ceiling", str(net))
-    s.tokens["agent"] = _token(s.state, "agent", "--ceiling", str(review))
-    s.tokens["human"] = _token(s.state, "human", "--ceiling", str(review), "--apply-changes")
-    s.start()
-    yield s
-    s.stop()
+    with Server(tmp, tokens=["a", ("net", "--ceiling", str(net)),
+                             ("agent", "--ceiling", str(review)),
+                             ("human", "--ceiling", str(review), "--apply-changes")]) as s:
+        s.ws = ws
+        yield s
 
 
 @pytest.fixture
@@ -148,7 +118,7 @@ def test_set_timeout_get_info_and_the_end(server):
     sb.set_timeout(1)
     assert sb.get_info().ends < info.ends
     # the sandbox ends by itself: then it is gone from the service
-    _until(lambda: sb.id not in [d["id"] for d in client.Sandbox.list(
+    until(lambda: sb.id not in [d["id"] for d in client.Sandbox.list(
         api_url=server.url, api_key=server.tokens["a"])], "the sandbox ended")
     with pytest.raises(client.NotFound):
         sb.get_info()
@@ -186,10 +156,10 @@ def test_a_killed_sandbox_is_gone(server):
     sb = client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"])
     h = sb.commands.run(["sleep", "1001.5"], background=True)
     assert h.pid
-    _until(lambda: _procs_with("1001.5"), "the sleep runs")
+    until(lambda: procs_with("1001.5"), "the sleep runs")
     other = client.Sandbox.connect(sb.id, api_url=server.url, api_key=server.tokens["a"])
     sb.kill()
-    _until(lambda: not _procs_with("1001.5"), "the sleep is gone with its sandbox")
+    until(lambda: not procs_with("1001.5"), "the sleep is gone with its sandbox")
     with pytest.raises(client.NotFound):
         other.commands.run("true")
     other._http.close()
@@ -225,12 +195,12 @@ def test_a_disconnect_kills_the_foreground_command(server, sb, stream):
     arg = "1002.5" if stream else "1003.5"
     s = _raw_exec(server, server.tokens["a"], sb.id, {"argv": ["sleep", arg]}, stream)
     try:
-        _until(lambda: _procs_with(arg), "the command runs")
-        pid = _until(lambda: [c.pid for c in sb.commands.list() if c.cmd[-1] == arg],
+        until(lambda: procs_with(arg), "the command runs")
+        pid = until(lambda: [c.pid for c in sb.commands.list() if c.cmd[-1] == arg],
                      "the command is listed")[0]
     finally:
         s.close()
-    _until(lambda: not _procs_with(arg), "the command's process is gone")
+    until(lambda: not procs_with(arg), "the command's process is gone")
     with server.http(server.tokens["a"]) as h:
         d = h.get(f"/sandboxes/{sb.id}/commands/{pid}").json()
     assert d["running"] is False and d["result"]["verdict"] == "killed", d
@@ -249,7 +219,7 @@ def test_a_background_command_outlives_its_dropped_output_stream(server, sb):
         got += chunk
     s.close()
     time.sleep(0.5)      # give a (wrong) kill its chance to happen
-    assert _procs_with("1004.5") and h.running
+    assert procs_with("1004.5") and h.running
     h.kill()
     assert h.wait(60).verdict == "killed"
 
@@ -260,10 +230,10 @@ def test_pty_over_websocket_input_resize_output_exit(sb):
     term = sb.pty.create(80, 24, "bash --norc -i", on_data=out.append)
     assert term.pid
     term.send_input("echo hi-$((40+2))\r")
-    _until(lambda: b"hi-42" in b"".join(out), "the echo shows")
+    until(lambda: b"hi-42" in b"".join(out), "the echo shows")
     term.resize(100, 30)
     term.send_input("stty size\r")
-    _until(lambda: b"30 100" in b"".join(out), "the new size shows")
+    until(lambda: b"30 100" in b"".join(out), "the new size shows")
     term.send_input("exit\r")
     r = term.wait(60)
     assert r.verdict == "ok" and "hi-42" in r.stdout and "30 100" in r.stdout, r
@@ -271,14 +241,14 @@ def test_pty_over_websocket_input_resize_output_exit(sb):
 
 def test_pty_kill_and_a_dropped_socket_end_the_command(server, sb):
     term = sb.pty.create(80, 24, "sleep 1005.5")
-    _until(lambda: _procs_with("1005.5"), "the terminal's command runs")
+    until(lambda: procs_with("1005.5"), "the terminal's command runs")
     term.kill()
     assert term.wait(60).verdict == "killed"
-    assert not _procs_with("1005.5")
+    assert not procs_with("1005.5")
     term = sb.pty.create(80, 24, "sleep 1006.5")
-    _until(lambda: _procs_with("1006.5"), "the terminal's command runs")
+    until(lambda: procs_with("1006.5"), "the terminal's command runs")
     term._ws.close()                      # the client goes away without a word
-    _until(lambda: not _procs_with("1006.5"), "the terminal's command is gone")
+    until(lambda: not procs_with("1006.5"), "the terminal's command is gone")
 
 
 def test_pty_refusals_are_corrals_errors(server, sb):
@@ -338,7 +308,7 @@ def test_events_stream_as_sse_until_the_sandbox_ends(server):
 
     threading.Thread(target=listen, daemon=True).start()
     sb.commands.run("exit 3")
-    _until(lambda: any(e["kind"] == "command.ended" for e in got), "command.ended")
+    until(lambda: any(e["kind"] == "command.ended" for e in got), "command.ended")
     kinds = [e["kind"] for e in got]
     assert kinds[:3] == ["sandbox.created", "command.started", "command.ended"], kinds
     assert got[2]["data"]["exit_code"] == 3
@@ -356,7 +326,7 @@ def test_a_denied_connection_is_a_network_event(server):
                                api_key=server.tokens["net"]) as sb:
         r = sb.commands.run("curl -s -m 20 http://denied.invalid/", timeout=60)
         assert "blocked" in r.stdout, r
-        net = _until(lambda: [e for e in sb.stream_events(follow=False)
+        net = until(lambda: [e for e in sb.stream_events(follow=False)
                               if e["kind"] == "network"],
                      "the proxy's event arrives")
         assert net[0]["data"]["host"] == "denied.invalid"
@@ -394,20 +364,7 @@ def test_async_sdk_background_pty_changes_events(server):
 
 # -- SIGTERM's drain, and the sweep after a crash ---------------------------------------------
 def _serve(tmp_path, *extra):
-    s = Server(tmp_path)
-    s.tokens["a"] = _token(s.state, "a")
-    port_args = list(extra)
-    orig = subprocess.Popen
-
-    def popen(argv, **kw):
-        return orig([*argv, *port_args], **kw)
-
-    subprocess.Popen = popen
-    try:
-        s.start()
-    finally:
-        subprocess.Popen = orig
-    return s
+    return Server(tmp_path, *extra, tokens=["a"]).start()
 
 
 def test_sigterm_drains_then_kills_everything(tmp_path):
@@ -424,10 +381,10 @@ def test_sigterm_drains_then_kills_everything(tmp_path):
     # it is still running when SIGTERM comes, and the drain lets it finish
     t = threading.Thread(target=foreground, daemon=True)
     t.start()
-    pids = _until(lambda: _procs_with("1008.5"), "the foreground command runs")
-    uid = _uid_of(_until(lambda: _procs_with("1007.5"), "the background command runs")[0])
+    pids = until(lambda: procs_with("1008.5"), "the foreground command runs")
+    uid = _uid_of(until(lambda: procs_with("1007.5"), "the background command runs")[0])
     s.proc.send_signal(signal.SIGTERM)
-    _until(lambda: b"draining" in s.log.read_bytes(), "the drain is logged")
+    until(lambda: b"draining" in s.log.read_bytes(), "the drain is logged")
     # no new sandboxes: the listening socket is closed (or a 503 on a kept connection)
     with pytest.raises((httpx.TransportError, client.ApiError)):
         client.Sandbox.create({}, api_url=s.url, api_key=s.tokens["a"])
@@ -440,7 +397,7 @@ def test_sigterm_drains_then_kills_everything(tmp_path):
     s.logf.close()
     log = s.log.read_text()
     assert "1 sandbox(es) killed" in log, log
-    assert not _procs_with("1007.5") and not procs_of_uid(uid)
+    assert not procs_with("1007.5") and not procs_of_uid(uid)
 
 
 def test_sigterm_kills_a_foreground_command_at_the_deadline(tmp_path):
@@ -456,14 +413,14 @@ def test_sigterm_kills_a_foreground_command_at_the_deadline(tmp_path):
 
     t = threading.Thread(target=foreground, daemon=True)
     t.start()
-    uid = _uid_of(_until(lambda: _procs_with("1009.5"), "the command runs")[0])
+    uid = _uid_of(until(lambda: procs_with("1009.5"), "the command runs")[0])
     s.proc.send_signal(signal.SIGTERM)
     assert s.proc.wait(60) in (0, -signal.SIGTERM)   # uvicorn re-raises the signal
     t.join(60)
     s.logf.close()
     sb._http.close()                      # its service is gone
     assert "e" in err
-    assert not _procs_with("1009.5") and not procs_of_uid(uid)
+    assert not procs_with("1009.5") and not procs_of_uid(uid)
     assert "1 sandbox(es) killed" in s.log.read_text()
 
 
@@ -473,7 +430,7 @@ def test_a_restart_sweeps_what_a_killed_service_left(tmp_path):
     s = _serve(tmp_path)
     sb = client.Sandbox.create({}, api_url=s.url, api_key=s.tokens["a"])
     sb.commands.run(["sleep", "1010.5"], background=True)
-    _until(lambda: _procs_with("1010.5"), "the command runs")
+    until(lambda: procs_with("1010.5"), "the command runs")
     run_dir = os.path.join(base_dir(), sb.id)
     assert os.path.isdir(run_dir)
     s.proc.kill()                         # no drain, no end: what is left is the sweep's
@@ -487,7 +444,7 @@ def test_a_restart_sweeps_what_a_killed_service_left(tmp_path):
     again.tokens = s.tokens
     again.start()
     try:
-        log = _until(lambda: b"sweep:" in again.log.read_bytes() and again.log.read_text(),
+        log = until(lambda: b"sweep:" in again.log.read_bytes() and again.log.read_text(),
                      "the sweep is logged")
         if left and "nothing left over" in log:
             # another process on this machine opened a sandbox between our look and the
@@ -496,7 +453,7 @@ def test_a_restart_sweeps_what_a_killed_service_left(tmp_path):
         elif left:
             assert "removed" in log and sb.id in log, log
         assert not os.path.isdir(run_dir)
-        assert not _procs_with("1010.5")
+        assert not procs_with("1010.5")
     finally:
         again.stop()
 
@@ -506,7 +463,7 @@ def test_the_drain_refuses_new_sandboxes_on_a_kept_connection(tmp_path):
     with s.http(s.tokens["a"]) as http:
         sid = http.post("/sandboxes", json={}).json()["id"]
         s.proc.send_signal(signal.SIGTERM)
-        _until(lambda: b"draining" in s.log.read_bytes(), "the drain is logged")
+        until(lambda: b"draining" in s.log.read_bytes(), "the drain is logged")
         try:
             r = http.post("/sandboxes", json={})
         except httpx.TransportError:

@@ -387,8 +387,8 @@ def test_cache_hit_returns_same_program_without_libseccomp(tmp_path):
 
 
 def test_cache_key_follows_the_profile_source(tmp_path, monkeypatch):
-    """The key hashes seccomp.py's bytes (and the cache module's): an edit of a rule (or of
-    anything in the file) gives another file name, so a program built from other rules is
+    """The key follows seccomp.py's identity (and the cache module's): an edit of a rule (or
+    of anything in the file) gives another file name, so a program built from other rules is
     never read."""
     from corral.linux import seccomp_cache
 
@@ -402,6 +402,81 @@ def test_cache_key_follows_the_profile_source(tmp_path, monkeypatch):
         m.setattr(seccomp_cache, "PROFILE_SOURCE", str(src))
         assert seccomp.cache_key() != key
     assert seccomp.cache_key() == key
+
+
+def _key_with_source(monkeypatch, path) -> str:
+    from corral.linux import seccomp_cache
+
+    with monkeypatch.context() as m:
+        m.setattr(seccomp_cache, "PROFILE_SOURCE", str(path))
+        return seccomp.cache_key()
+
+
+def test_cache_key_changes_with_any_edit_of_an_input(tmp_path, monkeypatch):
+    """The key is made of the inputs' file identities, not their bytes; each way a file can
+    change changes it: a write in place of the same size with the mtime set back (the
+    change time moves), a new file renamed over it (another inode), a touch."""
+    src = tmp_path / "seccomp.py"
+    src.write_bytes(Path(seccomp.__file__).read_bytes())
+    key = _key_with_source(monkeypatch, src)
+    assert _key_with_source(monkeypatch, src) == key          # stable while nothing moves
+    st = src.stat()
+    data = src.read_bytes()
+    edited = data.replace(b'"kexec_load"', b'"kexec_loaX"', 1)
+    assert edited != data and len(edited) == len(data)
+    with open(src, "r+b") as f:                              # in place, same size...
+        f.write(edited)
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))       # ...and the old mtime
+    assert (src.stat().st_size, src.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    key2 = _key_with_source(monkeypatch, src)
+    assert key2 != key
+    new = tmp_path / "seccomp.py.new"                         # the same bytes, renamed in
+    new.write_bytes(src.read_bytes())
+    os.replace(new, src)
+    key3 = _key_with_source(monkeypatch, src)
+    assert key3 not in (key, key2)
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1))   # a touch
+    assert _key_with_source(monkeypatch, src) not in (key, key2, key3)
+
+
+def test_cache_key_follows_the_binding(tmp_path, monkeypatch):
+    """libseccomp's binding is found where `import seccomp` loads it (the first sys.path
+    entry holding the extension), and another binding gives another key."""
+    from corral.linux import seccomp_cache
+
+    found = seccomp_cache._binding_file()
+    r = _venv_python("import seccomp; print(seccomp.__file__)")
+    assert r.returncode == 0, r.stderr
+    assert found is not None and os.path.samefile(found, r.stdout.strip())
+    key = seccomp.cache_key()
+    other = tmp_path / "lib"
+    other.mkdir()
+    shutil.copy2(found, other / os.path.basename(found))     # same bytes, same mtime
+    monkeypatch.setattr(sys, "path", [str(other), *sys.path])
+    assert seccomp_cache._binding_file() == str(other / os.path.basename(found))
+    assert seccomp.cache_key() != key
+
+
+def test_an_edited_profile_is_not_read_from_the_cache(tmp_path, monkeypatch):
+    """End to end: a program cached under the old key is left alone once the source
+    changes (same size, mtime set back); bpf_bytes() compiles and stores it anew."""
+    from corral.linux import seccomp_cache
+
+    cache = tmp_path / "cache"
+    src = tmp_path / "seccomp.py"
+    src.write_bytes(Path(seccomp.__file__).read_bytes())
+    monkeypatch.setattr(seccomp_cache, "PROFILE_SOURCE", str(src))
+    good = from_disk(cache)
+    [old] = cache.iterdir()
+    evil = _allow_everything()                    # a stale entry: a validly made file...
+    old.write_bytes(evil + seccomp._file_digest(str(old), evil))
+    assert from_disk(cache) == evil               # (read while the key is unchanged)
+    st = src.stat()
+    with open(src, "r+b") as f:                   # ...then the profile is edited
+        f.write(b"#")
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert from_disk(cache) == good
+    assert len(list(cache.iterdir())) == 2
 
 
 def from_disk(cache):

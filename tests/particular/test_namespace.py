@@ -309,6 +309,37 @@ def test_pooled_cgroups_go_at_exit_and_with_the_sweep_after_a_crash(how):
     assert not any(os.path.exists(path) for path in paths)
 
 
+SHORT_LIVED_SCRIPT = """
+import os
+import corral
+from corral.backends.host.cgroups import POOL
+
+POOL.short_lived()   # as `corral run` says it
+with corral.Sandbox() as sb:
+    assert sb.exec(["/bin/true"]).verdict == "ok"
+    (cg,) = sb._live._cgroups
+    run_dir = sb._live.dir.path
+    assert os.path.exists(os.path.join(run_dir, "cgroups"))
+    assert all(os.path.exists(p) for p in cg.paths)
+print(" ".join(cg.paths), run_dir, POOL._dir, len(POOL._idle), flush=True)
+"""
+
+
+@needs_v1
+def test_a_short_lived_process_removes_its_cgroups_at_close():
+    """`corral run` (POOL.short_lived()): the sandbox's cgroups go with it at close, as its
+    run dir does; no pool run dir is made and nothing is left for the exit handler."""
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", SHORT_LIVED_SCRIPT], capture_output=True,
+                       text=True, timeout=60, check=False)
+    assert p.returncode == 0, p.stderr
+    *cgroups, run_dir, pool_dir, idle = p.stdout.split()
+    assert (pool_dir, idle) == ("None", "0")
+    assert cgroups and not any(os.path.exists(c) for c in cgroups)
+    assert not os.path.exists(run_dir)
+
+
 LEFT_OPEN_SCRIPT = """
 import os, sys
 import corral

@@ -381,6 +381,53 @@ def test_patch_is_accepted_by_git_apply_and_matches_apply(ws, tmp_path):
     assert os.readlink(os.path.join(ws, "link")) == "a.txt"
 
 
+#: names git quotes in a patch ("a/\\303\\244 b"), and near misses it does not
+ODD_NAMES = ["\u00e4 b", 'q"uote', "back\\slash", "new\nline", "tab\there", "trail ",
+             "\udcff\udcfe", "x b", "sp ace/b y", "--- a", "+++ b", "@@ -1 +1 @@",
+             "a/b c"]
+
+
+@pytest.mark.skipif(GIT is None, reason="git is not installed")
+def test_patch_names_git_quotes_reach_the_same_paths_through_git_apply(ws, tmp_path):
+    """Every odd name of the patch is the path git apply writes, byte for byte, and the
+    path apply_changes writes: no name lands on another path (the patch is git's own
+    quoting, C-style with octal escapes, which git parses back)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(ws, copy, symlinks=True)
+    script = ("i=0; for n in \"$@\"; do mkdir -p \"$(dirname -- \"$n\")\"; "
+              "printf 'line %d\\n' $i > \"$n\"; i=$((i+1)); done; "
+              "echo more >> a.txt; rm keep")
+    with corral.Sandbox(review_policy(ws)) as sb:
+        r = sb.exec(["sh", "-c", script, "sh", *ODD_NAMES])
+        assert r.exit_code == 0, r.stderr
+        data, left = sb.changes_patch()
+        assert left == []
+        # the review's own diffs quote the names as the patch does: a newline in a name
+        # starts no header line of its own
+        diffs = {c.path: c.diff for c in sb.changes()}
+        assert diffs["new\nline"].splitlines()[:2] == ['--- /dev/null', '+++ "b/new\\nline"']
+        assert diffs["+++ b"].splitlines()[1] == "+++ b/+++ b"
+        assert diffs["\udcff\udcfe"].splitlines()[1] == '+++ "b/\\377\\376"'
+        (tmp_path / "p.patch").write_bytes(data)
+        numstat = subprocess.run([GIT, "apply", "--numstat", "-z", str(tmp_path / "p.patch")],
+                                 cwd=copy, capture_output=True)
+        assert numstat.returncode == 0, numstat.stderr
+        named = {os.fsdecode(x.split(b"\t", 2)[2]) for x in numstat.stdout.split(b"\0")
+                 if x}
+        assert named == {*ODD_NAMES, "a.txt", "keep"}, named
+        subprocess.run([GIT, "apply", str(tmp_path / "p.patch")], cwd=copy, check=True)
+        done = sb.apply_changes()
+        assert done.refused == () and done.conflicts == ()
+
+    def files(root):
+        return {rel: body for rel, (fmt, mode, body, *_r) in snapshot(root).items()
+                if fmt != stat.S_IFDIR}
+
+    assert files(copy) == files(ws)
+    for i, n in enumerate(ODD_NAMES):
+        assert read(os.path.join(ws, n)) == f"line {i}\n".encode(), n
+
+
 def _cli(ws, *args, **kw):
     return subprocess.run([CORRAL, "run", "--workspace", f"{ws}:review", *args], cwd=ws,
                           capture_output=True, text=True, timeout=180,
@@ -451,6 +498,52 @@ def test_cli_asks_on_a_terminal(ws):
     assert read(os.path.join(ws, "a.txt")) == b"hello\nworld\nmore\n"
     assert not os.path.lexists(os.path.join(ws, "new.txt"))
     assert read(os.path.join(ws, "sub/b")) == b"b\n"
+
+
+#: "Trojan Source" (CVE-2021-42574): a line that renders as a comment but runs, and names
+#: that render as another name
+TROJAN = ("printf 'ok = 1  # \\342\\200\\256 } \\342\\201\\246if admin:\\342\\201\\251"
+          " \\342\\201\\246 begin\\n' >> a.txt; "
+          "echo x > \"$(printf 'run\\342\\200\\256txt.sh')\"; "
+          "echo y > \"$(printf 'ke\\342\\200\\213ep\\357\\273\\277')\"")
+HIDDEN = ["\u202e", "\u2066", "\u2069", "\u200b", "\ufeff"]
+
+
+def test_review_shows_bidi_controls_and_zero_width_characters_escaped(ws):
+    """The review's listing and the diffs it asks about on a terminal show each
+    reordering or invisible character as an escape: none reaches the terminal raw."""
+    p = _cli(ws, "--", "sh", "-c", TROJAN)
+    assert p.returncode == 0, p.stderr
+    assert not [c for c in HIDDEN if c in p.stderr], p.stderr
+    assert "A run\\u202etxt.sh" in p.stderr and "A ke\\u200bep\\ufeff" in p.stderr
+    master, slave = os.openpty()
+    try:
+        os.write(master, b"n\n" * 20)
+        proc = subprocess.Popen([CORRAL, "run", "--workspace", f"{ws}:review", "--", "sh",
+                                 "-c", TROJAN], cwd=ws, stdin=slave, stderr=slave,
+                                stdout=subprocess.PIPE)
+        os.close(slave)
+        slave = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        proc.stdout.close()
+        assert proc.wait(timeout=180) == 0, seen
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+    text = seen.decode()
+    assert "apply it?" in text
+    assert not [c for c in HIDDEN if c in text], text
+    assert "+ok = 1  # \\u202e } \\u2066if admin:\\u2069 \\u2066 begin" in text, text
+    assert read(os.path.join(ws, "a.txt")) == b"hello\nworld\n"
 
 
 def test_the_process_tier_refuses_review_naming_a_tier_that_could(ws):

@@ -368,6 +368,25 @@ def test_bash_context_keeps_cwd_and_env(sb):
     sb.remove_context(c)
 
 
+def test_bash_context_in_a_directory_whose_name_is_not_utf8(sb):
+    """A name listed surrogate-escaped (files.list gives "\\udcff" for the byte 0xff) works
+    as a bash context's cwd and in a cell: each such character is its byte again; a lone
+    surrogate that stands for no byte is refused in one line."""
+    # made by the sandbox's own bash (runsc's OCI spec, JSON, has no room for such argv)
+    assert sb.run_code("mkdir -p $'/tmp/d\\xff\\xfe'", language="bash").exit_code == 0
+    (name,) = [e.name for e in sb.files.list("/tmp") if e.name.startswith("d")]
+    assert name == "d\udcff\udcfe"
+    c = sb.create_context("bash", cwd="/tmp/" + name)
+    ex = sb.run_code("pwd | od -An -c | tr -s ' '; echo /tmp/" + name, context=c)
+    assert ex.error is None, ex.error
+    pwd, echo = "".join(ex.logs.stdout).splitlines()
+    assert pwd.split() == ["/", "t", "m", "p", "/", "d", "377", "376", "\\n"]
+    assert echo == "/tmp/d\ufffd\ufffd"        # the cell's output: UTF-8, bytes replaced
+    with pytest.raises(ValueError, match="surrogate"):
+        sb.run_code("echo \ud800", context=c)
+    sb.remove_context(c)
+
+
 def test_bash_cell_past_its_timeout(sb):
     """On a live sandbox the cell is interrupted (SIGINT to the shell's process group, as
     ^C at a terminal) and the shell keeps its state; a one-shot Sandbox's context cannot

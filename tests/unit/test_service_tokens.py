@@ -30,6 +30,16 @@ def test_create_verify_revoke(tmp_path):
     assert s.verify(tok) is None
     tok2 = s.create("a")                  # a revoked name may be used again
     assert s.verify(tok2).name == "a" and s.verify(tok) is None
+    # ... by another token: what it owns is keyed by its own id, never the old one's
+    old_owner = t.owner
+    assert s.verify(tok2).owner != old_owner and s.verify(tok2).owner.startswith("a/")
+
+
+def test_a_record_without_an_id_takes_one_from_its_hash(tmp_path):
+    from corral.service.tokens import Token
+
+    t = Token({"name": "old", "sha256": "ab" * 32})
+    assert t.id == "ab" * 8 and t.owner == "old/" + "ab" * 8
 
 
 def test_a_revocation_by_another_store_counts_at_the_next_verify(tmp_path):

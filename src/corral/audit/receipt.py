@@ -15,7 +15,8 @@ ensure_ascii=True). Each hash is "sha256:HEX" of the exact bytes: argv as the ca
 JSON list, the egress log as the canonical JSON list of the run's net and secret events.
 
 The key is per host: STATE/audit/receipt.key, the raw 32-byte Ed25519 private key, 0600,
-created on first use with O_EXCL | O_NOFOLLOW (a link in its place is refused).
+created on first use: written whole under a temporary name, then linked into place
+(never replacing what is there); read with O_NOFOLLOW (a link in its place is refused).
 `cryptography` is imported only here, and only when a receipt is made or checked.
 """
 
@@ -25,6 +26,7 @@ import base64
 import hashlib
 import json
 import os
+import secrets
 import stat
 
 VERSION = 1
@@ -116,20 +118,7 @@ def _load_key(directory: str):
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
-        key = Ed25519PrivateKey.generate()
-        from cryptography.hazmat.primitives import serialization as s
-
-        raw = key.private_bytes(s.Encoding.Raw, s.PrivateFormat.Raw, s.NoEncryption())
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
-        except FileExistsError:     # another process made it meanwhile: use that one
-            return _load_key(directory)
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        return key
+        return _create_key(d, path)
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
@@ -138,6 +127,33 @@ def _load_key(directory: str):
     if len(raw) != 32:
         raise ValueError(f"{path} is not a raw 32-byte Ed25519 key")
     return Ed25519PrivateKey.from_private_bytes(raw)
+
+
+def _create_key(d: str, path: str):
+    """A new key, written whole under a name of this process's own and then linked into
+    place: a process that finds the key file finds all 32 bytes of it (the O_EXCL create
+    of the file itself let a second node read it empty and sign nothing). When another
+    process links first, its key is the host's and this one is dropped."""
+    from cryptography.hazmat.primitives import serialization as s
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    raw = key.private_bytes(s.Encoding.Raw, s.PrivateFormat.Raw, s.NoEncryption())
+    tmp = os.path.join(d, f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)      # never replaces: an existing key (or link) stays
+        except FileExistsError:
+            return _load_key(d)
+    finally:
+        os.unlink(tmp)
+    return key
 
 
 def _raw_public(key) -> bytes:

@@ -252,7 +252,9 @@ class NamespaceLive(NamespaceSandbox):
         """Start argv inside, in a cgroup of its own (a child of the sandbox's), through
         the entrant prepared ahead (prepare()) or a new one. Raises supervise.ExecFailed
         when its exec failed inside (nothing ran), SandboxSetupError when the sandbox
-        cannot be entered (it is gone).
+        cannot be entered (it is gone; step "enter") or the command started but could not
+        be handed over (step "handover": it is killed with its cgroup here, and the
+        entrant waited until it was reaped).
 
         `tty_fd`: a terminal's slave as its stdin, stdout, stderr and controlling terminal
         (util-linux setsid --ctty runs first, as namespace.py's tty exec does); the

@@ -62,7 +62,7 @@ class State:
 
 def emit(msg):
     data = json.dumps(msg, ensure_ascii=False, separators=(",", ":"),
-                      default=str).encode("utf-8", "surrogatepass")
+                      default=str).encode("utf-8", "replace")   # lone surrogate: "?"
     if len(data) > State.max_frame:
         data = json.dumps({"type": "stderr", "text": "corral: a %s message of %d bytes is "
                            "over the %d byte frame limit and was dropped\n"

@@ -43,11 +43,20 @@ command's). The supervisor
 watches B through its pidfd and takes the status from the zygote (Entrant.exit_status):
 B is never the supervisor's child, so whatever is above the supervisor (a subreaper or a
 PID 1 that never reaps) never holds B's zombie, on which the sandbox's dying init would
-wait forever.
+wait forever. Statuses nobody asks for (a command whose supervision ended early) wait in
+the zygote once its status socket is full; past UNSENT_MAX of them the zygote retires
+(forks no more; exits once its commands are reaped and their statuses sent) and the next
+command gets a new zygote.
 
 A failure before exec is written to a close-on-exec pipe (`py:ERRNO:message`,
 `exec:ERRNO:` when the command's own exec failed, `cwd:ERRNO:` for its working directory);
-a failure before A was ready comes on its socket.
+a failure before A was ready comes on its socket. A failure after the command started
+(B's pidfd cannot be opened or sent: the handover) must not leave it running with
+nobody to supervise it: A kills B, says so (`run:ERRNO:PID:...`), and the supervisor
+waits until the zygote has reaped B before it raises SandboxSetupError(step="handover")
+(an A that dies silently after its ready is the same step: the caller kills the
+command's cgroup). Step "enter" means nothing ran; "handover" that the command started
+and was killed before anyone watched it.
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ import resource
 import select
 import socket
 import threading
+import time
 
 try:
     import _posixsubprocess
@@ -91,6 +101,13 @@ SECCOMP_MODE_FILTER = 2
 #: a command's request (argv, env, cwd, rlimits) up to this size travels in the message
 #: that hands the entrant its fds; a bigger one in a memfd
 INLINE_MAX = 32 << 10
+#: statuses the zygote keeps for its supervisor once the status socket is full (nobody has
+#: read them: commands whose supervision ended early, never asked for): past this many it
+#: retires (_zygote_main) instead of keeping more, and the next command gets a new zygote
+UNSENT_MAX = 4096
+#: a retired zygote whose commands have all been reaped waits at most this long for its
+#: supervisor to read the statuses it still holds, then exits
+RETIRED_FLUSH_S = 5.0
 
 _libc = _sys._libc
 _libc.setns.argtypes = (ctypes.c_int, ctypes.c_int)
@@ -273,11 +290,12 @@ class Entrant:
         stdout and stderr, no pipes made (both read fds returned are -1), and no session
         of its own (its first program makes one and takes the terminal: setsid --ctty)."""
         self._wait_ready()
-        argvb = [a.encode() for a in argv]
-        envb = {k.encode(): v.encode() for k, v in env.items()}
+        # os.fsencode: bytes that are not UTF-8 (surrogate-escaped) are themselves again
+        argvb = [os.fsencode(a) for a in argv]
+        envb = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
         path = env.get("PATH", "/usr/bin:/bin")
         names = ([argvb[0]] if b"/" in argvb[0] else
-                 [os.path.join(d.encode(), argvb[0]) for d in path.split(":") if d])
+                 [os.path.join(os.fsencode(d), argvb[0]) for d in path.split(":") if d])
         req = -1
         if stdout_fd is None:
             out_r, out_w = os.pipe()
@@ -289,7 +307,7 @@ class Entrant:
             ours = []
         fail_r, fail_w = os.pipe()
         try:
-            data = marshal.dumps((argvb, envb, names, cwd.encode(), *rlimits,
+            data = marshal.dumps((argvb, envb, names, os.fsencode(cwd), *rlimits,
                                   stdout_fd is None))
             if len(data) < INLINE_MAX:    # in the message: no memfd to make, write, read
                 socket.send_fds(self.sock, [b"i" + data], [stdin_fd, out_w, err_w, fail_w])
@@ -339,12 +357,45 @@ class Entrant:
                 why = os.strerror(int(code)) if code.isdigit() and len(code) < 5 else "?"
                 raise UsageError(f"cannot use {cwd!r} as the working directory inside the "
                                  f"sandbox: {why}", field="cwd")
+            if report.startswith(b"run:"):
+                raise self._not_handed_over(report)
+            if not report and not got:
+                # A died after its ready without a word (a signal): whether it had
+                # started the command is unknown; a status the zygote may send for it is
+                # nobody's, and the caller kills what is in the command's cgroup
+                self.zygote.forget(self.seq)
+                raise SandboxSetupError(
+                    "the entrant ended before it handed the command over (killed by a "
+                    "signal?); whatever it had started is killed with the command's "
+                    "cgroup", step="handover")
             if not report and got.startswith(b"e"):
                 report = got[1:]
             message, code = _fail_report(report) if report else ("no report", None)
             raise SandboxSetupError(f"entering the sandbox failed: {message}", step="enter",
                                     errno=code)
         return b, out_r, err_r
+
+    def _not_handed_over(self, report: bytes) -> SandboxSetupError:
+        """A's report that the command (B) had started when a later step failed
+        (`run:ERRNO:PID:TK:message`: T, the zygote was told B's pid; K, A killed B):
+        waits until the zygote has reaped B (its status comes under this request's
+        number), so that nothing of the command is left, then the error to raise. When A
+        could not kill it, the caller's kill of the command's cgroup does (and the
+        zygote's status for it is let go of)."""
+        parts = report.split(b":", 4)
+        ok = (len(parts) == 5 and parts[1].isdigit() and len(parts[1]) <= 4
+              and parts[2].isdigit() and 0 < len(parts[2]) <= 10
+              and parts[3] in (b"00", b"01", b"10", b"11"))
+        code = (int(parts[1]) or None) if ok else None
+        if ok and parts[3] == b"11":
+            self.zygote.status_of(self.seq, int(parts[2]))   # killed and reaped
+        else:
+            self.zygote.forget(self.seq)
+        why = parts[4].decode(errors="replace") if ok else "no readable report"
+        return SandboxSetupError(f"the command started but could not be handed over to "
+                                 f"its supervisor ({why}); it was killed, and its Result "
+                                 f"would mean nothing: run it again", step="handover",
+                                 errno=code)
 
 
 class _Zygote:
@@ -457,6 +508,10 @@ class _Zygote:
             msg, fds, _, _ = socket.recv_fds(self.sock, 1100, 1)
         if not msg:
             raise BrokenPipeError("the zygote is gone")
+        if msg == b"retired":
+            for fd in fds:
+                os.close(fd)
+            raise _Retired()
         if msg[:1] == b"s":    # (never: statuses have their own socket)
             raise BrokenPipeError("the zygote is confused")
         a, _, seq = msg.partition(b" ")
@@ -476,13 +531,30 @@ class _Zygote:
             pass
 
 
+class _Retired(Exception):
+    """The zygote has retired (too many statuses unread: UNSENT_MAX) and forks no more
+    entrants; it lives on until its commands are reaped and their statuses sent."""
+
+
 _zygote_now: list = []
+#: retired zygotes not yet exited (reaped by _zygote() once they have)
+_zygote_retired: list = []
 _zygote_lock = threading.Lock()
 
 
 def _zygote() -> _Zygote:
     """This process's zygote, made on first use (and again after a fork or its death)."""
     with _zygote_lock:
+        for old in list(_zygote_retired):
+            try:
+                done = old.owner != os.getpid() or os.waitpid(old.pid, os.WNOHANG)[0]
+            except ChildProcessError:
+                done = True
+            if done:
+                # its request socket only: statuses it sent before it exited may wait, unread,
+                # on the other, whose readers (its entrants) hold it (closed as it is let go)
+                old.sock.close()
+                _zygote_retired.remove(old)
         z = _zygote_now[0] if _zygote_now else None
         if z is not None and z.owner == os.getpid():
             try:
@@ -517,7 +589,7 @@ def _close_at_exit() -> None:
     """At this process's exit: close its end of the zygote's socket (the zygote reaps
     its entrants and ends at EOF) instead of leaving it to the interpreter's teardown."""
     with _zygote_lock:
-        for z in _zygote_now:
+        for z in (*_zygote_now, *_zygote_retired):
             if z.owner == os.getpid():
                 z.sock.close()
                 z.status_sock.close()
@@ -532,6 +604,17 @@ class _ZygoteUser:
     def fork_entrant(self, theirs, target, attach, program, uid=0):
         try:
             return self.z.fork_entrant(theirs, target, attach, program, uid)
+        except _Retired:
+            import weakref
+
+            with _zygote_lock:
+                if _zygote_now and _zygote_now[0] is self.z:
+                    # never waited for here: it ends once its commands have (and its
+                    # request socket must stay open till then: EOF tells it we are gone)
+                    _zygote_retired.append(self.z)
+                    weakref.finalize(self.z, self.z.status_sock.close)
+                    _zygote_now.clear()
+            return _zygote().z.fork_entrant(theirs, target, attach, program, uid)
         except (BrokenPipeError, ConnectionResetError):
             with _zygote_lock:
                 if _zygote_now and _zygote_now[0] is self.z:
@@ -568,7 +651,13 @@ def _zygote_main(sock, status_sock) -> None:
     """The zygote's loop: each request forks one A; A's that exited are reaped, and so
     are the commands (B) their exits handed over, whose statuses go to status_sock under
     their request's sequence number (each A writes "B SEQ" to the births pipe before it
-    exits, so before B can be handed over)."""
+    exits, so before B can be handed over).
+
+    Statuses the socket will not take (its supervisor reads none: their commands'
+    supervision ended early) wait in a list; once more than UNSENT_MAX wait, the zygote
+    retires rather than keep more: each request gets "retired" (its supervisor makes a new
+    zygote), and it lives on only to reap the entrants and commands it has and send their
+    statuses, then exits (waiting RETIRED_FLUSH_S at most for a reader)."""
     import signal
 
     _close_all_but((0, 1, 2, sock.fileno(), status_sock.fileno()))
@@ -650,9 +739,21 @@ def _zygote_main(sock, status_sock) -> None:
                 flush()
             # else its A failed before it told (and told its supervisor, which waits not)
 
+    retired = False
     while True:
-        reap(False)
+        left = reap(False)
         flush()
+        if not retired and len(unsent) > UNSENT_MAX:
+            retired = True
+        if retired and not left:     # every entrant and command of it reaped
+            read_births()
+            deadline = time.monotonic() + RETIRED_FLUSH_S
+            while unsent and time.monotonic() < deadline:
+                p = select.poll()
+                p.register(status_sock.fileno(), select.POLLOUT)
+                p.poll(max(1, int((deadline - time.monotonic()) * 1000)))
+                flush()
+            os._exit(0)
         try:
             ready = poller.poll()
         except InterruptedError:
@@ -672,6 +773,11 @@ def _zygote_main(sock, status_sock) -> None:
             while reap(True):
                 pass
             os._exit(0)
+        if retired:
+            for fd in fds:
+                os.close(fd)
+            sock.send(b"retired")
+            continue
         try:
             flags, last_cap, bpf, uid, listen = marshal.loads(msg)
             if not isinstance(uid, int) or not 0 <= uid < 1 << 31:
@@ -724,6 +830,8 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program,
     header = (ctypes.c_uint32 * 2)(_sys._CAP_V3, 0)
     libc, flags = _libc, target.flags
     fail_w = -1
+    started = 0        # B's pid once it runs: a failure after that is the handover's
+    told = False       # the zygote knows B (it will send B's status under `seq`)
     try:
         # the zygote's SIGCHLD handler and wakeup fd are not A's (the fd number may be
         # reused here for a command's pipe)
@@ -819,14 +927,24 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program,
         # reparented to the nearest child subreaper, the zygote, which reaps it
         # first the zygote learns whose B is (one write under PIPE_BUF: whole, before
         # this process exits and B is handed over to it), then the supervisor
+        started = b
         os.write(births_w, b"%d %d\n" % (b, seq))
+        told = True
         pfd = os.pidfd_open(b)
         socket.send_fds(theirs, [str(b).encode()], [pfd])
         os._exit(0)
     except BaseException as e:  # noqa: BLE001 - reported to the supervisor, then die
         try:
             code = getattr(e, "errno", 0) or 0
-            report = f"py:{code}:{e}".encode()[:1000]
+            if started:   # the command runs but nobody supervises it: it must not
+                killed = True
+                try:
+                    os.kill(started, 9)
+                except OSError:
+                    killed = False
+                report = f"run:{code}:{started}:{told:d}{killed:d}:{e}".encode()[:1000]
+            else:
+                report = f"py:{code}:{e}".encode()[:1000]
             if fail_w >= 0:
                 os.write(fail_w, report)
             else:

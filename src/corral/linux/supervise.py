@@ -172,8 +172,10 @@ def inherited_signals() -> tuple[list[int], bool]:
 
 def _py_fork_exec(path, argv, env, stdin_fd, out_w, err_w, fail_w, pass_fds, child_setup,
                   uid, gid, ignored=()) -> int:
-    envb = {k.encode(): v.encode() for k, v in env.items()}
-    argvb = [a.encode() for a in argv]
+    # os.fsencode: a str made from bytes that are not UTF-8 (sys.argv, a file name, both
+    # decoded with surrogateescape) goes back to those bytes
+    envb = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+    argvb = [os.fsencode(a) for a in argv]
     pid = os.fork()
     if pid == 0:  # child: no Python-level cleanup may run here, only exec or _exit
         try:
@@ -228,10 +230,10 @@ def _c_fork_exec_311(path, argv, env, stdin_fd, out_w, err_w, fail_r, fail_w, pa
     inheritable. Signals the parent ignores (SIGPIPE, SIGXFSZ) are reset to their defaults
     (restore_signals). CPython uses vfork when no uid/gid change is asked for. A child that
     fails before exec writes "Name:hex errno:message"."""
-    envl = [f"{k}={v}".encode() for k, v in env.items()]
+    envl = [os.fsencode(f"{k}={v}") for k, v in env.items()]   # bytes not UTF-8 kept
     groups = [] if gid is not None else None
     return _posixsubprocess.fork_exec(
-        [a.encode() for a in argv], [path.encode()], True, pass_fds, None, envl,
+        [os.fsencode(a) for a in argv], [os.fsencode(path)], True, pass_fds, None, envl,
         stdin_fd, -1, -1, out_w, -1, err_w, fail_r, fail_w, True, False, -1,
         gid, groups, uid, -1, None, True)
 

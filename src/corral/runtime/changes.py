@@ -156,10 +156,12 @@ class Applied(Record):
 
 
 def show(text: str) -> str:
-    """A name from the sandbox as one safe line: control characters, DEL, C1 controls and
-    undecodable bytes (surrogate escapes) written as \\xNN."""
-    return "".join(c if 0x20 <= ord(c) < 0x7F or 0xA0 <= ord(c) < 0xD800
-                   or 0xE000 <= ord(c) else f"\\x{ord(c) & 0xFF:02x}" for c in text)
+    """A name from the sandbox as one safe line: control characters (newline and tab
+    too), DEL, C1 controls and undecodable bytes (surrogate escapes) written as \\xNN;
+    bidirectional controls and zero-width characters as \\uNNNN (termsafe.review)."""
+    from ..termsafe import review
+
+    return review(text.replace("\n", "\\x0a").replace("\t", "\\x09"))
 
 
 def _size(n: int | None) -> str:

@@ -61,7 +61,23 @@ def argv_of(cmd) -> list[str]:
     if any("\0" in a for a in argv) or sum(len(a) for a in argv) > MAX_ARGV_BYTES:
         raise UsageError(f"cmd may not contain NUL bytes nor exceed {MAX_ARGV_BYTES} bytes",
                          field="cmd")
+    if not all(_bytes_ok(a) for a in argv):
+        raise UsageError(f"cmd {NO_BYTE_WHY}", field="cmd")
     return argv
+
+
+NO_BYTE_WHY = ("holds a lone surrogate that stands for no byte (only U+DC80-U+DCFF do: a "
+               "byte that is not UTF-8, as files.list gives it): send text")
+
+
+def _bytes_ok(s: str) -> bool:
+    """Whether s is bytes again with os.fsencode: a lone surrogate outside U+DC80-U+DCFF
+    (no surrogate escape) stands for no byte of an argv or env."""
+    try:
+        s.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def env_of(base: dict[str, str], extra) -> dict[str, str]:
@@ -76,6 +92,8 @@ def env_of(base: dict[str, str], extra) -> dict[str, str]:
                 and "\0" not in k + v):
             raise UsageError(f"env: {k!r} is not NAME (no '=', no NUL) = str value",
                              field="env")
+        if not _bytes_ok(k + v):
+            raise UsageError(f"env: {k!r} {NO_BYTE_WHY}", field="env")
         env[k] = v
     return env
 

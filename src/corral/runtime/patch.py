@@ -42,10 +42,12 @@ def hunks(old: bytes, new: bytes) -> bytes:
 
 
 def unified(old: bytes, new: bytes, old_path: str | None, new_path: str | None) -> bytes:
-    """A unified diff with ---/+++ headers (None: /dev/null)."""
-    head = (f"--- {'a/' + old_path if old_path is not None else '/dev/null'}\n"
-            f"+++ {'b/' + new_path if new_path is not None else '/dev/null'}\n")
-    return head.encode("utf-8", "surrogateescape") + hunks(old, new)
+    """A unified diff with ---/+++ headers (None: /dev/null), each name quoted as git
+    quotes it (a newline in a name cannot start a header line of its own)."""
+    head = (b"--- " + (_git_name("a/", old_path) if old_path is not None else b"/dev/null")
+            + b"\n+++ " + (_git_name("b/", new_path) if new_path is not None
+                           else b"/dev/null") + b"\n")
+    return head + hunks(old, new)
 
 
 _ESCAPES = {0x07: "a", 0x08: "b", 0x09: "t", 0x0A: "n", 0x0B: "v", 0x0C: "f", 0x0D: "r",

@@ -1,5 +1,6 @@
 """run_code's wire (runtime/session.py): the length-prefixed JSON frames an interpreter
-sends, read strictly and with a bound (everything in them is hostile), and how each
+sends, read strictly and with a bound (everything in them is hostile; a lone surrogate,
+which JSON can escape and node's strings hold, becomes U+FFFD), and how each
 language's interpreter is started inside the sandbox (the python boot line, node's
 runner, bash's setup line and its quoting)."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import struct
 
 from .execution import BASE64_MIMES
@@ -45,8 +47,32 @@ class FrameReader:
                 raise ProtocolError(f"a frame of {n} bytes is not UTF-8 JSON") from None
             if not isinstance(msg, dict):
                 raise ProtocolError("a frame is not a JSON object")
+            if _SURROGATE_ESCAPE.search(body):
+                try:
+                    msg = _whole(msg)
+                except RecursionError:
+                    raise ProtocolError(f"a frame of {n} bytes is nested too deep") from None
             out.append((msg, n))
         return out
+
+
+#: a JSON escape of a UTF-16 surrogate: the only way a frame's strict UTF-8 can carry one
+#: (a pair makes one character; one alone stays a lone surrogate in the str)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_LONE = re.compile("[\ud800-\udfff]")
+
+
+def _whole(v):
+    """v with every lone surrogate (node's strings have them; a forged frame too) made
+    U+FFFD: nothing downstream (a JSON answer, a stream, MCP, E2B) can encode one as
+    UTF-8, and it is no character of the output anyway."""
+    if isinstance(v, str):
+        return _LONE.sub("\ufffd", v)
+    if isinstance(v, dict):
+        return {_whole(k): _whole(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_whole(x) for x in v]
+    return v
 
 
 #: per message type, the exact fields besides "type" and their types
@@ -147,7 +173,9 @@ _BASH_SETUP = ("PS1= PS2= PS0= PS4=; unset PROMPT_COMMAND HISTFILE; set +H +o hi
 
 def bash_quote(text: str) -> str:
     """`text` as one bash word on one line: $'...' with every control character,
-    backslash and quote escaped (NUL cannot be in it)."""
+    backslash and quote escaped (NUL cannot be in it). A surrogate escape (U+DC80-U+DCFF:
+    a byte that is not UTF-8, as os.listdir and files.list give a name) is that byte
+    again (\\xNN); a lone surrogate that stands for no byte is a ValueError."""
     out = ["$'"]
     for ch in text:
         o = ord(ch)
@@ -155,6 +183,11 @@ def bash_quote(text: str) -> str:
             out.append("\\" + ch)
         elif o < 32 or o == 127:
             out.append("\\x%02x" % o)
+        elif 0xDC80 <= o <= 0xDCFF:
+            out.append("\\x%02x" % (o & 0xFF))
+        elif 0xD800 <= o <= 0xDFFF:
+            raise ValueError(f"a lone surrogate (U+{o:04X}) is no character and stands for "
+                             "no byte: send text, or a name as files.list gives it")
         else:
             out.append(ch)
     out.append("'")

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import CorralError
 from .bodycap import BodyCap
 from .ceiling import Exceeds
-from .common import ApiError, Service, error, status_of
+from .common import ApiError, SafeJSONResponse, Service, error, status_of
 from .limits import Limited
 from .metrics import Metrics
 from .registry import Registry
@@ -63,7 +63,7 @@ def create_app(state_dir: str | None = None, *, opener=None, body_max: int = BOD
         "`Authorization: Bearer TOKEN` (corral token create). The terminal is a WebSocket "
         "at `/sandboxes/{sid}/pty` (OpenAPI does not describe WebSockets: see "
         "docs/service.md for its frames)."),
-        lifespan=_lifespan)
+        lifespan=_lifespan, default_response_class=SafeJSONResponse)
     app.state.service = svc
     app.state.registry = registry
     app.state.tokens = svc.tokens

@@ -5,6 +5,7 @@ views of a sandbox and its policy. The routes live in routes/, one module a reso
 from __future__ import annotations
 
 import copy
+import re
 from typing import Annotated
 
 from fastapi import Depends
@@ -62,10 +63,135 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_LONE_HIGH = re.compile("[\ud800-\udc7f\udd00-\udfff]")
+
+
 def error(status: int, kind: str, message: str, field: str | None = None,
           headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"kind": kind, "field": field, "message": message}},
+    return SafeJSONResponse({"error": {"kind": kind, "field": field, "message": message}},
                         status_code=status, headers=headers)
+
+
+# -- names that are not UTF-8 -----------------------------------------------------------------
+# A sandbox names its files with any bytes but "/" and NUL; the files API (runtime/files.py)
+# gives a byte that is not UTF-8 as a surrogate escape (U+DC80-U+DCFF, os.fsdecode's), which
+# no JSON, protobuf or UTF-8 answer can carry. On the wire each such path component is
+# written quoted: `"` + the component with `\\xNN` for each such byte, `\\\\` for a
+# backslash and `\\"` for a quote + `"` (the byte 0xff in /scratch is `/scratch/"\\xff"`).
+# A component that itself starts and ends with `"` is quoted too, so every name has one
+# written form and back: a path sent in is read the same way, component by component.
+_QUOTE_OUT = {0x5C: "\\\\", 0x22: '\\"', **{c: f"\\x{c & 0xFF:02x}"
+                                            for c in range(0xDC80, 0xDD00)}}
+
+
+def _quoted(c: str) -> bool:
+    return len(c) >= 2 and c[0] == '"' and c[-1] == '"'
+
+
+def wire_name(path: str) -> str:
+    """A path or name from the sandbox as the API writes it: as it is, but for each
+    component with a byte that is not UTF-8 (or shaped "...") written quoted."""
+    if not isinstance(path, str):
+        return path
+    if not _SURROGATE.search(path) and '"' not in path:
+        return path
+    out = []
+    for c in path.split("/"):
+        if _SURROGATE.search(c) or _quoted(c):
+            # a surrogate that stands for no byte is not from a file name: U+FFFD
+            c = '"' + _LONE_HIGH.sub("\ufffd", c).translate(_QUOTE_OUT) + '"'
+        out.append(c)
+    return "/".join(out)
+
+
+def local_name(path: str, field: str = "path") -> str:
+    """A path sent in, its quoted components (wire_name's form) made the sandbox's names
+    again; a quoted component that is not well formed is a FilesError (400) naming the
+    field."""
+    if not isinstance(path, str) or '"' not in path:
+        return path
+    return "/".join(_unquote(c, field) if _quoted(c) else c for c in path.split("/"))
+
+
+def _unquote(c: str, field: str) -> str:
+    from ..runtime.files import FilesError
+
+    def bad(why: str):
+        return FilesError(f"the quoted name {c[:80]!r} {why}: write a byte that is "
+                          'not UTF-8 as \\xNN, a backslash as \\\\ and a quote as \\" '
+                          'between the quotes (as the API lists it)', path=field)
+
+    raw = bytearray()
+    body, i = c[1:-1], 0
+    while i < len(body):
+        ch = body[i]
+        if ch == "\\":
+            nxt = body[i + 1:i + 2]
+            if nxt in ("\\", '"'):
+                raw += nxt.encode()
+                i += 2
+                continue
+            hx = body[i + 2:i + 4]
+            if nxt == "x" and len(hx) == 2 and all(h in "0123456789abcdefABCDEF" for h in hx):
+                raw.append(int(hx, 16))
+                i += 4
+                continue
+            raise bad("has a backslash that is not \\\\, \\\" or \\xNN")
+        if ch == '"':
+            raise bad("has a quote inside that is not \\\"")
+        try:
+            raw += ch.encode()
+        except UnicodeEncodeError:
+            raise bad("has a lone surrogate") from None
+        i += 1
+    if not raw or 0x2F in raw or 0 in raw:
+        raise bad("is empty or holds a / or NUL byte")
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def wire_names(x, keys=("name", "path", "symlink_target", "target", "old_target")) -> dict:
+    """A record of names (an EntryInfo, WriteInfo, watch event, review Change) as JSON,
+    each name in its wire form."""
+    d = x.to_dict()
+    for k in keys:
+        if isinstance(d.get(k), str):
+            d[k] = wire_name(d[k])
+    return d
+
+
+def wire_error(x):
+    """A FilesError naming its path in the wire form (its field would show a byte that is
+    not UTF-8 as \\udcff, a name no request can send back)."""
+    from ..runtime.files import FilesError
+
+    if not isinstance(x, FilesError) or not _SURROGATE.search(x.path or ""):
+        return x
+    return type(x)(x.message, path=wire_name(x.path), errno=x.errno)
+
+
+def wire_json(v):
+    """v (a JSON-able answer) with every string that holds a surrogate escape written as
+    wire_name writes it: the one place an answer can meet a name not made safe by its
+    route, so nothing the sandbox named fails an answer."""
+    if isinstance(v, str):
+        return wire_name(v) if _SURROGATE.search(v) else v
+    if isinstance(v, dict):
+        return {wire_json(k): wire_json(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [wire_json(x) for x in v]
+    return v
+
+
+class SafeJSONResponse(JSONResponse):
+    """The app's JSON answer: as starlette's, or (a string holding a surrogate escape
+    would fail the UTF-8 encoding: a 500, a connection cut) wire_json's form of it."""
+
+    def render(self, content) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return super().render(wire_json(content))
 
 
 def status_of(e: CorralError) -> int:
@@ -104,20 +230,20 @@ class Service:
         self.draining = False
 
     def entry(self, sid: str, token: Token):
-        e = self.registry.get(token.name, sid)
+        e = self.registry.get(token.owner, sid)
         if e is None:
             raise ApiError(404, "not_found", f"no sandbox {sid!r}", "sandbox_id")
         return e
 
     def slot(self, token: Token):
         """One operation of a token in flight; over its max_concurrent: Limited (429)."""
-        return self.busy.slot(token.name, token.max_concurrent)
+        return self.busy.slot(token.owner, token.max_concurrent)
 
     def reserve(self, token: Token):
         """A place for one more sandbox of the token while it is made; past its
         max_sandboxes (those live and those being made): Limited (429)."""
-        return self.quota.reserve(token.name, token.max_sandboxes,
-                                  lambda: self.registry.count(token.name))
+        return self.quota.reserve(token.owner, token.max_sandboxes,
+                                  lambda: self.registry.count(token.owner))
 
 
 async def service(request: HTTPConnection) -> Service:

@@ -23,7 +23,8 @@ from pydantic import Field
 
 from ..errors import CorralError
 from .ceiling import Exceeds, requested
-from .registry import Registry
+from .common import local_name, wire_name, wire_names
+from .registry import Registry, owner_name
 
 OWNER = "mcp"
 #: seconds a sandbox of an MCP session lives at most (the session's end kills it sooner)
@@ -87,7 +88,9 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
             raise ToolError(f"refused: {e.field}: {e.message}; retry in {e.retry_after} s") \
                 from None
         except CorralError as e:
-            raise ToolError(str(e)) from None
+            from .common import wire_error
+
+            raise ToolError(str(wire_error(e))) from None
 
     def create(who: Caller, raw: dict, timeout: float = SANDBOX_S):
         from contextlib import nullcontext
@@ -105,7 +108,7 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
             from ..audit.record import record_refused
 
             face = os.environ.get("CORRAL_AUDIT_FACE") or "service"   # as registry.create
-            actor = None if face == "mcp" else f"token:{who.owner}"
+            actor = None if face == "mcp" else f"token:{owner_name(who.owner)}"
             record_refused([], getattr(e, "kind", "ceiling"), e.message, e.field,
                            who=(face, actor))
             raise
@@ -230,8 +233,9 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
                   path: Annotated[str, Field(description="the file's path in the sandbox")],
                   sandbox_id: Sid = None) -> CallToolResult:
         _, e = sandbox(ctx, sandbox_id)
+        local = guard(lambda: local_name(path))
         with e.files_lock:
-            text = guard(lambda: e.sandbox.files.read(path))
+            text = guard(lambda: e.sandbox.files.read(local))
         return _result({"path": path, "content": text}, text[:OUTPUT_SHOWN] + (
             f"\n[{len(text)} characters; the whole file is in the structured content]"
             if len(text) > OUTPUT_SHOWN else ""))
@@ -244,9 +248,11 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
                    content: Annotated[str, Field(description="the text to write (UTF-8)")],
                    sandbox_id: Sid = None) -> CallToolResult:
         _, e = sandbox(ctx, sandbox_id)
+        local = guard(lambda: local_name(path))
         with e.files_lock:
-            info = guard(lambda: e.sandbox.files.write(path, content))
-        return _result(info.to_dict(), f"wrote {len(content.encode())} bytes to {info.path}")
+            info = guard(lambda: e.sandbox.files.write(local, content))
+        return _result(wire_names(info), f"wrote {len(content.encode())} bytes to "
+                       f"{wire_name(info.path)}")
 
     @server.tool(description=(
         "List a directory in a sandbox: name, path, type (file, dir, symlink, ...), size in "
@@ -258,10 +264,11 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
                                                le=8)] = 1,
                    sandbox_id: Sid = None) -> CallToolResult:
         _, e = sandbox(ctx, sandbox_id)
+        local = guard(lambda: local_name(path))
         with e.files_lock:
-            entries = guard(lambda: e.sandbox.files.list(path, depth=depth))
-        names = [x.path + ("/" if x.type == "dir" else "") for x in entries]
-        return _result({"entries": [x.to_dict() for x in entries]},
+            entries = guard(lambda: e.sandbox.files.list(local, depth=depth))
+        names = [wire_name(x.path) + ("/" if x.type == "dir" else "") for x in entries]
+        return _result({"entries": [wire_names(x) for x in entries]},
                        "\n".join(names[:200]) or "(empty)")
 
     @server.tool(description=(
@@ -288,13 +295,14 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
             changes = guard(lambda: e.sandbox.changes())
         out, budget, cut = [], CHANGES_MAX, False
         for c in changes:
-            d = c.to_dict()
+            d = wire_names(c)
             diff = d.get("diff") or ""
             if len(diff) > budget:
                 d["diff"], d["diff_truncated"], cut = diff[:budget], True, True
             budget -= len(d.get("diff") or "")
             out.append(d)
-        text = "\n".join(f"{c.kind} {c.path}" for c in changes[:200]) or "no changes"
+        text = "\n".join(f"{c.kind} {wire_name(c.path)}" for c in changes[:200]) or \
+            "no changes"
         return _result({"changes": out, "truncated": cut}, text)
 
     @server.tool(description=(
@@ -351,10 +359,14 @@ def _whole(ceiling: dict) -> dict:
 
 
 def _result(d: dict, text: str, extra=()):
+    """A tool's answer; a name the sandbox made that is not UTF-8 is in its wire form
+    (common.wire_name), in the text and the structured content alike."""
     from mcp_types import TextContent
 
-    return CallToolResult(content=[TextContent(type="text", text=text), *extra],
-                          structured_content=d)
+    from .common import wire_json
+
+    return CallToolResult(content=[TextContent(type="text", text=wire_json(text)), *extra],
+                          structured_content=wire_json(d))
 
 
 def _shown(name: str, text: str) -> str:

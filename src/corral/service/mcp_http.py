@@ -56,8 +56,8 @@ def mount(app):
         if tok is None:         # every request reaching the SDK went through guarded()
             raise ToolError("no token on this request")
         sid = req.headers.get("mcp-session-id") or "-"
-        return Caller(tok.name, with_sources(tok.ceiling, config.secrets),
-                      f"{tok.name}/{sid}", tok)
+        return Caller(tok.owner, with_sources(tok.ceiling, config.secrets),
+                      f"{tok.owner}/{sid}", tok)
 
     server, _ = build(registry=svc.registry, caller=caller, busy=svc.busy,
                       quota=svc.quota, metrics=svc.metrics)
@@ -82,7 +82,8 @@ def mount(app):
         unused."""
         live = getattr(manager, "_server_instances", None)
         for key in list(server.corral_defaults):
-            owner, _, sid = key.partition("/")
+            name, tid, sid = key.split("/", 2)      # the owner is "NAME/ID" (tokens.py)
+            owner = f"{name}/{tid}"
             if sid == "-" and server.corral_idle(key) > IDLE_S or \
                     sid != "-" and live is not None and sid not in live:
                 server.corral_end_session(key, owner)

@@ -36,14 +36,22 @@ def open_sandbox(policy, *, timeout: float = DEFAULT_TIMEOUT_S, metadata=None,
     return Sandbox.create(policy, timeout=timeout, metadata=metadata)
 
 
+def owner_name(owner: str) -> str:
+    """The token's name in an owner key ("NAME/ID"; the audit store's actor is by name)."""
+    return owner.partition("/")[0]
+
+
 class Entry:
-    """One sandbox the service holds: its id, owner (a token's name), the object itself,
+    """One sandbox the service holds: its id, owner (a token's `owner`, "NAME/ID": its
+    name and its own id, so a new token of a revoked one's name owns none of its
+    sandboxes; `owner_name` is the name alone, for logs and pages), the object itself,
     its commands (service.commands), its event log, and the locks of the calls that must
     not overlap (code cells; files calls)."""
 
     def __init__(self, sid: str, owner: str, sandbox, policy) -> None:
         self.id = sid
         self.owner = owner
+        self.owner_name = owner_name(owner)
         self.sandbox = sandbox
         self.policy = policy
         self.policy_json: dict | None = None   # its view (common.view), made once
@@ -67,7 +75,7 @@ class Registry:
         from ..audit.record import acting_as
 
         face = face or os.environ.get("CORRAL_AUDIT_FACE") or "service"
-        with acting_as(None if face == "mcp" else f"token:{owner}", face):   # the audit store
+        with acting_as(None if face == "mcp" else f"token:{owner_name(owner)}", face):   # the audit store
             extra = {"user_account": True} if user_account else {}
             sb = self._opener(policy, timeout=timeout, metadata=metadata, **extra)
         sid = getattr(sb, "id", None) or "sb_" + secrets.token_hex(8)

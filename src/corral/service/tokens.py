@@ -1,8 +1,13 @@
 """Bearer tokens for `corral serve`, stored hashed in corral's state directory.
 
-    STATE/service/tokens.json   {"tokens": [{name, sha256, created, ceiling, max_sandboxes,
-                                             max_concurrent, rate, burst, revoked,
-                                             apply_changes, admin}]}   mode 0600
+    STATE/service/tokens.json   {"tokens": [{name, id, sha256, created, ceiling,
+                                             max_sandboxes, max_concurrent, rate, burst,
+                                             revoked, apply_changes, admin}]}   mode 0600
+
+A token's sandboxes belong to the token, not to its name: `owner` is the name with the
+token's own random id, so a token made again under a revoked one's name is another owner
+and never reaches the revoked token's sandboxes. (A record written before ids existed
+takes its id from its sha256.)
 
 A token is "corral_" and 32 random bytes in URL-safe base64: high entropy, so one sha256 is
 as good as a slow hash and lets the service look a token up at once. Only the hash is
@@ -63,6 +68,8 @@ class Token:
     def __init__(self, d: dict, defaults: dict | None = None) -> None:
         self.name: str = d["name"]
         self.sha256: str = d["sha256"]
+        #: this token's own id, made with it: never reused by a token of the same name
+        self.id: str = d.get("id") or self.sha256[:16]
         self.created: float = d.get("created", 0.0)
         #: the ceiling policy as a dict in the TOML layout ({}: corral's defaults)
         self.ceiling: dict = d.get("ceiling") or {}
@@ -83,8 +90,13 @@ class Token:
         #: the dashboard (corral token create --admin); it controls only its own sandboxes
         self.admin: bool = d.get("admin") is True
 
+    @property
+    def owner(self) -> str:
+        """The key its sandboxes are held under (service/registry.py): "NAME/ID"."""
+        return f"{self.name}/{self.id}"
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "sha256": self.sha256, "created": self.created,
+        return {"name": self.name, "id": self.id, "sha256": self.sha256, "created": self.created,
                 "ceiling": self.ceiling, **self.own, "revoked": self.revoked,
                 "apply_changes": self.apply_changes, "admin": self.admin}
 
@@ -200,7 +212,8 @@ class TokenStore:
                 raise UsageError(f"a token named {name!r} exists; revoke it first or pick "
                                  "another name", field="--name")
             tokens = [t for t in tokens if t.name != name]
-            tokens.append(Token({"name": name, "sha256": digest(token), "created": time.time(),
+            tokens.append(Token({"name": name, "id": secrets.token_hex(8),
+                                 "sha256": digest(token), "created": time.time(),
                                  "ceiling": ceiling or {}, "max_sandboxes": max_sandboxes,
                                  "max_concurrent": max_concurrent, "rate": rate,
                                  "burst": burst, "apply_changes": bool(apply_changes),

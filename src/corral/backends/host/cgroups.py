@@ -5,6 +5,7 @@ from them.
     cg = run_cgroup(run_dir, run_id, plan, check, kept=own)    # per exec: the limits' cgroup
     problems = keep_cgroup(cg, own)                      # after it: kept for the next exec
     POOL.note(own); run_dir.remove(); POOL.give(own)     # at close (cgroup v1 reuse)
+    POOL.short_lived()                                   # corral run: removed at close
     usage, oom_kills = usage_of(outcome, cg)
 """
 
@@ -128,6 +129,15 @@ class CgroupPool:
         self._idle: list = []
         self._dir = None          # the pool's RunDir, made on first use
         self._noted: set[str] = set()
+        #: False once short_lived() said no later sandbox will take what is given back
+        self.keeps = True
+
+    def short_lived(self) -> None:
+        """This process ends after the sandbox it runs (`corral run`): nothing it would
+        keep here could be reused, so remove_run() removes a sandbox's cgroups at once
+        instead (no pool run dir made, nothing renewed; the exit handler finds nothing to
+        drain). A forked child inherits it."""
+        self.keeps = False
 
     def _mine(self) -> bool:
         """False in a forked child (the parent's cgroups and run dir are not its own)."""
@@ -226,12 +236,17 @@ def usage_of(outcome, cg):
 
 def remove_run(run_dir, kept: list) -> list[str]:
     """Remove an emptied sandbox's run dir, then give its cgroups to the pool (note()d
-    there first: the run dir that recorded them goes). Returns teardown problems.
+    there first: the run dir that recorded them goes). In a short-lived process
+    (POOL.short_lived()) the cgroups are removed first, while the run dir still records
+    them for the stale sweep, then the run dir. Returns teardown problems.
 
     A run dir that would not go is left with its lock free: any corral start's sweep
     takes it for a dead supervisor's and removes the cgroups named after it (linux/
     rundir.sweep_stale), so they are removed now instead of pooled, where a later run
     would take one the sweep may remove under it."""
+    if not POOL.keeps:
+        problems = [p for cg in kept for p in destroy_cgroup(cg)]
+        return problems + run_dir.remove()
     POOL.note(kept)                   # recorded there before this run dir goes
     problems = run_dir.remove()       # the scratch tmpfs, charged to them, goes too
     if problems:

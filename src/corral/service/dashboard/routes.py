@@ -102,7 +102,7 @@ def _live(request: Request, v: Viewer) -> list[tuple[str, dict]]:
     out = []
     for e in sorted(entries, key=lambda e: -e.created):
         try:
-            out.append((e.owner, view(e)))
+            out.append((e.owner_name, view(e)))
         except Exception:    # noqa: BLE001 - it ended as we looked
             continue
     return out

@@ -35,11 +35,14 @@ class Viewer:
 
     def __init__(self, token) -> None:
         self.name = token.name
+        self.owner = token.owner
         self.admin = token.admin
         self.actor = None if token.admin else f"token:{token.name}"
 
     def sees(self, owner: str) -> bool:
-        return self.admin or owner == self.name
+        """Whether its pages show a sandbox of `owner` (a registry owner: a token's
+        name and id, not a name another token may have had before)."""
+        return self.admin or owner == self.owner
 
 
 class Sessions:

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ...errors import CorralError
-from ..common import ApiError, status_of
+from ..common import ApiError, SafeJSONResponse, status_of
 from .state import HOME
 
 #: a stream's keepalive event every this many seconds (the SDK asks for <= 50);
@@ -60,6 +60,9 @@ def rpc_error(e: BaseException) -> RpcError:
         return RpcError(code, msg)
     if isinstance(e, CorralError):
         from ...runtime.files import FileNotFound
+        from ..common import wire_error
+
+        e = wire_error(e)      # a path not UTF-8 named as the API writes it
 
         if isinstance(e, FileNotFound):
             return RpcError("not_found", str(e))
@@ -74,7 +77,7 @@ def rpc_error(e: BaseException) -> RpcError:
 
 def unary_error(e: BaseException) -> JSONResponse:
     r = rpc_error(e)
-    return JSONResponse({"code": r.code, "message": r.message},
+    return SafeJSONResponse({"code": r.code, "message": r.message},
                         status_code=STATUS_OF_CODE.get(r.code, 500))
 
 
@@ -125,7 +128,7 @@ def unary(fn):
                 raise RpcError("invalid_argument", "unary calls are application/json "
                                "(the SDK's JSON codec)")
             msg = _obj(await request.body())
-            return JSONResponse(await fn(state, request, msg))
+            return SafeJSONResponse(await fn(state, request, msg))
         except Exception as e:  # noqa: BLE001 - every error is the caller's answer
             return unary_error(e)
     return call
@@ -212,7 +215,7 @@ async def events(c, start: int, *, with_start: bool = True):
     while True:
         for stream, text in c.output_since(i):
             i += 1
-            yield {"event": {"data": {stream: b64(text.encode())}}}
+            yield {"event": {"data": {stream: b64(text.encode("utf-8", "replace"))}}}
             last = loop.time()
         if c.done.is_set() and not c.output_since(i):
             yield {"event": {"end": _end(c.result)}}

@@ -181,12 +181,12 @@ async def create(state, request: Request):
         raise ApiError(400, "invalid", "Idempotency-Key is 1 to 255 lowercase letters, "
                        "digits or hyphens", "Idempotency-Key")
     async with state.idem_lock:
-        sid = state.idem.get((token.name, key))
+        sid = state.idem.get((token.owner, key))
         face = state.face(sid) if sid else None
-        if face is not None and state.svc.registry.get(token.name, sid) is not None:
+        if face is not None and state.svc.registry.get(token.owner, sid) is not None:
             return JSONResponse(_sandbox(face), status_code=201)
         r = await _create(state, request, token)
-        state.idem[(token.name, key)] = json.loads(r.body)["sandboxID"]
+        state.idem[(token.owner, key)] = json.loads(r.body)["sandboxID"]
         while len(state.idem) > MAX_KEYS:
             state.idem.pop(next(iter(state.idem)))
         return r
@@ -234,7 +234,7 @@ async def _create(state, request: Request, token):
 
     def make():
         with svc.reserve(token), svc.slot(token):   # max_sandboxes, max_concurrent: 429
-            return reg.create(token.name, policy, timeout=float(timeout),
+            return reg.create(token.owner, policy, timeout=float(timeout),
                               metadata=metadata or None, user_account=account, face="e2b")
 
     try:
@@ -245,7 +245,7 @@ async def _create(state, request: Request, token):
         # the template's image is not in this server's store: the operator's to build
         raise ApiError(422, "image", f"template {template!r}: {err.message}",
                        "templateID") from None
-    face = Face(e.id, token.name, template, {}, account=account, tier=policy.isolation)
+    face = Face(e.id, token.owner, template, {}, account=account, tier=policy.isolation)
     state.add(face)
     with svc.metrics.mu:
         svc.metrics.created += 1
@@ -278,8 +278,8 @@ def _detail(e, face) -> dict:
 def _mine(state, request, sid: str):
     token = state.api_token(request.headers)
     face = state.face(sid)
-    e = state.svc.registry.get(token.name, sid) if face is not None else None
-    if e is None or face.owner != token.name:
+    e = state.svc.registry.get(token.owner, sid) if face is not None else None
+    if e is None or face.owner != token.owner:
         raise ApiError(404, "not_found", f"sandbox {sid[:64]!r} not found", "sandboxID")
     return token, e, face
 
@@ -298,7 +298,7 @@ async def list_(state, request):
     states = set((q.get("state") or "running").split(","))
     out = []
     if "running" in states:
-        for e in state.svc.registry.list(token.name):
+        for e in state.svc.registry.list(token.owner):
             face = state.face(e.id)
             if face is None:
                 continue               # a native sandbox: not E2B's to list
@@ -312,9 +312,9 @@ async def kill(state, request):
     token = state.api_token(request.headers)
     sid = request.path_params["sid"]
     face = state.face(sid)
-    if face is None or face.owner != token.name:
+    if face is None or face.owner != token.owner:
         raise ApiError(404, "not_found", f"sandbox {sid[:64]!r} not found", "sandboxID")
-    ok = await run_in_threadpool(state.svc.registry.remove, token.name, sid)
+    ok = await run_in_threadpool(state.svc.registry.remove, token.owner, sid)
     state.drop(sid)
     if not ok:
         raise ApiError(404, "not_found", f"sandbox {sid[:64]!r} not found", "sandboxID")

@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..common import local_name, wire_name
 from .connect import KEEPALIVE_S, RpcError, unary_error
 from .state import HOME
 
@@ -27,24 +28,26 @@ MAX_DEPTH = 32
 
 
 def _path(msg: dict, key: str = "path") -> str:
+    """The path `key` of a request, its quoted components (a name that is not UTF-8, as
+    entry() lists it: common.wire_name) made the sandbox's names again."""
     p = msg.get(key)
     if not isinstance(p, str) or not p or "\0" in p or len(p) > 4096:
         raise RpcError("invalid_argument", f"{key} is a non-empty path")
-    return p
+    return local_name(p, key)
 
 
 def entry(info) -> dict:
     mode = info.mode
     kind = {"file": stat_mod.S_IFREG, "dir": stat_mod.S_IFDIR,
             "symlink": stat_mod.S_IFLNK}.get(info.type, 0)
-    d = {"name": info.name, "type": TYPES.get(info.type, "FILE_TYPE_UNSPECIFIED"),
-         "path": info.path, "size": str(info.size), "mode": mode,
+    d = {"name": wire_name(info.name), "type": TYPES.get(info.type, "FILE_TYPE_UNSPECIFIED"),
+         "path": wire_name(info.path), "size": str(info.size), "mode": mode,
          "permissions": stat_mod.filemode(kind | mode), "owner": "root", "group": "root",
          "modifiedTime": datetime.datetime.fromtimestamp(
              info.mtime, datetime.timezone.utc).isoformat().replace("+00:00", "Z"),
          "isSymlink": info.type == "symlink"}
     if info.symlink_target is not None:
-        d["symlinkTarget"] = info.symlink_target
+        d["symlinkTarget"] = wire_name(info.symlink_target)
     return d
 
 
@@ -76,7 +79,7 @@ async def make_dir(state, request, msg):
 
     def mk(f):
         if not f.make_dir(p):
-            raise RpcError("already_exists", f"directory {p} already exists")
+            raise RpcError("already_exists", f"directory {wire_name(p)} already exists")
         return f.info(p)
     return {"entry": entry(await _files(state, request, mk))}
 
@@ -94,7 +97,7 @@ async def list_dir(state, request, msg):
 
     def ls(f):
         if f.info(p).type != "dir":
-            raise RpcError("invalid_argument", f"path {p} is not a directory")
+            raise RpcError("invalid_argument", f"path {wire_name(p)} is not a directory")
         return f.list(p, depth=depth)
     return {"entries": [entry(i) for i in await _files(state, request, ls)]}
 
@@ -143,7 +146,7 @@ def _event(ev) -> dict:
     if ev.type == "overflow":
         raise RpcError("resource_exhausted", "the kernel dropped events (too many at "
                        "once): list the directory again")
-    return {"name": ev.name, "type": EVENTS.get(ev.type, "EVENT_TYPE_UNSPECIFIED")}
+    return {"name": wire_name(ev.name), "type": EVENTS.get(ev.type, "EVENT_TYPE_UNSPECIFIED")}
 
 
 async def create_watcher(state, request, msg):
@@ -207,6 +210,7 @@ async def read(state, request: Request):
         p = request.query_params.get("path")
         if not p or "\0" in p:
             raise RpcError("invalid_argument", "path is a query parameter")
+        p = local_name(p)
         data = await _files(state, request, lambda f: f.read(p, "bytes"), who)
     except Exception as e:  # noqa: BLE001
         r = unary_error(e)
@@ -232,11 +236,11 @@ async def write(state, request: Request):
                     continue
                 name = part.filename or ""
                 path = qpath if (qpath and len(form) == 1) else name
-                items.append((path, await part.read()))
+                items.append((local_name(path), await part.read()))
         else:
             if not qpath:
                 raise RpcError("invalid_argument", "path is a query parameter")
-            items.append((qpath, await request.body()))
+            items.append((local_name(qpath), await request.body()))
         if not items:
             raise RpcError("invalid_argument", "no file in the request")
         for path, _ in items:
@@ -247,8 +251,8 @@ async def write(state, request: Request):
             out = []
             for path, data in items:
                 w = f.write(path, data)
-                out.append({"path": w.path, "name": posixpath.basename(w.path),
-                            "type": "file"})
+                out.append({"path": wire_name(w.path),
+                            "name": wire_name(posixpath.basename(w.path)), "type": "file"})
             return out
         return JSONResponse(await _files(state, request, put, who))
     except Exception as e:  # noqa: BLE001

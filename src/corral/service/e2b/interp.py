@@ -135,7 +135,8 @@ def _record_cell(e, code: str, language: str, ex, started: float) -> None:
     origin = getattr(sb, "_audit_origin", None) or audit.origin()
     audit.record_run(audit.new_id(), started, r, policy=sb.policy, plan=sb.plan,
                      argv=["run_code", language], isolation=sb.isolation, origin=origin,
-                     sandbox=e.id, kind="cell", stdin=code.encode(), receipt=True)
+                     sandbox=e.id, kind="cell", stdin=code.encode("utf-8", "surrogatepass"),
+                     receipt=True)   # its hash: a lone surrogate JSON sent fails no cell
 
 
 async def create_context(state, request):

@@ -117,22 +117,22 @@ class E2bState:
                 raise ApiError(401, "auth", f"--e2b-debug names the token "
                                f"{self.debug_owner!r}, which is not live", "token")
             face = self.face(DEBUG_ID)
-            e = self.svc.registry.get(t.name, face.sid) if face is not None else None
+            e = self.svc.registry.get(t.owner, face.sid) if face is not None else None
             if e is None:
                 from ..common import requested_policy
 
                 policy = requested_policy(self.templates["base"], t, self.svc)
                 account = _account_for(policy)
-                e = self.svc.registry.create(t.name, policy, timeout=3600.0,
+                e = self.svc.registry.create(t.owner, policy, timeout=3600.0,
                                              user_account=account, face="e2b")
-                face = Face(e.id, t.name, "base", {}, account=account,
+                face = Face(e.id, t.owner, "base", {}, account=account,
                             tier=policy.isolation)
                 with self._mu:
                     self._faces[DEBUG_ID] = face
             return e, face
 
-    def _owner_live(self, name: str) -> bool:
-        return any(t.name == name and not t.revoked for t in self.svc.tokens.load())
+    def _owner_live(self, owner: str) -> bool:
+        return any(t.owner == owner and not t.revoked for t in self.svc.tokens.load())
 
     def user(self, headers, face) -> str | None:
         """envd's user (Authorization: Basic base64("NAME:")): None (no header) or "root",

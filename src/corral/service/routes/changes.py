@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..common import COMMON_ERRORS, ApiError, Auth, Svc, errors
+from ..common import COMMON_ERRORS, ApiError, Auth, Svc, errors, local_name, wire_name, wire_names
 
 log = logging.getLogger("corral.serve")
 router = APIRouter(tags=["changes"], responses=COMMON_ERRORS)
@@ -36,7 +36,17 @@ def list_changes(sid: str, token: Auth, svc: Svc):
     path, kind (added, modified, deleted), type, modes, sizes, the diff of a text file,
     and a conflict or refusal that apply would leave it for."""
     e = svc.entry(sid, token)
-    return {"changes": [c.to_dict() for c in e.sandbox.changes()]}
+    return {"changes": [_change(c) for c in e.sandbox.changes()]}
+
+
+#: a Change as JSON, its path and link targets in their wire form (common.wire_name: a
+#: byte that is not UTF-8 written quoted, as the files routes write it)
+_change = wire_names
+
+
+def _paths(paths: list[str] | None, field: str) -> list[str] | None:
+    return None if paths is None else [local_name(p, f"{field}.{i}")
+                                       for i, p in enumerate(paths)]
 
 
 @router.get("/sandboxes/{sid}/changes/diff")
@@ -45,11 +55,11 @@ def diff(sid: str, token: Auth, svc: Svc, path: Annotated[list[str] | None, Quer
     """The changes as one git-style patch (`git apply` takes it), and those it leaves out
     with the reason (refusals, conflicts, directories, files over 64 MiB)."""
     e = svc.entry(sid, token)
-    patch, omitted = e.sandbox.changes_patch(path)
+    patch, omitted = e.sandbox.changes_patch(_paths(path, "path"))
     text = (base64.b64encode(patch).decode() if encoding == "base64"
             else patch.decode("utf-8", errors="replace"))
     return {"patch": text, "encoding": encoding,
-            "omitted": [{"path": p, "why": why} for p, why in omitted]}
+            "omitted": [{"path": wire_name(p), "why": why} for p, why in omitted]}
 
 
 @router.post("/sandboxes/{sid}/changes/apply", responses=errors(403))
@@ -61,13 +71,15 @@ def apply(sid: str, body: ApplyBody, token: Auth, svc: Svc):
         raise ApiError(403, "ceiling", "this token may not apply changes to the host's "
                        "workspace: a person reviews them (corral token create "
                        "--apply-changes makes a token that may)", "changes.apply")
-    applied = e.sandbox.apply_changes(body.paths, exact=body.exact)
+    applied = e.sandbox.apply_changes(_paths(body.paths, "paths"), exact=body.exact)
     log.info("sandbox %s: token %s applied %d change(s)", e.id, token.name,
              len(applied.applied))
     e.events.add("changes.applied", {"applied": len(applied.applied),
                                      "conflicts": len(applied.conflicts),
                                      "refused": len(applied.refused)})
-    return applied.to_dict()
+    return {"applied": [wire_name(p) for p in applied.applied],
+            "conflicts": [[wire_name(p), why] for p, why in applied.conflicts],
+            "refused": [[wire_name(p), why] for p, why in applied.refused]}
 
 
 @router.post("/sandboxes/{sid}/changes/discard")

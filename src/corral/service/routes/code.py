@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from ...errors import CorralError
+from ...errors import CorralError, UsageError
 from ..common import COMMON_ERRORS, ApiError, Auth, Svc
 
 router = APIRouter(tags=["code"], responses=COMMON_ERRORS)
@@ -81,6 +81,13 @@ def _view(c) -> dict:
 
 
 def _run(svc, e, body: CodeBody, **callbacks):
+    try:
+        return _run_cell(svc, e, body, **callbacks)
+    except ValueError as x:    # the cell itself: over the frame, a NUL or lone surrogate
+        raise UsageError(str(x).removeprefix("code: "), field="code") from None
+
+
+def _run_cell(svc, e, body: CodeBody, **callbacks):
     t0 = time.monotonic()
     if body.env:
         callbacks["env"] = body.env

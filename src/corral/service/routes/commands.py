@@ -78,7 +78,11 @@ def _bytes(text: str | None, encoding: str, field: str) -> bytes | None:
             return base64.b64decode(text, validate=True)
         except ValueError:
             raise ApiError(400, "invalid", f"{field} is not base64", field) from None
-    return text.encode()
+    try:       # a surrogate escape (U+DC80-U+DCFF: JSON may send one) is its byte again
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise ApiError(400, "invalid", f"{field} holds a lone surrogate that stands for no "
+                       f"byte: send text, or {field}_encoding base64", field) from None
 
 
 def _cmd(svc, e, pid: int):
@@ -168,7 +172,7 @@ class _Encode:
     def __call__(self, stream: str, data) -> str:
         if self.base64:
             return base64.b64encode(data if isinstance(data, bytes)
-                                    else data.encode()).decode()
+                                    else data.encode("utf-8", "replace")).decode()
         if isinstance(data, str):
             return data
         dec = self._dec.get(stream)

@@ -25,7 +25,16 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from ...runtime.files import MAX_DEPTH
-from ..common import COMMON_ERRORS, ApiError, Auth, Svc
+from ..common import (
+    COMMON_ERRORS,
+    ApiError,
+    Auth,
+    Svc,
+    local_name,
+    wire_error,
+    wire_name,
+    wire_names,
+)
 
 router = APIRouter(tags=["files"], responses=COMMON_ERRORS)
 
@@ -68,8 +77,18 @@ class PathBody(BaseModel):
 
 def _call(e, fn):
     """fn(the sandbox's Files), with the files lock held (one Files object a sandbox)."""
+    from ...runtime.files import FilesError
+
     with e.files_lock:
-        return fn(e.sandbox.files)
+        try:
+            return fn(e.sandbox.files)
+        except FilesError as x:
+            raise wire_error(x) from None
+
+
+#: an EntryInfo, WriteInfo or watch event as JSON, its names in their wire form (a byte
+#: that is not UTF-8 written quoted: common.wire_name)
+_out = wire_names
 
 
 def _decode(body: WriteBody, field: str) -> bytes:
@@ -88,7 +107,8 @@ def read(sid: str, path: str, token: Auth, svc: Svc,
     """The file as JSON (text, or base64 for bytes), up to JSON_READ_MAX bytes; bigger
     files: .../files/content, streamed."""
     e = svc.entry(sid, token)
-    chunks = _call(e, lambda f: f.read(path, format="stream"))
+    local = local_name(path)
+    chunks = _call(e, lambda f: f.read(local, format="stream"))
     try:
         got, size = [], 0
         for chunk in chunks:
@@ -116,7 +136,8 @@ async def download(sid: str, path: str, token: Auth, svc: Svc):
     # opened now (404, not a regular file, over the cap: an error before the 200), and its
     # first chunk read: a generator that was started is closed, its file with it, by
     # close() (an unstarted one would keep its file open)
-    chunks = await run_in_threadpool(_call, e, lambda f: f.read(path, format="stream"))
+    local = local_name(path)
+    chunks = await run_in_threadpool(_call, e, lambda f: f.read(local, format="stream"))
     try:
         first = await run_in_threadpool(next, chunks, b"")
     except BaseException:
@@ -145,7 +166,8 @@ async def _pump(first: bytes, chunks):
 def write(sid: str, body: WriteBody, token: Auth, svc: Svc):
     e = svc.entry(sid, token)
     data = _decode(body, "content")
-    return _call(e, lambda f: f.write(body.path, data)).to_dict()
+    local = local_name(body.path)
+    return _out(_call(e, lambda f: f.write(local, data)))
 
 
 @router.put("/sandboxes/{sid}/files/content", openapi_extra={"requestBody": {
@@ -154,8 +176,9 @@ async def write_raw(sid: str, path: str, token: Auth, svc: Svc, request: Request
     """The request's body, as it is, written to `path` (parents made, atomic)."""
     e = svc.entry(sid, token)
     data = await request.body()
-    info = await run_in_threadpool(_call, e, lambda f: f.write(path, data))
-    return info.to_dict()
+    local = local_name(path)
+    info = await run_in_threadpool(_call, e, lambda f: f.write(local, data))
+    return _out(info)
 
 
 @router.post("/sandboxes/{sid}/files/batch")
@@ -163,7 +186,8 @@ def write_files(sid: str, body: BatchBody, token: Auth, svc: Svc):
     """Many files in one request, in turn (every content is decoded before the first is
     written)."""
     e = svc.entry(sid, token)
-    items = [(f.path, _decode(f, f"files.{i}.content")) for i, f in enumerate(body.files)]
+    items = [(local_name(f.path, f"files.{i}.path"), _decode(f, f"files.{i}.content"))
+             for i, f in enumerate(body.files)]
     return {"written": _write_many(e, items)}
 
 
@@ -175,12 +199,12 @@ def _write_many(e, items: list[tuple[str, bytes]]) -> list[dict]:
         files = e.sandbox.files
         for path, data in items:
             try:
-                done.append(files.write(path, data).to_dict())
+                done.append(_out(files.write(path, data)))
             except FilesError as x:
                 cls = FileNotFound if isinstance(x, FileNotFound) else FilesError
                 raise cls(f"{x.message} ({len(done)} file(s) before it were written: "
-                          f"{', '.join(d['path'] for d in done) or 'none'})", path=x.path,
-                          errno=x.errno) from None
+                          f"{', '.join(d['path'] for d in done) or 'none'})",
+                          path=wire_name(x.path), errno=x.errno) from None
     return done
 
 
@@ -210,7 +234,7 @@ def _joined(base: str, name: str | None, field: str) -> str:
     if name.startswith("/") or ".." in parts:
         raise ApiError(400, "invalid", f"part {field!r}'s filename {name[:80]!r} is absolute "
                        "or has a '..': name files relative to the path query", field)
-    return posixpath.join(base, name)
+    return posixpath.join(local_name(base), name)
 
 
 @router.put("/sandboxes/{sid}/files/archive", openapi_extra={"requestBody": {
@@ -223,8 +247,9 @@ async def write_archive(sid: str, path: str, token: Auth, svc: Svc, request: Req
     device node, FIFO or other special member refuses it all, and nothing is written."""
     e = svc.entry(sid, token)
     blob = await request.body()
-    info = await run_in_threadpool(_call, e, lambda f: f.write_archive(path, blob))
-    return JSONResponse(info.to_dict(), status_code=201)
+    local = local_name(path)
+    info = await run_in_threadpool(_call, e, lambda f: f.write_archive(local, blob))
+    return JSONResponse(_out(info), status_code=201)
 
 
 # -- the tree ----------------------------------------------------------------------------------
@@ -233,36 +258,42 @@ def list_files(sid: str, token: Auth, svc: Svc, path: str = ".",
                depth: Annotated[int, Query(ge=1, le=MAX_DEPTH, description="levels to "
                                            f"descend, 1 to {MAX_DEPTH}")] = 1):
     e = svc.entry(sid, token)
-    entries = _call(e, lambda f: f.list(path, depth=depth))
-    return {"entries": [x.to_dict() for x in entries]}
+    local = local_name(path)
+    entries = _call(e, lambda f: f.list(local, depth=depth))
+    return {"entries": [_out(x) for x in entries]}
 
 
 @router.get("/sandboxes/{sid}/files/info")
 def info(sid: str, path: str, token: Auth, svc: Svc):
     """The entry itself (a link described, not followed)."""
-    return _call(svc.entry(sid, token), lambda f: f.info(path)).to_dict()
+    local = local_name(path)
+    return _out(_call(svc.entry(sid, token), lambda f: f.info(local)))
 
 
 @router.get("/sandboxes/{sid}/files/exists")
 def exists(sid: str, path: str, token: Auth, svc: Svc):
-    return {"path": path, "exists": _call(svc.entry(sid, token), lambda f: f.exists(path))}
+    local = local_name(path)
+    return {"path": path, "exists": _call(svc.entry(sid, token), lambda f: f.exists(local))}
 
 
 @router.delete("/sandboxes/{sid}/files")
 def remove(sid: str, path: str, token: Auth, svc: Svc):
     """A file, a link (not what it points to) or a directory tree."""
-    _call(svc.entry(sid, token), lambda f: f.remove(path))
+    local = local_name(path)
+    _call(svc.entry(sid, token), lambda f: f.remove(local))
     return {"removed": path}
 
 
 @router.post("/sandboxes/{sid}/files/rename")
 def rename(sid: str, body: RenameBody, token: Auth, svc: Svc):
-    return _call(svc.entry(sid, token), lambda f: f.rename(body.old, body.new)).to_dict()
+    old, new = local_name(body.old, "old"), local_name(body.new, "new")
+    return _out(_call(svc.entry(sid, token), lambda f: f.rename(old, new)))
 
 
 @router.post("/sandboxes/{sid}/files/mkdir")
 def make_dir(sid: str, body: PathBody, token: Auth, svc: Svc):
-    made = _call(svc.entry(sid, token), lambda f: f.make_dir(body.path))
+    local = local_name(body.path)
+    made = _call(svc.entry(sid, token), lambda f: f.make_dir(local))
     return {"path": body.path, "made": made}
 
 
@@ -287,7 +318,8 @@ async def watch(sid: str, path: str, token: Auth, svc: Svc, recursive: bool = Fa
                            "may: stop one first", "watch", {"Retry-After": "1"})
         _watching[e] = n + 1
     try:
-        w = await run_in_threadpool(_call, e, lambda f: f.watch(path, recursive=recursive))
+        local = local_name(path)
+        w = await run_in_threadpool(_call, e, lambda f: f.watch(local, recursive=recursive))
     except BaseException:
         _release(e)
         raise
@@ -349,7 +381,7 @@ async def _watch_stream(svc, e, w, format: str, stop, started):
                     why = "the service is shutting down"
                     break
                 for ev in w.next_events(WATCH_WAKE_S):
-                    if not put(("event", ev.to_dict())):
+                    if not put(("event", _out(ev))):
                         return
                 if w.done:
                     why = "the directory went"
@@ -366,7 +398,8 @@ async def _watch_stream(svc, e, w, format: str, stop, started):
     started.set()
     try:
         threading.Thread(target=reader, daemon=True, name=f"corral-watch-{e.id}").start()
-        yield _frame(format, "watching", {"watching": w.path, "recursive": w.recursive})
+        yield _frame(format, "watching", {"watching": wire_name(w.path),
+                                          "recursive": w.recursive})
         while True:
             try:
                 kind, data = await asyncio.wait_for(q.get(), KEEPALIVE_S)

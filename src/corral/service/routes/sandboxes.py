@@ -57,7 +57,7 @@ def create(body: CreateBody, token: Auth, svc: Svc):
                        who=("service", f"token:{token.name}"))
         raise
     with svc.reserve(token), svc.slot(token):   # max_sandboxes, max_concurrent: 429
-        e = reg.create(token.name, policy, timeout=body.timeout, metadata=body.metadata,
+        e = reg.create(token.owner, policy, timeout=body.timeout, metadata=body.metadata,
                        user_account=body.user_account)
     with svc.metrics.mu:
         svc.metrics.created += 1
@@ -67,7 +67,7 @@ def create(body: CreateBody, token: Auth, svc: Svc):
 
 @router.get("/sandboxes")
 def list_(token: Auth, svc: Svc):
-    return {"sandboxes": [view(e) for e in svc.registry.list(token.name)]}
+    return {"sandboxes": [view(e) for e in svc.registry.list(token.owner)]}
 
 
 @router.get("/sandboxes/{sid}")
@@ -85,7 +85,7 @@ def set_timeout(sid: str, body: TimeoutBody, token: Auth, svc: Svc):
 
 @router.delete("/sandboxes/{sid}")
 def kill(sid: str, token: Auth, svc: Svc):
-    if not svc.registry.remove(token.name, sid):
+    if not svc.registry.remove(token.owner, sid):
         raise ApiError(404, "not_found", f"no sandbox {sid!r}", "sandbox_id")
     log.info("sandbox %s killed", sid)
     return {"killed": sid}

@@ -312,6 +312,24 @@ def soak_tier(tier: str, runs: int, dns_port: int, raw, image: str | None = None
     return out
 
 
+def raw_bwrap(bench):
+    """bench/startup.py's raw bwrap (its argv, seccomp program and uid) as a function of
+    argv, as its Bench.bwrap() ran it before it made this process a subreaper: the init
+    bwrap leaves goes to the host's init, as in the earlier soaks. (Bench.bwrap() now
+    leaves it to this process, to be reaped by Bench.reap_orphans(), which waits for every
+    child, the dnsmasq here too; without it each raw run left a zombie.)"""
+    import startup
+
+    kw = ({"user": bench.uid, "group": bench.gid, "extra_groups": []}
+          if bench.switch_user else {})
+
+    def raw(argv: list[str]) -> None:
+        os.lseek(bench.seccomp_fd, 0, os.SEEK_SET)   # bwrap reads from the current offset
+        startup.run_checked(bench.bwrap_prefix + ["--", *argv], env=bench.env,
+                            pass_fds=(bench.seccomp_fd,), **kw)
+    return raw
+
+
 def _calm(stall_before: int | None, took: float) -> bool:
     after = cpu_stall_us()
     if stall_before is None or after is None:
@@ -340,7 +358,7 @@ def main() -> int:
             if tier == "namespace":
                 import startup
                 bench = startup.Bench(use_runsc=False)
-                raw = bench.bwrap
+                raw = raw_bwrap(bench)
             try:
                 results.append(soak_tier(tier, a.runs, dns_port, raw, a.image))
             finally:

@@ -31,7 +31,11 @@ memory/pids/cpu hierarchies and v2) named after its runs, run directories and re
 entries, and its own fds. Both columns are printed; the exit status is 1 if any grew (or
 any run was wrong).
 
-Speed: runs/s and p50/p99 latency of each kind. On the namespace tier each `true` run is
+Speed: runs/s and p50/p99 latency of each kind; beside them p99/p50 of the "calm" runs
+only, those during which tasks waited for a CPU (the kernel's CPU pressure, /proc/pressure/
+cpu "some") for less than CALM of the run's wall time, so that a tail from the machine's
+other work can be told from corral's own; and the collections of Python's cyclic garbage
+collector that fell inside timed runs (count and milliseconds, by generation). On the namespace tier each `true` run is
 followed by the same command under raw bwrap (bench/startup.py's argv: corral's own bwrap
 line and seccomp program, same uid) in the same loop, so the two share the machine's
 load: the ratio is `true` runs/s of corral.run over raw bwrap's. Goals (issue 23):
@@ -41,6 +45,7 @@ namespace >= 0.95x raw bwrap on `true`, and each kind's p99 <= 1.5x its own p50.
 from __future__ import annotations
 
 import argparse
+import gc
 import http.server
 import json
 import os
@@ -67,6 +72,9 @@ KINDS = ("true", "python", "fork", "timeout", "oom", "net", "secret", "review")
 TOKEN = "soak-secret-7f3a9c0e55d14b2b"
 GOAL_RATIO = 0.95
 GOAL_TAIL = 1.5
+#: a run is "calm" if tasks waited for a CPU for less than this share of its wall time
+CALM = 0.3
+PSI_CPU = "/proc/pressure/cpu"
 NET = "127.{}.{}".format(*os.urandom(2))
 SRV = f"{NET}.2"
 
@@ -158,6 +166,31 @@ def kinds_for(tier: str, dns_port: int, ws: str, image: str | None = None) -> di
     }
 
 
+def cpu_stall_us() -> int | None:
+    """The kernel's total of microseconds some task waited for a CPU (PSI), or None."""
+    try:
+        with open(PSI_CPU) as f:
+            return int(f.readline().rsplit("total=", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class GcTimes:
+    """The cyclic collector's collections while `on` (count and ms by generation)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.start = 0
+        self.by_gen: dict[int, list[float]] = {}
+
+    def __call__(self, phase, info) -> None:
+        if phase == "start":
+            self.start = time.perf_counter_ns()
+        elif self.on:
+            self.by_gen.setdefault(info["generation"], []).append(
+                (time.perf_counter_ns() - self.start) / 1e6)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
@@ -173,7 +206,11 @@ def soak_tier(tier: str, runs: int, dns_port: int, raw, image: str | None = None
     dropped: dict[str, str] = {}
     errors: list[str] = []
     lat: dict[str, list[float]] = {k: [] for k in mix}
+    calm: dict[str, list[float]] = {k: [] for k in mix}
     raw_lat: list[float] = []
+    raw_calm: list[float] = []
+    gct = GcTimes()
+    gc.callbacks.append(gct)
     try:
         for kind in list(mix):          # the warm-up: one of each, and what the tier refuses
             argv, policy, check = mix[kind]
@@ -196,30 +233,45 @@ def soak_tier(tier: str, runs: int, dns_port: int, raw, image: str | None = None
         for i in range(runs):
             kind = order[i % len(order)]
             argv, policy, check = mix[kind]
+            stall = cpu_stall_us()
+            gct.on = True
             s = time.perf_counter()
             try:
                 r = corral.run(argv, policy)
-                bad = check(r)
             except Exception as e:  # noqa: BLE001 - counted and reported
-                bad = f"{type(e).__name__}: {e}"[:300]
-            lat[kind].append(time.perf_counter() - s)
+                r, bad = None, f"{type(e).__name__}: {e}"[:300]
+            took = time.perf_counter() - s
+            gct.on = False
+            if r is not None:
+                try:
+                    bad = check(r)
+                except Exception as e:  # noqa: BLE001 - counted and reported
+                    bad = f"check: {type(e).__name__}: {e}"[:300]
+            lat[kind].append(took)
+            if _calm(stall, took):
+                calm[kind].append(took)
             if bad:
                 errors.append(f"run {i} {kind}: {bad}")
                 if len(errors) <= 5:
                     print(f"  ERROR {errors[-1]}", flush=True)
             if raw and kind == "true":
+                stall = cpu_stall_us()
                 s = time.perf_counter()
                 try:
                     raw(["/bin/true"])
                 except Exception as e:  # noqa: BLE001
                     errors.append(f"raw bwrap: {e}"[:300])
                 raw_lat.append(time.perf_counter() - s)
+                if _calm(stall, raw_lat[-1]):
+                    raw_calm.append(raw_lat[-1])
             if (i + 1) % 500 == 0:
                 print(f"  {tier}: {i + 1}/{runs} runs, {len(errors)} errors, "
                       f"{(i + 1) / (time.monotonic() - t0):.1f} runs/s", flush=True)
         wall = time.monotonic() - t0
     finally:
         shutil.rmtree(ws, ignore_errors=True)
+        if gct in gc.callbacks:
+            gc.callbacks.remove(gct)
     after = leaks.settle(TRACKER, before)
     print(f"\n== {tier}: {runs} runs in {wall:.1f} s ({runs / wall:.1f} runs/s, raw bwrap "
           f"runs not counted), {len(errors)} errors")
@@ -230,24 +282,59 @@ def soak_tier(tier: str, runs: int, dns_port: int, raw, image: str | None = None
     leaks.describe(TRACKER, grew)
     per_kind = {}
     print(f"  {'kind':10} {'runs':>6} {'runs/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'p99/p50':>8}")
-    rows = [(k, v) for k, v in lat.items() if v]
+          f"{'p99/p50':>8} {'calm':>5} {'p99/p50':>8}")
+    rows = [(k, v, calm[k]) for k, v in lat.items() if v]
     if raw_lat:
-        rows.append(("raw bwrap", raw_lat))
-    for k, v in rows:
+        rows.append(("raw bwrap", raw_lat, raw_calm))
+    for k, v, c in rows:
         p50, p99 = pct(v, 50) * 1e3, pct(v, 99) * 1e3
         per_kind[k] = {"runs": len(v), "runs_per_s": len(v) / sum(v), "p50_ms": p50,
-                       "p99_ms": p99, "tail": p99 / p50}
+                       "p99_ms": p99, "tail": p99 / p50, "calm_runs": len(c),
+                       "calm_tail": pct(c, 99) / pct(c, 50) if c else None}
+        calm_tail = f"{pct(c, 99) / pct(c, 50):8.2f}" if c else f"{'-':>8}"
         print(f"  {k:10} {len(v):6} {len(v) / sum(v):8.1f} {p50:8.2f} {p99:8.2f} "
-              f"{p99 / p50:8.2f}" + ("  > goal 1.5" if p99 / p50 > GOAL_TAIL else ""))
+              f"{p99 / p50:8.2f} {len(c):5} {calm_tail}"
+              + ("  > goal 1.5" if p99 / p50 > GOAL_TAIL else ""))
+    print(f"  (calm: runs during which tasks waited for a CPU less than {CALM:.0%} of the "
+          f"time, {PSI_CPU})")
+    gcs = {g: {"n": len(v), "ms": sum(v), "max_ms": max(v)} for g, v in
+           sorted(gct.by_gen.items())}
+    print("  gc collections inside timed runs: " + (", ".join(
+        f"gen {g}: {x['n']} ({x['ms']:.1f} ms, max {x['max_ms']:.1f})" for g, x in gcs.items())
+        or "none"))
     out = {"tier": tier, "runs": runs, "wall_s": wall, "errors": len(errors),
            "first_errors": errors[:10], "dropped": dropped, "before": before,
-           "after": after, "grew": grew, "kinds": per_kind}
+           "after": after, "grew": grew, "kinds": per_kind, "gc": gcs}
     if raw_lat and "true" in per_kind:
         ratio = per_kind["true"]["runs_per_s"] / per_kind["raw bwrap"]["runs_per_s"]
         out["true_vs_raw_bwrap"] = ratio
         print(f"  true: corral.run {ratio:.2f}x raw bwrap's runs/s (goal >= {GOAL_RATIO})")
     return out
+
+
+def raw_bwrap(bench):
+    """bench/startup.py's raw bwrap (its argv, seccomp program and uid) as a function of
+    argv, as its Bench.bwrap() ran it before it made this process a subreaper: the init
+    bwrap leaves goes to the host's init, as in the earlier soaks. (Bench.bwrap() now
+    leaves it to this process, to be reaped by Bench.reap_orphans(), which waits for every
+    child, the dnsmasq here too; without it each raw run left a zombie.)"""
+    import startup
+
+    kw = ({"user": bench.uid, "group": bench.gid, "extra_groups": []}
+          if bench.switch_user else {})
+
+    def raw(argv: list[str]) -> None:
+        os.lseek(bench.seccomp_fd, 0, os.SEEK_SET)   # bwrap reads from the current offset
+        startup.run_checked(bench.bwrap_prefix + ["--", *argv], env=bench.env,
+                            pass_fds=(bench.seccomp_fd,), **kw)
+    return raw
+
+
+def _calm(stall_before: int | None, took: float) -> bool:
+    after = cpu_stall_us()
+    if stall_before is None or after is None:
+        return False
+    return (after - stall_before) / 1e6 < CALM * took
 
 
 def main() -> int:
@@ -271,7 +358,7 @@ def main() -> int:
             if tier == "namespace":
                 import startup
                 bench = startup.Bench(use_runsc=False)
-                raw = bench.bwrap
+                raw = raw_bwrap(bench)
             try:
                 results.append(soak_tier(tier, a.runs, dns_port, raw, a.image))
             finally:

@@ -313,7 +313,7 @@ class NamespaceSandbox(LiveSandbox):
         self._cgroups: list = []
         #: the execs running now, which close() ends (one in another thread, say)
         self._inflight = Inflight()
-        rundir.sweep_if_due()
+        rundir.sweep_if_due(off_path=_sweep_off_path())
         #: (run dir, uid, its scratch) made ahead by the teardown thread (host/deferred.py)
         self._ready = self._take_ready()
         self.dir = self._ready[0] if self._ready else rundir.RunDir()
@@ -739,9 +739,10 @@ class NamespaceSandbox(LiveSandbox):
         gone (each exec killed, reaped and its cgroup checked empty before its Result was
         made; end_all() here), the removal of what is left empty (the scratch tmpfs, the
         run dir, the cgroups given to the pool) goes to the teardown thread
-        (host/deferred.py, which says where its problems go), if the run dir holds no
-        mount but the scratch tmpfs: a workspace or bind of the host's is unmounted
-        before close() returns."""
+        (host/deferred.py, which says where its problems go). Every other mount of the
+        run dir (a workspace, its review overlay, a bind of the host's, an image's root)
+        is unmounted here first, before close() returns; if one will not go, all of it
+        is done here."""
         problems: list[str] = []
         if getattr(self, "_inflight", None) is not None:
             self._inflight.end_all()
@@ -756,14 +757,23 @@ class NamespaceSandbox(LiveSandbox):
             key = self._ready_key()
             if defer_as is not None:
                 from .host.deferred import DEFERRED
-            if not (defer_as is not None and run_dir.mounts == [self.scratch]
-                    and not self._inflight.running()
+            if not (defer_as is not None and not self._inflight.running()
+                    and run_dir.unmount_all_but(self.scratch)
+                    and run_dir.mounts == [self.scratch]
                     and DEFERRED.submit(defer_as, run_dir.id,
                                         lambda: remove_run(run_dir, kept),
                                         ready=(key, lambda: _make_ready(*key)) if key
                                         else None)):
                 problems += remove_run(run_dir, kept)
         return problems
+
+
+def _sweep_off_path():
+    """Where a due sweep of dead run dirs goes instead of this thread: the teardown thread
+    of host/deferred.py, if this process has one running (it was imported by the first
+    deferred close()); None: swept here (the first sandbox of a process, the CLI)."""
+    deferred = sys.modules.get("corral.backends.host.deferred")
+    return deferred.DEFERRED.run_soon if deferred is not None else None
 
 
 def _make_ready(size: int, inodes: int):

@@ -498,8 +498,8 @@ def run(argv: list[str], policy: Policy | dict | str | None = None, **kw) -> Res
     Every process of the run is gone when it returns; on the namespace tier the removal
     of its emptied scratch tmpfs, run directory and cgroups may still be under way on a
     background thread (backends/host/deferred.py). A problem there reaches the Result of
-    this process's next run() as a "teardown" event naming the run it belongs to (and
-    that run's audit record), or stderr at exit."""
+    the next run() of the same thread as a "teardown" event naming the run it belongs to
+    (and that run's audit record), or stderr at exit; never another thread's Result."""
     sb = Sandbox(policy, _argv=argv)
     try:
         sb.open()
@@ -510,13 +510,13 @@ def run(argv: list[str], policy: Policy | dict | str | None = None, **kw) -> Res
     sb.close(_defer=True)
     deferred = _sys.modules.get("corral.backends.host.deferred")
     if deferred is not None:
-        _earlier_teardown(result, deferred.DEFERRED.take_problems())
+        _earlier_teardown(result, deferred.DEFERRED.take_problems(this_thread=True))
     return result
 
 
 def _earlier_teardown(result: Result, problems) -> None:
-    """Problems of earlier runs' deferred teardown: "teardown" events of this Result,
-    naming the run, and of that run's own audit record."""
+    """Problems of the deferred teardown of this thread's earlier runs: "teardown" events
+    of this Result, naming the run, and of that run's own audit record."""
     if not problems:
         return
     from ..events import TeardownEvent

@@ -238,10 +238,19 @@ def remove_run(run_dir, kept: list) -> list[str]:
     """Remove an emptied sandbox's run dir, then give its cgroups to the pool (note()d
     there first: the run dir that recorded them goes). In a short-lived process
     (POOL.short_lived()) the cgroups are removed first, while the run dir still records
-    them for the stale sweep, then the run dir. Returns teardown problems."""
+    them for the stale sweep, then the run dir. Returns teardown problems.
+
+    A run dir that would not go is left with its lock free: any corral start's sweep
+    takes it for a dead supervisor's and removes the cgroups named after it (linux/
+    rundir.sweep_stale), so they are removed now instead of pooled, where a later run
+    would take one the sweep may remove under it."""
     if not POOL.keeps:
         problems = [p for cg in kept for p in destroy_cgroup(cg)]
         return problems + run_dir.remove()
     POOL.note(kept)                   # recorded there before this run dir goes
     problems = run_dir.remove()       # the scratch tmpfs, charged to them, goes too
+    if problems:
+        for cg in kept:
+            problems += destroy_cgroup(cg)
+        return problems
     return problems + POOL.give(kept)

@@ -11,14 +11,22 @@ started on first use, from `_thread`: nothing is imported for it) does it in ord
 
 Its problems (each a sentence: an unmount or removal that failed) are never dropped:
 
- - `take_problems()` hands them to the next run of this process, whose Result carries them
-   as "teardown" events naming the earlier run (runtime/sandbox.py), and the audit store
-   adds them to that earlier run's own record;
+ - `take_problems(this_thread=True)` hands them to the next run of the thread whose run
+   they belong to (the thread that queued the work), whose Result carries them as
+   "teardown" events naming the earlier run (runtime/sandbox.py), and the audit store adds
+   them to that earlier run's own record. Never to another thread's run: runs of several
+   threads at once are often several callers (requests, tenants), and a Result must not
+   name another caller's run or carry its problems. A thread that never runs again leaves
+   its problems to stderr at exit (or sooner, past MAX_PROBLEMS);
  - at exit, `flush()` waits for what is queued (atexit, before the cgroup pool is drained)
    and writes any problem not handed on to stderr;
  - a process killed with work queued leaves its run directories with their locks free:
    the next corral start sweeps them, cgroups and mounts included (linux/rundir.py), as
    it does for any dead supervisor's.
+
+The same thread runs the periodic sweep of dead supervisors' run directories
+(linux/rundir.sweep_if_due, about once a second) once it is running (`run_soon`), so that
+the run opening a sandbox does not wait for it.
 
 After such a teardown the thread also makes a run directory ahead for the next sandbox
 of the same kind (a uid picked, its scratch tmpfs mounted with the same size and inode
@@ -53,8 +61,8 @@ class Deferred:
         self._pid = os.getpid()
         self._queue: list = []
         self._thread = False
-        #: (run id or None, run dir id, problem)
-        self._problems: list[tuple[str | None, str, str]] = []
+        #: (owner: the queuing thread's token, run id or None, run dir id, problem)
+        self._problems: list[tuple[object, str | None, str, str]] = []
         #: (key, (run dir, uid, scratch)): run dirs made ahead for the next sandboxes
         self._ready: list = []
 
@@ -69,7 +77,9 @@ class Deferred:
         (key, make), after it the thread makes one run dir ahead with `make()` unless
         READY_MAX of that key are waiting (take_ready). False, and nothing queued, when
         MAX_PENDING are waiting already (runs in many threads outpace the one teardown
-        thread): the caller then does the work itself, as if there were no thread."""
+        thread): the caller then does the work itself, as if there were no thread.
+        Its problems belong to the calling thread (take_problems)."""
+        owner = _owner()
         if ready is not None:
             key, make = ready
             inner = work
@@ -84,13 +94,31 @@ class Deferred:
                 return False
             if not self._queue:
                 self._idle.acquire()
-            self._queue.append((run_id, dir_id, work))
+            self._queue.append((owner, run_id, dir_id, work))
             if not self._thread:
                 self._thread = True
                 _thread.start_new_thread(self._loop, ())
             if self._wake.locked():
                 self._wake.release()
         return True
+
+    def run_soon(self, fn) -> bool:
+        """Queue `fn()` (its return value unused) for the teardown thread if the thread
+        runs already and the queue has room; False, and nothing queued, otherwise (the
+        caller runs it itself). For the periodic sweep of dead run dirs
+        (linux/rundir.sweep_if_due), which need not hold up the sandbox being opened; an
+        error of it is a problem of the calling thread's, as a teardown's is (its next
+        run's Result says so) instead of failing the run that opened a sandbox."""
+        def work():
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - reported, as a teardown's problem
+                return [f"the sweep of dead supervisors' run dirs: {type(e).__name__}: {e}"]
+            return []
+        with self._lock:
+            if not self._mine() or not self._thread or len(self._queue) >= MAX_PENDING:
+                return False
+        return self.submit(None, "sweep", work)
 
     def _loop(self) -> None:
         while True:
@@ -99,24 +127,24 @@ class Deferred:
                 with self._lock:
                     if not self._queue:
                         break
-                    run_id, dir_id, work = self._queue[0]
-                self._run(run_id, dir_id, work)
+                    owner, run_id, dir_id, work = self._queue[0]
+                self._run(owner, run_id, dir_id, work)
                 with self._lock:
                     self._queue.pop(0)
                     if not self._queue:
                         self._idle.release()
 
-    def _run(self, run_id, dir_id, work) -> None:
+    def _run(self, owner, run_id, dir_id, work) -> None:
         try:
             problems = work()
         except Exception as e:  # noqa: BLE001 - a teardown never raises into nothing
             problems = [f"teardown of run dir {dir_id}: {type(e).__name__}: {e}"]
         if problems:
             with self._lock:
-                self._problems += [(run_id, dir_id, p) for p in problems]
+                self._problems += [(owner, run_id, dir_id, p) for p in problems]
                 spill = self._problems[:-MAX_PROBLEMS]
                 del self._problems[:-MAX_PROBLEMS]
-            _to_stderr(spill)
+            _to_stderr([x[1:] for x in spill])
 
     def _make_ready(self, key, make) -> None:
         with self._lock:
@@ -169,14 +197,30 @@ class Deferred:
             return True
         return False
 
-    def take_problems(self) -> list[tuple[str | None, str, str]]:
+    def take_problems(self, *, this_thread: bool = False) -> list[tuple[str | None, str, str]]:
         """The problems of finished teardowns not handed on yet: (run id, run dir id,
-        sentence)."""
+        sentence). this_thread=True: only those of work the calling thread queued (what
+        run() hands to its Result); False: all (at exit)."""
+        me = _owner() if this_thread else None
         with self._lock:
             if not self._mine() or not self._problems:
                 return []
-            out, self._problems = self._problems, []
-        return out
+            out = [x for x in self._problems if me is None or x[0] is me]
+            if out:
+                self._problems = [x for x in self._problems if not (me is None or x[0] is me)]
+        return [x[1:] for x in out]
+
+
+_local = _thread._local()
+
+
+def _owner() -> object:
+    """The calling thread's token, whose problems go to its own runs only (a token held
+    by a queued problem is never another thread's, as a recycled thread id could be)."""
+    token = getattr(_local, "token", None)
+    if token is None:
+        token = _local.token = object()
+    return token
 
 
 def _to_stderr(problems) -> None:

@@ -191,6 +191,55 @@ def test_the_lean_exec_path_and_what_it_leaves_to_fastapi(server):
             a.delete(f"/sandboxes/{sid}")
 
 
+def _one_answer(port: int, request: bytes) -> tuple[bytes, int]:
+    """`request` sent on a new loopback connection: (the whole answer, by its
+    Content-Length; how many TCP segments with data it came in: tcp_info's
+    tcpi_data_segs_in, Linux 4.6+)."""
+    import socket
+    import struct
+
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(request)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += s.recv(65536) or b""
+        head, _, body = got.partition(b"\r\n\r\n")
+        n = next(int(v) for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n"))
+                 if k.strip().lower() == b"content-length")
+        while len(body) < n:
+            body += s.recv(65536)
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    if len(info) < 156:
+        pytest.skip("this kernel's tcp_info has no tcpi_data_segs_in")
+    return head + b"\r\n\r\n" + body, struct.unpack_from("I", info, 152)[0]
+
+
+def test_an_answer_goes_out_in_one_segment(server):
+    """uvicorn writes the status line and headers, then the body: two sends, two
+    segments, the client woken twice (service/wire.py joins them). A lean exec's Result, a
+    FastAPI route's answer and an error each arrive in one segment with data."""
+    tok = server.tokens["a"]
+    with server.http(tok) as a:
+        sid = _create(a)
+        try:
+            body = json.dumps({"cmd": "echo hi"}).encode()
+            for req in (
+                    f"POST /sandboxes/{sid}/exec HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                    f"Bearer {tok}\r\nContent-Type: application/json\r\nContent-Length: "
+                    f"{len(body)}\r\n\r\n".encode() + body,
+                    b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+                    f"GET /sandboxes/{sid} HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                    f"Bearer {tok}\r\n\r\n".encode(),
+                    b"GET /sandboxes/nope HTTP/1.1\r\nHost: x\r\n\r\n"):
+                answer, segments = _one_answer(server.port, req)
+                assert answer.split(b" ", 2)[1] in (b"200", b"401"), answer
+                assert segments == 1, (req.split(b"\r\n")[0], segments)
+            answer, _ = _one_answer(server.port, req)
+            assert b'"kind":"auth"' in answer.replace(b" ", b"")
+        finally:
+            a.delete(f"/sandboxes/{sid}")
+
+
 def test_another_tokens_sandbox_is_404(server):
     with server.http(server.tokens["a"]) as a, server.http(server.tokens["b"]) as b:
         sid = _create(a)

@@ -14,6 +14,12 @@ transport drops its own buffer. A streamed response's chunks come from separate 
 
 A WebSocket upgrade hands the real transport to the WebSocket protocol (the terminal:
 its frames are not held).
+
+The access log's line for a response (uvicorn logs it at `http.response.start`, before a
+byte of the response is written) is written two turns later (`Later`): after the
+response has gone out, not before it. Formatting it and writing it to the log take
+0.15-0.3 ms of the event loop, which the client no longer waits for. The line is the same
+(it is made of what uvicorn passed at that moment); lines keep their order.
 """
 
 from __future__ import annotations
@@ -68,10 +74,38 @@ class Joined:
         return getattr(self._t, name)
 
 
+class Later:
+    """uvicorn's access logger, its info() lines logged two turns of the loop later: the
+    next turn sends the response's writes (Joined.flush), the one after logs."""
+
+    __slots__ = ("_log", "_loop")
+
+    def __init__(self, logger, loop) -> None:
+        self._log, self._loop = logger, loop
+
+    def info(self, msg, *args, **kw) -> None:
+        try:
+            self._loop.call_soon(self._loop.call_soon, self._emit, msg, args, kw)
+        except RuntimeError:     # the loop is closed: now, then
+            self._log.info(msg, *args, **kw)
+
+    def _emit(self, msg, args, kw) -> None:
+        self._log.info(msg, *args, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._log, name)
+
+
 def joined(base: type) -> type:
-    """`base` (uvicorn's HttpToolsProtocol or H11Protocol) with its transport Joined."""
+    """`base` (uvicorn's HttpToolsProtocol or H11Protocol) with its transport Joined and
+    its access log Later."""
 
     class JoinedProtocol(base):
+        def __init__(self, *args, **kw) -> None:
+            super().__init__(*args, **kw)
+            if self.access_log:
+                self.access_logger = Later(self.access_logger, self.loop)
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._real_transport = transport

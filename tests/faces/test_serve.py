@@ -240,6 +240,49 @@ def test_an_answer_goes_out_in_one_segment(server):
             a.delete(f"/sandboxes/{sid}")
 
 
+def test_joined_writes_hold_a_turn_and_no_more_than_hold_max():
+    """service/wire.Joined on a real loopback connection: a small write waits for the
+    loop's turn to end, the writes of one turn arrive together, and writes that reach
+    HOLD_MAX go to the transport at once (its flow control bounds the memory, as
+    without Joined)."""
+    import socket
+
+    from corral.service.wire import HOLD_MAX, Joined
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        with socket.create_server(("127.0.0.1", 0)) as ls:
+            t, _ = await loop.create_connection(asyncio.Protocol, *ls.getsockname())
+            peer, _ = ls.accept()
+        with peer:
+            peer.setblocking(False)
+            j = Joined(t, loop)
+            j.write(b"head ")
+            j.write(memoryview(b"body"))
+            with pytest.raises(BlockingIOError):
+                peer.recv(100)               # held until the turn ends
+            assert j.get_write_buffer_size() == 9
+            await asyncio.sleep(0)
+            await asyncio.sleep(0.05)
+            assert peer.recv(100) == b"head body"
+            big = b"x" * (HOLD_MAX // 2)
+            j.write(big)
+            j.write(big)                     # HOLD_MAX reached: sent now, not held
+            assert j.get_write_buffer_size() == t.get_write_buffer_size()
+            await asyncio.sleep(0.05)
+            got = b""
+            while len(got) < HOLD_MAX:
+                got += peer.recv(HOLD_MAX)
+            assert got == big + big
+            j.write(b"last")
+            j.close()                        # what is held goes before the close
+            await asyncio.sleep(0.05)
+            peer.setblocking(True)
+            assert peer.recv(100) == b"last" and peer.recv(100) == b""
+
+    asyncio.run(main())
+
+
 def test_another_tokens_sandbox_is_404(server):
     with server.http(server.tokens["a"]) as a, server.http(server.tokens["b"]) as b:
         sid = _create(a)

@@ -12,6 +12,11 @@ sent: a close() or write_eof() sends what is held first, an abort() drops it as 
 transport drops its own buffer. A streamed response's chunks come from separate turns
 (each waits for the command's output) and go as they did, one turn later.
 
+At most HOLD_MAX bytes are held: a write that brings the held bytes to it sends them at
+once, so a body written in big pieces without a pause (a file download) reaches the
+transport as before, and the transport's flow control (uvicorn's pause on its high-water
+mark) bounds what waits in memory, as before.
+
 A WebSocket upgrade hands the real transport to the WebSocket protocol (the terminal:
 its frames are not held).
 
@@ -26,32 +31,40 @@ from __future__ import annotations
 
 import asyncio
 
+#: the bytes a turn's writes may hold before they go at once (asyncio's default high-water
+#: mark of a transport's buffer)
+HOLD_MAX = 64 << 10
+
 
 class Joined:
     """A transport whose writes within one turn of the loop are sent as one."""
 
-    __slots__ = ("_t", "_loop", "_held")
+    __slots__ = ("_t", "_loop", "_held", "_size")
 
     def __init__(self, transport: asyncio.Transport, loop) -> None:
         self._t, self._loop = transport, loop
         self._held: list[bytes] | None = None
+        self._size = 0
 
     def write(self, data) -> None:
         if not data:
             return
         if self._held is None:
-            self._held = [bytes(data)]
+            self._held, self._size = [bytes(data)], len(data)
             self._loop.call_soon(self.flush)
         else:
             self._held.append(bytes(data))
+            self._size += len(data)
+        if self._size >= HOLD_MAX:
+            self.flush()          # the call_soon finds nothing held
 
     def writelines(self, chunks) -> None:
         for data in chunks:
             self.write(data)
 
     def flush(self) -> None:
-        held, self._held = self._held, None
-        if held and not self._t.is_closing():     # a lost connection takes no more
+        held, self._held, self._size = self._held, None, 0
+        if held:
             self._t.write(held[0] if len(held) == 1 else b"".join(held))
 
     def close(self) -> None:
@@ -63,12 +76,11 @@ class Joined:
         self._t.write_eof()
 
     def abort(self) -> None:
-        self._held = None
+        self._held, self._size = None, 0
         self._t.abort()
 
     def get_write_buffer_size(self) -> int:
-        held = self._held
-        return self._t.get_write_buffer_size() + (sum(map(len, held)) if held else 0)
+        return self._t.get_write_buffer_size() + self._size
 
     def __getattr__(self, name):
         return getattr(self._t, name)

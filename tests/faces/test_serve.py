@@ -191,6 +191,98 @@ def test_the_lean_exec_path_and_what_it_leaves_to_fastapi(server):
             a.delete(f"/sandboxes/{sid}")
 
 
+def _one_answer(port: int, request: bytes) -> tuple[bytes, int]:
+    """`request` sent on a new loopback connection: (the whole answer, by its
+    Content-Length; how many TCP segments with data it came in: tcp_info's
+    tcpi_data_segs_in, Linux 4.6+)."""
+    import socket
+    import struct
+
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(request)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += s.recv(65536) or b""
+        head, _, body = got.partition(b"\r\n\r\n")
+        n = next(int(v) for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n"))
+                 if k.strip().lower() == b"content-length")
+        while len(body) < n:
+            body += s.recv(65536)
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    if len(info) < 156:
+        pytest.skip("this kernel's tcp_info has no tcpi_data_segs_in")
+    return head + b"\r\n\r\n" + body, struct.unpack_from("I", info, 152)[0]
+
+
+def test_an_answer_goes_out_in_one_segment(server):
+    """uvicorn writes the status line and headers, then the body: two sends, two
+    segments, the client woken twice (service/wire.py joins them). A lean exec's Result, a
+    FastAPI route's answer and an error each arrive in one segment with data."""
+    tok = server.tokens["a"]
+    with server.http(tok) as a:
+        sid = _create(a)
+        try:
+            body = json.dumps({"cmd": "echo hi"}).encode()
+            for req in (
+                    f"POST /sandboxes/{sid}/exec HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                    f"Bearer {tok}\r\nContent-Type: application/json\r\nContent-Length: "
+                    f"{len(body)}\r\n\r\n".encode() + body,
+                    b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+                    f"GET /sandboxes/{sid} HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                    f"Bearer {tok}\r\n\r\n".encode(),
+                    b"GET /sandboxes/nope HTTP/1.1\r\nHost: x\r\n\r\n"):
+                answer, segments = _one_answer(server.port, req)
+                assert answer.split(b" ", 2)[1] in (b"200", b"401"), answer
+                assert segments == 1, (req.split(b"\r\n")[0], segments)
+            answer, _ = _one_answer(server.port, req)
+            assert b'"kind":"auth"' in answer.replace(b" ", b"")
+        finally:
+            a.delete(f"/sandboxes/{sid}")
+
+
+def test_joined_writes_hold_a_turn_and_no_more_than_hold_max():
+    """service/wire.Joined on a real loopback connection: a small write waits for the
+    loop's turn to end, the writes of one turn arrive together, and writes that reach
+    HOLD_MAX go to the transport at once (its flow control bounds the memory, as
+    without Joined)."""
+    import socket
+
+    from corral.service.wire import HOLD_MAX, Joined
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        with socket.create_server(("127.0.0.1", 0)) as ls:
+            t, _ = await loop.create_connection(asyncio.Protocol, *ls.getsockname())
+            peer, _ = ls.accept()
+        with peer:
+            peer.setblocking(False)
+            j = Joined(t, loop)
+            j.write(b"head ")
+            j.write(memoryview(b"body"))
+            with pytest.raises(BlockingIOError):
+                peer.recv(100)               # held until the turn ends
+            assert j.get_write_buffer_size() == 9
+            await asyncio.sleep(0)
+            await asyncio.sleep(0.05)
+            assert peer.recv(100) == b"head body"
+            big = b"x" * (HOLD_MAX // 2)
+            j.write(big)
+            j.write(big)                     # HOLD_MAX reached: sent now, not held
+            assert j.get_write_buffer_size() == t.get_write_buffer_size()
+            await asyncio.sleep(0.05)
+            got = b""
+            while len(got) < HOLD_MAX:
+                got += peer.recv(HOLD_MAX)
+            assert got == big + big
+            j.write(b"last")
+            j.close()                        # what is held goes before the close
+            await asyncio.sleep(0.05)
+            peer.setblocking(True)
+            assert peer.recv(100) == b"last" and peer.recv(100) == b""
+
+    asyncio.run(main())
+
+
 def test_another_tokens_sandbox_is_404(server):
     with server.http(server.tokens["a"]) as a, server.http(server.tokens["b"]) as b:
         sid = _create(a)

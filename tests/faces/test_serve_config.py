@@ -127,6 +127,28 @@ def test_the_config_turns_mcp_on_and_sets_the_log_level(tmp_path):
     assert "(MCP at /mcp)" in log and "GET /health" not in log    # no access log
 
 
+def test_the_access_log_has_a_line_per_request_in_order(tmp_path):
+    """On by default: every request's line, in the order answered, though written after
+    its response went out (service/wire.py), and all of them by the time the service has
+    stopped."""
+    from servefix import until
+
+    s = Serve(tmp_path)
+    s.start()
+    try:
+        with s.http() as h:
+            for path in ("/health", "/nope-1", "/health", "/nope-2"):
+                h.get(path)
+            until(lambda: "/nope-2 HTTP/1.1" in s.log.read_text(), "the last line")
+            h.get("/nope-3")
+    finally:
+        s.stop()
+    lines = [ln for ln in s.log.read_text().splitlines() if "HTTP/1.1" in ln]
+    got = [(ln.split('"')[1].split()[1], ln.split('"')[2].split()[0]) for ln in lines]
+    assert got[-5:] == [("/health", "200"), ("/nope-1", "404"), ("/health", "200"),
+                        ("/nope-2", "404"), ("/nope-3", "404")], lines
+
+
 def test_the_config_turns_the_access_log_off(tmp_path):
     """access_log = false: no line per request; corral's own lines stay (info level)."""
     cfg = tmp_path / "serve.toml"

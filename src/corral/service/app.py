@@ -228,11 +228,13 @@ def serve(config, *, e2b_debug: str | None = None) -> int:
                 except Exception:      # noqa: BLE001 - see above
                     pass
 
-    # the parser: httptools where installed (the lock has it: about 0.3 ms less CPU a
-    # request than h11), else h11. The loop: asyncio's always; with uvloop (auto picks it
-    # when installed) a command's entrant failed its setns (EINVAL), not looked into
+    # the parser: httptools where installed, else h11, a response's writes joined into
+    # one send (wire.py). The loop: asyncio's always; with uvloop (auto picks it when
+    # installed) a command's entrant failed its setns (EINVAL), not looked into
+    from .wire import protocol
+
     uconfig = uvicorn.Config(app, host=config.host, port=config.port, loop="asyncio",
-                             http="auto", log_level=config.log_level,
+                             http=protocol(), log_level=config.log_level,
                              access_log=config.access_log,
                              timeout_graceful_shutdown=drain, **tls)
     zygote.warm()   # the egress proxies' template, ready before the first sandbox asks

@@ -22,8 +22,7 @@ Issue 3 (Speed) asks, side by side in one run, through the proxy vs direct on lo
        sandbox-copy  the same as sandbox, from a supervisor process of its own whose
                     proxies have CORRAL_EGRESS_RELAY_SPLICE=0 (relay threads that copy
                     through a 4 MiB ring instead of splicing, the default until
-                    2026-12-06): the A/B of the ring inside a sandbox (--copy-mode batch:
-                    =batch, relay threads that copy in batches of up to 4 MiB)
+                    2026-12-06): the A/B of the ring inside a sandbox
        direct-cg    direct, with curl in a cpu cgroup made beside the sandboxes' (cgroup v1:
                     /corral/bench-PID-direct, the live sandbox's cpu.shares and CFS quota
                     copied): the CPU share a sandboxed client gets, without a proxy. A
@@ -37,7 +36,7 @@ Issue 3 (Speed) asks, side by side in one run, through the proxy vs direct on lo
                     every byte on the event loop (the A/B of relay.py's bulk threads)
        proxy-copy   the same proxy with CORRAL_EGRESS_RELAY_SPLICE=0: its relay threads
                     copy through a 4 MiB ring instead of splicing (the default until
-                    2026-12-06; --copy-mode batch: in batches, as in sandbox-copy)
+                    2026-12-06)
   2. added latency per request, p50 and p95 (goal: p50 <= direct + 0.5 ms): small GETs, a new
      connection each, from a Python client on the host (direct and standalone proxy,
      interleaved) and from a Python client inside a sandbox (a one-shot corral.run, and
@@ -122,10 +121,8 @@ def parse_curl(out: str, err: str) -> float:
 
 
 class Bench:
-    def __init__(self, net: str, ab_src: str | None = None, copy_mode: str = "0") -> None:
+    def __init__(self, net: str, ab_src: str | None = None) -> None:
         self.procs: list[subprocess.Popen] = []
-        #: CORRAL_EGRESS_RELAY_SPLICE of the -copy variants (--copy-mode)
-        self.copy_mode = copy_mode
         self.tmp = tempfile.mkdtemp(prefix="corral-bench-net-", dir="/dev/shm")
         self.srv_ip, self.relay_ip, self.proxy_ip = f"{net}.1", f"{net}.2", f"{net}.3"
         self.big = os.path.join(self.tmp, "big")
@@ -184,7 +181,7 @@ class Bench:
         self.splice_argv = [*self.proxy_argv[:-4], "--listen",
                             f"{self.proxy_ip}:{self.splice_port}", "--events", "/dev/null"]
         q = self._spawn(self.splice_argv, stderr=subprocess.PIPE,
-                        env={**HOST_ENV, "CORRAL_EGRESS_RELAY_SPLICE": copy_mode})
+                        env={**HOST_ENV, "CORRAL_EGRESS_RELAY_SPLICE": "0"})
         self.splice_pid = q.pid
         self.splice_cpu_ms: list[float] = []
         if "listening on" not in q.stderr.readline().decode():
@@ -425,7 +422,7 @@ class Bench:
                             "policy": self.policy()})]
         p = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True,
                            text=True, timeout=180,
-                           env={**os.environ, "CORRAL_EGRESS_RELAY_SPLICE": self.copy_mode})
+                           env={**os.environ, "CORRAL_EGRESS_RELAY_SPLICE": "0"})
         try:
             r = json.loads(p.stdout)
         except ValueError:
@@ -536,10 +533,6 @@ def main() -> int:
     ap.add_argument("--ab-src", metavar="DIR", help="a src/ tree (holding corral/) whose "
                     "standalone proxy's small requests are interleaved with this one's in "
                     "the latency batches, CPU per request beside: an A/B of the code")
-    ap.add_argument("--copy-mode", choices=("0", "batch"), default="0",
-                    help="CORRAL_EGRESS_RELAY_SPLICE of the proxy-copy and sandbox-copy "
-                         "variants: 0 (a 4 MiB copy ring, the default) or batch (read what "
-                         "the upstream holds, up to 4 MiB, then write all of it)")
     ap.add_argument("--serve", nargs=2, metavar=("IP", "FILE"), help=argparse.SUPPRESS)
     ap.add_argument("--sandbox-run", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -577,7 +570,7 @@ def main() -> int:
               "corral", "commit", "euid", "load_start"):
         print(f"  {k:7} {info[k]}")
 
-    bench = Bench(net, args.ab_src, args.copy_mode)
+    bench = Bench(net, args.ab_src)
     errors: dict[str, str] = {}
     tp: dict[str, list[float]] = {}
     tp_warm: dict[str, list[float]] = {}
@@ -671,11 +664,10 @@ def main() -> int:
     how = {
         "direct": shlex.join(curl_argv(bench.big_url)),
         "sandbox-copy": "the same as sandbox, in a supervisor process of its own (this "
-                          f"script's --sandbox-run) with CORRAL_EGRESS_RELAY_SPLICE="
-                          f"{bench.copy_mode}, which "
+                          "script's --sandbox-run) with CORRAL_EGRESS_RELAY_SPLICE=0, which "
                           "its proxy inherits (backends/host/launch.py PROXY_ENV_PASSED): "
-                          "relay threads that copy (0: through a 4 MiB ring, the default "
-                          "until 2026-12-06; batch: in batches of up to 4 MiB) (a one-shot supervisor: its proxy starts afresh, not "
+                          "relay threads that copy through a 4 MiB ring, the default until "
+                          "2026-12-06 (a one-shot supervisor: its proxy starts afresh, not "
                           "from the zygote)",
         "direct-cg": "the same as direct, curl started in a cpu cgroup (v1) made beside "
                      "the live sandbox's with its cpu.shares and CFS quota copied",
@@ -693,10 +685,9 @@ def main() -> int:
         "proxy-loop": f"the same with CORRAL_EGRESS_RELAY_THREADS=0 in the proxy's "
                       f"environment ({shlex.join(bench.loop_argv)}): every byte relayed on "
                       f"the event loop, as before the relay threads",
-        "proxy-copy": f"the same with CORRAL_EGRESS_RELAY_SPLICE={bench.copy_mode} in the "
-                      f"proxy's environment ({shlex.join(bench.splice_argv)}): relay "
-                      f"threads that copy (0: through a 4 MiB ring, the default until "
-                      f"2026-12-06; batch: in batches of up to 4 MiB)",
+        "proxy-copy": f"the same with CORRAL_EGRESS_RELAY_SPLICE=0 in the proxy's "
+                      f"environment ({shlex.join(bench.splice_argv)}): relay threads "
+                      f"that copy through a 4 MiB ring (the default until 2026-12-06)",
     }
     for v in names:
         if v.startswith("sandbox-") and v.endswith("cpu"):

@@ -240,8 +240,7 @@ class Ceiling:
                            "budget": {"bytes_out": None, "bytes_in": None,
                                       "requests": None}}, f)
             for name, env in (("corral", {}),
-                              ("corral-copy", {"CORRAL_EGRESS_RELAY_SPLICE": "0"}),
-                              ("corral-batch", {"CORRAL_EGRESS_RELAY_SPLICE": "batch"})):
+                              ("corral-copy", {"CORRAL_EGRESS_RELAY_SPLICE": "0"})):
                 port = free_port(self.relay_ip)
                 p = self._spawn([sys.executable, "-I", "-m", "corral.egress", "--config", cfg,
                                  "--listen", f"{self.relay_ip}:{port}", "--events",

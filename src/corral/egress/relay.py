@@ -265,8 +265,7 @@ if _env.isdigit() and len(_env) < 4:
 #: is the default again since 2026-12-06: with direct at 2.7-3.5 GB/s on this machine it
 #: beat the ring in 11 of 12 paired runs (docs/network.md); the ring had won when direct
 #: was about 1 GB/s
-RELAY_COPY = os.environ.get("CORRAL_EGRESS_RELAY_SPLICE", "") in ("0", "batch")
-RELAY_BATCH = os.environ.get("CORRAL_EGRESS_RELAY_SPLICE", "") == "batch"
+RELAY_COPY = os.environ.get("CORRAL_EGRESS_RELAY_SPLICE", "") == "0"
 #: the copy ring of one relay thread (allocated while it runs; 1 MiB measured 0.65x
 #: direct, 4 MiB 0.8x: fewer wake-ups, and a whole window of the upstream per read)
 COPY_BUF = 4 << 20
@@ -352,9 +351,7 @@ class _Relay:
         self.loop.call_soon_threadsafe(finish)
 
     def _loop(self) -> None:
-        if RELAY_BATCH:
-            self._batch_loop()
-        elif RELAY_COPY:
+        if RELAY_COPY:
             self._copy_loop()
         else:
             self._splice_loop()
@@ -435,44 +432,6 @@ class _Relay:
         finally:
             view.release()
             ring.close()
-
-    def _batch_loop(self) -> None:
-        """Copy in batches: read(2) what the upstream holds (up to COPY_BUF), write(2) all
-        of it, again; poll(2) only when a read or a write would block."""
-        import mmap
-
-        try:
-            buf = mmap.mmap(-1, COPY_BUF)
-        except OSError:
-            self._splice_loop()
-            return
-        view = memoryview(buf)
-        try:
-            while not self.stop:
-                room = min(COPY_BUF, self._room())
-                if room == 0:
-                    return
-                try:
-                    n = os.readv(self.sfd, [view[:room]])
-                except BlockingIOError:
-                    self._wait(True, False)
-                    continue
-                if n == 0:
-                    self.eof = True
-                    return
-                self.moved += n
-                off = 0
-                while off < n:
-                    if self.stop:
-                        raise ConnectionError("relay stopped")
-                    try:
-                        off += os.write(self.dfd, view[off:n])
-                    except BlockingIOError:
-                        self._wait(False, True)
-                self.st.last_active = time.monotonic()
-        finally:
-            view.release()
-            buf.close()
 
     def _splice_loop(self) -> None:
         flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK

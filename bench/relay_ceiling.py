@@ -11,9 +11,11 @@ dropped:
   py-splice     curl -> a minimal relay in Python -> the server: a blocking thread per
                 direction, socket -> pipe (1 MiB) -> socket with splice(2)
   py-copy       the same, recv_into a 4 MiB buffer and sendall
-  c-splice      the same two relays in C (gcc -O2), a pthread per direction
+  py-copy-16m   the same with a 16 MiB buffer
+  c-splice      the same relays in C (gcc -O2), a pthread per direction
   c-copy        (skipped with --no-c or without gcc)
   c-copy-256k   c-copy with a 256 KiB buffer
+  c-copy-16m    c-copy with a 16 MiB buffer
   corral        curl -x -> `python -m corral.egress --listen` (the standalone proxy,
                 relay threads splicing: the default)
   corral-copy   the same with CORRAL_EGRESS_RELAY_SPLICE=0 (relay threads copying
@@ -215,9 +217,11 @@ class Ceiling:
         self.variants: dict[str, tuple[int | None, list[str]]] = {
             "direct": (None, curl_argv(self.url))}
         up = [self.srv_ip, str(self.srv_port)]
-        for kind, buf in (("splice", PIPE_SIZE), ("copy", COPY_BUF)):
-            self._relay(f"py-{kind}", [sys.executable, os.path.abspath(__file__), "--relay",
-                                       kind, str(buf), self.relay_ip, *up])
+        for name, kind, buf in (("py-splice", "splice", PIPE_SIZE),
+                                ("py-copy", "copy", COPY_BUF),
+                                ("py-copy-16m", "copy", 16 << 20)):
+            self._relay(name, [sys.executable, os.path.abspath(__file__), "--relay", kind,
+                               str(buf), self.relay_ip, *up])
         self.c_note = ""
         if with_c:
             cc = shutil.which("gcc") or shutil.which("cc")
@@ -230,7 +234,8 @@ class Ceiling:
                 subprocess.run([cc, "-O2", "-pthread", "-o", exe, src], check=True)
                 for name, kind, buf in (("c-splice", "splice", PIPE_SIZE),
                                         ("c-copy", "copy", COPY_BUF),
-                                        ("c-copy-256k", "copy", 256 << 10)):
+                                        ("c-copy-256k", "copy", 256 << 10),
+                                        ("c-copy-16m", "copy", 16 << 20)):
                     self._relay(name, [exe, kind, str(buf), self.relay_ip, *up, "-"])
         if with_corral:
             cfg = os.path.join(self.tmp, "egress.json")

@@ -275,3 +275,21 @@ def test_a_lone_surrogate_sent_in_is_a_400_or_its_byte(server):
             assert r.json()["logs"]["stdout"] == [" 377\n"], r.text
         finally:
             h.delete(f"/sandboxes/{sid}")
+
+
+def test_a_lone_surrogate_in_a_commands_cwd_is_a_400_naming_cwd(server):
+    """A command's cwd is bytes to the kernel as its argv and env are: a surrogate escape
+    is its byte (here a directory that is not there: 400 naming cwd), another lone
+    surrogate is refused naming cwd, never a 500 (os.fsencode's UnicodeEncodeError)."""
+    with server.http(server.tokens["a"]) as h:
+        sid = h.post("/sandboxes", json={}).json()["id"]
+        try:
+            def post(raw):
+                return h.post(f"/sandboxes/{sid}/exec", content=raw,
+                              headers={"content-type": "application/json"})
+            _err(post('{"argv": ["pwd"], "cwd": "/tmp/\\udcff"}'), 400, "usage", "cwd")
+            _err(post('{"argv": ["pwd"], "cwd": "/tmp/\\ud800"}'), 400, "usage", "cwd")
+            r = post('{"argv": ["pwd"], "cwd": "/tmp"}')
+            assert r.status_code == 200 and r.json()["stdout"] == "/tmp\n", r.text
+        finally:
+            h.delete(f"/sandboxes/{sid}")

@@ -390,6 +390,10 @@ class Live(Sandbox):
         if not isinstance(cwd, str) or "\0" in cwd or not 0 < len(cwd) <= 4096:
             raise UsageError("cwd must be a path (str, no NUL, at most 4096 bytes)",
                              field="cwd")
+        from .commands import NO_BYTE_WHY, _bytes_ok
+
+        if not _bytes_ok(cwd):      # bytes to the kernel, as argv and env are
+            raise UsageError(f"cwd {NO_BYTE_WHY}", field="cwd")
         return cwd if cwd.startswith("/") else os.path.join(self.plan.cwd, cwd)
 
     def _events_copy(self) -> list[dict]:

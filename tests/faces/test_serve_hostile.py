@@ -293,3 +293,29 @@ def test_a_lone_surrogate_in_a_commands_cwd_is_a_400_naming_cwd(server):
             assert r.status_code == 200 and r.json()["stdout"] == "/tmp\n", r.text
         finally:
             h.delete(f"/sandboxes/{sid}")
+
+
+def test_a_lone_surrogate_in_a_files_path_is_a_400_naming_the_field(server):
+    """A path sent in JSON may hold a lone surrogate: a surrogate escape (U+DC80-U+DCFF)
+    is its byte, another is refused naming the field (it was a UnicodeEncodeError deep in
+    the files API: a 500, and for the batch a connection cut)."""
+    with server.http(server.tokens["a"]) as h:
+        sid = h.post("/sandboxes", json={}).json()["id"]
+        try:
+            def send(method, path, raw):
+                return h.request(method, f"/sandboxes/{sid}/files{path}", content=raw,
+                                 headers={"content-type": "application/json"})
+            _err(send("PUT", "", '{"path": "/scratch/\\ud800", "content": "x"}'), 400,
+                 "files", "path")
+            _err(send("POST", "/mkdir", '{"path": "/scratch/a\\udfff"}'), 400, "files", "path")
+            _err(send("POST", "/rename", '{"old": "/scratch/x", "new": "/scratch/\\ud800"}'),
+                 400, "files", "new")
+            _err(send("POST", "/batch", '{"files": [{"path": "/scratch/ok", "content": "1"}, '
+                      '{"path": "/scratch/\\udbff", "content": "2"}]}'), 400, "files",
+                 "files.1.path")
+            r = send("PUT", "", '{"path": "/scratch/\\udcff", "content": "x"}')
+            assert r.status_code == 200 and r.json()["path"] == '/scratch/"\\xff"', r.text
+            r = h.post(f"/sandboxes/{sid}/exec", json={"argv": ["ls", "-b", "/scratch"]})
+            assert r.json()["stdout"] == "\\377\n", r.text      # nothing else was written
+        finally:
+            h.delete(f"/sandboxes/{sid}")

@@ -120,8 +120,18 @@ def wire_name(path: str) -> str:
 def local_name(path: str, field: str = "path") -> str:
     """A path sent in, its quoted components (wire_name's form) made the sandbox's names
     again; a quoted component that is not well formed is a FilesError (400) naming the
-    field."""
-    if not isinstance(path, str) or '"' not in path:
+    field. A lone surrogate that is no surrogate escape (JSON may send one) stands for no
+    byte of a name: a FilesError naming the field too."""
+    if not isinstance(path, str):
+        return path
+    lone = _LONE_HIGH.search(path)
+    if lone is not None:
+        from ..runtime.files import FilesError
+
+        raise FilesError(f"the path holds a lone surrogate (U+{ord(lone.group()):04X}) that "
+                         "stands for no byte: send text, or a name as the API lists it",
+                         path=field)
+    if '"' not in path:
         return path
     return "/".join(_unquote(c, field) if _quoted(c) else c for c in path.split("/"))
 

@@ -127,3 +127,23 @@ def test_max_lifetime_is_shown_and_checked_when_the_token_is_made(server):
         p = subprocess.run([CORRAL, "token", "create", "--name", "x", "--max-lifetime", bad,
                             "--state-dir", server.state], capture_output=True, text=True)
         assert p.returncode == 2 and "--max-lifetime" in p.stderr, (bad, p.stderr)
+
+
+@pytest.mark.skipif(tier_unavailable("namespace") is not None,
+                    reason=f"namespace tier: {tier_unavailable('namespace')}")
+def test_a_create_that_names_no_timeout_lives_to_the_max_lifetime(server):
+    """The bound refuses a timeout asked for (docs/service.md: "a create asking for a
+    longer timeout"); a create that asks for none gets the default cut to the bound, as
+    an MCP sandbox does, not a 403 for the default's 300 s."""
+    import time
+
+    with server.http(server.tokens["brief"]) as h:
+        t0 = time.time()
+        r = h.post("/sandboxes", json={})
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        try:
+            ends = h.get(f"/sandboxes/{sid}").json()["ends"]
+            assert t0 + 100 < ends <= time.time() + 120, (t0, ends)
+        finally:
+            h.delete(f"/sandboxes/{sid}")

@@ -127,6 +127,13 @@ def lifetime(token, seconds: float, born: float | None = None) -> None:
                       "left)")
 
 
+def within_lifetime(token, seconds: float) -> float:
+    """A default timeout (one the request did not ask for) cut to the token's max_lifetime,
+    as an MCP sandbox's is: only a timeout asked for past the bound is refused."""
+    most = getattr(token, "max_lifetime", None)
+    return seconds if most is None else min(seconds, most)
+
+
 class TokenStore:
     def __init__(self, state: str | None = None, defaults: dict | None = None) -> None:
         self.dir = os.path.join(state_dir(state), "service")

@@ -26,7 +26,7 @@ from starlette.routing import Route
 from ...errors import CorralError
 from ..ceiling import Exceeds
 from ..common import ApiError, requested_policy, status_of
-from ..tokens import lifetime
+from ..tokens import lifetime, within_lifetime
 from .state import ENVD_VERSION, Face, strict_json
 
 log = logging.getLogger("corral.serve")
@@ -227,6 +227,8 @@ async def _create(state, request: Request, token):
         raise ApiError(503, "draining", "the service is shutting down: no new sandboxes",
                        None, {"Retry-After": "5"})
     reg = svc.registry
+    if "timeout" not in body:      # the default, not asked for: cut to the bound
+        timeout = max(1, int(within_lifetime(token, timeout)))
     lifetime(token, timeout)
     policy = requested_policy(raw, token, svc)
 

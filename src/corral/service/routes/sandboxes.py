@@ -19,7 +19,7 @@ from ..common import (
     requested_policy,
     view,
 )
-from ..tokens import lifetime
+from ..tokens import lifetime, within_lifetime
 
 log = logging.getLogger("corral.serve")
 router = APIRouter(tags=["sandboxes"], responses=COMMON_ERRORS)
@@ -57,6 +57,8 @@ def create(body: CreateBody, token: Auth, svc: Svc):
         raise ApiError(503, "draining", "the service is shutting down: no new sandboxes",
                        None, {"Retry-After": "5"})
     reg = svc.registry
+    if "timeout" not in body.model_fields_set:     # the default, not asked for
+        body.timeout = within_lifetime(token, body.timeout)
     try:
         lifetime(token, body.timeout)
         policy = requested_policy(body.policy, token, svc)

@@ -121,6 +121,28 @@ def test_expired_grant_is_refused_never_sent_without(world):
     assert ev["reason"] == "grant expired"
 
 
+def test_a_sibling_sandbox_gets_its_grants_ttl_from_its_own_open(world):
+    """A batch's warm pool makes each sandbox a sibling of one prepared Sandbox
+    (scale/node.py): its grant lasts `ttl` after it opens (schema: "until ttl after the
+    sandbox opens"), not after the prepared one was made, which may be long before (a
+    batch that outlasts the ttl sent its later jobs' requests without the value)."""
+    import time
+
+    template = corral.Sandbox(pol(world, ttl="2s"))
+    time.sleep(2.2)                      # past the ttl, counted from the template's making
+    sb = template._sibling().open()
+    try:
+        r = sb.exec(["/bin/sh", "-c", 'curl -sS -m 10 -o /dev/null -w "%{http_code}" '
+                                      '-H "Authorization: Bearer $GITHUB_TOKEN" '
+                                      'https://granted.test/echo'])
+    finally:
+        sb.close()
+    assert r.stdout == "200", r
+    kinds = [(e["kind"], e.get("decision")) for e in r.events]
+    assert ("secret", "inject") in kinds, r.events
+    no_leak(r)
+
+
 def test_sources_and_their_errors(world, tmp_path, monkeypatch):
     base = pol(world)
     del base["secrets"]

@@ -102,8 +102,9 @@ class Sandbox:
 
     def _sibling(self) -> Sandbox:
         """A new, unopened sandbox of this one's policy, with its plan, tier check and
-        secret values as they were made for this one (nothing planned or checked again):
-        for a pool of like sandboxes made ahead (scale/node.py's Warm)."""
+        secret values as they were made for this one (nothing planned or checked again;
+        each grant's ttl counted from the sibling's making): for a pool of like sandboxes
+        made ahead (scale/node.py's Warm)."""
         if self._learner is not None:
             from ..errors import UsageError
 
@@ -111,7 +112,19 @@ class Sandbox:
                              "learn=True", field="learn")
         sb = object.__new__(type(self))
         sb.policy, sb._learner, sb._backend = self.policy, None, self._backend
-        sb.plan, sb._check, sb._granted = self.plan, self._check, self._granted
+        sb.plan, sb._check = self.plan, self._check
+        if self._granted:
+            import time
+
+            from ..grants import Granted
+
+            # the values as read for this one; each grant's ttl counts from now (the
+            # sibling's making, before it opens), not from this one's
+            now = time.time()
+            sb._granted = [Granted(g.secret, g.placeholder, g.value, now + g.secret.ttl)
+                           for g in self._granted]
+        else:
+            sb._granted = []
         sb._fresh_state()
         sb._audit_origin = self._audit_origin
         return sb

@@ -65,3 +65,37 @@ def test_open_terminals_leave_the_servers_worker_threads_to_others(server):
                 t.kill()
             for t in terms:
                 t.wait(60)
+
+
+def test_writes_to_a_stdin_nobody_reads_leave_the_servers_worker_threads_to_others(server):
+    """A background command that never reads its stdin (the sandbox's code decides that)
+    and POOL + 1 writes to it at once, each more than a pipe holds, the clients giving up:
+    another token's sync route still answers; the writes are not lost threads of the
+    pool. A second write while one waits is refused (409) rather than queued."""
+    import threading
+
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
+        c = sb.commands.run("exec sleep 1300.5", background=True)
+        until(lambda: procs_with("1300.5"), "the command runs")
+        url = f"{server.url}/sandboxes/{sb.id}/commands/{c.pid}/stdin"
+        big = "y" * (256 << 10)
+        answers = []
+
+        def write():
+            try:
+                r = httpx.post(url, json={"data": big}, timeout=5,
+                               headers={"Authorization": f"Bearer {server.tokens['a']}"})
+                answers.append(r.status_code)
+            except httpx.TimeoutException:
+                answers.append("gave up")
+
+        writers = [threading.Thread(target=write) for _ in range(POOL + 1)]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join()
+        with server.http(server.tokens["other"]) as http:
+            r = http.get("/metrics", timeout=httpx.Timeout(60))
+        assert r.status_code == 200 and "corral_sandboxes_live" in r.text
+        assert answers.count(409) >= POOL - 1, answers
+        c.kill()

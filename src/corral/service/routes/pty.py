@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect
 
 from ...errors import CorralError
-from ..common import ApiError, auth, service, status_of
+from ..common import ApiError, auth, own_thread, service, status_of
 
 router = APIRouter(tags=["terminal"])
 
@@ -97,7 +97,7 @@ async def _serve(ws: WebSocket, e, cols, rows, cmd, cwd, timeout, env_map) -> No
         return await _refuse(ws, status_of(err), err.kind, err.message, err.field)
     await ws.accept()
     e.events.add("pty.started", {"cols": cols, "rows": rows})
-    done = _in_thread(loop, term.wait, "corral-pty-wait")
+    done = own_thread(loop, term.wait, "corral-pty-wait")
     feed = _Input(loop, term)
     reader = asyncio.ensure_future(_input(ws, term, feed))
     finished = False
@@ -151,33 +151,6 @@ def _env(text: str | None) -> dict[str, str] | None:
         raise ValueError(f"env is a JSON object of at most {MAX_ENV} variable names to "
                          "str values")
     return d or None
-
-
-def _in_thread(loop, fn, name: str) -> asyncio.Future:
-    """fn() in a thread of its own, not the shared worker pool (a terminal's command may
-    run for hours); its result, or its error, on the future returned."""
-    fut = loop.create_future()
-
-    def settle(value, error) -> None:
-        if fut.done():
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(value)
-
-    def run() -> None:
-        try:
-            value, error = fn(), None
-        except BaseException as err:  # noqa: BLE001 - handed to the future
-            value, error = None, err
-        try:
-            loop.call_soon_threadsafe(settle, value, error)
-        except RuntimeError:     # the loop has closed: nobody waits any more
-            pass
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return fut
 
 
 class _Input:

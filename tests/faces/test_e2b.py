@@ -557,3 +557,46 @@ def test_user_refused_off_the_namespace_tier(env, tmp_path, monkeypatch):
         assert sb.commands.run("id -u").stdout == "0\n"
         with pytest.raises(SandboxException, match="namespace tier"):
             sb.commands.run("id -u", user="user")
+
+
+def test_inputs_nobody_reads_leave_the_servers_worker_threads_to_others(env, server):
+    """A process and a terminal that never read their input (the sandbox's code decides),
+    and 45 SendInput calls to each at once (raw Connect calls, as many connections), each
+    more than a pipe holds, the clients giving up: another token's sync route (GET
+    /metrics) still answers; a second write to one target while one waits is refused
+    (resource_exhausted), not parked on a thread of the server's shared pool."""
+    import base64
+    import threading
+
+    sb = Sandbox.create(timeout=120)
+    try:
+        h = sb.commands.run("exec sleep 1400.5", background=True, stdin=True)
+        t = sb.pty.create(e2b.PtySize(rows=24, cols=80))
+        sb.pty.send_stdin(t.pid, b"stty raw -echo; exec sleep 1401.5\n")
+        head = {"E2b-Sandbox-Id": sb.sandbox_id, "E2b-Sandbox-Port": "49983",
+                "X-Access-Token": sb._envd_access_token}
+        big = base64.b64encode(b"z" * 300_000).decode()
+        for pid, key in ((h.pid, "stdin"), (t.pid, "pty")):
+            answers = []
+
+            def write():
+                try:
+                    r = httpx.post(server.url + "/process.Process/SendInput", headers=head,
+                                   json={"process": {"pid": pid}, "input": {key: big}},
+                                   timeout=5)
+                    answers.append(r.json().get("code", "ok"))
+                except httpx.TimeoutException:
+                    answers.append("gave up")
+
+            writers = [threading.Thread(target=write) for _ in range(45)]
+            for w in writers:
+                w.start()
+            for w in writers:
+                w.join()
+            # bounded for a hang (before: the pool was held until the writes gave up)
+            r = httpx.get(server.url + "/metrics", timeout=30,
+                          headers={"Authorization": f"Bearer {server.tokens['b']}"})
+            assert r.status_code == 200 and "corral_sandboxes_live" in r.text
+            assert answers.count("resource_exhausted") >= 40, (key, answers)
+    finally:
+        sb.kill()

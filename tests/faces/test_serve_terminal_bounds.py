@@ -99,3 +99,32 @@ def test_writes_to_a_stdin_nobody_reads_leave_the_servers_worker_threads_to_othe
         assert r.status_code == 200 and "corral_sandboxes_live" in r.text
         assert answers.count(409) >= POOL - 1, answers
         c.kill()
+
+
+def test_cells_that_run_long_leave_the_servers_worker_threads_to_others(server):
+    """POOL + 1 cells at once (POST run_code without a stream) that run as long as the
+    sandbox's code likes, the clients giving up: another token's sync route still
+    answers."""
+    import threading
+
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
+        sb.run_code("x = 1", timeout=60)       # the interpreter is up
+        url = f"{server.url}/sandboxes/{sb.id}/run_code"
+
+        def cell():
+            try:
+                httpx.post(url, json={"code": "import time; time.sleep(1500.5)"},
+                           timeout=5,
+                           headers={"Authorization": f"Bearer {server.tokens['a']}"})
+            except httpx.TimeoutException:
+                pass
+
+        cells = [threading.Thread(target=cell) for _ in range(POOL + 1)]
+        for c in cells:
+            c.start()
+        for c in cells:
+            c.join()
+        with server.http(server.tokens["other"]) as http:
+            # bounded for a hang (before: the pool was held while the cells ran)
+            r = http.get("/metrics", timeout=httpx.Timeout(30))
+        assert r.status_code == 200 and "corral_sandboxes_live" in r.text

@@ -600,3 +600,42 @@ def test_inputs_nobody_reads_leave_the_servers_worker_threads_to_others(env, ser
             assert answers.count("resource_exhausted") >= 40, (key, answers)
     finally:
         sb.kill()
+
+
+def test_watches_made_at_once_never_stop_the_server(env, server):
+    """Many watch_dir calls on one sandbox at once, each a recursive watch of a tree the
+    sandbox made wide (its scan takes a while): the files lock is never held by the
+    event loop across an await (a second call would then block the loop on it, and the
+    first could never finish: every request of every token stuck). Every call returns,
+    and another token's request is answered."""
+    import threading
+
+    sb = Sandbox.create(timeout=120)
+    try:
+        sb.commands.run("mkdir -p /tmp/wide && cd /tmp/wide && seq -f d%g 1 1000 | "
+                        "xargs mkdir && for d in d1 d2 d3 d4 d5; do (cd $d && "
+                        "seq -f f%g 1 3000 | xargs touch); done", timeout=120)
+        made = []
+
+        def watch():
+            try:
+                made.append(sb.files.watch_dir("/tmp/wide", recursive=True,
+                                               request_timeout=60))
+            except Exception as e:  # noqa: BLE001 - counted below
+                made.append(e)
+
+        ws = [threading.Thread(target=watch) for _ in range(16)]
+        for w in ws:
+            w.start()
+        for w in ws:
+            w.join(90)
+        # bounded for a hang (before: the loop blocked on the lock, for good)
+        r = httpx.get(server.url + "/metrics", timeout=30,
+                      headers={"Authorization": f"Bearer {server.tokens['b']}"})
+        assert r.status_code == 200
+        assert len(made) == 16, made
+        for w in made:
+            if not isinstance(w, Exception):
+                w.stop()
+    finally:
+        sb.kill()

@@ -557,3 +557,85 @@ def test_user_refused_off_the_namespace_tier(env, tmp_path, monkeypatch):
         assert sb.commands.run("id -u").stdout == "0\n"
         with pytest.raises(SandboxException, match="namespace tier"):
             sb.commands.run("id -u", user="user")
+
+
+def test_inputs_nobody_reads_leave_the_servers_worker_threads_to_others(env, server):
+    """A process and a terminal that never read their input (the sandbox's code decides),
+    and 45 SendInput calls to each at once (raw Connect calls, as many connections), each
+    more than a pipe holds, the clients giving up: another token's sync route (GET
+    /metrics) still answers; a second write to one target while one waits is refused
+    (resource_exhausted), not parked on a thread of the server's shared pool."""
+    import base64
+    import threading
+
+    sb = Sandbox.create(timeout=120)
+    try:
+        h = sb.commands.run("exec sleep 1400.5", background=True, stdin=True)
+        t = sb.pty.create(e2b.PtySize(rows=24, cols=80))
+        sb.pty.send_stdin(t.pid, b"stty raw -echo; exec sleep 1401.5\n")
+        head = {"E2b-Sandbox-Id": sb.sandbox_id, "E2b-Sandbox-Port": "49983",
+                "X-Access-Token": sb._envd_access_token}
+        big = base64.b64encode(b"z" * 300_000).decode()
+        for pid, key in ((h.pid, "stdin"), (t.pid, "pty")):
+            answers = []
+
+            def write():
+                try:
+                    r = httpx.post(server.url + "/process.Process/SendInput", headers=head,
+                                   json={"process": {"pid": pid}, "input": {key: big}},
+                                   timeout=5)
+                    answers.append(r.json().get("code", "ok"))
+                except httpx.TimeoutException:
+                    answers.append("gave up")
+
+            writers = [threading.Thread(target=write) for _ in range(45)]
+            for w in writers:
+                w.start()
+            for w in writers:
+                w.join()
+            # bounded for a hang (before: the pool was held until the writes gave up)
+            r = httpx.get(server.url + "/metrics", timeout=30,
+                          headers={"Authorization": f"Bearer {server.tokens['b']}"})
+            assert r.status_code == 200 and "corral_sandboxes_live" in r.text
+            assert answers.count("resource_exhausted") >= 40, (key, answers)
+    finally:
+        sb.kill()
+
+
+def test_watches_made_at_once_never_stop_the_server(env, server):
+    """Many watch_dir calls on one sandbox at once, each a recursive watch of a tree the
+    sandbox made wide (its scan takes a while): the files lock is never held by the
+    event loop across an await (a second call would then block the loop on it, and the
+    first could never finish: every request of every token stuck). Every call returns,
+    and another token's request is answered."""
+    import threading
+
+    sb = Sandbox.create(timeout=120)
+    try:
+        sb.commands.run("mkdir -p /tmp/wide && cd /tmp/wide && seq -f d%g 1 1000 | "
+                        "xargs mkdir && for d in d1 d2 d3 d4 d5; do (cd $d && "
+                        "seq -f f%g 1 3000 | xargs touch); done", timeout=120)
+        made = []
+
+        def watch():
+            try:
+                made.append(sb.files.watch_dir("/tmp/wide", recursive=True,
+                                               request_timeout=60))
+            except Exception as e:  # noqa: BLE001 - counted below
+                made.append(e)
+
+        ws = [threading.Thread(target=watch) for _ in range(16)]
+        for w in ws:
+            w.start()
+        for w in ws:
+            w.join(90)
+        # bounded for a hang (before: the loop blocked on the lock, for good)
+        r = httpx.get(server.url + "/metrics", timeout=30,
+                      headers={"Authorization": f"Bearer {server.tokens['b']}"})
+        assert r.status_code == 200
+        assert len(made) == 16, made
+        for w in made:
+            if not isinstance(w, Exception):
+                w.stop()
+    finally:
+        sb.kill()

@@ -443,6 +443,25 @@ def test_recursive_watch_follows_new_directories(ns):
         assert "sub/inner" in names
 
 
+def test_a_recursive_watch_past_its_cap_of_directories_still_watches(ns):
+    """A sandbox that makes more directories than one watch follows (MAX_WATCHES): the
+    watch is made on the first MAX_WATCHES and goes on reporting; the fd of a directory
+    it did not take is closed, never scanned afterwards (its number may be another
+    thread's by then)."""
+    from corral.runtime.watch import MAX_WATCHES
+
+    ns.sh(f"mkdir -p /scratch/many && cd /scratch/many && "
+          f"seq -f d%g 1 {MAX_WATCHES + 50} | xargs mkdir")
+    with ns.files.watch("/scratch/many", recursive=True) as w:
+        assert len(w._wds) == MAX_WATCHES
+        ns.sh("echo x > /scratch/many/top")
+        names = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "top" not in names:
+            names += [e.name for e in w.next_events(1)]
+        assert "top" in names
+
+
 def test_a_closed_view_refuses(ns):
     f = Files.__new__(Files)
     f._init(None, ns.uid, ns.gid, "/", None)

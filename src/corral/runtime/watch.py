@@ -100,11 +100,13 @@ class Watcher:
             self.stop()
             raise
 
-    def _add(self, fd: int, rel: str) -> None:
-        """Watch the directory held by fd (taken over: closed with the watch)."""
+    def _add(self, fd: int, rel: str) -> bool:
+        """Watch the directory held by fd (taken over: closed with the watch, or now when
+        the watch already follows MAX_WATCHES directories: False then, and fd is no
+        longer ours to use; its number may be another thread's already)."""
         if len(self._wds) >= MAX_WATCHES:
             os.close(fd)
-            return
+            return False
         try:
             wd = inotify_watch_fd(self._ifd, fd, _WATCH_MASK)
         except BaseException:
@@ -115,9 +117,10 @@ class Watcher:
         if old is not None:
             os.close(old)
         self._fds[wd] = fd
+        return True
 
     def _add_tree(self, fd: int, rel: str, level: int = 0) -> None:
-        if level >= MAX_DEPTH:
+        if level >= MAX_DEPTH or len(self._wds) >= MAX_WATCHES:
             return
         rd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -126,6 +129,8 @@ class Watcher:
         finally:
             os.close(rd)
         for name in subs:
+            if len(self._wds) >= MAX_WATCHES:
+                return
             self._add_child(fd, rel, name, level)
 
     def _add_child(self, fd: int, rel: str, name: str, level: int) -> None:
@@ -138,8 +143,8 @@ class Watcher:
             os.close(sub)
             return
         child = posixpath.join(rel, name)
-        self._add(sub, child)
-        self._add_tree(sub, child, level + 1)
+        if self._add(sub, child):
+            self._add_tree(sub, child, level + 1)
 
     def get_new_events(self) -> list[FilesystemEvent]:
         return self.next_events(0)

@@ -335,3 +335,64 @@ def view(e) -> dict:
         info.pop("id", None)
         d.update(info)
     return d
+
+
+# --- calls that block as long as sandboxed code decides ----------------------------------
+
+def own_thread(loop, fn, name: str):
+    """fn() in a thread of its own, its result (or error) on the asyncio future returned.
+    For a call that may block for as long as the sandbox's code likes (a write to a stdin
+    or a terminal it does not read, a wait for a command): run_in_threadpool would hold
+    one of anyio's 40 shared worker threads, which every sync route and every other
+    token's requests need, meanwhile."""
+    import threading
+
+    fut = loop.create_future()
+
+    def settle(value, error) -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
+
+    def run() -> None:
+        try:
+            value, error = fn(), None
+        except BaseException as err:  # noqa: BLE001 - handed to the future
+            value, error = None, err
+        try:
+            loop.call_soon_threadsafe(settle, value, error)
+        except RuntimeError:     # the loop has closed: nobody waits any more
+            pass
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return fut
+
+
+class OneWriter:
+    """At most one write waiting on each target (a command's stdin, a terminal) at a time:
+    the threads own_thread makes for writes to a target that is not reading stay one per
+    target, however many requests come. `claim(target)` is False while another holds it."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._mu = threading.Lock()
+        self._held: set[int] = set()
+
+    def claim(self, target) -> bool:
+        with self._mu:
+            if id(target) in self._held:
+                return False
+            self._held.add(id(target))
+            return True
+
+    def release(self, target) -> None:
+        with self._mu:
+            self._held.discard(id(target))
+
+
+#: the service's writes in flight, by target
+WRITERS = OneWriter()

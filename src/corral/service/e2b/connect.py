@@ -307,8 +307,19 @@ async def send_input(state, request, msg):
         return {}
     c = _cmd(e, pid)
     data = unb64(inp.get("stdin", ""), "input.stdin")
+    from ..common import WRITERS, own_thread
+
+    if not WRITERS.claim(c.handle):     # one write waiting a process, in its own thread
+        raise RpcError("resource_exhausted", f"process {c.pid} has a write to its stdin "
+                       "waiting already (it is not reading); send one at a time")
+
+    def write() -> None:
+        try:
+            c.handle.send_stdin(data)
+        finally:
+            WRITERS.release(c.handle)
     try:
-        await run_in_threadpool(c.handle.send_stdin, data)
+        await own_thread(asyncio.get_running_loop(), write, "corral-e2b-stdin")
     except OSError:
         raise RpcError("failed_precondition", f"process {c.pid}'s stdin is closed (or it "
                        "ended)") from None

@@ -115,8 +115,7 @@ async def watch_dir(state, request, msg):
     recursive = msg.get("recursive") is True
     e, face = state.sandbox(request)
     p = _home(face, p)
-    with e.files_lock:
-        w = await run_in_threadpool(e.sandbox.files.watch, p, recursive=recursive)
+    w = await run_in_threadpool(_watch, e, p, recursive)
 
     async def gen():
         loop = asyncio.get_running_loop()
@@ -136,6 +135,14 @@ async def watch_dir(state, request, msg):
         finally:
             w.stop()
     return gen()
+
+
+def _watch(e, p: str, recursive: bool):
+    """A watch made with the files lock held by the worker thread that makes it: never by
+    the event loop across an await (a second call would block the loop on the lock, and
+    the first could then never resume to release it)."""
+    with e.files_lock:
+        return e.sandbox.files.watch(p, recursive=recursive)
 
 
 #: watchers one sandbox holds at once (CreateWatcher)
@@ -159,9 +166,7 @@ async def create_watcher(state, request, msg):
     if len(face.watchers) >= MAX_WATCHERS:
         raise RpcError("resource_exhausted", f"this sandbox has {MAX_WATCHERS} watchers; "
                        "stop one first")
-    with e.files_lock:
-        w = await run_in_threadpool(e.sandbox.files.watch, p,
-                                    recursive=msg.get("recursive") is True)
+    w = await run_in_threadpool(_watch, e, p, msg.get("recursive") is True)
     wid = "w_" + secrets.token_hex(8)
     face.watchers[wid] = w
     return {"watcherId": wid}

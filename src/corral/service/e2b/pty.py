@@ -121,8 +121,23 @@ async def pty_events(t: Term, connect: bool = False):
 
 
 async def write_pty(t: Term, data: bytes) -> None:
+    """In a thread of its own, one write a terminal at a time (service.common.own_thread:
+    the terminal's command decides whether it reads)."""
+    import asyncio
+
+    from ..common import WRITERS, own_thread
+
+    if not WRITERS.claim(t.handle):
+        raise RpcError("resource_exhausted", f"terminal {t.pid} has a write waiting already "
+                       "(it is not reading); send one at a time")
+
+    def write() -> None:
+        try:
+            t.handle.send_input(data)
+        finally:
+            WRITERS.release(t.handle)
     try:
-        await run_in_threadpool(t.handle.send_input, data)
+        await own_thread(asyncio.get_running_loop(), write, "corral-e2b-pty-input")
     except OSError:
         raise RpcError("failed_precondition", f"terminal {t.pid} has ended") from None
 

@@ -21,10 +21,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
-from starlette.concurrency import run_in_threadpool
 
 from ...errors import CorralError, UsageError
-from ..common import COMMON_ERRORS, ApiError, Auth, Svc
+from ..common import COMMON_ERRORS, ApiError, Auth, Svc, own_thread
 
 router = APIRouter(tags=["code"], responses=COMMON_ERRORS)
 
@@ -118,8 +117,9 @@ async def run_code(sid: str, body: CodeBody, token: Auth, svc: Svc, request: Req
     slot = svc.slot(token)
     slot.__enter__()                       # 429 now, before a stream's 200
     if stream == "none":
-        try:
-            ex = await run_in_threadpool(_run, svc, e, body)
+        try:   # a thread of its own, as a stream's cell: the cell runs as long as it likes
+            ex = await own_thread(asyncio.get_running_loop(), lambda: _run(svc, e, body),
+                                  "corral-cell")
         finally:
             slot.__exit__(None, None, None)
         return execution_view(ex)

@@ -254,17 +254,32 @@ def get_command(sid: str, pid: int, token: Auth, svc: Svc):
 
 
 @router.post("/sandboxes/{sid}/commands/{pid}/stdin")
-def send_stdin(sid: str, pid: int, body: StdinBody, token: Auth, svc: Svc):
+async def send_stdin(sid: str, pid: int, body: StdinBody, token: Auth, svc: Svc):
+    """The write waits in a thread of its own, never one of the server's shared workers
+    (the command decides whether it reads); one write at a time a command: a second while
+    one waits is a 409 (kind "busy")."""
+    from ..common import WRITERS, own_thread
+
     c = _cmd(svc, svc.entry(sid, token), pid)
     if not c.background:
         raise ApiError(409, "usage", "only a background command's stdin takes writes", "pid")
     data = _bytes(body.data, body.encoding, "data") or b""
+    if not WRITERS.claim(c.handle):
+        raise ApiError(409, "busy", f"command {pid} has a write to its stdin waiting "
+                       "already (it is not reading); send one at a time, with a timeout",
+                       "pid")
+
+    def write() -> None:
+        try:
+            if data:
+                c.handle.send_stdin(data, **({} if body.timeout is None
+                                             else {"timeout": body.timeout}))
+            if body.close:
+                c.handle.close_stdin()
+        finally:
+            WRITERS.release(c.handle)
     try:
-        if data:
-            c.handle.send_stdin(data, **({} if body.timeout is None
-                                         else {"timeout": body.timeout}))
-        if body.close:
-            c.handle.close_stdin()
+        await own_thread(asyncio.get_running_loop(), write, "corral-stdin")
     except TimeoutError:
         raise ApiError(409, "timeout", f"command {pid} did not read its stdin within "
                        f"{body.timeout:g} s", "timeout") from None

@@ -10,19 +10,27 @@ Then, client to server: binary frames are input (keys, as bytes); text frames ar
 {"type": "kill"}. Server to client: {"type": "started", "pid": N} first, binary frames of
 output as the terminal shows it, and last {"type": "exit", "result": Result} before a
 normal close. A client that goes away kills the terminal's command.
+
+A terminal is one of its token's operations in flight for as long as it is open (its
+max_concurrent: 4429, or a 429 answer). It holds none of the server's shared worker threads
+(the pool every sync route and every other token's requests use): a thread of its own
+waits for its command, another writes the client's input to it (one frame at a time; the
+socket is not read while the command is not taking input).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import queue
+import threading
 
 from fastapi import APIRouter, WebSocket
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect
 
 from ...errors import CorralError
-from ..common import ApiError, auth, service, status_of
+from ..common import ApiError, auth, own_thread, service, status_of
 
 router = APIRouter(tags=["terminal"])
 
@@ -60,6 +68,18 @@ async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str 
         env_map = _env(env)
     except ValueError as err:
         return await _refuse(ws, 400, "invalid", str(err), "env")
+    slot = svc.slot(token)
+    try:
+        slot.__enter__()         # held until the terminal has ended
+    except Limited as err:
+        return await _refuse(ws, 429, "rate", err.message, err.field)
+    try:
+        await _serve(ws, e, cols, rows, cmd, cwd, timeout, env_map)
+    finally:
+        slot.__exit__(None, None, None)
+
+
+async def _serve(ws: WebSocket, e, cols, rows, cmd, cwd, timeout, env_map) -> None:
     loop = asyncio.get_running_loop()
     out: asyncio.Queue = asyncio.Queue(QUEUE_CHUNKS)
 
@@ -77,8 +97,9 @@ async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str 
         return await _refuse(ws, status_of(err), err.kind, err.message, err.field)
     await ws.accept()
     e.events.add("pty.started", {"cols": cols, "rows": rows})
-    done = asyncio.ensure_future(run_in_threadpool(term.wait))
-    reader = asyncio.ensure_future(_input(ws, term))
+    done = own_thread(loop, term.wait, "corral-pty-wait")
+    feed = _Input(loop, term)
+    reader = asyncio.ensure_future(_input(ws, term, feed))
     finished = False
     try:
         await ws.send_text(json.dumps({"type": "started", "pid": term.pid_inside}))
@@ -103,6 +124,7 @@ async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str 
         pass      # the client went away (uvicorn's ClientDisconnected is an OSError)
     finally:
         reader.cancel()
+        feed.close()
         if not finished:
             term.kill()
             e.events.add("pty.ended", {"by": "disconnect"})
@@ -131,7 +153,34 @@ def _env(text: str | None) -> dict[str, str] | None:
     return d or None
 
 
-async def _input(ws: WebSocket, term) -> None:
+class _Input:
+    """The client's input written to the terminal by a thread of its own: one frame at a
+    time (put() waits while one is being written, so a command that takes no input stops
+    the socket being read, never a shared worker thread)."""
+
+    def __init__(self, loop, term) -> None:
+        self._loop, self._term = loop, term
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._room = asyncio.Semaphore(1)
+        threading.Thread(target=self._run, name="corral-pty-input", daemon=True).start()
+
+    async def put(self, data: bytes) -> None:
+        await self._room.acquire()
+        self._q.put(data)
+
+    def close(self) -> None:
+        self._q.put(None)
+
+    def _run(self) -> None:
+        while (data := self._q.get()) is not None:
+            _send(self._term, data)
+            try:
+                self._loop.call_soon_threadsafe(self._room.release)
+            except RuntimeError:     # the loop has closed
+                return
+
+
+async def _input(ws: WebSocket, term, feed: _Input) -> None:
     """Client frames until it disconnects (returns then) or sends {"type": "kill"}."""
     while True:
         msg = await ws.receive()
@@ -141,7 +190,7 @@ async def _input(ws: WebSocket, term) -> None:
         if data is not None:
             if len(data) > MAX_FRAME:
                 return
-            await run_in_threadpool(_send, term, data)
+            await feed.put(data)
             continue
         if text is None or len(text) > MAX_FRAME:
             return
@@ -153,7 +202,7 @@ async def _input(ws: WebSocket, term) -> None:
                                            "JSON {\"type\": \"input\"|\"resize\"|\"kill\"}"}))
             continue
         if kind == "input" and isinstance(m.get("data"), str):
-            await run_in_threadpool(_send, term, m["data"].encode())
+            await feed.put(m["data"].encode())
         elif kind == "resize":
             try:
                 term.resize(m.get("cols"), m.get("rows"))

@@ -1,0 +1,130 @@
+"""What a token's terminals (WS /sandboxes/{id}/pty) may hold of the server, for real:
+`corral serve` under uvicorn in a subprocess, namespace-tier live sandboxes, the SDK's
+WebSocket client. A terminal is one of the token's operations in flight (max_concurrent),
+and an open terminal holds none of the server's shared worker threads (anyio's pool of
+40, which every sync route and every other token's work needs), neither while its
+command runs nor while its command does not read the input it was sent."""
+
+import httpx
+import pytest
+from conftest import tier_unavailable
+from servefix import Server, procs_with, until
+
+from corral import client
+
+pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
+                                reason=f"namespace tier: {tier_unavailable('namespace')}")
+
+#: anyio's default thread limiter: the worker threads run_in_threadpool shares
+POOL = 40
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve-term")
+    with Server(tmp, tokens=["a", "other", ("one", "--max-concurrent", "1")]) as s:
+        yield s
+
+
+def test_a_terminal_counts_against_max_concurrent(server):
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["one"]) as sb:
+        term = sb.pty.create(80, 24, "sleep 1101.5")
+        try:
+            until(lambda: procs_with("1101.5"), "the first terminal's command runs")
+            with pytest.raises(client.RateLimited, match="max_concurrent|concurrent"):
+                sb.pty.create(80, 24, "sleep 1102.5")
+            assert not procs_with("1102.5")
+        finally:
+            term.kill()
+            term.wait(60)
+        # its slot is given back with its end
+        again = sb.pty.create(80, 24, "echo back-$((1+1))")
+        assert "back-2" in again.wait(60).stdout
+
+
+def test_open_terminals_leave_the_servers_worker_threads_to_others(server):
+    """POOL + 1 terminals of one token, half of them sent input their command never
+    reads: another token's sync route (GET /metrics) still answers, as does a new
+    terminal."""
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
+        terms = []
+        try:
+            for i in range(POOL + 1):
+                terms.append(sb.pty.create(80, 24, f"stty raw -echo; exec sleep 1200.{i}"))
+            until(lambda: all(procs_with(f"1200.{i}") for i in range(POOL + 1)),
+                  "every terminal's command runs")
+            for t in terms[::2]:     # the pty's and the pipe's buffers fill; then it waits
+                t.send_input(b"x" * (256 << 10))
+            with server.http(server.tokens["other"]) as http:
+                r = http.get("/metrics", timeout=httpx.Timeout(60))
+            assert r.status_code == 200 and "corral_sandboxes_live" in r.text
+            last = sb.pty.create(80, 24, "echo still-$((2+2))")
+            assert "still-4" in last.wait(60).stdout
+        finally:
+            for t in terms:
+                t.kill()
+            for t in terms:
+                t.wait(60)
+
+
+def test_writes_to_a_stdin_nobody_reads_leave_the_servers_worker_threads_to_others(server):
+    """A background command that never reads its stdin (the sandbox's code decides that)
+    and POOL + 1 writes to it at once, each more than a pipe holds, the clients giving up:
+    another token's sync route still answers; the writes are not lost threads of the
+    pool. A second write while one waits is refused (409) rather than queued."""
+    import threading
+
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
+        c = sb.commands.run("exec sleep 1300.5", background=True)
+        until(lambda: procs_with("1300.5"), "the command runs")
+        url = f"{server.url}/sandboxes/{sb.id}/commands/{c.pid}/stdin"
+        big = "y" * (256 << 10)
+        answers = []
+
+        def write():
+            try:
+                r = httpx.post(url, json={"data": big}, timeout=5,
+                               headers={"Authorization": f"Bearer {server.tokens['a']}"})
+                answers.append(r.status_code)
+            except httpx.TimeoutException:
+                answers.append("gave up")
+
+        writers = [threading.Thread(target=write) for _ in range(POOL + 1)]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join()
+        with server.http(server.tokens["other"]) as http:
+            r = http.get("/metrics", timeout=httpx.Timeout(60))
+        assert r.status_code == 200 and "corral_sandboxes_live" in r.text
+        assert answers.count(409) >= POOL - 1, answers
+        c.kill()
+
+
+def test_cells_that_run_long_leave_the_servers_worker_threads_to_others(server):
+    """POOL + 1 cells at once (POST run_code without a stream) that run as long as the
+    sandbox's code likes, the clients giving up: another token's sync route still
+    answers."""
+    import threading
+
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
+        sb.run_code("x = 1", timeout=60)       # the interpreter is up
+        url = f"{server.url}/sandboxes/{sb.id}/run_code"
+
+        def cell():
+            try:
+                httpx.post(url, json={"code": "import time; time.sleep(1500.5)"},
+                           timeout=5,
+                           headers={"Authorization": f"Bearer {server.tokens['a']}"})
+            except httpx.TimeoutException:
+                pass
+
+        cells = [threading.Thread(target=cell) for _ in range(POOL + 1)]
+        for c in cells:
+            c.start()
+        for c in cells:
+            c.join()
+        with server.http(server.tokens["other"]) as http:
+            # bounded for a hang (before: the pool was held while the cells ran)
+            r = http.get("/metrics", timeout=httpx.Timeout(30))
+        assert r.status_code == 200 and "corral_sandboxes_live" in r.text

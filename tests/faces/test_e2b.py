@@ -559,6 +559,7 @@ def test_user_refused_off_the_namespace_tier(env, tmp_path, monkeypatch):
             sb.commands.run("id -u", user="user")
 
 
+@pytest.mark.slow      # 6-15 s: in the slow group, which CI runs too
 def test_inputs_nobody_reads_leave_the_servers_worker_threads_to_others(env, server):
     """A process and a terminal that never read their input (the sandbox's code decides),
     and 45 SendInput calls to each at once (raw Connect calls, as many connections), each

@@ -353,6 +353,7 @@ def test_watch_streams_changes_and_ends_with_the_sandbox(server, sb, raw):
         assert w.done and w.why == "the sandbox ended" and w.next_events(0) == []
 
 
+@pytest.mark.slow      # 6-15 s: in the slow group, which CI runs too
 def test_watches_are_bounded_per_sandbox(server, sb, raw):
     sb.files.make_dir("/scratch/many")
     ws = [sb.files.watch("/scratch/many") for _ in range(8)]

@@ -67,6 +67,7 @@ def test_open_terminals_leave_the_servers_worker_threads_to_others(server):
                 t.wait(60)
 
 
+@pytest.mark.slow      # 6-15 s: in the slow group, which CI runs too
 def test_writes_to_a_stdin_nobody_reads_leave_the_servers_worker_threads_to_others(server):
     """A background command that never reads its stdin (the sandbox's code decides that)
     and POOL + 1 writes to it at once, each more than a pipe holds, the clients giving up:
@@ -101,6 +102,7 @@ def test_writes_to_a_stdin_nobody_reads_leave_the_servers_worker_threads_to_othe
         c.kill()
 
 
+@pytest.mark.slow      # 6-15 s: in the slow group, which CI runs too
 def test_cells_that_run_long_leave_the_servers_worker_threads_to_others(server):
     """POOL + 1 cells at once (POST run_code without a stream) that run as long as the
     sandbox's code likes, the clients giving up: another token's sync route still

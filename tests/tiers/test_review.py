@@ -469,14 +469,16 @@ def test_cli_patch_file_git_applies(ws, tmp_path):
     assert check.returncode == 0, check.stderr
 
 
-def test_cli_asks_on_a_terminal(ws):
-    """y for the first change (a.txt), n for the rest: only a.txt reaches the host."""
+def _on_a_terminal(ws, answers: bytes, script: str) -> bytes:
+    """`corral run --workspace WS:review -- sh -c SCRIPT` with a terminal as its stdin and
+    stderr (the review's dialog), `answers` typed ahead; what the terminal showed. Fails
+    unless corral exits 0."""
     master, slave = os.openpty()
     try:
-        os.write(master, b"y\n" + b"n\n" * 20)
+        os.write(master, answers)
         p = subprocess.Popen([CORRAL, "run", "--workspace", f"{ws}:review", "--", "sh", "-c",
-                              "echo more >> a.txt; echo new > new.txt; rm sub/b"],
-                             cwd=ws, stdin=slave, stderr=slave, stdout=subprocess.PIPE)
+                              script], cwd=ws, stdin=slave, stderr=slave,
+                             stdout=subprocess.PIPE)
         os.close(slave)
         slave = -1
         seen = b""
@@ -494,6 +496,13 @@ def test_cli_asks_on_a_terminal(ws):
         os.close(master)
         if slave >= 0:
             os.close(slave)
+    return seen
+
+
+def test_cli_asks_on_a_terminal(ws):
+    """y for the first change (a.txt), n for the rest: only a.txt reaches the host."""
+    seen = _on_a_terminal(ws, b"y\n" + b"n\n" * 20,
+                          "echo more >> a.txt; echo new > new.txt; rm sub/b")
     assert b"apply it?" in seen
     assert read(os.path.join(ws, "a.txt")) == b"hello\nworld\nmore\n"
     assert not os.path.lexists(os.path.join(ws, "new.txt"))
@@ -516,29 +525,7 @@ def test_review_shows_bidi_controls_and_zero_width_characters_escaped(ws):
     assert p.returncode == 0, p.stderr
     assert not [c for c in HIDDEN if c in p.stderr], p.stderr
     assert "A run\\u202etxt.sh" in p.stderr and "A ke\\u200bep\\ufeff" in p.stderr
-    master, slave = os.openpty()
-    try:
-        os.write(master, b"n\n" * 20)
-        proc = subprocess.Popen([CORRAL, "run", "--workspace", f"{ws}:review", "--", "sh",
-                                 "-c", TROJAN], cwd=ws, stdin=slave, stderr=slave,
-                                stdout=subprocess.PIPE)
-        os.close(slave)
-        slave = -1
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            seen += chunk
-        proc.stdout.close()
-        assert proc.wait(timeout=180) == 0, seen
-    finally:
-        os.close(master)
-        if slave >= 0:
-            os.close(slave)
+    seen = _on_a_terminal(ws, b"n\n" * 20, TROJAN)
     text = seen.decode()
     assert "apply it?" in text
     assert not [c for c in HIDDEN if c in text], text

@@ -4,7 +4,7 @@ and connect past the lifetime counted from the sandbox's creation; within it the
 
 import pytest
 from conftest import tier_unavailable
-from e2bfix import e2b_serve
+from e2bfix import e2b_env, e2b_serve
 
 e2b = pytest.importorskip("e2b")
 from e2b import Sandbox  # noqa: E402
@@ -24,12 +24,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def env(server, monkeypatch):
-    monkeypatch.setenv("E2B_API_URL", server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
-    monkeypatch.setenv("E2B_API_KEY", server.tokens["brief"])
-    monkeypatch.delenv("E2B_DEBUG", raising=False)
-    monkeypatch.delenv("E2B_DOMAIN", raising=False)
-    return server
+    return e2b_env(server, monkeypatch, token="brief")
 
 
 def test_the_max_lifetime_holds_through_the_e2b_face(env):

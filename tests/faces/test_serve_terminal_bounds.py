@@ -19,6 +19,25 @@ pytestmark = pytest.mark.skipif(tier_unavailable("namespace") is not None,
 POOL = 40
 
 
+def at_once(fn, n: int = POOL + 1) -> None:
+    """`fn` in n threads started together; back when all have returned."""
+    import threading
+
+    threads = [threading.Thread(target=fn) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def others_still_answered(server, seconds: float) -> None:
+    """Another token's sync route (GET /metrics) answers within `seconds` (bounded for a
+    hang: a server whose worker threads are all held never answers)."""
+    with server.http(server.tokens["other"]) as http:
+        r = http.get("/metrics", timeout=httpx.Timeout(seconds))
+    assert r.status_code == 200 and "corral_sandboxes_live" in r.text
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve-term")
@@ -55,9 +74,7 @@ def test_open_terminals_leave_the_servers_worker_threads_to_others(server):
                   "every terminal's command runs")
             for t in terms[::2]:     # the pty's and the pipe's buffers fill; then it waits
                 t.send_input(b"x" * (256 << 10))
-            with server.http(server.tokens["other"]) as http:
-                r = http.get("/metrics", timeout=httpx.Timeout(60))
-            assert r.status_code == 200 and "corral_sandboxes_live" in r.text
+            others_still_answered(server, 60)
             last = sb.pty.create(80, 24, "echo still-$((2+2))")
             assert "still-4" in last.wait(60).stdout
         finally:
@@ -73,8 +90,6 @@ def test_writes_to_a_stdin_nobody_reads_leave_the_servers_worker_threads_to_othe
     and POOL + 1 writes to it at once, each more than a pipe holds, the clients giving up:
     another token's sync route still answers; the writes are not lost threads of the
     pool. A second write while one waits is refused (409) rather than queued."""
-    import threading
-
     with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
         c = sb.commands.run("exec sleep 1300.5", background=True)
         until(lambda: procs_with("1300.5"), "the command runs")
@@ -90,14 +105,8 @@ def test_writes_to_a_stdin_nobody_reads_leave_the_servers_worker_threads_to_othe
             except httpx.TimeoutException:
                 answers.append("gave up")
 
-        writers = [threading.Thread(target=write) for _ in range(POOL + 1)]
-        for w in writers:
-            w.start()
-        for w in writers:
-            w.join()
-        with server.http(server.tokens["other"]) as http:
-            r = http.get("/metrics", timeout=httpx.Timeout(60))
-        assert r.status_code == 200 and "corral_sandboxes_live" in r.text
+        at_once(write)
+        others_still_answered(server, 60)
         assert answers.count(409) >= POOL - 1, answers
         c.kill()
 
@@ -107,8 +116,6 @@ def test_cells_that_run_long_leave_the_servers_worker_threads_to_others(server):
     """POOL + 1 cells at once (POST run_code without a stream) that run as long as the
     sandbox's code likes, the clients giving up: another token's sync route still
     answers."""
-    import threading
-
     with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
         sb.run_code("x = 1", timeout=60)       # the interpreter is up
         url = f"{server.url}/sandboxes/{sb.id}/run_code"
@@ -121,12 +128,5 @@ def test_cells_that_run_long_leave_the_servers_worker_threads_to_others(server):
             except httpx.TimeoutException:
                 pass
 
-        cells = [threading.Thread(target=cell) for _ in range(POOL + 1)]
-        for c in cells:
-            c.start()
-        for c in cells:
-            c.join()
-        with server.http(server.tokens["other"]) as http:
-            # bounded for a hang (before: the pool was held while the cells ran)
-            r = http.get("/metrics", timeout=httpx.Timeout(30))
-        assert r.status_code == 200 and "corral_sandboxes_live" in r.text
+        at_once(cell)
+        others_still_answered(server, 30)   # before: the pool was held while cells ran

@@ -83,6 +83,21 @@ class _Worker:
         self.buf = bytearray()
         self.open = True                   # False: its socket broke; its pidfd decides
 
+    def kill(self) -> None:
+        """SIGKILL through the pidfd (never a reused pid); an exited worker: nothing."""
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def reap(self) -> None:
+        """Wait for the (dead or dying) worker and close its pidfd."""
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        os.close(self.pidfd)
+
 
 class _Pool:
     def __init__(self, runner, base: dict, slots: int) -> None:
@@ -242,10 +257,7 @@ class _Pool:
             return
         w.open = False
         self.sel.unregister(w.sock)
-        try:
-            signal.pidfd_send_signal(w.pidfd, signal.SIGKILL)
-        except OSError:
-            pass
+        w.kill()
 
     def _died(self, w: _Worker) -> None:
         if w.open:                   # what it sent before it died counts
@@ -261,11 +273,7 @@ class _Pool:
                 self._lines(w)
             self._broken(w)
         self.sel.unregister(w.pidfd)
-        try:
-            os.waitpid(w.pid, 0)
-        except ChildProcessError:
-            pass
-        os.close(w.pidfd)
+        w.reap()
         w.sock.close()
         del self.workers[w.pid]
         left = list(w.inflight)
@@ -298,24 +306,14 @@ class _Pool:
 
         for w in self.workers.values():
             if w.inflight:
-                try:
-                    signal.pidfd_send_signal(w.pidfd, signal.SIGKILL)
-                except OSError:
-                    pass
+                w.kill()
             w.sock.close()
         end = time.monotonic() + EXIT_S
         for w in list(self.workers.values()):
             left = max(0.0, end - time.monotonic())
             if not select.select([w.pidfd], [], [], left)[0]:
-                try:
-                    signal.pidfd_send_signal(w.pidfd, signal.SIGKILL)
-                except OSError:
-                    pass
-            try:
-                os.waitpid(w.pid, 0)
-            except ChildProcessError:
-                pass
-            os.close(w.pidfd)
+                w.kill()
+            w.reap()
         self.workers.clear()
         self.sel.close()
 

@@ -16,8 +16,8 @@ from ._common import (
     SandboxInfo,
     _config,
     _raise,
-    _raise_error,
     _raise_raw,
+    _raise_ws,
     _result,
     applied_of,
     as_bytes,
@@ -558,15 +558,6 @@ class Pty:
         except InvalidStatus as e:
             _raise_ws(e)
         return PtyHandle(ws, on_data)
-
-
-def _raise_ws(e) -> None:
-    r = e.response
-    try:
-        err = json.loads(r.body)["error"]
-    except (ValueError, KeyError, TypeError):
-        err = {"kind": "http", "field": None, "message": f"HTTP {r.status_code}"}
-    _raise_error(r.status_code, err)
 
 
 class Sandbox:

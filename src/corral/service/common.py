@@ -238,17 +238,19 @@ class Service:
     """The state one app holds: its token store, its sandboxes, its metrics, its config
     (config.Config), and each token's limits at work (limits.py): its request bucket,
     its operations in flight (max_concurrent) and its creates under way (max_sandboxes),
-    shared by the REST routes and /mcp."""
+    shared by the REST routes and /mcp; and the server's own bound on open terminals
+    (`terminals`, config max_terminals), shared by the REST and E2B faces."""
 
     def __init__(self, tokens, registry, metrics, config=None) -> None:
         from .config import Config
-        from .limits import Concurrency, Quota, RateLimiter
+        from .limits import Concurrency, Gate, Quota, RateLimiter
 
         self.tokens, self.registry, self.metrics = tokens, registry, metrics
         self.config = config if config is not None else Config()
         self.rates = RateLimiter()
         self.busy = Concurrency()
         self.quota = Quota()
+        self.terminals = Gate(self.config.max_terminals, "max_terminals", "open terminals")
         self.draining = False
 
     def entry(self, sid: str, token: Token):

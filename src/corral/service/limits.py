@@ -10,7 +10,8 @@ The other two limits of a token live where they are enforced: `max_sandboxes` (l
 sandboxes at once) at create, `max_concurrent` (commands and cells running at once)
 around each command (app.py). All three may be given per token (`corral token create
 --rate 20/s --burst 40 --max-sandboxes K --max-concurrent C`) or for every token that
-sets none in the server config's `[limits]` (config.py).
+sets none in the server config's `[limits]` (config.py). One bound is the whole
+server's, whatever the token: its open terminals (`[server] max_terminals`, Gate).
 
 Pure bookkeeping: a dict of buckets under one lock, a monotonic clock; nothing here knows
 HTTP.
@@ -159,6 +160,51 @@ class _Slot:
 
     def __exit__(self, *exc) -> None:
         self.owner.leave(self.name)
+
+
+class Gate:
+    """A bound of the whole server, whichever token asks: `slot()` is a context manager
+    holding one of `most` places (Limited past them, naming `field`). For what holds the
+    server's own threads and fds as long as a client or the sandbox's code likes: open
+    terminals (config `max_terminals`), which a token without max_concurrent could
+    otherwise open without end, exhausting the server for every tenant."""
+
+    def __init__(self, most: int, field: str, what: str, retry_after: int = 5) -> None:
+        self.most, self.field, self.what, self.retry_after = most, field, what, retry_after
+        self._mu = threading.Lock()
+        self._held = 0
+
+    def enter(self) -> None:
+        with self._mu:
+            if self._held >= self.most:
+                raise Limited(self.field, f"the server holds {self.most} {self.what}, its "
+                              f"{self.field} (every token's together); end one or retry "
+                              "later", self.retry_after)
+            self._held += 1
+
+    def leave(self) -> None:
+        with self._mu:
+            self._held = max(0, self._held - 1)
+
+    @property
+    def held(self) -> int:
+        with self._mu:
+            return self._held
+
+    def slot(self):
+        return _GateSlot(self)
+
+
+class _GateSlot:
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+
+    def __enter__(self):
+        self.gate.enter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.gate.leave()
 
 
 class Quota:

@@ -173,7 +173,8 @@ MAX_KEYS = 4096
 
 async def create(state, request: Request):
     """POST /v2/sandboxes. With an Idempotency-Key, the same key from the same token
-    answers the sandbox it made while that runs (a retried create makes no second one)."""
+    answers the sandbox it made while that runs (a retried create makes no second one):
+    creates with one (token, key) wait for each other, those of other keys do not."""
     token = state.api_token(request.headers)
     key = request.headers.get("idempotency-key")
     if key is None:
@@ -181,7 +182,7 @@ async def create(state, request: Request):
     if not 0 < len(key) <= 255 or not set(key) <= KEY_CHARS:
         raise ApiError(400, "invalid", "Idempotency-Key is 1 to 255 lowercase letters, "
                        "digits or hyphens", "Idempotency-Key")
-    async with state.idem_lock:
+    async with state.idem_lock(token.owner, key):
         sid = state.idem.get((token.owner, key))
         face = state.face(sid) if sid else None
         if face is not None and state.svc.registry.get(token.owner, sid) is not None:

@@ -143,11 +143,11 @@ class Live(Sandbox):
         self._pid = os.getpid()
         _sandbox._close_at_exit(self._live)
         self.id = self._live.dir.id
-        self.created = time.time()
-        _audit.record_sandbox(self.id, created=self.created, policy=self.policy,
-                              isolation=self.isolation, origin=self._audit_origin)
+        self.created = time.time()       # its timeout counts from here, on both clocks
         self._ends = time.monotonic() + timeout
         self._ends_wall = self.created + timeout
+        _audit.record_sandbox(self.id, created=self.created, policy=self.policy,
+                              isolation=self.isolation, origin=self._audit_origin)
         self._last_use = time.monotonic()
         idle = getattr(self.policy.limits, "idle_timeout", None)
         self.idle_timeout = float(idle) if idle else None

@@ -458,7 +458,7 @@ class AsyncPty:
                      cwd: str | None = None, timeout: float | None = None) -> AsyncPtyHandle:
         """As Pty.create: a terminal of cols x rows running cmd (default an interactive
         bash) with env, in cwd, timeout seconds (default the policy's); on_data gets
-        bytes. Raises UsageError, UnsupportedRule, NotFound."""
+        bytes. Raises UsageError, UnsupportedRule, NotFound, RateLimited."""
         from websockets.asyncio.client import connect
         from websockets.exceptions import InvalidStatus
 

@@ -544,7 +544,8 @@ class Pty:
         argv list; default an interactive bash) with `env` added, in `cwd`; on_data is
         called with each chunk (bytes) it shows, from a thread of the handle's. timeout:
         seconds (default the policy's limits.timeout). Raises UsageError (a bad size,
-        env or cwd), UnsupportedRule (a tier without terminals), NotFound."""
+        env or cwd), UnsupportedRule (a tier without terminals), NotFound, RateLimited
+        (the token's max_concurrent or the server's max_terminals; retry_after)."""
         from websockets.exceptions import InvalidStatus
         from websockets.sync.client import connect
 

@@ -10,8 +10,10 @@ The other two limits of a token live where they are enforced: `max_sandboxes` (l
 sandboxes at once) at create, `max_concurrent` (commands and cells running at once)
 around each command (app.py). All three may be given per token (`corral token create
 --rate 20/s --burst 40 --max-sandboxes K --max-concurrent C`) or for every token that
-sets none in the server config's `[limits]` (config.py). One bound is the whole
-server's, whatever the token: its open terminals (`[server] max_terminals`, Gate).
+sets none in the server config's `[limits]` (config.py). Two bounds are the whole
+server's, whatever the token (Gate): its open terminals (`[server] max_terminals`) and
+its commands and cells running (`[server] max_running`), each holding a thread of the
+server's own for as long as the sandbox's code likes.
 
 Pure bookkeeping: a dict of buckets under one lock, a monotonic clock; nothing here knows
 HTTP.
@@ -193,6 +195,48 @@ class Gate:
 
     def slot(self):
         return _GateSlot(self)
+
+    def hold(self) -> "Held":
+        """One place taken now (Limited past them), given back by `Held.release()`,
+        which counts once however often it is called: for what ends in another thread
+        (a background command's end, a cell's), whichever way it ends."""
+        self.enter()
+        return Held(self)
+
+
+class Held:
+    def __init__(self, gate: Gate) -> None:
+        self._gate, self._mu, self._done = gate, threading.Lock(), False
+
+    def release(self) -> None:
+        with self._mu:
+            if self._done:
+                return
+            self._done = True
+        self._gate.leave()
+
+
+class Both:
+    """Two slots held together (a token's max_concurrent and a Gate of the server):
+    entered in order, the first given back if the second is refused; left together."""
+
+    def __init__(self, first, second) -> None:
+        self.first, self.second = first, second
+
+    def __enter__(self):
+        self.first.__enter__()
+        try:
+            self.second.__enter__()
+        except BaseException:
+            self.first.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.second.__exit__(None, None, None)
+        finally:
+            self.first.__exit__(None, None, None)
 
 
 class _GateSlot:

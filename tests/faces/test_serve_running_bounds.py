@@ -66,6 +66,9 @@ def refused(server, token: str, sb, es) -> None:
     assert r.json()["error"]["field"] == "max_running"
     with pytest.raises(Exception, match="max_running"):
         es.commands.run("sleep 1798.5", background=True)
+    ci = pytest.importorskip("e2b_code_interpreter")
+    with pytest.raises(Exception, match="max_running"):     # E2B's /execute: its cells
+        ci.Sandbox.connect(es.sandbox_id).run_code("1 + 1")
     assert not procs_with("1799.5") and not procs_with("1798.5")
 
 

@@ -5,6 +5,8 @@ it ends, which the sandbox's code decides; a token without max_concurrent must n
 to start them without end, so the whole server holds at most `[server] max_running` of
 them (every token's and both faces' together), and gives each place back at its end."""
 
+import asyncio
+
 import httpx
 import pytest
 from conftest import tier_unavailable
@@ -30,7 +32,7 @@ def capped(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve-run-cap")
     (tmp / "corral.toml").write_text(f"[server]\nmax_running = {MOST}\n")
     s = e2b_serve(tmp, {"a": [], "b": []}, "[base]\n",
-                  args=("--config", str(tmp / "corral.toml")))
+                  args=("--config", str(tmp / "corral.toml"), "--mcp"))
     yield s
     s.stop()
 
@@ -119,3 +121,87 @@ def test_commands_and_cells_are_bounded_for_the_whole_server(capped, monkeypatch
                 assert sb.run_code("2 + 2", timeout=60).text == "4"
         finally:
             es.kill()
+
+
+def mcp_session(server, token: str, body):
+    """body(client) in an MCP session over streamable HTTP (the official SDK's client)."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def main():
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                      timeout=120) as http:
+            async with Client(streamable_http_client(server.url + "/mcp", http_client=http),
+                              mode="auto") as c:
+                return await body(c)
+
+    return asyncio.run(asyncio.wait_for(main(), 300))
+
+
+def test_mcp_commands_and_cells_count_too(capped):
+    """/mcp's run_command and run_code hold a place while they run: past max_running
+    they are refused naming it, and the places are given back."""
+    a = capped.tokens["a"]
+    with client.Sandbox.create({}, api_url=capped.url, api_key=a) as sa:
+        hs = [sa.commands.run(f"exec sleep 1710.{i}", background=True) for i in range(MOST)]
+
+        async def full(c):
+            return [await c.call_tool(t, {k: "1", "sandbox_id": sa.id})
+                    for t, k in (("run_code", "code"), ("run_command", "command"))]
+        for r in mcp_session(capped, a, full):
+            assert r.is_error and "max_running" in r.content[0].text, r
+        for h in hs:
+            h.kill()
+        until(lambda: running(capped, a) == 0, "every place given back")
+
+        async def free(c):
+            return await c.call_tool("run_code", {"code": "6 * 7", "sandbox_id": sa.id})
+        assert mcp_session(capped, a, free).structured_content["results"][0]["text"] == "42"
+        assert running(capped, a) == 0
+
+
+#: anyio's default thread limiter: the worker threads every sync route shares
+POOL = 40
+
+
+@pytest.fixture(scope="module")
+def mcp_server(tmp_path_factory):
+    from servefix import Server
+
+    with Server(tmp_path_factory.mktemp("serve-run-mcp"), "--mcp",
+                tokens=["a", "other"]) as s:
+        yield s
+
+
+def test_mcp_cells_leave_the_servers_worker_threads_to_others(mcp_server):
+    """POOL + 1 /mcp run_code calls at once on one sandbox (they wait for its lock, the
+    first for a file that is not there yet): another token's sync route (GET /metrics)
+    still answers meanwhile; the cells then all end."""
+    s = mcp_server
+    with client.Sandbox.create({}, api_url=s.url, api_key=s.tokens["a"]) as sb:
+        code = ("import os, time\n"
+                "while not os.path.exists('/tmp/go-mcp'):\n    time.sleep(0.05)\n'done'")
+
+        def others() -> bool:
+            try:
+                with httpx.Client(headers={"Authorization": f"Bearer {s.tokens['other']}"},
+                                  timeout=20) as h:
+                    return h.get(f"{s.url}/metrics").status_code == 200
+            except httpx.TimeoutException:
+                return False
+
+        async def body(c):
+            calls = [asyncio.create_task(c.call_tool("run_code", {
+                "code": code, "sandbox_id": sb.id, "timeout": 120}))
+                for _ in range(POOL + 1)]
+            await asyncio.sleep(3)            # the calls reach the server
+            answered = await asyncio.to_thread(others)
+            # a foreground exec waits in no worker of the pool: it always gets through
+            await asyncio.to_thread(sb.commands.run, "touch /tmp/go-mcp")
+            return answered, await asyncio.gather(*calls)
+
+        answered, results = mcp_session(s, s.tokens["a"], body)
+        assert answered, "GET /metrics did not answer while /mcp cells ran"
+        assert all(not r.is_error and r.structured_content["results"][0]["text"] == "'done'"
+                   for r in results)

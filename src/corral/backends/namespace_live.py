@@ -31,6 +31,7 @@ from ..errors import SandboxSetupError, UsageError
 from ..events import NoticeEvent
 from ..linux import enter, spawner
 from ..linux._sys import subreaper_acquire, subreaper_release
+from ..linux.shellexec import simple_words
 from ..linux.supervise import kill_pid, spawn
 from ..plan import EgressProxy, Environment
 from .base import ExecLimits
@@ -62,8 +63,8 @@ class Started:
     our child; linux/enter.py), or -1 and None for a child of ours. The owner closes
     `pidfd` (close_pidfd())."""
 
-    __slots__ = ("before_wait", "cgroup", "err_r", "exit_status", "ns_pid", "out_r", "pid",
-                 "pidfd", "tally")
+    __slots__ = ("before_wait", "cgroup", "direct", "err_r", "exit_status", "ns_pid",
+                 "out_r", "pid", "pidfd", "tally")
 
     def __init__(self, pid: int, out_r: int, err_r: int, cgroup, before_wait=None,
                  tally=None, pidfd: int = -1, exit_status=None) -> None:
@@ -71,6 +72,9 @@ class Started:
         #: to call before reaping pid (supervise's before_wait): the entrant's own reaping
         self.before_wait = before_wait
         self.pidfd, self.exit_status = pidfd, exit_status
+        #: a /bin/sh -c line exec'd without the shell (linux/shellexec.py): a death by a
+        #: signal of its own is reported as the shell would (commands.py)
+        self.direct = False
         self.ns_pid = _ns_pid(pid)
         #: the refused syscalls seen, when observed (linux/seccomp_notify.Tally)
         self.tally = tally
@@ -259,6 +263,9 @@ class NamespaceLive(NamespaceSandbox):
         `tty_fd`: a terminal's slave as its stdin, stdout, stderr and controlling terminal
         (util-linux setsid --ctty runs first, as namespace.py's tty exec does); the
         Started's out_r and err_r are then -1 (read the master)."""
+        words = None
+        if tty_fd is None and len(argv) == 3 and argv[0] == "/bin/sh" and argv[1] == "-c":
+            words = simple_words(argv[2])   # exec'd without the shell if the same
         if tty_fd is not None:
             from .namespace import SETSID
 
@@ -302,15 +309,17 @@ class NamespaceLive(NamespaceSandbox):
                     tally = self.observer.watch(fd)
             pid, out_r, err_r = entrant.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
                                               rlimits=(nofile, fsize, cpu),
-                                              stdout_fd=tty_fd)
+                                              stdout_fd=tty_fd, words=words)
         except BaseException:
             entrant.close()
             cg.kill_all()
             self.release(cg)
             raise
         pidfd, entrant.b_pidfd = entrant.b_pidfd, -1
-        return Started(pid, out_r, err_r, cg, entrant.reap, tally, pidfd=pidfd,
-                       exit_status=entrant.exit_status)
+        started = Started(pid, out_r, err_r, cg, entrant.reap, tally, pidfd=pidfd,
+                          exit_status=entrant.exit_status)
+        started.direct = entrant.direct
+        return started
 
     def prepare(self) -> None:
         """Fork the next command's entrant ahead (linux/enter.Entrant): in its cgroup and

@@ -27,6 +27,7 @@ from ..audit import record as _audit
 from ..backends.base import ExecLimits
 from ..backends.host.finish import finish
 from ..errors import UsageError
+from ..linux.shellexec import as_shell_status
 from ..linux.supervise import ExecFailed, Outcome, Stream, decode_status, supervise
 
 #: bounds on what a caller hands in (a command line, its environment)
@@ -131,6 +132,9 @@ class CommandHandle:
         #: the sandbox's teardown event, when the sandbox ended while this ran
         self._end_event: dict | None = None
         self._killed = False
+        #: send_signal() was used: a signal death is then reported as it is, never as
+        #: the shell would report its child's (a /bin/sh -c line run without the shell)
+        self._signalled = False
         self._on_exit = on_exit
         #: a stream command (Commands.stream): output only to the callbacks, uncapped;
         #: no CPU limit of its own (its caller bounds what it asks of it)
@@ -194,6 +198,7 @@ class CommandHandle:
             fd = self._pidfd
             if fd < 0 or not self.running:
                 return False
+            self._signalled = True
             try:
                 _signal.pidfd_send_signal(fd, sig)
             except (ProcessLookupError, OSError):
@@ -360,6 +365,15 @@ class CommandHandle:
             stray = (outcome is not None and not outcome.timed_out and not self._killed
                      and not oom_kills and sig == 9)
             owner._command_ended(self, stray)
+            if sig is not None and getattr(s, "direct", False) and not (
+                    outcome.timed_out or self._killed or self._signalled
+                    or owner._ended is not None):
+                # a /bin/sh -c line run without the shell (linux/shellexec.py): its own
+                # death by a signal is told as the shell tells its child's
+                status, text = as_shell_status(outcome.status)
+                exit_code, sig = decode_status(status, signal_exit_codes=False)
+                if text:
+                    outcome.stderr.feed(text)
         events = owner._events_copy() + owner._net_since(net_from)
         refused = getattr(s, "syscall_events", None)   # observed refused syscalls
         if refused is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 import time
 
 from ..errors import SandboxSetupError, UsageError
@@ -50,10 +51,13 @@ from .namespace import (
 HOLDER = ("/usr/bin/sleep", "infinity")
 #: idle command cgroups a live sandbox keeps for its next commands
 KEEP_CGROUPS = 4
+#: entrants a live sandbox keeps ready (prepare()): a command started right after
+#: another (no pause for the watchdog to prepare one) still finds one entered and waiting
+READY_ENTRANTS = 2
 #: corral's own processes in a live sandbox's cgroup beyond a one-shot run's (bwrap and
-#: its init count there too): the holder, the entrant waiting for the next command and
+#: its init count there too): the holder, the entrants waiting for the next commands and
 #: one on its way out; added to limits.pids so the commands keep the policy's count
-OWN_PIDS = 3
+OWN_PIDS = 2 + READY_ENTRANTS
 
 
 class Started:
@@ -118,7 +122,9 @@ class NamespaceLive(NamespaceSandbox):
         self.notices: list[dict] = []
         self._status_r = -1
         self._free: list = []     # emptied command cgroups
-        self._next = None         # (Entrant, its cgroup) for the next command
+        self._forking = threading.Condition(threading.Lock())
+        self._forks = 0           # entrants being forked with the caller's lock let go
+        self._entrants: list = []    # (Entrant, its cgroup) for the next commands, oldest first
         self._cmds = 0
         self._subreaper = False
         self._init_fd = -1
@@ -292,9 +298,9 @@ class NamespaceLive(NamespaceSandbox):
                 for fd in attach:
                     os.close(fd)
         else:
-            if self._next is None:
-                self.prepare()
-            (entrant, cg), self._next = self._next, None
+            if not self._entrants:
+                self._prepare_one()
+            entrant, cg = self._entrants.pop(0)
         nofile, fsize, cpu = self.rlimits
         if cpu_seconds is not None:
             cpu = int(cpu_seconds) + 1
@@ -321,22 +327,44 @@ class NamespaceLive(NamespaceSandbox):
         started.direct = entrant.direct
         return started
 
-    def prepare(self) -> None:
-        """Fork the next command's entrant ahead (linux/enter.Entrant): in its cgroup and
-        the sandbox's namespaces, waiting. A no-op if one is ready."""
-        if self._next is not None or self.target is None:
-            return
+    def prepare(self, lock=None) -> None:
+        """Fork the next commands' entrants ahead (linux/enter.Entrant): in their cgroups
+        and the sandbox's namespaces, waiting; up to READY_ENTRANTS of them. `lock`: the
+        caller's lock (held), let go while the zygote forks each, so that a command's
+        start or end never waits for that."""
+        while len(self._entrants) < READY_ENTRANTS and self.target is not None:
+            self._prepare_one(lock)
+
+    def _prepare_one(self, lock=None) -> None:
         cg = self._cgroup()
         attach = cg.attach_fds()
+        target, program = self.target, self.program
         try:
-            entrant = enter.Entrant(self.target, attach, self.program)
+            with self._forking:     # close() waits for it: target's fds stay open
+                self._forks += 1
+            if lock is not None:
+                lock.release()
+            try:
+                entrant = enter.Entrant(target, attach, program)
+            finally:
+                with self._forking:
+                    self._forks -= 1
+                    self._forking.notify_all()
+                if lock is not None:
+                    lock.acquire()
         except BaseException:
             self.release(cg)
             raise
         finally:
             for fd in attach:
                 os.close(fd)
-        self._next = (entrant, cg)
+        if self.target is None or program is not self.program:
+            entrant.close()     # closed, or observed since, meanwhile: not for a command
+            if self.target is not None:
+                cg.kill_all()
+                self.release(cg)
+            return
+        self._entrants.append((entrant, cg))
 
     def _cgroup(self):
         while self._free:
@@ -360,9 +388,9 @@ class NamespaceLive(NamespaceSandbox):
         return destroy_cgroup(cg)
 
     def drop_entrant(self) -> None:
-        """Let the prepared entrant go (an idle sandbox need not keep one)."""
-        if self._next is not None:
-            (entrant, cg), self._next = self._next, None
+        """Let the prepared entrants go (an idle sandbox need not keep them)."""
+        while self._entrants:
+            entrant, cg = self._entrants.pop()
             entrant.close()
             cg.kill_all()
             self.release(cg)
@@ -375,8 +403,10 @@ class NamespaceLive(NamespaceSandbox):
         """Kill init (the whole pid namespace goes with it), reap bwrap, stop the proxy,
         remove every cgroup, the mounts and the run dir. Idempotent."""
         problems: list[str] = []
-        if self._next is not None:
-            (entrant, _), self._next = self._next, None
+        with self._forking:       # an entrant being forked still uses the target's fds
+            self._forking.wait_for(lambda: self._forks == 0, timeout=10)
+        ready, self._entrants = self._entrants, []
+        for entrant, _ in ready:
             entrant.close()       # its cgroup goes with the sandbox's
         if self.observer is not None:
             observer, self.observer = self.observer, None

@@ -647,7 +647,10 @@ class Live(Sandbox):
         with self._lock:
             if self._ended is None and self._live is not None:
                 try:
-                    self._live.prepare()
+                    if _takes_lock(self._live.prepare):
+                        self._live.prepare(lock=self._lock)   # let go while it forks
+                    else:
+                        self._live.prepare()
                 except Exception:  # noqa: BLE001 - the next command makes its own and says why
                     pass
 
@@ -676,6 +679,16 @@ def _takes_cpu_seconds(live) -> bool:
 
     try:
         return "cpu_seconds" in inspect.signature(live.start).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _takes_lock(prepare) -> bool:
+    """Whether the tier's prepare() takes the sandbox's lock to let go while it forks."""
+    import inspect
+
+    try:
+        return "lock" in inspect.signature(prepare).parameters
     except (TypeError, ValueError):
         return False
 

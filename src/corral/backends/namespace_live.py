@@ -327,12 +327,14 @@ class NamespaceLive(NamespaceSandbox):
         started.direct = entrant.direct
         return started
 
-    def prepare(self, lock=None) -> None:
+    def prepare(self, lock=None, busy: bool = False) -> None:
         """Fork the next commands' entrants ahead (linux/enter.Entrant): in their cgroups
-        and the sandbox's namespaces, waiting; up to READY_ENTRANTS of them. `lock`: the
-        caller's lock (held), let go while the zygote forks each, so that a command's
+        and the sandbox's namespaces, waiting; up to READY_ENTRANTS of them, or one while
+        `busy` (a command runs: the forks and setns of more would compete with it). `lock`:
+        the caller's lock (held), let go while the zygote forks each, so that a command's
         start or end never waits for that."""
-        while len(self._entrants) < READY_ENTRANTS and self.target is not None:
+        most = 1 if busy else READY_ENTRANTS
+        while len(self._entrants) < most and self.target is not None:
             self._prepare_one(lock)
 
     def _prepare_one(self, lock=None) -> None:

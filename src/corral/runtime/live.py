@@ -648,7 +648,10 @@ class Live(Sandbox):
             if self._ended is None and self._live is not None:
                 try:
                     if _takes_lock(self._live.prepare):
-                        self._live.prepare(lock=self._lock)   # let go while it forks
+                        # let go while it forks; while a foreground command runs, one
+                        # ready is enough (a second fork would compete with it for CPU)
+                        busy = any(not h.background for h in self._running)
+                        self._live.prepare(lock=self._lock, busy=busy)
                     else:
                         self._live.prepare()
                 except Exception:  # noqa: BLE001 - the next command makes its own and says why
@@ -684,7 +687,8 @@ def _takes_cpu_seconds(live) -> bool:
 
 
 def _takes_lock(prepare) -> bool:
-    """Whether the tier's prepare() takes the sandbox's lock to let go while it forks."""
+    """Whether the tier's prepare() takes the sandbox's lock to let go while it forks
+    (and `busy`: a foreground command runs)."""
     import inspect
 
     try:

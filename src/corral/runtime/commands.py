@@ -325,8 +325,9 @@ class CommandHandle:
 
     def _supervise(self):
         owner, s = self._owner, self._started
-        lim = ExecLimits.from_plan(owner.plan, self._timeout)
-        cap, cpu, wall = lim.cap, lim.cpu, lim.wall
+        lim = _limits_of(owner)
+        cap, cpu = lim.cap, lim.cpu
+        wall = lim.wall if self._timeout is None else self._timeout
         if self._timeout is None and self.background:
             wall = NO_DEADLINE_S
         keep = cap
@@ -390,6 +391,20 @@ class CommandHandle:
         return result
 
 
+def _limits_of(owner) -> ExecLimits:
+    """The owner's plan's ExecLimits (no timeout of the command's own), made once per plan:
+    every command of a live sandbox reads them."""
+    plan = owner.plan
+    kept = getattr(owner, "_exec_limits", None)
+    if kept is None or kept[0] is not plan:
+        kept = (plan, ExecLimits.from_plan(plan))
+        try:
+            owner._exec_limits = kept
+        except AttributeError:   # an owner with __slots__: made each time
+            pass
+    return kept[1]
+
+
 def _usage(outcome, cg):
     from ..result import Usage
 
@@ -415,7 +430,9 @@ class Commands:
             stdin: bytes | int | None = None, timeout: float | None = None,
             on_stdout=None, on_stderr=None, background: bool = False,
             tty_fd: int | None = None, on_start=None, user: str | None = None):
-        """Run a command line (str, by /bin/sh -c) or an argv list inside.
+        """Run a command line (str, by /bin/sh -c) or an argv list inside. On the namespace
+        tier a line that is one plain command is exec'd without the shell when that gives
+        what the shell would (linux/shellexec.py; docs/sessions.md).
 
         user: None or "root", the sandbox's root; "user", the unprivileged account of a
         sandbox made with one (Sandbox.create(user_account=True), the namespace tier as

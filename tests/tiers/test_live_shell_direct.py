@@ -87,10 +87,11 @@ def test_scripts_files_and_signal_deaths_as_the_shell_reports_them(sb):
              "printf '#!/usr/bin/python3\\nimport os, signal\\n"
              "os.kill(os.getpid(), signal.SIGINT)\\n' > /scratch/int; "
              "chmod +x /scratch/s.sh /scratch/n.sh /scratch/x.bin /scratch/segv "
-             "/scratch/int; printf x > /scratch/noexec")
+             "/scratch/int; printf x > /scratch/noexec; "
+             "printf '#!/nonexistent\\n' > /scratch/badi; chmod +x /scratch/badi")
     assert sb.commands.run(setup).exit_code == 0
     for line in ("/scratch/s.sh one", "/scratch/n.sh", "/scratch/x.bin", "/scratch/noexec",
-                 "/scratch/segv", "/scratch/int"):
+                 "/scratch/segv", "/scratch/int", "/scratch/badi"):
         a, b = _both(sb, line)
         _same(a, b)
     a, _ = _both(sb, "/scratch/segv")

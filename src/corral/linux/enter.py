@@ -909,26 +909,33 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program,
                 data = f.read()
         (argvb, envb, names, cwdb, nofile, fsize, cpu,
          new_session, words) = marshal.loads(data)
-        direct = False
+        tries = [(argvb, names, envb)]
         if words and dash:    # a plain command line: without /bin/sh if it is the same
             found = resolve(words[0], envb)
             if found is not None:
-                argvb, names, direct = words, [found], True
-                envb = shell_env(envb, cwdb)
+                tries.insert(0, (words, [found], shell_env(envb, cwdb)))
         _rlimits(nofile, fsize, cpu)
-        err_r, err_w2 = os.pipe()
-        envl = [k + b"=" + v for k, v in envb.items()]
-        # vfork + exec (CPython's C code, as subprocess): setsid, chdir, stdio,
-        # every other fd closed, SIGPIPE and SIGXFSZ back to default
-        b = _posixsubprocess.fork_exec(   # pass_fds must hold the error pipe
-            argvb, names, True, (err_w2,), cwdb, envl, stdin_fd, -1, -1, out_w, -1, err_w,
-            err_r, err_w2, True, new_session, -1, None, None, None, -1, None, True)
-        os.close(err_w2)
-        child_err = _read_small(err_r, 300)
-        if child_err:
+        for n, (argvb, names, envb) in enumerate(tries):
+            direct = n + 1 < len(tries)
+            err_r, err_w2 = os.pipe()
+            envl = [k + b"=" + v for k, v in envb.items()]
+            # vfork + exec (CPython's C code, as subprocess): setsid, chdir, stdio,
+            # every other fd closed, SIGPIPE and SIGXFSZ back to default
+            b = _posixsubprocess.fork_exec(   # pass_fds must hold the error pipe
+                argvb, names, True, (err_w2,), cwdb, envl, stdin_fd, -1, -1, out_w, -1,
+                err_w, err_r, err_w2, True, new_session, -1, None, None, None, -1, None,
+                True)
+            os.close(err_w2)
+            child_err = _read_small(err_r, 300)
+            os.close(err_r)
+            if not child_err:
+                break
             os.waitpid(b, 0)
             _, _, rest = child_err.partition(b":")
             code, _, why = rest.partition(b":")
+            if direct and why != b"noexec":
+                continue      # its exec failed (a #! naming no interpreter): the shell
+                # runs the line instead, and says why in its own words
             try:
                 errno_ = int(code, 16)
             except ValueError:

@@ -21,7 +21,8 @@ is not dash, PATH is unset or holds a relative entry, the word names no file (so
 shell's own "not found" and 127 come from the shell), the file found is not a readable,
 executable ELF or #! script (dash runs a script without #! itself), the word is a shell
 keyword or a builtin (`true` and `false` only without arguments: their programs then do
-exactly what the builtins do). Only the order of the environment's entries may differ
+exactly what the builtins do); and when the program's exec fails after all (a #! line
+naming no interpreter), the entrant runs the shell then (nothing ran). Only the order of the environment's entries may differ
 from dash's (which lists them from its hash table).
 """
 

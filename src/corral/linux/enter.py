@@ -955,6 +955,10 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program,
         told = True
         pfd = os.pidfd_open(b)
         socket.send_fds(theirs, [b"%d%s" % (b, b"d" if direct else b"")], [pfd])
+        try:    # the supervisor, just woken (often on this CPU), runs before this
+            os.sched_yield()    # process's exit tears its memory down: ~0.5 ms sooner
+        except OSError:
+            pass
         os._exit(0)
     except BaseException as e:  # noqa: BLE001 - reported to the supervisor, then die
         try:

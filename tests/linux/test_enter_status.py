@@ -269,10 +269,10 @@ def test_the_entrant_itself_kills_and_reaps_a_command_it_could_not_hand_over(liv
 
 RETIRE = r"""
 import json, os, select, sys, time
-from corral.linux import enter
+from corral.linux import enter, enter_inside
 
-enter.UNSENT_MAX = 8                  # read by the zygote as it is forked: below
-enter.RETIRED_FLUSH_S = 2.0
+enter_inside.UNSENT_MAX = 8                  # read by the zygote as it is forked: below
+enter_inside.RETIRED_FLUSH_S = 2.0
 import corral
 
 

@@ -21,7 +21,7 @@ import os
 import sys
 
 from . import __version__
-from .errors import CorralError, UsageError
+from .errors import CorralError, UsageError, one_line
 
 
 def _help(name: str) -> None:
@@ -336,13 +336,18 @@ def _review(sb, r: RunArgs) -> dict:   # cli_review.py: loaded only in review mo
 
 
 def _print_events(events: list[dict], *, output_limit: bool = True) -> None:
+    """The events a person should see, on stderr, each field one line of printable text
+    (errors.one_line): what corral writes there today is its own (paths it named, an
+    errno's text, a guest's frame kind by repr), but an event's text may quote a name
+    a sandbox chose, and an escape sequence or a bidi control in it must not reach the
+    user's terminal."""
     for e in events:
         if e["kind"] == "audit":   # the record of this run was lost (docs/audit.md)
-            sys.stderr.write(f"corral: audit: {e.get('message')}\n")
+            sys.stderr.write(f"corral: audit: {one_line(str(e.get('message')))}\n")
         elif e["kind"] in ("limit", "teardown", "unenforced") and (
                 output_limit or e.get("limit") != "output"):
             what = e.get("limit") or e.get("rule") or e["kind"]
-            text = e.get("message") or e.get("reason")
+            text = str(e.get("message") or e.get("reason"))
             if e["kind"] == "unenforced":
                 from .runtime.notices import due_event, standing
 
@@ -350,7 +355,8 @@ def _print_events(events: list[dict], *, output_limit: bool = True) -> None:
                     if not due_event(e):
                         continue
                     text += " (shown once a day; --json reports it on every run)"
-            sys.stderr.write(f"corral: {e['kind']} {what}: {text}\n")
+            sys.stderr.write(f"corral: {e['kind']} {one_line(str(what))}: "
+                             f"{one_line(text)}\n")
 
 
 def _run_tty(r: RunArgs, policy) -> int:   # cli_terminal.py: loaded only for -t

@@ -38,3 +38,14 @@ def test_the_max_lifetime_holds_through_the_e2b_face(env):
             Sandbox.connect(sb.sandbox_id, timeout=3600)
         sb.set_timeout(90)
         assert sb.commands.run("echo ok").stdout == "ok\n"
+
+
+def test_the_lifetime_counts_from_the_sandboxs_own_creation(env):
+    """The instant the bound counts from (E2B's startedAt) is the sandbox's own creation,
+    where its timeout began (the REST view's `created`, its get_info()), not the later
+    moment the service filed it."""
+    with Sandbox.create(timeout=60) as sb:
+        started = Sandbox.get_info(sb.sandbox_id).started_at.timestamp()
+        with env.http(env.tokens["brief"]) as http:
+            created = http.get(f"/sandboxes/{sb.sandbox_id}").json()["created"]
+        assert abs(started - created) < 1e-6, (started, created)

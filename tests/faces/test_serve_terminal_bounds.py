@@ -130,3 +130,73 @@ def test_cells_that_run_long_leave_the_servers_worker_threads_to_others(server):
 
         at_once(cell)
         others_still_answered(server, 30)   # before: the pool was held while cells ran
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """A server holding at most 2 open terminals (every token's, both faces), its tokens
+    without max_concurrent."""
+    from e2bfix import e2b_serve
+
+    tmp = tmp_path_factory.mktemp("serve-term-cap")
+    (tmp / "corral.toml").write_text("[server]\nmax_terminals = 2\n")
+    s = e2b_serve(tmp, {"a": [], "b": []}, "[base]\n",
+                  args=("--config", str(tmp / "corral.toml")))
+    yield s
+    s.stop()
+
+
+def raw_terminal(server, sid: str, token: str, cmd: str):
+    """The WebSocket of WS /sandboxes/{sid}/pty as any client opens it (websockets)."""
+    from urllib.parse import quote
+
+    from websockets.sync.client import connect
+
+    return connect(f"{server.url.replace('http', 'ws', 1)}/sandboxes/{sid}/pty?"
+                   f"cmd={quote(cmd)}", additional_headers={"Authorization":
+                                                            f"Bearer {token}"},
+                   open_timeout=60)
+
+
+def test_open_terminals_are_bounded_for_the_whole_server(capped, monkeypatch):
+    """Tokens without max_concurrent: their terminals together stop at the server's
+    max_terminals (429, field max_terminals, Retry-After), over the REST and E2B faces
+    alike; a terminal's end (killed, or its client gone) gives its place back."""
+    from websockets.exceptions import InvalidStatus
+
+    e2b = pytest.importorskip("e2b")
+    from e2bfix import e2b_env
+
+    a, b = capped.tokens["a"], capped.tokens["b"]
+    with client.Sandbox.create({}, api_url=capped.url, api_key=a) as sa, \
+            client.Sandbox.create({}, api_url=capped.url, api_key=b) as sb:
+        t1 = sa.pty.create(80, 24, "sleep 1601.5")
+        gone = raw_terminal(capped, sa.id, a, "sleep 1602.5")
+        until(lambda: procs_with("1601.5") and procs_with("1602.5"), "both terminals run")
+        with pytest.raises(client.RateLimited, match="max_terminals") as ei:
+            sb.pty.create(80, 24, "sleep 1603.5")      # another token: the server's bound
+        assert ei.value.field == "max_terminals" and ei.value.retry_after >= 1
+        with pytest.raises(InvalidStatus) as raw:
+            raw_terminal(capped, sb.id, b, "sleep 1603.5")
+        assert raw.value.response.status_code == 429
+        assert int(raw.value.response.headers["Retry-After"]) >= 1
+        e2b_env(capped, monkeypatch, "b")             # E2B's terminals count the same
+        with e2b.Sandbox.create(timeout=120) as es:
+            with pytest.raises(Exception, match="max_terminals"):
+                es.pty.create(e2b.PtySize(rows=24, cols=80))
+            assert not procs_with("1603.5")
+            t1.kill()                                  # an end gives its place back
+            t1.wait(60)
+            et = es.pty.create(e2b.PtySize(rows=24, cols=80))
+            with pytest.raises(client.RateLimited, match="max_terminals"):
+                sb.pty.create(80, 24, "sleep 1603.5")
+            es.pty.kill(et.pid)
+            with pytest.raises(e2b.CommandExitException):
+                et.wait()
+        gone.close()                                   # a client gone gives it back too
+        until(lambda: not procs_with("1602.5"), "the gone client's terminal ends")
+        with capped.http(a) as http:     # every place given back: none counted twice
+            until(lambda: "corral_terminals_open 0\n" in http.get("/metrics").text,
+                  "no terminal is counted open")
+        both = [sb.pty.create(80, 24, f"echo two-$((2*{i}))") for i in range(2)]
+        assert [t.wait(60).stdout.strip() for t in both] == ["two-0", "two-2"]

@@ -100,3 +100,23 @@ def test_a_syscall_event_and_the_others_entry():
     other = SyscallEvent.others(12, 64).to_dict()
     assert other["name"] == "other" and other["number"] == -1 and other["count"] == 12
     assert "64" in other["message"]
+
+
+def test_the_events_a_person_sees_carry_no_escape_or_bidi_control(capsys):
+    """`corral run` prints the limit, teardown, unenforced and audit events on stderr: a
+    name a sandbox chose, quoted in one (a file name, a host), reaches the terminal as
+    visible escapes, never as an escape sequence (OSC 52, a cursor move), a carriage
+    return or a bidi control that reorders the line."""
+    from corral.cli import _print_events
+
+    evil = "/scratch/\x1b]52;c;cHduZWQ=\x07a\rfake\u202eexe.txt\u2066\n2nd line"
+    _print_events([TeardownEvent(f"remove {evil}: Device or resource busy").to_dict(),
+                   LimitEvent(evil, message=evil).to_dict(),
+                   UnenforcedEvent(evil, "namespace", evil).to_dict(),
+                   AuditEvent.lost(f"host {evil}").to_dict()])
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 4 and all(line.startswith("corral: ") for line in lines), err
+    for bad in ("\x1b", "\x07", "\r", "\u202e", "\u2066"):
+        assert bad not in err
+    assert "\\x1b]52;c;cHduZWQ=\\x07a\\rfake\\u202eexe.txt\\u2066\\n2nd line" in lines[0]

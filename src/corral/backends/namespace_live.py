@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 import time
 
 from ..errors import SandboxSetupError, UsageError
 from ..events import NoticeEvent
 from ..linux import enter, spawner
 from ..linux._sys import subreaper_acquire, subreaper_release
+from ..linux.shellexec import simple_words
 from ..linux.supervise import kill_pid, spawn
 from ..plan import EgressProxy, Environment
 from .base import ExecLimits
@@ -49,10 +51,13 @@ from .namespace import (
 HOLDER = ("/usr/bin/sleep", "infinity")
 #: idle command cgroups a live sandbox keeps for its next commands
 KEEP_CGROUPS = 4
+#: entrants a live sandbox keeps ready (prepare()): a command started right after
+#: another (no pause for the watchdog to prepare one) still finds one entered and waiting
+READY_ENTRANTS = 2
 #: corral's own processes in a live sandbox's cgroup beyond a one-shot run's (bwrap and
-#: its init count there too): the holder, the entrant waiting for the next command and
+#: its init count there too): the holder, the entrants waiting for the next commands and
 #: one on its way out; added to limits.pids so the commands keep the policy's count
-OWN_PIDS = 3
+OWN_PIDS = 2 + READY_ENTRANTS
 
 
 class Started:
@@ -62,8 +67,8 @@ class Started:
     our child; linux/enter.py), or -1 and None for a child of ours. The owner closes
     `pidfd` (close_pidfd())."""
 
-    __slots__ = ("before_wait", "cgroup", "err_r", "exit_status", "ns_pid", "out_r", "pid",
-                 "pidfd", "tally")
+    __slots__ = ("before_wait", "cgroup", "direct", "err_r", "exit_status", "ns_pid",
+                 "out_r", "pid", "pidfd", "tally")
 
     def __init__(self, pid: int, out_r: int, err_r: int, cgroup, before_wait=None,
                  tally=None, pidfd: int = -1, exit_status=None) -> None:
@@ -71,6 +76,9 @@ class Started:
         #: to call before reaping pid (supervise's before_wait): the entrant's own reaping
         self.before_wait = before_wait
         self.pidfd, self.exit_status = pidfd, exit_status
+        #: a /bin/sh -c line exec'd without the shell (linux/shellexec.py): a death by a
+        #: signal of its own is reported as the shell would (commands.py)
+        self.direct = False
         self.ns_pid = _ns_pid(pid)
         #: the refused syscalls seen, when observed (linux/seccomp_notify.Tally)
         self.tally = tally
@@ -86,11 +94,15 @@ class Started:
 
 def _ns_pid(pid: int) -> int:
     """The pid inside the sandbox (the last NSpid field), or the host pid if unreadable."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"NSpid:"):
-                    return int(line.split()[-1])
+    try:     # os.open and one read: no file object (this is on every command's path)
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 8192)
+        finally:
+            os.close(fd)
+        at = data.find(b"\nNSpid:")
+        if at >= 0:
+            return int(data[at + 1:data.index(b"\n", at + 1)].split()[-1])
     except (OSError, ValueError):
         pass
     return pid
@@ -114,7 +126,9 @@ class NamespaceLive(NamespaceSandbox):
         self.notices: list[dict] = []
         self._status_r = -1
         self._free: list = []     # emptied command cgroups
-        self._next = None         # (Entrant, its cgroup) for the next command
+        self._forking = threading.Condition(threading.Lock())
+        self._forks = 0           # entrants being forked with the caller's lock let go
+        self._entrants: list = []    # (Entrant, its cgroup) for the next commands, oldest first
         self._cmds = 0
         self._subreaper = False
         self._init_fd = -1
@@ -259,6 +273,9 @@ class NamespaceLive(NamespaceSandbox):
         `tty_fd`: a terminal's slave as its stdin, stdout, stderr and controlling terminal
         (util-linux setsid --ctty runs first, as namespace.py's tty exec does); the
         Started's out_r and err_r are then -1 (read the master)."""
+        words = None
+        if tty_fd is None and len(argv) == 3 and argv[0] == "/bin/sh" and argv[1] == "-c":
+            words = simple_words(argv[2])   # exec'd without the shell if the same
         if tty_fd is not None:
             from .namespace import SETSID
 
@@ -285,9 +302,9 @@ class NamespaceLive(NamespaceSandbox):
                 for fd in attach:
                     os.close(fd)
         else:
-            if self._next is None:
-                self.prepare()
-            (entrant, cg), self._next = self._next, None
+            if not self._entrants:
+                self._prepare_one()
+            entrant, cg = self._entrants.pop(0)
         nofile, fsize, cpu = self.rlimits
         if cpu_seconds is not None:
             cpu = int(cpu_seconds) + 1
@@ -302,32 +319,58 @@ class NamespaceLive(NamespaceSandbox):
                     tally = self.observer.watch(fd)
             pid, out_r, err_r = entrant.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
                                               rlimits=(nofile, fsize, cpu),
-                                              stdout_fd=tty_fd)
+                                              stdout_fd=tty_fd, words=words)
         except BaseException:
             entrant.close()
             cg.kill_all()
             self.release(cg)
             raise
         pidfd, entrant.b_pidfd = entrant.b_pidfd, -1
-        return Started(pid, out_r, err_r, cg, entrant.reap, tally, pidfd=pidfd,
-                       exit_status=entrant.exit_status)
+        started = Started(pid, out_r, err_r, cg, entrant.reap, tally, pidfd=pidfd,
+                          exit_status=entrant.exit_status)
+        started.direct = entrant.direct
+        return started
 
-    def prepare(self) -> None:
-        """Fork the next command's entrant ahead (linux/enter.Entrant): in its cgroup and
-        the sandbox's namespaces, waiting. A no-op if one is ready."""
-        if self._next is not None or self.target is None:
-            return
+    def prepare(self, lock=None, busy: bool = False) -> None:
+        """Fork the next commands' entrants ahead (linux/enter.Entrant): in their cgroups
+        and the sandbox's namespaces, waiting; up to READY_ENTRANTS of them, or one while
+        `busy` (a command runs: the forks and setns of more would compete with it). `lock`:
+        the caller's lock (held), let go while the zygote forks each, so that a command's
+        start or end never waits for that."""
+        most = 1 if busy else READY_ENTRANTS
+        while len(self._entrants) < most and self.target is not None:
+            self._prepare_one(lock)
+
+    def _prepare_one(self, lock=None) -> None:
         cg = self._cgroup()
         attach = cg.attach_fds()
+        target, program = self.target, self.program
         try:
-            entrant = enter.Entrant(self.target, attach, self.program)
+            with self._forking:     # close() waits for it: target's fds stay open
+                self._forks += 1
+            if lock is not None:
+                lock.release()
+            try:
+                entrant = enter.Entrant(target, attach, program)
+            finally:
+                with self._forking:
+                    self._forks -= 1
+                    self._forking.notify_all()
+                if lock is not None:
+                    lock.acquire()
         except BaseException:
             self.release(cg)
             raise
         finally:
             for fd in attach:
                 os.close(fd)
-        self._next = (entrant, cg)
+        if self.target is None or program is not self.program:
+            entrant.close()     # closed, or observed since, meanwhile: not for a command
+            if self.target is not None:
+                cg.kill_all()
+                self.release(cg)
+            return
+        self._entrants.append((entrant, cg))
 
     def _cgroup(self):
         while self._free:
@@ -351,9 +394,9 @@ class NamespaceLive(NamespaceSandbox):
         return destroy_cgroup(cg)
 
     def drop_entrant(self) -> None:
-        """Let the prepared entrant go (an idle sandbox need not keep one)."""
-        if self._next is not None:
-            (entrant, cg), self._next = self._next, None
+        """Let the prepared entrants go (an idle sandbox need not keep them)."""
+        while self._entrants:
+            entrant, cg = self._entrants.pop()
             entrant.close()
             cg.kill_all()
             self.release(cg)
@@ -366,8 +409,10 @@ class NamespaceLive(NamespaceSandbox):
         """Kill init (the whole pid namespace goes with it), reap bwrap, stop the proxy,
         remove every cgroup, the mounts and the run dir. Idempotent."""
         problems: list[str] = []
-        if self._next is not None:
-            (entrant, _), self._next = self._next, None
+        with self._forking:       # an entrant being forked still uses the target's fds
+            self._forking.wait_for(lambda: self._forks == 0, timeout=10)
+        ready, self._entrants = self._entrants, []
+        for entrant, _ in ready:
             entrant.close()       # its cgroup goes with the sandbox's
         if self.observer is not None:
             observer, self.observer = self.observer, None

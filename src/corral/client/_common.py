@@ -75,6 +75,16 @@ def _raise_raw(status: int, raw: bytes, retry: str | None = None) -> None:
     _raise_error(status, err, retry)
 
 
+def _raise_ws(e) -> None:
+    """_raise for a WebSocket handshake the server refused (websockets' InvalidStatus)."""
+    r = e.response
+    try:
+        err = json.loads(r.body)["error"]
+    except (ValueError, KeyError, TypeError):
+        err = {"kind": "http", "field": None, "message": f"HTTP {r.status_code}"}
+    _raise_error(r.status_code, err, r.headers.get("Retry-After"))
+
+
 def _raise_error(status: int, err: dict, retry: str | None = None) -> None:
     kind, field, message = err.get("kind", "http"), err.get("field"), err.get("message", "")
     if kind == "files":

@@ -17,7 +17,7 @@ from ._common import (
     SandboxInfo,
     _config,
     _raise,
-    _raise_error,
+    _raise_ws,
     _result,
     applied_of,
     as_bytes,
@@ -458,7 +458,7 @@ class AsyncPty:
                      cwd: str | None = None, timeout: float | None = None) -> AsyncPtyHandle:
         """As Pty.create: a terminal of cols x rows running cmd (default an interactive
         bash) with env, in cwd, timeout seconds (default the policy's); on_data gets
-        bytes. Raises UsageError, UnsupportedRule, NotFound."""
+        bytes. Raises UsageError, UnsupportedRule, NotFound, RateLimited."""
         from websockets.asyncio.client import connect
         from websockets.exceptions import InvalidStatus
 
@@ -470,12 +470,7 @@ class AsyncPty:
                 "Authorization": sb._http.headers["authorization"]}, open_timeout=60,
                 max_size=2 << 20)
         except InvalidStatus as e:
-            r = e.response
-            try:
-                err = json.loads(r.body)["error"]
-            except (ValueError, KeyError, TypeError):
-                err = {"kind": "http", "field": None, "message": f"HTTP {r.status_code}"}
-            _raise_error(r.status_code, err)
+            _raise_ws(e)
         first = json.loads(await asyncio.wait_for(ws.recv(), 60))
         return AsyncPtyHandle(ws, on_data, first.get("pid"))
 

@@ -16,8 +16,8 @@ from ._common import (
     SandboxInfo,
     _config,
     _raise,
-    _raise_error,
     _raise_raw,
+    _raise_ws,
     _result,
     applied_of,
     as_bytes,
@@ -544,7 +544,8 @@ class Pty:
         argv list; default an interactive bash) with `env` added, in `cwd`; on_data is
         called with each chunk (bytes) it shows, from a thread of the handle's. timeout:
         seconds (default the policy's limits.timeout). Raises UsageError (a bad size,
-        env or cwd), UnsupportedRule (a tier without terminals), NotFound."""
+        env or cwd), UnsupportedRule (a tier without terminals), NotFound, RateLimited
+        (the token's max_concurrent or the server's max_terminals; retry_after)."""
         from websockets.exceptions import InvalidStatus
         from websockets.sync.client import connect
 
@@ -558,15 +559,6 @@ class Pty:
         except InvalidStatus as e:
             _raise_ws(e)
         return PtyHandle(ws, on_data)
-
-
-def _raise_ws(e) -> None:
-    r = e.response
-    try:
-        err = json.loads(r.body)["error"]
-    except (ValueError, KeyError, TypeError):
-        err = {"kind": "http", "field": None, "message": f"HTTP {r.status_code}"}
-    _raise_error(r.status_code, err)
 
 
 class Sandbox:

@@ -79,6 +79,7 @@ except ImportError:  # pragma: no cover - not CPython
 
 from ..errors import SandboxSetupError, UsageError
 from . import _sys
+from .shellexec import resolve, shell_env, shell_is_dash
 from .supervise import _exec_report, _fail_report, inherited_signals, report_exec_failure
 
 CLONE_NEWNS = 0x00020000
@@ -204,6 +205,7 @@ class Entrant:
         #: the command's pidfd (B's), opened while A, its parent, still lived and had not
         #: waited: B could not have been reaped, so it is B's and no recycled pid's
         self.b_pidfd = -1
+        self.direct = False
         self._ready = False
         self._listen = program.listen
         #: the seccomp listener of the command's filter (Program.listen), once ready: the
@@ -284,11 +286,14 @@ class Entrant:
             self._reap()
 
     def start(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
-              rlimits: tuple[int, int, int | None], stdout_fd: int | None = None
-              ) -> tuple[int, int, int]:
+              rlimits: tuple[int, int, int | None], stdout_fd: int | None = None,
+              words: list[str] | None = None) -> tuple[int, int, int]:
         """Start argv (see spawn_in). `stdout_fd` (a terminal's slave): the command's
         stdout and stderr, no pipes made (both read fds returned are -1), and no session
-        of its own (its first program makes one and takes the terminal: setsid --ctty)."""
+        of its own (its first program makes one and takes the terminal: setsid --ctty).
+        `words`: argv is /bin/sh -c of a line that is these plain words
+        (shellexec.simple_words): exec'd without the shell when that gives what the shell
+        would (shellexec.resolve, decided inside); `direct` then says it was."""
         self._wait_ready()
         # os.fsencode: bytes that are not UTF-8 (surrogate-escaped) are themselves again
         argvb = [os.fsencode(a) for a in argv]
@@ -308,7 +313,8 @@ class Entrant:
         fail_r, fail_w = os.pipe()
         try:
             data = marshal.dumps((argvb, envb, names, os.fsencode(cwd), *rlimits,
-                                  stdout_fd is None))
+                                  stdout_fd is None,
+                                  None if words is None else [os.fsencode(w) for w in words]))
             if len(data) < INLINE_MAX:    # in the message: no memfd to make, write, read
                 socket.send_fds(self.sock, [b"i" + data], [stdin_fd, out_w, err_w, fail_w])
             else:
@@ -327,7 +333,10 @@ class Entrant:
                     os.close(fd)
         try:
             got, fds, _, _ = socket.recv_fds(self.sock, 1100, 1)
-            b = int(got) if got.isdigit() and len(got) < 12 and len(fds) == 1 else 0
+            #: exec'd without the shell (`words`): its signal deaths are reported as sh does
+            self.direct = got.endswith(b"d") and len(got) > 1
+            num = got[:-1] if self.direct else got
+            b = int(num) if num.isdigit() and len(num) < 12 and len(fds) == 1 else 0
             if b:   # A is on its way out; reap() waits for it once the command exits
                 self.b_pidfd = fds[0]
                 self.sock.close()
@@ -855,6 +864,7 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program,
         # vforks it (B: no page tables copied) and leaves: B inherits all of it
         os.fchdir(target.root_fd)
         os.chroot(".")
+        dash = shell_is_dash()
         os.close(target.root_fd)
         os.close(target.pidfd)
         for cap in caps:     # while it still has CAP_SETPCAP in the sandbox's namespace
@@ -898,21 +908,34 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program,
             with open(req_fd, "rb") as f:
                 data = f.read()
         (argvb, envb, names, cwdb, nofile, fsize, cpu,
-         new_session) = marshal.loads(data)
+         new_session, words) = marshal.loads(data)
+        tries = [(argvb, names, envb)]
+        if words and dash:    # a plain command line: without /bin/sh if it is the same
+            found = resolve(words[0], envb)
+            if found is not None:
+                tries.insert(0, (words, [found], shell_env(envb, cwdb)))
         _rlimits(nofile, fsize, cpu)
-        err_r, err_w2 = os.pipe()
-        envl = [k + b"=" + v for k, v in envb.items()]
-        # vfork + exec (CPython's C code, as subprocess): setsid, chdir, stdio,
-        # every other fd closed, SIGPIPE and SIGXFSZ back to default
-        b = _posixsubprocess.fork_exec(   # pass_fds must hold the error pipe
-            argvb, names, True, (err_w2,), cwdb, envl, stdin_fd, -1, -1, out_w, -1, err_w,
-            err_r, err_w2, True, new_session, -1, None, None, None, -1, None, True)
-        os.close(err_w2)
-        child_err = _read_small(err_r, 300)
-        if child_err:
+        for n, (argvb, names, envb) in enumerate(tries):
+            direct = n + 1 < len(tries)
+            err_r, err_w2 = os.pipe()
+            envl = [k + b"=" + v for k, v in envb.items()]
+            # vfork + exec (CPython's C code, as subprocess): setsid, chdir, stdio,
+            # every other fd closed, SIGPIPE and SIGXFSZ back to default
+            b = _posixsubprocess.fork_exec(   # pass_fds must hold the error pipe
+                argvb, names, True, (err_w2,), cwdb, envl, stdin_fd, -1, -1, out_w, -1,
+                err_w, err_r, err_w2, True, new_session, -1, None, None, None, -1, None,
+                True)
+            os.close(err_w2)
+            child_err = _read_small(err_r, 300)
+            os.close(err_r)
+            if not child_err:
+                break
             os.waitpid(b, 0)
             _, _, rest = child_err.partition(b":")
             code, _, why = rest.partition(b":")
+            if direct and why != b"noexec":
+                continue      # its exec failed (a #! naming no interpreter): the shell
+                # runs the line instead, and says why in its own words
             try:
                 errno_ = int(code, 16)
             except ValueError:
@@ -931,7 +954,11 @@ def _entrant(theirs, target: Target, attach: list[int], program: Program,
         os.write(births_w, b"%d %d\n" % (b, seq))
         told = True
         pfd = os.pidfd_open(b)
-        socket.send_fds(theirs, [str(b).encode()], [pfd])
+        socket.send_fds(theirs, [b"%d%s" % (b, b"d" if direct else b"")], [pfd])
+        try:    # the supervisor, just woken (often on this CPU), runs before this
+            os.sched_yield()    # process's exit tears its memory down: ~0.5 ms sooner
+        except OSError:
+            pass
         os._exit(0)
     except BaseException as e:  # noqa: BLE001 - reported to the supervisor, then die
         try:

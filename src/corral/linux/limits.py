@@ -511,7 +511,10 @@ class RunCgroup:
     @property
     def procs_files(self) -> list[str]:
         """The cgroup.procs files a child joins by writing "0" (itself) to each."""
-        return [os.path.join(d, "cgroup.procs") for d in self.paths]
+        files = self.__dict__.get("_procs_files")
+        if files is None:     # read on every command of a live sandbox: made once
+            files = self._procs_files = [os.path.join(d, "cgroup.procs") for d in self.paths]
+        return list(files)
 
     def attach_fds(self) -> list[int]:
         """procs_files opened O_WRONLY|O_CLOEXEC, for attach_self() in the child. The caller

@@ -27,6 +27,7 @@ from ..audit import record as _audit
 from ..backends.base import ExecLimits
 from ..backends.host.finish import finish
 from ..errors import UsageError
+from ..linux.shellexec import as_shell_status
 from ..linux.supervise import ExecFailed, Outcome, Stream, decode_status, supervise
 
 #: bounds on what a caller hands in (a command line, its environment)
@@ -131,6 +132,9 @@ class CommandHandle:
         #: the sandbox's teardown event, when the sandbox ended while this ran
         self._end_event: dict | None = None
         self._killed = False
+        #: send_signal() was used: a signal death is then reported as it is, never as
+        #: the shell would report its child's (a /bin/sh -c line run without the shell)
+        self._signalled = False
         self._on_exit = on_exit
         #: a stream command (Commands.stream): output only to the callbacks, uncapped;
         #: no CPU limit of its own (its caller bounds what it asks of it)
@@ -194,6 +198,7 @@ class CommandHandle:
             fd = self._pidfd
             if fd < 0 or not self.running:
                 return False
+            self._signalled = True
             try:
                 _signal.pidfd_send_signal(fd, sig)
             except (ProcessLookupError, OSError):
@@ -320,8 +325,9 @@ class CommandHandle:
 
     def _supervise(self):
         owner, s = self._owner, self._started
-        lim = ExecLimits.from_plan(owner.plan, self._timeout)
-        cap, cpu, wall = lim.cap, lim.cpu, lim.wall
+        lim = _limits_of(owner)
+        cap, cpu = lim.cap, lim.cpu
+        wall = lim.wall if self._timeout is None else self._timeout
         if self._timeout is None and self.background:
             wall = NO_DEADLINE_S
         keep = cap
@@ -360,6 +366,15 @@ class CommandHandle:
             stray = (outcome is not None and not outcome.timed_out and not self._killed
                      and not oom_kills and sig == 9)
             owner._command_ended(self, stray)
+            if sig is not None and getattr(s, "direct", False) and not (
+                    outcome.timed_out or self._killed or self._signalled
+                    or owner._ended is not None):
+                # a /bin/sh -c line run without the shell (linux/shellexec.py): its own
+                # death by a signal is told as the shell tells its child's
+                status, text = as_shell_status(outcome.status)
+                exit_code, sig = decode_status(status, signal_exit_codes=False)
+                if text:
+                    outcome.stderr.feed(text)
         events = owner._events_copy() + owner._net_since(net_from)
         refused = getattr(s, "syscall_events", None)   # observed refused syscalls
         if refused is not None:
@@ -374,6 +389,20 @@ class CommandHandle:
         if self._end_event is not None:
             result.events.append(dict(self._end_event))
         return result
+
+
+def _limits_of(owner) -> ExecLimits:
+    """The owner's plan's ExecLimits (no timeout of the command's own), made once per plan:
+    every command of a live sandbox reads them."""
+    plan = owner.plan
+    kept = getattr(owner, "_exec_limits", None)
+    if kept is None or kept[0] is not plan:
+        kept = (plan, ExecLimits.from_plan(plan))
+        try:
+            owner._exec_limits = kept
+        except AttributeError:   # an owner with __slots__: made each time
+            pass
+    return kept[1]
 
 
 def _usage(outcome, cg):
@@ -401,7 +430,9 @@ class Commands:
             stdin: bytes | int | None = None, timeout: float | None = None,
             on_stdout=None, on_stderr=None, background: bool = False,
             tty_fd: int | None = None, on_start=None, user: str | None = None):
-        """Run a command line (str, by /bin/sh -c) or an argv list inside.
+        """Run a command line (str, by /bin/sh -c) or an argv list inside. On the namespace
+        tier a line that is one plain command is exec'd without the shell when that gives
+        what the shell would (linux/shellexec.py; docs/sessions.md).
 
         user: None or "root", the sandbox's root; "user", the unprivileged account of a
         sandbox made with one (Sandbox.create(user_account=True), the namespace tier as

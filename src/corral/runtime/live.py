@@ -143,11 +143,11 @@ class Live(Sandbox):
         self._pid = os.getpid()
         _sandbox._close_at_exit(self._live)
         self.id = self._live.dir.id
-        self.created = time.time()
-        _audit.record_sandbox(self.id, created=self.created, policy=self.policy,
-                              isolation=self.isolation, origin=self._audit_origin)
+        self.created = time.time()       # its timeout counts from here, on both clocks
         self._ends = time.monotonic() + timeout
         self._ends_wall = self.created + timeout
+        _audit.record_sandbox(self.id, created=self.created, policy=self.policy,
+                              isolation=self.isolation, origin=self._audit_origin)
         self._last_use = time.monotonic()
         idle = getattr(self.policy.limits, "idle_timeout", None)
         self.idle_timeout = float(idle) if idle else None
@@ -647,7 +647,13 @@ class Live(Sandbox):
         with self._lock:
             if self._ended is None and self._live is not None:
                 try:
-                    self._live.prepare()
+                    if _takes_lock(self._live.prepare):
+                        # let go while it forks; while a foreground command runs, one
+                        # ready is enough (a second fork would compete with it for CPU)
+                        busy = any(not h.background for h in self._running)
+                        self._live.prepare(lock=self._lock, busy=busy)
+                    else:
+                        self._live.prepare()
                 except Exception:  # noqa: BLE001 - the next command makes its own and says why
                     pass
 
@@ -676,6 +682,17 @@ def _takes_cpu_seconds(live) -> bool:
 
     try:
         return "cpu_seconds" in inspect.signature(live.start).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _takes_lock(prepare) -> bool:
+    """Whether the tier's prepare() takes the sandbox's lock to let go while it forks
+    (and `busy`: a foreground command runs)."""
+    import inspect
+
+    try:
+        return "lock" in inspect.signature(prepare).parameters
     except (TypeError, ValueError):
         return False
 

@@ -238,17 +238,22 @@ class Service:
     """The state one app holds: its token store, its sandboxes, its metrics, its config
     (config.Config), and each token's limits at work (limits.py): its request bucket,
     its operations in flight (max_concurrent) and its creates under way (max_sandboxes),
-    shared by the REST routes and /mcp."""
+    shared by the REST routes and /mcp; and the server's own bounds on open terminals
+    (`terminals`, config max_terminals) and on commands and cells running (`running`,
+    config max_running), shared by the REST and E2B faces."""
 
     def __init__(self, tokens, registry, metrics, config=None) -> None:
         from .config import Config
-        from .limits import Concurrency, Quota, RateLimiter
+        from .limits import Concurrency, Gate, Quota, RateLimiter
 
         self.tokens, self.registry, self.metrics = tokens, registry, metrics
         self.config = config if config is not None else Config()
         self.rates = RateLimiter()
         self.busy = Concurrency()
         self.quota = Quota()
+        self.terminals = Gate(self.config.max_terminals, "max_terminals", "open terminals")
+        self.running = Gate(self.config.max_running, "max_running",
+                            "commands and cells running")
         self.draining = False
 
     def entry(self, sid: str, token: Token):
@@ -260,6 +265,14 @@ class Service:
     def slot(self, token: Token):
         """One operation of a token in flight; over its max_concurrent: Limited (429)."""
         return self.busy.slot(token.owner, token.max_concurrent)
+
+    def work(self, token: Token):
+        """A command or cell of a token, which holds a thread of the server's own while it
+        runs: one of the token's operations in flight (max_concurrent) and one of the
+        server's commands and cells running (config max_running); past either, Limited."""
+        from .limits import Both
+
+        return Both(self.slot(token), self.running.slot())
 
     def reserve(self, token: Token):
         """A place for one more sandbox of the token while it is made; past its

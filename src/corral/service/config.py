@@ -10,6 +10,10 @@
     log_level = "info"          # uvicorn's: critical, error, warning, info, debug
     access_log = true           # a line per request (false: ~0.2 ms less CPU a request)
     drain_timeout = 30          # --drain-timeout: seconds requests get at SIGTERM
+    max_terminals = 64          # open terminals, every token's together (each holds
+                                # threads and fds of the server's own); past it 429
+    max_running = 128           # commands and cells running, every token's together
+                                # (each holds a thread of the server's own); past it 429
 
     [limits]                    # for every token that does not set its own
     rate = "20/s"               # requests; N/s, N/min or N/h
@@ -39,9 +43,22 @@ import re
 from ..errors import UsageError
 
 SERVER_KEYS = ("host", "port", "state_dir", "tls_cert", "tls_key", "mcp", "log_level",
-               "access_log", "drain_timeout")
+               "access_log", "drain_timeout", "max_terminals", "max_running")
 #: SIGTERM: how long running requests (foreground commands, cells) get to finish
 DRAIN_S = 30.0
+#: open terminals (WS /sandboxes/{id}/pty and E2B's) the server holds at once, every
+#: token's together: each holds threads and fds of the server's own while it is open
+#: (a WebSocket one: 5 threads, 11 fds, measured), which a token without max_concurrent
+#: could take without end; 64 of them fit in the common 1024-fd soft limit with room
+MAX_TERMINALS = 64
+#: commands (foreground and background) and code cells running at once, every token's
+#: and face's together: each holds a thread of the server's own until it ends, which the
+#: sandbox's code decides (a background command's waiter, a cell's thread, a foreground
+#: command's), and a token without max_concurrent could start them without end. Measured
+#: (session 11): a background command 2 threads and 7 fds of the server's, a cell 1
+#: thread; 128 of them and the 64 terminals want ~1,600 fds: a server with more than the
+#: common 1024 soft limit (LimitNOFILE in the unit, docs/service.md)
+MAX_RUNNING = 128
 LIMIT_KEYS = ("rate", "burst", "max_sandboxes", "max_concurrent")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 SECRET_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -65,6 +82,8 @@ class Config:
         #: uvicorn's access log, a line per request (corral's own log lines stay)
         self.access_log: bool = True
         self.drain_timeout: float = DRAIN_S
+        self.max_terminals: int = MAX_TERMINALS
+        self.max_running: int = MAX_RUNNING
         #: defaults of the token limits (tokens.LIMITS): rate in requests a second
         self.limits: dict = {}
         #: secret name -> source ("env:VAR" or "file:/abs/path"), never a value
@@ -131,6 +150,10 @@ def _server(c: Config, t: dict, path: str) -> None:
             raise _fail(path, key, f"unknown key; [server] has {', '.join(SERVER_KEYS)}")
         if k == "port":
             c.port = _int(v, key, path, 0, 65535)
+        elif k == "max_terminals":
+            c.max_terminals = _int(v, key, path, 1, 100_000)
+        elif k == "max_running":
+            c.max_running = _int(v, key, path, 1, 100_000)
         elif k in ("mcp", "access_log"):
             if not isinstance(v, bool):
                 raise _fail(path, key, "must be true or false")

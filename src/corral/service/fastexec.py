@@ -169,7 +169,7 @@ class LeanExec:
         e = svc.entry(sid, token)                                     # 404
         stdin = _bytes(d.get("stdin"), d.get("stdin_encoding", "utf-8"), "stdin")   # 400
         argv = d["argv"] if d.get("argv") is not None else ["/bin/sh", "-c", d["cmd"]]
-        slot = svc.slot(token)
+        slot = svc.work(token)       # max_concurrent, max_running (as the route's)
         slot.__enter__()                                              # 429
         loop = asyncio.get_running_loop()
         c = None

@@ -10,7 +10,10 @@ The other two limits of a token live where they are enforced: `max_sandboxes` (l
 sandboxes at once) at create, `max_concurrent` (commands and cells running at once)
 around each command (app.py). All three may be given per token (`corral token create
 --rate 20/s --burst 40 --max-sandboxes K --max-concurrent C`) or for every token that
-sets none in the server config's `[limits]` (config.py).
+sets none in the server config's `[limits]` (config.py). Two bounds are the whole
+server's, whatever the token (Gate): its open terminals (`[server] max_terminals`) and
+its commands and cells running (`[server] max_running`), each holding a thread of the
+server's own for as long as the sandbox's code likes.
 
 Pure bookkeeping: a dict of buckets under one lock, a monotonic clock; nothing here knows
 HTTP.
@@ -159,6 +162,93 @@ class _Slot:
 
     def __exit__(self, *exc) -> None:
         self.owner.leave(self.name)
+
+
+class Gate:
+    """A bound of the whole server, whichever token asks: `slot()` is a context manager
+    holding one of `most` places (Limited past them, naming `field`). For what holds the
+    server's own threads and fds as long as a client or the sandbox's code likes: open
+    terminals (config `max_terminals`), which a token without max_concurrent could
+    otherwise open without end, exhausting the server for every tenant."""
+
+    def __init__(self, most: int, field: str, what: str, retry_after: int = 5) -> None:
+        self.most, self.field, self.what, self.retry_after = most, field, what, retry_after
+        self._mu = threading.Lock()
+        self._held = 0
+
+    def enter(self) -> None:
+        with self._mu:
+            if self._held >= self.most:
+                raise Limited(self.field, f"the server holds {self.most} {self.what}, its "
+                              f"{self.field} (every token's together); end one or retry "
+                              "later", self.retry_after)
+            self._held += 1
+
+    def leave(self) -> None:
+        with self._mu:
+            self._held = max(0, self._held - 1)
+
+    @property
+    def held(self) -> int:
+        with self._mu:
+            return self._held
+
+    def slot(self):
+        return _GateSlot(self)
+
+    def hold(self) -> "Held":
+        """One place taken now (Limited past them), given back by `Held.release()`,
+        which counts once however often it is called: for what ends in another thread
+        (a background command's end, a cell's), whichever way it ends."""
+        self.enter()
+        return Held(self)
+
+
+class Held:
+    def __init__(self, gate: Gate) -> None:
+        self._gate, self._mu, self._done = gate, threading.Lock(), False
+
+    def release(self) -> None:
+        with self._mu:
+            if self._done:
+                return
+            self._done = True
+        self._gate.leave()
+
+
+class Both:
+    """Two slots held together (a token's max_concurrent and a Gate of the server):
+    entered in order, the first given back if the second is refused; left together."""
+
+    def __init__(self, first, second) -> None:
+        self.first, self.second = first, second
+
+    def __enter__(self):
+        self.first.__enter__()
+        try:
+            self.second.__enter__()
+        except BaseException:
+            self.first.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.second.__exit__(None, None, None)
+        finally:
+            self.first.__exit__(None, None, None)
+
+
+class _GateSlot:
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+
+    def __enter__(self):
+        self.gate.enter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.gate.leave()
 
 
 class Quota:

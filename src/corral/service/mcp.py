@@ -49,12 +49,13 @@ class Caller(NamedTuple):
 
 
 def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry | None = None,
-          caller=None, busy=None, quota=None, metrics=None):
+          caller=None, busy=None, quota=None, metrics=None, running=None):
     """The MCPServer with corral's tools; returns (server, registry).
     `caller(ctx) -> Caller` (default: the one stdio user within `ceiling_data`); `busy`:
     a limits.Concurrency and `quota` a limits.Quota shared with the REST API (None: no
     token limits, as on stdio); `metrics`: the service's metrics.Metrics, which counts
-    run_command's runs as the REST API's (None on stdio). server.corral_end_session(key, owner)
+    run_command's runs as the REST API's (None on stdio); `running`: the service's
+    limits.Gate of commands and cells running (config max_running; None on stdio). server.corral_end_session(key, owner)
     kills a session's own sandbox (mcp_http calls it when an HTTP session ends)."""
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
@@ -135,6 +136,55 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
 
         return _S()
 
+    def held(who):
+        """The caller's max_concurrent slot and a place among the server's commands and
+        cells running (max_running), taken now (ToolError past either): a function that
+        gives both back."""
+        s = slot(who)
+        s.__enter__()
+        if running is None:
+            return lambda: s.__exit__(None, None, None)
+        try:
+            guard(running.enter)
+        except BaseException:
+            s.__exit__(None, None, None)
+            raise
+
+        def release() -> None:
+            try:
+                running.leave()
+            finally:
+                s.__exit__(None, None, None)
+        return release
+
+    async def in_own_thread(ctx, sid: str | None, work, name: str):
+        """work(e) under the sandbox's lock, in a thread of its own (service.common's
+        own_thread), never one of anyio's 40 shared worker threads, which every sync route
+        and every other token's requests need: a command or cell runs (or waits for the
+        sandbox's lock) as long as the sandbox's code likes. Its slot and place are held
+        until it ends, whether or not the client still waits."""
+        import asyncio
+
+        import anyio
+
+        from .common import own_thread
+
+        who, e = await anyio.to_thread.run_sync(lambda: sandbox(ctx, sid))   # may create
+        release = held(who)
+
+        def run():
+            try:
+                with e.lock:
+                    return work(e)
+            finally:
+                release()
+        try:
+            fut = own_thread(asyncio.get_running_loop(), run, name)
+        except BaseException:
+            release()
+            raise
+        return await fut
+
     def sandbox(ctx, sid: str | None):
         who = caller(ctx)
         if sid is None:
@@ -171,16 +221,16 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
         "kept up to the policy's limits.output, 1 MiB by default; *_truncated says if cut) "
         "and wall_s (seconds). Each command is a fresh process tree; /scratch (the home "
         "and working directory) and /tmp persist between commands."))
-    def run_command(
+    async def run_command(
             ctx: Context,
             command: Annotated[str, Field(description="a shell command line", min_length=1)],
             sandbox_id: Sid = None,
             timeout: Annotated[float | None, Field(description=(
                 "seconds of wall clock, above 0, at most 86400; default the policy's "
                 "limits.timeout (60 s)"), gt=0, le=86400)] = None) -> CallToolResult:
-        who, e = sandbox(ctx, sandbox_id)
-        with slot(who), e.lock:
-            r = guard(lambda: e.sandbox.exec(["/bin/sh", "-c", command], timeout=timeout))
+        e, r = await in_own_thread(ctx, sandbox_id, lambda e: (e, guard(
+            lambda: e.sandbox.exec(["/bin/sh", "-c", command], timeout=timeout))),
+            "corral-mcp-command")
         _remember(e, r.events)
         if metrics is not None:
             metrics.run(r.verdict, r.usage.wall_s or 0.0, r.events)
@@ -199,7 +249,7 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
         "expression's value and display()ed values, as text and other formats; images "
         "also come back as image content), logs (stdout, stderr), and error (name, value, "
         "traceback) or null."))
-    def run_code(
+    async def run_code(
             ctx: Context,
             code: Annotated[str, Field(description="the cell's source")],
             language: Annotated[Literal["python", "javascript", "bash"], Field(
@@ -208,9 +258,9 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
             timeout: Annotated[float | None, Field(description=(
                 "seconds, above 0, at most 86400; default 300"), gt=0,
                 le=86400)] = None) -> CallToolResult:
-        who, e = sandbox(ctx, sandbox_id)
-        with slot(who), e.lock:
-            ex = guard(lambda: e.sandbox.run_code(code, language=language, timeout=timeout))
+        e, ex = await in_own_thread(ctx, sandbox_id, lambda e: (e, guard(
+            lambda: e.sandbox.run_code(code, language=language, timeout=timeout))),
+            "corral-mcp-cell")
         d = ex.to_dict()
         d["sandbox_id"] = e.id
         images = []

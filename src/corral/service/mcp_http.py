@@ -60,7 +60,7 @@ def mount(app):
                       f"{tok.owner}/{sid}", tok)
 
     server, _ = build(registry=svc.registry, caller=caller, busy=svc.busy,
-                      quota=svc.quota, metrics=svc.metrics)
+                      quota=svc.quota, metrics=svc.metrics, running=svc.running)
     server.streamable_http_app(transport_security=TransportSecuritySettings(
         enable_dns_rebinding_protection=False))
     manager = server.session_manager

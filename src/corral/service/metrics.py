@@ -36,9 +36,12 @@ class Metrics:
         with self.mu:
             self.requests[status] = self.requests.get(status, 0) + 1
 
-    def text(self, live: int) -> str:
+    def text(self, live: int, terminals: int = 0, running: int = 0) -> str:
         with self.mu:
             out = ["# TYPE corral_sandboxes_live gauge", f"corral_sandboxes_live {live}",
+                   "# TYPE corral_terminals_open gauge",
+                   f"corral_terminals_open {terminals}",
+                   "# TYPE corral_running gauge", f"corral_running {running}",
                    "# TYPE corral_sandboxes_created_total counter",
                    f"corral_sandboxes_created_total {self.created}",
                    "# TYPE corral_runs_total counter"]

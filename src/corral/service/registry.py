@@ -55,7 +55,10 @@ class Entry:
         self.sandbox = sandbox
         self.policy = policy
         self.policy_json: dict | None = None   # its view (common.view), made once
-        self.created = time.time()
+        #: the sandbox's own creation (its get_info().created, where its timeout began):
+        #: a token's max_lifetime counts from it, not from this entry's making after it
+        born = getattr(sandbox, "created", None)
+        self.created = born if isinstance(born, (int, float)) else time.time()
         self.lock = threading.Lock()          # run_code cells, one at a time
         self.files_lock = threading.Lock()    # files calls (one Files object)
         self.events = EventLog()

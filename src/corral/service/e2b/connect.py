@@ -257,15 +257,29 @@ async def start(state, request, msg):
     timeout = deadline_s(request)
     svc = state.svc
 
+    from ..limits import Limited
+
+    try:      # a thread waits for it till its end: the server's max_running (REST's too)
+        held = svc.running.hold()
+    except Limited as err:
+        raise RpcError("resource_exhausted", f"{err.field}: {err.message}") from None
+
     def on_end(c):
-        r = c.result
-        svc.metrics.run(r.verdict, r.usage.wall_s or 0.0, r.events)
+        try:
+            r = c.result
+            svc.metrics.run(r.verdict, r.usage.wall_s or 0.0, r.events)
+        finally:
+            held.release()
 
     if not cwd and face.account:
         cwd = HOME        # E2B's default working directory, the account's home
-    c = await run_in_threadpool(e.commands.start, [cmd, *args], env=env or None,
-                                cwd=cwd or None, timeout=timeout, background=True,
-                                on_end=on_end, user=user)
+    try:
+        c = await run_in_threadpool(e.commands.start, [cmd, *args], env=env or None,
+                                    cwd=cwd or None, timeout=timeout, background=True,
+                                    on_end=on_end, user=user)
+    except BaseException:
+        held.release()
+        raise
     if not msg.get("stdin"):
         c.handle.close_stdin()
     return events(c, 0)

@@ -57,13 +57,37 @@ def load_templates(path: str | None) -> dict[str, dict]:
         if not isinstance(table, dict) or not 0 < len(name) <= 128:
             raise PolicyError(f"{path}: [{name[:64]}] is a table: a template's policy",
                               field=f"templates.{name[:64]}")
+        checked = _stand_in_sources(table, name, path)
         try:
-            policy_from_dict(table, allow_literal=False)
+            policy_from_dict(checked, allow_literal=False)
         except PolicyError as e:
             raise PolicyError(f"{path}: template {name!r}: {e.message}",
                               field=f"templates.{name}") from None
         out[name] = table
     return out
+
+
+def _stand_in_sources(table: dict, name: str, path: str) -> dict:
+    """The template as the start's check sees it: each of its secrets given a stand-in
+    source. A template grants a secret as a request does, by name and hosts (and ttl,
+    plain_http) alone: its value comes, at each create, from the server config's
+    [secrets] through the calling token's ceiling, which must grant it (403 naming
+    secrets.NAME otherwise). A source or value in the template stops the start."""
+    from ...errors import PolicyError
+    from ..config import PLACEHOLDER_SOURCE
+
+    secrets = table.get("secrets")
+    if not isinstance(secrets, dict):
+        return table
+    out = {}
+    for sname, t in secrets.items():
+        if isinstance(t, dict) and {"from", "value"} & set(t):
+            raise PolicyError(f"{path}: template {name!r}: secret {sname}: a template "
+                              "names a secret and its hosts only; its source is the "
+                              "server config's [secrets] (docs/e2b.md)",
+                              field=f"templates.{name}.secrets.{sname}")
+        out[sname] = {**t, "from": PLACEHOLDER_SOURCE} if isinstance(t, dict) else t
+    return {**table, "secrets": out}
 #: create's fields corral takes; the rest are refused unless left at their "off" value
 KNOWN = {"templateID", "timeout", "metadata", "envVars", "allow_internet_access", "network",
          "autoPause", "autoPauseMemory", "autoResume", "mcp", "iam", "volumeMounts",
@@ -173,7 +197,8 @@ MAX_KEYS = 4096
 
 async def create(state, request: Request):
     """POST /v2/sandboxes. With an Idempotency-Key, the same key from the same token
-    answers the sandbox it made while that runs (a retried create makes no second one)."""
+    answers the sandbox it made while that runs (a retried create makes no second one):
+    creates with one (token, key) wait for each other, those of other keys do not."""
     token = state.api_token(request.headers)
     key = request.headers.get("idempotency-key")
     if key is None:
@@ -181,7 +206,7 @@ async def create(state, request: Request):
     if not 0 < len(key) <= 255 or not set(key) <= KEY_CHARS:
         raise ApiError(400, "invalid", "Idempotency-Key is 1 to 255 lowercase letters, "
                        "digits or hyphens", "Idempotency-Key")
-    async with state.idem_lock:
+    async with state.idem_lock(token.owner, key):
         sid = state.idem.get((token.owner, key))
         face = state.face(sid) if sid else None
         if face is not None and state.svc.registry.get(token.owner, sid) is not None:

@@ -1,7 +1,9 @@
 """The code interpreter's HTTP face (E2b-Sandbox-Port: 49999), over the sandbox's own
 persistent interpreters (runtime/session.py, `sb.run_code`): POST /execute streams NDJSON,
 one {"type": ...} object a line (stdout, stderr, result, error, number_of_executions,
-end_of_execution); /contexts makes, lists, restarts and removes code contexts."""
+end_of_execution); /contexts makes, lists, restarts and removes code contexts. A cell
+holds a thread of the server's own until it ends (its client gone or not): one of the
+server's commands and cells running (config max_running), past which 429 names it."""
 
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def _err(e: Exception) -> JSONResponse:
     if isinstance(e, CorralError):
         e = ApiError(status_of(e), e.kind, e.message, e.field)
     msg = e.message if not e.field or e.field in e.message else f"{e.field}: {e.message}"
-    return JSONResponse({"code": e.status, "message": msg}, status_code=e.status)
+    return JSONResponse({"code": e.status, "message": msg}, status_code=e.status,
+                        headers=getattr(e, "headers", None) or None)
 
 
 def _context(e, cid: str):
@@ -73,6 +76,14 @@ async def execute(state, request: Request):
     def now():
         return time.time()
 
+    from ..limits import Limited
+
+    try:     # the cell's thread, held to its end: the server's max_running (REST's too)
+        held = state.svc.running.hold()
+    except Limited as err:
+        raise ApiError(429, "rate", f"{err.field}: {err.message}", err.field,
+                       {"Retry-After": str(err.retry_after)}) from None
+
     def run():
         started = time.time()
         try:
@@ -100,9 +111,15 @@ async def execute(state, request: Request):
             put({"type": "error", "name": type(err).__name__, "value": str(err),
                  "traceback": ""})
             put({"type": "unexpected_end_of_execution"})
+        finally:
+            held.release()
         put(None)
 
-    threading.Thread(target=run, daemon=True, name=f"e2b-cell-{e.id}").start()
+    try:
+        threading.Thread(target=run, daemon=True, name=f"e2b-cell-{e.id}").start()
+    except BaseException:
+        held.release()
+        raise
 
     async def lines():
         while True:

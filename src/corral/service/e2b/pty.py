@@ -2,7 +2,9 @@
 `data.pty` events; SendInput's `input.pty`, Update's size (resize), SendSignal (kill) and
 Connect by pid. Each terminal is the sandbox's own (sb.pty.create, runtime/pty.py: a
 command on a pty pair, its output capped by limits.output); what it shows is kept here
-for its stream, at most BUFFER bytes behind the reader (older output is let go)."""
+for its stream, at most BUFFER bytes behind the reader (older output is let go). A
+terminal is one of the server's open terminals (config max_terminals, the REST face's
+too) from its start to its command's end: past them, resource_exhausted."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import threading
 
 from starlette.concurrency import run_in_threadpool
 
+from ..limits import Limited
 from ..notify import Notifier
 from .connect import KEEPALIVE_S, RpcError, deadline_s
 
@@ -77,15 +80,27 @@ async def start_pty(state, request, msg, e, face):
         raise RpcError("invalid_argument", "process.envs is an object of strings")
     cwd = proc.get("cwd")
     t = Term()
-    h = await run_in_threadpool(e.sandbox.pty.create, cols, rows, [cmd, *args],
-                                on_data=t.on_data, env={**face.envs, **envs} or None,
-                                cwd=cwd or None, timeout=deadline_s(request))
+    gate = state.svc.terminals      # the server's open terminals, the REST face's too
+    try:
+        gate.enter()
+    except Limited as err:
+        raise RpcError("resource_exhausted", f"{err.field}: {err.message}") from None
+    try:
+        h = await run_in_threadpool(e.sandbox.pty.create, cols, rows, [cmd, *args],
+                                    on_data=t.on_data, env={**face.envs, **envs} or None,
+                                    cwd=cwd or None, timeout=deadline_s(request))
+    except BaseException:
+        gate.leave()
+        raise
     t.handle, t.pid = h, h.pid_inside
     face.ptys[t.pid] = t
     e.events.add("pty.started", {"cols": cols, "rows": rows})
 
     def watch():
-        t.result = h.wait()
+        try:
+            t.result = h.wait()
+        finally:
+            gate.leave()
         t.done.set()
         t.notifier.notify()
         face.ptys.pop(t.pid, None)

@@ -5,6 +5,8 @@ Authentication of both planes lives here."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 import secrets
@@ -48,12 +50,30 @@ class E2bState:
         self._debug_mu = threading.Lock()
         #: Idempotency-Key of a create: (token name, key) -> sandbox id, oldest first
         self.idem: dict[tuple[str, str], str] = {}
-        import asyncio
-
-        self.idem_lock = asyncio.Lock()
+        #: (token name, key) -> [its lock, creates holding or waiting for it]: only keys
+        #: with a create under way (the event loop's alone: no thread touches it)
+        self._idem_locks: dict[tuple[str, str], list] = {}
         self.templates = load_templates(os.environ.get("CORRAL_E2B_TEMPLATES"))
         self._faces: dict[str, Face] = {}
         self._mu = threading.Lock()
+
+    @contextlib.asynccontextmanager
+    async def idem_lock(self, owner: str, key: str):
+        """The lock of one Idempotency-Key of one token, for a create's check and make:
+        a slow create holds up only retries of its own key (not every token's creates),
+        and the lock goes once no create holds or waits for it."""
+        k = (owner, key)
+        held = self._idem_locks.get(k)
+        if held is None:
+            held = self._idem_locks[k] = [asyncio.Lock(), 0]
+        held[1] += 1
+        try:
+            async with held[0]:
+                yield
+        finally:
+            held[1] -= 1
+            if held[1] == 0:
+                del self._idem_locks[k]
 
     def add(self, face: Face) -> None:
         with self._mu:

@@ -7,6 +7,11 @@ lock); a cell in a context of its own holds only that context's lock, so a resta
 remove of it, or a cell of another context, is never held up behind it. A client that goes
 away mid-cell does not stop the cell: it runs to its end or its timeout, and the context
 keeps its state.
+
+A cell holds a thread of the server's own until it ends (whether or not its client stays):
+it is one of its token's operations in flight (max_concurrent) and one of the server's
+commands and cells running (config max_running, every token's and face's together), both
+given back at its end; past either, 429 with Retry-After naming the bound.
 """
 
 from __future__ import annotations
@@ -114,7 +119,7 @@ async def run_code(sid: str, body: CodeBody, token: Auth, svc: Svc, request: Req
     e = svc.entry(sid, token)
     if body.context is not None:
         _context(e, body.context)          # 404 now, before a stream's 200
-    slot = svc.slot(token)
+    slot = svc.work(token)     # max_concurrent, the server's max_running: held to its end
     slot.__enter__()                       # 429 now, before a stream's 200
     if stream == "none":
         try:   # a thread of its own, as a stream's cell: the cell runs as long as it likes

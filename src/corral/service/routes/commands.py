@@ -5,6 +5,11 @@ one, wait for one, stream a background command's output.
 A foreground command's request is its life: when the client goes away before the Result
 (a dropped connection, a cancelled stream), the command is killed with every process it
 started. A background command runs on, whoever listens.
+
+Either holds a thread of the server's own while it runs, so each is one of the server's
+commands and cells running (config max_running, every token's and face's together; past
+it 429 with Retry-After, field max_running) until it ends, is killed or its sandbox ends;
+a foreground one is also one of its token's operations in flight (max_concurrent).
 """
 
 from __future__ import annotations
@@ -115,12 +120,17 @@ async def exec_(sid: str, body: ExecBody, token: Auth, svc: Svc, request: Reques
     e = svc.entry(sid, token)
     stdin = _bytes(body.stdin, body.stdin_encoding, "stdin")
     if body.background:
-        c = await run_in_threadpool(
-            e.commands.start, argv, env=body.env, cwd=body.cwd, stdin=stdin,
-            timeout=body.timeout, background=True, on_end=lambda c: _count(svc, c),
-            raw=body.output_encoding == "base64", user=body.user)
+        held = svc.running.hold()    # a thread waits for it till its end: max_running
+        try:
+            c = await run_in_threadpool(
+                e.commands.start, argv, env=body.env, cwd=body.cwd, stdin=stdin,
+                timeout=body.timeout, background=True, on_end=ended(svc, held),
+                raw=body.output_encoding == "base64", user=body.user)
+        except BaseException:
+            held.release()
+            raise
         return JSONResponse(c.info(), status_code=201)
-    slot = svc.slot(token)
+    slot = svc.work(token)
     slot.__enter__()             # 429 now, before a stream's 200
     c = None
     gone = asyncio.ensure_future(_gone(request))
@@ -153,6 +163,17 @@ async def exec_(sid: str, body: ExecBody, token: Auth, svc: Svc, request: Reques
                                  media_type="application/x-ndjson")
     slot.__exit__(None, None, None)
     return JSONResponse(c.result.to_dict())
+
+
+def ended(svc, held):
+    """A background command's on_end: counted in the metrics, its place among the server's
+    commands and cells running (max_running) given back."""
+    def on_end(c) -> None:
+        try:
+            _count(svc, c)
+        finally:
+            held.release()
+    return on_end
 
 
 def _count(svc, c) -> None:

@@ -12,7 +12,10 @@ output as the terminal shows it, and last {"type": "exit", "result": Result} bef
 normal close. A client that goes away kills the terminal's command.
 
 A terminal is one of its token's operations in flight for as long as it is open (its
-max_concurrent: 4429, or a 429 answer). It holds none of the server's shared worker threads
+max_concurrent: 4429, or a 429 answer with Retry-After), and one of the server's open
+terminals (config max_terminals, every token's and the E2B face's together: the same
+429, field max_terminals; a token without max_concurrent cannot exhaust the server's
+threads and fds for every other). It holds none of the server's shared worker threads
 (the pool every sync route and every other token's requests use): a thread of its own
 waits for its command, another writes the client's input to it (one frame at a time; the
 socket is not read while the command is not taking input).
@@ -24,6 +27,7 @@ import asyncio
 import json
 import queue
 import threading
+from contextlib import ExitStack
 
 from fastapi import APIRouter, WebSocket
 from starlette.concurrency import run_in_threadpool
@@ -40,12 +44,14 @@ QUEUE_CHUNKS = 256
 MAX_FRAME = 1 << 20
 
 
-async def _refuse(ws: WebSocket, status: int, kind: str, message: str, field=None) -> None:
+async def _refuse(ws: WebSocket, status: int, kind: str, message: str, field=None,
+                  retry_after: int | None = None) -> None:
     if "websocket.http.response" in ws.scope.get("extensions", {}):
         from fastapi.responses import JSONResponse
 
         await ws.send_denial_response(JSONResponse(
-            {"error": {"kind": kind, "field": field, "message": message}}, status_code=status))
+            {"error": {"kind": kind, "field": field, "message": message}}, status_code=status,
+            headers={"Retry-After": str(retry_after)} if retry_after else None))
         return
     await ws.close(code=4000 + status if status < 1000 else 1011, reason=message[:120])
 
@@ -63,20 +69,20 @@ async def pty(ws: WebSocket, sid: str, cols: int = 80, rows: int = 24, cmd: str 
     except ApiError as err:
         return await _refuse(ws, err.status, err.kind, err.message, err.field)
     except Limited as err:
-        return await _refuse(ws, 429, "rate", err.message, err.field)
+        return await _refuse(ws, 429, "rate", err.message, err.field, err.retry_after)
     try:
         env_map = _env(env)
     except ValueError as err:
         return await _refuse(ws, 400, "invalid", str(err), "env")
-    slot = svc.slot(token)
+    held = ExitStack()          # both held until the terminal has ended
     try:
-        slot.__enter__()         # held until the terminal has ended
+        held.enter_context(svc.slot(token))            # the token's max_concurrent
+        held.enter_context(svc.terminals.slot())       # the server's max_terminals
     except Limited as err:
-        return await _refuse(ws, 429, "rate", err.message, err.field)
-    try:
+        held.close()
+        return await _refuse(ws, 429, "rate", err.message, err.field, err.retry_after)
+    with held:
         await _serve(ws, e, cols, rows, cmd, cwd, timeout, env_map)
-    finally:
-        slot.__exit__(None, None, None)
 
 
 async def _serve(ws: WebSocket, e, cols, rows, cmd, cwd, timeout, env_map) -> None:

@@ -20,5 +20,6 @@ def health(svc: Svc):
 def metrics_text(token: Auth, svc: Svc):
     """The service's counters in Prometheus text format (service-wide totals: every
     token that may scrape sees the same numbers, which carry no sandbox or token names)."""
-    return PlainTextResponse(svc.metrics.text(svc.registry.count()),
+    return PlainTextResponse(svc.metrics.text(svc.registry.count(), svc.terminals.held,
+                                              svc.running.held),
                              media_type="text/plain; version=0.0.4")

@@ -1,0 +1,105 @@
+"""Two corral builds' live-sandbox commands, interleaved command by command.
+
+    .venv/bin/python bench/live_ab.py --baseline OLD/src [--runs 100]
+
+OLD/src: another checkout's `src` (e.g. `git archive main src | tar -x -C OLD`). Each build
+runs in a process of its own (its zygote warmed first, as corral serve does) with one
+namespace-tier sandbox; the parent asks them in turn for one timed command each (the
+order swapped every round), so the machine's load hits both alike, which separate runs
+of bench/live.py on a busy machine do not. Medians in ms, and the calling thread's CPU
+time (`_cpu`):
+
+  sh_true    commands.run("true") after a 20 ms pause (/bin/sh -c "true", or its program)
+  sh_forced  ["/bin/sh", "-c", "true", "/bin/sh"]: always the shell
+  true       commands.run(["true"]) after a 20 ms pause
+  b2b        commands.run(["true"]) right after another command, no pause
+  ls         commands.run("ls /") after a 20 ms pause
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KINDS = {"sh_true": "true", "sh_forced": ["/bin/sh", "-c", "true", "/bin/sh"],
+         "true": ["true"], "b2b": ["true"], "ls": "ls /"}
+GAP_S = 0.02
+
+
+def child(src: str) -> None:
+    sys.path.insert(0, src)
+    import corral
+    from corral.linux import enter
+
+    enter.warm()
+    sb = corral.Sandbox.create(timeout=3600)
+    try:
+        for _ in range(5):
+            sb.commands.run("true")
+            time.sleep(GAP_S)
+        print("ready", flush=True)
+        for line in sys.stdin:
+            kind = line.strip()
+            if kind not in KINDS:
+                break
+            time.sleep(GAP_S)
+            if kind == "b2b":
+                sb.commands.run(["true"])
+            c, t = time.thread_time(), time.perf_counter()
+            r = sb.commands.run(KINDS[kind])
+            dt, dc = time.perf_counter() - t, time.thread_time() - c
+            if r.exit_code != 0:
+                raise SystemExit(f"{kind}: {r}")
+            print(json.dumps([dt, dc]), flush=True)
+    finally:
+        sb.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline", required=True, metavar="SRC")
+    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        child(a.child)
+        return
+    builds = {"baseline": os.path.abspath(a.baseline),
+              "this": os.path.join(os.path.dirname(HERE), "src")}
+    procs = {k: subprocess.Popen([sys.executable, __file__, "--baseline", "-", "--child", v],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for k, v in builds.items()}
+    for p in procs.values():
+        if p.stdout.readline().strip() != "ready":
+            raise SystemExit("a build's sandbox did not start")
+    load = os.getloadavg()
+    samples: dict[tuple[str, str], list[float]] = {}
+    for i in range(a.runs):
+        for kind in KINDS:
+            order = list(procs.items())
+            for name, p in order if i % 2 == 0 else order[::-1]:
+                p.stdin.write(kind + "\n")
+                p.stdin.flush()
+                dt, dc = json.loads(p.stdout.readline())
+                samples.setdefault((kind, name), []).append(dt)
+                samples.setdefault((kind + "_cpu", name), []).append(dc)
+    for p in procs.values():
+        p.stdin.write("q\n")
+        p.stdin.flush()
+        p.wait()
+    print(f"{a.runs} runs each, interleaved; load average {load[0]:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
+    print(f"{'median ms':14}{'baseline':>10}{'this':>10}")
+    for kind in (k for kk in KINDS for k in (kk, kk + "_cpu")):
+        print(f"{kind:14}" + "".join(f"{statistics.median(samples[(kind, n)]) * 1000:10.2f}"
+                                      for n in builds))
+
+
+if __name__ == "__main__":
+    main()

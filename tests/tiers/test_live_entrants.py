@@ -1,0 +1,58 @@
+"""A namespace-tier live sandbox keeps READY_ENTRANTS entrants ready
+(backends/namespace_live.py): a command started right after another, with no pause for
+the sandbox's thread to prepare one, still finds one entered and waiting, never forks one
+on its own path; and the sandbox's thread forks them with the sandbox's lock let go."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from livefix import available
+
+import corral
+from corral.backends import namespace_live
+
+
+def _ready(live, n, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while len(live._entrants) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return len(live._entrants)
+
+
+def test_back_to_back_commands_find_prepared_entrants():
+    available("namespace")
+    assert namespace_live.READY_ENTRANTS >= 2
+    with corral.Sandbox.create({"isolation": "namespace"}, timeout=120) as sb:
+        live = sb._live
+        assert sb.commands.run(["true"]).exit_code == 0
+        assert _ready(live, namespace_live.READY_ENTRANTS) == namespace_live.READY_ENTRANTS
+        on_path = []
+        real = live._prepare_one
+
+        def watched(lock=None):
+            if threading.current_thread() is threading.main_thread():
+                on_path.append(1)     # a command's own start had none ready
+            return real(lock)
+
+        live._prepare_one = watched
+        for _ in range(namespace_live.READY_ENTRANTS):
+            r = sb.commands.run("true")
+            assert r.exit_code == 0 and r.verdict == "ok", r
+        assert on_path == []
+        # the thread refills them; a command started while it forks one is not held up
+        assert _ready(live, namespace_live.READY_ENTRANTS) == namespace_live.READY_ENTRANTS
+        assert sb.commands.run("echo hi").stdout == "hi\n"
+
+
+def test_a_sandbox_killed_while_its_entrants_are_forked_closes_cleanly():
+    available("namespace")
+    for _ in range(5):
+        sb = corral.Sandbox.create({"isolation": "namespace"}, timeout=120)
+        sb.commands.run(["true"])
+        sb.commands.run(["true"])
+        live = sb._live
+        problems = sb.kill()   # the watchdog may be forking the next entrants right now
+        assert not problems, problems
+        assert live._entrants == [] and live._forks == 0 and live.target is None

@@ -2,7 +2,7 @@
 pool, and through a local Ray cluster of two nodes.
 
     .venv/bin/python bench/batch.py [--quick] [--jobs N] [--rounds R] [--parallel P]
-                                    [--ray] [--json FILE]
+                                    [--ray] [--baseline-src DIR] [--json FILE]
 
 Contenders, each running the same N jobs with P at once (default P = 2, this machine's
 cores), in rounds that rotate their order; the figures: the median jobs/s over rounds, and
@@ -18,6 +18,11 @@ work on the machine changes from round to round, less within one):
                  benchmark's own)
   batch reuse    the same with [batch] reuse = true: one sandbox per slot, scratch wiped
                  between jobs
+  base local     (--baseline-src DIR) batch local with another checkout's corral (DIR: its
+  base reuse     `src`), in a process of its own started once (and warmed) before the
+                 rounds, which runs each round's batch when told: side by side with this
+                 build's, interleaved (its wall and CPU are taken in that process, around
+                 the batch only)
   batch ray      (--ray) corral.batch.map(jobs, ray_address=...) on a local
                  ray.cluster_utils.Cluster: a head that runs no jobs and two nodes of one
                  CPU each, P/2 jobs at once on each (P in all); started once, outside the
@@ -102,6 +107,54 @@ def batch(n: int, p: int, policy=None, ray_address=None) -> float:
     return wall
 
 
+class Baseline:
+    """--baseline-src: a process importing corral from another checkout's src, which
+    runs a batch (local or reuse) of n jobs at P at once each time it is told, and
+    answers with its wall seconds and the CPU ns the bench's cpuacct cgroup counted
+    meanwhile (-1 without one)."""
+
+    def __init__(self, src: str, n: int, p: int, acct_dir: str | None) -> None:
+        import subprocess
+
+        env = dict(os.environ, PYTHONPATH=os.path.abspath(src))
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--serve", str(n), str(p),
+             acct_dir or ""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+            text=True)
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    def run(self, mode: str) -> tuple[float, int]:
+        self.proc.stdin.write(mode + "\n")
+        self.proc.stdin.flush()
+        wall, ns = self.proc.stdout.readline().split()
+        return float(wall), int(ns)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def serve(n: int, p: int, acct_dir: str) -> int:
+    """The baseline's side (see Baseline): which corral it imports is PYTHONPATH's."""
+    import corral
+
+    def ns() -> int:
+        if not acct_dir:
+            return -1
+        with open(os.path.join(acct_dir, "cpuacct.usage")) as f:
+            return int(f.read())
+
+    assert os.path.abspath(corral.__file__).startswith(os.environ["PYTHONPATH"])
+    batch(min(n, 20), p)
+    print("ready", flush=True)
+    for mode in sys.stdin:
+        policy = {"batch": {"reuse": True}} if mode.strip() == "reuse" else None
+        c0 = ns()
+        w = batch(n, p, policy)
+        print(w, ns() - c0 if c0 >= 0 else -1, flush=True)
+    return 0
+
+
 class RayCluster:
     def __init__(self) -> None:
         from ray.cluster_utils import Cluster
@@ -178,6 +231,11 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--ray", action="store_true")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--baseline-src", metavar="DIR",
+                    help="also run batch local and reuse with the corral in DIR (another "
+                         "checkout's src), interleaved")
+    if sys.argv[1:2] == ["--serve"]:
+        return serve(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     args = ap.parse_args()
     n = args.jobs or (60 if args.quick else 300)
     rounds = args.rounds or (1 if args.quick else 3)
@@ -194,6 +252,17 @@ def main() -> int:
         "batch local": lambda: batch(n, p),
         "batch reuse": lambda: batch(n, p, {"batch": {"reuse": True}}),
     }
+    baseline = Baseline(args.baseline_src, n, p, acct.dir) if args.baseline_src else None
+    base_cpu: dict[str, float] = {}
+    if baseline is not None:
+        def on_base(mode: str):
+            def go() -> float:
+                w, cpu_ns = baseline.run(mode)
+                base_cpu[mode] = cpu_ns
+                return w
+            return go
+        contenders["base local"] = on_base("local")
+        contenders["base reuse"] = on_base("reuse")
     driver_cpu: list[float] = []
     if cluster is not None:
         def on_ray() -> float:
@@ -217,6 +286,8 @@ def main() -> int:
                 w = contenders[c]()
                 walls[c].append(w)
                 extra = ""
+                if c.startswith("base ") and t0 is not None:   # the batch's own, in there
+                    t0 = acct.ns() - base_cpu[c.split()[1]]
                 if t0 is not None:
                     cpu_ms[c].append((acct.ns() - t0) / n / 1e6)
                     extra = f", {cpu_ms[c][-1]:.1f} ms CPU a job"
@@ -224,6 +295,8 @@ def main() -> int:
                       file=sys.stderr, flush=True)
     finally:
         base.close()
+        if baseline is not None:
+            baseline.close()
         if cluster is not None:
             cluster.close()
         shutil.rmtree(state, ignore_errors=True)

@@ -348,3 +348,24 @@ def zombie_children() -> list[int]:
         except FileNotFoundError:
             pass
     return zombies
+
+
+def test_supported_keeps_its_namespace_and_checks_it_is_still_its_own():
+    """The probe's user namespace is made once; if its fd number comes to name another
+    file (closed and reused by code that did not own it), the next probe makes a new
+    one instead of handing mount_setattr the wrong file (which would refuse a workspace
+    that can be idmapped)."""
+    assert idmap.supported("/tmp") is True
+    fd = idmap._probe_ns[0]
+    assert idmap.supported("/tmp") is True and idmap._probe_ns[0] == fd   # kept
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.dup2(null, fd)           # the number now names /dev/null
+        assert idmap.supported("/tmp") is True
+        new = idmap._probe_ns[0]
+        assert new != fd
+        assert os.readlink(f"/proc/self/fd/{new}").startswith("user:[")
+        assert os.readlink(f"/proc/self/fd/{fd}") == os.devnull    # left alone
+    finally:
+        os.close(null)
+        os.close(fd)

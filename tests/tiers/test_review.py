@@ -551,3 +551,33 @@ def test_policy_takes_mode_review_and_names_it_in_errors(ws):
     with corral.Sandbox({"filesystem": {"workspace": {"path": ws, "mode": "ro"}}}) as sb:
         with pytest.raises(corral.UsageError):
             sb.changes()
+
+
+def test_the_layers_are_one_tree_that_one_unmount_takes(ws):
+    """The review overlay and its lower layer (the host's directory) are mounted below
+    one bind of <run>/review, the only mount of the three the run dir unmounts: closing
+    detaches all of them with one umount2(MNT_DETACH), one RCU grace period instead of
+    one per mount, and leaves nothing of the workspace mounted."""
+    def mounted_below(path):
+        with open("/proc/self/mountinfo") as f:
+            return sorted(line.split()[4] for line in f if path + "/" in line.split()[4])
+
+    sb = corral.Sandbox(review_policy(ws)).open()
+    try:
+        live = sb._live
+        home = os.path.join(live.dir.path, "review")
+        assert home in live.dir.mounts
+        assert live.review.lower not in live.dir.mounts
+        assert live.review.merged not in live.dir.mounts
+        assert os.path.dirname(live.review.lower) == home == os.path.dirname(
+            live.review.merged)
+        assert mounted_below(home) == sorted([live.review.lower, live.review.merged])
+        r = sb.exec(["/bin/sh", "-c", "echo x > /workspace/new.txt && cat keep"])
+        assert r.verdict == "ok" and r.stdout == "keep\n", r
+        sb.discard_changes()       # the overlay mounted anew, still below the bind
+        assert mounted_below(home) == sorted([live.review.lower, live.review.merged])
+        run_dir = live.dir.path
+    finally:
+        sb.close()
+    assert mounted_below(run_dir) == [] and not os.path.exists(run_dir)
+    assert "new.txt" not in os.listdir(ws)

@@ -6,14 +6,18 @@
 
 The layers, all in corral's run dir (none reachable from inside but through the overlay):
 
-    <run>/review-lower   the workspace as opened without following a link (the fd), cloned
+    <run>/review         a bind of that (empty) directory on itself, holding the two mounts
+                         below: close() detaches all three with one umount2(MNT_DETACH),
+                         which waits for one RCU grace period instead of one per mount
+    <run>/review/lower   the workspace as opened without following a link (the fd), cloned
                          read-only, nosuid, nodev and idmapped owner -> the sandbox's uid,
                          as a rw workspace would be (idmap.idmapped_bind)
     <scratch>/.review/upper, work
                          overlayfs's upper and work directories on the sandbox's scratch
                          tmpfs: what the sandbox writes is held there, counted against
                          limits.scratch (bytes and inodes), gone when the sandbox closes
-    <run>/workspace      the overlay (nosuid, nodev, redirect_dir=off, index=off,
+    <run>/review/workspace
+                         the overlay (nosuid, nodev, redirect_dir=off, index=off,
                          metacopy=off, xino=off), which the tier binds at /workspace
 
 Files the sandbox writes land in upper owned by its uid; a copied-up file keeps the
@@ -41,6 +45,9 @@ import time
 
 from ...errors import SandboxSetupError
 from ...linux._sys import MS_NODEV, MS_NOSUID, mount, umount
+
+#: mount(2)'s MS_BIND
+MS_BIND = 0x1000
 
 #: the overlay's options besides the layers: no redirects, no index, no metacopy, no inode
 #: number tricks, so the upper layer is a plain tree plus whiteouts and opaque markers
@@ -79,8 +86,9 @@ class ReviewMount:
         self.base = os.path.join(scratch, ".review")
         self.upper = os.path.join(self.base, "upper")
         self.work = os.path.join(self.base, "work")
-        self.lower = os.path.join(run_dir.path, "review-lower")
-        self.merged = os.path.join(run_dir.path, "workspace")
+        self.home = os.path.join(run_dir.path, "review")
+        self.lower = os.path.join(self.home, "lower")
+        self.merged = os.path.join(self.home, "workspace")
         self.upper_fd = -1
         #: bytes apply (or a patch) may copy out in all: the scratch tmpfs's size. What
         #: upper holds is capped by it, but hard links and sparse files could make its
@@ -96,11 +104,19 @@ class ReviewMount:
         st = os.statvfs(os.path.dirname(self.base))
         self.budget = st.f_blocks * st.f_frsize
         os.mkdir(self.base, 0o711)
+        os.mkdir(self.home, 0o755)
         os.mkdir(self.lower, 0o700)
         os.mkdir(self.merged, 0o755)
+        try:
+            mount(self.home, self.home, "", MS_BIND, "")
+        except OSError as e:
+            raise SandboxSetupError(f"cannot bind {self.home} on itself: {e.strerror}",
+                                    step="review-overlay", errno=e.errno) from None
+        # the run dir unmounts only this one: the lower layer and the overlay, mounted
+        # below it, go with it (MNT_DETACH takes the whole tree)
+        self.run_dir.mounts.append(self.home)
         idmap.idmapped_bind(self.host_fd, self.lower, uid_map=(self.owner[0], self.uid),
                             gid_map=(self.owner[1], self.gid), readonly=True)
-        self.run_dir.mounts.append(self.lower)
         self._fresh_layers()
         self._mount()
 
@@ -132,8 +148,6 @@ class ReviewMount:
                 step="review-overlay", errno=e.errno, field="filesystem.workspace.mode"
             ) from None
         self.mounted = True
-        if self.merged not in self.run_dir.mounts:
-            self.run_dir.mounts.append(self.merged)
 
     def discard(self) -> None:
         """Forget every change: unmount the overlay, empty upper and work, mount it again

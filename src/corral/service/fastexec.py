@@ -34,6 +34,10 @@ _FIELDS = frozenset({"argv", "cmd", "stdin", "stdin_encoding", "env", "cwd", "ti
                      "background"})
 #: the longest wait for a change before the loop looks again (as routes/commands.py)
 WAKE_S = 15.0
+#: a command still running this long gets a watcher of its client's disconnect (a task
+#: reading the request's receive); a shorter one ends before a kill would matter, and
+#: making, running and cancelling that task was a good part of this path's event loop work
+GONE_AFTER_S = 0.05
 
 
 def _no_constant(name: str):
@@ -178,8 +182,7 @@ class LeanExec:
         # what the wait needs is made before the command goes to its thread: the event
         # loop then sleeps at once, and the thread has the GIL to start it
         wake = _Wake(loop.create_future())
-        gone = loop.create_task(_gone(receive))
-        gone.add_done_callback(lambda _t, w=wake: w.set())
+        gone = None
         try:
             c = e.commands.start(argv, env=d.get("env"), cwd=d.get("cwd"), stdin=stdin,
                                  timeout=d.get("timeout"), on_end=lambda c: _count(svc, c))
@@ -187,13 +190,17 @@ class LeanExec:
             with c.notifier._mu:
                 c.notifier._waiters.add(key)
             while not c.done.is_set():
-                timer = loop.call_later(WAKE_S, wake.set)
+                timer = loop.call_later(WAKE_S if gone else GONE_AFTER_S, wake.set)
                 try:
                     await wake.fut
                 finally:
                     timer.cancel()
                 wake.fut = loop.create_future()
-                if gone.done() and not c.done.is_set():
+                if gone is None:
+                    if not c.done.is_set():     # a client gone already: at once
+                        gone = loop.create_task(_gone(receive))
+                        gone.add_done_callback(lambda _t, w=wake: w.set())
+                elif gone.done() and not c.done.is_set():
                     from .common import ApiError
 
                     raise ApiError(499, "disconnected", "the client went away; the "
@@ -209,7 +216,8 @@ class LeanExec:
             if key is not None:
                 with c.notifier._mu:
                     c.notifier._waiters.discard(key)
-            gone.cancel()
+            if gone is not None:
+                gone.cancel()
             slot.__exit__(None, None, None)
 
 

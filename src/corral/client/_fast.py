@@ -1,5 +1,6 @@
-"""The sync SDK's hottest call, a foreground command's Result (`sb.commands.run(cmd)`
-with no output callbacks: POST /sandboxes/{id}/exec, one JSON answer), on a kept-alive
+"""The sync SDK's hottest calls, a foreground command's Result (`sb.commands.run(cmd)`
+with no output callbacks: POST /sandboxes/{id}/exec, one JSON answer) and a cell's
+Execution (`sb.run_code(code)` without callbacks: POST .../run_code), on a kept-alive
 socket of its own instead of httpx.
 
 httpx spends about 0.8 ms of CPU a request on a loopback service (URL merging and
@@ -109,13 +110,14 @@ def route_of(client: httpx.Client) -> Route | None:
     return Route(url.scheme, url.host, port, prefix, auth)
 
 
-def post_exec(route: Route, sid: str, body: dict, timeout: float | None) -> tuple[int, dict,
-                                                                                    bytes]:
-    """POST {prefix}/sandboxes/{sid}/exec with `body`: (status, headers (lower-case
-    names), raw body). `timeout`: each read and write's, None for none."""
+def post_exec(route: Route, sid: str, body: dict, timeout: float | None,
+              sub: str = "exec") -> tuple[int, dict, bytes]:
+    """POST {prefix}/sandboxes/{sid}/{sub} (exec, run_code) with `body`: (status,
+    headers (lower-case names), raw body). `timeout`: each read and write's, None for
+    none."""
     data = json.dumps(body, ensure_ascii=False, separators=(",", ":"),
                       allow_nan=False).encode()
-    path = f"{route.prefix}/sandboxes/{quote(sid, safe='')}/exec"
+    path = f"{route.prefix}/sandboxes/{quote(sid, safe='')}/{sub}"
     req = b"".join((f"POST {path} HTTP/1.1\r\n".encode("ascii"), route.head,
                     b"Content-Length: %d\r\n\r\n" % len(data), data))
     conn = _take(route)

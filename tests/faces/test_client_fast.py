@@ -1,4 +1,4 @@
-"""The sync SDK's foreground command on a kept-alive http.client connection
+"""The sync SDK's foreground command (and run_code) on a kept-alive connection of its own
 (corral/client/_fast.py) against a real `corral serve`: the connection is reused, one the
 service closed is not, its errors are the SDK's and httpx's as before, and a call that
 gives up closes its connection, so the service kills the command (the disconnect rule)."""

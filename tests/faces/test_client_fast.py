@@ -1,4 +1,4 @@
-"""The sync SDK's foreground command on a kept-alive http.client connection
+"""The sync SDK's foreground command (and run_code) on a kept-alive connection of its own
 (corral/client/_fast.py) against a real `corral serve`: the connection is reused, one the
 service closed is not, its errors are the SDK's and httpx's as before, and a call that
 gives up closes its connection, so the service kills the command (the disconnect rule)."""
@@ -38,6 +38,25 @@ def test_a_foreground_command_reuses_one_kept_alive_connection(server):
         first = [c.sock.getsockname() for c in _idle(server)]
         assert len(first) == 1
         assert sb.commands.run(["echo", "again"]).stdout == "again\n"
+        assert [c.sock.getsockname() for c in _idle(server)] == first
+
+
+def test_run_code_without_callbacks_goes_on_the_same_connection(server):
+    """sb.run_code(code) with no callbacks is a POST of its own on the kept-alive
+    connection (the one the commands use), its errors the SDK's own."""
+    from corral.runtime.session import ContextError
+
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
+        for c in _idle(server):
+            c.close()
+        _idle(server).clear()
+        ex = sb.run_code("x = 20\nx + 1")
+        first = [c.sock.getsockname() for c in _idle(server)]
+        assert len(first) == 1, "the cell went on a connection of the fast path"
+        assert ex.text == "21" and ex.error is None, ex
+        assert sb.run_code("1/0").error.name == "ZeroDivisionError"
+        with pytest.raises(ContextError):
+            sb.run_code("1", context="ctx_nope")
         assert [c.sock.getsockname() for c in _idle(server)] == first
 
 

@@ -191,6 +191,23 @@ def test_the_lean_exec_path_and_what_it_leaves_to_fastapi(server):
             a.delete(f"/sandboxes/{sid}")
 
 
+def test_a_foreground_commands_run_is_counted_before_its_result_is_answered(server):
+    """The run's metrics (on_end) and its command.ended event are in before the waiters
+    wake (service/commands.py _finished): a client holding the Result sees them."""
+    with server.http(server.tokens["a"]) as h:
+        sid = _create(h)
+        try:
+            for i in range(15):
+                before = _metrics(h).get('corral_runs_total{verdict="ok"}', 0)
+                r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "true"})
+                assert r.json()["verdict"] == "ok", r.text
+                assert _metrics(h)['corral_runs_total{verdict="ok"}'] == before + 1
+                ev = h.get(f"/sandboxes/{sid}/events", params={"follow": "false"})
+                assert ev.text.count("command.ended") == i + 1, ev.text[-500:]
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+
+
 def _one_answer(port: int, request: bytes) -> tuple[bytes, int]:
     """`request` sent on a new loopback connection: (the whole answer, by its
     Content-Length; how many TCP segments with data it came in: tcp_info's

@@ -635,20 +635,21 @@ class Sandbox:
         _raise(r)
         return r.json()
 
-    def _exec(self, body: dict, timeout: float | None) -> Any:
-        """POST exec's JSON answer (a foreground command, no stream): on a kept-alive
-        http.client connection where that applies (_fast.py), else through httpx; the
-        same errors either way. `timeout`: each read's and write's, None for none."""
+    def _exec(self, body: dict, timeout: float | None, sub: str = "exec") -> Any:
+        """POST exec's (or `sub`'s: run_code) JSON answer (a foreground command or cell,
+        no stream): on a kept-alive connection of its own where that applies (_fast.py),
+        else through httpx; the same errors either way. `timeout`: each read's and
+        write's, None for none."""
         if self._fast is None:
             from ._fast import route_of
 
             self._fast = route_of(self._http) or False
         if self._fast is False or self._http.is_closed:
-            return self._call("POST", "exec", json=body,
+            return self._call("POST", sub, json=body,
                               timeout=httpx.Timeout(timeout, connect=30))
         from ._fast import post_exec
 
-        status, headers, raw = post_exec(self._fast, self.id, body, timeout)
+        status, headers, raw = post_exec(self._fast, self.id, body, timeout, sub)
         if status >= 400:
             _raise_raw(status, raw, headers.get("retry-after"))
         return json.loads(raw)
@@ -697,8 +698,8 @@ class Sandbox:
         body = code_body(code, language, context, timeout, env)
         http_timeout = httpx.Timeout(None if timeout is None else timeout + 60, connect=30)
         if on_stdout is None and on_stderr is None and on_result is None and on_error is None:
-            return execution_of(self._call("POST", "run_code", json=body,
-                                           timeout=http_timeout))
+            return execution_of(self._exec(body, None if timeout is None else timeout + 60,
+                                           "run_code"))
         with self._http.stream("POST", f"/sandboxes/{self.id}/run_code",
                                params={"stream": "ndjson"}, json=body,
                                timeout=http_timeout) as r:

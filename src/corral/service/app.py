@@ -229,8 +229,10 @@ def serve(config, *, e2b_debug: str | None = None) -> int:
                     pass
 
     # the parser: httptools where installed, else h11, a response's writes joined into
-    # one send (wire.py). The loop: asyncio's always; with uvloop (auto picks it when
-    # installed) a command's entrant failed its setns (EINVAL), not looked into
+    # one send (wire.py). The loop: asyncio's always (uvicorn's auto would take uvloop
+    # wherever installed). uvloop's setns failure (EINVAL) came from the commands' zygote
+    # forked inside a uvloop server; forked early (enter.warm) commands run on uvloop
+    # 0.23 too, with no gain measured (docs/service.md): it is not in the lock
     from .wire import protocol
 
     uconfig = uvicorn.Config(app, host=config.host, port=config.port, loop="asyncio",

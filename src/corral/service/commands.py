@@ -203,13 +203,18 @@ class CommandTable:
         out.close()
         err.close()
         c.result = r
-        c.done.set()
-        c.notifier.notify()
-        self._entry.events.add("command.ended", {"pid": c.pid, "verdict": r.verdict,
-                                                 "exit_code": r.exit_code})
-        self._ended_one(c.pid)
-        if on_end is not None:
-            on_end(c)
+        # its event, the table's bookkeeping and on_end (the metrics) before the waiters
+        # wake: a client that has the Result sees them, and the request's event loop,
+        # woken last, does not wait for this thread's GIL while they run
+        try:
+            self._entry.events.add("command.ended", {"pid": c.pid, "verdict": r.verdict,
+                                                     "exit_code": r.exit_code})
+            self._ended_one(c.pid)
+            if on_end is not None:
+                on_end(c)
+        finally:
+            c.done.set()
+            c.notifier.notify()
 
     def _ended_one(self, pid: int) -> None:
         with self._mu:

@@ -352,12 +352,15 @@ def view(e) -> dict:
 
 # --- calls that block as long as sandboxed code decides ----------------------------------
 
-def own_thread(loop, fn, name: str):
+def own_thread(loop, fn, name: str, pool=None):
     """fn() in a thread of its own, its result (or error) on the asyncio future returned.
     For a call that may block for as long as the sandbox's code likes (a write to a stdin
     or a terminal it does not read, a wait for a command): run_in_threadpool would hold
     one of anyio's 40 shared worker threads, which every sync route and every other
-    token's requests need, meanwhile."""
+    token's requests need, meanwhile. `pool`: a commands.Threads whose idle thread takes
+    it (a new one when none is idle: it still never waits for another job), instead of a
+    thread started for it (a run_code cell's: the start costs about as much as a short
+    cell's round trip)."""
     import threading
 
     fut = loop.create_future()
@@ -380,7 +383,10 @@ def own_thread(loop, fn, name: str):
         except RuntimeError:     # the loop has closed: nobody waits any more
             pass
 
-    threading.Thread(target=run, name=name, daemon=True).start()
+    if pool is not None:
+        pool.submit(run)
+    else:
+        threading.Thread(target=run, name=name, daemon=True).start()
     return fut
 
 

@@ -27,6 +27,8 @@ import math
 import os
 import re
 
+from .wire import FLUSH
+
 log = logging.getLogger("corral.serve")
 
 _PATH = re.compile(r"/sandboxes/([^/]+)/exec")
@@ -34,6 +36,10 @@ _FIELDS = frozenset({"argv", "cmd", "stdin", "stdin_encoding", "env", "cwd", "ti
                      "background"})
 #: the longest wait for a change before the loop looks again (as routes/commands.py)
 WAKE_S = 15.0
+#: a command still running this long gets a watcher of its client's disconnect (a task
+#: reading the request's receive); a shorter one ends before a kill would matter, and
+#: making, running and cancelling that task was a good part of this path's event loop work
+GONE_AFTER_S = 0.05
 
 
 def _no_constant(name: str):
@@ -144,9 +150,13 @@ class LeanExec:
             if resp is None:
                 raise
             return await resp(scope, receive, send)
-        from starlette.responses import JSONResponse
-
-        await JSONResponse(result)(scope, receive, send)
+        body = render(result)
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-length", b"%d" % len(body)), (b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+        flush = scope.get("extensions", {}).get(FLUSH)     # wire.py: the answer goes now
+        if flush is not None:
+            flush()
 
     def _token(self, scope):
         value = None
@@ -177,8 +187,7 @@ class LeanExec:
         # what the wait needs is made before the command goes to its thread: the event
         # loop then sleeps at once, and the thread has the GIL to start it
         wake = _Wake(loop.create_future())
-        gone = loop.create_task(_gone(receive))
-        gone.add_done_callback(lambda _t, w=wake: w.set())
+        gone = None
         try:
             c = e.commands.start(argv, env=d.get("env"), cwd=d.get("cwd"), stdin=stdin,
                                  timeout=d.get("timeout"), on_end=lambda c: _count(svc, c))
@@ -186,13 +195,17 @@ class LeanExec:
             with c.notifier._mu:
                 c.notifier._waiters.add(key)
             while not c.done.is_set():
-                timer = loop.call_later(WAKE_S, wake.set)
+                timer = loop.call_later(WAKE_S if gone else GONE_AFTER_S, wake.set)
                 try:
                     await wake.fut
                 finally:
                     timer.cancel()
                 wake.fut = loop.create_future()
-                if gone.done() and not c.done.is_set():
+                if gone is None:
+                    if not c.done.is_set():     # a client gone already: at once
+                        gone = loop.create_task(_gone(receive))
+                        gone.add_done_callback(lambda _t, w=wake: w.set())
+                elif gone.done() and not c.done.is_set():
                     from .common import ApiError
 
                     raise ApiError(499, "disconnected", "the client went away; the "
@@ -208,8 +221,26 @@ class LeanExec:
             if key is not None:
                 with c.notifier._mu:
                     c.notifier._waiters.discard(key)
-            gone.cancel()
+            if gone is not None:
+                gone.cancel()
             slot.__exit__(None, None, None)
+
+
+def render(result: dict) -> bytes:
+    """The Result's JSON as the app's SafeJSONResponse renders it (starlette's JSON; a
+    string with a surrogate escape in common.wire_json's form), without building a
+    Response: its class machinery is a good part of this path's CPU."""
+    try:
+        return _dumps(result)
+    except UnicodeEncodeError:
+        from .common import wire_json
+
+        return _dumps(wire_json(result))
+
+
+def _dumps(v) -> bytes:
+    return json.dumps(v, ensure_ascii=False, allow_nan=False, indent=None,
+                      separators=(",", ":")).encode("utf-8")
 
 
 async def _gone(receive) -> None:

@@ -17,6 +17,11 @@ once, so a body written in big pieces without a pause (a file download) reaches 
 transport as before, and the transport's flow control (uvicorn's pause on its high-water
 mark) bounds what waits in memory, as before.
 
+An app that knows its response is whole (the lean exec path, fastexec.py) sends it at
+once through the scope's extension FLUSH (httptools' protocol: the scope is made in its
+on_message_begin; with h11 there is none and the turn's end sends it): one turn of the
+event loop less (an epoll_wait and the loop's own work) before the answer leaves.
+
 A WebSocket upgrade hands the real transport to the WebSocket protocol (the terminal:
 its frames are not held).
 
@@ -34,6 +39,8 @@ import asyncio
 #: the bytes a turn's writes may hold before they go at once (asyncio's default high-water
 #: mark of a transport's buffer)
 HOLD_MAX = 64 << 10
+#: the scope's extension (scope["extensions"]) that sends what the connection holds now
+FLUSH = "corral.flush"
 
 
 class Joined:
@@ -122,6 +129,11 @@ def joined(base: type) -> type:
             super().connection_made(transport)
             self._real_transport = transport
             self.transport = Joined(transport, asyncio.get_running_loop())
+
+        if hasattr(base, "on_message_begin"):      # httptools': each request's scope
+            def on_message_begin(self) -> None:
+                super().on_message_begin()
+                self.scope["extensions"] = {FLUSH: self.transport.flush}
 
         def handle_websocket_upgrade(self, *args) -> None:
             self.transport.flush()

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
 from ...errors import CorralError, UsageError
+from ..commands import Threads
 from ..common import COMMON_ERRORS, ApiError, Auth, Svc, own_thread
 
 router = APIRouter(tags=["code"], responses=COMMON_ERRORS)
@@ -36,6 +37,9 @@ router = APIRouter(tags=["code"], responses=COMMON_ERRORS)
 PUT_WAKE_S = 1.0
 
 Language = Literal["python", "javascript", "bash"]
+
+#: the threads a cell without a stream runs in (kept for the next cell once one is done)
+CELLS = Threads("corral-cell")
 
 
 class CodeBody(BaseModel):
@@ -124,7 +128,7 @@ async def run_code(sid: str, body: CodeBody, token: Auth, svc: Svc, request: Req
     if stream == "none":
         try:   # a thread of its own, as a stream's cell: the cell runs as long as it likes
             ex = await own_thread(asyncio.get_running_loop(), lambda: _run(svc, e, body),
-                                  "corral-cell")
+                                  "corral-cell", CELLS)
         finally:
             slot.__exit__(None, None, None)
         return execution_view(ex)

@@ -12,7 +12,9 @@ router = APIRouter(tags=["service"])
 
 
 @router.get("/health")
-def health(svc: Svc):
+async def health(svc: Svc):
+    # async: a sync route runs in a worker thread, two thread hops for a count (and a
+    # probe that waits for a free worker while the pool is busy)
     return {"ok": True, "sandboxes": svc.registry.count(), "draining": svc.draining}
 
 

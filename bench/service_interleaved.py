@@ -1,0 +1,135 @@
+"""The service's round trips, two source trees interleaved call by call: `before` (e.g.
+main's, exported with `git archive main src | tar -x -C DIR`) and this one, each a
+`corral serve` of its own tree and a client process importing that tree's corral.client
+(server and SDK each side's own), both up for the whole run. Each call goes to one side
+then the other, in random order, after the same 20 ms pause (an agent thinks between
+calls): a load spike hits both sides alike, which the per-round servers of
+service_paired.py cannot promise on a busy machine. Per side and kind: the median and
+25th percentile of the round trips and the server process's CPU per call (/proc/PID/stat
+ticks, summed). Run as root from the repository root:
+
+    .venv/bin/python bench/service_interleaved.py --before DIR/src [--runs 150]
+        [--kinds tch]    # t: commands.run("true"), c: run_code("1+1"), h: GET /health
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PY = os.path.join(ROOT, ".venv", "bin", "python")
+CORRAL = os.path.join(ROOT, ".venv", "bin", "corral")
+GAP_S = 0.02
+NAMES = {"t": "run_true", "c": "run_code", "h": "health"}
+
+
+def side(src: str) -> None:
+    """One side: its server and its client, one call per line of stdin ("t", "c", "h";
+    "q" ends), each answered with "MS SERVER_CPU_MS"."""
+    sys.path.insert(0, src)
+    sys.path.insert(0, HERE)
+    import httpx
+    from _serve import free_port, wait_up
+
+    from corral import client
+
+    tmp = tempfile.mkdtemp(prefix="corral-bench-il-")
+    env = dict(os.environ, PYTHONPATH=src)
+    tok = subprocess.run([CORRAL, "token", "create", "--name", "b", "--state-dir", tmp],
+                         capture_output=True, text=True, check=True, env=env).stdout.split()[-1]
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([CORRAL, "serve", "--port", url.rsplit(":", 1)[1],
+                             "--state-dir", tmp], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
+    try:
+        wait_up(url, proc)
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def cpu() -> float:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / tick
+
+        sb = client.Sandbox.create({}, timeout=3600, api_url=url, api_key=tok)
+        h = httpx.Client(base_url=url)
+        calls = {"t": lambda: sb.commands.run("true"), "c": lambda: sb.run_code("1+1"),
+                 "h": lambda: h.get("/health").raise_for_status()}
+        for _ in range(5):
+            for fn in calls.values():
+                fn()
+        print("ready", flush=True)
+        for line in sys.stdin:
+            k = line.strip()
+            if k not in calls:
+                break
+            time.sleep(GAP_S)
+            c0, t0 = cpu(), time.perf_counter()
+            calls[k]()
+            dt = time.perf_counter() - t0
+            print(f"{dt * 1e3:.4f} {(cpu() - c0) * 1e3:.1f}", flush=True)
+        sb.kill()
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--before", help="the before tree's src/ directory")
+    ap.add_argument("--runs", type=int, default=150)
+    ap.add_argument("--kinds", default="tch")
+    ap.add_argument("--side", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.side:
+        side(a.side)
+        return 0
+    if not a.before:
+        ap.error("--before DIR/src is needed")
+    trees = {"before": os.path.abspath(a.before), "after": os.path.join(ROOT, "src")}
+    sides = {k: subprocess.Popen([PY, __file__, "--side", src], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+             for k, src in trees.items()}
+    for k, p in sides.items():
+        if p.stdout.readline().strip() != "ready":
+            raise SystemExit(f"the {k} side did not come up")
+    ms = {(s, k): [] for s in sides for k in a.kinds}
+    cpu = {(s, k): 0.0 for s in sides for k in a.kinds}
+    for _ in range(a.runs):
+        for k in a.kinds:
+            order = list(sides)
+            random.shuffle(order)
+            for s in order:
+                sides[s].stdin.write(k + "\n")
+                sides[s].stdin.flush()
+                t, c = sides[s].stdout.readline().split()
+                ms[(s, k)].append(float(t))
+                cpu[(s, k)] += float(c)
+    for p in sides.values():
+        p.stdin.write("q\n")
+        p.stdin.flush()
+        p.wait(120)
+    la = os.getloadavg()
+    print(f"interleaved call by call, {a.runs} calls a kind and side, {GAP_S * 1e3:g} ms "
+          f"apart (load {la[0]:.1f} {la[1]:.1f} {la[2]:.1f}: indicative)")
+    for k in a.kinds:
+        cells = []
+        for s in ("before", "after"):
+            xs = ms[(s, k)]
+            cells.append(f"{s} {statistics.median(xs):6.2f} ms (p25 "
+                         f"{statistics.quantiles(xs, n=4)[0]:5.2f}, server CPU "
+                         f"{cpu[(s, k)] / a.runs:4.2f} ms)")
+        ratio = statistics.median(ms[("after", k)]) / statistics.median(ms[("before", k)])
+        print(f"  {NAMES[k]:9s} " + "   ".join(cells) + f"   after/before {ratio:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -171,11 +171,16 @@ def write_batch(conn, batch: list[dict]) -> None:
             events.append((item["id"], item["events"]))
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.executemany("INSERT OR REPLACE INTO runs VALUES "
-                         "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", runs)
-        conn.executemany("INSERT OR IGNORE INTO sandboxes (id, created, tier, policy_digest,"
-                         " policy, actor, face) VALUES (?,?,?,?,?,?,?)", sandboxes)
-        conn.executemany("UPDATE sandboxes SET ended = ?, ended_by = ? WHERE id = ?", ends)
+        if runs:
+            conn.executemany("INSERT OR REPLACE INTO runs VALUES "
+                             "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", runs)
+        if sandboxes:
+            conn.executemany("INSERT OR IGNORE INTO sandboxes (id, created, tier, "
+                             "policy_digest, policy, actor, face) VALUES (?,?,?,?,?,?,?)",
+                             sandboxes)
+        if ends:
+            conn.executemany("UPDATE sandboxes SET ended = ?, ended_by = ? WHERE id = ?",
+                             ends)
         for run_id, evs in events:
             if not evs:
                 continue

@@ -154,7 +154,15 @@ class Plan(Record):
     explicit: frozenset[str]
 
     def find(self, cls: type) -> list:
-        return [op for op in self.ops if isinstance(op, cls)]
+        """The ops of type `cls`, in order (a new list each call). Kept per type: a plan is
+        frozen, and a sandbox's every exec looks up the same dozen types."""
+        found = self.__dict__.get("_found")
+        if found is None:
+            found = self.__dict__["_found"] = {}
+        ops = found.get(cls)
+        if ops is None:
+            ops = found[cls] = tuple(op for op in self.ops if isinstance(op, cls))
+        return list(ops)
 
 
 def build_plan(policy: Policy, host_env: dict[str, str], *, learn: bool = False) -> Plan:

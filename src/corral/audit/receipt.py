@@ -46,8 +46,28 @@ def sha(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+#: json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=True) made once: dumps
+#: with arguments builds an encoder per call (~3 us, three calls a receipt)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
 def canonical(v) -> bytes:
-    return json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    return _CANONICAL.encode(v).encode()
+
+
+#: the egress_sha256 of a run with no net or secret events: sha(canonical([]))
+NO_EGRESS = "sha256:4f53cda18c2baa0c0354bb5f9a3ecbe5ed12ab4d8e11ba873c2f11161202b945"
+
+_POLICY_SHA: dict[str, str] = {}   # policy TOML -> its sha (a batch signs one many times)
+
+
+def _policy_sha(text: str) -> str:
+    known = _POLICY_SHA.get(text)
+    if known is None:
+        if len(_POLICY_SHA) >= 64:
+            _POLICY_SHA.clear()
+        known = _POLICY_SHA[text] = sha(text.encode())
+    return known
 
 
 def body(*, run_id, started, ended, tier, policy_toml: str, image_digest: str, argv,
@@ -61,13 +81,13 @@ def body(*, run_id, started, ended, tier, policy_toml: str, image_digest: str, a
     return {
         "run_id": run_id, "started": started, "ended": ended, "tier": tier,
         "host": socket.gethostname(), "corral_version": corral_version(), "actor": actor,
-        "policy_sha256": sha(policy_toml.encode()), "image": image_digest,
+        "policy_sha256": _policy_sha(policy_toml), "image": image_digest,
         "argv": list(argv), "argv_sha256": sha(canonical(list(argv))),
         "stdin_sha256": stdin if isinstance(stdin, str) else sha(stdin),
         "stdout_sha256": stdout if isinstance(stdout, str) else sha(stdout),
         "stderr_sha256": stderr if isinstance(stderr, str) else sha(stderr),
         "changes_sha256": None if changes is None else sha(canonical(changes)),
-        "egress_sha256": sha(canonical(egress)),
+        "egress_sha256": sha(canonical(egress)) if egress else NO_EGRESS,
         "egress": {"allowed": sum(e.get("decision") == "allow" for e in egress),
                    "denied": sum(e.get("decision") == "deny" for e in egress)},
         "verdict": verdict, "exit_code": exit_code, "signal": signal, "usage": usage,

@@ -60,20 +60,27 @@ FIELDS = {"id": str, "kind": str, "sandbox": (str, type(None)), "started": (int,
 OPTIONAL = {"policy_form": dict, "version": str, "uid": int}
 
 
-_TOML: dict[int, tuple] = {}   # id(policy) -> (policy, its TOML): policies are frozen
+_TOML: dict[int, tuple] = {}   # id(policy) -> (policy, its TOML, the TOML's digest):
+                               # policies are frozen
 
 
 def policy_toml(policy) -> str:
+    return policy_text(policy)[0]
+
+
+def policy_text(policy) -> tuple[str, str]:
+    """(the policy's TOML, its digest), made once a policy (a batch records one policy
+    for every job)."""
     hit = _TOML.get(id(policy))
     if hit is not None and hit[0] is policy:
-        return hit[1]
+        return hit[1], hit[2]
     from ..policy.dump import dump_toml
 
     text = dump_toml(policy)
     if len(_TOML) >= 64:
         _TOML.clear()
-    _TOML[id(policy)] = (policy, text)
-    return text
+    _TOML[id(policy)] = (policy, text, digest(text.encode()))
+    return text, _TOML[id(policy)][2]
 
 
 def digest(data: bytes) -> str:
@@ -83,13 +90,13 @@ def digest(data: bytes) -> str:
 def run_fields(item: dict) -> dict:
     """The runs row of one queued run as a dict (FIELDS), with its events."""
     r = item["result"]
-    toml = policy_toml(item["policy"]) if item["policy"] is not None else ""
+    toml, pdig = ("", EMPTY_DIGEST) if item["policy"] is None else policy_text(item["policy"])
     usage = r.usage.to_dict() if hasattr(r.usage, "to_dict") else dict(r.usage)
     return {"id": item["id"], "kind": item["kind"], "sandbox": item["sandbox"],
             "started": item["started"], "ended": item["ended"], "tier": item["tier"],
             "image": str(getattr(item["policy"], "image", "") or "host"),
             "image_digest": image_digest(item["plan"], item["policy"]),
-            "policy_digest": digest(toml.encode()), "policy": toml,
+            "policy_digest": pdig, "policy": toml,
             "argv": list(item["argv"]), "verdict": r.verdict, "exit_code": r.exit_code,
             "signal": r.signal, "usage": usage, "actor": item["actor"] or local_user(),
             "face": item["face"], "events": list(r.events[:item["n_events"]])}

@@ -115,7 +115,7 @@ def run_row(item: dict) -> tuple[tuple, list[dict], str | None]:
     f = run_fields(item)
     receipt = None
     if item.get("signed"):
-        receipt = _dumps(item["signed"])
+        receipt = _receipt_json(item["signed"])
     elif item.get("receipt"):
         from . import receipt as rc
 
@@ -133,6 +133,18 @@ def run_row(item: dict) -> tuple[tuple, list[dict], str | None]:
     row = tuple(_dumps(v) if k in ("argv", "usage") else v
                 for k, v in f.items() if k != "events") + (receipt,)
     return row, f["events"], receipt
+
+
+def _receipt_json(signed: dict) -> str:
+    """A node's signed receipt as spool.dumps writes it (compact, ASCII), by the C encoder
+    (a batch's driver stores one a job; spool.dumps, in Python, took twice as long); what
+    that cannot write as dumps would (NaN, a value that is not JSON) goes through dumps."""
+    import json  # a batch's driver has it loaded: its output lines are JSON
+
+    try:
+        return json.dumps(signed, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return _dumps(signed)
 
 
 def write_batch(conn, batch: list[dict]) -> None:
@@ -159,11 +171,16 @@ def write_batch(conn, batch: list[dict]) -> None:
             events.append((item["id"], item["events"]))
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.executemany("INSERT OR REPLACE INTO runs VALUES "
-                         "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", runs)
-        conn.executemany("INSERT OR IGNORE INTO sandboxes (id, created, tier, policy_digest,"
-                         " policy, actor, face) VALUES (?,?,?,?,?,?,?)", sandboxes)
-        conn.executemany("UPDATE sandboxes SET ended = ?, ended_by = ? WHERE id = ?", ends)
+        if runs:
+            conn.executemany("INSERT OR REPLACE INTO runs VALUES "
+                             "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", runs)
+        if sandboxes:
+            conn.executemany("INSERT OR IGNORE INTO sandboxes (id, created, tier, "
+                             "policy_digest, policy, actor, face) VALUES (?,?,?,?,?,?,?)",
+                             sandboxes)
+        if ends:
+            conn.executemany("UPDATE sandboxes SET ended = ?, ended_by = ? WHERE id = ?",
+                             ends)
         for run_id, evs in events:
             if not evs:
                 continue

@@ -117,8 +117,16 @@ class RunDir:
     def track(self, cg) -> None:
         """Note a run cgroup's directories here, so that whichever corral start finds this
         directory dead can remove them (a sweeper in another cgroup cannot find them)."""
-        with open(os.path.join(self.path, "cgroups"), "a") as f:
-            f.write(_cgroup_lines(cg))
+        # one append by os.write: a text file object costs ~4x as much, and a batch job
+        # tracks a cgroup at every exec
+        data = os.fsencode(_cgroup_lines(cg))
+        fd = os.open(os.path.join(self.path, "cgroups"),
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
 
     def retrack(self, cgs) -> None:
         """Replace the record with exactly these cgroups (write, then rename)."""

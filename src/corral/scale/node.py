@@ -83,6 +83,7 @@ class NodeRunner:
         self._checked: dict[str, object] = {}     # policy key -> its Policy (no overrides)
         self._templates: dict[str, object] = {}   # policy key -> an unopened Sandbox of it
         self._base_key: tuple = (None, None)      # (the batch's dict, its policy key)
+        self._key_dir: str | None = None          # where this machine's signing key is
         self._closed = False
 
     def prepare(self, base: dict) -> None:
@@ -110,7 +111,8 @@ class NodeRunner:
             from ..audit.spool import image_digest
 
             self._digests[key] = (dump_toml(sb.policy), image_digest(sb.plan, sb.policy))
-            rc._private_key()
+            self._key_dir = rc.key_dir()
+            rc._private_key(self._key_dir)
             rc.corral_version()     # importlib.metadata: ~30 ms, once, not in every worker
             spool.local_user()
         except Exception:  # noqa: BLE001 - each job's receipt says why it has none
@@ -226,7 +228,9 @@ class NodeRunner:
                            changes=None, events=result.events, verdict=result.verdict,
                            exit_code=result.exit_code, signal=result.signal,
                            usage=result.usage.to_dict(), actor=local_user())
-            return rc.sign(body)
+            if self._key_dir is None:   # the state directory, looked up once a runner
+                self._key_dir = rc.key_dir()
+            return rc.sign(body, self._key_dir)
         except Exception as e:  # noqa: BLE001 - a receipt is never worth the job's result
             result.events.append({"kind": "audit", "message": f"no receipt for this job: "
                                                               f"{e or type(e).__name__}"})

@@ -30,7 +30,8 @@ def capped(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("serve-sb-cap")
     (tmp / "corral.toml").write_text(f"[server]\nmax_sandboxes = {MOST}\n")
-    s = e2b_serve(tmp, {"a": [], "b": [], "c": []}, "[base]\n",
+    s = e2b_serve(tmp, {"a": [], "b": [], "c": [], "one": ["--max-sandboxes", "1"]},
+                  "[base]\n",
                   args=("--config", str(tmp / "corral.toml"), "--mcp"))
     yield s
     s.stop()
@@ -128,3 +129,19 @@ def test_live_sandboxes_are_bounded_for_the_whole_server(capped, monkeypatch):
     finally:
         es.kill()
         sa.kill()
+
+
+def test_a_tokens_own_max_sandboxes_over_e2b_is_e2bs_429(capped, monkeypatch):
+    """A token's own max_sandboxes over E2B's control plane: 429 with E2B's {code,
+    message} and Retry-After, which the SDK raises as RateLimitException (it was a 500)."""
+    import e2b
+    from e2bfix import e2b_env
+
+    e2b_env(capped, monkeypatch, "one")
+    with e2b.Sandbox.create(timeout=120):
+        r = httpx.post(f"{capped.url}/v2/sandboxes", json={"templateID": "base"},
+                       timeout=60, headers={"X-API-Key": capped.tokens["one"]})
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1, r.text
+        assert r.json()["code"] == 429 and "this token" in r.json()["message"], r.text
+        with pytest.raises(e2b.RateLimitException, match="max_sandboxes"):
+            e2b.Sandbox.create(timeout=60)

@@ -71,6 +71,7 @@ def refused(server, name: str, monkeypatch) -> None:
     r = httpx.post(f"{server.url}/v2/sandboxes", json={"templateID": "base"}, timeout=60,
                    headers={"X-API-Key": token})
     assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1, r.text
+    assert r.headers["Should-Retry"] == "false"      # E2B's SDK raises at once
     assert r.json()["code"] == 429 and "max_sandboxes" in r.json()["message"], r.text
     with pytest.raises(client.RateLimited, match="max_sandboxes") as ei:
         client.Sandbox.create({}, api_url=server.url, api_key=token)

@@ -115,9 +115,11 @@ def app(state) -> Starlette:
 
     async def on_limited(request, e: Limited):
         # E2B's own answer past a sandbox quota: 429 {"code", "message"} (the SDK raises
-        # RateLimitException), with Retry-After as the native face's
+        # RateLimitException), with Retry-After as the native face's. Should-Retry: false,
+        # E2B's header for it: a place frees only when some sandbox ends, so the SDK raises
+        # at once (as corral's own SDK does) instead of retrying 3 times Retry-After apart
         return _err(ApiError(429, "rate", e.message, e.field,
-                             {"Retry-After": str(e.retry_after)}))
+                             {"Retry-After": str(e.retry_after), "Should-Retry": "false"}))
 
     def r(path, fn, methods):
         async def call(request: Request):

@@ -66,7 +66,7 @@ MAX_RUNNING = 128
 #: processes, memory and fds of the host's for its life, and tokens without max_sandboxes
 #: (or many tokens with it) could make them until the host had none left for any tenant.
 #: Measured idle (session 11, namespace tier): 1 thread and 7 fds of the server's (9 with
-#: network allow), 3 processes (4: its egress proxy), 0.4 MB PSS (6.2 MB with allow);
+#: network allow), 3 processes (4: its egress proxy), 0.4 MB PSS (6.3 MB with allow);
 #: 128 of them: ~1,150 fds, ~510 processes, ~0.8 GB with allow, before their own work
 MAX_SANDBOXES = 128
 LIMIT_KEYS = ("rate", "burst", "max_sandboxes", "max_concurrent")

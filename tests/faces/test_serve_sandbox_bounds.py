@@ -7,6 +7,8 @@ them without end, so the whole server holds at most `[server] max_sandboxes` of 
 killed or times out."""
 
 import asyncio
+import os
+import signal
 import time
 
 import httpx
@@ -45,6 +47,28 @@ def metric(server, token: str, name: str) -> int:
 
 def live(server, token: str) -> int:
     return metric(server, token, "corral_sandboxes_live")
+
+
+def bwraps(root: int) -> set[int]:
+    """The bwrap processes below `root` (the server: each sandbox's two)."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:          # gone meanwhile
+            continue
+        if stat:
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            children.setdefault(ppid, []).append((int(d), name))
+    out, todo = set(), [root]
+    while todo:
+        for pid, name in children.get(todo.pop(), []):
+            todo.append(pid)
+            if name == "bwrap":
+                out.add(pid)
+    return out
 
 
 def rest_refused(server, token: str) -> None:
@@ -91,7 +115,7 @@ def test_live_sandboxes_are_bounded_for_the_whole_server(capped, monkeypatch):
     """Tokens a (REST) and b (E2B) fill the server's max_sandboxes; token c, which has
     none, is refused on every face, and so are a and b. A kill gives a place back: one more
     is made (over /mcp), and the next is refused until it is killed; a sandbox that times
-    out gives its place back too."""
+    out, and one that dies (its bwrap killed from the host), give their places back too."""
     import e2b
     from e2bfix import e2b_env
 
@@ -127,6 +151,16 @@ def test_live_sandboxes_are_bounded_for_the_whole_server(capped, monkeypatch):
         with client.Sandbox.create({}, api_url=capped.url, api_key=a) as again:
             assert again.commands.run("echo yes").stdout.strip() == "yes"
         short.kill()
+        # a sandbox that dies (its bwrap killed from the host) gives its place back
+        before = bwraps(capped.proc.pid)
+        dies = client.Sandbox.create({}, api_url=capped.url, api_key=a)
+        rest_refused(capped, capped.tokens["c"])
+        for pid in bwraps(capped.proc.pid) - before:
+            os.kill(pid, signal.SIGKILL)
+        until(lambda: live(capped, a) == MOST - 1, "the dead one's place")
+        with client.Sandbox.create({}, api_url=capped.url, api_key=capped.tokens["c"]):
+            assert live(capped, a) == MOST
+        dies.kill()
     finally:
         es.kill()
         sa.kill()

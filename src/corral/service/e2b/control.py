@@ -115,11 +115,14 @@ def app(state) -> Starlette:
 
     async def on_limited(request, e: Limited):
         # E2B's own answer past a sandbox quota: 429 {"code", "message"} (the SDK raises
-        # RateLimitException), with Retry-After as the native face's. Should-Retry: false,
-        # E2B's header for it: a place frees only when some sandbox ends, so the SDK raises
-        # at once (as corral's own SDK does) instead of retrying 3 times Retry-After apart
-        return _err(ApiError(429, "rate", e.message, e.field,
-                             {"Retry-After": str(e.retry_after), "Should-Retry": "false"}))
+        # RateLimitException), with Retry-After as the native face's. Past max_sandboxes
+        # also Should-Retry: false, E2B's header for it: a place frees only when some
+        # sandbox ends, so the SDK raises at once (as corral's own SDK does) instead of
+        # retrying 3 times Retry-After apart (max_concurrent's 1 s: it may retry)
+        headers = {"Retry-After": str(e.retry_after)}
+        if e.field == "max_sandboxes":
+            headers["Should-Retry"] = "false"
+        return _err(ApiError(429, "rate", e.message, e.field, headers))
 
     def r(path, fn, methods):
         async def call(request: Request):

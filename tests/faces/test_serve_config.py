@@ -208,6 +208,8 @@ def test_the_config_gives_host_port_and_state_dir(tmp_path):
     ('[server]\naccess_log = "no"\n', "server.access_log"),
     ('[server]\nmax_terminals = 0\n', "server.max_terminals"),
     ('[server]\nmax_running = 0\n', "server.max_running"),
+    ('[server]\nmax_sandboxes = 0\n', "server.max_sandboxes"),
+    ('[server]\nmax_sandboxes = "8"\n', "server.max_sandboxes"),
     ('[secrets]\nGH = "env:CORRAL_TEST_UNSET_VARIABLE"\n', "secrets.GH"),
     ('[secrets.GH]\nvalue = "ghp_literal"\n', "secrets.GH.value"),
     ('[secrets]\nGH = "ghp_literal"\n', "secrets.GH"),

@@ -10,7 +10,7 @@ import asyncio
 import httpx
 import pytest
 from conftest import tier_unavailable
-from servefix import procs_with, until
+from servefix import mcp_session, procs_with, until
 
 from corral import client
 
@@ -121,22 +121,6 @@ def test_commands_and_cells_are_bounded_for_the_whole_server(capped, monkeypatch
                 assert sb.run_code("2 + 2", timeout=60).text == "4"
         finally:
             es.kill()
-
-
-def mcp_session(server, token: str, body):
-    """body(client) in an MCP session over streamable HTTP (the official SDK's client)."""
-    import httpx2
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
-
-    async def main():
-        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
-                                      timeout=120) as http:
-            async with Client(streamable_http_client(server.url + "/mcp", http_client=http),
-                              mode="auto") as c:
-                return await body(c)
-
-    return asyncio.run(asyncio.wait_for(main(), 300))
 
 
 def test_mcp_commands_and_cells_count_too(capped):

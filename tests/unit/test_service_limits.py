@@ -109,6 +109,26 @@ def test_quota_counts_the_creates_under_way():
         pass
 
 
+def test_quota_bounds_every_tokens_together():
+    """The server's bound counts every token's live sandboxes and creates under way,
+    whatever each token's own max_sandboxes (None: no limit of its own)."""
+    live: list[str] = []
+    q = Quota(2, lambda: len(live))
+    with q.reserve("a", None, lambda: live.count("a")):
+        assert q.making == 1
+        live.append("b")
+        with pytest.raises(Limited) as e:       # one live, one being made: no third
+            q.reserve("c", None, lambda: live.count("c")).__enter__()
+        assert e.value.field == "max_sandboxes" and "every token" in e.value.message
+        live.append("a")
+    assert q.making == 0
+    with pytest.raises(Limited):                # two live
+        q.reserve("c", 5, lambda: live.count("c")).__enter__()
+    live.remove("b")                            # one ends: its place is free again
+    with q.reserve("c", 5, lambda: live.count("c")):
+        pass
+
+
 def test_a_config(tmp_path, monkeypatch):
     monkeypatch.setenv("CORRAL_TEST_GH", "value-never-read-here")
     f = tmp_path / "npm.token"

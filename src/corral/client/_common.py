@@ -52,7 +52,8 @@ class NotFound(ApiError):
 
 
 class RateLimited(ApiError):
-    """429: the token's max-sandboxes or max-concurrent; `retry_after` in seconds."""
+    """429: a bound, which `field` names (the token's max_sandboxes or max_concurrent, the
+    server's max_sandboxes, max_terminals or max_running); `retry_after` in seconds."""
 
 
 def _raise(r: httpx.Response) -> None:

@@ -239,8 +239,9 @@ class Service:
     (config.Config), and each token's limits at work (limits.py): its request bucket,
     its operations in flight (max_concurrent) and its creates under way (max_sandboxes),
     shared by the REST routes and /mcp; and the server's own bounds on open terminals
-    (`terminals`, config max_terminals) and on commands and cells running (`running`,
-    config max_running), shared by the REST and E2B faces."""
+    (`terminals`, config max_terminals), on commands and cells running (`running`,
+    config max_running), shared by the REST and E2B faces, and on live sandboxes (in
+    `quota`, config max_sandboxes), shared by REST, /mcp and E2B."""
 
     def __init__(self, tokens, registry, metrics, config=None) -> None:
         from .config import Config
@@ -250,7 +251,9 @@ class Service:
         self.config = config if config is not None else Config()
         self.rates = RateLimiter()
         self.busy = Concurrency()
-        self.quota = Quota()
+        #: max_sandboxes: each token's, and the server's (config max_sandboxes, every
+        #: token's and face's together: REST, /mcp, E2B), over its live sandboxes
+        self.quota = Quota(self.config.max_sandboxes, registry.count)
         self.terminals = Gate(self.config.max_terminals, "max_terminals", "open terminals")
         self.running = Gate(self.config.max_running, "max_running",
                             "commands and cells running")
@@ -276,7 +279,7 @@ class Service:
 
     def reserve(self, token: Token):
         """A place for one more sandbox of the token while it is made; past its
-        max_sandboxes (those live and those being made): Limited (429)."""
+        max_sandboxes, or the server's (those live and those being made): Limited (429)."""
         return self.quota.reserve(token.owner, token.max_sandboxes,
                                   lambda: self.registry.count(token.owner))
 

@@ -14,6 +14,8 @@
                                 # threads and fds of the server's own); past it 429
     max_running = 128           # commands and cells running, every token's together
                                 # (each holds a thread of the server's own); past it 429
+    max_sandboxes = 128         # live sandboxes, every token's together (each holds
+                                # processes, memory and fds of the host's); past it 429
 
     [limits]                    # for every token that does not set its own
     rate = "20/s"               # requests; N/s, N/min or N/h
@@ -43,7 +45,8 @@ import re
 from ..errors import UsageError
 
 SERVER_KEYS = ("host", "port", "state_dir", "tls_cert", "tls_key", "mcp", "log_level",
-               "access_log", "drain_timeout", "max_terminals", "max_running")
+               "access_log", "drain_timeout", "max_terminals", "max_running",
+               "max_sandboxes")
 #: SIGTERM: how long running requests (foreground commands, cells) get to finish
 DRAIN_S = 30.0
 #: open terminals (WS /sandboxes/{id}/pty and E2B's) the server holds at once, every
@@ -59,6 +62,13 @@ MAX_TERMINALS = 64
 #: thread; 128 of them and the 64 terminals want ~1,600 fds: a server with more than the
 #: common 1024 soft limit (LimitNOFILE in the unit, docs/service.md)
 MAX_RUNNING = 128
+#: live sandboxes, every token's and face's together (REST, /mcp, E2B): each holds
+#: processes, memory and fds of the host's for its life, and tokens without max_sandboxes
+#: (or many tokens with it) could make them until the host had none left for any tenant.
+#: Measured idle (session 11, namespace tier): 1 thread and 7 fds of the server's (9 with
+#: network allow), 3 processes (4: its egress proxy), 0.4 MB PSS (6.3 MB with allow);
+#: 128 of them: ~1,150 fds, ~510 processes, ~0.8 GB with allow, before their own work
+MAX_SANDBOXES = 128
 LIMIT_KEYS = ("rate", "burst", "max_sandboxes", "max_concurrent")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 SECRET_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -84,6 +94,7 @@ class Config:
         self.drain_timeout: float = DRAIN_S
         self.max_terminals: int = MAX_TERMINALS
         self.max_running: int = MAX_RUNNING
+        self.max_sandboxes: int = MAX_SANDBOXES
         #: defaults of the token limits (tokens.LIMITS): rate in requests a second
         self.limits: dict = {}
         #: secret name -> source ("env:VAR" or "file:/abs/path"), never a value
@@ -154,6 +165,8 @@ def _server(c: Config, t: dict, path: str) -> None:
             c.max_terminals = _int(v, key, path, 1, 100_000)
         elif k == "max_running":
             c.max_running = _int(v, key, path, 1, 100_000)
+        elif k == "max_sandboxes":
+            c.max_sandboxes = _int(v, key, path, 1, 100_000)
         elif k in ("mcp", "access_log"):
             if not isinstance(v, bool):
                 raise _fail(path, key, "must be true or false")

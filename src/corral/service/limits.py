@@ -10,10 +10,11 @@ The other two limits of a token live where they are enforced: `max_sandboxes` (l
 sandboxes at once) at create, `max_concurrent` (commands and cells running at once)
 around each command (app.py). All three may be given per token (`corral token create
 --rate 20/s --burst 40 --max-sandboxes K --max-concurrent C`) or for every token that
-sets none in the server config's `[limits]` (config.py). Two bounds are the whole
-server's, whatever the token (Gate): its open terminals (`[server] max_terminals`) and
-its commands and cells running (`[server] max_running`), each holding a thread of the
-server's own for as long as the sandbox's code likes.
+sets none in the server config's `[limits]` (config.py). Three bounds are the whole
+server's, whatever the token: its open terminals (`[server] max_terminals`) and its
+commands and cells running (`[server] max_running`), each holding a thread of the
+server's own for as long as the sandbox's code likes (Gate); and its live sandboxes
+(`[server] max_sandboxes`, Quota), each holding processes, memory and fds of the host.
 
 Pure bookkeeping: a dict of buckets under one lock, a monotonic clock; nothing here knows
 HTTP.
@@ -255,14 +256,28 @@ class Quota:
     """max_sandboxes, counted with the creates still under way: `reserve(name, most,
     have)` (have: a function giving the token's live sandboxes now) holds one place while
     a sandbox is made, so ten creates at once cannot all pass a check that saw room for
-    one. Raises Limited when the live ones and those being made reach `most`."""
+    one. Raises Limited when the live ones and those being made reach `most`.
 
-    def __init__(self) -> None:
+    `Quota(server_most, server_have)` also bounds every token's together (the server's
+    `[server] max_sandboxes`; server_have gives the server's live sandboxes now): an idle
+    live sandbox holds processes, memory and fds of the host's, so tokens without
+    max_sandboxes (or many tokens) must not make them until the host has none left. A
+    sandbox's place is given back when it leaves the live count (killed, timed out,
+    ended by itself)."""
+
+    def __init__(self, server_most: int | None = None, server_have=None) -> None:
         self._mu = threading.Lock()
         self._pending: dict[str, int] = {}
+        self.server_most, self.server_have = server_most, server_have
 
     def reserve(self, name: str, most: int | None, have):
         return _Reservation(self, name, most, have)
+
+    @property
+    def making(self) -> int:
+        """Creates under way now, every token's (each holds a place)."""
+        with self._mu:
+            return sum(self._pending.values())
 
 
 class _Reservation:
@@ -270,12 +285,18 @@ class _Reservation:
         self.q, self.name, self.most, self.have = quota, name, most, have
 
     def __enter__(self):
-        with self.q._mu:
-            pending = self.q._pending.get(self.name, 0)
+        q = self.q
+        with q._mu:
+            pending = q._pending.get(self.name, 0)
             if self.most is not None and self.have() + pending >= self.most:
                 raise Limited("max_sandboxes", f"this token holds {self.most} sandboxes "
                               "(or is making them), its max_sandboxes; kill one first", 5)
-            self.q._pending[self.name] = pending + 1
+            if q.server_most is not None and \
+                    q.server_have() + sum(q._pending.values()) >= q.server_most:
+                raise Limited("max_sandboxes", f"the server holds {q.server_most} live "
+                              "sandboxes (or is making them), its max_sandboxes (every "
+                              "token's together); kill one or retry later", 5)
+            q._pending[self.name] = pending + 1
         return self
 
     def __exit__(self, *exc) -> None:

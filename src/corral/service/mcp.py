@@ -52,8 +52,9 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
           caller=None, busy=None, quota=None, metrics=None, running=None):
     """The MCPServer with corral's tools; returns (server, registry).
     `caller(ctx) -> Caller` (default: the one stdio user within `ceiling_data`); `busy`:
-    a limits.Concurrency and `quota` a limits.Quota shared with the REST API (None: no
-    token limits, as on stdio); `metrics`: the service's metrics.Metrics, which counts
+    a limits.Concurrency and `quota` a limits.Quota shared with the REST API, holding the
+    server's max_sandboxes too (None, as on stdio: no token limits, and a bound of this
+    process's own on its live sandboxes, config.MAX_SANDBOXES); `metrics`: the service's metrics.Metrics, which counts
     run_command's runs as the REST API's (None on stdio); `running`: the service's
     limits.Gate of commands and cells running (config max_running; None on stdio). server.corral_end_session(key, owner)
     kills a session's own sandbox (mcp_http calls it when an HTTP session ends)."""
@@ -67,6 +68,12 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
     if caller is None:
         def caller(ctx):
             return Caller(OWNER, ceiling_data, "stdio")
+    bound = quota
+    if bound is None:    # stdio: a bound of its own on its live sandboxes, as serve's
+        from .config import MAX_SANDBOXES
+        from .limits import Quota
+
+        bound = Quota(MAX_SANDBOXES, registry.count)
     defaults: dict[str, str] = {}
     used: dict[str, float] = {}          # session key -> when its own sandbox was last used
     defaults_mu = threading.Lock()
@@ -94,15 +101,15 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
             raise ToolError(str(wire_error(e))) from None
 
     def create(who: Caller, raw: dict, timeout: float = SANDBOX_S):
-        from contextlib import nullcontext
-
         most = getattr(who.token, "max_lifetime", None)
         if most is not None:     # the token's max lifetime (--max-lifetime) caps it
             timeout = min(timeout, most)
         policy = guard(lambda: _requested(who, raw))
         tok = who.token
-        hold = nullcontext() if quota is None or tok is None else quota.reserve(
-            who.owner, tok.max_sandboxes, lambda: registry.count(who.owner))
+        # the token's max_sandboxes (none on stdio) and the server's, every token's and
+        # face's together (stdio: this process's own, the same default)
+        hold = bound.reserve(who.owner, getattr(tok, "max_sandboxes", None),
+                             lambda: registry.count(who.owner))
         return guard(lambda: _made(hold, who, policy, timeout))
 
     def _requested(who: Caller, raw: dict):

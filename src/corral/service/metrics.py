@@ -36,9 +36,13 @@ class Metrics:
         with self.mu:
             self.requests[status] = self.requests.get(status, 0) + 1
 
-    def text(self, live: int, terminals: int = 0, running: int = 0) -> str:
+    def text(self, live: int, terminals: int = 0, running: int = 0,
+             making: int = 0) -> str:
+        """`making`: creates under way, each holding a place among max_sandboxes."""
         with self.mu:
             out = ["# TYPE corral_sandboxes_live gauge", f"corral_sandboxes_live {live}",
+                   "# TYPE corral_sandboxes_making gauge",
+                   f"corral_sandboxes_making {making}",
                    "# TYPE corral_terminals_open gauge",
                    f"corral_terminals_open {terminals}",
                    "# TYPE corral_running gauge", f"corral_running {running}",

@@ -26,6 +26,7 @@ from starlette.routing import Route
 from ...errors import CorralError
 from ..ceiling import Exceeds
 from ..common import ApiError, requested_policy, status_of
+from ..limits import Limited
 from ..tokens import lifetime, within_lifetime
 from .state import ENVD_VERSION, Face, strict_json
 
@@ -112,6 +113,17 @@ def app(state) -> Starlette:
     async def on_corral(request, e: CorralError):
         return _err(ApiError(status_of(e), e.kind, e.message, e.field))
 
+    async def on_limited(request, e: Limited):
+        # E2B's own answer past a sandbox quota: 429 {"code", "message"} (the SDK raises
+        # RateLimitException), with Retry-After as the native face's. Past max_sandboxes
+        # also Should-Retry: false, E2B's header for it: a place frees only when some
+        # sandbox ends, so the SDK raises at once (as corral's own SDK does) instead of
+        # retrying 3 times Retry-After apart (max_concurrent's 1 s: it may retry)
+        headers = {"Retry-After": str(e.retry_after)}
+        if e.field == "max_sandboxes":
+            headers["Should-Retry"] = "false"
+        return _err(ApiError(429, "rate", e.message, e.field, headers))
+
     def r(path, fn, methods):
         async def call(request: Request):
             return await fn(state, request)
@@ -125,7 +137,8 @@ def app(state) -> Starlette:
         r("/sandboxes/{sid}/connect", connect, ["POST"]),
         r("/v2/sandboxes/{sid}/connect", connect, ["POST"]),
         r("/health", health, ["GET"]),
-    ], exception_handlers={ApiError: on_api, Exceeds: on_exceeds, CorralError: on_corral})
+    ], exception_handlers={ApiError: on_api, Exceeds: on_exceeds, CorralError: on_corral,
+                          Limited: on_limited})
 
 
 async def health(state, request):

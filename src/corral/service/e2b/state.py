@@ -143,8 +143,15 @@ class E2bState:
 
                 policy = requested_policy(self.templates["base"], t, self.svc)
                 account = _account_for(policy)
-                e = self.svc.registry.create(t.owner, policy, timeout=3600.0,
-                                             user_account=account, face="e2b")
+                from ..limits import Limited
+
+                try:    # the token's max_sandboxes and the server's, as any create
+                    with self.svc.reserve(t):
+                        e = self.svc.registry.create(t.owner, policy, timeout=3600.0,
+                                                     user_account=account, face="e2b")
+                except Limited as err:
+                    raise ApiError(429, "rate", err.message, err.field,
+                                   {"Retry-After": str(err.retry_after)}) from None
                 face = Face(e.id, t.owner, "base", {}, account=account,
                             tier=policy.isolation)
                 with self._mu:

@@ -23,5 +23,5 @@ def metrics_text(token: Auth, svc: Svc):
     """The service's counters in Prometheus text format (service-wide totals: every
     token that may scrape sees the same numbers, which carry no sandbox or token names)."""
     return PlainTextResponse(svc.metrics.text(svc.registry.count(), svc.terminals.held,
-                                              svc.running.held),
+                                              svc.running.held, svc.quota.making),
                              media_type="text/plain; version=0.0.4")

@@ -74,6 +74,21 @@ def test_a_connection_the_service_closed_is_not_reused(server):
         assert len(_idle(server)) == 1 and _idle(server)[0].sock not in old
 
 
+def test_a_connection_idle_past_its_expiry_is_not_reused(server, monkeypatch):
+    """The client lets an idle connection go before the service would (IDLE_EXPIRY_S,
+    as httpx's keepalive_expiry): never a request on one the service is closing."""
+    with client.Sandbox.create({}, api_url=server.url, api_key=server.tokens["a"]) as sb:
+        sb.commands.run("true")
+        old = [c.sock for c in _idle(server)]
+        assert old
+        sb.commands.run("true")
+        assert [c.sock for c in _idle(server)] == old      # within the expiry: reused
+        monkeypatch.setattr(_fast, "IDLE_EXPIRY_S", 0.0)
+        assert sb.commands.run("echo fresh").stdout == "fresh\n"
+        assert all(s.fileno() == -1 for s in old)          # expired: closed, not used
+        assert len(_idle(server)) == 1 and _idle(server)[0].sock not in old
+
+
 def _readable(s) -> bool:
     import select
 

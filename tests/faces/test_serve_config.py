@@ -127,6 +127,34 @@ def test_the_config_turns_mcp_on_and_sets_the_log_level(tmp_path):
     assert "(MCP at /mcp)" in log and "GET /health" not in log    # no access log
 
 
+@pytest.mark.slow
+def test_an_idle_connection_outlives_a_clients_idle_expiry(tmp_path):
+    """uvicorn closes an idle connection after 5 s by default: as long as httpx keeps
+    one, so a request sent as the server closed it was lost. corral serve keeps it
+    `keep_alive` seconds (310 by default: past E2B's SDK's 300); a config sets it."""
+    import socket
+    import time
+
+    cfg = tmp_path / "serve.toml"
+    cfg.write_text('[server]\nkeep_alive = 7\n')
+    s = Serve(tmp_path, "--config", str(cfg))
+    s.start()
+    try:
+        host, port = s.url.split("//")[1].rsplit(":", 1)
+        req = f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+        with socket.create_connection((host, int(port)), timeout=30) as c:
+            c.sendall(req)
+            assert c.recv(65536).startswith(b"HTTP/1.1 200")
+            time.sleep(5.5)                 # past uvicorn's default: still open
+            c.sendall(req)
+            assert c.recv(65536).startswith(b"HTTP/1.1 200")
+            time.sleep(8)                   # past the configured 7 s: closed
+            c.settimeout(5)
+            assert c.recv(65536) == b""
+    finally:
+        s.stop()
+
+
 def test_the_access_log_has_a_line_per_request_in_order(tmp_path):
     """On by default: every request's line, in the order answered, though written after
     its response went out (service/wire.py), and all of them by the time the service has
@@ -210,6 +238,8 @@ def test_the_config_gives_host_port_and_state_dir(tmp_path):
     ('[server]\nmax_running = 0\n', "server.max_running"),
     ('[server]\nmax_sandboxes = 0\n', "server.max_sandboxes"),
     ('[server]\nmax_sandboxes = "8"\n', "server.max_sandboxes"),
+    ('[server]\nkeep_alive = 0\n', "server.keep_alive"),
+    ('[server]\nkeep_alive = 2.5\n', "server.keep_alive"),
     ('[secrets]\nGH = "env:CORRAL_TEST_UNSET_VARIABLE"\n', "secrets.GH"),
     ('[secrets.GH]\nvalue = "ghp_literal"\n', "secrets.GH.value"),
     ('[secrets]\nGH = "ghp_literal"\n', "secrets.GH"),

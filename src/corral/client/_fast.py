@@ -36,6 +36,7 @@ import os
 import select
 import socket
 import threading
+import time
 from typing import NoReturn
 from urllib.parse import quote
 
@@ -44,6 +45,10 @@ import httpx
 #: idle connections kept per service (a thread takes one for its call, then gives it back)
 KEEP = 20
 CONNECT_TIMEOUT_S = 30.0
+#: an idle connection unused this long is closed, not reused (httpx's keepalive_expiry):
+#: the service keeps one longer (corral serve's keep_alive, 310 s by default), so this
+#: side lets it go first and never sends a request on one the service is closing
+IDLE_EXPIRY_S = 5.0
 #: the most bytes an answer's status line and headers may take (as h11's default)
 HEAD_MAX = 64 << 10
 RECV = 65536
@@ -72,10 +77,12 @@ class Route:
 class Conn:
     """A kept-alive connection: its socket and what was read past the last answer."""
 
-    __slots__ = ("sock", "buf")
+    __slots__ = ("sock", "buf", "idle_since")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock, self.buf = sock, b""
+        #: time.monotonic() when it was last given back (idle since)
+        self.idle_since = 0.0
 
     def close(self) -> None:
         try:
@@ -276,7 +283,8 @@ def _take(route: Route) -> Conn:
         if conn is None:
             return _connect(route)
         try:     # readable while idle: the service closed it (its keep-alive timeout)
-            stale = bool(select.select([conn.sock], [], [], 0)[0])
+            stale = (time.monotonic() - conn.idle_since > IDLE_EXPIRY_S
+                     or bool(select.select([conn.sock], [], [], 0)[0]))
         except (OSError, ValueError):
             stale = True
         if not stale:
@@ -291,6 +299,7 @@ def _give(route: Route, conn: Conn) -> None:
             atexit.register(_close_idle)
         conns = _idle.setdefault(key, [])
         if len(conns) < KEEP:
+            conn.idle_since = time.monotonic()
             conns.append(conn)
             return
     conn.close()

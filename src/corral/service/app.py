@@ -238,6 +238,7 @@ def serve(config, *, e2b_debug: str | None = None) -> int:
     uconfig = uvicorn.Config(app, host=config.host, port=config.port, loop="asyncio",
                              http=protocol(), log_level=config.log_level,
                              access_log=config.access_log,
+                             timeout_keep_alive=config.keep_alive,
                              timeout_graceful_shutdown=drain, **tls)
     zygote.warm()   # the egress proxies' template, ready before the first sandbox asks
     sockets = None

@@ -16,6 +16,8 @@
                                 # (each holds a thread of the server's own); past it 429
     max_sandboxes = 128         # live sandboxes, every token's together (each holds
                                 # processes, memory and fds of the host's); past it 429
+    keep_alive = 310            # seconds an idle HTTP connection is kept open: above
+                                # every client's own idle expiry (E2B's SDK: 300)
 
     [limits]                    # for every token that does not set its own
     rate = "20/s"               # requests; N/s, N/min or N/h
@@ -46,9 +48,16 @@ from ..errors import UsageError
 
 SERVER_KEYS = ("host", "port", "state_dir", "tls_cert", "tls_key", "mcp", "log_level",
                "access_log", "drain_timeout", "max_terminals", "max_running",
-               "max_sandboxes")
+               "max_sandboxes", "keep_alive")
 #: SIGTERM: how long running requests (foreground commands, cells) get to finish
 DRAIN_S = 30.0
+#: seconds an idle kept-alive HTTP connection stays open (uvicorn's timeout_keep_alive).
+#: A client reusing a connection at the moment the server closes it sees the connection
+#: reset and its request lost, so the server must keep connections longer than its
+#: clients do: httpx (corral's SDK) lets one go after 5 s idle, E2B's SDK after 300 s
+#: (E2B_KEEPALIVE_EXPIRY); uvicorn's own default, 5 s, raced both. An idle connection
+#: costs the server one fd and a few KB.
+KEEP_ALIVE_S = 310
 #: open terminals (WS /sandboxes/{id}/pty and E2B's) the server holds at once, every
 #: token's together: each holds threads and fds of the server's own while it is open
 #: (a WebSocket one: 5 threads, 11 fds, measured), which a token without max_concurrent
@@ -95,6 +104,7 @@ class Config:
         self.max_terminals: int = MAX_TERMINALS
         self.max_running: int = MAX_RUNNING
         self.max_sandboxes: int = MAX_SANDBOXES
+        self.keep_alive: int = KEEP_ALIVE_S
         #: defaults of the token limits (tokens.LIMITS): rate in requests a second
         self.limits: dict = {}
         #: secret name -> source ("env:VAR" or "file:/abs/path"), never a value
@@ -167,6 +177,8 @@ def _server(c: Config, t: dict, path: str) -> None:
             c.max_running = _int(v, key, path, 1, 100_000)
         elif k == "max_sandboxes":
             c.max_sandboxes = _int(v, key, path, 1, 100_000)
+        elif k == "keep_alive":
+            c.keep_alive = _int(v, key, path, 1, 3600)
         elif k in ("mcp", "access_log"):
             if not isinstance(v, bool):
                 raise _fail(path, key, "must be true or false")

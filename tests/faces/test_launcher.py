@@ -2,6 +2,8 @@
 come from the file while their sources are unchanged, and from the usual import when a
 source changed or the file is not to be trusted. Real interpreters, a real `corral run`."""
 
+import ast
+import importlib.util
 import json
 import marshal
 import os
@@ -49,12 +51,12 @@ def test_the_installed_launcher_loads_the_run_path_from_its_file(tmp_path):
     runpath = os.path.join(ROOT, ".venv", "corral-runpath")
     assert repr(runpath) in text
     with open(runpath, "rb") as f:
-        _, mods = marshal.loads(f.read()[4:])
+        _, mods = _runpath.table(f.read())
     r, loaders = run_launcher(tmp_path, text, "run", "--json", "--", "/bin/echo", "hi")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["stdout"] == "hi\n"
     assert "corral.cli" in mods and "corral.backends.namespace" in mods
-    for name, (file, _, mtime_ns, size, _) in mods.items():
+    for name, (file, _, mtime_ns, size, _, _) in mods.items():
         if not os.path.exists(file):   # a module moved away since: not imported at all
             assert name not in loaders
             continue
@@ -75,10 +77,11 @@ def test_a_fresh_file_holds_every_module_of_the_run_path(tmp_path):
 
 def test_a_changed_source_is_imported_as_usual(tmp_path):
     data = _runpath.build(PYTHON, SRC, SITE)
-    finder, mods = marshal.loads(data[4:])
-    file, is_pkg, mtime_ns, size, code = mods["corral.linux.limits"]
-    mods["corral.linux.limits"] = (file, is_pkg, mtime_ns - 1, size, code)   # "edited"
-    text = launcher_for(tmp_path, data[:4] + marshal.dumps((finder, mods)))
+    finder, mods = _runpath.table(data)
+    file, is_pkg, mtime_ns, size, cached, code = mods["corral.linux.limits"]
+    mods["corral.linux.limits"] = (file, is_pkg, mtime_ns - 1, size, cached, code)   # "edited"
+    at = int.from_bytes(data[4:8], "little")
+    text = launcher_for(tmp_path, data[:at] + marshal.dumps((finder, mods)))
     r, loaders = run_launcher(tmp_path, text, "run", "--", "/bin/true")
     assert r.returncode == 0, r.stderr
     assert loaders["corral.linux.limits"] == "SourceFileLoader"
@@ -113,15 +116,17 @@ def test_without_the_file_the_launcher_runs_as_usual(tmp_path):
 def test_the_file_holds_what_a_fresh_run_imports():
     """The table lists the modules a fresh interpreter loads from source files with the run
     path's entry modules, each with its own source's path, size and code."""
-    names = [n for n, _, _ in _runpath.run_path_modules(PYTHON, [SRC, SITE])]
-    _, mods = marshal.loads(_runpath.build(PYTHON, SRC, SITE)[4:])
+    names = [n for n, _, _, _ in _runpath.run_path_modules(PYTHON, [SRC, SITE])]
+    data = _runpath.build(PYTHON, SRC, SITE)
+    _, mods = _runpath.table(data)
     assert sorted(mods) == sorted(names) and "corral.runtime.sandbox" in mods
     # the standard library's one source module on the path (the others are frozen)
     assert [n for n in mods if not n.startswith("corral")] == ["__future__"]
-    file, is_pkg, _, size, code = mods["corral.linux"]
+    file, is_pkg, _, size, cached, (start, end) = mods["corral.linux"]
     assert is_pkg and file == os.path.join(SRC, "corral", "linux", "__init__.py")
     assert size == os.path.getsize(file)
-    assert marshal.loads(code).co_filename == file
+    assert marshal.loads(data[start:end]).co_filename == file
+    assert cached == importlib.util.cache_from_source(file)
 
 
 @pytest.mark.parametrize("what", ["a FIFO", "a link to a good file", "a directory"])
@@ -144,3 +149,37 @@ def test_only_a_regular_file_is_opened_and_used(tmp_path, what):
     assert r.returncode == 0, r.stderr
     assert "RunPathLoader" not in loaders.values(), what
     assert loaders["corral.cli"] == "SourceFileLoader"
+
+
+def _codes(code):
+    yield code
+    for c in code.co_consts:
+        if hasattr(c, "co_code"):
+            yield from _codes(c)
+
+
+def test_the_file_keeps_line_numbers_and_asserts_but_no_docstrings(tmp_path):
+    """The file's code is its source's, less the docstrings: each function starts and runs
+    on the lines the source gives it (tracebacks name the right lines), an assert still
+    fails, and a body that was only a docstring still compiles."""
+    src = tmp_path / "m.py"
+    src.write_text('"""module doc"""\n\n\ndef f(x):\n    """f\'s doc\n    two lines"""\n'
+                   '    assert x, "no x"\n    return x\n\n\nclass C:\n    """only a doc"""\n')
+    code = compile(_runpath._without_docstrings(ast.parse(src.read_text(), str(src))),
+                   str(src), "exec", dont_inherit=True)
+    ns = {"__name__": "m"}
+    exec(code, ns)
+    assert ns.get("__doc__") is None and ns["f"].__doc__ is None and ns["C"].__doc__ is None
+    with pytest.raises(AssertionError, match="no x") as e:
+        ns["f"](0)
+    assert e.traceback[-1].lineno + 1 == 7   # the assert's line (pytest counts from 0)
+    data = _runpath.build(PYTHON, SRC, SITE)
+    _, mods = _runpath.table(data)
+    file, _, _, _, _, (start, end) = mods["corral.runtime.sandbox"]
+    with open(file) as f:
+        plain = compile(f.read(), file, "exec", dont_inherit=True)
+    ours = {c.co_qualname: c for c in _codes(marshal.loads(data[start:end]))}
+    for c in _codes(plain):
+        lines = {n for _, _, n in c.co_lines() if n is not None}
+        assert ours[c.co_qualname].co_firstlineno == c.co_firstlineno, c.co_qualname
+        assert {n for _, _, n in ours[c.co_qualname].co_lines() if n} <= lines, c.co_qualname

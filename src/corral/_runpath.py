@@ -43,6 +43,7 @@ ENTRY_MODULES = ("corral.cli", "corral.runtime.sandbox", "corral.backends.namesp
 #: the launcher's finder, compiled into the file; run by the launcher with MODS, the
 #: {module name: (source path, is a package, mtime ns, size, __cached__, (start, end))}
 #: table, and DATA, the file's bytes, whose [start:end] is the module's marshalled code
+#: (None for an extension module: the usual extension loader, given its file)
 FINDER = '''
 import marshal, posix, sys
 _ext = sys.modules["_frozen_importlib_external"]
@@ -77,6 +78,10 @@ class RunPathFinder:
             return None   # edited since: the usual import (its .py, its .pyc)
         # as spec_from_file_location(name, file, loader=..., submodule_search_locations=
         # [its directory] or None) makes it, with its __cached__ worked out at build time
+        if code is None:   # an extension module: its file, without the path's listings
+            spec = _Spec(name, _ext.ExtensionFileLoader(name, file), origin=file)
+            spec.has_location = True
+            return spec
         spec = _Spec(name, RunPathLoader(name, file, code), origin=file)
         spec.has_location = True
         spec.cached = cached
@@ -115,30 +120,40 @@ entry()
 '''
 
 
-def run_path_modules(python: str, paths: list[str]) -> list[tuple[str, str, bool, str]]:
-    """(name, source file, is a package, its __cached__) of each module a fresh interpreter
-    started like the launcher loads from a source file with ENTRY_MODULES, in the order
-    they loaded (frozen, built-in and extension modules are not in it, nor what the
-    interpreter loaded before: the encodings)."""
+def run_path_modules(python: str, paths: list[str]) -> list[tuple[str, str, bool, str | None]]:
+    """(name, file, is a package, __cached__) of each module a fresh interpreter started
+    like the launcher loads from a source file, or from an extension module's file
+    (__cached__ None), with ENTRY_MODULES, in the order they loaded (frozen and built-in
+    modules are not in it, nor what the interpreter loaded before: the encodings)."""
     code = (f"import sys; sys.path += {paths!r}; before = set(sys.modules)\n"
             f"import {', '.join(ENTRY_MODULES)}\n"
             "for n, m in [(n, m) for n, m in sys.modules.items() if n not in before]:\n"
             "    s = getattr(m, '__spec__', None)\n"
-            "    if s and type(s.loader).__name__ == 'SourceFileLoader' and "
-            "s.origin.endswith('.py'):\n"
+            "    kind = type(s.loader).__name__ if s else ''\n"
+            "    if kind == 'SourceFileLoader' and s.origin.endswith('.py') or "
+            "kind == 'ExtensionFileLoader':\n"
             "        print(n, s.origin, int(s.submodule_search_locations is not None), "
-            "s.cached, sep='\\t')")
+            "s.cached if kind == 'SourceFileLoader' else '', sep='\\t')")
     out = subprocess.run([python, "-IS", "-c", code], check=True, capture_output=True,
                          text=True, timeout=120).stdout
-    return [(n, f, p == "1", c) for n, f, p, c in (ln.split("\t") for ln in out.splitlines())]
+    return [(n, f, p == "1", c or None)
+            for n, f, p, c in (ln.split("\t") for ln in out.splitlines())]
 
 
-def _without_docstrings(tree: ast.Module) -> ast.Module:
-    """The module, its classes and functions without their docstrings (each a first
-    statement that is a string constant; a body left empty gets a `pass` on the same line):
-    nothing on the run path reads a __doc__, and they are ~15% of the file. Everything
-    else, asserts and line numbers too, stays as the source has it."""
+def _stripped(tree: ast.Module) -> ast.Module:
+    """The module less what nothing on the run path reads and every start would unmarshal:
+    the docstrings of the module, its classes and functions (each a first statement that
+    is a string constant; a body left empty gets a `pass` on the same line), ~15% of the
+    file, and the functions' annotations (their __annotations__; a class's, which a
+    Record's fields are, stay). Everything else, asserts and line numbers too, stays as
+    the source has it."""
     for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.returns = None
+            a = node.args
+            for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg):
+                if arg is not None:
+                    arg.annotation = None
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
             if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
@@ -152,21 +167,24 @@ def _without_docstrings(tree: ast.Module) -> ast.Module:
 
 def build(python: str, src: str, site: str) -> bytes:
     """The run-path file's bytes: the magic number; the offset (4 bytes, little-endian) of
-    the table; each module's marshalled code; the table, marshal((finder code, MODS)), MODS
-    being {name: (source path, is a package, mtime ns, size, __cached__, (start, end) of
-    its code in the file)}."""
+    the table; each source module's marshalled code; the table, marshal((finder code,
+    MODS)), MODS being {name: (file, is a package, mtime ns, size, __cached__, (start, end)
+    of its code in the file)}, with __cached__ and (start, end) None for an extension
+    module (the finder gives its file to the usual extension loader)."""
     from importlib.util import MAGIC_NUMBER
 
     mods, codes, at = {}, [], 8
     for name, file, is_pkg, cached in run_path_modules(python, [src, site]):
         with open(file, "rb") as f:
             st = os.fstat(f.fileno())
-            source = f.read()
-        tree = _without_docstrings(ast.parse(source, file))
-        code = marshal.dumps(compile(tree, file, "exec", dont_inherit=True))
-        mods[name] = (file, is_pkg, st.st_mtime_ns, st.st_size, cached, (at, at + len(code)))
-        codes.append(code)
-        at += len(code)
+            source = f.read() if cached is not None else b""
+        where = None
+        if cached is not None:
+            tree = _stripped(ast.parse(source, file))
+            code = marshal.dumps(compile(tree, file, "exec", dont_inherit=True))
+            codes.append(code)
+            where, at = (at, at + len(code)), at + len(code)
+        mods[name] = (file, is_pkg, st.st_mtime_ns, st.st_size, cached, where)
     finder = compile(FINDER, "<corral-runpath>", "exec", dont_inherit=True)
     return b"".join([MAGIC_NUMBER, at.to_bytes(4, "little"), *codes,
                      marshal.dumps((finder, mods))])

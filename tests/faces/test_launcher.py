@@ -56,7 +56,10 @@ def test_the_installed_launcher_loads_the_run_path_from_its_file(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["stdout"] == "hi\n"
     assert "corral.cli" in mods and "corral.backends.namespace" in mods
-    for name, (file, _, mtime_ns, size, _, _) in mods.items():
+    for name, (file, _, mtime_ns, size, _, where) in mods.items():
+        if where is None:   # an extension module: its usual loader either way
+            assert loaders[name] == "ExtensionFileLoader"
+            continue
         if not os.path.exists(file):   # a module moved away since: not imported at all
             assert name not in loaders
             continue
@@ -120,8 +123,9 @@ def test_the_file_holds_what_a_fresh_run_imports():
     data = _runpath.build(PYTHON, SRC, SITE)
     _, mods = _runpath.table(data)
     assert sorted(mods) == sorted(names) and "corral.runtime.sandbox" in mods
-    # the standard library's one source module on the path (the others are frozen)
-    assert [n for n in mods if not n.startswith("corral")] == ["__future__"]
+    # the standard library's one source module on the path (the others are frozen), and
+    # the one extension module (its file: the finder spares the path's listings)
+    assert [n for n in mods if not n.startswith("corral")] == ["__future__", "_ctypes"]
     file, is_pkg, _, size, cached, (start, end) = mods["corral.linux"]
     assert is_pkg and file == os.path.join(SRC, "corral", "linux", "__init__.py")
     assert size == os.path.getsize(file)
@@ -159,17 +163,20 @@ def _codes(code):
 
 
 def test_the_file_keeps_line_numbers_and_asserts_but_no_docstrings(tmp_path):
-    """The file's code is its source's, less the docstrings: each function starts and runs
+    """The file's code is its source's, less the docstrings and the functions' annotations
+    (a class's stay: a Record's fields): each function starts and runs
     on the lines the source gives it (tracebacks name the right lines), an assert still
     fails, and a body that was only a docstring still compiles."""
     src = tmp_path / "m.py"
-    src.write_text('"""module doc"""\n\n\ndef f(x):\n    """f\'s doc\n    two lines"""\n'
-                   '    assert x, "no x"\n    return x\n\n\nclass C:\n    """only a doc"""\n')
-    code = compile(_runpath._without_docstrings(ast.parse(src.read_text(), str(src))),
+    src.write_text('"""module doc"""\n\n\ndef f(x: int) -> int:\n    """f\'s doc\n    two lines"""\n'
+                   '    assert x, "no x"\n    return x\n\n\nclass C:\n    """only a doc"""\n'
+                   '\n\nclass R:\n    """a record"""\n    y: int = 1\n')
+    code = compile(_runpath._stripped(ast.parse(src.read_text(), str(src))),
                    str(src), "exec", dont_inherit=True)
     ns = {"__name__": "m"}
     exec(code, ns)
     assert ns.get("__doc__") is None and ns["f"].__doc__ is None and ns["C"].__doc__ is None
+    assert ns["f"].__annotations__ == {} and ns["R"].__annotations__ == {"y": int}
     with pytest.raises(AssertionError, match="no x") as e:
         ns["f"](0)
     assert e.traceback[-1].lineno + 1 == 7   # the assert's line (pytest counts from 0)
@@ -183,3 +190,25 @@ def test_the_file_keeps_line_numbers_and_asserts_but_no_docstrings(tmp_path):
         lines = {n for _, _, n in c.co_lines() if n is not None}
         assert ours[c.co_qualname].co_firstlineno == c.co_firstlineno, c.co_qualname
         assert {n for _, _, n in ours[c.co_qualname].co_lines() if n} <= lines, c.co_qualname
+
+
+def test_the_finder_gives_each_module_its_file_and_its_usual_spec():
+    """What the launcher's finder answers for a module it holds is what the usual import
+    would (origin, __file__, __cached__, package path; an extension module through the
+    usual extension loader), and nothing for one edited since."""
+    data = _runpath.build(PYTHON, SRC, SITE)
+    finder, mods = _runpath.table(data)
+    ns = {"MODS": mods, "DATA": memoryview(data)}
+    exec(finder, ns)
+    sys.meta_path.remove(ns["RunPathFinder"])   # this process keeps its usual import
+    find = ns["RunPathFinder"].find_spec
+    for name in ("corral.linux", "corral.cli", "_ctypes"):
+        ours, usual = find(name), importlib.util.find_spec(name)
+        assert (ours.origin, ours.cached, ours.has_location, ours.parent) == \
+            (usual.origin, usual.cached, usual.has_location, usual.parent), name
+        assert ours.submodule_search_locations == usual.submodule_search_locations, name
+    assert type(find("_ctypes").loader) is type(importlib.util.find_spec("_ctypes").loader)
+    assert type(find("corral.cli").loader).__name__ == "RunPathLoader"
+    file, is_pkg, mtime_ns, size, cached, where = mods["_ctypes"]
+    mods["_ctypes"] = (file, is_pkg, mtime_ns + 1, size, cached, where)
+    assert find("_ctypes") is None and find("json") is None

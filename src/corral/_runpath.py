@@ -165,6 +165,22 @@ def _stripped(tree: ast.Module) -> ast.Module:
     return tree
 
 
+def _compiled(source: bytes, file: str):
+    """The module's code from its stripped tree (`_stripped`), its `from __future__ import`
+    turned into the compiler flags it stands for: the code is the same (annotations stay
+    strings), but running it imports nothing (the `__future__` module, and its name in
+    each module's namespace, ~0.1 ms of a start over 28 modules)."""
+    import __future__
+
+    tree, flags = _stripped(ast.parse(source, file)), 0
+    for node in [n for n in tree.body if isinstance(n, ast.ImportFrom)
+                 and n.module == "__future__"]:
+        for alias in node.names:
+            flags |= getattr(__future__, alias.name).compiler_flag
+        tree.body.remove(node)
+    return compile(tree, file, "exec", flags=flags, dont_inherit=True)
+
+
 def build(python: str, src: str, site: str) -> bytes:
     """The run-path file's bytes: the magic number; the offset (4 bytes, little-endian) of
     the table; each source module's marshalled code; the table, marshal((finder code,
@@ -180,8 +196,7 @@ def build(python: str, src: str, site: str) -> bytes:
             source = f.read() if cached is not None else b""
         where = None
         if cached is not None:
-            tree = _stripped(ast.parse(source, file))
-            code = marshal.dumps(compile(tree, file, "exec", dont_inherit=True))
+            code = marshal.dumps(_compiled(source, file))
             codes.append(code)
             where, at = (at, at + len(code)), at + len(code)
         mods[name] = (file, is_pkg, st.st_mtime_ns, st.st_size, cached, where)

@@ -4,21 +4,24 @@
 
 writes LAUNCHER (.venv/bin/corral) and RUNPATH (.venv/corral-runpath): the modules a fresh
 `corral run` imports from source files (corral's own, and `__future__`, which their first
-`from __future__ import annotations` loads; found by importing the run path in a fresh
-interpreter started as the launcher starts it), each compiled from its source less its
-docstrings (line numbers and asserts as the source has them), with the source's path,
-size, mtime and __cached__, in one file headed by this Python's bytecode magic number:
-the modules' marshalled code one after the other, then the table of them.
+`from __future__ import annotations` loads in the usual import; found by importing the
+run path in a fresh interpreter started as the launcher starts it), each compiled from
+its source less what nothing on the run path reads (docstrings, functions' annotations:
+`_stripped`; line numbers and asserts as the source has them) and with its future import
+as a compiler flag (`_compiled`), then the table: each module's source path, size, mtime,
+__cached__ and place in the file, and the path's extension module (_ctypes) by its file;
+all headed by this Python's bytecode magic number.
 
 The launcher reads that file once and puts a finder first on sys.meta_path; a module it
-holds is loaded from it when its source file still has the size and mtime (ns) it was
-compiled from, else (or for any module it does not hold) the usual import runs. It saves
-what importing a module from its own .pyc costs beyond running the code: the directory
-stat and listing lookups, a stat of the candidate file, the .pyc's open, fstat, read and
-checks (~30 us a module, ~1 ms of the 29 modules; docs/architecture.md). Each module's
-code is unmarshalled from the file's bytes in place (no copy), and its spec is made
-directly (what spec_from_file_location would make, without working out __cached__ again).
-The file is
+holds is loaded from it when its file still has the size and mtime (ns) it had, else (or
+for any module it does not hold) the usual import runs. It saves what importing a module
+from its own .pyc costs beyond running the code: the directory stat and listing lookups,
+a stat of the candidate file, the .pyc's open, fstat, read and checks (~30 us a module,
+~1 ms of the 29 modules; docs/architecture.md); since session 11 also the unmarshalling
+of the docstrings, a copy of the code's bytes (each module's code is unmarshalled in
+place from the bytes read), the work of spec_from_file_location (the finder makes the
+same spec directly, __cached__ worked out at build time) and the path finder's listings
+of the standard library's directories for _ctypes (~1 ms in all). The file is
 used only when it is a regular file (opened without following a link or waiting on a
 FIFO, then checked by its fd before any of it is read) of root or of this user that no one
 else may write (as the .venv it lives in), with one link, under 64 MiB, read whole, and

@@ -1,6 +1,6 @@
 """Where the time of `corral run -- /bin/true` goes, stage by stage (issue 14).
 
-    .venv/bin/python bench/cli_breakdown.py [--runs N] [--launcher FILE]
+    .venv/bin/python bench/cli_breakdown.py [--runs N] [--launcher FILE] [--baseline FILE]
 
 Each run is one fresh process started like the launcher (.venv/bin/corral: its #! line's
 interpreter and flags, its prelude), which does what `corral run` does, step by step, and
@@ -87,29 +87,8 @@ def launcher_parts(path: str) -> tuple[list[str], str]:
     return interp, "\n".join(prelude)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--launcher", default=os.path.join(os.path.dirname(sys.executable),
-                                                       "corral"))
-    args = ap.parse_args()
-    interp, prelude = launcher_parts(args.launcher)
-    driver = DRIVER.format(prelude=prelude)
-    walls: dict[str, list[float]] = {"interp -I": [], "interp": [], "whole": []}
-    stages: dict[str, list[float]] = {s: [] for s in STAGES}
-    for _ in range(args.runs):
-        for name, argv in (("interp -I", ["/usr/bin/python3", "-I", "-c", "pass"]),
-                           ("interp", [*interp, "-c", "pass"]),
-                           ("whole", [*interp, "-c", driver])):
-            t = time.perf_counter_ns()
-            p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
-            walls[name].append((time.perf_counter_ns() - t) / 1e6)
-            if p.returncode != 0:
-                raise SystemExit(f"{name} failed: {p.stderr.decode()[-800:]}")
-            if name == "whole":
-                for s, ns in zip(STAGES, p.stdout.split()):
-                    stages[s].append(int(ns) / 1e6)
-    print(f"{args.runs} runs, launcher {args.launcher} ({' '.join(interp)})")
+def report(title: str, walls: dict[str, list[float]], stages: dict[str, list[float]]) -> None:
+    print(title)
     print(f"  {'stage':10} {'median ms':>10} {'min ms':>8}")
     rows = [("interp -I", walls["interp -I"]), ("interp", walls["interp"]),
             *((s, stages[s]) for s in STAGES)]
@@ -120,6 +99,39 @@ def main() -> int:
         print(f"  rest ({what}: whole - interp - stages) {rest:.2f} ms")
     print(f"  {'whole':10} {statistics.median(walls['whole']):10.2f} "
           f"{min(walls['whole']):8.2f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--launcher", default=os.path.join(os.path.dirname(sys.executable),
+                                                       "corral"))
+    ap.add_argument("--baseline", metavar="LAUNCHER",
+                    help="also this launcher (e.g. an older checkout's), in the same rounds, "
+                         "right after each run of --launcher")
+    args = ap.parse_args()
+    launchers = [args.launcher] + ([args.baseline] if args.baseline else [])
+    parts = {path: launcher_parts(path) for path in launchers}
+    walls = {path: {"interp -I": [], "interp": [], "whole": []} for path in launchers}
+    stages = {path: {s: [] for s in STAGES} for path in launchers}
+    for _ in range(args.runs):
+        for path in launchers:
+            interp, prelude = parts[path]
+            for name, argv in (("interp -I", ["/usr/bin/python3", "-I", "-c", "pass"]),
+                               ("interp", [*interp, "-c", "pass"]),
+                               ("whole", [*interp, "-c", DRIVER.format(prelude=prelude)])):
+                t = time.perf_counter_ns()
+                p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
+                walls[path][name].append((time.perf_counter_ns() - t) / 1e6)
+                if p.returncode != 0:
+                    raise SystemExit(f"{name} failed: {p.stderr.decode()[-800:]}")
+                if name == "whole":
+                    for s, ns in zip(STAGES, p.stdout.split()):
+                        stages[path][s].append(int(ns) / 1e6)
+    for path in launchers:
+        report(f"{args.runs} runs, launcher {path} ({' '.join(parts[path][0])})",
+               walls[path], stages[path])
+    print("load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     return 0
 
 

@@ -4,26 +4,35 @@
 
 writes LAUNCHER (.venv/bin/corral) and RUNPATH (.venv/corral-runpath): the modules a fresh
 `corral run` imports from source files (corral's own, and `__future__`, which their first
-`from __future__ import annotations` loads; found by importing the run path in a fresh
-interpreter started as the launcher starts it), each compiled from its source, with the
-source's path, size and mtime, in one marshal file headed by this Python's bytecode magic
-number.
+`from __future__ import annotations` loads in the usual import; found by importing the
+run path in a fresh interpreter started as the launcher starts it), each compiled from
+its source less what nothing on the run path reads (docstrings, functions' annotations:
+`_stripped`; line numbers and asserts as the source has them) and with its future import
+as a compiler flag (`_compiled`), then the table: each module's source path, size, mtime,
+__cached__ and place in the file, and the path's extension module (_ctypes) by its file;
+all headed by this Python's bytecode magic number.
 
 The launcher reads that file once and puts a finder first on sys.meta_path; a module it
-holds is loaded from it when its source file still has the size and mtime (ns) it was
-compiled from, else (or for any module it does not hold) the usual import runs. It saves
-what importing a module from its own .pyc costs beyond running the code: the directory
-stat and listing lookups, a stat of the candidate file, the .pyc's open, fstat, read and
-checks (~30 us a module, ~1 ms of the 29 modules; docs/architecture.md). The file is
+holds is loaded from it when its file still has the size and mtime (ns) it had, else (or
+for any module it does not hold) the usual import runs. It saves what importing a module
+from its own .pyc costs beyond running the code: the directory stat and listing lookups,
+a stat of the candidate file, the .pyc's open, fstat, read and checks (~30 us a module,
+~1 ms of the 29 modules; docs/architecture.md); since session 11 also the unmarshalling
+of the docstrings, a copy of the code's bytes (each module's code is unmarshalled in
+place from the bytes read), the work of spec_from_file_location (the finder makes the
+same spec directly, __cached__ worked out at build time) and the path finder's listings
+of the standard library's directories for _ctypes (~1 ms in all). The file is
 used only when it is a regular file (opened without following a link or waiting on a
 FIFO, then checked by its fd before any of it is read) of root or of this user that no one
-else may write (as the .venv it lives in), with one link, under 64 MiB, and made by this
-Python (magic number); anything odd: the usual import. A stale file is harmless: each changed module falls back on its own, and
-`scripts/setup.sh` rewrites the file.
+else may write (as the .venv it lives in), with one link, under 64 MiB, read whole, and
+made by this Python (magic number); anything odd: the usual import. A stale file is
+harmless: each changed module falls back on its own, and `scripts/setup.sh` rewrites the
+file.
 """
 
 from __future__ import annotations
 
+import ast
 import marshal
 import os
 import subprocess
@@ -35,24 +44,26 @@ ENTRY_MODULES = ("corral.cli", "corral.runtime.sandbox", "corral.backends.namesp
                  "corral.audit.record")
 
 #: the launcher's finder, compiled into the file; run by the launcher with MODS, the
-#: {module name: (source path, is a package, mtime ns, size, marshalled code)} table
+#: {module name: (source path, is a package, mtime ns, size, __cached__, (start, end))}
+#: table, and DATA, the file's bytes, whose [start:end] is the module's marshalled code
+#: (None for an extension module: the usual extension loader, given its file)
 FINDER = '''
 import marshal, posix, sys
 _ext = sys.modules["_frozen_importlib_external"]
+_Spec = sys.modules["_frozen_importlib"].ModuleSpec
 
 
 class RunPathLoader(_ext.SourceFileLoader):
     """The source file's own loader, but its code comes from the run-path file (once)."""
 
     def __init__(self, name, path, code):
-        super().__init__(name, path)
-        self.code = code
+        self.name, self.path, self.code = name, path, code
 
     def get_code(self, fullname):
         code, self.code = self.code, None
         if code is None or fullname != self.name:
             return super().get_code(fullname)
-        return marshal.loads(code)
+        return marshal.loads(DATA[code[0]:code[1]])
 
 
 class RunPathFinder:
@@ -61,16 +72,25 @@ class RunPathFinder:
         entry = MODS.get(name)
         if entry is None:
             return None
-        file, is_pkg, mtime_ns, size, code = entry
+        file, is_pkg, mtime_ns, size, cached, code = entry
         try:
             st = posix.stat(file)
         except OSError:
             return None
         if st.st_mtime_ns != mtime_ns or st.st_size != size:
             return None   # edited since: the usual import (its .py, its .pyc)
-        return _ext.spec_from_file_location(
-            name, file, loader=RunPathLoader(name, file, code),
-            submodule_search_locations=[file.rpartition("/")[0]] if is_pkg else None)
+        # as spec_from_file_location(name, file, loader=..., submodule_search_locations=
+        # [its directory] or None) makes it, with its __cached__ worked out at build time
+        if code is None:   # an extension module: its file, without the path's listings
+            spec = _Spec(name, _ext.ExtensionFileLoader(name, file), origin=file)
+            spec.has_location = True
+            return spec
+        spec = _Spec(name, RunPathLoader(name, file, code), origin=file)
+        spec.has_location = True
+        spec.cached = cached
+        if is_pkg:
+            spec.submodule_search_locations = [file.rpartition("/")[0]]
+        return spec
 
 
 sys.meta_path.insert(0, RunPathFinder)
@@ -82,15 +102,20 @@ gc.disable()  # corral.cli.gc_back_on() turns it on again
 sys.path += [{src!r}, {site!r}]  # after the standard library, as a .pth puts them
 try:  # the run path's modules in one file, if ours and this Python's (corral/_runpath.py):
     import marshal, posix  # opened once, not through a link nor waiting (a FIFO), checked
-    with open(posix.open({runpath!r}, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_NONBLOCK
-                         | posix.O_CLOEXEC), "rb") as f:   # by its fd, then read from it
-        st = posix.fstat(f.fileno())
+    fd = posix.open({runpath!r}, posix.O_RDONLY | posix.O_NOFOLLOW | posix.O_NONBLOCK
+                    | posix.O_CLOEXEC)   # by its fd, then read from it whole
+    try:
+        st = posix.fstat(fd)
         if (st.st_mode & 0o170000 == 0o100000 and st.st_uid in (0, posix.geteuid())
                 and not st.st_mode & 0o022 and st.st_nlink == 1 and st.st_size < 1 << 26):
-            data = f.read(st.st_size)
-            if data[:4] == sys.modules["_frozen_importlib_external"].MAGIC_NUMBER:
-                code, mods = marshal.loads(memoryview(data)[4:])
-                exec(code, {{"MODS": mods}})
+            data = posix.read(fd, st.st_size)
+            if (len(data) == st.st_size
+                    and data[:4] == sys.modules["_frozen_importlib_external"].MAGIC_NUMBER):
+                view = memoryview(data)
+                code, mods = marshal.loads(view[int.from_bytes(data[4:8], "little"):])
+                exec(code, {{"MODS": mods, "DATA": view}})
+    finally:
+        posix.close(fd)
 except (OSError, ValueError, EOFError, TypeError):
     pass
 from corral.cli import entry
@@ -98,36 +123,94 @@ entry()
 '''
 
 
-def run_path_modules(python: str, paths: list[str]) -> list[tuple[str, str, bool]]:
-    """(name, source file, is a package) of each module a fresh interpreter started like the
-    launcher loads from a source file with ENTRY_MODULES, in the order they loaded (frozen,
-    built-in and extension modules are not in it, nor what the interpreter loaded before:
-    the encodings)."""
+def run_path_modules(python: str, paths: list[str]) -> list[tuple[str, str, bool, str | None]]:
+    """(name, file, is a package, __cached__) of each module a fresh interpreter started
+    like the launcher loads from a source file, or from an extension module's file
+    (__cached__ None), with ENTRY_MODULES, in the order they loaded (frozen and built-in
+    modules are not in it, nor what the interpreter loaded before: the encodings)."""
     code = (f"import sys; sys.path += {paths!r}; before = set(sys.modules)\n"
             f"import {', '.join(ENTRY_MODULES)}\n"
             "for n, m in [(n, m) for n, m in sys.modules.items() if n not in before]:\n"
             "    s = getattr(m, '__spec__', None)\n"
-            "    if s and type(s.loader).__name__ == 'SourceFileLoader' and "
-            "s.origin.endswith('.py'):\n"
-            "        print(n, s.origin, int(s.submodule_search_locations is not None))")
+            "    kind = type(s.loader).__name__ if s else ''\n"
+            "    if kind == 'SourceFileLoader' and s.origin.endswith('.py') or "
+            "kind == 'ExtensionFileLoader':\n"
+            "        print(n, s.origin, int(s.submodule_search_locations is not None), "
+            "s.cached if kind == 'SourceFileLoader' else '', sep='\\t')")
     out = subprocess.run([python, "-IS", "-c", code], check=True, capture_output=True,
                          text=True, timeout=120).stdout
-    return [(n, f, p == "1") for n, f, p in (line.split(" ") for line in out.splitlines())]
+    return [(n, f, p == "1", c or None)
+            for n, f, p, c in (ln.split("\t") for ln in out.splitlines())]
+
+
+def _stripped(tree: ast.Module) -> ast.Module:
+    """The module less what nothing on the run path reads and every start would unmarshal:
+    the docstrings of the module, its classes and functions (each a first statement that
+    is a string constant; a body left empty gets a `pass` on the same line), ~15% of the
+    file, and the functions' annotations (their __annotations__; a class's, which a
+    Record's fields are, stay). Everything else, asserts and line numbers too, stays as
+    the source has it."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.returns = None
+            a = node.args
+            for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg):
+                if arg is not None:
+                    arg.annotation = None
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                if len(body) == 1:
+                    body[0] = ast.copy_location(ast.Pass(), body[0])
+                else:
+                    del body[0]
+    return tree
+
+
+def _compiled(source: bytes, file: str):
+    """The module's code from its stripped tree (`_stripped`), its `from __future__ import`
+    turned into the compiler flags it stands for: the code is the same (annotations stay
+    strings), but running it imports nothing (the `__future__` module, and its name in
+    each module's namespace, ~0.1 ms of a start over 28 modules)."""
+    import __future__
+
+    tree, flags = _stripped(ast.parse(source, file)), 0
+    for node in [n for n in tree.body if isinstance(n, ast.ImportFrom)
+                 and n.module == "__future__"]:
+        for alias in node.names:
+            flags |= getattr(__future__, alias.name).compiler_flag
+        tree.body.remove(node)
+    return compile(tree, file, "exec", flags=flags, dont_inherit=True)
 
 
 def build(python: str, src: str, site: str) -> bytes:
-    """The run-path file's bytes: the magic number, then marshal((finder code, MODS))."""
+    """The run-path file's bytes: the magic number; the offset (4 bytes, little-endian) of
+    the table; each source module's marshalled code; the table, marshal((finder code,
+    MODS)), MODS being {name: (file, is a package, mtime ns, size, __cached__, (start, end)
+    of its code in the file)}, with __cached__ and (start, end) None for an extension
+    module (the finder gives its file to the usual extension loader)."""
     from importlib.util import MAGIC_NUMBER
 
-    mods = {}
-    for name, file, is_pkg in run_path_modules(python, [src, site]):
+    mods, codes, at = {}, [], 8
+    for name, file, is_pkg, cached in run_path_modules(python, [src, site]):
         with open(file, "rb") as f:
             st = os.fstat(f.fileno())
-            source = f.read()
-        code = compile(source, file, "exec", dont_inherit=True)
-        mods[name] = (file, is_pkg, st.st_mtime_ns, st.st_size, marshal.dumps(code))
+            source = f.read() if cached is not None else b""
+        where = None
+        if cached is not None:
+            code = marshal.dumps(_compiled(source, file))
+            codes.append(code)
+            where, at = (at, at + len(code)), at + len(code)
+        mods[name] = (file, is_pkg, st.st_mtime_ns, st.st_size, cached, where)
     finder = compile(FINDER, "<corral-runpath>", "exec", dont_inherit=True)
-    return MAGIC_NUMBER + marshal.dumps((finder, mods))
+    return b"".join([MAGIC_NUMBER, at.to_bytes(4, "little"), *codes,
+                     marshal.dumps((finder, mods))])
+
+
+def table(data: bytes) -> tuple:
+    """A run-path file's (finder code, MODS), as the launcher reads them."""
+    return marshal.loads(data[int.from_bytes(data[4:8], "little"):])
 
 
 def _write(path: str, data: bytes, mode: int) -> None:
@@ -154,7 +237,7 @@ def install(launcher: str, runpath: str, src: str, site: str,
     _write(runpath, data, 0o644)
     _write(launcher, LAUNCHER.format(python=python, src=src, site=site,
                                      runpath=runpath).encode(), 0o755)
-    return len(marshal.loads(data[4:])[1])
+    return len(table(data)[1])
 
 
 def main(argv: list[str]) -> int:

@@ -2,6 +2,7 @@
 come from the file while their sources are unchanged, and from the usual import when a
 source changed or the file is not to be trusted. Real interpreters, a real `corral run`."""
 
+import importlib.util
 import json
 import marshal
 import os
@@ -49,12 +50,18 @@ def test_the_installed_launcher_loads_the_run_path_from_its_file(tmp_path):
     runpath = os.path.join(ROOT, ".venv", "corral-runpath")
     assert repr(runpath) in text
     with open(runpath, "rb") as f:
-        _, mods = marshal.loads(f.read()[4:])
+        _, mods = _runpath.table(f.read())
     r, loaders = run_launcher(tmp_path, text, "run", "--json", "--", "/bin/echo", "hi")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["stdout"] == "hi\n"
     assert "corral.cli" in mods and "corral.backends.namespace" in mods
-    for name, (file, _, mtime_ns, size, _) in mods.items():
+    for name, (file, _, mtime_ns, size, _, where) in mods.items():
+        if name == "__future__":   # in the table, but the file's code does not import it
+            assert name not in loaders
+            continue
+        if where is None:   # an extension module: its usual loader either way
+            assert loaders[name] == "ExtensionFileLoader"
+            continue
         if not os.path.exists(file):   # a module moved away since: not imported at all
             assert name not in loaders
             continue
@@ -70,15 +77,18 @@ def test_a_fresh_file_holds_every_module_of_the_run_path(tmp_path):
     assert r.returncode == 0, r.stderr
     from_file = sorted(n for n, kind in loaders.items() if kind == "RunPathLoader")
     ours = sorted(n for n in loaders if n.startswith("corral"))
-    assert from_file == sorted(ours + ["__future__"]), set(ours) - set(from_file)
+    assert from_file == ours, set(ours) - set(from_file)
+    # the file's code has its `from __future__ import annotations` as a compiler flag
+    assert "__future__" not in loaders
 
 
 def test_a_changed_source_is_imported_as_usual(tmp_path):
     data = _runpath.build(PYTHON, SRC, SITE)
-    finder, mods = marshal.loads(data[4:])
-    file, is_pkg, mtime_ns, size, code = mods["corral.linux.limits"]
-    mods["corral.linux.limits"] = (file, is_pkg, mtime_ns - 1, size, code)   # "edited"
-    text = launcher_for(tmp_path, data[:4] + marshal.dumps((finder, mods)))
+    finder, mods = _runpath.table(data)
+    file, is_pkg, mtime_ns, size, cached, code = mods["corral.linux.limits"]
+    mods["corral.linux.limits"] = (file, is_pkg, mtime_ns - 1, size, cached, code)   # "edited"
+    at = int.from_bytes(data[4:8], "little")
+    text = launcher_for(tmp_path, data[:at] + marshal.dumps((finder, mods)))
     r, loaders = run_launcher(tmp_path, text, "run", "--", "/bin/true")
     assert r.returncode == 0, r.stderr
     assert loaders["corral.linux.limits"] == "SourceFileLoader"
@@ -113,15 +123,18 @@ def test_without_the_file_the_launcher_runs_as_usual(tmp_path):
 def test_the_file_holds_what_a_fresh_run_imports():
     """The table lists the modules a fresh interpreter loads from source files with the run
     path's entry modules, each with its own source's path, size and code."""
-    names = [n for n, _, _ in _runpath.run_path_modules(PYTHON, [SRC, SITE])]
-    _, mods = marshal.loads(_runpath.build(PYTHON, SRC, SITE)[4:])
+    names = [n for n, _, _, _ in _runpath.run_path_modules(PYTHON, [SRC, SITE])]
+    data = _runpath.build(PYTHON, SRC, SITE)
+    _, mods = _runpath.table(data)
     assert sorted(mods) == sorted(names) and "corral.runtime.sandbox" in mods
-    # the standard library's one source module on the path (the others are frozen)
-    assert [n for n in mods if not n.startswith("corral")] == ["__future__"]
-    file, is_pkg, _, size, code = mods["corral.linux"]
+    # the standard library's one source module on the path (the others are frozen), and
+    # the one extension module (its file: the finder spares the path's listings)
+    assert [n for n in mods if not n.startswith("corral")] == ["__future__", "_ctypes"]
+    file, is_pkg, _, size, cached, (start, end) = mods["corral.linux"]
     assert is_pkg and file == os.path.join(SRC, "corral", "linux", "__init__.py")
     assert size == os.path.getsize(file)
-    assert marshal.loads(code).co_filename == file
+    assert marshal.loads(data[start:end]).co_filename == file
+    assert cached == importlib.util.cache_from_source(file)
 
 
 @pytest.mark.parametrize("what", ["a FIFO", "a link to a good file", "a directory"])
@@ -144,3 +157,68 @@ def test_only_a_regular_file_is_opened_and_used(tmp_path, what):
     assert r.returncode == 0, r.stderr
     assert "RunPathLoader" not in loaders.values(), what
     assert loaders["corral.cli"] == "SourceFileLoader"
+
+
+def _codes(code):
+    yield code
+    for c in code.co_consts:
+        if hasattr(c, "co_code"):
+            yield from _codes(c)
+
+
+def test_the_file_keeps_line_numbers_and_asserts_but_no_docstrings(tmp_path):
+    """The file's code is its source's, less the docstrings and the functions' annotations
+    (a class's stay: a Record's fields), its `from __future__ import annotations` a
+    compiler flag (annotations stay strings; nothing imported): each function starts and
+    runs on the lines the source gives it (tracebacks name the right lines), an assert
+    still fails, and a body that was only a docstring still compiles."""
+    src = tmp_path / "m.py"
+    src.write_text('"""module doc"""\n\n\ndef f(x: int) -> int:\n    """f\'s doc\n    two lines"""\n'
+                   '    assert x, "no x"\n    return x\n\n\nclass C:\n    """only a doc"""\n'
+                   '\n\nclass R:\n    """a record"""\n    y: int = 1\n')
+    later = tmp_path / "later.py"   # as the run path's modules start
+    later.write_text('"""doc"""\n\nfrom __future__ import annotations\n\n\n'
+                     'class R:\n    y: Undefined = 1\n')
+    ns = {"__name__": "later"}
+    exec(_runpath._compiled(later.read_bytes(), str(later)), ns)
+    assert ns["R"].__annotations__ == {"y": "Undefined"} and "annotations" not in ns
+    code = _runpath._compiled(src.read_bytes(), str(src))
+    ns = {"__name__": "m"}
+    exec(code, ns)
+    assert ns.get("__doc__") is None and ns["f"].__doc__ is None and ns["C"].__doc__ is None
+    assert ns["f"].__annotations__ == {} and ns["R"].__annotations__ == {"y": int}
+    with pytest.raises(AssertionError, match="no x") as e:
+        ns["f"](0)
+    assert e.traceback[-1].lineno + 1 == 7   # the assert's line (pytest counts from 0)
+    data = _runpath.build(PYTHON, SRC, SITE)
+    _, mods = _runpath.table(data)
+    file, _, _, _, _, (start, end) = mods["corral.runtime.sandbox"]
+    with open(file) as f:
+        plain = compile(f.read(), file, "exec", dont_inherit=True)
+    ours = {c.co_qualname: c for c in _codes(marshal.loads(data[start:end]))}
+    for c in _codes(plain):
+        lines = {n for _, _, n in c.co_lines() if n is not None}
+        assert ours[c.co_qualname].co_firstlineno == c.co_firstlineno, c.co_qualname
+        assert {n for _, _, n in ours[c.co_qualname].co_lines() if n} <= lines, c.co_qualname
+
+
+def test_the_finder_gives_each_module_its_file_and_its_usual_spec():
+    """What the launcher's finder answers for a module it holds is what the usual import
+    would (origin, __file__, __cached__, package path; an extension module through the
+    usual extension loader), and nothing for one edited since."""
+    data = _runpath.build(PYTHON, SRC, SITE)
+    finder, mods = _runpath.table(data)
+    ns = {"MODS": mods, "DATA": memoryview(data)}
+    exec(finder, ns)
+    sys.meta_path.remove(ns["RunPathFinder"])   # this process keeps its usual import
+    find = ns["RunPathFinder"].find_spec
+    for name in ("corral.linux", "corral.cli", "_ctypes"):
+        ours, usual = find(name), importlib.util.find_spec(name)
+        assert (ours.origin, ours.cached, ours.has_location, ours.parent) == \
+            (usual.origin, usual.cached, usual.has_location, usual.parent), name
+        assert ours.submodule_search_locations == usual.submodule_search_locations, name
+    assert type(find("_ctypes").loader) is type(importlib.util.find_spec("_ctypes").loader)
+    assert type(find("corral.cli").loader).__name__ == "RunPathLoader"
+    file, is_pkg, mtime_ns, size, cached, where = mods["_ctypes"]
+    mods["_ctypes"] = (file, is_pkg, mtime_ns + 1, size, cached, where)
+    assert find("_ctypes") is None and find("json") is None

@@ -34,12 +34,14 @@ def tier_unavailable(tier: str, policy: dict | None = None) -> str | None:
 
 
 def procs_mentioning(text: str) -> list[int]:
-    """Host processes whose command line contains `text`."""
+    """Host processes whose command line, its arguments joined by spaces, contains
+    `text` (`sleep 5` matches both `sh -c "sleep 5"` and a `sleep 5` exec'd without the
+    shell, as a live sandbox runs a plain command line)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if text.encode() in f.read():
+                if text.encode() in f.read().replace(b"\0", b" "):
                     found.append(int(pid))
         except OSError:
             pass

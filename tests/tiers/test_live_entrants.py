@@ -56,3 +56,27 @@ def test_a_sandbox_killed_while_its_entrants_are_forked_closes_cleanly():
         problems = sb.kill()   # the watchdog may be forking the next entrants right now
         assert not problems, problems
         assert live._entrants == [] and live._forks == 0 and live.target is None
+
+
+def test_an_entrant_killed_while_it_waited_is_never_handed_a_command():
+    """A prepared entrant can die while it waits (the OOM killer at the sandbox's memory
+    limit weighs the pages it shares with the zygote as its own; CI saw the next command
+    fail with BrokenPipeError after an OOM kill). The next commands take a live one."""
+    import os
+    import signal
+
+    available("namespace")
+    with corral.Sandbox.create({"isolation": "namespace"}, timeout=120) as sb:
+        live = sb._live
+        assert sb.commands.run(["true"]).exit_code == 0
+        for _ in range(3):
+            assert _ready(live, namespace_live.READY_ENTRANTS) == namespace_live.READY_ENTRANTS
+            for entrant, _cg in list(live._entrants):
+                os.kill(entrant.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while (any(e.waiting() for e, _ in list(live._entrants))
+                   and time.monotonic() < deadline):
+                time.sleep(0.01)
+            r = sb.commands.run("echo fine")
+            assert (r.exit_code, r.stdout) == (0, "fine\n"), r
+        assert sb.commands.run(["true"]).exit_code == 0

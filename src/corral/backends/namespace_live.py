@@ -302,29 +302,38 @@ class NamespaceLive(NamespaceSandbox):
                 for fd in attach:
                     os.close(fd)
         else:
-            if not self._entrants:
-                self._prepare_one()
-            entrant, cg = self._entrants.pop(0)
+            entrant, cg = self._take_entrant()
         nofile, fsize, cpu = self.rlimits
         if cpu_seconds is not None:
             cpu = int(cpu_seconds) + 1
-        tally = None
-        try:
-            if self.observer is not None:
-                # answered before anything runs under it: the command's start (its vfork
-                # child before exec holds the entrant) must never wait on a refusal
-                entrant.wait_ready()
-                if entrant.listener >= 0:
-                    fd, entrant.listener = entrant.listener, -1
-                    tally = self.observer.watch(fd)
-            pid, out_r, err_r = entrant.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
-                                              rlimits=(nofile, fsize, cpu),
-                                              stdout_fd=tty_fd, words=words)
-        except BaseException:
-            entrant.close()
-            cg.kill_all()
-            self.release(cg)
-            raise
+        for again in (True, False):
+            tally = None
+            try:
+                if self.observer is not None:
+                    # answered before anything runs under it: the command's start (its
+                    # vfork child before exec holds the entrant) must never wait on a
+                    # refusal
+                    entrant.wait_ready()
+                    if entrant.listener >= 0:
+                        fd, entrant.listener = entrant.listener, -1
+                        tally = self.observer.watch(fd)
+                pid, out_r, err_r = entrant.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
+                                                  rlimits=(nofile, fsize, cpu),
+                                                  stdout_fd=tty_fd, words=words)
+            except (BrokenPipeError, ConnectionResetError):
+                # A died after _take_entrant looked and before it read the request: it
+                # never had it, nothing ran; once more with a new entrant
+                self._let_go(entrant, cg)
+                if not again or user not in (None, 0) or not self.alive():
+                    raise SandboxSetupError("the sandbox's entrant died before it took "
+                                            "the command; nothing ran", step="enter"
+                                            ) from None
+                entrant, cg = self._take_entrant()
+                continue
+            except BaseException:
+                self._let_go(entrant, cg)
+                raise
+            break
         pidfd, entrant.b_pidfd = entrant.b_pidfd, -1
         started = Started(pid, out_r, err_r, cg, entrant.reap, tally, pidfd=pidfd,
                           exit_status=entrant.exit_status)
@@ -396,10 +405,26 @@ class NamespaceLive(NamespaceSandbox):
     def drop_entrant(self) -> None:
         """Let the prepared entrants go (an idle sandbox need not keep them)."""
         while self._entrants:
-            entrant, cg = self._entrants.pop()
+            self._let_go(*self._entrants.pop())
+
+    def _take_entrant(self):
+        """A prepared entrant (and its cgroup) still waiting, or a new one: one that died
+        while it waited (Entrant.waiting) is let go, never handed a command."""
+        while self._entrants:
+            entrant, cg = self._entrants.pop(0)
+            if entrant.waiting():
+                return entrant, cg
+            self._let_go(entrant, cg)
+        self._prepare_one()
+        return self._entrants.pop(0)
+
+    def _let_go(self, entrant, cg) -> None:
+        try:
             entrant.close()
-            cg.kill_all()
-            self.release(cg)
+        except OSError:
+            pass
+        cg.kill_all()
+        self.release(cg)
 
     def alive(self) -> bool:
         return self.target is not None and self.target.alive()

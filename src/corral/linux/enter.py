@@ -232,6 +232,16 @@ class Entrant:
             unclaimed.detach()
         return status
 
+    def waiting(self) -> bool:
+        """Whether A still lives (a prepared one can be killed while it waits: by the OOM
+        killer at the sandbox's memory limit, which weighs the pages A shares with the
+        zygote as A's own, or by a kill of everything in the sandbox)."""
+        if self.pidfd < 0:
+            return False
+        poller = select.poll()
+        poller.register(self.pidfd, select.POLLIN)
+        return not poller.poll(0)
+
     def close(self) -> None:
         """Let an unused one go (it exits at EOF), and reap it."""
         if self.listener >= 0:

@@ -1,7 +1,8 @@
-"""A namespace-tier live sandbox keeps READY_ENTRANTS entrants ready
-(backends/namespace_live.py): a command started right after another, with no pause for
-the sandbox's thread to prepare one, still finds one entered and waiting, never forks one
-on its own path; and the sandbox's thread forks them with the sandbox's lock let go."""
+"""A namespace-tier live sandbox keeps an entrant ready, and READY_ENTRANTS once its
+commands came faster than it prepared them (backends/namespace_live.py): a command started
+right after another, with no pause for the sandbox's thread to prepare one, still finds
+one entered and waiting, never forks one on its own path; and the sandbox's thread forks
+them with the sandbox's lock let go."""
 
 from __future__ import annotations
 
@@ -26,6 +27,21 @@ def test_back_to_back_commands_find_prepared_entrants():
     assert namespace_live.READY_ENTRANTS >= 2
     with corral.Sandbox.create({"isolation": "namespace"}, timeout=120) as sb:
         live = sb._live
+        assert sb.commands.run(["true"]).exit_code == 0
+        # one kept while the commands leave it time to prepare the next
+        assert _ready(live, 1) == 1 and live._want == 1
+        time.sleep(0.2)
+        assert len(live._entrants) == 1
+        # a command that finds none ready (the thread kept from refilling: commands come
+        # faster than it prepares them) makes the sandbox keep READY_ENTRANTS from then on
+        real_prepare = live.prepare
+        live.prepare = lambda *a, **k: None
+        try:
+            sb._drop_entrant()
+            assert sb.commands.run(["true"]).exit_code == 0
+        finally:
+            live.prepare = real_prepare
+        assert live._want == namespace_live.READY_ENTRANTS
         assert sb.commands.run(["true"]).exit_code == 0
         assert _ready(live, namespace_live.READY_ENTRANTS) == namespace_live.READY_ENTRANTS
         on_path = []
@@ -70,7 +86,7 @@ def test_an_entrant_killed_while_it_waited_is_never_handed_a_command():
         live = sb._live
         assert sb.commands.run(["true"]).exit_code == 0
         for _ in range(3):
-            assert _ready(live, namespace_live.READY_ENTRANTS) == namespace_live.READY_ENTRANTS
+            assert _ready(live, live._want) == live._want
             for entrant, _cg in list(live._entrants):
                 os.kill(entrant.pid, signal.SIGKILL)
             deadline = time.monotonic() + 10

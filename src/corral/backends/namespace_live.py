@@ -51,8 +51,11 @@ from .namespace import (
 HOLDER = ("/usr/bin/sleep", "infinity")
 #: idle command cgroups a live sandbox keeps for its next commands
 KEEP_CGROUPS = 4
-#: entrants a live sandbox keeps ready (prepare()): a command started right after
-#: another (no pause for the watchdog to prepare one) still finds one entered and waiting
+#: entrants a live sandbox keeps ready (prepare()) once its commands have come faster
+#: than it could prepare them (a command found none ready): a command started right after
+#: another (no pause for the watchdog to prepare one) still finds one entered and waiting.
+#: Until then one: the second's fork, in the pause between commands, cost a command after
+#: a short pause 0.2-0.4 ms (bench/live_ab.py, 20 ms pauses; none at 100 ms)
 READY_ENTRANTS = 2
 #: corral's own processes in a live sandbox's cgroup beyond a one-shot run's (bwrap and
 #: its init count there too): the holder, the entrants waiting for the next commands and
@@ -129,6 +132,9 @@ class NamespaceLive(NamespaceSandbox):
         self._forking = threading.Condition(threading.Lock())
         self._forks = 0           # entrants being forked with the caller's lock let go
         self._entrants: list = []    # (Entrant, its cgroup) for the next commands, oldest first
+        #: how many prepare() keeps: 1, READY_ENTRANTS once a command found none ready
+        self._want = 1
+        self._taken = 0           # commands that took a prepared or new entrant
         self._cmds = 0
         self._subreaper = False
         self._init_fd = -1
@@ -342,11 +348,12 @@ class NamespaceLive(NamespaceSandbox):
 
     def prepare(self, lock=None, busy: bool = False) -> None:
         """Fork the next commands' entrants ahead (linux/enter.Entrant): in their cgroups
-        and the sandbox's namespaces, waiting; up to READY_ENTRANTS of them, or one while
-        `busy` (a command runs: the forks and setns of more would compete with it). `lock`:
+        and the sandbox's namespaces, waiting; one, or READY_ENTRANTS once a command found
+        none ready (_take_entrant), but one while `busy` (a command runs: the forks and
+        setns of more would compete with it). `lock`:
         the caller's lock (held), let go while the zygote forks each, so that a command's
         start or end never waits for that."""
-        most = 1 if busy else READY_ENTRANTS
+        most = 1 if busy else self._want
         while len(self._entrants) < most and self.target is not None:
             self._prepare_one(lock)
 
@@ -410,11 +417,14 @@ class NamespaceLive(NamespaceSandbox):
     def _take_entrant(self):
         """A prepared entrant (and its cgroup) still waiting, or a new one: one that died
         while it waited (Entrant.waiting) is let go, never handed a command."""
+        self._taken += 1
         while self._entrants:
             entrant, cg = self._entrants.pop(0)
             if entrant.waiting():
                 return entrant, cg
             self._let_go(entrant, cg)
+        if self._taken > 1:     # (the first may come before the sandbox's first is ready)
+            self._want = READY_ENTRANTS    # commands come faster than one is prepared
         self._prepare_one()
         return self._entrants.pop(0)
 

@@ -755,6 +755,8 @@ class MicrovmSandbox(LiveSandbox):
         self.dead = why
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
+            if self.cg is not None:     # QEMU's exit, not held back by its CPU quota
+                self.cg.unthrottle()
             self.proc.wait()
 
     def close(self) -> list[str]:

@@ -582,6 +582,22 @@ class RunCgroup:
 
     # -- accounting --
 
+    def unthrottle(self) -> None:
+        """Lift this cgroup's CPU quota, once everything in it has been sent SIGKILL: a
+        killed process still needs the CPU to exit (a VM's QEMU frees its guest's memory),
+        and at a small quota (or a quota the run used up) its exit would wait for period
+        after period. Never while anything in it may still run code of its own."""
+        d = self._dir("cpu")
+        if d is None:
+            return
+        try:
+            if self.version == "v1":
+                _write(os.path.join(d, "cpu.cfs_quota_us"), "-1")
+            else:
+                _write(os.path.join(d, "cpu.max"), f"max {CFS_PERIOD_US}")
+        except SandboxSetupError:
+            pass       # gone already, or no quota to lift
+
     def cpu_seconds(self) -> float | None:
         """CPU time used by the run so far; one small read, cheap enough to poll."""
         d = self._dir("cpuacct")

@@ -375,6 +375,12 @@ class CommandHandle:
                 exit_code, sig = decode_status(status, signal_exit_codes=False)
                 if text:
                     outcome.stderr.feed(text)
+        if getattr(owner, "_learner", None) is not None:
+            # learn mode: the proxy writes a connection's event once it has seen the
+            # close, which can come after the command's end (a command that exits the
+            # moment its reply arrives): give it a moment, so the Result the learner
+            # reads has it. Not in other modes: every command would wait.
+            owner._net_settle()
         events = owner._events_copy() + owner._net_since(net_from)
         refused = getattr(s, "syscall_events", None)   # observed refused syscalls
         if refused is not None:

@@ -415,6 +415,25 @@ class Live(Sandbox):
         self._read_net(block=False)
         return [dict(e) for e in self._net[mark:]]
 
+    def _net_settle(self, quiet: float = 0.02, most: float = 0.25) -> None:
+        """Read the proxy's events until none has come for `quiet` seconds (at most
+        `most`): learn mode's catch-up on events the proxy writes after a command's end."""
+        with self._lock:
+            live = self._live
+            proxy = live.proxy if live is not None else None
+            fd = proxy.events_r if proxy is not None else -1
+        if fd < 0:
+            return
+        deadline = time.monotonic() + most
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(int(min(quiet, left) * 1000)):
+                return
+            if not self._read_net(block=False):
+                return
+
     def _read_net(self, block: bool = True) -> bool:
         """Read the proxy's events fd once (all there is, when not blocking). False at
         its end."""

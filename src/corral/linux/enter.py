@@ -99,6 +99,14 @@ def _last_cap() -> int:
         return 63
 
 
+def _exited(pidfd: int) -> bool:
+    """Whether the process of `pidfd` has exited (a pidfd is readable once it has,
+    zombie or not), without waiting."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 class Target:
     """A running sandbox to enter: a pidfd of its pid 1 (as the host sees it) and an
     O_PATH fd of that process's root directory, both opened once and checked against
@@ -125,11 +133,7 @@ class Target:
     def alive(self) -> bool:
         """Whether init has not exited (a pidfd is readable once it has, zombie or not:
         a signal to a zombie would still succeed)."""
-        if self.pidfd < 0:
-            return False
-        poller = select.poll()
-        poller.register(self.pidfd, select.POLLIN)
-        return not poller.poll(0)
+        return self.pidfd >= 0 and not _exited(self.pidfd)
 
     def close(self) -> None:
         for fd in (self.pidfd, self.root_fd):
@@ -236,11 +240,7 @@ class Entrant:
         """Whether A still lives (a prepared one can be killed while it waits: by the OOM
         killer at the sandbox's memory limit, which weighs the pages A shares with the
         zygote as A's own, or by a kill of everything in the sandbox)."""
-        if self.pidfd < 0:
-            return False
-        poller = select.poll()
-        poller.register(self.pidfd, select.POLLIN)
-        return not poller.poll(0)
+        return self.pidfd >= 0 and not _exited(self.pidfd)
 
     def close(self) -> None:
         """Let an unused one go (it exits at EOF), and reap it."""

@@ -1,6 +1,6 @@
 """Soak: many sequential corral.run calls of a mix of kinds, then nothing may be left.
 
-    .venv/bin/python bench/soak.py [--runs 10000] [--tier T] [--json FILE]
+    .venv/bin/python bench/soak.py [--runs 10000] [--tier T] [--json FILE] [--until HH:MM]
 
 Runs as root from the repository root. For each tier asked for (default: namespace,
 gvisor, process and wasm where this host has them; microvm only with `--tier microvm`),
@@ -196,7 +196,8 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def soak_tier(tier: str, runs: int, dns_port: int, raw, image: str | None = None) -> dict:
+def soak_tier(tier: str, runs: int, dns_port: int, raw, image: str | None = None,
+              until: float | None = None) -> dict:
     ws = tempfile.mkdtemp(prefix="corral-soak-ws-", dir="/var/tmp")
     os.chmod(ws, 0o755)
     with open(os.path.join(ws, "keep.txt"), "w") as f:
@@ -230,7 +231,13 @@ def soak_tier(tier: str, runs: int, dns_port: int, raw, image: str | None = None
         before = leaks.settle(TRACKER, {}, 3)
         order = list(mix)
         t0 = time.monotonic()
+        done = 0
         for i in range(runs):
+            if until is not None and time.time() >= until:
+                print(f"  {tier}: stopped at the --until time after {i} of {runs} runs",
+                      flush=True)
+                break
+            done = i + 1
             kind = order[i % len(order)]
             argv, policy, check = mix[kind]
             stall = cpu_stall_us()
@@ -268,6 +275,7 @@ def soak_tier(tier: str, runs: int, dns_port: int, raw, image: str | None = None
                 print(f"  {tier}: {i + 1}/{runs} runs, {len(errors)} errors, "
                       f"{(i + 1) / (time.monotonic() - t0):.1f} runs/s", flush=True)
         wall = time.monotonic() - t0
+        runs = done
     finally:
         shutil.rmtree(ws, ignore_errors=True)
         if gct in gc.callbacks:
@@ -337,18 +345,30 @@ def _calm(stall_before: int | None, took: float) -> bool:
     return (after - stall_before) / 1e6 < CALM * took
 
 
+def _until(hhmm: str) -> float:
+    """The epoch time of HH:MM UTC today."""
+    import calendar
+
+    h, m = (int(x) for x in hhmm.split(":"))
+    day = time.gmtime()
+    return calendar.timegm((day.tm_year, day.tm_mon, day.tm_mday, h, m, 0))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10_000)
     ap.add_argument("--tier", action="append", choices=TIERS + ("microvm",),
                     help="this tier only (repeatable); default: every available one but microvm")
     ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--until", help="stop each tier's loop at this UTC time (HH:MM, today): "
+                    "the runs done by then are the ones counted and checked for leaks")
     ap.add_argument("--image", help="run every kind on this image (the microvm tier needs "
                     "one; CORRAL_STATE_DIR names its store)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("soak.py runs as root (sandbox uids, cgroups, the run directory)")
         return 2
+    until = _until(a.until) if a.until else None
     os.environ.setdefault("CORRAL_AUDIT", "0")
     srv, dns, dns_port = start_world()
     results = []
@@ -360,7 +380,7 @@ def main() -> int:
                 bench = startup.Bench(use_runsc=False)
                 raw = raw_bwrap(bench)
             try:
-                results.append(soak_tier(tier, a.runs, dns_port, raw, a.image))
+                results.append(soak_tier(tier, a.runs, dns_port, raw, a.image, until))
             finally:
                 if raw:
                     bench.close()

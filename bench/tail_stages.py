@@ -101,6 +101,23 @@ def main() -> int:
             (ns, "finish", " exec.finish")]:
         timed(obj, name, label)
     counted(lim.RunCgroup, "create", "new cgroup")
+    waitpid = os.waitpid
+
+    def noted_waitpid(*args):   # supervise() reaps bwrap's monitor with it: when it exited
+        r = waitpid(*args)
+        T["monitor reaped at"] = time.perf_counter()
+        return r
+    os.waitpid = noted_waitpid
+    reap = ns._reap_init
+
+    def after_monitor(*args):
+        # from the monitor's reaping to init reaped and the cgroup found empty (pipes
+        # drained, init's exit and the cgroup's check): what raw bwrap does not wait for
+        r = reap(*args)
+        if "monitor reaped at" in T:
+            T["after monitor exit"] = time.perf_counter() - T.pop("monitor reaped at")
+        return r
+    ns._reap_init = after_monitor
     counted(cgm.POOL, "take", "pool take")
     ws = tempfile.mkdtemp(prefix="corral-tail-", dir="/var/tmp")
     os.chmod(ws, 0o755)
@@ -164,6 +181,7 @@ def main() -> int:
             overlap = sum(max(0.0, min(b, e) - max(x, s)) for x, b in BUSY
                           if b > s and x < e)
             del BUSY[:-8]
+            T.pop("monitor reaped at", None)
             row = {k: v * 1e3 for k, v in T.items()}
             row.update({"TOTAL": (e - s) * 1e3, "teardown busy": overlap * 1e3,
                         "gc": sum(gcs) * 1e3, "minflt": ru1.ru_minflt - ru0.ru_minflt,
@@ -199,6 +217,12 @@ def main() -> int:
               f"{pct(xs, 99) / pct(xs, 50):5.2f}; calm {len(calm)}: p50 "
               f"{pct(calm, 50):6.2f} p99 {pct(calm, 99):6.2f} p99/p50 "
               f"{pct(calm, 99) / pct(calm, 50):5.2f}")
+    if a.flush:
+        for k in ("after monitor exit", " exec._reap_init", " exec.supervise", "TOTAL"):
+            for label, fl in halves:
+                xs = [float(r.get(k, 0)) for r in rows if r["flushed"] == fl]
+                print(f"  {k.strip() + label:40} p50 {pct(xs, 50):7.3f}  p90 {pct(xs, 90):7.3f}"
+                      f"  p99 {pct(xs, 99):7.3f}  mean {sum(xs) / len(xs):7.3f}")
     print("  slowest true runs (ms; calm ones marked *):")
     for r in sorted(rows, key=lambda r: r["TOTAL"])[-max(5, a.rounds // 40):]:
         print("   " + ("*" if r["calm"] else " ") + " ".join(

@@ -302,3 +302,63 @@ def test_a_run_dir_that_would_not_go_keeps_its_cgroups_out_of_the_pool(run_dirs)
         if busy is not None:
             _unbusy(busy, d.path)
     assert DEFERRED.flush(30)
+
+
+def _mount_ns_fds() -> dict[str, str]:
+    """This process's fds of mount namespaces: fd -> "mnt:[inode]"."""
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("mnt:"):
+            found[fd] = target
+    return found
+
+
+def test_a_one_shot_runs_mount_namespace_is_freed_by_the_teardown_thread(run_dirs):
+    """The dead sandbox's mount namespace is kept (an fd) past corral.run()'s return, so
+    that its teardown (an unmount of its tree, an RCU grace period) is not in the exit of
+    the sandbox's last process, which the run waits for; the teardown thread frees it.
+    Every process of the run is gone when it returns all the same."""
+    import threading
+
+    ours = os.readlink("/proc/self/ns/mnt")
+    before = _mount_ns_fds()
+    hold = threading.Event()
+    DEFERRED.submit(None, "test-hold", lambda: hold.wait(30) and [])  # the thread waits
+    try:
+        r = corral.run(["/bin/sh", "-c", "(setsid sleep 300 > /dev/null 2>&1 &); echo ok"])
+        assert r.verdict == "ok" and r.stdout == "ok\n", r
+        d = run_dirs[0]
+        assert _cgroup_pids(d.id) == []
+        kept = {fd: t for fd, t in _mount_ns_fds().items() if fd not in before}
+        assert len(kept) == 1 and ours not in kept.values(), kept
+    finally:
+        hold.set()
+    assert DEFERRED.flush(30)
+    assert _mount_ns_fds() == before
+    assert not os.path.exists(d.path) and not [m for m in mountinfo() if d.path in m]
+    assert DEFERRED.take_problems() == []
+
+
+def test_no_mount_namespace_is_kept_with_a_workspace_nor_by_an_open_sandbox(run_dirs,
+                                                                            tmp_path):
+    """A kept namespace keeps what is mounted in it: never when the caller's directory is
+    (a workspace, in any mode), nor for a Sandbox's execs (they are many)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.chmod(ws, 0o755)
+    os.chmod(tmp_path, 0o755)
+    before = _mount_ns_fds()
+    for mode in ("rw", "review"):
+        r = corral.run(["/bin/sh", "-c", "echo x > /workspace/f; echo ok"],
+                       {"filesystem": {"workspace": {"path": str(ws), "mode": mode}}})
+        assert r.verdict == "ok" and r.stdout == "ok\n", r
+        assert _mount_ns_fds() == before, mode
+    with corral.Sandbox() as sb:
+        for _ in range(3):
+            assert sb.exec(["/bin/true"]).verdict == "ok"
+            assert _mount_ns_fds() == before
+    assert DEFERRED.flush(30) and DEFERRED.take_problems() == []

@@ -290,6 +290,14 @@ class NamespaceSandbox(LiveSandbox):
     #: the scratch tmpfs owned by it (namespace_live.py sets it; corral must be root)
     user_account = False
     user_uid = -1
+    #: set by corral.run() (runtime/sandbox.py) on its one-shot sandbox: its exec keeps
+    #: the sandbox's mount namespace (an fd) past the sandbox's end when nothing of the
+    #: host's is mounted in it but system paths (_hold_mount_ns), so that tearing that
+    #: namespace down is not on the run's path; close() releases it (deferred: the teardown
+    #: thread, before it unmounts the scratch tmpfs)
+    one_shot = False
+    #: the held mount namespace fds (at most one: a one-shot sandbox has one exec)
+    _held_ns: tuple[int, ...] = ()
 
     @property
     def defers_teardown(self) -> bool:
@@ -616,6 +624,7 @@ class NamespaceSandbox(LiveSandbox):
                         init_pid = _child_pid(status_r, block=True)
                         init_fd = _pidfd(init_pid)
                         if init_fd is not None:  # None: bwrap failed building the sandbox
+                            self._hold_mount_ns(init_fd)
                             os.write(gate_w, self.bpf)
                 except BrokenPipeError:
                     pass
@@ -694,6 +703,37 @@ class NamespaceSandbox(LiveSandbox):
             gate.release()
         return result
 
+    def _hold_mount_ns(self, init_fd: int) -> None:
+        """A one-shot run's: keep the sandbox's mount namespace (an fd of it, from init's
+        pidfd), so that it is torn down when close() releases it and not in the exit of
+        the sandbox's last process, which _reap_init() waits for. That teardown unmounts
+        the sandbox's whole tree and waits for an RCU grace period; on a busy machine it
+        was most of what a run waits for after its command ended (docs/reliability.md,
+        "The soak's `true` tail"). Only as root and only when the run dir has no mount
+        but the scratch tmpfs (no workspace, review overlay, bind, image root or devpts):
+        a kept namespace keeps what is mounted in it, and nothing of the caller's (a
+        workspace on a disk they would unmount) may stay mounted after run() returns.
+        Every process is still killed and reaped, and the cgroup checked empty, before
+        the Result; this changes only when the kernel frees the dead sandbox's mounts.
+        A kernel without PIDFD_GET_MNT_NAMESPACE (Linux < 6.11): nothing is kept."""
+        if not (self.one_shot and self.root and self.dir.mounts == [self.scratch]
+                and not self._held_ns):
+            return
+        import fcntl
+
+        try:
+            self._held_ns = (fcntl.ioctl(init_fd, PIDFD_GET_MNT_NAMESPACE),)
+        except OSError:
+            pass
+
+    def _release_mount_ns(self) -> list[str]:
+        """Close the mount namespace _hold_mount_ns() kept (the kernel then unmounts the
+        dead sandbox's tree). Returns teardown problems (none: a close of an fd of ours)."""
+        held, self._held_ns = self._held_ns, ()
+        for fd in held:
+            os.close(fd)
+        return []
+
     def _tty(self, argv: list[str], term) -> tuple[list[str], int, bytes]:
         """For a tty exec: (argv, the pty slave, bwrap options to add).
 
@@ -751,6 +791,7 @@ class NamespaceSandbox(LiveSandbox):
         self.fds = {}
         if self.review is not None:
             self.review.close()
+        held = self._held_ns
         if getattr(self, "dir", None) is not None:
             kept, self._cgroups = self._cgroups, []
             run_dir, self.dir = self.dir, None
@@ -761,11 +802,19 @@ class NamespaceSandbox(LiveSandbox):
                     and run_dir.unmount_all_but(self.scratch)
                     and run_dir.mounts == [self.scratch]
                     and DEFERRED.submit(defer_as, run_dir.id,
-                                        lambda: remove_run(run_dir, kept),
+                                        lambda: self._release_mount_ns()
+                                        + remove_run(run_dir, kept),
                                         ready=(key, lambda: _make_ready(*key)) if key
                                         else None)):
-                problems += remove_run(run_dir, kept)
+                problems += self._release_mount_ns() + remove_run(run_dir, kept)
+        elif held:
+            problems += self._release_mount_ns()
         return problems
+
+
+#: ioctl(pidfd, PIDFD_GET_MNT_NAMESPACE): an fd of the process's mount namespace
+#: (linux/pidfd.h: _IO(PIDFS_IOCTL_MAGIC 0xFF, 3); Linux 6.11)
+PIDFD_GET_MNT_NAMESPACE = 0xFF03
 
 
 def _sweep_off_path():

@@ -516,6 +516,8 @@ def run(argv: list[str], policy: Policy | dict | str | None = None, **kw) -> Res
     sb = Sandbox(policy, _argv=argv)
     try:
         sb.open()
+        if getattr(sb._live, "defers_teardown", False):
+            sb._live.one_shot = True     # one exec, then close(_defer=True): see namespace.py
         result = sb.exec(argv, **kw)
     except BaseException:
         sb.close()

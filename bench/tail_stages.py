@@ -78,6 +78,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=600)
     ap.add_argument("--before", default="review", choices=("review", "true", "none"))
+    ap.add_argument("--json", help="write every run's row here")
     ap.add_argument("--flush", action="store_true", help="every other round, wait for the "
                     "teardown thread's queue (DEFERRED.flush()) before the timed `true` run: "
                     "both halves reported apart")
@@ -198,6 +199,11 @@ def main() -> int:
     finally:
         shutil.rmtree(ws)
         bench.close()
+    if a.json:
+        import json
+
+        with open(a.json, "w") as f:
+            json.dump({"true": rows, "raw": raws}, f)
     print(f"{a.rounds} rounds ({a.before} before each true), corral from "
           f"{os.path.dirname(corral.__file__)}, load average {os.getloadavg()[0]:.2f}")
     keys = sorted({k for r in rows for k in r if k not in ("calm", "flushed")})

@@ -66,7 +66,7 @@ from ..plan import (
 )
 from ..result import Result
 from .base import Backend, ExecLimits, LiveSandbox, TierCheck, assert_never
-from .host import ids
+from .host import ids, mountns
 from .host.cgroups import keep_cgroup, remove_run, run_cgroup, usage_of, with_relay_tasks
 from .host.etc import HOSTNAME, ensure_etc, system_binds
 from .host.finish import Inflight, finish, interpreter_inside
@@ -290,13 +290,9 @@ class NamespaceSandbox(LiveSandbox):
     #: the scratch tmpfs owned by it (namespace_live.py sets it; corral must be root)
     user_account = False
     user_uid = -1
-    #: set by corral.run() (runtime/sandbox.py) on its one-shot sandbox: its exec keeps
-    #: the sandbox's mount namespace (an fd) past the sandbox's end when nothing of the
-    #: host's is mounted in it but system paths (_hold_mount_ns), so that tearing that
-    #: namespace down is not on the run's path; close() releases it (deferred: the teardown
-    #: thread, before it unmounts the scratch tmpfs)
+    #: set by corral.run() on its one-shot sandbox: its exec keeps the sandbox's mount
+    #: namespace for close() to free (host/mountns.py); `_held_ns`: that fd, if kept
     one_shot = False
-    #: the held mount namespace fds (at most one: a one-shot sandbox has one exec)
     _held_ns: tuple[int, ...] = ()
 
     @property
@@ -624,7 +620,8 @@ class NamespaceSandbox(LiveSandbox):
                         init_pid = _child_pid(status_r, block=True)
                         init_fd = _pidfd(init_pid)
                         if init_fd is not None:  # None: bwrap failed building the sandbox
-                            self._hold_mount_ns(init_fd)
+                            if self.one_shot:
+                                self._keep_mount_ns(init_fd)
                             os.write(gate_w, self.bpf)
                 except BrokenPipeError:
                     pass
@@ -703,36 +700,14 @@ class NamespaceSandbox(LiveSandbox):
             gate.release()
         return result
 
-    def _hold_mount_ns(self, init_fd: int) -> None:
-        """A one-shot run's: keep the sandbox's mount namespace (an fd of it, from init's
-        pidfd), so that it is torn down when close() releases it and not in the exit of
-        the sandbox's last process, which _reap_init() waits for. That teardown unmounts
-        the sandbox's whole tree and waits for an RCU grace period; on a busy machine it
-        was most of what a run waits for after its command ended (docs/reliability.md,
-        "The soak's `true` tail"). Only as root and only when the run dir has no mount
-        but the scratch tmpfs (no workspace, review overlay, bind, image root or devpts):
-        a kept namespace keeps what is mounted in it, and nothing of the caller's (a
-        workspace on a disk they would unmount) may stay mounted after run() returns.
-        Every process is still killed and reaped, and the cgroup checked empty, before
-        the Result; this changes only when the kernel frees the dead sandbox's mounts.
-        A kernel without PIDFD_GET_MNT_NAMESPACE (Linux < 6.11): nothing is kept."""
-        if not (self.one_shot and self.root and self.dir.mounts == [self.scratch]
-                and not self._held_ns):
-            return
-        import fcntl
-
-        try:
-            self._held_ns = (fcntl.ioctl(init_fd, PIDFD_GET_MNT_NAMESPACE),)
-        except OSError:
-            pass
+    def _keep_mount_ns(self, init_fd: int) -> None:
+        """host/mountns.py: as root, when nothing is mounted in the run dir but scratch."""
+        if self.root and not self._held_ns and self.dir.mounts == [self.scratch]:
+            self._held_ns = mountns.keep(init_fd)
 
     def _release_mount_ns(self) -> list[str]:
-        """Close the mount namespace _hold_mount_ns() kept (the kernel then unmounts the
-        dead sandbox's tree). Returns teardown problems (none: a close of an fd of ours)."""
         held, self._held_ns = self._held_ns, ()
-        for fd in held:
-            os.close(fd)
-        return []
+        return mountns.release(held)
 
     def _tty(self, argv: list[str], term) -> tuple[list[str], int, bytes]:
         """For a tty exec: (argv, the pty slave, bwrap options to add).
@@ -810,11 +785,6 @@ class NamespaceSandbox(LiveSandbox):
         elif held:
             problems += self._release_mount_ns()
         return problems
-
-
-#: ioctl(pidfd, PIDFD_GET_MNT_NAMESPACE): an fd of the process's mount namespace
-#: (linux/pidfd.h: _IO(PIDFS_IOCTL_MAGIC 0xFF, 3); Linux 6.11)
-PIDFD_GET_MNT_NAMESPACE = 0xFF03
 
 
 def _sweep_off_path():

@@ -96,7 +96,10 @@ def main() -> int:
             (rd, "sweep_if_due", " open.sweep_if_due"), (rd.RunDir, "__init__", " open.RunDir"),
             (ns.NamespaceSandbox, "_setup", " open._setup"),
             (ns, "run_cgroup", " exec.run_cgroup"), (ns, "spawn", " exec.spawn"),
-            (ns, "_confine", " exec._confine"), (ns, "_child_pid", " exec._child_pid"),
+            (ns, "_confine", " exec._confine"),
+            # bwrap's report of its child: _child_pid, bwrap_child_pid since session 12
+            (ns, "bwrap_child_pid" if hasattr(ns, "bwrap_child_pid") else "_child_pid",
+             " exec._child_pid"),
             (ns, "supervise", " exec.supervise"), (ns, "_reap_init", " exec._reap_init"),
             (ns, "keep_cgroup", " exec.keep_cgroup"), (ns, "usage_of", " exec.usage_of"),
             (ns, "finish", " exec.finish")]:

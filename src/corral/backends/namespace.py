@@ -66,7 +66,7 @@ from ..plan import (
 )
 from ..result import Result
 from .base import Backend, ExecLimits, LiveSandbox, TierCheck, assert_never
-from .host import ids, mountns
+from .host import ids
 from .host.cgroups import keep_cgroup, remove_run, run_cgroup, usage_of, with_relay_tasks
 from .host.etc import HOSTNAME, ensure_etc, system_binds
 from .host.finish import Inflight, finish, interpreter_inside
@@ -703,10 +703,16 @@ class NamespaceSandbox(LiveSandbox):
     def _keep_mount_ns(self, init_fd: int) -> None:
         """host/mountns.py: as root, when nothing is mounted in the run dir but scratch."""
         if self.root and not self._held_ns and self.dir.mounts == [self.scratch]:
+            from .host import mountns  # not on `corral run`'s path: corral.run() only
+
             self._held_ns = mountns.keep(init_fd)
 
     def _release_mount_ns(self) -> list[str]:
         held, self._held_ns = self._held_ns, ()
+        if not held:
+            return []
+        from .host import mountns
+
         return mountns.release(held)
 
     def _tty(self, argv: list[str], term) -> tuple[list[str], int, bytes]:

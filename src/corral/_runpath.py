@@ -248,17 +248,21 @@ def hot_functions(python: str, src: str, site: str) -> set | None:
                            runpath="/nonexistent/corral-runpath").split("\n", 1)[1]
     hot: set = set()
     with tempfile.TemporaryDirectory(prefix="corral-runpath-trace-") as tmp:
-        env = {"PATH": "/usr/bin:/bin", "CORRAL_STATE_DIR": os.path.join(tmp, "state")}
+        env = {**os.environ, "CORRAL_STATE_DIR": os.path.join(tmp, "state")}
         out = os.path.join(tmp, "hot")
-        for argv in TRACED_RUNS:
-            for hook in ("", _TRACE.format(out=out)):
-                r = subprocess.run([python, "-IS", "-c", hook + body, *argv], env=env,
-                                   stdin=subprocess.DEVNULL, capture_output=True,
-                                   timeout=120)
-                if r.returncode != 0:
-                    return None
-            with open(out) as f:
-                hot.update(ast.literal_eval(f.read()))
+        try:
+            for argv in TRACED_RUNS:
+                for hook in ("", _TRACE.format(out=out)):
+                    r = subprocess.run([python, "-IS", "-c", hook + body, *argv], env=env,
+                                       stdin=subprocess.DEVNULL, capture_output=True,
+                                       timeout=120)
+                    if r.returncode != 0:
+                        return None
+                with open(out) as f:
+                    hot.update(ast.literal_eval(f.read()))
+                os.unlink(out)
+        except (OSError, subprocess.SubprocessError, ValueError, SyntaxError):
+            return None
     return hot
 
 

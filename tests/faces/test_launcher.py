@@ -420,3 +420,18 @@ def test_a_run_with_network_allow_and_a_secret_ends_as_with_the_usual_import(tmp
     assert (code, _comparable(out)["stdout"], err) == (code0, _comparable(out0)["stdout"], err0)
     assert code == 0 and _comparable(out)["stdout"] == "200", (out, err)
     assert cold > 0 and cold0 == 0
+
+
+def test_without_a_run_to_trace_nothing_goes_to_the_cold_part(tmp_path):
+    """When the traced run cannot run (here: no corral on its path), the file is built with
+    every function in place (no stubs, no cold part): slower, never wrong."""
+    assert _runpath.hot_functions(PYTHON, str(tmp_path), str(tmp_path)) is None
+    data = _runpath.build(PYTHON, SRC, SITE, hot=None)
+    _, mods = _runpath.table(data)
+    assert not any(where[2] for where in (m[5] for m in mods.values()) if where)
+    assert min(where[0] for where in (m[5] for m in mods.values()) if where) == 8
+    hot = _runpath.hot_functions(PYTHON, SRC, SITE)
+    assert ("corral.cli", "cmd_run") in {(f.rpartition("/src/")[2][:-3].replace("/", "."), q)
+                                         for f, _, q in hot}
+    _, mods = _runpath.table(_runpath.build(PYTHON, SRC, SITE, hot=hot))
+    assert mods["corral.cli"][5][2] and not mods["corral.linux"][5][2]

@@ -53,10 +53,9 @@ ENTRY_MODULES = ("corral.cli", "corral.runtime.sandbox", "corral.backends.namesp
 
 #: the launcher's finder, compiled into the file; run by the launcher with MODS, the
 #: {module name: (source path, is a package, mtime ns, size, __cached__, (start, end,
-#: stubs, late))} table, and DATA, the file's bytes, whose [start:end] is the module's
+#: stubs))} table, and DATA, the file's bytes, whose [start:end] is the module's
 #: marshalled code (None for an extension module: the usual extension loader, given its
-#: file), stubs whether that code has stubs of functions in the cold part (`_split`),
-#: late the (start, end) of each of its functions made early by _warm (`hot_functions`)
+#: file), stubs whether that code has stubs of functions in the cold part (`_split`)
 FINDER = '''
 import marshal, posix, sys
 _ext = sys.modules["_frozen_importlib_external"]
@@ -64,34 +63,20 @@ _Spec = sys.modules["_frozen_importlib"].ModuleSpec
 
 
 _Function = type(lambda: None)
-_parts = {}   # module name: (its made functions of the cold part, its globals)
 
 
-def _cold_part(name, ns):
+def _cold_part(ns):
     """A module's __corral_cold__: the function a stub stands for (its code unmarshalled
     from the file's cold part on the stub's first call), made once, with the module's
-    globals; the stub passes it every argument (the stub has the defaults). Called
-    without arguments (the one call the build puts first in supervise()): the module's
-    late functions, and every other loaded module's, made now, while the sandbox starts."""
+    globals; the stub passes it every argument (the stub has the defaults)."""
     made = {}
-    _parts[name] = (made, ns)
 
-    def cold(start=-1, end=-1):
-        if start < 0:
-            return _warm()
+    def cold(start, end):
         f = made.get(start)
         if f is None:
             f = made[start] = _Function(marshal.loads(DATA[start:end]), ns)
         return f
     return cold
-
-
-def _warm():
-    while _parts:
-        name, (made, ns) = _parts.popitem()
-        for start, end in MODS[name][5][3]:
-            if start not in made:
-                made[start] = _Function(marshal.loads(DATA[start:end]), ns)
 
 
 class RunPathLoader(_ext.SourceFileLoader):
@@ -108,7 +93,7 @@ class RunPathLoader(_ext.SourceFileLoader):
 
     def exec_module(self, module):
         if self.code is not None and self.code[2]:   # its code has stubs (_split)
-            module.__dict__["__corral_cold__"] = _cold_part(self.name, module.__dict__)
+            module.__dict__["__corral_cold__"] = _cold_part(module.__dict__)
         super().exec_module(module)
 
 
@@ -214,17 +199,14 @@ def _stripped(tree: ast.Module) -> ast.Module:
     return tree
 
 
-def _compiled(source: bytes, file: str, warm: str | None = None):
+def _compiled(source: bytes, file: str):
     """The module's code from its stripped tree (`_stripped`), its `from __future__ import`
     turned into the compiler flags it stands for: the code is the same (annotations stay
     strings), but running it imports nothing (the `__future__` module, and its name in
-    each module's namespace, ~0.1 ms of a start over 28 modules). `warm`: the name of
-    its function that starts with the call of `_warm` (`_warm_call`)."""
+    each module's namespace, ~0.1 ms of a start over 28 modules)."""
     import __future__
 
     tree, flags = _stripped(ast.parse(source, file)), 0
-    if warm is not None:
-        _warm_call(tree, warm)
     for node in [n for n in tree.body if isinstance(n, ast.ImportFrom)
                  and n.module == "__future__"]:
         for alias in node.names:
@@ -245,45 +227,34 @@ _KEEP_FLAGS = 0x20 | 0x80 | 0x100 | 0x200   # GENERATOR, COROUTINE, ITERABLE_COR
 #: untraced first run that fills the trace's state directory's caches
 TRACED_RUNS = (("run", "--", "/bin/true"), ("run", "--json", "--", "/bin/true"))
 
-#: where the build puts a call of `__corral_cold__()` first (`_warm`): the start of the
-#: wait for a sandbox's command, when the command's own start (bwrap building the
-#: sandbox, ~2 ms or more) leaves this process idle; the functions a run first calls
-#: after it (`late`) are made there instead of at import
-WARM_AT = ("corral.linux.supervise", "supervise")
-
 #: the trace's hook: every Python function called (setprofile's "call": the main thread,
-#: and threads started by threading), noted as (file, first line, qualified name) in the
-#: order of their first calls, at exit (registered first, so it runs after every other
-#: exit handler)
+#: and threads started by threading), noted as (file, first line, qualified name) at exit
+#: (registered first, so it runs after every other exit handler)
 _TRACE = """import sys, atexit
-_seen = {{}}
+_hot = set()
 def _note(frame, event, arg):
     if event == "call":
         c = frame.f_code
-        _seen.setdefault((c.co_filename, c.co_firstlineno, c.co_qualname), len(_seen))
-atexit.register(lambda: open({out!r}, "w").write(repr(sorted(_seen, key=_seen.get))))
+        _hot.add((c.co_filename, c.co_firstlineno, c.co_qualname))
+atexit.register(lambda: open({out!r}, "w").write(repr(sorted(_hot))))
 sys.setprofile(_note)
 import threading
 threading.setprofile(_note)
 """
 
 
-def hot_functions(python: str, src: str, site: str) -> dict | None:
-    """{(file, first line, qualified name): late} of each function a real `corral run --
-    /bin/true` (and `run --json`) calls, traced in a fresh interpreter started as the
-    launcher starts it, without the run-path file (its modules from their sources), with a
-    state directory of its own (its audit records go there, not to the user's); late:
-    first called, in every traced run, only once WARM_AT's function had started. None
-    when a run fails (no sandbox here: then nothing goes to the cold part)."""
+def hot_functions(python: str, src: str, site: str) -> set | None:
+    """(file, first line, qualified name) of each function a real `corral run -- /bin/true`
+    (and `run --json`) calls, traced in a fresh interpreter started as the launcher
+    starts it, without the run-path file (its modules from their sources), with a state
+    directory of its own (its audit records go there, not to the user's); None when a
+    run fails (no sandbox here: then nothing goes to the cold part)."""
     import ast
     import tempfile
 
     body = LAUNCHER.format(python=python, src=src, site=site,
                            runpath="/nonexistent/corral-runpath").split("\n", 1)[1]
-    module, func = WARM_AT
-    mark = module.replace(".", "/") + ".py"
-    early: set = set()
-    late: set = set()
+    hot: set = set()
     with tempfile.TemporaryDirectory(prefix="corral-runpath-trace-") as tmp:
         env = {**os.environ, "CORRAL_STATE_DIR": os.path.join(tmp, "state")}
         out = os.path.join(tmp, "hot")
@@ -296,15 +267,11 @@ def hot_functions(python: str, src: str, site: str) -> dict | None:
                     if r.returncode != 0:
                         return None
                 with open(out) as f:
-                    order = [tuple(k) for k in ast.literal_eval(f.read())]
+                    hot.update(ast.literal_eval(f.read()))
                 os.unlink(out)
-                at = next((i for i, (file, _, name) in enumerate(order)
-                           if name == func and file.endswith(mark)), len(order))
-                early.update(order[:at + 1])
-                late.update(order[at + 1:])
         except (OSError, subprocess.SubprocessError, ValueError, SyntaxError):
             return None
-    return {**{k: True for k in late - early}, **{k: False for k in early}}
+    return hot
 
 
 def _stub(real, start: int, end: int):
@@ -335,86 +302,66 @@ def _stub(real, start: int, end: int):
                         co_firstlineno=real.co_firstlineno)
 
 
-def _split(code, hot: dict, parts: list[bytes], at: int, late: list) -> tuple:
+def _split(code, hot: set, cold: list[bytes], at: int) -> tuple:
     """`code` with each function code nested in it that the trace did not see called
-    (not in `hot`), or saw first called late (`hot_functions`), and that a stub can stand
-    for, replaced by a stub (`_stub`), its own code's bytes appended to `parts` from
-    offset `at` of the file, its (start, end) to `late` if it is late: (the new code, the
-    next offset). Kept in place: what was called early (its nested functions may still
-    go), what has free variables (a closure's cells, `super()`'s __class__: a stub cannot
-    pass them), generators and coroutines, lambdas and comprehensions, class bodies (run
-    at import), and what is smaller than COLD_MIN_BYTES."""
+    (`hot`), and that a stub can stand for, replaced by a stub (`_stub`), its own code's
+    bytes appended to `cold` from offset `at` of the file: (the new code, the next
+    offset). Kept in place: what was called (its nested functions may still go), what
+    has free variables (a closure's cells, `super()`'s __class__: a stub cannot pass
+    them), generators and coroutines, lambdas and comprehensions, class bodies (run at
+    import), and what is smaller than COLD_MIN_BYTES."""
     consts = list(code.co_consts)
     for i, c in enumerate(consts):
         if not hasattr(c, "co_code"):
             continue
-        called = hot.get((c.co_filename, c.co_firstlineno, c.co_qualname))
         if (c.co_flags & 0x3 == 0x3   # OPTIMIZED, NEWLOCALS: a function's (a class body's not)
-                and called is not False and not c.co_freevars
-                and not c.co_flags & _KEEP_FLAGS and not c.co_name.startswith("<")):
+                and (c.co_filename, c.co_firstlineno, c.co_qualname) not in hot
+                and not c.co_freevars and not c.co_flags & _KEEP_FLAGS
+                and not c.co_name.startswith("<")):
             data = marshal.dumps(c)
             if len(data) >= COLD_MIN_BYTES:
-                parts.append(data)
-                if called:
-                    late.append((at, at + len(data)))
+                cold.append(data)
                 consts[i], at = _stub(c, at, at + len(data)), at + len(data)
                 continue
-        consts[i], at = _split(c, hot, parts, at, late)
+        consts[i], at = _split(c, hot, cold, at)
     return code.replace(co_consts=tuple(consts)), at
 
 
-def _warm_call(tree: ast.Module, func: str) -> bool:
-    """Put `__corral_cold__()` (the finder's _warm) first in the module's function `func`,
-    on the line of its first statement; whether it was there."""
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == func:
-            first = node.body[0]
-            call = ast.Expr(ast.Call(ast.Name("__corral_cold__", ast.Load()), [], []))
-            node.body.insert(0, ast.fix_missing_locations(ast.copy_location(call, first)))
-            return True
-    return False
-
-
-def build(python: str, src: str, site: str, hot: dict | None | bool = True) -> bytes:
+def build(python: str, src: str, site: str, hot: set | None | bool = True) -> bytes:
     """The run-path file's bytes: the magic number; the offset (4 bytes, little-endian) of
     the table; the cold part (the marshalled code of each function a default run does not
-    call, or calls only late, `_split`; none when `hot` is None: `hot_functions`, traced
-    unless given); each source module's marshalled code; the table, marshal((finder
-    code, MODS)), MODS being {name: (file, is a package, mtime ns, size, __cached__,
-    (start, end, whether its code has stubs or the warm call, the (start, end) of each
-    of its late functions))}, with __cached__ and that None for an extension module (the
-    finder gives its file to the usual extension loader)."""
+    call, `_split`; none when `hot` is None: `hot_functions`, traced unless given);
+    each source module's marshalled code; the table, marshal((finder code, MODS)), MODS
+    being {name: (file, is a package, mtime ns, size, __cached__, (start, end, whether its
+    code has stubs) of its code in the file)}, with __cached__ and that None for an
+    extension module (the finder gives its file to the usual extension loader)."""
     from importlib.util import MAGIC_NUMBER
 
     if hot is True:
         hot = hot_functions(python, src, site)
-    mods, compiled, parts, at = {}, [], [], 8
+    mods, compiled, cold, at = {}, [], [], 8
     for name, file, is_pkg, cached in run_path_modules(python, [src, site]):
         with open(file, "rb") as f:
             st = os.fstat(f.fileno())
             source = f.read() if cached is not None else b""
-        code, split, late = None, False, ()
+        code = split = None
         if cached is not None:
-            warm = WARM_AT[1] if hot is not None and name == WARM_AT[0] else None
-            code = _compiled(source, file, warm)
-            split = warm is not None and any(   # the warm call needs __corral_cold__
-                getattr(c, "co_name", None) == warm and "__corral_cold__" in c.co_names
-                for c in code.co_consts)
+            code = _compiled(source, file)
             if hot is not None:
-                before, late = at, []
-                code, at = _split(code, hot, parts, at, late)
-                split, late = split or at > before, tuple(late)
-        compiled.append((name, file, is_pkg, st, cached, code, split, late))
+                before = at
+                code, at = _split(code, hot, cold, at)
+                split = at > before
+        compiled.append((name, file, is_pkg, st, cached, code, split))
     codes = []
-    for name, file, is_pkg, st, cached, code, split, late in compiled:
+    for name, file, is_pkg, st, cached, code, split in compiled:
         where = None
         if code is not None:
             data = marshal.dumps(code)
             codes.append(data)
-            where, at = (at, at + len(data), split, late), at + len(data)
+            where, at = (at, at + len(data), split), at + len(data)
         mods[name] = (file, is_pkg, st.st_mtime_ns, st.st_size, cached, where)
     finder = compile(FINDER, "<corral-runpath>", "exec", dont_inherit=True)
-    return b"".join([MAGIC_NUMBER, at.to_bytes(4, "little"), *parts, *codes,
+    return b"".join([MAGIC_NUMBER, at.to_bytes(4, "little"), *cold, *codes,
                      marshal.dumps((finder, mods))])
 
 

@@ -6,7 +6,6 @@ import importlib.util
 import json
 import marshal
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -131,7 +130,7 @@ def test_the_file_holds_what_a_fresh_run_imports():
     # the standard library's one source module on the path (the others are frozen), and
     # the one extension module (its file: the finder spares the path's listings)
     assert [n for n in mods if not n.startswith("corral")] == ["__future__", "_ctypes"]
-    file, is_pkg, _, size, cached, (start, end, _, _) = mods["corral.linux"]
+    file, is_pkg, _, size, cached, (start, end, _) = mods["corral.linux"]
     assert is_pkg and file == os.path.join(SRC, "corral", "linux", "__init__.py")
     assert size == os.path.getsize(file)
     assert marshal.loads(data[start:end]).co_filename == file
@@ -193,8 +192,8 @@ def test_the_file_keeps_line_numbers_and_asserts_but_no_docstrings(tmp_path):
     assert e.traceback[-1].lineno + 1 == 7   # the assert's line (pytest counts from 0)
     data = _runpath.build(PYTHON, SRC, SITE, hot=None)   # no cold part: every code in place
     _, mods = _runpath.table(data)
-    file, _, _, _, _, (start, end, stubs, late) = mods["corral.runtime.sandbox"]
-    assert not stubs and not late
+    file, _, _, _, _, (start, end, stubs) = mods["corral.runtime.sandbox"]
+    assert not stubs
     with open(file) as f:
         plain = compile(f.read(), file, "exec", dont_inherit=True)
     ours = {c.co_qualname: c for c in _codes(marshal.loads(data[start:end]))}
@@ -283,7 +282,7 @@ def test_a_cold_function_is_a_stub_that_calls_its_own_code(tmp_path, monkeypatch
     monkeypatch.setattr(_runpath, "COLD_MIN_BYTES", 0)
     plain_code = _runpath._compiled(src.read_bytes(), str(src))
     cold: list[bytes] = []
-    split, at = _runpath._split(plain_code, {}, cold, 0, [])
+    split, at = _runpath._split(plain_code, set(), cold, 0)
     moved = {marshal.loads(c).co_qualname for c in cold}
     assert moved == {"plain", "positional", "Thing.__init__", "Thing.method", "Thing.static",
                      "Thing.fails", "Thing.closure"}, moved   # not inner: a closure
@@ -291,7 +290,7 @@ def test_a_cold_function_is_a_stub_that_calls_its_own_code(tmp_path, monkeypatch
     exec(compile(_runpath.FINDER, "<corral-runpath>", "exec"), finder)
     sys.meta_path.remove(finder["RunPathFinder"])
     ours = {"__name__": "m"}
-    ours["__corral_cold__"] = finder["_cold_part"]("m", ours)
+    ours["__corral_cold__"] = finder["_cold_part"](ours)
     exec(split, ours)
     usual = {"__name__": "m"}
     exec(plain_code, usual)
@@ -429,66 +428,10 @@ def test_without_a_run_to_trace_nothing_goes_to_the_cold_part(tmp_path):
     assert _runpath.hot_functions(PYTHON, str(tmp_path), str(tmp_path)) is None
     data = _runpath.build(PYTHON, SRC, SITE, hot=None)
     _, mods = _runpath.table(data)
-    assert not any(where[2] or where[3] for where in (m[5] for m in mods.values()) if where)
+    assert not any(where[2] for where in (m[5] for m in mods.values()) if where)
     assert min(where[0] for where in (m[5] for m in mods.values()) if where) == 8
     hot = _runpath.hot_functions(PYTHON, SRC, SITE)
     assert ("corral.cli", "cmd_run") in {(f.rpartition("/src/")[2][:-3].replace("/", "."), q)
                                          for f, _, q in hot}
     _, mods = _runpath.table(_runpath.build(PYTHON, SRC, SITE, hot=hot))
     assert mods["corral.cli"][5][2] and not mods["corral.linux"][5][2]
-
-
-def test_late_functions_are_made_by_the_warm_call_before_their_first_call(tmp_path,
-                                                                          monkeypatch):
-    """A function the trace saw first called only after WARM_AT's function started is a
-    stub too, its code listed as late: the build's call of `__corral_cold__()` (first in
-    that function, on its first statement's line) makes every late function of every
-    module loaded, so their first calls find them made; a cold one is still made on its
-    own first call."""
-    monkeypatch.setattr(_runpath, "COLD_MIN_BYTES", 0)
-    src = tmp_path / "m.py"
-    src.write_text(COLD_SOURCE)
-    first = next(i for i, t in enumerate(COLD_SOURCE.splitlines(), 1) if "out = [a, b" in t)
-    code = _runpath._compiled(src.read_bytes(), str(src), warm="positional")
-    positional = next(c for c in code.co_consts if getattr(c, "co_name", "") == "positional")
-    assert "__corral_cold__" in positional.co_names
-    plain = next(c for c in code.co_consts if getattr(c, "co_name", "") == "plain")
-    hot = {(str(src), plain.co_firstlineno, "plain"): True,          # late
-           (str(src), positional.co_firstlineno, "positional"): False}   # early
-    parts: list[bytes] = []
-    late: list = []
-    split, _ = _runpath._split(code, hot, parts, 0, late)
-    assert len(late) == 1 and marshal.loads(b"".join(parts)[late[0][0]:late[0][1]]) \
-        .co_qualname == "plain"
-    finder = {"DATA": memoryview(b"".join(parts)),
-              "MODS": {"m": (str(src), False, 0, 0, None, (0, 0, True, tuple(late)))}}
-    exec(compile(_runpath.FINDER, "<corral-runpath>", "exec"), finder)
-    sys.meta_path.remove(finder["RunPathFinder"])
-    ns = {"__name__": "m"}
-    ns["__corral_cold__"] = finder["_cold_part"]("m", ns)
-    exec(split, ns)
-    made = next(c.cell_contents for c in ns["__corral_cold__"].__closure__
-                if c.cell_contents is not ns)
-    assert made == {}
-    assert ns["positional"](3) == (3, 10, 20, 4)   # early, in place: its first line warms
-    assert list(made) == [late[0][0]]
-    assert made[late[0][0]].__code__.co_firstlineno + 1 == first
-    assert ns["plain"](1, c=3)[:5] == [1, 2, (), 3, 4]
-    assert len(made) == 1
-    ns["Thing"](2).method()   # cold: made on its first call
-    assert len(made) == 3
-
-
-def test_a_default_run_makes_its_late_functions_at_the_warm_call():
-    """Through the installed launcher, a default `corral run` makes every one of the file's
-    late functions (at the warm call; a cold one too when the run takes a path the trace
-    did not, e.g. the run directories' sweep, once every SWEEP_EVERY_S), and the same
-    launcher without its file makes none."""
-    with open(os.path.join(ROOT, ".venv", "corral-runpath"), "rb") as f:
-        _, mods = _runpath.table(f.read())
-    late = sum(len(m[5][3]) for m in mods.values() if m[5])
-    assert late > 0
-    (code, _, err, made, _), (code0, _, _, made0, _) = run_both(
-        pathlib.Path("/nonexistent"), lambda i: ["run", "--", "/bin/true"],
-        {"PATH": "/usr/bin:/bin"})
-    assert (code, code0, made0) == (0, 0, 0) and made >= late, (made, late, err)

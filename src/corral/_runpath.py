@@ -32,10 +32,8 @@ file.
 Since session 12 the file also has a cold part, ahead of the modules' code: the build
 traces a real `corral run` (`hot_functions`), and each function no traced run called is
 a stub in its module's code (`_stub`, `_split`) whose code is unmarshalled from the file
-on its first call; each function first called only after the command started is a stub
-too, made by one call the build puts first in WARM_AT's function (the wait for the
-command, while bwrap builds the sandbox): less code to unmarshal before the command
-starts (docs/architecture.md, docs/benchmarks.md).
+on its first call: less code to unmarshal at every start (docs/architecture.md,
+docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -342,7 +342,7 @@ def build(python: str, src: str, site: str, hot: set | None | bool = True) -> by
         with open(file, "rb") as f:
             st = os.fstat(f.fileno())
             source = f.read() if cached is not None else b""
-        code = split = None
+        code, split = None, False
         if cached is not None:
             code = _compiled(source, file)
             if hot is not None:

@@ -63,7 +63,9 @@ fi
 # starts with the cyclic GC off (the run path's imports set off ~1 ms of collections;
 # corral.cli.gc_back_on() turns it on, with those objects frozen, before a command starts)
 # and loads the modules of `corral run` from one file (.venv/corral-runpath) while their
-# sources are unchanged
+# sources are unchanged; writing it runs `corral run -- /bin/true` twice and `run --json`
+# twice (a state directory of their own) to trace which functions a run calls: the others
+# are loaded from the file on first use (nothing moves if those runs cannot run here)
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 .venv/bin/python -m corral._runpath .venv/bin/corral .venv/corral-runpath "$PWD/src" "$site" >/dev/null
 # setuptools' distutils shim costs every start a little and corral does not need it

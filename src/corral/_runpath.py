@@ -28,6 +28,12 @@ else may write (as the .venv it lives in), with one link, under 64 MiB, read who
 made by this Python (magic number); anything odd: the usual import. A stale file is
 harmless: each changed module falls back on its own, and `scripts/setup.sh` rewrites the
 file.
+
+Since session 12 the file also has a cold part, ahead of the modules' code: the build
+traces a real `corral run` (`hot_functions`), and each function no traced run called is
+a stub in its module's code (`_stub`, `_split`) whose code is unmarshalled from the file
+on its first call: less code to unmarshal at every start (docs/architecture.md,
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -44,13 +50,31 @@ ENTRY_MODULES = ("corral.cli", "corral.runtime.sandbox", "corral.backends.namesp
                  "corral.audit.record")
 
 #: the launcher's finder, compiled into the file; run by the launcher with MODS, the
-#: {module name: (source path, is a package, mtime ns, size, __cached__, (start, end))}
-#: table, and DATA, the file's bytes, whose [start:end] is the module's marshalled code
-#: (None for an extension module: the usual extension loader, given its file)
+#: {module name: (source path, is a package, mtime ns, size, __cached__, (start, end,
+#: stubs))} table, and DATA, the file's bytes, whose [start:end] is the module's
+#: marshalled code (None for an extension module: the usual extension loader, given its
+#: file), stubs whether that code has stubs of functions in the cold part (`_split`)
 FINDER = '''
 import marshal, posix, sys
 _ext = sys.modules["_frozen_importlib_external"]
 _Spec = sys.modules["_frozen_importlib"].ModuleSpec
+
+
+_Function = type(lambda: None)
+
+
+def _cold_part(ns):
+    """A module's __corral_cold__: the function a stub stands for (its code unmarshalled
+    from the file's cold part on the stub's first call), made once, with the module's
+    globals; the stub passes it every argument (the stub has the defaults)."""
+    made = {}
+
+    def cold(start, end):
+        f = made.get(start)
+        if f is None:
+            f = made[start] = _Function(marshal.loads(DATA[start:end]), ns)
+        return f
+    return cold
 
 
 class RunPathLoader(_ext.SourceFileLoader):
@@ -64,6 +88,11 @@ class RunPathLoader(_ext.SourceFileLoader):
         if code is None or fullname != self.name:
             return super().get_code(fullname)
         return marshal.loads(DATA[code[0]:code[1]])
+
+    def exec_module(self, module):
+        if self.code is not None and self.code[2]:   # its code has stubs (_split)
+            module.__dict__["__corral_cold__"] = _cold_part(module.__dict__)
+        super().exec_module(module)
 
 
 class RunPathFinder:
@@ -184,27 +213,153 @@ def _compiled(source: bytes, file: str):
     return compile(tree, file, "exec", flags=flags, dont_inherit=True)
 
 
-def build(python: str, src: str, site: str) -> bytes:
+#: a function's code goes to the cold part only when its marshalled bytes are at least
+#: this many (a stub is ~150 to 250 bytes: below this the stub costs about what it saves)
+COLD_MIN_BYTES = 400
+
+#: code flags that keep a function's code in place: a stub is a plain function, so a
+#: generator's or coroutine's would change what inspect and asyncio see of it
+_KEEP_FLAGS = 0x20 | 0x80 | 0x100 | 0x200   # GENERATOR, COROUTINE, ITERABLE_COROUTINE, ASYNC_GENERATOR
+
+#: what the trace runs (the usual `corral run`, and its --json face), each after an
+#: untraced first run that fills the trace's state directory's caches
+TRACED_RUNS = (("run", "--", "/bin/true"), ("run", "--json", "--", "/bin/true"))
+
+#: the trace's hook: every Python function called (setprofile's "call": the main thread,
+#: and threads started by threading), noted as (file, first line, qualified name) at exit
+#: (registered first, so it runs after every other exit handler)
+_TRACE = """import sys, atexit
+_hot = set()
+def _note(frame, event, arg):
+    if event == "call":
+        c = frame.f_code
+        _hot.add((c.co_filename, c.co_firstlineno, c.co_qualname))
+atexit.register(lambda: open({out!r}, "w").write(repr(sorted(_hot))))
+sys.setprofile(_note)
+import threading
+threading.setprofile(_note)
+"""
+
+
+def hot_functions(python: str, src: str, site: str) -> set | None:
+    """(file, first line, qualified name) of each function a real `corral run -- /bin/true`
+    (and `run --json`) calls, traced in a fresh interpreter started as the launcher
+    starts it, without the run-path file (its modules from their sources), with a state
+    directory of its own (its audit records go there, not to the user's); None when a
+    run fails (no sandbox here: then nothing goes to the cold part)."""
+    import ast
+    import tempfile
+
+    body = LAUNCHER.format(python=python, src=src, site=site,
+                           runpath="/nonexistent/corral-runpath").split("\n", 1)[1]
+    hot: set = set()
+    with tempfile.TemporaryDirectory(prefix="corral-runpath-trace-") as tmp:
+        env = {**os.environ, "CORRAL_STATE_DIR": os.path.join(tmp, "state")}
+        out = os.path.join(tmp, "hot")
+        try:
+            for argv in TRACED_RUNS:
+                for hook in ("", _TRACE.format(out=out)):
+                    r = subprocess.run([python, "-IS", "-c", hook + body, *argv], env=env,
+                                       stdin=subprocess.DEVNULL, capture_output=True,
+                                       timeout=120)
+                    if r.returncode != 0:
+                        return None
+                with open(out) as f:
+                    hot.update(ast.literal_eval(f.read()))
+                os.unlink(out)
+        except (OSError, subprocess.SubprocessError, ValueError, SyntaxError):
+            return None
+    return hot
+
+
+def _stub(real, start: int, end: int):
+    """A function code standing for `real`: the same name, qualified name, file, first
+    line and parameters (so the function made from it at import takes the same defaults
+    and binds its arguments as the real one would), whose body is one call of the real
+    function, made on first use from the file's [start:end] (`__corral_cold__` in the
+    finder), with every argument."""
+    n = real.co_argcount + real.co_kwonlyargcount
+    names = real.co_varnames
+    pos, kwonly = list(names[:real.co_argcount]), list(names[real.co_argcount:n])
+    star = names[n] if real.co_flags & 0x04 else None              # VARARGS
+    dstar = names[n + bool(star)] if real.co_flags & 0x08 else None  # VARKEYWORDS
+    params = list(pos)
+    if real.co_posonlyargcount:
+        params.insert(real.co_posonlyargcount, "/")
+    if star or kwonly:
+        params.append(f"*{star or ''}")
+    params += kwonly
+    args = pos + ([f"*{star}"] if star else []) + [f"{k}={k}" for k in kwonly]
+    if dstar:
+        params.append(f"**{dstar}")
+        args.append(f"**{dstar}")
+    text = (f"def f({', '.join(params)}): "
+            f"return __corral_cold__({start}, {end})({', '.join(args)})\n")
+    code = compile(text, real.co_filename, "exec", dont_inherit=True).co_consts[0]
+    return code.replace(co_name=real.co_name, co_qualname=real.co_qualname,
+                        co_firstlineno=real.co_firstlineno)
+
+
+def _split(code, hot: set, cold: list[bytes], at: int) -> tuple:
+    """`code` with each function code nested in it that the trace did not see called
+    (`hot`), and that a stub can stand for, replaced by a stub (`_stub`), its own code's
+    bytes appended to `cold` from offset `at` of the file: (the new code, the next
+    offset). Kept in place: what was called (its nested functions may still go), what
+    has free variables (a closure's cells, `super()`'s __class__: a stub cannot pass
+    them), generators and coroutines, lambdas and comprehensions, class bodies (run at
+    import), and what is smaller than COLD_MIN_BYTES."""
+    consts = list(code.co_consts)
+    for i, c in enumerate(consts):
+        if not hasattr(c, "co_code"):
+            continue
+        if (c.co_flags & 0x3 == 0x3   # OPTIMIZED, NEWLOCALS: a function's (a class body's not)
+                and (c.co_filename, c.co_firstlineno, c.co_qualname) not in hot
+                and not c.co_freevars and not c.co_flags & _KEEP_FLAGS
+                and not c.co_name.startswith("<")):
+            data = marshal.dumps(c)
+            if len(data) >= COLD_MIN_BYTES:
+                cold.append(data)
+                consts[i], at = _stub(c, at, at + len(data)), at + len(data)
+                continue
+        consts[i], at = _split(c, hot, cold, at)
+    return code.replace(co_consts=tuple(consts)), at
+
+
+def build(python: str, src: str, site: str, hot: set | None | bool = True) -> bytes:
     """The run-path file's bytes: the magic number; the offset (4 bytes, little-endian) of
-    the table; each source module's marshalled code; the table, marshal((finder code,
-    MODS)), MODS being {name: (file, is a package, mtime ns, size, __cached__, (start, end)
-    of its code in the file)}, with __cached__ and (start, end) None for an extension
-    module (the finder gives its file to the usual extension loader)."""
+    the table; the cold part (the marshalled code of each function a default run does not
+    call, `_split`; none when `hot` is None: `hot_functions`, traced unless given);
+    each source module's marshalled code; the table, marshal((finder code, MODS)), MODS
+    being {name: (file, is a package, mtime ns, size, __cached__, (start, end, whether its
+    code has stubs) of its code in the file)}, with __cached__ and that None for an
+    extension module (the finder gives its file to the usual extension loader)."""
     from importlib.util import MAGIC_NUMBER
 
-    mods, codes, at = {}, [], 8
+    if hot is True:
+        hot = hot_functions(python, src, site)
+    mods, compiled, cold, at = {}, [], [], 8
     for name, file, is_pkg, cached in run_path_modules(python, [src, site]):
         with open(file, "rb") as f:
             st = os.fstat(f.fileno())
             source = f.read() if cached is not None else b""
-        where = None
+        code, split = None, False
         if cached is not None:
-            code = marshal.dumps(_compiled(source, file))
-            codes.append(code)
-            where, at = (at, at + len(code)), at + len(code)
+            code = _compiled(source, file)
+            if hot is not None:
+                before = at
+                code, at = _split(code, hot, cold, at)
+                split = at > before
+        compiled.append((name, file, is_pkg, st, cached, code, split))
+    codes = []
+    for name, file, is_pkg, st, cached, code, split in compiled:
+        where = None
+        if code is not None:
+            data = marshal.dumps(code)
+            codes.append(data)
+            where, at = (at, at + len(data), split), at + len(data)
         mods[name] = (file, is_pkg, st.st_mtime_ns, st.st_size, cached, where)
     finder = compile(FINDER, "<corral-runpath>", "exec", dont_inherit=True)
-    return b"".join([MAGIC_NUMBER, at.to_bytes(4, "little"), *codes,
+    return b"".join([MAGIC_NUMBER, at.to_bytes(4, "little"), *cold, *codes,
                      marshal.dumps((finder, mods))])
 
 

@@ -185,3 +185,37 @@ def test_get_changes_without_a_review_workspace_says_how(tmp_path):
 
     is_error, text = _session([], body)
     assert is_error and "review" in text
+
+
+def test_a_stdio_session_holds_at_most_max_sandboxes(tmp_path):
+    """`corral mcp --max-sandboxes 2`: the session's own sandbox and one more; a third
+    create_sandbox is refused naming the option, and after a kill there is room again."""
+    async def body(c):
+        out = {}
+        r = await c.call_tool("run_command", {"command": "true"})   # the session's own
+        out["own"] = r.structured_content["verdict"]
+        r = await c.call_tool("create_sandbox", {})
+        second = r.structured_content["sandbox_id"]
+        r = await c.call_tool("create_sandbox", {})
+        out["third"] = (r.is_error, r.content[0].text)
+        await c.call_tool("kill_sandbox", {"sandbox_id": second})
+        r = await c.call_tool("create_sandbox", {})
+        out["after_kill"] = (r.is_error, (r.structured_content or {}).get("sandbox_id"))
+        return out
+
+    out = _session(["--max-sandboxes", "2"], body)
+    assert out["own"] == "ok"
+    is_error, text = out["third"]
+    assert is_error and "max_sandboxes" in text and "--max-sandboxes" in text, text
+    assert out["after_kill"][0] is False and out["after_kill"][1]
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many", "100001"])
+def test_a_bad_max_sandboxes_is_one_line_naming_it(value):
+    import subprocess
+
+    p = subprocess.run([CORRAL, "mcp", "--max-sandboxes", value], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--max-sandboxes" in lines[0], p.stderr

@@ -254,6 +254,9 @@ def test_a_bad_config_is_one_line_naming_the_key(tmp_path, text, key):
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1, err
     assert key in err, err
+    assert err.count(key + ":") == 1, err        # named once, not "key: path: key: ..."
+    if key != "--config":
+        assert str(cfg) in err, err              # and the file it is in
     assert "ghp_literal" not in err
 
 

@@ -210,3 +210,15 @@ def test_the_proxy_pieces_never_import_the_server():
     bad += [f"corral.egress.budget imports {t}" for t in found["corral.egress.budget"]
             if t != "corral.egress.config"]
     assert not bad, "\n".join(bad)
+
+
+def test_no_module_is_over_900_lines():
+    """Issue 14's bound: a module that grows past it is split by what it owns, not left
+    to grow (the one that had 1,392 lines mixed moving bytes with making decisions)."""
+    long = {}
+    for mod, _, path in ALL:
+        with open(path, encoding="utf-8") as f:
+            n = sum(1 for _ in f)
+        if n > 900:
+            long[mod] = n
+    assert long == {}, f"split these modules (lines): {long}"

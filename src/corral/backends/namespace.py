@@ -33,11 +33,13 @@ from ..errors import BackendUnavailable, SandboxSetupError
 from ..linux import limits, rundir, seccomp_cache
 from ..linux._sys import real_ids, subreaper_acquire, subreaper_release
 from ..linux.supervise import (
+    BWRAP_EXEC_FAILED,
     ENOENT,
-    ExecFailed,
     HeldLine,
+    bwrap_child_pid,
+    bwrap_exec_failure,
+    bwrap_status_rest,
     decode_status,
-    errno_from_message,
     kill_pid,
     spawn,
     supervise,
@@ -606,7 +608,7 @@ class NamespaceSandbox(LiveSandbox):
             init_pid = init_fd = None
             status_rest = b""
             # bwrap's own "execvp" failure goes to the stderr the command would have had
-            gate = HeldLine(on_stderr, EXEC_FAILED_PREFIX)
+            gate = HeldLine(on_stderr, BWRAP_EXEC_FAILED)
             try:
                 try:
                     # False, or a broken pipe: bwrap is gone already (it failed), and
@@ -617,7 +619,7 @@ class NamespaceSandbox(LiveSandbox):
                         _write_all(args_w, blob)
                         os.close(args_w)
                         args_w = -1
-                        init_pid = _child_pid(status_r, block=True)
+                        init_pid = bwrap_child_pid(status_r, block=True)
                         init_fd = _pidfd(init_pid)
                         if init_fd is not None:  # None: bwrap failed building the sandbox
                             if self.one_shot:
@@ -664,9 +666,9 @@ class NamespaceSandbox(LiveSandbox):
                                     extra={proxy.events_r: proxy.lines} if proxy else None)
             finally:
                 if init_pid is None:
-                    init_fd = _pidfd(_child_pid(status_r, block=False))
+                    init_fd = _pidfd(bwrap_child_pid(status_r, block=False))
                 else:
-                    status_rest = _read_rest(status_r)
+                    status_rest = bwrap_status_rest(status_r)
                 os.close(status_r)
                 if proxy is not None:
                     events += proxy.stop()
@@ -686,7 +688,7 @@ class NamespaceSandbox(LiveSandbox):
         failed = None
         if (init_pid is not None and exit_code == 1 and not outcome.timed_out
                 and not oom_kills and b'"exit-code"' not in status_rest):
-            failed = _exec_failure(gate.line(), argv[0])
+            failed = bwrap_exec_failure(gate.line(), argv[0])
             if failed is not None and failed[1].errno == ENOENT:
                 failed[1].interpreter = interpreter_inside(self, argv[0])
         events += scratch_events(self.scratch)
@@ -841,60 +843,6 @@ def _confine(pid: int, attach: list[int], *, nofile: int, fsize: int,
             return False
         raise
     return True
-
-
-def _child_pid(status_r: int, *, block: bool) -> int | None:
-    """The pid of bwrap's init (the sandbox's pid 1, as the host sees it), from the first
-    line bwrap writes to --json-status-fd: `{ "child-pid": 123, ... }`. (Parsed by hand:
-    json is not imported on the start-up path.)"""
-    if block:
-        poller = select.poll()   # not select(): a busy supervisor has fds past 1024
-        poller.register(status_r, select.POLLIN)
-        if not poller.poll(10_000):
-            raise SandboxSetupError("bubblewrap did not report its child in 10 s",
-                                    step="bwrap-status")
-    os.set_blocking(status_r, block)
-    try:
-        data = os.read(status_r, 65536)
-    except BlockingIOError:
-        return None
-    _, found, rest = data.partition(b'"child-pid":')
-    digits = rest.split(b",")[0].split(b"}")[0].strip()
-    return int(digits) if found and digits.isdigit() else None
-
-
-#: how bwrap words a failed exec of the command: "bwrap: execvp NAME: STRERROR\n"
-EXEC_FAILED_PREFIX = b"bwrap: execvp "
-
-
-def _read_rest(status_r: int, most: int = 16) -> bytes:
-    """What bwrap wrote to --json-status-fd after the child's pid: `{ "exit-code": N }`
-    once it has exited, if (and only if) bwrap's exec of the command succeeded. bwrap has
-    exited by now, so this never waits; bounded all the same."""
-    os.set_blocking(status_r, False)
-    chunks = []
-    try:
-        for _ in range(most):
-            data = os.read(status_r, 65536)
-            if not data:
-                break
-            chunks.append(data)
-    except BlockingIOError:
-        pass
-    return b"".join(chunks)
-
-
-def _exec_failure(line: bytes | None, name: str) -> tuple[str, ExecFailed] | None:
-    """(name, ExecFailed) when bwrap exited 1 without reporting an exit code (the structured
-    sign that it never exec'd the command: bwrap 0.8+ reports it only after a successful
-    exec) and its last word was "execvp NAME: why"; None for any other failure of bwrap's
-    (a mount, chdir), which keeps its own message. The reason is bwrap's strerror text
-    (C locale: bwrap never calls setlocale)."""
-    want = EXEC_FAILED_PREFIX + name.encode(errors="surrogateescape") + b": "
-    if line is None or not line.startswith(want):
-        return None
-    errno = errno_from_message(line[len(want):].decode(errors="replace"))
-    return (name, ExecFailed(errno)) if errno else None
 
 
 def _pidfd(pid: int | None) -> int | None:

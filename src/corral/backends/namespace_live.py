@@ -33,7 +33,7 @@ from ..events import NoticeEvent
 from ..linux import enter, spawner
 from ..linux._sys import subreaper_acquire, subreaper_release
 from ..linux.shellexec import simple_words
-from ..linux.supervise import kill_pid, spawn
+from ..linux.supervise import bwrap_child_pid, bwrap_status_rest, kill_pid, spawn
 from ..plan import EgressProxy, Environment
 from .base import ExecLimits
 from .host.cgroups import destroy_cgroup, run_cgroup
@@ -41,9 +41,7 @@ from .host.proxy import start_proxy, with_relay_tasks
 from .namespace import (
     USER_ID,
     NamespaceSandbox,
-    _child_pid,
     _confine,
-    _read_rest,
     _write_all,
 )
 
@@ -195,7 +193,7 @@ class NamespaceLive(NamespaceSandbox):
                 _write_all(args_w, blob)
                 os.close(args_w)
                 ours.remove(args_w)
-                init = _child_pid(status_r, block=True)
+                init = bwrap_child_pid(status_r, block=True)
                 if init is None:
                     raise SandboxSetupError("bubblewrap failed: " + _err_text(err_r),
                                             step="bwrap")
@@ -480,7 +478,7 @@ class NamespaceLive(NamespaceSandbox):
                 pass
             target.close()
         if self._status_r >= 0:
-            _read_rest(self._status_r)
+            bwrap_status_rest(self._status_r)
             os.close(self._status_r)
             self._status_r = -1
         if self.proxy is not None:

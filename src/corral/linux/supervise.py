@@ -553,3 +553,59 @@ def shebang_interpreter(head: bytes) -> str | None:
     line = head[2:].split(b"\n", 1)[0].replace(b"\t", b" ").strip(b" ")
     word = line.split(b" ", 1)[0]
     return word.decode(errors="replace") if word else None
+
+
+# bubblewrap's --json-status-fd, read by the namespace tier (one-shot and live)
+
+def bwrap_child_pid(status_r: int, *, block: bool) -> int | None:
+    """The pid of bwrap's init (the sandbox's pid 1, as the host sees it), from the first
+    line bwrap writes to --json-status-fd: `{ "child-pid": 123, ... }`. (Parsed by hand:
+    json is not imported on the start-up path.)"""
+    if block:
+        poller = select.poll()   # not select(): a busy supervisor has fds past 1024
+        poller.register(status_r, select.POLLIN)
+        if not poller.poll(10_000):
+            raise SandboxSetupError("bubblewrap did not report its child in 10 s",
+                                    step="bwrap-status")
+    os.set_blocking(status_r, block)
+    try:
+        data = os.read(status_r, 65536)
+    except BlockingIOError:
+        return None
+    _, found, rest = data.partition(b'"child-pid":')
+    digits = rest.split(b",")[0].split(b"}")[0].strip()
+    return int(digits) if found and digits.isdigit() else None
+
+
+#: how bwrap words a failed exec of the command: "bwrap: execvp NAME: STRERROR\n"
+BWRAP_EXEC_FAILED = b"bwrap: execvp "
+
+
+def bwrap_status_rest(status_r: int, most: int = 16) -> bytes:
+    """What bwrap wrote to --json-status-fd after the child's pid: `{ "exit-code": N }`
+    once it has exited, if (and only if) bwrap's exec of the command succeeded. bwrap has
+    exited by now, so this never waits; bounded all the same."""
+    os.set_blocking(status_r, False)
+    chunks = []
+    try:
+        for _ in range(most):
+            data = os.read(status_r, 65536)
+            if not data:
+                break
+            chunks.append(data)
+    except BlockingIOError:
+        pass
+    return b"".join(chunks)
+
+
+def bwrap_exec_failure(line: bytes | None, name: str) -> tuple[str, ExecFailed] | None:
+    """(name, ExecFailed) when bwrap exited 1 without reporting an exit code (the structured
+    sign that it never exec'd the command: bwrap 0.8+ reports it only after a successful
+    exec) and its last word was "execvp NAME: why"; None for any other failure of bwrap's
+    (a mount, chdir), which keeps its own message. The reason is bwrap's strerror text
+    (C locale: bwrap never calls setlocale)."""
+    want = BWRAP_EXEC_FAILED + name.encode(errors="surrogateescape") + b": "
+    if line is None or not line.startswith(want):
+        return None
+    errno = errno_from_message(line[len(want):].decode(errors="replace"))
+    return (name, ExecFailed(errno)) if errno else None

@@ -52,12 +52,14 @@ timeout); without it a sandbox lives up to 7 days a call, renewable.
 """
 
 MCP_USAGE = """\
-usage: corral mcp [--policy FILE] [--state-dir DIR]
+usage: corral mcp [--policy FILE] [--max-sandboxes K] [--state-dir DIR]
 
 An MCP server on stdio (docs/mcp.md): tools to create sandboxes, run commands and code,
 read, write and list files, explain the policy. --policy: the ceiling every sandbox of the
 session stays within (default: corral's default policy); the session's first tool call
-gets a sandbox lazily, killed when the session ends.
+gets a sandbox lazily, killed when the session ends. --max-sandboxes: live sandboxes the
+session may hold at once (default 128, at most 100000); create_sandbox beyond it is
+refused until one is killed.
 """
 
 
@@ -261,13 +263,18 @@ def token(args: list[str]) -> int:
 
 
 def mcp(args: list[str]) -> int:
-    a = Args(args, {"--policy", "--state-dir"}, MCP_USAGE)
+    a = Args(args, {"--policy", "--max-sandboxes", "--state-dir"}, MCP_USAGE)
     if a.rest:
         raise UsageError(f"unexpected {a.rest[0]!r}", field="mcp")
+    from .config import MAX_SANDBOXES
+
+    most = _int(a.opts.get("--max-sandboxes"), "--max-sandboxes")
+    if most is not None and not 1 <= most <= 100_000:
+        raise UsageError(f"{most} is out of range: give 1 to 100000", field="--max-sandboxes")
     _warm_zygote()
     from .mcp import run_stdio
 
-    return run_stdio(a.opts.get("--policy"))
+    return run_stdio(a.opts.get("--policy"), MAX_SANDBOXES if most is None else most)
 
 
 def _warm_zygote() -> None:

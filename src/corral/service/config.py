@@ -112,7 +112,7 @@ class Config:
 
 
 def _fail(path: str, key: str, message: str):
-    return UsageError(f"{path}: {key}: {message}", field=key)
+    return UsageError(f"{message} (in {path})", field=key)   # shown as "key: message (in path)"
 
 
 def load(path: str) -> Config:

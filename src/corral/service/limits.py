@@ -265,10 +265,13 @@ class Quota:
     sandbox's place is given back when it leaves the live count (killed, timed out,
     ended by itself)."""
 
-    def __init__(self, server_most: int | None = None, server_have=None) -> None:
+    def __init__(self, server_most: int | None = None, server_have=None,
+                 whose: str = "the server holds {} live sandboxes (or is making them), its "
+                              "max_sandboxes (every token's together)") -> None:
         self._mu = threading.Lock()
         self._pending: dict[str, int] = {}
         self.server_most, self.server_have = server_most, server_have
+        self.whose = whose      # the refusal's words for server_most
 
     def reserve(self, name: str, most: int | None, have):
         return _Reservation(self, name, most, have)
@@ -293,9 +296,8 @@ class _Reservation:
                               "(or is making them), its max_sandboxes; kill one first", 5)
             if q.server_most is not None and \
                     q.server_have() + sum(q._pending.values()) >= q.server_most:
-                raise Limited("max_sandboxes", f"the server holds {q.server_most} live "
-                              "sandboxes (or is making them), its max_sandboxes (every "
-                              "token's together); kill one or retry later", 5)
+                raise Limited("max_sandboxes", q.whose.format(q.server_most)
+                              + "; kill one or retry later", 5)
             q._pending[self.name] = pending + 1
         return self
 

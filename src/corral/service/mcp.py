@@ -49,12 +49,13 @@ class Caller(NamedTuple):
 
 
 def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry | None = None,
-          caller=None, busy=None, quota=None, metrics=None, running=None):
+          caller=None, busy=None, quota=None, metrics=None, running=None,
+          max_sandboxes: int | None = None):
     """The MCPServer with corral's tools; returns (server, registry).
     `caller(ctx) -> Caller` (default: the one stdio user within `ceiling_data`); `busy`:
     a limits.Concurrency and `quota` a limits.Quota shared with the REST API, holding the
     server's max_sandboxes too (None, as on stdio: no token limits, and a bound of this
-    process's own on its live sandboxes, config.MAX_SANDBOXES); `metrics`: the service's metrics.Metrics, which counts
+    process's own on its live sandboxes: `max_sandboxes`, default config.MAX_SANDBOXES); `metrics`: the service's metrics.Metrics, which counts
     run_command's runs as the REST API's (None on stdio); `running`: the service's
     limits.Gate of commands and cells running (config max_running; None on stdio). server.corral_end_session(key, owner)
     kills a session's own sandbox (mcp_http calls it when an HTTP session ends)."""
@@ -73,7 +74,9 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
         from .config import MAX_SANDBOXES
         from .limits import Quota
 
-        bound = Quota(MAX_SANDBOXES, registry.count)
+        bound = Quota(MAX_SANDBOXES if max_sandboxes is None else max_sandboxes,
+                      registry.count, "this session holds {} live sandboxes (or is making "
+                      "them), corral mcp's --max-sandboxes")
     defaults: dict[str, str] = {}
     used: dict[str, float] = {}          # session key -> when its own sandbox was last used
     defaults_mu = threading.Lock()
@@ -463,14 +466,14 @@ def _remember(e, events: list[dict], keep: int = 50) -> None:
     del got[:-keep]
 
 
-def run_stdio(policy_file: str | None = None) -> int:
+def run_stdio(policy_file: str | None = None, max_sandboxes: int | None = None) -> int:
     ceiling = {}
     if policy_file is not None:
         from ..policy.load import policy_from_dict, read_toml
 
         ceiling = read_toml(policy_file)
         policy_from_dict(ceiling, allow_literal=False)   # a bad policy fails here, not later
-    server, registry = build(ceiling)
+    server, registry = build(ceiling, max_sandboxes=max_sandboxes)
     try:
         server.run("stdio")
     finally:

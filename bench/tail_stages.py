@@ -222,10 +222,10 @@ def main() -> int:
             ("raw bwrap", [x for x, _, f in raws if f == h[1]],
              [x for x, c, f in raws if c and f == h[1]]))):
         name += label
+        calm_part = (f"p50 {pct(calm, 50):6.2f} p99 {pct(calm, 99):6.2f} p99/p50 "
+                     f"{pct(calm, 99) / pct(calm, 50):5.2f}") if calm else "-"
         print(f"  {name:28} p50 {pct(xs, 50):6.2f} p99 {pct(xs, 99):6.2f} p99/p50 "
-              f"{pct(xs, 99) / pct(xs, 50):5.2f}; calm {len(calm)}: p50 "
-              f"{pct(calm, 50):6.2f} p99 {pct(calm, 99):6.2f} p99/p50 "
-              f"{pct(calm, 99) / pct(calm, 50):5.2f}")
+              f"{pct(xs, 99) / pct(xs, 50):5.2f}; calm {len(calm)}: {calm_part}")
     if a.flush:
         for k in ("after monitor exit", " exec._reap_init", " exec.supervise", "TOTAL"):
             for label, fl in halves:

@@ -5,10 +5,11 @@ made. What the Result depends on stays on the caller's thread, in order: bwrap a
 sandbox's init killed and reaped, the run's cgroup killed and checked empty
 (namespace.py's _reap_init), the fds closed. What is left then is the removal of resources
 nothing uses any more: the dead sandbox's mount namespace, when the run kept it
-(host/mountns.py: closing its fd makes the kernel unmount its tree), the
-unmount of the scratch tmpfs (an unmount waits for an RCU grace period), the run directory,
-and the hand-over of the emptied cgroups to the process's pool (host/cgroups.POOL). `submit()` queues that work; one thread per process (`corral-teardown`,
-started on first use, from `_thread`: nothing is imported for it) does it in order.
+(host/mountns.py: closing its fd makes the kernel unmount its tree), the unmount of the
+scratch tmpfs (an unmount waits for an RCU grace period), the run directory, and the
+hand-over of the emptied cgroups to the process's pool (host/cgroups.POOL). `submit()`
+queues that work; one thread per process (`corral-teardown`, started on first use, from
+`_thread`: nothing is imported for it) does it in order.
 
 Its problems (each a sentence: an unmount or removal that failed) are never dropped:
 

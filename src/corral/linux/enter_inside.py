@@ -102,6 +102,12 @@ def _zygote_main(sock, status_sock) -> None:
 
     _close_all_but((0, 1, 2, sock.fileno(), status_sock.fileno()))
     _sys.become_subreaper()
+    # every object this process has is kept out of the collector's walks from now on: a
+    # full collection here (or in an entrant) would write to all their headers, copying
+    # every page the entrants share with this process
+    import gc
+
+    gc.freeze()
     # its end is its owner's (EOF on the socket), not a SIGINT or SIGTERM sent to the
     # whole group (Ctrl-C, systemd's stop) while the owner drains its commands; the
     # entrants give their commands every signal at its default (inherited_signals)

@@ -150,22 +150,24 @@ def _zygote_main(sock, status_sock) -> None:
     # live sandbox's entrants
     status_sock.setblocking(False)
     unsent: list[bytes] = []
+    polled = [False]      # status_sock registered for POLLOUT (a status waits)
 
     def flush() -> None:
         while unsent:
             try:
                 status_sock.send(unsent[0])
             except BlockingIOError:
-                poller.register(status_sock.fileno(), select.POLLOUT)
+                if not polled[0]:
+                    poller.register(status_sock.fileno(), select.POLLOUT)
+                    polled[0] = True
                 return
             except OSError:     # its supervisor has gone: nobody will ask
                 unsent.clear()
                 break
             unsent.pop(0)
-        try:
-            poller.unregister(status_sock.fileno())
-        except KeyError:
-            pass
+        if polled[0]:     # (no KeyError raised and caught at every wake-up: its objects
+            poller.unregister(status_sock.fileno())    # touched the zygote's pages)
+            polled[0] = False
 
     def reap(block: bool) -> bool:
         """Reap what has exited (all, blocking, if `block`); False once none is left."""

@@ -120,10 +120,10 @@ def _zygote_main(sock, status_sock) -> None:
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
     entrants: set[int] = set()
-    # not polled: A writes its line just before it exits, and its exit's SIGCHLD wakes
-    # this loop, which drains the pipe then (a wake-up of its own for the line cost a
-    # command ~0.1-0.3 ms under load: the zygote's Python work and its copy-on-write
-    # faults, beside the command; never more than the entrants handing over are unread)
+    # not polled: A writes its line just before it exits, and the pipe is read as A is
+    # reaped (a wake-up of its own for the line cost a command ~0.1-0.3 ms under load:
+    # the zygote's Python work and its copy-on-write faults, beside the command); unread
+    # are at most the lines of entrants not reaped yet
     births_r, births_w = os.pipe2(os.O_CLOEXEC)
     os.set_blocking(births_r, False)
     born: dict[int, int] = {}     # a command's pid: its request's sequence number
@@ -140,6 +140,8 @@ def _zygote_main(sock, status_sock) -> None:
             if not chunk:
                 break
             pending += chunk
+            if len(chunk) < 4096:
+                break     # drained (another read would raise BlockingIOError)
         *lines, pending = pending.split(b"\n")
         for line in lines:
             b, _, n = line.partition(b" ")
@@ -182,8 +184,10 @@ def _zygote_main(sock, status_sock) -> None:
                 return True
             if done in entrants:
                 entrants.discard(done)
+                read_births()   # its line, if it wrote one (before it exited)
                 continue
-            read_births()   # its A wrote "B SEQ" before it exited, so before this
+            if done not in born:
+                read_births()   # its A wrote "B SEQ" before it exited, so before this
             n = born.pop(done, None)
             if n is not None:   # a command: its supervisor waits for this (it may have gone)
                 unsent.append(b"%d %d" % (n, status))
@@ -214,7 +218,6 @@ def _zygote_main(sock, status_sock) -> None:
                 os.read(wake_r, 512)
             except BlockingIOError:
                 pass
-            read_births()
         if not any(fd == sock.fileno() for fd, _ in ready):
             continue
         msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 64)

@@ -195,8 +195,13 @@ def _zygote_main(sock, status_sock) -> None:
             # else its A failed before it told (and told its supervisor, which waits not)
 
     retired = False
+    left = True
+    chld = True     # a SIGCHLD came (its wakeup byte): a child may wait to be reaped; a
+    # request alone needs no waitpid (with no child left it raised ChildProcessError, whose
+    # objects touch pages the entrants share)
     while True:
-        left = reap(False)
+        if chld:
+            left, chld = reap(False), False
         flush()
         if not retired and len(unsent) > UNSENT_MAX:
             retired = True
@@ -214,6 +219,7 @@ def _zygote_main(sock, status_sock) -> None:
         except InterruptedError:
             continue
         if any(fd == wake_r for fd, _ in ready):
+            chld = True
             try:
                 os.read(wake_r, 512)
             except BlockingIOError:

@@ -116,6 +116,9 @@ def _zygote_main(sock, status_sock) -> None:
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    # what every entrant inherits (this process's dispositions, set above for good): read
+    # once here, not in each entrant (a read of /proc and its buffer, beside a command)
+    ignored = inherited_signals()[0]
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
@@ -263,7 +266,7 @@ def _zygote_main(sock, status_sock) -> None:
             theirs = socket.socket(fileno=theirs_fd)
             os.close(births_r)
             _entrant(theirs, _Received(pidfd, root_fd, flags, last_cap, uid), attach,
-                     program, (births_w, seq))
+                     program, (births_w, seq), ignored)
             os._exit(127)
         entrants.add(a)
         for fd in fds:
@@ -280,10 +283,12 @@ def _zygote_main(sock, status_sock) -> None:
 
 
 def _entrant(theirs, target: _Received, attach: list[int], program: Program,
-             birth: tuple[int, int]) -> None:
+             birth: tuple[int, int], ignored: list[int] | None = None) -> None:
     """A's life (the module's docstring), in a child of the zygote: _exit on any failure,
-    never return. `birth`: the zygote's births pipe and this request's sequence number."""
-    ignored, _ = inherited_signals()
+    never return. `birth`: the zygote's births pipe and this request's sequence number;
+    `ignored`: the signals it inherits ignored (supervise.inherited_signals), if known."""
+    if ignored is None:
+        ignored = inherited_signals()[0]
     caps = list(range(target.last_cap + 1))
     zero_caps = (ctypes.c_uint32 * 6)()
     header = (ctypes.c_uint32 * 2)(_sys._CAP_V3, 0)

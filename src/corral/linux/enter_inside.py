@@ -119,6 +119,7 @@ def _zygote_main(sock, status_sock) -> None:
     # what every entrant inherits (this process's dispositions, set above for good): read
     # once here, not in each entrant (a read of /proc and its buffer, beside a command)
     ignored = inherited_signals()[0]
+    _cap_args()   # made here once: an entrant that made them made two ctypes types
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
@@ -289,9 +290,7 @@ def _entrant(theirs, target: _Received, attach: list[int], program: Program,
     `ignored`: the signals it inherits ignored (supervise.inherited_signals), if known."""
     if ignored is None:
         ignored = inherited_signals()[0]
-    caps = list(range(target.last_cap + 1))
-    zero_caps = (ctypes.c_uint32 * 6)()
-    header = (ctypes.c_uint32 * 2)(_sys._CAP_V3, 0)
+    zero_caps, header = _cap_args()
     libc, flags = _libc, target.flags
     fail_w = -1
     started = 0        # B's pid once it runs: a failure after that is the handover's
@@ -322,7 +321,7 @@ def _entrant(theirs, target: _Received, attach: list[int], program: Program,
         dash = shell_is_dash()
         os.close(target.root_fd)
         os.close(target.pidfd)
-        for cap in caps:     # while it still has CAP_SETPCAP in the sandbox's namespace
+        for cap in range(target.last_cap + 1):   # while it has CAP_SETPCAP in its namespace
             libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
         libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
         # the sandbox's root (0), or an account its namespace maps: leaving uid 0 clears
@@ -433,6 +432,17 @@ def _entrant(theirs, target: _Received, attach: list[int], program: Program,
                 theirs.send(b"e" + report)
         finally:
             os._exit(127)
+
+
+_CAP_ARGS: list = []
+
+
+def _cap_args() -> tuple:
+    """capset's arguments for no capability at all (a header, zeroed data), made once (in
+    the zygote, before it forks: the entrants use its objects and only read them)."""
+    if not _CAP_ARGS:
+        _CAP_ARGS[:] = [(ctypes.c_uint32 * 6)(), (ctypes.c_uint32 * 2)(_sys._CAP_V3, 0)]
+    return tuple(_CAP_ARGS)
 
 
 def _close_all_but(keep) -> None:

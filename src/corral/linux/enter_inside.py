@@ -39,6 +39,9 @@ INLINE_MAX = 32 << 10
 #: read them: commands whose supervision ended early, never asked for): past this many it
 #: retires (_zygote_main) instead of keeping more, and the next command gets a new zygote
 UNSENT_MAX = 4096
+#: seccomp programs the zygote keeps made (one a policy in use; past this many, it starts
+#: again)
+PROGRAMS_KEPT = 32
 #: a retired zygote whose commands have all been reaped waits at most this long for its
 #: supervisor to read the statuses it still holds, then exits
 RETIRED_FLUSH_S = 5.0
@@ -198,6 +201,10 @@ def _zygote_main(sock, status_sock) -> None:
                 flush()
             # else its A failed before it told (and told its supervisor, which waits not)
 
+    # the seccomp programs of the requests, made into ctypes objects once each: every
+    # entrant then reads the zygote's own (made for each request, they were new objects
+    # a page or two of which every entrant copied)
+    programs: dict[tuple[bytes, bool], Program] = {}
     retired = False
     left = True
     chld = True     # a SIGCHLD came (its wakeup byte): a child may wait to be reaped; a
@@ -255,7 +262,11 @@ def _zygote_main(sock, status_sock) -> None:
             continue
         seq += 1
         try:
-            program = Program(bpf, listen)
+            program = programs.get((bpf, listen))
+            if program is None:      # one per sandbox's program, kept (a few KB each)
+                if len(programs) >= PROGRAMS_KEPT:
+                    programs.clear()
+                program = programs[(bpf, listen)] = Program(bpf, listen)
             a = os.fork()
         except (OSError, ValueError) as e:   # e.g. EAGAIN at a pids limit: said, not fatal
             for fd in fds:

@@ -90,6 +90,34 @@ def _wait_own(b: int) -> int:
         return 9
 
 
+def ns_pid(pid: int) -> int | None:
+    """The pid of host pid `pid` inside its innermost pid namespace (the last NSpid field
+    of /proc/PID/status), or None if unreadable. Only for a pid that cannot be recycled
+    while this reads it: a child of the caller not reaped yet (the zygote's commands)."""
+    try:     # os.open and one read: no file object
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 8192)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return _last_nspid(data)
+
+
+def _last_nspid(data: bytes) -> int | None:
+    """The last number of the "NSpid:" line of a status or fdinfo text; None without one
+    or when the kernel says -1 (reaped)."""
+    at = data.find(b"\nNSpid:")
+    if at < 0:
+        return None
+    end = data.find(b"\n", at + 1)
+    field = data[at + 7:end if end >= 0 else len(data)].split()
+    if not field or not field[-1].isdigit():
+        return None
+    return int(field[-1])
+
+
 def _zygote_main(sock, status_sock) -> None:
     """The zygote's loop: each request forks one A; A's that exited are reaped, and so
     are the commands (B) their exits handed over, whose statuses go to status_sock under
@@ -179,25 +207,33 @@ def _zygote_main(sock, status_sock) -> None:
             polled[0] = False
 
     def reap(block: bool) -> bool:
-        """Reap what has exited (all, blocking, if `block`); False once none is left."""
+        """Reap what has exited (all, blocking, if `block`); False once none is left. A
+        command's status goes to its supervisor with its pid inside the sandbox, read
+        from its zombie before it is reaped (the supervisor's own read, as it starts,
+        finds nothing once a fast command has been reaped)."""
         while True:
-            try:
-                done, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+            try:   # seen, not reaped yet (WNOWAIT): its /proc entry is still there
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT
+                                 | (0 if block else os.WNOHANG))
             except ChildProcessError:
                 return False
             except InterruptedError:
                 continue
-            if not done:
+            if info is None:
                 return True
+            done = info.si_pid
             if done in entrants:
+                os.waitpid(done, 0)
                 entrants.discard(done)
                 read_births()   # its line, if it wrote one (before it exited)
                 continue
             if done not in born:
                 read_births()   # its A wrote "B SEQ" before it exited, so before this
             n = born.pop(done, None)
+            inside = ns_pid(done) if n is not None else None
+            status = os.waitpid(done, 0)[1]
             if n is not None:   # a command: its supervisor waits for this (it may have gone)
-                unsent.append(b"%d %d" % (n, status))
+                unsent.append(b"%d %d %d" % (n, status, inside or 0))
                 flush()
             # else its A failed before it told (and told its supervisor, which waits not)
 

@@ -7,7 +7,9 @@ runs in a process of its own (its zygote warmed first, as corral serve does) wit
 namespace-tier sandbox; the parent asks them in turn for one timed command each (the
 order swapped every round), so the machine's load hits both alike, which separate runs
 of bench/live.py on a busy machine do not. Medians in ms, and the calling thread's CPU
-time (`_cpu`):
+time (`_cpu`); `tree_cpu`: all the CPU each build's processes used (the process, its
+zygote, the entrants and commands the zygote reaped; the sandbox's start too) over the
+commands run:
 
   sh_true    commands.run("true") after a 20 ms pause (/bin/sh -c "true", or its program)
   sh_forced  ["/bin/sh", "-c", "true", "/bin/sh"]: always the shell
@@ -59,6 +61,16 @@ def child(src: str) -> None:
             print(json.dumps([dt, dc]), flush=True)
     finally:
         sb.kill()
+    # all the CPU this build used, every process of it: this one, its zygote and what
+    # the zygote reaped (the entrants and the commands), counted once the zygote exits
+    enter._close_at_exit()
+    for z in enter._zygote_now:
+        os.waitpid(z.pid, 0)
+    import resource
+
+    used = sum(getattr(resource.getrusage(who), f) for who in
+               (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN) for f in ("ru_utime", "ru_stime"))
+    print(json.dumps(["cpu", used]), flush=True)
 
 
 def main() -> None:
@@ -89,9 +101,11 @@ def main() -> None:
                 dt, dc = json.loads(p.stdout.readline())
                 samples.setdefault((kind, name), []).append(dt)
                 samples.setdefault((kind + "_cpu", name), []).append(dc)
-    for p in procs.values():
+    tree = {}
+    for name, p in procs.items():
         p.stdin.write("q\n")
         p.stdin.flush()
+        tree[name] = json.loads(p.stdout.readline())[1]
         p.wait()
     print(f"{a.runs} runs each, interleaved; load average {load[0]:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
@@ -99,6 +113,9 @@ def main() -> None:
     for kind in (k for kk in KINDS for k in (kk, kk + "_cpu")):
         print(f"{kind:14}" + "".join(f"{statistics.median(samples[(kind, n)]) * 1000:10.2f}"
                                       for n in builds))
+    calls = a.runs * (len(KINDS) + 1) + 5     # b2b makes two calls
+    print(f"{'tree_cpu':14}" + "".join(f"{tree[n] / calls * 1000:10.2f}" for n in builds)
+          + "   (ms a command: every process of the build, its start and end included)")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ ticks, summed). Run as root from the repository root:
 
     .venv/bin/python bench/service_interleaved.py --before DIR/src [--runs 150]
         [--kinds tch]    # t: commands.run("true"), c: run_code("1+1"), h: GET /health
+        [--tree-cpu]     # each server under perf stat: its whole CPU a call (server CPU 0)
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PY = os.path.join(ROOT, ".venv", "bin", "python")
-CORRAL = os.path.join(ROOT, ".venv", "bin", "corral")
+#: a server of a given tree: .venv/bin/corral runs `python -IS`, which ignores PYTHONPATH
+#: (both sides would run this tree's server), so each side's is started from its own src,
+#: as the launcher starts it (the collector off until corral.cli.gc_back_on)
+LAUNCH = ("import gc, sys; gc.disable(); sys.path.insert(0, {src!r}); "
+          "sys.argv = ['corral'] + sys.argv[1:]; from corral.cli import main; sys.exit(main())")
 GAP_S = 0.02
 NAMES = {"t": "run_true", "c": "run_code", "h": "health"}
 
@@ -42,18 +47,23 @@ def side(src: str) -> None:
     from corral import client
 
     tmp = tempfile.mkdtemp(prefix="corral-bench-il-")
-    env = dict(os.environ, PYTHONPATH=src)
-    tok = subprocess.run([CORRAL, "token", "create", "--name", "b", "--state-dir", tmp],
-                         capture_output=True, text=True, check=True, env=env).stdout.split()[-1]
+    launch = [PY, "-c", LAUNCH.format(src=src)]
+    tok = subprocess.run(launch + ["token", "create", "--name", "b", "--state-dir", tmp],
+                         capture_output=True, text=True, check=True).stdout.split()[-1]
     url = f"http://127.0.0.1:{free_port()}"
-    proc = subprocess.Popen([CORRAL, "serve", "--port", url.rsplit(":", 1)[1],
-                             "--state-dir", tmp], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env)
+    perf = os.environ.get("BENCH_TREE_CPU")     # main()'s --tree-cpu: perf stat's output
+    if perf:
+        launch = ["perf", "stat", "-x,", "-e", "task-clock", "-o", perf, "--"] + launch
+    proc = subprocess.Popen(launch + ["serve", "--port", url.rsplit(":", 1)[1],
+                                      "--state-dir", tmp], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     try:
         wait_up(url, proc)
         tick = os.sysconf("SC_CLK_TCK")
 
         def cpu() -> float:
+            if perf:
+                return 0.0
             with open(f"/proc/{proc.pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             return (int(fields[11]) + int(fields[12])) / tick
@@ -77,7 +87,11 @@ def side(src: str) -> None:
             print(f"{dt * 1e3:.4f} {(cpu() - c0) * 1e3:.1f}", flush=True)
         sb.kill()
     finally:
-        proc.terminate()
+        target = proc.pid
+        if perf:    # the server itself (perf stat writes its count once it exits)
+            with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+                target = int(f.read().split()[0])
+        os.kill(target, 15)
         proc.wait(60)
 
 
@@ -86,6 +100,9 @@ def main() -> int:
     ap.add_argument("--before", help="the before tree's src/ directory")
     ap.add_argument("--runs", type=int, default=150)
     ap.add_argument("--kinds", default="tch")
+    ap.add_argument("--tree-cpu", action="store_true",
+                    help="run each server under `perf stat`: all the CPU of each side's "
+                         "server, zygote, entrants and commands, per call (all kinds)")
     ap.add_argument("--side", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.side:
@@ -94,8 +111,12 @@ def main() -> int:
     if not a.before:
         ap.error("--before DIR/src is needed")
     trees = {"before": os.path.abspath(a.before), "after": os.path.join(ROOT, "src")}
+    tmp = tempfile.mkdtemp(prefix="corral-bench-il-cpu-")
+    perf = {k: os.path.join(tmp, k) for k in trees}
     sides = {k: subprocess.Popen([PY, __file__, "--side", src], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True)
+                                 stdout=subprocess.PIPE, text=True,
+                                 env=dict(os.environ, BENCH_TREE_CPU=perf[k])
+                                 if a.tree_cpu else None)
              for k, src in trees.items()}
     for k, p in sides.items():
         if p.stdout.readline().strip() != "ready":
@@ -128,6 +149,14 @@ def main() -> int:
                          f"{cpu[(s, k)] / a.runs:4.2f} ms)")
         ratio = statistics.median(ms[("after", k)]) / statistics.median(ms[("before", k)])
         print(f"  {NAMES[k]:9s} " + "   ".join(cells) + f"   after/before {ratio:.2f}")
+    if a.tree_cpu:
+        calls = a.runs * len(a.kinds) + 5 * 3 + 1     # with the warm-up and the create
+        got = {}
+        for s, path in perf.items():
+            with open(path) as f:
+                got[s] = next(float(x.split(",")[0]) for x in f if "task-clock" in x)
+        print("  server side's CPU (every process, perf stat task-clock), ms a call: "
+              + "   ".join(f"{s} {got[s] / calls:.2f}" for s in ("before", "after")))
     return 0
 
 

@@ -167,6 +167,20 @@ def test_a_foreground_command_is_killed_from_another_thread_through_on_start(sb)
     assert sb.commands.run("echo still").stdout == "still\n"
 
 
+def test_a_command_that_ends_at_once_still_has_its_pid_inside(sb):
+    """A handle's pid is the command's pid inside the sandbox (what `$$` says), also for a
+    command that has exited, and been reaped, before its start is handled: the host's
+    pid (which says where the host's other processes are) never shows. Before, one
+    such command in ~8 had the host's pid."""
+    wrong = []
+    for _ in range(150):
+        seen = []
+        r = sb.commands.run("echo $$", on_start=lambda h: seen.append(h.pid))
+        if [str(p) for p in seen] != [r.stdout.strip()]:
+            wrong.append((seen, r.stdout.strip()))
+    assert wrong == [], wrong[:5]
+
+
 def test_foreground_stdin_env_cwd_and_exec_failure(sb):
     sb.commands.run("mkdir -p /scratch/d")
     r = sb.commands.run("cat; echo \"$GREETING\"; pwd", stdin=b"in\n", env={"GREETING": "hi"},

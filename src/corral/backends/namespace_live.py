@@ -72,7 +72,7 @@ class Started:
                  "out_r", "pid", "pidfd", "tally")
 
     def __init__(self, pid: int, out_r: int, err_r: int, cgroup, before_wait=None,
-                 tally=None, pidfd: int = -1, exit_status=None) -> None:
+                 tally=None, pidfd: int = -1, exit_status=None, ns_pid: int = 0) -> None:
         self.pid, self.out_r, self.err_r, self.cgroup = pid, out_r, err_r, cgroup
         #: to call before reaping pid (supervise's before_wait): the entrant's own reaping
         self.before_wait = before_wait
@@ -80,7 +80,9 @@ class Started:
         #: a /bin/sh -c line exec'd without the shell (linux/shellexec.py): a death by a
         #: signal of its own is reported as the shell would (commands.py)
         self.direct = False
-        self.ns_pid = _ns_pid(pid)
+        #: its pid inside the sandbox (0: not known; never the host's, which says where
+        #: the host's other processes are)
+        self.ns_pid = ns_pid
         #: the refused syscalls seen, when observed (linux/seccomp_notify.Tally)
         self.tally = tally
 
@@ -93,20 +95,20 @@ class Started:
         return syscall_events(self.tally)
 
 
-def _ns_pid(pid: int) -> int:
-    """The pid inside the sandbox (the last NSpid field), or the host pid if unreadable."""
-    try:     # os.open and one read: no file object (this is on every command's path)
-        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            data = os.read(fd, 8192)
-        finally:
-            os.close(fd)
-        at = data.find(b"\nNSpid:")
-        if at >= 0:
-            return int(data[at + 1:data.index(b"\n", at + 1)].split()[-1])
-    except (OSError, ValueError):
-        pass
-    return pid
+def _pid_inside(entrant, pid: int, pidfd: int) -> tuple[int, object]:
+    """(the pid inside the sandbox of the command `pid` just started, how to get its wait
+    status). Read from its pidfd's fdinfo while it runs; a command that ended at once
+    may have been reaped (by the zygote) before this looks: then its status has been
+    sent, with the pid inside that the zygote read before reaping it, and is taken now
+    (its pidfd says it exited: nothing to wait for but that message). 0 if neither says."""
+    inside = enter.ns_pid_of(pidfd) if pidfd >= 0 else None
+    if inside is not None or pidfd < 0 or not enter._exited(pidfd):
+        return inside or 0, entrant.exit_status
+    status = entrant.exit_status(pid)
+
+    def told(_pid: int, status=status) -> int:
+        return status
+    return entrant.ns_pid or 0, told
 
 
 class NamespaceLive(NamespaceSandbox):
@@ -339,8 +341,9 @@ class NamespaceLive(NamespaceSandbox):
                 raise
             break
         pidfd, entrant.b_pidfd = entrant.b_pidfd, -1
+        inside, exit_status = _pid_inside(entrant, pid, pidfd)
         started = Started(pid, out_r, err_r, cg, entrant.reap, tally, pidfd=pidfd,
-                          exit_status=entrant.exit_status)
+                          exit_status=exit_status, ns_pid=inside)
         started.direct = entrant.direct
         return started
 

@@ -76,7 +76,15 @@ except ImportError:  # pragma: no cover - not CPython
 
 from ..errors import SandboxSetupError, UsageError
 from . import _sys
-from .enter_inside import INLINE_MAX, Program, _read_small, _wait_own, _write_all, _zygote_main
+from .enter_inside import (
+    INLINE_MAX,
+    Program,
+    _last_nspid,
+    _read_small,
+    _wait_own,
+    _write_all,
+    _zygote_main,
+)
 from .supervise import _exec_report, _fail_report
 
 CLONE_NEWNS = 0x00020000
@@ -97,6 +105,21 @@ def _last_cap() -> int:
             return int(f.read())
     except (OSError, ValueError):
         return 63
+
+
+def ns_pid_of(pidfd: int) -> int | None:
+    """The pid inside its innermost pid namespace of the process of `pidfd` (the last
+    NSpid field of the pidfd's fdinfo): the process's own, never a recycled pid's; None
+    once it has been reaped (the kernel says -1) or if unreadable."""
+    try:
+        fd = os.open(f"/proc/self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return _last_nspid(data)
 
 
 def _exited(pidfd: int) -> bool:
@@ -174,6 +197,9 @@ class Entrant:
         #: the zygote's number for this entrant's request: its command's status comes
         #: back under it (never under the pid, which is used again once reaped)
         self.seq = 0
+        #: the command's pid inside the sandbox, as the zygote read it before reaping it
+        #: (exit_status() sets it; None until then, or if the zygote could not)
+        self.ns_pid: int | None = None
         try:
             self.pid, self.pidfd, self.zygote, self.seq = _zygote().fork_entrant(
                 theirs, target, attach, program, uid)
@@ -229,8 +255,9 @@ class Entrant:
 
     def exit_status(self, b: int) -> int:
         """The wait status of the command `b` started, once its pidfd (b_pidfd) has
-        said it exited: the zygote, its parent, reaps it and sends the status."""
-        status = self.zygote.status_of(self.seq, b)
+        said it exited: the zygote, its parent, reaps it and sends the status (and its
+        pid inside the sandbox, kept as `ns_pid`)."""
+        status, self.ns_pid = self.zygote.status_of(self.seq, b)
         unclaimed = getattr(self, "_unclaimed", None)
         if unclaimed is not None:
             unclaimed.detach()
@@ -410,7 +437,7 @@ class _Zygote:
         self.status_sock = st_ours
         #: statuses read for other callers, by sequence number (unique for the zygote's
         #: life: a pid is not, and a status left unread must never match a later command)
-        self._statuses: dict[int, int] = {}
+        self._statuses: dict[int, tuple[int, int | None]] = {}
         self._cond = threading.Condition(threading.Lock())
         self._reading = False
         #: requests whose status nobody will take (forget()): dropped as it comes
@@ -437,10 +464,11 @@ class _Zygote:
             if self._statuses.pop(seq, None) is None:
                 self._forgotten.add(seq)
 
-    def status_of(self, seq: int, b: int) -> int:
+    def status_of(self, seq: int, b: int) -> tuple[int, int | None]:
         """The wait status of command `b`, of request `seq` (it has exited: its pidfd
-        said so). One caller at a time reads the socket, keeping the statuses of others
-        for them."""
+        said so), and its pid inside the sandbox as the zygote read it before reaping it
+        (None if it could not). One caller at a time reads the socket, keeping the
+        statuses of others for them."""
         with self._cond:
             self._forget_now()
             while True:
@@ -457,16 +485,17 @@ class _Zygote:
                 except OSError:
                     msg = b""
                 if not msg:     # the zygote died: its commands came to us, if anyone
-                    return _wait_own(b)
-                got, _, status = msg.partition(b" ")
+                    return _wait_own(b), None
+                got, status, inside = msg.split(b" ")   # "SEQ STATUS PID-INSIDE"
+                told = (int(status), int(inside) or None)
                 with self._cond:
                     if int(got) == seq:
-                        return int(status)
+                        return told
                     self._forget_now()
                     if int(got) in self._forgotten:
                         self._forgotten.discard(int(got))
                         continue
-                    self._statuses[int(got)] = int(status)
+                    self._statuses[int(got)] = told
                     self._cond.notify_all()
         finally:
             with self._cond:

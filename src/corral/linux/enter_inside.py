@@ -39,6 +39,9 @@ INLINE_MAX = 32 << 10
 #: read them: commands whose supervision ended early, never asked for): past this many it
 #: retires (_zygote_main) instead of keeping more, and the next command gets a new zygote
 UNSENT_MAX = 4096
+#: seccomp programs the zygote keeps made (one a policy in use; past this many, it starts
+#: again)
+PROGRAMS_KEPT = 32
 #: a retired zygote whose commands have all been reaped waits at most this long for its
 #: supervisor to read the statuses it still holds, then exits
 RETIRED_FLUSH_S = 5.0
@@ -87,6 +90,34 @@ def _wait_own(b: int) -> int:
         return 9
 
 
+def ns_pid(pid: int) -> int | None:
+    """The pid of host pid `pid` inside its innermost pid namespace (the last NSpid field
+    of /proc/PID/status), or None if unreadable. Only for a pid that cannot be recycled
+    while this reads it: a child of the caller not reaped yet (the zygote's commands)."""
+    try:     # os.open and one read: no file object
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 8192)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return _last_nspid(data)
+
+
+def _last_nspid(data: bytes) -> int | None:
+    """The last number of the "NSpid:" line of a status or fdinfo text; None without one
+    or when the kernel says -1 (reaped)."""
+    at = data.find(b"\nNSpid:")
+    if at < 0:
+        return None
+    end = data.find(b"\n", at + 1)
+    field = data[at + 7:end if end >= 0 else len(data)].split()
+    if not field or not field[-1].isdigit():
+        return None
+    return int(field[-1])
+
+
 def _zygote_main(sock, status_sock) -> None:
     """The zygote's loop: each request forks one A; A's that exited are reaped, and so
     are the commands (B) their exits handed over, whose statuses go to status_sock under
@@ -102,6 +133,12 @@ def _zygote_main(sock, status_sock) -> None:
 
     _close_all_but((0, 1, 2, sock.fileno(), status_sock.fileno()))
     _sys.become_subreaper()
+    # every object this process has is kept out of the collector's walks from now on: a
+    # full collection here (or in an entrant) would write to all their headers, copying
+    # every page the entrants share with this process
+    import gc
+
+    gc.freeze()
     # its end is its owner's (EOF on the socket), not a SIGINT or SIGTERM sent to the
     # whole group (Ctrl-C, systemd's stop) while the owner drains its commands; the
     # entrants give their commands every signal at its default (inherited_signals)
@@ -110,13 +147,20 @@ def _zygote_main(sock, status_sock) -> None:
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    # what every entrant inherits (this process's dispositions, set above for good): read
+    # once here, not in each entrant (a read of /proc and its buffer, beside a command)
+    ignored = inherited_signals()[0]
+    _cap_args()   # made here once: an entrant that made them made two ctypes types
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
     entrants: set[int] = set()
+    # not polled: A writes its line just before it exits, and the pipe is read as A is
+    # reaped (a wake-up of its own for the line cost a command ~0.1-0.3 ms under load:
+    # the zygote's Python work and its copy-on-write faults, beside the command); unread
+    # are at most the lines of entrants not reaped yet
     births_r, births_w = os.pipe2(os.O_CLOEXEC)
     os.set_blocking(births_r, False)
-    poller.register(births_r, select.POLLIN)
     born: dict[int, int] = {}     # a command's pid: its request's sequence number
     seq = 0
     pending = b""
@@ -131,6 +175,8 @@ def _zygote_main(sock, status_sock) -> None:
             if not chunk:
                 break
             pending += chunk
+            if len(chunk) < 4096:
+                break     # drained (another read would raise BlockingIOError)
         *lines, pending = pending.split(b"\n")
         for line in lines:
             b, _, n = line.partition(b" ")
@@ -141,47 +187,68 @@ def _zygote_main(sock, status_sock) -> None:
     # live sandbox's entrants
     status_sock.setblocking(False)
     unsent: list[bytes] = []
+    polled = [False]      # status_sock registered for POLLOUT (a status waits)
 
     def flush() -> None:
         while unsent:
             try:
                 status_sock.send(unsent[0])
             except BlockingIOError:
-                poller.register(status_sock.fileno(), select.POLLOUT)
+                if not polled[0]:
+                    poller.register(status_sock.fileno(), select.POLLOUT)
+                    polled[0] = True
                 return
             except OSError:     # its supervisor has gone: nobody will ask
                 unsent.clear()
                 break
             unsent.pop(0)
-        try:
-            poller.unregister(status_sock.fileno())
-        except KeyError:
-            pass
+        if polled[0]:     # (no KeyError raised and caught at every wake-up: its objects
+            poller.unregister(status_sock.fileno())    # touched the zygote's pages)
+            polled[0] = False
 
     def reap(block: bool) -> bool:
-        """Reap what has exited (all, blocking, if `block`); False once none is left."""
+        """Reap what has exited (all, blocking, if `block`); False once none is left. A
+        command's status goes to its supervisor with its pid inside the sandbox, read
+        from its zombie before it is reaped (the supervisor's own read, as it starts,
+        finds nothing once a fast command has been reaped)."""
         while True:
-            try:
-                done, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+            try:   # seen, not reaped yet (WNOWAIT): its /proc entry is still there
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT
+                                 | (0 if block else os.WNOHANG))
             except ChildProcessError:
                 return False
             except InterruptedError:
                 continue
-            if not done:
+            if info is None:
                 return True
+            done = info.si_pid
             if done in entrants:
+                os.waitpid(done, 0)
                 entrants.discard(done)
+                read_births()   # its line, if it wrote one (before it exited)
                 continue
-            read_births()   # its A wrote "B SEQ" before it exited, so before this
+            if done not in born:
+                read_births()   # its A wrote "B SEQ" before it exited, so before this
             n = born.pop(done, None)
+            inside = ns_pid(done) if n is not None else None
+            status = os.waitpid(done, 0)[1]
             if n is not None:   # a command: its supervisor waits for this (it may have gone)
-                unsent.append(b"%d %d" % (n, status))
+                unsent.append(b"%d %d %d" % (n, status, inside or 0))
                 flush()
             # else its A failed before it told (and told its supervisor, which waits not)
 
+    # the seccomp programs of the requests, made into ctypes objects once each: every
+    # entrant then reads the zygote's own (made for each request, they were new objects
+    # a page or two of which every entrant copied)
+    programs: dict[tuple[bytes, bool], Program] = {}
     retired = False
+    left = True
+    chld = True     # a SIGCHLD came (its wakeup byte): a child may wait to be reaped; a
+    # request alone needs no waitpid (with no child left it raised ChildProcessError, whose
+    # objects touch pages the entrants share)
     while True:
-        left = reap(False)
+        if chld:
+            left, chld = reap(False), False
         flush()
         if not retired and len(unsent) > UNSENT_MAX:
             retired = True
@@ -199,12 +266,11 @@ def _zygote_main(sock, status_sock) -> None:
         except InterruptedError:
             continue
         if any(fd == wake_r for fd, _ in ready):
+            chld = True
             try:
                 os.read(wake_r, 512)
             except BlockingIOError:
                 pass
-        if any(fd == births_r for fd, _ in ready):
-            read_births()
         if not any(fd == sock.fileno() for fd, _ in ready):
             continue
         msg, fds, _, _ = socket.recv_fds(sock, 1 << 16, 64)
@@ -232,7 +298,11 @@ def _zygote_main(sock, status_sock) -> None:
             continue
         seq += 1
         try:
-            program = Program(bpf, listen)
+            program = programs.get((bpf, listen))
+            if program is None:      # one per sandbox's program, kept (a few KB each)
+                if len(programs) >= PROGRAMS_KEPT:
+                    programs.clear()
+                program = programs[(bpf, listen)] = Program(bpf, listen)
             a = os.fork()
         except (OSError, ValueError) as e:   # e.g. EAGAIN at a pids limit: said, not fatal
             for fd in fds:
@@ -244,7 +314,7 @@ def _zygote_main(sock, status_sock) -> None:
             theirs = socket.socket(fileno=theirs_fd)
             os.close(births_r)
             _entrant(theirs, _Received(pidfd, root_fd, flags, last_cap, uid), attach,
-                     program, (births_w, seq))
+                     program, (births_w, seq), ignored)
             os._exit(127)
         entrants.add(a)
         for fd in fds:
@@ -261,13 +331,13 @@ def _zygote_main(sock, status_sock) -> None:
 
 
 def _entrant(theirs, target: _Received, attach: list[int], program: Program,
-             birth: tuple[int, int]) -> None:
+             birth: tuple[int, int], ignored: list[int] | None = None) -> None:
     """A's life (the module's docstring), in a child of the zygote: _exit on any failure,
-    never return. `birth`: the zygote's births pipe and this request's sequence number."""
-    ignored, _ = inherited_signals()
-    caps = list(range(target.last_cap + 1))
-    zero_caps = (ctypes.c_uint32 * 6)()
-    header = (ctypes.c_uint32 * 2)(_sys._CAP_V3, 0)
+    never return. `birth`: the zygote's births pipe and this request's sequence number;
+    `ignored`: the signals it inherits ignored (supervise.inherited_signals), if known."""
+    if ignored is None:
+        ignored = inherited_signals()[0]
+    zero_caps, header = _cap_args()
     libc, flags = _libc, target.flags
     fail_w = -1
     started = 0        # B's pid once it runs: a failure after that is the handover's
@@ -298,7 +368,7 @@ def _entrant(theirs, target: _Received, attach: list[int], program: Program,
         dash = shell_is_dash()
         os.close(target.root_fd)
         os.close(target.pidfd)
-        for cap in caps:     # while it still has CAP_SETPCAP in the sandbox's namespace
+        for cap in range(target.last_cap + 1):   # while it has CAP_SETPCAP in its namespace
             libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
         libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
         # the sandbox's root (0), or an account its namespace maps: leaving uid 0 clears
@@ -409,6 +479,17 @@ def _entrant(theirs, target: _Received, attach: list[int], program: Program,
                 theirs.send(b"e" + report)
         finally:
             os._exit(127)
+
+
+_CAP_ARGS: list = []
+
+
+def _cap_args() -> tuple:
+    """capset's arguments for no capability at all (a header, zeroed data), made once (in
+    the zygote, before it forks: the entrants use its objects and only read them)."""
+    if not _CAP_ARGS:
+        _CAP_ARGS[:] = [(ctypes.c_uint32 * 6)(), (ctypes.c_uint32 * 2)(_sys._CAP_V3, 0)]
+    return tuple(_CAP_ARGS)
 
 
 def _close_all_but(keep) -> None:

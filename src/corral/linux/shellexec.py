@@ -69,12 +69,26 @@ def simple_words(line: str) -> list[str] | None:
     return words
 
 
-def shell_is_dash() -> bool:
-    """Whether /bin/sh (as this process sees it: inside the sandbox) is dash."""
-    try:
-        return os.path.basename(os.path.realpath("/bin/sh")).startswith("dash")
-    except OSError:
-        return False
+#: symbolic links followed at most (the kernel's own limit, MAXSYMLINKS)
+_LINKS_MAX = 40
+
+
+def shell_is_dash(path: str = "/bin/sh") -> bool:
+    """Whether /bin/sh (as this process sees it: inside the sandbox) is dash: the name of
+    the file its links end at. Each link is read by the kernel, which resolves the
+    directories on the way (so the name is realpath's last one), instead of realpath's
+    walk in Python, whose objects an entrant copies page by page (it runs this for every
+    command). A loop, or more than _LINKS_MAX links: not dash (the shell runs the line
+    and says what it says)."""
+    for _ in range(_LINKS_MAX + 1):
+        try:
+            target = os.readlink(path)
+        except OSError as e:
+            if e.errno != 22:      # EINVAL: not a link, the file itself
+                return False       # missing, unreadable: not a shell to trust
+            return path.rsplit("/", 1)[-1].startswith("dash")
+        path = target if target.startswith("/") else path.rsplit("/", 1)[0] + "/" + target
+    return False
 
 
 def resolve(name: bytes, env: dict[bytes, bytes]) -> bytes | None:

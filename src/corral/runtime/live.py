@@ -546,9 +546,9 @@ class Live(Sandbox):
             for h, cg in self._lingering:
                 pids = tuple(cg.pids())
                 if pids:
-                    from ..backends.namespace_live import _ns_pid
+                    from ..linux.enter_inside import ns_pid
 
-                    out.append(CommandInfo(pid=_ns_pid(pids[0]), cmd=h.cmd,
+                    out.append(CommandInfo(pid=ns_pid(pids[0]) or 0, cmd=h.cmd,
                                            background=h.background, started=h.started,
                                            detached=True, pids=pids))
             return out

@@ -84,7 +84,7 @@ async def start_pty(state, request, msg, e, face):
     try:
         gate.enter()
     except Limited as err:
-        raise RpcError("resource_exhausted", f"{err.field}: {err.message}") from None
+        raise RpcError.limited(err) from None
     try:
         h = await run_in_threadpool(e.sandbox.pty.create, cols, rows, [cmd, *args],
                                     on_data=t.on_data, env={**face.envs, **envs} or None,

@@ -338,23 +338,32 @@ async def send_input(state, request, msg):
         return {}
     c = _cmd(e, pid)
     data = unb64(inp.get("stdin", ""), "input.stdin")
+    await write_one(c.handle, c.handle.send_stdin, data, "corral-e2b-stdin",
+                    busy=f"process {c.pid} has a write to its stdin waiting already",
+                    ended=f"process {c.pid}'s stdin is closed (or it ended)")
+    return {}
+
+
+async def write_one(target, send, data: bytes, thread: str, *, busy: str, ended: str) -> None:
+    """`send(data)` in a thread of its own (service.common.own_thread: the target's program
+    decides whether it reads), one write waiting a target (a process's stdin, a terminal)
+    at a time: a second meanwhile is resource_exhausted (`busy`), a target gone
+    failed_precondition (`ended`)."""
     from ..common import WRITERS, own_thread
 
-    if not WRITERS.claim(c.handle):     # one write waiting a process, in its own thread
-        raise RpcError("resource_exhausted", f"process {c.pid} has a write to its stdin "
-                       "waiting already (it is not reading); send one at a time")
+    if not WRITERS.claim(target):
+        raise RpcError("resource_exhausted", f"{busy} (it is not reading); send one at a "
+                       "time")
 
     def write() -> None:
         try:
-            c.handle.send_stdin(data)
+            send(data)
         finally:
-            WRITERS.release(c.handle)
+            WRITERS.release(target)
     try:
-        await own_thread(asyncio.get_running_loop(), write, "corral-e2b-stdin")
+        await own_thread(asyncio.get_running_loop(), write, thread)
     except OSError:
-        raise RpcError("failed_precondition", f"process {c.pid}'s stdin is closed (or it "
-                       "ended)") from None
-    return {}
+        raise RpcError("failed_precondition", ended) from None
 
 
 async def close_stdin(state, request, msg):

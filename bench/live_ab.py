@@ -24,14 +24,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _interleave import GAP_S, Sides, answer  # noqa: E402
+
 KINDS = {"sh_true": "true", "sh_forced": ["/bin/sh", "-c", "true", "/bin/sh"],
          "true": ["true"], "b2b": ["true"], "ls": "ls /"}
-GAP_S = 0.02
 
 
 def child(src: str) -> None:
@@ -45,12 +46,8 @@ def child(src: str) -> None:
         for _ in range(5):
             sb.commands.run("true")
             time.sleep(GAP_S)
-        print("ready", flush=True)
-        for line in sys.stdin:
-            kind = line.strip()
-            if kind not in KINDS:
-                break
-            time.sleep(GAP_S)
+
+        def timed(kind: str) -> str:
             if kind == "b2b":
                 sb.commands.run(["true"])
             c, t = time.thread_time(), time.perf_counter()
@@ -58,7 +55,9 @@ def child(src: str) -> None:
             dt, dc = time.perf_counter() - t, time.thread_time() - c
             if r.exit_code != 0:
                 raise SystemExit(f"{kind}: {r}")
-            print(json.dumps([dt, dc]), flush=True)
+            return json.dumps([dt, dc])
+
+        answer({kind: (lambda k=kind: timed(k)) for kind in KINDS})
     finally:
         sb.kill()
     # all the CPU this build used, every process of it: this one, its zygote and what
@@ -84,29 +83,22 @@ def main() -> None:
         return
     builds = {"baseline": os.path.abspath(a.baseline),
               "this": os.path.join(os.path.dirname(HERE), "src")}
-    procs = {k: subprocess.Popen([sys.executable, __file__, "--baseline", "-", "--child", v],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-             for k, v in builds.items()}
-    for p in procs.values():
-        if p.stdout.readline().strip() != "ready":
-            raise SystemExit("a build's sandbox did not start")
+    sides = Sides({k: [sys.executable, __file__, "--baseline", "-", "--child", v]
+                   for k, v in builds.items()})
     load = os.getloadavg()
     samples: dict[tuple[str, str], list[float]] = {}
     for i in range(a.runs):
         for kind in KINDS:
-            order = list(procs.items())
-            for name, p in order if i % 2 == 0 else order[::-1]:
-                p.stdin.write(kind + "\n")
-                p.stdin.flush()
-                dt, dc = json.loads(p.stdout.readline())
+            for name in sides.order(i):
+                dt, dc = json.loads(sides.ask(name, kind))
                 samples.setdefault((kind, name), []).append(dt)
                 samples.setdefault((kind + "_cpu", name), []).append(dc)
     tree = {}
-    for name, p in procs.items():
+    for name, p in sides.procs.items():   # "q" ends its loop; then its CPU in all
         p.stdin.write("q\n")
         p.stdin.flush()
         tree[name] = json.loads(p.stdout.readline())[1]
-        p.wait()
+    sides.close()
     print(f"{a.runs} runs each, interleaved; load average {load[0]:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
     print(f"{'median ms':14}{'baseline':>10}{'this':>10}")

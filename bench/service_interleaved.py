@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,9 @@ PY = os.path.join(ROOT, ".venv", "bin", "python")
 #: as the launcher starts it (the collector off until corral.cli.gc_back_on)
 LAUNCH = ("import gc, sys; gc.disable(); sys.path.insert(0, {src!r}); "
           "sys.argv = ['corral'] + sys.argv[1:]; from corral.cli import main; sys.exit(main())")
-GAP_S = 0.02
+sys.path.insert(0, HERE)
+from _interleave import GAP_S, Sides, answer  # noqa: E402
+
 NAMES = {"t": "run_true", "c": "run_code", "h": "health"}
 
 
@@ -40,7 +41,6 @@ def side(src: str) -> None:
     """One side: its server and its client, one call per line of stdin ("t", "c", "h";
     "q" ends), each answered with "MS SERVER_CPU_MS"."""
     sys.path.insert(0, src)
-    sys.path.insert(0, HERE)
     import httpx
     from _serve import free_port, wait_up
 
@@ -75,17 +75,16 @@ def side(src: str) -> None:
         for _ in range(5):
             for fn in calls.values():
                 fn()
-        print("ready", flush=True)
-        for line in sys.stdin:
-            k = line.strip()
-            if k not in calls:
-                break
-            time.sleep(GAP_S)
+
+        def timed(fn) -> str:
             c0, t0 = cpu(), time.perf_counter()
-            calls[k]()
+            fn()
             dt = time.perf_counter() - t0
-            print(f"{dt * 1e3:.4f} {(cpu() - c0) * 1e3:.1f}", flush=True)
+            return f"{dt * 1e3:.4f} {(cpu() - c0) * 1e3:.1f}"
+
+        answer({k: (lambda fn=fn: timed(fn)) for k, fn in calls.items()})
         sb.kill()
+        h.close()
     finally:
         target = proc.pid
         if perf:    # the server itself (perf stat writes its count once it exits)
@@ -113,30 +112,18 @@ def main() -> int:
     trees = {"before": os.path.abspath(a.before), "after": os.path.join(ROOT, "src")}
     tmp = tempfile.mkdtemp(prefix="corral-bench-il-cpu-")
     perf = {k: os.path.join(tmp, k) for k in trees}
-    sides = {k: subprocess.Popen([PY, __file__, "--side", src], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True,
-                                 env=dict(os.environ, BENCH_TREE_CPU=perf[k])
-                                 if a.tree_cpu else None)
-             for k, src in trees.items()}
-    for k, p in sides.items():
-        if p.stdout.readline().strip() != "ready":
-            raise SystemExit(f"the {k} side did not come up")
-    ms = {(s, k): [] for s in sides for k in a.kinds}
-    cpu = {(s, k): 0.0 for s in sides for k in a.kinds}
-    for _ in range(a.runs):
+    sides = Sides({k: [PY, __file__, "--side", src] for k, src in trees.items()},
+                  {k: dict(os.environ, BENCH_TREE_CPU=perf[k]) for k in trees}
+                  if a.tree_cpu else None)
+    ms = {(s, k): [] for s in trees for k in a.kinds}
+    cpu = {(s, k): 0.0 for s in trees for k in a.kinds}
+    for i in range(a.runs):
         for k in a.kinds:
-            order = list(sides)
-            random.shuffle(order)
-            for s in order:
-                sides[s].stdin.write(k + "\n")
-                sides[s].stdin.flush()
-                t, c = sides[s].stdout.readline().split()
+            for s in sides.order(i, shuffle=True):
+                t, c = sides.ask(s, k).split()
                 ms[(s, k)].append(float(t))
                 cpu[(s, k)] += float(c)
-    for p in sides.values():
-        p.stdin.write("q\n")
-        p.stdin.flush()
-        p.wait(120)
+    sides.close()
     la = os.getloadavg()
     print(f"interleaved call by call, {a.runs} calls a kind and side, {GAP_S * 1e3:g} ms "
           f"apart (load {la[0]:.1f} {la[1]:.1f} {la[2]:.1f}: indicative)")

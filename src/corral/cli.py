@@ -251,7 +251,7 @@ def cmd_run(args: list[str]) -> int:
         on_out = on_err = None
         writers = []
         if not r.json:
-            on_out, on_err = _writer(sys.stdout, r.raw), _writer(sys.stderr, r.raw)
+            on_out, on_err = output_writer(sys.stdout, r.raw), output_writer(sys.stderr, r.raw)
             writers = [on_out, on_err]
         tee = None
         if r.receipt:   # the bytes the command wrote (and read) are hashed as they pass
@@ -371,7 +371,9 @@ def cmd_shell(args: list[str]) -> int:   # cli_terminal.py
     return shell(args)
 
 
-def _writer(stream, raw: bool):
+def output_writer(stream, raw: bool = False):
+    """Where a command's output goes as it comes (`corral run`, `corral learn`): to a
+    terminal through termsafe's SafeWriter unless `raw`, else its bytes as they are."""
     if raw or not stream.isatty():
         buf = stream.buffer
 
@@ -489,7 +491,7 @@ def cmd_audit(name: str):
 def cmd_learn(args: list[str]) -> int:   # audit/cli_learn.py: loaded only here
     from .audit.cli_learn import main as learn_main
 
-    return learn_main(args, parse_run_args, effective_policy)
+    return learn_main(args, parse_run_args, effective_policy, output_writer)
 
 
 def cmd_service(name: str):

@@ -230,6 +230,23 @@ def test_watch_dir(env):
         assert "made" in names
 
 
+def test_watchers_past_the_cap_say_when_to_try_again(env, server):
+    """A sandbox's watchers past its cap: resource_exhausted (429) with Retry-After, as the
+    REST face's watches cap answers."""
+    from corral.service.e2b.fs import MAX_WATCHERS
+
+    with Sandbox.create(timeout=120) as sb:
+        head = {"E2b-Sandbox-Id": sb.sandbox_id, "E2b-Sandbox-Port": "49983",
+                "X-Access-Token": sb._envd_access_token}
+        url = server.url + "/filesystem.Filesystem/CreateWatcher"
+        for _ in range(MAX_WATCHERS):
+            r = httpx.post(url, headers=head, json={"path": "/tmp"}, timeout=30)
+            assert r.status_code == 200 and "Retry-After" not in r.headers, r.text
+        r = httpx.post(url, headers=head, json={"path": "/tmp"}, timeout=30)
+        assert r.status_code == 429 and r.json()["code"] == "resource_exhausted", r.text
+        assert r.headers["Retry-After"] == "1"
+
+
 def test_run_code_and_contexts(env):
     from e2b_code_interpreter import Sandbox as CI
 

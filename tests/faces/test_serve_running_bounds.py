@@ -6,6 +6,8 @@ to start them without end, so the whole server holds at most `[server] max_runni
 them (every token's and both faces' together), and gives each place back at its end."""
 
 import asyncio
+import json
+import struct
 
 import httpx
 import pytest
@@ -68,6 +70,16 @@ def refused(server, token: str, sb, es) -> None:
     assert r.json()["error"]["field"] == "max_running"
     with pytest.raises(Exception, match="max_running"):
         es.commands.run("sleep 1798.5", background=True)
+    # the E2B envd face's Connect stream says when to try again, as REST's 429 does
+    msg = json.dumps({"process": {"cmd": "/bin/echo", "args": ["no"]}}).encode()
+    r = httpx.post(f"{server.url}/process.Process/Start",
+                   content=struct.pack(">BI", 0, len(msg)) + msg, timeout=60,
+                   headers={"E2b-Sandbox-Id": es.sandbox_id, "E2b-Sandbox-Port": "49983",
+                            "X-Access-Token": es._envd_access_token,
+                            "Content-Type": "application/connect+json"})
+    end = json.loads(r.content[5:])
+    assert end["error"]["code"] == "resource_exhausted", end
+    assert "max_running" in end["error"]["message"] and int(r.headers["Retry-After"]) >= 1
     ci = pytest.importorskip("e2b_code_interpreter")
     with pytest.raises(Exception, match="max_running"):     # E2B's /execute: its cells
         ci.Sandbox.connect(es.sandbox_id).run_code("1 + 1")

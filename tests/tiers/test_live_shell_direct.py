@@ -117,3 +117,20 @@ def test_simple_words_takes_only_plain_lines():
                  "ls $X", "a; b", "a | b", "a > f", "a\nb", "./prog", "if", "ls \\x",
                  "ls é", "f(x)", "ls #c", "a&"):
         assert simple_words(line) is None, line
+
+
+def test_read_head_reads_a_files_first_bytes_or_says_none(tmp_path):
+    """The one head read of resolve() and the process tier's missing-interpreter check."""
+    import os
+
+    from corral.linux.shellexec import read_head
+
+    (tmp_path / "s.sh").write_bytes(b"#!/bin/sh\necho hi\n")
+    (tmp_path / "tiny").write_bytes(b"ab")
+    os.mkfifo(tmp_path / "fifo")            # no writer: not waited for
+    assert read_head(tmp_path / "s.sh", 4) == b"#!/b"
+    assert read_head(str(tmp_path / "tiny"), 256) == b"ab"
+    assert read_head(os.fsencode(tmp_path / "s.sh"), 256) == b"#!/bin/sh\necho hi\n"
+    assert read_head(tmp_path / "fifo", 4) == b""
+    assert read_head(tmp_path / "none", 4) is None
+    assert read_head(tmp_path, 4) is None   # a directory: EISDIR

@@ -48,7 +48,7 @@ def split_learn_flags(args: list[str]) -> tuple[list[str], str | None, float]:
     return rest, out, MARGIN if margin is None else margin
 
 
-def main(args: list[str], parse_run_args, effective_policy) -> int:
+def main(args: list[str], parse_run_args, effective_policy, output_writer) -> int:
     as_json = "--json" in (args[: args.index("--")] if "--" in args else args)
     try:
         rest, out, margin = split_learn_flags(args)
@@ -74,7 +74,7 @@ def main(args: list[str], parse_run_args, effective_policy) -> int:
         use_spool()   # as corral run: the learn run's record goes to the spool
         on_out = on_err = None
         if not r.json:
-            on_out, on_err = _writer(sys.stdout), _writer(sys.stderr)
+            on_out, on_err = output_writer(sys.stdout), output_writer(sys.stderr)
         with _learn_sandbox(Sandbox, policy) as sb:
             result = sb.exec(r.command, stdin=0 if r.stdin else None, on_stdout=on_out,
                              on_stderr=on_err)
@@ -169,19 +169,6 @@ def _write_policy(path: str, text: str) -> None:
                          field="--out") from None
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
-
-
-def _writer(stream):
-    from ..termsafe import SafeWriter
-
-    if not stream.isatty():
-        buf = stream.buffer
-
-        def write(data: bytes) -> None:
-            buf.write(data)
-            buf.flush()
-        return write
-    return SafeWriter(stream)
 
 
 __all__ = ["main", "split_learn_flags", "summary"]

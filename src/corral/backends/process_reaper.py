@@ -165,22 +165,16 @@ def _missing_interpreter(name: str, env: dict[str, str]) -> str | None:
     file is there (what is missing is its interpreter). Looked up as execvpe does (PATH for
     a bare name), in the command's own process: Landlock, seccomp and its uid already
     apply, so this reads only what the command could. At most 256 bytes are read."""
+    from ..linux.shellexec import read_head
+
     if "/" in name:
         paths = [name]
     else:
         paths = [os.path.join(d or ".", name) for d in env.get("PATH", "").split(":")]
     for p in paths:
-        try:
-            fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
-            continue
-        try:
-            head = os.read(fd, 256)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        return shebang_interpreter(head)
+        head = read_head(p, 256)
+        if head is not None:      # else not there (or not readable): the next one
+            return shebang_interpreter(head)
     return None
 
 

@@ -151,10 +151,14 @@ NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 class _SharedPool(httpx.HTTPTransport):
     """A connection pool the process's sync Sandboxes of one service share (kept-alive
     connections: a create, a command, the next sandbox's create reuse them). A Sandbox's
-    own Client closing (kill) leaves it open; no bound on connections (each follower and
-    watch holds one for its stream, as with a Client each)."""
+    own Client closing (kill), or leaving its `with`, leaves it open; no bound on
+    connections (each follower and watch holds one for its stream, as with a Client
+    each). The process's exit closes it (`_close_pools`), not the collector."""
 
     def close(self) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:   # httpx.Client.__exit__ calls this, not close()
         pass
 
 
@@ -169,10 +173,27 @@ def shared_pool(url: str) -> httpx.HTTPTransport:
         with _ssl_mu:
             pool = _pools.get(key)
             if pool is None:
+                if not _pools:
+                    import atexit
+
+                    atexit.register(_close_pools)
                 pool = _pools[key] = _SharedPool(verify=ctx, limits=httpx.Limits(
                     max_connections=None, max_keepalive_connections=20),
                     socket_options=NODELAY)
     return pool
+
+
+def _close_pools() -> None:
+    """At exit: this process's shared pools closed, their kept-alive connections with
+    them (else each is an "unclosed socket" ResourceWarning at shutdown)."""
+    with _ssl_mu:
+        pools = [p for k, p in _pools.items() if k[0] == os.getpid()]
+        _pools.clear()
+    for p in pools:
+        try:
+            httpx.HTTPTransport.close(p)
+        except Exception:  # noqa: BLE001 - exiting: a pool that fails to close is let go
+            pass
 
 
 def sync_client(url: str, headers: dict, timeout: float | None = None) -> httpx.Client:

@@ -119,6 +119,9 @@ def parser() -> argparse.ArgumentParser:
         ev_g.add_argument("--events")
         p.add_argument("--hosts", default=None)
         p.add_argument("--die-with-parent", action="store_true")
+        # for a supervisor: {"open": N} / {"closed": N} lines beside the events, and each
+        # event's "conn": N (server.py, EgressProxy(track_conns=True))
+        p.add_argument("--track-conns", action="store_true")
         _PARSER = p
     return _PARSER
 
@@ -186,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"corral-egress: {why}", file=sys.stderr)
     try:
-        proxy = EgressProxy(cfg, emit, hosts=hosts)
+        proxy = EgressProxy(cfg, emit, hosts=hosts, track_conns=args.track_conns)
     except (ValueError, TypeError, OSError, ssl.SSLError) as e:
         # messages of LeafCache and upstream_context name the field, never key material
         print(f"corral-egress: {e}", file=sys.stderr)

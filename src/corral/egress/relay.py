@@ -28,6 +28,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from ..events import NetEvent
@@ -36,6 +37,10 @@ from .budget import Budgets
 
 RELAY_BUF = 256 * 1024
 Emit = Callable[[dict], None]
+#: the client connection whose task is running (server.py's _run_client sets it): its
+#: number, which every event of that connection carries as "conn" when the proxy tracks
+#: connections (EgressProxy(track_conns=True))
+CONN: ContextVar[int | None] = ContextVar("corral_egress_conn", default=None)
 
 
 class _Refused(Exception):
@@ -82,11 +87,17 @@ class RelayMixin:
 
     _budgets: Budgets
     _emit_cb: Emit
+    _track_conns: bool
 
     def _emit(self, host: str, port: int, allow: bool, reason: str, bytes_in: int = 0,
               bytes_out: int = 0) -> None:
-        self._emit_cb(NetEvent(host, port, "allow" if allow else "deny", reason, bytes_in,
-                               bytes_out).to_dict())
+        event = NetEvent(host, port, "allow" if allow else "deny", reason, bytes_in,
+                         bytes_out).to_dict()
+        if self._track_conns:
+            n = CONN.get()
+            if n is not None:
+                event["conn"] = n
+        self._emit_cb(event)
 
     async def _pump(self, src, dst, flow: _Flow, direction: str, st: _Client,
                     length: int | None = None) -> None:
@@ -536,4 +547,4 @@ async def _send_quiet(loop, sock, data: bytes) -> None:
         pass
 
 
-__all__ = ["RELAY_BUF", "Emit", "RelayMixin"]
+__all__ = ["CONN", "RELAY_BUF", "Emit", "RelayMixin"]

@@ -74,6 +74,7 @@ from .decide import Decision, check_address, decide_target
 from .forward import ForwardMixin
 from .peer import PeerLookup
 from .relay import (
+    CONN,
     RELAY_BUF,
     Emit,
     RelayMixin,
@@ -112,9 +113,16 @@ class EgressProxy(TerminateMixin, ForwardMixin, RelayMixin):
     """One sandbox's proxy: accepts, decides (through the core), resolves once,
     connects, and tunnels; plain HTTP and terminated TLS come from the mixins."""
 
-    def __init__(self, cfg: NetConfig, emit: Emit, *, resolver=None, hosts=None) -> None:
+    def __init__(self, cfg: NetConfig, emit: Emit, *, resolver=None, hosts=None,
+                 track_conns: bool = False) -> None:
         self.cfg = cfg
         self._emit_cb = emit
+        #: track_conns: `emit` also gets {"open": N} when client connection N starts and
+        #: {"closed": N} after its last event, and each event of it carries "conn": N (the
+        #: supervisor knows which connections are open: runtime/live.py waits, at a
+        #: command's end, only while one it may have opened is)
+        self._track_conns = track_conns
+        self._conn_seq = 0
         self._resolver = resolver if resolver is not None else make_resolver(cfg)
         #: the host's /etc/hosts (hostsfile.py), asked before DNS
         self._hosts = hosts if hosts is not None else hostsfile.load()[0]
@@ -267,6 +275,12 @@ class EgressProxy(TerminateMixin, ForwardMixin, RelayMixin):
     # --- one client connection -----------------------------------------------------------
 
     async def _run_client(self, client: socket.socket, st: _Client) -> None:
+        n = None
+        if self._track_conns:      # this task's own context: its events carry n
+            self._conn_seq += 1
+            n = self._conn_seq
+            CONN.set(n)
+            self._emit_cb({"open": n})
         try:
             await self._client(client, st)
         except asyncio.CancelledError:
@@ -277,6 +291,8 @@ class EgressProxy(TerminateMixin, ForwardMixin, RelayMixin):
         finally:
             self._clients.pop(client, None)
             client.close()
+            if n is not None:
+                self._emit_cb({"closed": n})
 
     async def _client(self, client: socket.socket, st: _Client) -> None:
         loop = asyncio.get_running_loop()

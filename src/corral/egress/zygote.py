@@ -122,7 +122,8 @@ def _child(ctrl: socket.socket | None, uid: int, gid: int, fds: list[int]) -> No
             os.close(fd)
         from . import boot
 
-        args = ["--config-fd", str(cfg), "--listen-fd", str(listen), "--events-fd", "1"]
+        args = ["--config-fd", str(cfg), "--listen-fd", str(listen), "--events-fd", "1",
+                "--track-conns"]
         if os.getuid() == 0:
             boot.lift_nofile(args)
         if os.getuid() == 0 and uid != 0:

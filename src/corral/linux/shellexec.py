@@ -121,19 +121,26 @@ def resolve(name: bytes, env: dict[bytes, bytes]) -> bytes | None:
             return None         # "not found": the shell says so, in its words
     if not stat.S_ISREG(st.st_mode) or not os.access(found, os.X_OK):
         return None
+    head = read_head(found, 4)
+    if head is None or head != b"\x7fELF" and not head.startswith(b"#!"):
+        return None             # dash runs a script without #! itself
+    return found
+
+
+def read_head(path: str | bytes | os.PathLike, n: int) -> bytes | None:
+    """The first `n` bytes (fewer if the file is shorter) of the file at `path`, or None if
+    it cannot be opened or read (as the caller's process: its confinement applies). Opened
+    without waiting (a FIFO) and without becoming a terminal's controlling process."""
     try:
-        fd = os.open(found, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except OSError:
         return None
     try:
-        head = os.read(fd, 4)
+        return os.read(fd, n)
     except OSError:
         return None
     finally:
         os.close(fd)
-    if head != b"\x7fELF" and not head.startswith(b"#!"):
-        return None             # dash runs a script without #! itself
-    return found
 
 
 def _shell_name(k: bytes) -> bool:

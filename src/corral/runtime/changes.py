@@ -42,6 +42,7 @@ import stat
 
 from .._record import Record
 from ..errors import CorralError
+from .files import entry_type
 from .patch import _base85_lines, _blob_id, _git_mode, _git_name, hunks, unified
 
 #: entries read from the upper layer and from host trees being deleted, in all
@@ -224,18 +225,9 @@ def _perm(st) -> int:
 
 
 def _kind_of(st) -> str:
-    m = st.st_mode
-    if stat.S_ISREG(m):
-        return "file"
-    if stat.S_ISDIR(m):
-        return "dir"
-    if stat.S_ISLNK(m):
-        return "symlink"
-    if stat.S_ISFIFO(m):
-        return "fifo"
-    if stat.S_ISSOCK(m):
-        return "socket"
-    return "device"
+    """The files API's entry type (runtime/files.py), a device of either kind "device"."""
+    kind = entry_type(st.st_mode)
+    return "device" if kind.endswith("_device") else kind
 
 
 _NOUN = {"fifo": "FIFO", "socket": "socket", "device": "device node"}

@@ -314,6 +314,7 @@ class CommandHandle:
             self._result = self._supervise()
             self._record()
         finally:
+            self._owner._net_drop(self)    # if _supervise failed before it took its events
             with self._pidfd_lock:
                 fd, self._pidfd = self._pidfd, -1
                 if fd >= 0:
@@ -334,7 +335,6 @@ class CommandHandle:
         cpu_now = s.cgroup.cpu_seconds
         if self._stream:
             keep, cpu, cpu_now = None, NO_DEADLINE_S, None
-        net_from = owner._net_mark()
         outcome = None
         usage, oom_kills = None, 0
         try:
@@ -376,12 +376,12 @@ class CommandHandle:
                 if text:
                     outcome.stderr.feed(text)
         if getattr(owner, "_learner", None) is not None:
-            # learn mode: the proxy writes a connection's event once it has seen the
-            # close, which can come after the command's end (a command that exits the
-            # moment its reply arrives): give it a moment, so the Result the learner
-            # reads has it. Not in other modes: every command would wait.
+            # learn mode: also a connection the proxy accepted only after the command's
+            # end (it connected and exited at once) is in the Result the learner reads
             owner._net_settle()
-        events = owner._events_copy() + owner._net_since(net_from)
+        # the proxy writes a connection's event once it has seen the close, which can
+        # come after the command's end: it waits for connections still open (live.py)
+        events = owner._events_copy() + owner._net_for(self)
         refused = getattr(s, "syscall_events", None)   # observed refused syscalls
         if refused is not None:
             events += refused()

@@ -130,7 +130,8 @@ class WriteInfo(Record):
     type: str = "file"
 
 
-def _type_of(mode: int) -> str:
+def entry_type(mode: int) -> str:
+    """An EntryInfo's type for a file of st_mode `mode` (runtime/changes.py's kinds too)."""
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):
@@ -364,7 +365,7 @@ class Files:
                 try:
                     st = os.fstat(held)
                     if not stat.S_ISREG(st.st_mode):
-                        raise FilesError(f"is a {_type_of(st.st_mode)}, not a regular file: "
+                        raise FilesError(f"is a {entry_type(st.st_mode)}, not a regular file: "
                                          "only regular files are read", path=p)
                     self._check_fs(held, p)
                     if st.st_size > self.caps.read:
@@ -555,7 +556,7 @@ class Files:
                 target = os.readlink(name, dir_fd=dfd)
             except OSError:
                 target = None
-        return EntryInfo(name, path, _type_of(st.st_mode), st.st_size,
+        return EntryInfo(name, path, entry_type(st.st_mode), st.st_size,
                          stat.S_IMODE(st.st_mode), st.st_mtime, target)
 
     def info(self, path: str) -> EntryInfo:

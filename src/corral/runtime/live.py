@@ -138,6 +138,12 @@ class Live(Sandbox):
 
             self.user_uid = USER_ID
         self.events += getattr(self._live, "notices", [])
+        from .netlog import NetLog
+
+        self._netlog = NetLog(self._net, self.events)
+        proxy = getattr(self._live, "proxy", None)
+        if proxy is not None:
+            proxy.lines.records = []     # which of its connections are open (netlog.py)
         if learn or self.policy.audit.syscalls:
             self._observe_syscalls()
         self._pid = os.getpid()
@@ -406,14 +412,40 @@ class Live(Sandbox):
         # deny list a runsc exec command goes without)
         return [dict(e) for e in live.events] + scratch_events(live.scratch)
 
-    def _net_mark(self) -> int:
-        return len(self._net)
+    def _net_for(self, handle, most: float | None = None) -> list[dict]:
+        """The proxy's events since `handle` started, at its end: what the proxy has
+        written so far (the watchdog reads them as they come; this catches up), and, while
+        a connection it may have opened is still open, what comes until the proxy closes
+        it (at most `most` seconds, netlog.NET_WAIT_S). A command that opened none waits
+        for nothing; events that come later go to the sandbox's events (netlog.py)."""
+        from .netlog import NET_WAIT_S
 
-    def _net_since(self, mark: int) -> list[dict]:
-        """The proxy's events since `mark`, with what it has written so far (the
-        watchdog reads them as they come; this catches up at a command's end)."""
         self._read_net(block=False)
-        return [dict(e) for e in self._net[mark:]]
+        with self._lock:
+            live = self._live
+            proxy = live.proxy if live is not None else None
+            fd = proxy.events_r if proxy is not None else -1
+            waiting = fd >= 0 and self._netlog.pending(handle)
+        if waiting:
+            deadline = time.monotonic() + (NET_WAIT_S if most is None else most)
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                # in short slices: the watchdog may read the close instead
+                poller.poll(int(min(0.01, left) * 1000) + 1)
+                alive = self._read_net(block=False)
+                with self._lock:
+                    if not alive or not self._netlog.pending(handle):
+                        break
+        with self._lock:
+            return self._netlog.end(handle)
+
+    def _net_drop(self, handle) -> None:
+        with self._lock:
+            self._netlog.drop(handle)
 
     def _net_settle(self, quiet: float = 0.02, most: float = 0.25) -> None:
         """Read the proxy's events until none has come for `quiet` seconds (at most
@@ -455,7 +487,10 @@ class Live(Sandbox):
                         return False
                     n = len(proxy.lines.events)
                     proxy.lines(data)
-                    self._net += proxy.lines.events[n:]
+                    if proxy.lines.records is None:
+                        self._net += proxy.lines.events[n:]
+                    else:
+                        self._netlog.take(proxy.lines.records)
                     if block:
                         return True
             finally:
@@ -486,6 +521,7 @@ class Live(Sandbox):
                 extra["cpu_seconds"] = cpu_seconds   # else the policy's: stricter
             if user is not None:
                 extra["user"] = user
+            mark = self._netlog.mark()
             try:
                 started = self._live.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
                                            tty_fd=tty_fd, **extra)
@@ -494,6 +530,7 @@ class Live(Sandbox):
                     self._end("init", self._init_exited())
                     self._check_open()
                 raise
+            self._netlog.begin(handle, mark)
             self._started_count += 1
             self._running.append(handle)
         if handle.background:

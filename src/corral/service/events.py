@@ -2,8 +2,10 @@
 
 Three sources, in one numbered sequence: the service's own (sandbox.created,
 command.started, command.ended with its verdict, sandbox.ended), the egress proxy's events
-of the sandbox (each connection allowed or denied, with the rule), and the sandbox's own
-(its teardown, and why it ended). Everything from the proxy and the sandbox is data the
+of the sandbox (each connection allowed or denied, with the rule; one whose event came
+after its command's Result was made says so, "late": true, and names the command: "command",
+its pid, and "run"),
+and the sandbox's own (its teardown, and why it ended). Everything from the proxy and the sandbox is data the
 sandbox's code influenced: it goes out as JSON only, never as an SSE field of its own. At
 most MAX_EVENTS are kept (the oldest then go, counted in `dropped`).
 """
@@ -51,7 +53,10 @@ class EventLog:
                 new += [("network", dict(e)) for e in net[self._net_seen:]]
                 self._net_seen = len(net)
             if isinstance(own, list) and len(own) > self._own_seen:
-                new += [("sandbox", dict(e)) for e in own[self._own_seen:]]
+                # a proxy event that came after its command's Result (runtime/netlog.py)
+                # is the sandbox's own now, but still a "network" event
+                new += [("network" if e.get("late") is True else "sandbox", dict(e))
+                        for e in own[self._own_seen:]]
                 self._own_seen = len(own)
         for kind, e in new:
             self.add(kind, e)

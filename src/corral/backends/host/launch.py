@@ -77,7 +77,7 @@ def proxy_argv(config_fd: int, listen_fd: int, uid: int, gid: int) -> list[str]:
     its parent-death signal itself, after the uid switch (which clears one set before)."""
     return [sys.executable, "-I", "-c", "import corral.egress.boot as b; b.main()",
             str(uid), str(gid), "--", "--config-fd", str(config_fd),
-            "--listen-fd", str(listen_fd), "--die-with-parent"]
+            "--listen-fd", str(listen_fd), "--die-with-parent", "--track-conns"]
 
 
 def config_fd(config_json: str) -> int:
@@ -101,6 +101,11 @@ class EventLines:
         self.buf = b""
         self.events: list[dict] = []
         self.dropped = 0
+        #: None, or (a live sandbox's: runtime/live.py sets it) every line in order, as
+        #: ("open", N, None), ("event", N or None, event), ("closed", N, None): the
+        #: proxy's bookkeeping of its client connections (egress/server.py,
+        #: track_conns), which it takes and empties as it reads
+        self.records: list[tuple[str, int | None, dict | None]] | None = None
 
     def __call__(self, data: bytes) -> None:
         import json
@@ -115,18 +120,26 @@ class EventLines:
         for line in lines:
             if not line.strip():
                 continue
-            if len(self.events) >= self.MAX_EVENTS:
-                self.dropped += 1
-                continue
             try:
                 ev = json.loads(line) if len(line) <= self.MAX_LINE else None
             except ValueError:
                 ev = None
+            if isinstance(ev, dict) and len(ev) == 1 and _conn_no(
+                    ev.get("open", ev.get("closed"))) is not None:
+                if self.records is not None:     # which client connections are open
+                    op, n = next(iter(ev.items()))
+                    self.records.append((op, n, None))
+                continue
+            if len(self.events) >= self.MAX_EVENTS:
+                self.dropped += 1
+                continue
             if isinstance(ev, dict) and ev.get("kind") in KINDS:
-                self.events.append(ev)
+                n = _conn_no(ev.pop("conn", None))
             else:
-                self.events.append(TeardownEvent("the egress proxy wrote a bad event line"
-                                                 ).to_dict())
+                ev, n = TeardownEvent("the egress proxy wrote a bad event line").to_dict(), None
+            self.events.append(ev)
+            if self.records is not None:
+                self.records.append(("event", n, ev))
 
     def dropped_event(self) -> list[dict]:
         """[a teardown event saying how many events were dropped], or []."""
@@ -135,6 +148,11 @@ class EventLines:
         return [TeardownEvent(f"{self.dropped} further events of the egress proxy were "
                               f"dropped (at most {self.MAX_EVENTS} are kept per exec)"
                               ).to_dict()]
+
+
+def _conn_no(n) -> int | None:
+    """n if it is a connection's number (an int, not a bool, 1 .. 2**62), else None."""
+    return n if type(n) is int and 0 < n < 1 << 62 else None
 
 
 #: the supervisor's variables a proxy (and the zygote) sees: the relay's bench knobs

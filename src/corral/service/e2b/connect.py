@@ -46,9 +46,22 @@ STATUS_OF_CODE = {"invalid_argument": 400, "unauthenticated": 401, "permission_d
 
 
 class RpcError(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    """A Connect error. `retry_after` (whole seconds): a limit that frees by itself (the
+    REST face's Limited, answered there 429 with Retry-After), said the same way here:
+    the Retry-After header on the answer (a stream's, when it fails before its first
+    message)."""
+
+    def __init__(self, code: str, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message, self.retry_after = code, message, retry_after
+
+    @classmethod
+    def limited(cls, err) -> RpcError:
+        """resource_exhausted for a limits.Limited, with its retry_after."""
+        return cls("resource_exhausted", f"{err.field}: {err.message}", err.retry_after)
+
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}
 
 
 def rpc_error(e: BaseException) -> RpcError:
@@ -57,7 +70,8 @@ def rpc_error(e: BaseException) -> RpcError:
     if isinstance(e, ApiError):
         code = CODE_OF_KIND.get(e.kind) or CODE_OF_STATUS.get(e.status, "internal")
         msg = e.message if not e.field or e.field in e.message else f"{e.field}: {e.message}"
-        return RpcError(code, msg)
+        after = e.headers.get("Retry-After")
+        return RpcError(code, msg, int(after) if after and after.isdigit() else None)
     if isinstance(e, CorralError):
         from ...runtime.files import FileNotFound
         from ..common import wire_error
@@ -78,7 +92,7 @@ def rpc_error(e: BaseException) -> RpcError:
 def unary_error(e: BaseException) -> JSONResponse:
     r = rpc_error(e)
     return SafeJSONResponse({"code": r.code, "message": r.message},
-                        status_code=STATUS_OF_CODE.get(r.code, 500))
+                        status_code=STATUS_OF_CODE.get(r.code, 500), headers=r.headers())
 
 
 def envelope(msg: dict, flags: int = 0) -> bytes:
@@ -147,12 +161,15 @@ def server_stream(fn):
                 r = rpc_error(e)
                 yield envelope({"error": {"code": r.code, "message": r.message}}, 0x02)
 
+        headers = {}
         try:
             msg = unenvelope(await request.body())
             gen = await fn(state, request, msg)
         except Exception as e:  # noqa: BLE001
+            headers = rpc_error(e).headers()     # a limit: when to try again
             gen = _failed(e)
-        return StreamingResponse(body(gen), media_type="application/connect+json")
+        return StreamingResponse(body(gen), media_type="application/connect+json",
+                                 headers=headers)
     return call
 
 
@@ -262,7 +279,7 @@ async def start(state, request, msg):
     try:      # a thread waits for it till its end: the server's max_running (REST's too)
         held = svc.running.hold()
     except Limited as err:
-        raise RpcError("resource_exhausted", f"{err.field}: {err.message}") from None
+        raise RpcError.limited(err) from None
 
     def on_end(c):
         try:
@@ -321,23 +338,32 @@ async def send_input(state, request, msg):
         return {}
     c = _cmd(e, pid)
     data = unb64(inp.get("stdin", ""), "input.stdin")
+    await write_one(c.handle, c.handle.send_stdin, data, "corral-e2b-stdin",
+                    busy=f"process {c.pid} has a write to its stdin waiting already",
+                    ended=f"process {c.pid}'s stdin is closed (or it ended)")
+    return {}
+
+
+async def write_one(target, send, data: bytes, thread: str, *, busy: str, ended: str) -> None:
+    """`send(data)` in a thread of its own (service.common.own_thread: the target's program
+    decides whether it reads), one write waiting a target (a process's stdin, a terminal)
+    at a time: a second meanwhile is resource_exhausted (`busy`), a target gone
+    failed_precondition (`ended`)."""
     from ..common import WRITERS, own_thread
 
-    if not WRITERS.claim(c.handle):     # one write waiting a process, in its own thread
-        raise RpcError("resource_exhausted", f"process {c.pid} has a write to its stdin "
-                       "waiting already (it is not reading); send one at a time")
+    if not WRITERS.claim(target):
+        raise RpcError("resource_exhausted", f"{busy} (it is not reading); send one at a "
+                       "time")
 
     def write() -> None:
         try:
-            c.handle.send_stdin(data)
+            send(data)
         finally:
-            WRITERS.release(c.handle)
+            WRITERS.release(target)
     try:
-        await own_thread(asyncio.get_running_loop(), write, "corral-e2b-stdin")
+        await own_thread(asyncio.get_running_loop(), write, thread)
     except OSError:
-        raise RpcError("failed_precondition", f"process {c.pid}'s stdin is closed (or it "
-                       "ended)") from None
-    return {}
+        raise RpcError("failed_precondition", ended) from None
 
 
 async def close_stdin(state, request, msg):

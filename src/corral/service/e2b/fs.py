@@ -165,7 +165,7 @@ async def create_watcher(state, request, msg):
     p = _home(face, p)
     if len(face.watchers) >= MAX_WATCHERS:
         raise RpcError("resource_exhausted", f"this sandbox has {MAX_WATCHERS} watchers; "
-                       "stop one first")
+                       "stop one first", retry_after=1)   # as REST's watches cap
     w = await run_in_threadpool(_watch, e, p, msg.get("recursive") is True)
     wid = "w_" + secrets.token_hex(8)
     face.watchers[wid] = w

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..limits import Limited
 from ..notify import Notifier
-from .connect import KEEPALIVE_S, RpcError, deadline_s
+from .connect import KEEPALIVE_S, RpcError, deadline_s, write_one
 
 #: bytes of a terminal's output kept for its stream (past them, the oldest go)
 BUFFER = 1 << 20
@@ -84,7 +84,7 @@ async def start_pty(state, request, msg, e, face):
     try:
         gate.enter()
     except Limited as err:
-        raise RpcError("resource_exhausted", f"{err.field}: {err.message}") from None
+        raise RpcError.limited(err) from None
     try:
         h = await run_in_threadpool(e.sandbox.pty.create, cols, rows, [cmd, *args],
                                     on_data=t.on_data, env={**face.envs, **envs} or None,
@@ -138,23 +138,9 @@ async def pty_events(t: Term, connect: bool = False):
 async def write_pty(t: Term, data: bytes) -> None:
     """In a thread of its own, one write a terminal at a time (service.common.own_thread:
     the terminal's command decides whether it reads)."""
-    import asyncio
-
-    from ..common import WRITERS, own_thread
-
-    if not WRITERS.claim(t.handle):
-        raise RpcError("resource_exhausted", f"terminal {t.pid} has a write waiting already "
-                       "(it is not reading); send one at a time")
-
-    def write() -> None:
-        try:
-            t.handle.send_input(data)
-        finally:
-            WRITERS.release(t.handle)
-    try:
-        await own_thread(asyncio.get_running_loop(), write, "corral-e2b-pty-input")
-    except OSError:
-        raise RpcError("failed_precondition", f"terminal {t.pid} has ended") from None
+    await write_one(t.handle, t.handle.send_input, data, "corral-e2b-pty-input",
+                    busy=f"terminal {t.pid} has a write waiting already",
+                    ended=f"terminal {t.pid} has ended")
 
 
 async def resize(t: Term, pty) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .cli import _fail, _help, _print_events, _writer, effective_policy, parse_run_args
+from .cli import _fail, _help, _print_events, effective_policy, output_writer, parse_run_args
 from .errors import CorralError, UsageError
 
 
@@ -102,7 +102,7 @@ def cmd_sandbox(args: list[str]) -> int:
             stdin = sys.stdin.buffer.read() if r.stdin else None
             on_out = on_err = None
             if not r.json:
-                on_out, on_err = _writer(sys.stdout, r.raw), _writer(sys.stderr, r.raw)
+                on_out, on_err = output_writer(sys.stdout, r.raw), output_writer(sys.stderr, r.raw)
             result = sb.commands.run(r.command, env=r.env_set or None, stdin=stdin,
                                      timeout=timeout, on_stdout=on_out, on_stderr=on_err)
             for w in (on_out, on_err):

@@ -222,3 +222,74 @@ def test_no_module_is_over_900_lines():
         if n > 900:
             long[mod] = n
     assert long == {}, f"split these modules (lines): {long}"
+
+
+def _top_level_names(path: str) -> set[str]:
+    """What a module defines or imports at its top level (also under top-level if, try
+    and with), as `from M import name` would find it."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    names: set[str] = set()
+
+    def walk(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    names.add((a.asname or a.name).split(".")[0])
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    for n in ast.walk(t):
+                        if isinstance(n, ast.Name):
+                            names.add(n.id)
+            elif isinstance(node, ast.If):
+                walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+                walk(node.orelse)
+                walk(node.finalbody)
+                for h in node.handlers:
+                    walk(h.body)
+            elif isinstance(node, ast.With):
+                walk(node.body)
+    walk(tree.body)
+    if "__getattr__" in names:   # names made on first use (PEP 562): the strings its
+        for node in tree.body:   # __getattr__ and the top-level tuples it reads name
+            if isinstance(node, (ast.FunctionDef, ast.Assign)) and (
+                    isinstance(node, ast.Assign) or node.name == "__getattr__"):
+                names.update(n.value for n in ast.walk(node)
+                             if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    return names
+
+
+def test_every_name_imported_from_corral_exists():
+    """`from corral.x import name` names something x has: a rename that missed a lazy
+    import (inside a function, so nothing fails until that path runs) is caught here.
+    (CI found `from .cli import _writer` in cli_sandbox.py after a rename.)"""
+    paths = {mod: path for mod, _, path in ALL}
+    missing = []
+    for mod, is_pkg, path in ALL:
+        pkg = mod if is_pkg else mod.rpartition(".")[0]
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = pkg.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target not in paths:
+                continue
+            have = _top_level_names(paths[target])
+            for a in node.names:
+                if a.name == "*" or a.name.startswith("__") or a.name in have:
+                    continue
+                if f"{target}.{a.name}" not in paths:
+                    missing.append(f"{path}:{node.lineno}: {target} has no {a.name}")
+    assert missing == [], "\n".join(missing)

@@ -11,6 +11,10 @@ import time
 from ..errors import SandboxSetupError
 from ..linux import landlock, limits
 from ..linux._sys import _libc, set_pdeathsig
+
+# here, not in the command's child: that runs as the run's uid under Landlock, which
+# may not read corral's own source tree (CI's clone is in a 0700 directory)
+from ..linux.shellexec import read_head
 from ..linux.supervise import (
     ENOENT,
     child_fail_fd,
@@ -165,8 +169,6 @@ def _missing_interpreter(name: str, env: dict[str, str]) -> str | None:
     file is there (what is missing is its interpreter). Looked up as execvpe does (PATH for
     a bare name), in the command's own process: Landlock, seccomp and its uid already
     apply, so this reads only what the command could. At most 256 bytes are read."""
-    from ..linux.shellexec import read_head
-
     if "/" in name:
         paths = [name]
     else:

@@ -113,3 +113,43 @@ def test_the_service_streams_a_late_event_as_a_network_event():
     got = [(kind, d.get("host"), d.get("command")) for _, kind, d in log.since(0)]
     assert got == [("network", "a.test", None), ("sandbox", None, None),
                    ("network", "b.test", 7)]
+
+
+DENIED = """
+import os, socket
+host, port = os.environ["http_proxy"].split("//")[1].rstrip("/").rsplit(":", 1)
+for _ in range(int(os.environ.get("N", "1"))):
+    s = socket.create_connection((host, int(port)))
+    s.sendall(b"CONNECT denied.test:80 HTTP/1.1\\r\\nHost: denied.test:80\\r\\n\\r\\n")
+    assert s.recv(4096).split(b" ")[1] == b"403"
+    s.close()
+"""
+
+
+def test_events_past_the_sandboxs_cap_are_said_missing_never_silently(tier, dnsmasq, servers,
+                                                                       monkeypatch):
+    """A live sandbox keeps at most EventLines.MAX_EVENTS of its proxy's events over its
+    life (memory); past that a Result says how many of its command's were not kept,
+    instead of showing none (before: every later command looked as if it made no
+    connection). The cap lowered to 3 here."""
+    from corral.backends.host.launch import EventLines
+
+    monkeypatch.setattr(EventLines, "MAX_EVENTS", 3)
+    sb = corral.Sandbox.create(allow_policy(tier, dnsmasq, ["allowed.test"]), timeout=300)
+    try:
+        r = sb.commands.run([PY, "-c", DENIED], env={"N": "2"})
+        assert r.exit_code == 0, r
+        assert len(net_events(r)) == 2, r.events
+        r = sb.commands.run([PY, "-c", DENIED], env={"N": "3"})   # 1 kept, 2 not
+        assert r.exit_code == 0, r
+        missing = [e for e in r.events if e["kind"] == "teardown" and "not kept" in e["message"]]
+        assert len(net_events(r)) == 1 and len(missing) == 1, r.events
+        assert missing[0]["message"].startswith("2 events"), missing
+        r = sb.commands.run([PY, "-c", DENIED])                     # none kept
+        missing = [e for e in r.events if e["kind"] == "teardown" and "not kept" in e["message"]]
+        assert net_events(r) == [] and len(missing) == 1, r.events
+        assert missing[0]["message"].startswith("1 events"), missing
+        r = sb.commands.run(["/bin/true"])                          # no network: nothing
+        assert [e for e in r.events if e["kind"] in ("net", "teardown")] == [], r.events
+    finally:
+        sb.kill()

@@ -491,6 +491,7 @@ class Live(Sandbox):
                         self._net += proxy.lines.events[n:]
                     else:
                         self._netlog.take(proxy.lines.records)
+                        self._netlog.dropped = proxy.lines.dropped
                     if block:
                         return True
             finally:

@@ -38,15 +38,18 @@ class NetLog:
         #: open connections: number -> (how many had opened before it, its command or None)
         self.conns: dict[int, tuple[int, object]] = {}
         self.opened = 0
-        #: commands whose Result has not yet taken its events: handle -> (len(net), opened)
-        #: when it started
-        self.window: dict[object, tuple[int, int]] = {}
+        #: commands whose Result has not yet taken its events: handle -> (len(net), opened,
+        #: dropped) when it started
+        self.window: dict[object, tuple[int, int, int]] = {}
+        #: the proxy's events not kept so far (EventLines.dropped, past its MAX_EVENTS over
+        #: the sandbox's life): set by the reader; a Result whose command saw some says so
+        self.dropped = 0
 
-    def mark(self) -> tuple[int, int]:
+    def mark(self) -> tuple[int, int, int]:
         """Where a command about to start begins: pass it to `begin` once it started."""
-        return len(self.net), self.opened
+        return len(self.net), self.opened, self.dropped
 
-    def begin(self, handle, mark: tuple[int, int]) -> None:
+    def begin(self, handle, mark: tuple[int, int, int]) -> None:
         self.window[handle] = mark
 
     def take(self, records: list) -> None:
@@ -78,8 +81,17 @@ class NetLog:
     def end(self, handle) -> list[dict]:
         """Copies of the events since `handle` started; later ones of its connections go
         to the sandbox's events."""
-        start = self.window.pop(handle, (len(self.net), 0))[0]
-        return [dict(e) for e in self.net[start:]]
+        start, _, dropped = self.window.pop(handle, (len(self.net), 0, self.dropped))
+        out = [dict(e) for e in self.net[start:]]
+        if self.dropped > dropped:    # never silently: the Result says events are missing
+            from ..backends.host.launch import EventLines
+            from ..events import TeardownEvent
+
+            out.append(TeardownEvent(
+                f"{self.dropped - dropped} events of the egress proxy while this command ran "
+                f"were not kept (a live sandbox keeps at most {EventLines.MAX_EVENTS} over its "
+                "life); the proxy enforced the policy on them all the same").to_dict())
+        return out
 
     def drop(self, handle) -> None:
         """`handle` ended without taking its events (its supervision failed)."""

@@ -77,6 +77,15 @@ def modules():
                 yield (rel[:-9] if is_pkg else rel), is_pkg, path
 
 
+def _from_target(pkg: str, node: ast.ImportFrom) -> str:
+    """The module a `from ... import` in package `pkg` reads from, relative or not."""
+    if not node.level:
+        return node.module or ""
+    base = pkg.split(".")
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imports(mod: str, is_pkg: bool, path: str):
     """(imported module, line) for every corral import in the file."""
     pkg = mod if is_pkg else mod.rpartition(".")[0]
@@ -88,12 +97,7 @@ def imports(mod: str, is_pkg: bool, path: str):
                 if a.name.split(".")[0] == "corral":
                     yield a.name, node.lineno
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = pkg.split(".")
-                base = base[:len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(pkg, node)
             if target.split(".")[0] != "corral":
                 continue
             for a in node.names:     # `from corral.linux import seccomp` names a module
@@ -278,12 +282,7 @@ def test_every_name_imported_from_corral_exists():
         for node in ast.walk(tree):
             if not isinstance(node, ast.ImportFrom):
                 continue
-            if node.level:
-                base = pkg.split(".")
-                base = base[:len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(pkg, node)
             if target not in paths:
                 continue
             have = _top_level_names(paths[target])

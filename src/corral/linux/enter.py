@@ -79,11 +79,11 @@ from . import _sys
 from .enter_inside import (
     INLINE_MAX,
     Program,
-    _last_nspid,
     _read_small,
     _wait_own,
     _write_all,
     _zygote_main,
+    nspid_in,
 )
 from .supervise import _exec_report, _fail_report
 
@@ -111,15 +111,7 @@ def ns_pid_of(pidfd: int) -> int | None:
     """The pid inside its innermost pid namespace of the process of `pidfd` (the last
     NSpid field of the pidfd's fdinfo): the process's own, never a recycled pid's; None
     once it has been reaped (the kernel says -1) or if unreadable."""
-    try:
-        fd = os.open(f"/proc/self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            data = os.read(fd, 4096)
-        finally:
-            os.close(fd)
-    except OSError:
-        return None
-    return _last_nspid(data)
+    return nspid_in(f"/proc/self/fdinfo/{pidfd}")
 
 
 def _exited(pidfd: int) -> bool:

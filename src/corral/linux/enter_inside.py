@@ -94,8 +94,14 @@ def ns_pid(pid: int) -> int | None:
     """The pid of host pid `pid` inside its innermost pid namespace (the last NSpid field
     of /proc/PID/status), or None if unreadable. Only for a pid that cannot be recycled
     while this reads it: a child of the caller not reaped yet (the zygote's commands)."""
-    try:     # os.open and one read: no file object
-        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+    return nspid_in(f"/proc/{pid}/status")
+
+
+def nspid_in(path: str) -> int | None:
+    """The last NSpid field of a /proc status or fdinfo file (one read, at most 8 KiB: no
+    file object), or None if unreadable, absent or -1."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             data = os.read(fd, 8192)
         finally:

@@ -62,6 +62,9 @@ class Entry:
         self.lock = threading.Lock()          # run_code cells, one at a time
         self.files_lock = threading.Lock()    # files calls (one Files object)
         self.events = EventLog()
+        # a reader of the proxy's events from the start: a stream opened later still
+        # has them (runtime/netlog.py keeps them for it, bounded)
+        self.events.pull(sandbox)
         self.commands = CommandTable(self)
 
 

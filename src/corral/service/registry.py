@@ -103,6 +103,16 @@ class Registry:
             return None
         return e
 
+    def running(self, owner: str, sid: str) -> Entry | None:
+        """get(owner, sid) for a sandbox that runs; None for any other (one that ended is
+        left for get to forget): never blocks for more than the dict lookup, so an event
+        loop may call it."""
+        with self._mu:
+            e = self._by_id.get(sid)
+        if e is None or e.owner != owner or _ended(e):
+            return None
+        return e
+
     def list(self, owner: str) -> list[Entry]:
         with self._mu:
             mine = [e for e in self._by_id.values() if e.owner == owner]

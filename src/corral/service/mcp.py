@@ -23,6 +23,7 @@ from pydantic import Field
 
 from ..errors import CorralError
 from .ceiling import Exceeds, requested
+from .commands import Threads
 from .common import local_name, wire_name, wire_names
 from .registry import Registry, owner_name
 
@@ -167,6 +168,10 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
                 s.__exit__(None, None, None)
         return release
 
+    #: the threads calls run in, by name: kept for the next call once one is done (a new
+    #: one when none is idle), as routes/code.py's cells: no thread's start per call
+    pools = {n: Threads(n) for n in ("corral-mcp-command", "corral-mcp-cell")}
+
     async def in_own_thread(ctx, sid: str | None, work, name: str):
         """work(e) under the sandbox's lock, in a thread of its own (service.common's
         own_thread), never one of anyio's 40 shared worker threads, which every sync route
@@ -194,7 +199,7 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
             finally:
                 release()
         try:
-            fut = own_thread(asyncio.get_running_loop(), run, name)
+            fut = own_thread(asyncio.get_running_loop(), run, name, pools[name])
         except BaseException:
             release()
             raise

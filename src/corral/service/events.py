@@ -7,7 +7,9 @@ after its command's Result was made says so, "late": true, and names the command
 its pid, and "run"),
 and the sandbox's own (its teardown, and why it ended). Everything from the proxy and the sandbox is data the
 sandbox's code influenced: it goes out as JSON only, never as an SSE field of its own. At
-most MAX_EVENTS are kept (the oldest then go, counted in `dropped`).
+most MAX_EVENTS are kept (the oldest then go, counted in `dropped`). The proxy's come from
+the live sandbox's NetLog (runtime/netlog.py), which keeps them for this log, one of its
+readers, until it pulls them (bounded: past its cap a marker says how many it missed).
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ def test_events_past_the_sandboxs_cap_are_said_missing_never_silently(tier, dnsm
 @pytest.mark.slow
 def test_a_lagging_event_stream_is_told_what_it_missed(tier, dnsmasq, servers, monkeypatch):
     """The service's event stream is a reader of the proxy's events from the sandbox's
-    start (registry.Entry pulls once): the sandbox keeps them for it, at most the cap; past
+    start (Registry.create pulls once): the sandbox keeps them for it, at most the cap; past
     that the oldest go (no Result needs them), and its next read starts with a marker of how
     many it missed. The Results keep every event all the same."""
     from corral.runtime import netlog

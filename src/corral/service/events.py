@@ -49,7 +49,7 @@ class EventLog:
         pull (runtime.live keeps both; a non-live sandbox has neither). The first pull
         makes this log a reader of the proxy's events (runtime/netlog.py): the live
         sandbox keeps them until it has read them (at most netlog.MAX_EVENTS not read;
-        past that a marker says how many it missed). Registry's Entry pulls once at once."""
+        past that a marker says how many it missed). Registry.create pulls once at once."""
         netlog = getattr(sb, "_netlog", None)
         own = getattr(sb, "events", None)
         with self._pull_mu:     # one pull at a time: their events in order

@@ -62,9 +62,6 @@ class Entry:
         self.lock = threading.Lock()          # run_code cells, one at a time
         self.files_lock = threading.Lock()    # files calls (one Files object)
         self.events = EventLog()
-        # a reader of the proxy's events from the start: a stream opened later still
-        # has them (runtime/netlog.py keeps them for it, bounded)
-        self.events.pull(sandbox)
         self.commands = CommandTable(self)
 
 
@@ -87,6 +84,9 @@ class Registry:
         sid = getattr(sb, "id", None) or "sb_" + secrets.token_hex(8)
         e = Entry(sid, owner, sb, policy)
         e.events.add("sandbox.created", {"id": sid, "isolation": sb.isolation})
+        # its log a reader of the proxy's events from the start: a stream opened later
+        # still has them (runtime/netlog.py keeps them for it, bounded)
+        e.events.pull(sb)
         with self._mu:
             self._by_id[e.id] = e
         return e

@@ -47,17 +47,20 @@ class Record:
 
     def __init__(self, *args, **kw) -> None:
         fields = self._fields
-        if len(args) > len(fields):
-            raise TypeError(f"{type(self).__name__} takes {len(fields)} fields")
         put = object.__setattr__
-        for name, value in zip(fields, args):
-            if name in kw:
-                raise TypeError(f"{type(self).__name__}: {name} given twice")
-            put(self, name, value)
-        for name in fields[len(args):]:
+        if args:   # (most records are made with keywords: no zip, no slice)
+            if len(args) > len(fields):
+                raise TypeError(f"{type(self).__name__} takes {len(fields)} fields")
+            for name, value in zip(fields, args):
+                if name in kw:
+                    raise TypeError(f"{type(self).__name__}: {name} given twice")
+                put(self, name, value)
+            fields = fields[len(args):]
+        defaults = self._defaults
+        for name in fields:
             value = kw.pop(name, _MISSING)
             if value is _MISSING:
-                value = self._defaults.get(name, _MISSING)
+                value = defaults.get(name, _MISSING)
                 if value is _MISSING:
                     raise TypeError(f"{type(self).__name__}: missing field {name!r}")
                 if isinstance(value, Default):

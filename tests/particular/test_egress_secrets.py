@@ -379,6 +379,28 @@ def test_accept_encoding_asks_for_identity_when_the_client_did_not_say():
         (b"accept-encoding", b"identity")]
 
 
+def test_the_system_trust_store_is_parsed_once_until_it_changes(tmp_path, monkeypatch):
+    """Every proxy with a grant needs the system store's context; the zygote's children
+    share the one it made, and a changed store file is read again (SSL_CERT_FILE stands
+    in for the distribution's bundle here)."""
+    from corral.egress.mitm import make_ca, upstream_context
+
+    store = tmp_path / "cas.pem"
+    store.write_text(make_ca("one")[0])
+    monkeypatch.setenv("SSL_CERT_FILE", str(store))
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path / "no-such-dir"))
+    first = upstream_context(None)
+    assert first.cert_store_stats()["x509_ca"] == 1
+    assert upstream_context(None) is first
+    assert first.verify_mode == ssl.CERT_REQUIRED and first.check_hostname
+    store.write_text(make_ca("one")[0] + make_ca("two")[0])
+    second = upstream_context(None)
+    assert second is not first and second.cert_store_stats()["x509_ca"] == 2
+    assert upstream_context(None) is second
+    # a policy's upstream_ca (copied per run) is read every time
+    assert upstream_context(str(store)) is not upstream_context(str(store))
+
+
 def test_proxy_redacts_its_stderr_and_refuses_a_bad_ca(tmp_path):
     from corral.egress.__main__ import _Redacting
     from corral.egress.server import EgressProxy

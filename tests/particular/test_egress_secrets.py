@@ -284,6 +284,23 @@ def test_scrubber_catches_every_spelling_at_every_alignment(form):
             assert scrub_all(s, [body[i:i + 1] for i in range(len(body))]) == out
 
 
+def test_kept_spellings_give_the_regexes_built_afresh():
+    """forms.warm() (the zygote's) keeps every character's spellings and their regexes: a
+    value's patterns built from them are those built from nothing, and still catch it."""
+    from corral.egress import forms
+
+    value, ph = (TOKEN + " +%/&;\\\"'").encode(), PH.encode()
+    fresh = [p.regex() for p in forms.patterns(value, ph)]
+    forms.warm()
+    assert forms._alternation.cache_info().currsize >= 95
+    assert [p.regex() for p in forms.patterns(value, ph)] == fresh
+    manual = [b"".join(forms._alternation.__wrapped__(e) for e in p.elements)
+              for p in forms.patterns(value, ph)]
+    assert manual == fresh
+    reflected = html.escape(value.decode()).encode()
+    assert ResponseScrubber({value: ph}).scrub(b"<" + reflected + b">") == b"<" + ph + b">"
+
+
 @pytest.mark.parametrize("form", sorted(REFLECT_FORMS))
 def test_scrubber_leaves_near_misses_alone(form):
     """A value with one character changed, or its last one missing, is not the value."""

@@ -431,6 +431,9 @@ def main() -> None:
         upstream_context(None)     # the system trust store, parsed once for every child
     except (OSError, ssl.SSLError):
         pass                       # each proxy with a grant then reads it itself
+    from . import forms
+
+    forms.warm()                   # the spellings' regexes a grant's scrubber is made of
     warm()
     gc.collect()
     gc.freeze()   # a child's collections then leave these objects (and their pages) alone

@@ -167,6 +167,9 @@ def test_a_foreground_command_is_killed_from_another_thread_through_on_start(sb)
     assert sb.commands.run("echo still").stdout == "still\n"
 
 
+# gvisor's 150 commands take ~13 s: that variant runs with the slow group (CI runs it too)
+@pytest.mark.parametrize("tier", ["namespace", pytest.param("gvisor", marks=pytest.mark.slow)],
+                         indirect=True)
 def test_a_command_that_ends_at_once_still_has_its_pid_inside(sb):
     """A handle's pid is the command's pid inside the sandbox (what `$$` says), also for a
     command that has exited, and been reaped, before its start is handled: the host's

@@ -334,6 +334,9 @@ def test_pool_claims_distinct_never_used_sandboxes(tier):
     assert pool.ready() == 0
 
 
+# gvisor's variant (~8-12 s, its memory part a sandbox of its own) runs with the slow group
+@pytest.mark.parametrize("tier", ["namespace", pytest.param("gvisor", marks=pytest.mark.slow)],
+                         indirect=True)
 def test_per_command_output_and_cpu_limits_sandbox_wide_memory(tier):
     policy = {"isolation": tier, "limits": {"output": "1K", "cpu_time": "1s", "memory": "96M"}}
     with corral.Sandbox.create(policy, timeout=120) as sb:

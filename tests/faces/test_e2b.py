@@ -49,7 +49,9 @@ def server(tmp_path_factory):
                   '[ghost]\nimage = "never-built"\n',
                   {"CORRAL_E2B_KEEPALIVE_S": "0.5",   # the subprocess's keepalive period
                    "CORRAL_AUDIT": "1",                # the audit store on (test_audited)
-                   "CORRAL_E2B_DOMAIN": "corral.test"})
+                   "CORRAL_E2B_DOMAIN": "corral.test"},
+                  # an object holding an fd collected unclosed is said in the log
+                  python_flags=("-W", "always::ResourceWarning"))
     yield s
     s.stop()
 
@@ -57,6 +59,24 @@ def server(tmp_path_factory):
 @pytest.fixture
 def env(server, monkeypatch):
     return e2b_env(server, monkeypatch)
+
+
+def test_uploads_close_their_spooled_files(env, server):
+    """POST /files (the SDK's multipart upload), one small file and one past the 1 MiB a
+    part is kept in memory (then a temporary file on disk): each part's file is closed once
+    written, none is left for the collector (whose ResourceWarning the server's log shows:
+    it ran with -W always::ResourceWarning)."""
+    sb = Sandbox.create(timeout=60)
+    try:
+        before = server.log.read_text().count("ResourceWarning")
+        sb.files.write("/tmp/small.txt", "s")
+        sb.files.write("/tmp/big.bin", b"x" * (3 << 20))
+        assert sb.files.read("/tmp/small.txt") == "s"
+        assert sb.commands.run("wc -c < /tmp/big.bin").stdout.strip() == str(3 << 20)
+    finally:
+        sb.kill()
+    log = server.log.read_text()
+    assert log.count("ResourceWarning") == before, log[-3000:]
 
 
 def test_lifecycle(env):

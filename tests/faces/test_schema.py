@@ -59,6 +59,9 @@ def _real_sandbox(server):
         return r.json()["id"]
 
 
+# ~30 s: with the slow group (which CI runs), beside the same fuzzing at length (150
+# examples an operation, the same seed and phases) below
+@pytest.mark.slow
 def test_schemathesis_finds_nothing(server, tmp_path):
     _fuzz(server, tmp_path, 25)
     sid = _real_sandbox(server)

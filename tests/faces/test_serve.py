@@ -563,8 +563,10 @@ def test_max_concurrent_is_429_with_retry_after(server):
             first = {}
 
             def long():
-                for _ in range(1000):       # the probe below may hold the one slot a moment
-                    first["r"] = h.post(f"/sandboxes/{a}/exec", json={"cmd": "sleep 10"})
+                # 3 s: time enough for a probe below to meet the held slot (each is one
+                # round trip on loopback); the probe may hold the one slot a moment itself
+                for _ in range(1000):
+                    first["r"] = h.post(f"/sandboxes/{a}/exec", json={"cmd": "sleep 3"})
                     if first["r"].status_code != 429:
                         return
 

@@ -799,7 +799,8 @@ EOF
 """
 
 
-@pytest.mark.parametrize("name", ["namespace", "process"])
+# ~10-15 s a tier: the process tier's run goes with the slow group (CI runs it too)
+@pytest.mark.parametrize("name", ["namespace", pytest.param("process", marks=pytest.mark.slow)])
 def test_a_real_workload_runs(name):
     import corral
 

@@ -100,6 +100,7 @@ def test_drift_is_refused_naming_the_package(mini_image):
         check_drift(lock, [*lock["debs"], {"name": "zzz", "version": "1", "sha256": "x"}])
 
 
+@pytest.mark.slow     # an mmdebstrap run (~9 s), as the image builds of the slow group
 def test_a_package_that_does_not_exist_is_one_line(tmp_path):
     if not os.path.exists("/usr/bin/mmdebstrap"):
         pytest.skip("needs mmdebstrap")

@@ -167,6 +167,9 @@ def test_a_foreground_command_is_killed_from_another_thread_through_on_start(sb)
     assert sb.commands.run("echo still").stdout == "still\n"
 
 
+# gvisor's 150 commands take ~13 s: that variant runs with the slow group (CI runs it too)
+@pytest.mark.parametrize("tier", ["namespace", pytest.param("gvisor", marks=pytest.mark.slow)],
+                         indirect=True)
 def test_a_command_that_ends_at_once_still_has_its_pid_inside(sb):
     """A handle's pid is the command's pid inside the sandbox (what `$$` says), also for a
     command that has exited, and been reaped, before its start is handled: the host's
@@ -331,6 +334,9 @@ def test_pool_claims_distinct_never_used_sandboxes(tier):
     assert pool.ready() == 0
 
 
+# gvisor's variant (~8-12 s, its memory part a sandbox of its own) runs with the slow group
+@pytest.mark.parametrize("tier", ["namespace", pytest.param("gvisor", marks=pytest.mark.slow)],
+                         indirect=True)
 def test_per_command_output_and_cpu_limits_sandbox_wide_memory(tier):
     policy = {"isolation": tier, "limits": {"output": "1K", "cpu_time": "1s", "memory": "96M"}}
     with corral.Sandbox.create(policy, timeout=120) as sb:

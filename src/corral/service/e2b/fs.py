@@ -235,13 +235,14 @@ async def write(state, request: Request):
                            "plain (write with gzip=False)")
         items: list[tuple[str, bytes]] = []
         if ctype.startswith("multipart/form-data"):
-            form = await request.form(max_files=1000, max_fields=1000)
-            for key, part in form.multi_items():
-                if isinstance(part, str):
-                    continue
-                name = part.filename or ""
-                path = qpath if (qpath and len(form) == 1) else name
-                items.append((local_name(path), await part.read()))
+            # as a context: each part's spooled file (on disk past 1 MiB) closed at its end
+            async with request.form(max_files=1000, max_fields=1000) as form:
+                for key, part in form.multi_items():
+                    if isinstance(part, str):
+                        continue
+                    name = part.filename or ""
+                    path = qpath if (qpath and len(form) == 1) else name
+                    items.append((local_name(path), await part.read()))
         else:
             if not qpath:
                 raise RpcError("invalid_argument", "path is a query parameter")

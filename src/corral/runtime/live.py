@@ -443,6 +443,26 @@ class Live(Sandbox):
         with self._lock:
             return self._netlog.end(handle)
 
+    def _net_waits(self, handle) -> bool:
+        """Whether the Result of `handle`, ended, waits for the proxy's events: a
+        connection it may have opened is still open (_net_for), or learn mode."""
+        if getattr(self, "_learner", None) is not None:
+            return True
+        self._read_net(block=False)
+        with self._lock:
+            live = self._live
+            proxy = live.proxy if live is not None else None
+            return proxy is not None and proxy.events_r >= 0 \
+                and self._netlog.pending(handle)
+
+    def _quick_start(self) -> bool:
+        """Whether a foreground command would start now without a wait on more than its
+        entrant's answer (NamespaceLive.quick_start): corral serve then starts it from
+        its event loop."""
+        live = self._live
+        quick = getattr(live, "quick_start", None)
+        return quick is not None and self._ended is None and quick()
+
     def _net_drop(self, handle) -> None:
         with self._lock:
             self._netlog.drop(handle)

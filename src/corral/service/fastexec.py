@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import re
+import threading
 
 from .wire import FLUSH
 
@@ -98,16 +99,20 @@ class _OnDone:
     """The loop of a waiter (Notifier's (loop, waiter) pair) woken only once the command
     is done: its start and its output chunks wake no one here (a foreground command's
     Result is all this path sends), so the event loop sleeps while it runs instead of
-    taking the GIL from the thread that starts and supervises it."""
+    taking the GIL from the thread that starts and supervises it. From the loop's own
+    thread (a command it watches itself) the wake-up needs no write to the loop's pipe."""
 
-    __slots__ = ("loop", "done")
+    __slots__ = ("loop", "done", "thread")
 
     def __init__(self, loop, done) -> None:
-        self.loop, self.done = loop, done
+        self.loop, self.done, self.thread = loop, done, threading.get_ident()
 
     def call_soon_threadsafe(self, fn) -> None:
         if self.done.is_set():
-            self.loop.call_soon_threadsafe(fn)
+            if threading.get_ident() == self.thread:
+                self.loop.call_soon(fn)
+            else:
+                self.loop.call_soon_threadsafe(fn)
 
 
 class LeanExec:
@@ -116,6 +121,9 @@ class LeanExec:
     def __init__(self, app, svc) -> None:
         self.app, self.svc = app, svc
         self.on = os.environ.get("CORRAL_SERVE_LEAN", "1") != "0"
+        #: a command started and watched from the event loop where it can be (no thread
+        #: hop at its start nor at its end: service/commands.py); CORRAL_SERVE_LOOP=0 off
+        self.here = os.environ.get("CORRAL_SERVE_LOOP", "1") != "0"
 
     async def __call__(self, scope, receive, send):
         if (not self.on or scope["type"] != "http" or scope["method"] != "POST"
@@ -190,7 +198,11 @@ class LeanExec:
         gone = None
         try:
             c = e.commands.start(argv, env=d.get("env"), cwd=d.get("cwd"), stdin=stdin,
-                                 timeout=d.get("timeout"), on_end=lambda c: _count(svc, c))
+                                 timeout=d.get("timeout"), on_end=lambda c: _count(svc, c),
+                                 loop=loop if self.here else None)
+            if c.here:
+                with svc.metrics.mu:
+                    svc.metrics.lean_loop += 1
             key = (_OnDone(loop, c.done), wake)
             with c.notifier._mu:
                 c.notifier._waiters.add(key)

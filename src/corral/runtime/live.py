@@ -755,23 +755,34 @@ class Live(Sandbox):
 def _takes_cpu_seconds(live) -> bool:
     """Whether the tier's live sandbox takes start(cpu_seconds=) (backends/base.py); one
     that does not gives every command limits.cpu_time, run_code's interpreters too."""
-    import inspect
-
-    try:
-        return "cpu_seconds" in inspect.signature(live.start).parameters
-    except (TypeError, ValueError):
-        return False
+    return _takes(live.start, "cpu_seconds")
 
 
 def _takes_lock(prepare) -> bool:
     """Whether the tier's prepare() takes the sandbox's lock to let go while it forks
     (and `busy`: a foreground command runs)."""
-    import inspect
+    return _takes(prepare, "lock")
 
-    try:
-        return "lock" in inspect.signature(prepare).parameters
-    except (TypeError, ValueError):
-        return False
+
+#: (function, parameter) -> whether it takes it: inspect.signature once a method, not at
+#: every command (the watchdog asks at each wake-up)
+_TAKES: dict = {}
+
+
+def _takes(method, name: str) -> bool:
+    fn = getattr(method, "__func__", method)
+    key = (fn, name)
+    got = _TAKES.get(key)
+    if got is None:
+        import inspect
+
+        try:
+            got = name in inspect.signature(method).parameters
+        except (TypeError, ValueError):
+            got = False
+        if len(_TAKES) < 256:
+            _TAKES[key] = got
+    return got
 
 
 def _init_alive(live, wait: bool) -> bool:

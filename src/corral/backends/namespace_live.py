@@ -111,6 +111,16 @@ def _pid_inside(entrant, pid: int, pidfd: int) -> tuple[int, object]:
     return entrant.ns_pid or 0, told
 
 
+def _started(entrant, cg, tally, pid: int, out_r: int, err_r: int) -> Started:
+    """The Started of the command `entrant` just started."""
+    pidfd, entrant.b_pidfd = entrant.b_pidfd, -1
+    inside, exit_status = _pid_inside(entrant, pid, pidfd)
+    started = Started(pid, out_r, err_r, cg, entrant.reap, tally, pidfd=pidfd,
+                      exit_status=exit_status, ns_pid=inside)
+    started.direct = entrant.direct
+    return started
+
+
 class NamespaceLive(NamespaceSandbox):
     """A namespace-tier sandbox kept running; see the module's docstring."""
 
@@ -340,12 +350,55 @@ class NamespaceLive(NamespaceSandbox):
                 self._let_go(entrant, cg)
                 raise
             break
-        pidfd, entrant.b_pidfd = entrant.b_pidfd, -1
-        inside, exit_status = _pid_inside(entrant, pid, pidfd)
-        started = Started(pid, out_r, err_r, cg, entrant.reap, tally, pidfd=pidfd,
-                          exit_status=exit_status, ns_pid=inside)
-        started.direct = entrant.direct
-        return started
+        return _started(entrant, cg, tally, pid, out_r, err_r)
+
+    def start_send(self, argv: list[str], env: dict[str, str], *, cwd: str,
+                   stdin_fd: int):
+        """start()'s first half, for a caller that waits for the entrant's answer itself
+        (an event loop: corral serve's foreground command, after quick_start()): the
+        request sent to a prepared entrant; returns (fd to wait for readable, what
+        start_answer() takes). No terminal, no other account, no observer (start())."""
+        words = None
+        if len(argv) == 3 and argv[0] == "/bin/sh" and argv[1] == "-c":
+            words = simple_words(argv[2])
+        if self.target is None or not self.target.alive():
+            raise SandboxSetupError("the sandbox is not running", step="enter")
+        entrant, cg = self._take_entrant()
+        nofile, fsize, cpu = self.rlimits
+        for again in (True, False):
+            try:
+                sent = entrant.send(argv, env, cwd=cwd, stdin_fd=stdin_fd,
+                                    rlimits=(nofile, fsize, cpu), words=words)
+            except (BrokenPipeError, ConnectionResetError):
+                self._let_go(entrant, cg)     # as start(): it never had it
+                if not again or not self.alive():
+                    raise SandboxSetupError("the sandbox's entrant died before it took "
+                                            "the command; nothing ran", step="enter"
+                                            ) from None
+                entrant, cg = self._take_entrant()
+                continue
+            except BaseException:
+                self._let_go(entrant, cg)
+                raise
+            return entrant.sock, (entrant, cg, sent)
+        raise AssertionError("unreachable")
+
+    def start_answer(self, pending) -> Started:
+        """start()'s second half: the entrant's answer to start_send()'s request read
+        (once its socket is readable: else this blocks until it comes), the command's
+        Started, or start()'s errors. Every start_send() is answered so (its command
+        may run already)."""
+        entrant, cg, sent = pending
+        try:
+            pid, out_r, err_r = entrant.answer(sent)
+        except (BrokenPipeError, ConnectionResetError):
+            self._let_go(entrant, cg)
+            raise SandboxSetupError("the sandbox's entrant ended before it took the "
+                                    "command", step="enter") from None
+        except BaseException:
+            self._let_go(entrant, cg)
+            raise
+        return _started(entrant, cg, None, pid, out_r, err_r)
 
     def prepare(self, lock=None, busy: bool = False) -> None:
         """Fork the next commands' entrants ahead (linux/enter.Entrant): in their cgroups

@@ -525,14 +525,41 @@ class Commands:
 
     def begin(self, cmd, *, env: dict[str, str] | None = None, cwd: str | None = None,
               stdin: bytes | None = None, timeout: float | None = None, on_stdout=None,
-              on_stderr=None, on_start=None, user: str | None = None) -> CommandHandle:
-        """A foreground command (as run's) started and not watched: the caller watches it
-        (CommandHandle._watch_on, from corral serve's event loop). Its handle is done at
-        once when its exec failed (its Result says so)."""
+              on_stderr=None):
+        """A foreground command (as run's) for an event loop, which waits for nothing:
+        its request sent to the sandbox's prepared entrant (after the owner's
+        _quick_start()), its answer not waited for. Returns (fd, pending): once fd is
+        readable, started(pending) takes the answer."""
         timeout = _seconds(timeout, "timeout")
-        return self._run(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
-                         on_stdout=on_stdout, on_stderr=on_stderr, background=False,
-                         tty_fd=None, on_start=on_start, user=user, watch=False)
+        owner = self._owner
+        owner._check_open()
+        argv = argv_of(cmd)
+        run_env = env_of(owner._command_env(), env)
+        cwd = owner._command_cwd(cwd)
+        handle = CommandHandle(owner, argv, timeout=timeout, on_stdout=on_stdout,
+                               on_stderr=on_stderr, background=False)
+        if isinstance(stdin, (bytes, bytearray)):
+            handle._stdin_data = bytes(stdin)
+        stdin_fd, close_fd, _ = _stdin(stdin, False)
+        try:
+            fd, sent = owner._start_send(argv, run_env, cwd, stdin_fd)
+        finally:
+            if close_fd:
+                os.close(stdin_fd)
+        return fd, (handle, sent)
+
+    def started(self, pending, on_start=None) -> CommandHandle:
+        """begin()'s command once its fd is readable: its CommandHandle (on_start called
+        as run's), not watched (CommandHandle._watch_on watches it), or done at once
+        when its exec failed (its Result says so)."""
+        handle, sent = pending
+        try:
+            s = self._owner._start_answer(handle, sent)
+        except ExecFailed as e:
+            handle._failed(e)
+            return handle
+        handle._run(s, -1, on_start, watch=False)
+        return handle
 
     def stream(self, cmd, *, on_stdout, on_stderr, on_exit, cwd: str | None = None,
                env: dict[str, str] | None = None, label=None) -> CommandHandle:
@@ -549,8 +576,7 @@ class Commands:
                          tty_fd=None, on_exit=on_exit, stream=True, label=label)
 
     def _run(self, cmd, *, env, cwd, stdin, timeout, on_stdout, on_stderr, background,
-             tty_fd, on_exit=None, stream=False, label=None, on_start=None, user=None,
-             watch=True):
+             tty_fd, on_exit=None, stream=False, label=None, on_start=None, user=None):
         owner = self._owner
         owner._check_open()
         argv = argv_of(cmd)
@@ -581,7 +607,7 @@ class Commands:
             if stdin_w >= 0:
                 os.close(stdin_w)
             handle._failed(e)
-            return handle if background or not watch else handle._result
+            return handle if background else handle._result
         except BaseException:
             if stdin_w >= 0:
                 os.close(stdin_w)
@@ -589,13 +615,13 @@ class Commands:
         finally:
             if close_fd:
                 os.close(stdin_fd)
-        handle._run(started, stdin_w, on_start, watch)
+        handle._run(started, stdin_w, on_start)
         if background and isinstance(stdin, (bytes, bytearray, memoryview)):
             try:   # after _run: its thread drains the output meanwhile
                 handle.send_stdin(bytes(stdin))
             except BrokenPipeError:
                 pass
-        return handle if background or not watch else handle._result
+        return handle if background else handle._result
 
     def list(self) -> list[CommandInfo]:
         """The commands running now, then processes finished commands left behind."""

@@ -559,6 +559,40 @@ class Live(Sandbox):
             # foreground command it does once the command is over (a fork holds the GIL)
         return started
 
+    def _start_send(self, argv, env, cwd, stdin_fd):
+        """_start_command's first half for an event loop (after _quick_start()): the
+        request sent to the entrant; (fd to wait for readable, what _start_answer
+        takes). Nothing is waited for here but the sandbox's lock."""
+        with self._lock:
+            self._check_open()
+            self._last_use = time.monotonic()
+            mark = self._netlog.mark()
+            live = self._live
+            fd, pending = live.start_send(argv, env, cwd=cwd, stdin_fd=stdin_fd)
+            return fd, (live, pending, mark)
+
+    def _start_answer(self, handle, sent):
+        """_start_command's second half: the entrant's answer read (its fd readable),
+        the command counted as running; its Started. A sandbox that ended meanwhile took
+        the command with it: its Result says so, as for a command running at the end."""
+        from ..errors import SandboxSetupError
+
+        live, pending, mark = sent
+        try:
+            started = live.start_answer(pending)
+        except SandboxSetupError:
+            if self._ended is None and not live.alive():
+                self._end("init", self._init_exited())
+            self._check_open()
+            raise
+        with self._lock:
+            self._netlog.begin(handle, mark)
+            self._started_count += 1
+            self._running.append(handle)
+            if self._ended is not None:
+                handle._end_event = self._end_event
+        return started
+
     def _command_ended(self, handle, sigkilled: bool = False) -> None:
         """`sigkilled`: it died of a SIGKILL nobody of ours sent: perhaps the pid
         namespace going down, whose init exits only after every process in it did."""
@@ -619,7 +653,7 @@ class Live(Sandbox):
                 return []
             self._ended = why
             live, self._live = self._live, None
-            event = TeardownEvent(message).to_dict()
+            event = self._end_event = TeardownEvent(message).to_dict()
             for h in self._running:      # their Results say why they ended
                 h._end_event = event
             self._wake()

@@ -205,13 +205,14 @@ class CommandTable:
 
     def _foreground_here(self, c: Cmd, argv, env, cwd, stdin, timeout, out, err, on_end,
                          loop) -> None:
-        """_foreground's work from the event loop's thread: started here, watched by
-        `loop`; returns once it runs."""
+        """_foreground's work from the event loop's thread, which never waits: the
+        request sent to the sandbox's entrant, its answer read once `loop` sees it come,
+        the command then watched by `loop`. Returns once the request is sent."""
         c.here = True
+        commands = self._entry.sandbox.commands
         try:
-            h = self._entry.sandbox.commands.begin(
-                argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout, on_stdout=out,
-                on_stderr=err, on_start=lambda h: self._running(c, h))
+            fd, pending = commands.begin(argv, env=env, cwd=cwd, stdin=stdin,
+                                         timeout=timeout, on_stdout=out, on_stderr=err)
         except BaseException as e:  # noqa: BLE001 - the route raises it
             self._failed(c, e)
             return
@@ -222,10 +223,19 @@ class CommandTable:
             else:
                 self._foreground_ended(c, argv, r, out, err, on_end)
 
-        if h._done.is_set():     # its exec failed: its Result, no process
-            then(h._result, None)
-            return
-        h._watch_on(loop, then)
+        def answered() -> None:
+            loop.remove_reader(fd)
+            try:
+                h = commands.started(pending, on_start=lambda h: self._running(c, h))
+            except BaseException as e:  # noqa: BLE001 - the route raises it
+                self._failed(c, e)
+                return
+            if h._done.is_set():     # its exec failed: its Result, no process
+                then(h._result, None)
+                return
+            h._watch_on(loop, then)
+
+        loop.add_reader(fd, answered)
 
     def _failed(self, c: Cmd, e: BaseException) -> None:
         c.error = e

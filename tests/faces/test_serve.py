@@ -234,6 +234,47 @@ def test_a_lean_exec_is_started_and_watched_by_the_event_loop(server):
             a.delete(f"/sandboxes/{sid}")
 
 
+#: inside: a connection to the egress proxy, held by a child after the command's exit
+HOLD_PROXY = """
+import os, socket, time
+host, port = os.environ["http_proxy"].split("//")[1].rstrip("/").rsplit(":", 1)
+s = socket.create_connection((host, int(port)))
+if os.fork() == 0:
+    fd = os.open("/dev/null", os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    time.sleep(3)
+    os._exit(0)
+print("held", flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_a_lean_exec_whose_proxy_connection_outlives_it(server):
+    """A command the event loop watches whose connection to the egress proxy is still
+    open at its end: its Result waits for the proxy (at most netlog.NET_WAIT_S) in a
+    thread, not on the loop, and comes back whole; the server goes on answering."""
+    import time
+
+    with server.http(server.tokens["net"]) as h:
+        sid = _create(h, {"network": {"mode": "allow", "allow": ["api.example.com"]}})
+        try:
+            time.sleep(0.2)                  # the next entrant is ready
+            n = _counter(h, "corral_http_lean_exec_loop_total")
+            r = h.post(f"/sandboxes/{sid}/exec",
+                       json={"argv": ["/usr/bin/python3", "-c", HOLD_PROXY]})
+            assert r.status_code == 200, r.text
+            assert (r.json()["verdict"], r.json()["stdout"]) == ("ok", "held\n"), r.json()
+            assert _counter(h, "corral_http_lean_exec_loop_total") == n + 1
+            assert h.get("/health").json()["ok"] is True
+            time.sleep(0.1)
+            r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "echo next"})
+            assert r.json()["stdout"] == "next\n", r.json()
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+
+
 def test_a_foreground_commands_run_is_counted_before_its_result_is_answered(server):
     """The run's metrics (on_end) and its command.ended event are in before the waiters
     wake (service/commands.py _finished): a client holding the Result sees them."""

@@ -68,14 +68,16 @@ class Started:
     our child; linux/enter.py), or -1 and None for a child of ours. The owner closes
     `pidfd` (close_pidfd())."""
 
-    __slots__ = ("before_wait", "cgroup", "direct", "err_r", "exit_status", "ns_pid",
-                 "out_r", "pid", "pidfd", "tally")
+    __slots__ = ("before_fd", "before_wait", "cgroup", "direct", "err_r", "exit_status",
+                 "ns_pid", "out_r", "pid", "pidfd", "tally")
 
     def __init__(self, pid: int, out_r: int, err_r: int, cgroup, before_wait=None,
                  tally=None, pidfd: int = -1, exit_status=None, ns_pid: int = 0) -> None:
         self.pid, self.out_r, self.err_r, self.cgroup = pid, out_r, err_r, cgroup
         #: to call before reaping pid (supervise's before_wait): the entrant's own reaping
         self.before_wait = before_wait
+        #: readable once before_wait() would not wait (the entrant's pidfd), or -1
+        self.before_fd = -1
         self.pidfd, self.exit_status = pidfd, exit_status
         #: a /bin/sh -c line exec'd without the shell (linux/shellexec.py): a death by a
         #: signal of its own is reported as the shell would (commands.py)
@@ -118,6 +120,7 @@ def _started(entrant, cg, tally, pid: int, out_r: int, err_r: int) -> Started:
     started = Started(pid, out_r, err_r, cg, entrant.reap, tally, pidfd=pidfd,
                       exit_status=exit_status, ns_pid=inside)
     started.direct = entrant.direct
+    started.before_fd = entrant.pidfd if entrant.pid else -1
     return started
 
 

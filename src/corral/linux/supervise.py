@@ -338,8 +338,13 @@ class Watch:
                  kill: Callable[[], None], started: float,
                  extra: dict[int, Callable[[bytes], None]] | None = None,
                  before_wait: Callable[[], None] | None = None, pidfd: int = -1,
-                 exit_status: Callable[[int], int] | None = None) -> None:
+                 exit_status: Callable[[int], int] | None = None,
+                 before_fd: int = -1) -> None:
+        """`before_fd`: an fd that becomes readable once before_wait() would not wait
+        (a live sandbox's entrant's pidfd: linux/enter.py); polled here instead of
+        waited for in before_wait() (an event loop never waits)."""
         out = self.outcome = Outcome()
+        self.before_fd = before_fd
         self.pid, self.sel, self.kill, self.started = pid, poller, kill, started
         self.cpu_time, self.cpu_seconds = cpu_time, cpu_seconds
         self.before_wait, self.exit_status = before_wait, exit_status
@@ -379,17 +384,20 @@ class Watch:
         return max(wait, 0)
 
     def ready(self, fd: int) -> None:
+        if fd == self.before_fd:
+            self.sel.unregister(fd)
+            self.before_fd = -1
+            self._exited()
+            return
         if fd == self.pidfd:
             if self.outcome.status is not None:
                 return
-            if self.before_wait is not None:
-                self.before_wait()
-            if self.exit_status is not None:
-                self.outcome.status = self.exit_status(self.pid)
-            else:
-                self.outcome.status = os.waitpid(self.pid, 0)[1]
             self.sel.unregister(self.pidfd)
-            self.drain_until = time.monotonic() + DRAIN_GRACE_S
+            if self.before_fd >= 0 and not _readable(self.before_fd):
+                self.sel.register(self.before_fd, select.EPOLLIN)   # then _exited()
+                return
+            self.before_fd = -1
+            self._exited()
             return
         if fd in self.extra:
             data = os.read(fd, READ_CHUNK)
@@ -409,6 +417,16 @@ class Watch:
             self.sel.unregister(fd)
             os.close(fd)
             del self.streams[fd]
+
+    def _exited(self) -> None:
+        """The process has exited (its pidfd said so): its status taken."""
+        if self.before_wait is not None:
+            self.before_wait()
+        if self.exit_status is not None:
+            self.outcome.status = self.exit_status(self.pid)
+        else:
+            self.outcome.status = os.waitpid(self.pid, 0)[1]
+        self.drain_until = time.monotonic() + DRAIN_GRACE_S
 
     def tick(self) -> None:
         out, now, streams = self.outcome, time.monotonic(), self.streams
@@ -491,6 +509,12 @@ class LoopWatch:
             self.unregister(fd)
         w.close()
         self.then(w.outcome, error)
+
+
+def _readable(fd: int) -> bool:
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(0))
 
 
 def _read_what_is_there(fd: int, stream: Stream, most: int = 64) -> None:

@@ -346,7 +346,9 @@ class CommandHandle:
 
         s = self._started
         try:
-            LoopWatch(loop, over, s.pid, s.out_r, s.err_r, **self._watch_args())
+            # the entrant's exit (before_wait) is waited for by the loop too
+            LoopWatch(loop, over, s.pid, s.out_r, s.err_r, **self._watch_args(),
+                      before_fd=getattr(s, "before_fd", -1))
         except BaseException as e:  # noqa: BLE001 - as _watch: done, then said
             finish(None, e)
 

@@ -9,7 +9,8 @@ what the request gave, then end of file), run in a thread of FOREGROUND: the req
 coroutine never blocks, no thread pool hop starts it, no thread of its own is started
 for it, and the sandbox readies its next command's entrant once it has ended (as
 in-process), not while it runs. The route waits for it and kills it when the client goes
-away (routes/commands.py; Cmd.cancel).
+away (routes/commands.py; Cmd.cancel). The lean exec path (fastexec.py) starts one from
+its event loop instead, where nothing would wait (start's `loop`): no thread at all.
 A background command runs on until it exits, is killed or the sandbox ends, whoever
 listens. Ended commands are kept for their Result (`wait`), the last KEEP_ENDED of them;
 the output chunks of all but the last KEEP_CHUNKS are let go (an output stream of such a

@@ -14,6 +14,10 @@ the description of both. What follows the token's check (its rate, the sandbox l
 the stdin decoding, max_concurrent, the command's own failure) is answered here with the
 same error bodies and statuses the app's exception handlers give.
 
+Its command, on the namespace tier with an entrant ready, is started and watched by the
+event loop itself (service/commands.py CommandTable.start's `loop`; runtime/commands.py
+CommandHandle._watch_on): no thread hand-off at its start nor at its end.
+
 It sits inside BodyCap (the body is capped before it is read) and Counted (metrics), and
 after E2B's Dispatch. CORRAL_SERVE_LEAN=0 turns it off (for side by side measurements).
 """

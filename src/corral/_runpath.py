@@ -58,6 +58,8 @@ FINDER = '''
 import marshal, posix, sys
 _ext = sys.modules["_frozen_importlib_external"]
 _Spec = sys.modules["_frozen_importlib"].ModuleSpec
+# what importlib runs a module's code through: an error's traceback loses its frames as now
+_call_with_frames_removed = sys.modules["_frozen_importlib"]._call_with_frames_removed
 
 
 _Function = type(lambda: None)
@@ -90,9 +92,14 @@ class RunPathLoader(_ext.SourceFileLoader):
         return marshal.loads(DATA[code[0]:code[1]])
 
     def exec_module(self, module):
-        if self.code is not None and self.code[2]:   # its code has stubs (_split)
-            module.__dict__["__corral_cold__"] = _cold_part(module.__dict__)
-        super().exec_module(module)
+        code = self.code
+        if code is None or module.__name__ != self.name:
+            return super().exec_module(module)   # its .py (get_code), as the usual import
+        self.code = None   # as _LoaderBasics.exec_module with get_code, two calls fewer
+        ns = module.__dict__
+        if code[2]:   # its code has stubs (_split)
+            ns["__corral_cold__"] = _cold_part(ns)
+        _call_with_frames_removed(exec, marshal.loads(DATA[code[0]:code[1]]), ns)
 
 
 class RunPathFinder:

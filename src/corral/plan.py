@@ -154,15 +154,18 @@ class Plan(Record):
     explicit: frozenset[str]
 
     def find(self, cls: type) -> list:
-        """The ops of type `cls`, in order (a new list each call). Kept per type: a plan is
+        """The ops of type `cls`, in order (a new list each call). Indexed once by every
+        class in each op's __mro__ (what isinstance() walks for a plain class): a plan is
         frozen, and a sandbox's every exec looks up the same dozen types."""
         found = self.__dict__.get("_found")
         if found is None:
             found = self.__dict__["_found"] = {}
-        ops = found.get(cls)
-        if ops is None:
-            ops = found[cls] = tuple(op for op in self.ops if isinstance(op, cls))
-        return list(ops)
+            for op in self.ops:
+                for k in type(op).__mro__:
+                    found.setdefault(k, []).append(op)
+        if type(cls) is type:   # not an ABC (whose registered classes are in no __mro__)
+            return list(found.get(cls, ()))
+        return [op for op in self.ops if isinstance(op, cls)]
 
 
 def build_plan(policy: Policy, host_env: dict[str, str], *, learn: bool = False) -> Plan:

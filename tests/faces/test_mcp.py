@@ -219,3 +219,41 @@ def test_a_bad_max_sandboxes_is_one_line_naming_it(value):
     assert p.returncode == 2, (p.returncode, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "--max-sandboxes" in lines[0], p.stderr
+
+
+@pytest.mark.slow
+def test_a_call_on_an_existing_sandbox_needs_no_worker_thread():
+    """run_command and run_code on a sandbox that exists look it up on the event loop
+    (service/mcp.py, existing) and run in a thread of their own: with every one of anyio's
+    shared worker threads held (by other sync work), they still answer. Before, each call
+    first waited for one of those threads for the lookup. In-process server, real sandbox."""
+    import anyio
+    from mcp import Client
+
+    from corral.service.mcp import build
+
+    server, registry = build()
+
+    async def main():
+        async with Client(server) as c:
+            r = await c.call_tool("run_command", {"command": "true"})   # makes the sandbox
+            assert not r.is_error, r.content
+            (sid,) = [e.id for e in registry.all()]
+            limiter = anyio.to_thread.current_default_thread_limiter()
+            holders = [object() for _ in range(int(limiter.total_tokens))]
+            for h in holders:
+                await limiter.acquire_on_behalf_of(h)
+            try:
+                got = []
+                for args in ({"command": "echo 1"}, {"command": "echo 2", "sandbox_id": sid}):
+                    r = await asyncio.wait_for(c.call_tool("run_command", args), 20)
+                    got.append(r.structured_content["stdout"].strip())
+            finally:
+                for h in holders:
+                    limiter.release_on_behalf_of(h)
+            return got
+
+    try:
+        assert asyncio.run(asyncio.wait_for(main(), 120)) == ["1", "2"]
+    finally:
+        registry.close_all()

@@ -470,6 +470,25 @@ def test_destroy_removes_the_directories_and_is_idempotent(make_cg):
 
 
 @needs_cgroups
+def test_destroy_finds_child_cgroups_and_their_own_below_them(make_cg):
+    # destroy() looks for child cgroups only where a directory's link count says there are
+    # subdirectories (_child_dirs): a child with a process, and a grandchild made by hand
+    # in one hierarchy, are killed and removed; a childless run is removed without a listing
+    cg = make_cg()
+    child = cg.child("c1")
+    p = spawn(child, "import time; time.sleep(30)")
+    grandchild = os.path.join(child.paths[0], "deeper")
+    os.mkdir(grandchild)
+    assert os.stat(cg.paths[0]).st_nlink == 3 and os.stat(child.paths[-1]).st_nlink == 2
+    assert [e.name for e in limits._child_dirs(child.paths[0])] == ["deeper"]
+    assert limits._child_dirs(child.paths[-1]) == []
+    assert limits._child_dirs(os.path.join(cg.paths[0], "gone")) is None
+    cg.destroy()
+    assert p.wait(5) == -signal.SIGKILL
+    assert not any(os.path.exists(d) for d in [*cg.paths, *child.paths, grandchild])
+
+
+@needs_cgroups
 def test_create_refuses_a_used_id_and_an_unusable_controller(make_cg):
     cg = make_cg()
     with pytest.raises(SandboxSetupError, match="sweep_stale") as e:

@@ -284,6 +284,23 @@ def test_scrubber_catches_every_spelling_at_every_alignment(form):
             assert scrub_all(s, [body[i:i + 1] for i in range(len(body))]) == out
 
 
+def test_kept_spellings_give_the_regexes_built_afresh():
+    """forms.warm() (the zygote's) keeps every character's spellings and their regexes: a
+    value's patterns built from them are those built from nothing, and still catch it."""
+    from corral.egress import forms
+
+    value, ph = (TOKEN + " +%/&;\\\"'").encode(), PH.encode()
+    fresh = [p.regex() for p in forms.patterns(value, ph)]
+    forms.warm()
+    assert forms._alternation.cache_info().currsize >= 95
+    assert [p.regex() for p in forms.patterns(value, ph)] == fresh
+    manual = [b"".join(forms._alternation.__wrapped__(e) for e in p.elements)
+              for p in forms.patterns(value, ph)]
+    assert manual == fresh
+    reflected = html.escape(value.decode()).encode()
+    assert ResponseScrubber({value: ph}).scrub(b"<" + reflected + b">") == b"<" + ph + b">"
+
+
 @pytest.mark.parametrize("form", sorted(REFLECT_FORMS))
 def test_scrubber_leaves_near_misses_alone(form):
     """A value with one character changed, or its last one missing, is not the value."""
@@ -377,6 +394,28 @@ def test_accept_encoding_asks_for_identity_when_the_client_did_not_say():
         (b"accept-encoding", b"identity")]
     assert readable_accept_encoding([(b"accept-encoding", b"*")]) == [
         (b"accept-encoding", b"identity")]
+
+
+def test_the_system_trust_store_is_parsed_once_until_it_changes(tmp_path, monkeypatch):
+    """Every proxy with a grant needs the system store's context; the zygote's children
+    share the one it made, and a changed store file is read again (SSL_CERT_FILE stands
+    in for the distribution's bundle here)."""
+    from corral.egress.mitm import make_ca, upstream_context
+
+    store = tmp_path / "cas.pem"
+    store.write_text(make_ca("one")[0])
+    monkeypatch.setenv("SSL_CERT_FILE", str(store))
+    monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path / "no-such-dir"))
+    first = upstream_context(None)
+    assert first.cert_store_stats()["x509_ca"] == 1
+    assert upstream_context(None) is first
+    assert first.verify_mode == ssl.CERT_REQUIRED and first.check_hostname
+    store.write_text(make_ca("one")[0] + make_ca("two")[0])
+    second = upstream_context(None)
+    assert second is not first and second.cert_store_stats()["x509_ca"] == 2
+    assert upstream_context(None) is second
+    # a policy's upstream_ca (copied per run) is read every time
+    assert upstream_context(str(store)) is not upstream_context(str(store))
 
 
 def test_proxy_redacts_its_stderr_and_refuses_a_bad_ca(tmp_path):

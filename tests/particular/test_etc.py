@@ -93,3 +93,26 @@ def test_a_sandbox_sees_the_hosts_etc_files_read_only():
     # files are copies, not one bind each (bwrap re-reads mountinfo per bind)
     assert "/etc/services" not in etc_mounts and "/etc/ld.so.cache" not in etc_mounts
     assert "/etc/ssl" in etc_mounts
+
+
+@pytest.mark.parametrize("p, root", [
+    ("/etc/ssl", "/etc"), ("/etc/ssl", "/etc/"), ("/etc/a/b", "/etc"), ("/etc/ssl/", "/etc"),
+    ("/etc//ssl", "/etc"), ("/etc/./ssl", "/etc"), ("/etc/../usr", "/etc"), ("/etcx/y", "/etc"),
+    ("/etc/ssl", "/"), ("/usr/lib", "/etc"), ("etc/ssl", "etc"), ("etc/ssl", "/etc"),
+])
+def test_below_is_relpath(p, root):
+    # _below(): os.path.relpath's answer, its abspath()s skipped only for a plain name below
+    assert etc._below(p, root) == os.path.relpath(p, root)
+
+
+def test_system_binds_say_what_islink_and_isdir_said():
+    want = []
+    from corral.plan import SYSTEM_PATHS
+
+    for p in SYSTEM_PATHS:
+        if os.path.islink(p):
+            want += ["--symlink", os.readlink(p), p]
+        elif os.path.isdir(p):
+            want += ["--ro-bind", p, p]
+    etc._system = None
+    assert etc.system_binds() == want

@@ -101,13 +101,15 @@ def test_an_event_after_the_result_goes_to_the_sandbox_naming_its_command(tier, 
 
 
 def test_the_service_streams_a_late_event_as_a_network_event():
+    from corral.runtime.netlog import NetLog
     from corral.service.events import EventLog
 
     class Sb:
-        _net = [{"kind": "net", "host": "a.test"}]
         events = [{"kind": "teardown", "message": "x"},
                   {"kind": "net", "host": "b.test", "late": True, "command": 7, "run": "r"}]
+        _netlog = NetLog(events)
 
+    Sb._netlog.take([("event", None, {"kind": "net", "host": "a.test"})])
     log = EventLog()
     log.pull(Sb())
     got = [(kind, d.get("host"), d.get("command")) for _, kind, d in log.since(0)]
@@ -126,30 +128,66 @@ for _ in range(int(os.environ.get("N", "1"))):
 """
 
 
+def _missing(r) -> list[str]:
+    return [e["message"] for e in r.events
+            if e["kind"] == "teardown" and "not kept" in e["message"]]
+
+
 def test_events_past_the_sandboxs_cap_are_said_missing_never_silently(tier, dnsmasq, servers,
                                                                        monkeypatch):
-    """A live sandbox keeps at most EventLines.MAX_EVENTS of its proxy's events over its
-    life (memory); past that a Result says how many of its command's were not kept,
-    instead of showing none (before: every later command looked as if it made no
-    connection). The cap lowered to 3 here."""
-    from corral.backends.host.launch import EventLines
+    """A live sandbox keeps at most netlog.MAX_EVENTS of its proxy's events that a
+    command's Result (or the service's event stream) has yet to take (memory); past that
+    a Result says how many of its command's were not kept, instead of showing none. What
+    the Results took is trimmed, so the cap is no bound over the sandbox's life (before:
+    past it, every later command lost its events). The cap lowered to 3 here."""
+    from corral.runtime import netlog
 
-    monkeypatch.setattr(EventLines, "MAX_EVENTS", 3)
+    monkeypatch.setattr(netlog, "MAX_EVENTS", 3)
     sb = corral.Sandbox.create(allow_policy(tier, dnsmasq, ["allowed.test"]), timeout=300)
     try:
-        r = sb.commands.run([PY, "-c", DENIED], env={"N": "2"})
+        r = sb.commands.run([PY, "-c", DENIED], env={"N": "5"})     # 3 kept, 2 not
         assert r.exit_code == 0, r
-        assert len(net_events(r)) == 2, r.events
-        r = sb.commands.run([PY, "-c", DENIED], env={"N": "3"})   # 1 kept, 2 not
-        assert r.exit_code == 0, r
-        missing = [e for e in r.events if e["kind"] == "teardown" and "not kept" in e["message"]]
-        assert len(net_events(r)) == 1 and len(missing) == 1, r.events
-        assert missing[0]["message"].startswith("2 events"), missing
-        r = sb.commands.run([PY, "-c", DENIED])                     # none kept
-        missing = [e for e in r.events if e["kind"] == "teardown" and "not kept" in e["message"]]
-        assert net_events(r) == [] and len(missing) == 1, r.events
-        assert missing[0]["message"].startswith("1 events"), missing
+        assert len(net_events(r)) == 3 and len(_missing(r)) == 1, r.events
+        assert _missing(r)[0].startswith("2 events"), r.events
+        for i in range(3):               # 6 more, twice the cap: all in their Results
+            r = sb.commands.run([PY, "-c", DENIED], env={"N": "2"})
+            assert r.exit_code == 0, r
+            assert len(net_events(r)) == 2 and _missing(r) == [], (i, r.events)
+            assert len(sb._netlog.net) == 0, sb._netlog.net      # taken: trimmed
+        assert sb._netlog.base == 9 and sb._netlog.dropped == 2
         r = sb.commands.run(["/bin/true"])                          # no network: nothing
         assert [e for e in r.events if e["kind"] in ("net", "teardown")] == [], r.events
+    finally:
+        sb.kill()
+
+
+@pytest.mark.slow
+def test_a_lagging_event_stream_is_told_what_it_missed(tier, dnsmasq, servers, monkeypatch):
+    """The service's event stream is a reader of the proxy's events from the sandbox's
+    start (Registry.create pulls once): the sandbox keeps them for it, at most the cap; past
+    that the oldest go (no Result needs them), and its next read starts with a marker of how
+    many it missed. The Results keep every event all the same."""
+    from corral.runtime import netlog
+    from corral.service.events import EventLog
+
+    monkeypatch.setattr(netlog, "MAX_EVENTS", 3)
+    sb = corral.Sandbox.create(allow_policy(tier, dnsmasq, ["allowed.test"]), timeout=300)
+    try:
+        log = EventLog()
+        log.pull(sb)                     # a reader from here
+        r = sb.commands.run([PY, "-c", DENIED], env={"N": "2"})
+        assert len(net_events(r)) == 2, r.events
+        log.pull(sb)                     # it keeps up: every event, no marker
+        assert [k for _, k, e in log.since(0)] == ["network"] * 2
+        for _ in range(4):               # 8 more while it does not read
+            r = sb.commands.run([PY, "-c", DENIED], env={"N": "2"})
+            assert len(net_events(r)) == 2 and _missing(r) == [], r.events
+            assert len(sb._netlog.net) <= 3                       # memory: the cap
+        log.pull(sb)
+        got = [e for _, _, e in log.since(0)][2:]
+        assert got[0]["kind"] == "teardown", got
+        assert got[0]["message"].startswith("5 events of the egress proxy went before"), got
+        assert [e["host"] for e in got[1:]] == ["denied.test"] * 3, got
+        assert len(sb._netlog.net) == 0     # read by all: trimmed
     finally:
         sb.kill()

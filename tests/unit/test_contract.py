@@ -113,6 +113,26 @@ def _plan(data):
     return build_plan(policy_from_dict(data), {})
 
 
+def test_plan_find_is_isinstance_for_every_class_in_order():
+    import abc
+
+    import corral.plan as plan_mod
+    from corral._record import Record
+
+    plan = _plan({"limits": {"memory": "256M"}, "network": {"mode": "allow",
+                                                            "allow": ["example.com"]}})
+    classes = [c for c in vars(plan_mod).values() if isinstance(c, type)]
+
+    class Virtual(abc.ABC):  # noqa: B024 (registered classes only)
+        pass
+
+    Virtual.register(plan_mod.Scratch)   # isinstance() says yes; no __mro__ names it
+    for cls in [*classes, Record, object, Virtual, (plan_mod.Scratch, plan_mod.Seccomp)]:
+        want = [op for op in plan.ops if isinstance(op, cls)]
+        assert plan.find(cls) == want and plan.find(cls) is not plan.find(cls), cls
+    assert plan.find(Virtual) == plan.find(plan_mod.Scratch) != []
+
+
 def test_a_tier_check_splits_refusals_from_defaults_by_what_the_policy_set():
     from corral.backends.base import TierCheck
     from corral.plan import MemoryLimit, Namespaces, PidsLimit, Scratch

@@ -182,3 +182,20 @@ def test_secrets_grammar_and_sources(monkeypatch, tmp_path):
                  '[secrets.GH]\nvalue = "x"\nhosts = ["api.github.com"]\n')
     with pytest.raises(PolicyError, match="only from the Python API"):
         load_policy(str(f))
+
+
+def test_fields_are_made_on_first_use_and_then_kept():
+    # the run path imports the schema without reading FIELDS (docs/benchmarks.md, session
+    # 13); the first `from ... import FIELDS` makes it, and both names stay module globals
+    import subprocess
+    import sys
+
+    code = ("import corral.cli, corral.runtime.sandbox, corral.backends.namespace\n"
+            "import corral.policy.schema as s\n"
+            "print(sorted({'FIELDS', 'SPEC_BY_PATH'} & set(vars(s))))\n"
+            "from corral.policy import FIELDS\n"
+            "print(FIELDS is s.FIELDS, s.SPEC_BY_PATH == {f.path: f for f in FIELDS},\n"
+            "      sorted({'FIELDS', 'SPEC_BY_PATH'} & set(vars(s))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout
+    assert out.splitlines() == ["[]", "True True ['FIELDS', 'SPEC_BY_PATH']"]

@@ -34,6 +34,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import struct
 import sys
 
@@ -424,6 +425,15 @@ def main() -> None:
     from . import boot
 
     boot.preload(grants=True)      # cryptography too: shared by every child, paid once
+    from .mitm import upstream_context
+
+    try:
+        upstream_context(None)     # the system trust store, parsed once for every child
+    except (OSError, ssl.SSLError):
+        pass                       # each proxy with a grant then reads it itself
+    from . import forms
+
+    forms.warm()                   # the spellings' regexes a grant's scrubber is made of
     warm()
     gc.collect()
     gc.freeze()   # a child's collections then leave these objects (and their pages) alone

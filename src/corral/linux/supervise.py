@@ -167,7 +167,7 @@ def inherited_signals() -> tuple[list[int], bool]:
         at += len(key) + 1
         masks[key] = int(data[at:data.index(b"\n", at)], 16)
     ign = masks[b"SigIgn:"] & ~_PYTHON_IGNORES
-    return [n + 1 for n in range(64) if ign >> n & 1], masks[b"SigBlk:"] != 0
+    return [n + 1 for n in range(ign.bit_length()) if ign >> n & 1], masks[b"SigBlk:"] != 0
 
 
 def _py_fork_exec(path, argv, env, stdin_fd, out_w, err_w, fail_w, pass_fds, child_setup,

@@ -1,6 +1,6 @@
 """The policy: one schema (schema.py), loading with clear errors (load.py), TOML out (dump.py)."""
 
-from .schema import BASE_ENV, FIELDS, TIERS, Env, Filesystem, Limits, Network, Policy, Workspace
+from .schema import BASE_ENV, TIERS, Env, Filesystem, Limits, Network, Policy, Workspace
 
 _LOADERS = ("load_policy", "merge", "policy_from_dict")
 
@@ -12,6 +12,10 @@ def __getattr__(name: str):
         from . import load
 
         return getattr(load, name)
+    if name == "FIELDS":   # made on first use (schema.py): no run reads it
+        from .schema import FIELDS
+
+        return FIELDS
     raise AttributeError(f"module 'corral.policy' has no attribute {name!r}")
 
 

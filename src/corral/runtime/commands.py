@@ -544,7 +544,7 @@ class Commands:
             handle._stdin_data = bytes(stdin)
         stdin_fd, close_fd, _ = _stdin(stdin, False)
         try:
-            fd, sent = owner._start_send(argv, run_env, cwd, stdin_fd)
+            fd, sent = owner._start_send(handle, argv, run_env, cwd, stdin_fd)
         finally:
             if close_fd:
                 os.close(stdin_fd)

@@ -113,10 +113,13 @@ class Live(Sandbox):
         self._running: list = []
         self._lingering: list = []       # (CommandHandle, cgroup) of finished commands
         self._ended: str | None = None
-        self._net: list[dict] = []
         self._started_count = 0
         #: the sandbox's own events: why it ended, and teardown problems
         self.events: list[dict] = []
+        from .netlog import NetLog
+
+        #: the proxy's events, for the Results of commands and the service's event stream
+        self._netlog = NetLog(self.events)
         if user_account:   # an unprivileged account beside root: the namespace tier's
             if self._backend.name != "namespace":
                 from ..errors import UnsupportedRule
@@ -138,9 +141,6 @@ class Live(Sandbox):
 
             self.user_uid = USER_ID
         self.events += getattr(self._live, "notices", [])
-        from .netlog import NetLog
-
-        self._netlog = NetLog(self._net, self.events)
         proxy = getattr(self._live, "proxy", None)
         if proxy is not None:
             proxy.lines.records = []     # which of its connections are open (netlog.py)
@@ -505,13 +505,8 @@ class Live(Sandbox):
                         return True
                     if not data:
                         return False
-                    n = len(proxy.lines.events)
                     proxy.lines(data)
-                    if proxy.lines.records is None:
-                        self._net += proxy.lines.events[n:]
-                    else:
-                        self._netlog.take(proxy.lines.records)
-                        self._netlog.dropped = proxy.lines.dropped
+                    self._netlog.take(proxy.lines.records)
                     if block:
                         return True
             finally:
@@ -528,7 +523,7 @@ class Live(Sandbox):
             event = TeardownEvent("the egress proxy died: connections through it were cut, "
                                   "and the sandbox has no network from now on").to_dict()
             self.events.append(event)
-            self._net.append(event)
+            self._netlog.tell(event)
 
     def _start_command(self, handle, argv, env, cwd, stdin_fd, tty_fd=None,
                        cpu_seconds=None, user=None):
@@ -542,16 +537,18 @@ class Live(Sandbox):
                 extra["cpu_seconds"] = cpu_seconds   # else the policy's: stricter
             if user is not None:
                 extra["user"] = user
-            mark = self._netlog.mark()
+            # its Result takes the proxy's events from here (under this lock none comes
+            # in before it starts)
+            self._netlog.begin(handle)
             try:
                 started = self._live.start(argv, env, cwd=cwd, stdin_fd=stdin_fd,
                                            tty_fd=tty_fd, **extra)
-            except SandboxSetupError:
-                if not self._live.alive():
+            except BaseException as e:
+                self._netlog.drop(handle)
+                if isinstance(e, SandboxSetupError) and not self._live.alive():
                     self._end("init", self._init_exited())
                     self._check_open()
                 raise
-            self._netlog.begin(handle, mark)
             self._started_count += 1
             self._running.append(handle)
         if handle.background:
@@ -559,17 +556,21 @@ class Live(Sandbox):
             # foreground command it does once the command is over (a fork holds the GIL)
         return started
 
-    def _start_send(self, argv, env, cwd, stdin_fd):
+    def _start_send(self, handle, argv, env, cwd, stdin_fd):
         """_start_command's first half for an event loop (after _quick_start()): the
         request sent to the entrant; (fd to wait for readable, what _start_answer
         takes). Nothing is waited for here but the sandbox's lock."""
         with self._lock:
             self._check_open()
             self._last_use = time.monotonic()
-            mark = self._netlog.mark()
             live = self._live
-            fd, pending = live.start_send(argv, env, cwd=cwd, stdin_fd=stdin_fd)
-            return fd, (live, pending, mark)
+            self._netlog.begin(handle)      # as _start_command's
+            try:
+                fd, pending = live.start_send(argv, env, cwd=cwd, stdin_fd=stdin_fd)
+            except BaseException:
+                self._netlog.drop(handle)
+                raise
+            return fd, (live, pending)
 
     def _start_answer(self, handle, sent):
         """_start_command's second half: the entrant's answer read (its fd readable),
@@ -577,16 +578,17 @@ class Live(Sandbox):
         the command with it: its Result says so, as for a command running at the end."""
         from ..errors import SandboxSetupError
 
-        live, pending, mark = sent
+        live, pending = sent
         try:
             started = live.start_answer(pending)
-        except SandboxSetupError:
-            if self._ended is None and not live.alive():
-                self._end("init", self._init_exited())
-            self._check_open()
+        except BaseException as e:
+            self._netlog.drop(handle)
+            if isinstance(e, SandboxSetupError):
+                if self._ended is None and not live.alive():
+                    self._end("init", self._init_exited())
+                self._check_open()
             raise
         with self._lock:
-            self._netlog.begin(handle, mark)
             self._started_count += 1
             self._running.append(handle)
             if self._ended is not None:

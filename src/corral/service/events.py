@@ -7,7 +7,9 @@ after its command's Result was made says so, "late": true, and names the command
 its pid, and "run"),
 and the sandbox's own (its teardown, and why it ended). Everything from the proxy and the sandbox is data the
 sandbox's code influenced: it goes out as JSON only, never as an SSE field of its own. At
-most MAX_EVENTS are kept (the oldest then go, counted in `dropped`).
+most MAX_EVENTS are kept (the oldest then go, counted in `dropped`). The proxy's come from
+the live sandbox's NetLog (runtime/netlog.py), which keeps them for this log, one of its
+readers, until it pulls them (bounded: past its cap a marker says how many it missed).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class EventLog:
         self.dropped = 0
         self.closed = False
         self.notifier = Notifier()
-        self._net_seen = 0
+        self._pull_mu = threading.Lock()
         self._own_seen = 0
 
     def add(self, kind: str, data: dict) -> None:
@@ -44,22 +46,22 @@ class EventLog:
 
     def pull(self, sb) -> None:
         """Take in what the sandbox's proxy and the sandbox itself logged since the last
-        pull (runtime.live keeps both in lists; a non-live sandbox has neither)."""
-        net = getattr(sb, "_net", None)
+        pull (runtime.live keeps both; a non-live sandbox has neither). The first pull
+        makes this log a reader of the proxy's events (runtime/netlog.py): the live
+        sandbox keeps them until it has read them (at most netlog.MAX_EVENTS not read;
+        past that a marker says how many it missed). Registry.create pulls once at once."""
+        netlog = getattr(sb, "_netlog", None)
         own = getattr(sb, "events", None)
-        new: list[tuple[str, dict]] = []
-        with self._mu:
-            if isinstance(net, list) and len(net) > self._net_seen:
-                new += [("network", dict(e)) for e in net[self._net_seen:]]
-                self._net_seen = len(net)
+        with self._pull_mu:     # one pull at a time: their events in order
+            new = [("network", e) for e in netlog.read(self)] if netlog is not None else []
             if isinstance(own, list) and len(own) > self._own_seen:
                 # a proxy event that came after its command's Result (runtime/netlog.py)
                 # is the sandbox's own now, but still a "network" event
                 new += [("network" if e.get("late") is True else "sandbox", dict(e))
                         for e in own[self._own_seen:]]
                 self._own_seen = len(own)
-        for kind, e in new:
-            self.add(kind, e)
+            for kind, e in new:
+                self.add(kind, e)
 
     def since(self, seq: int) -> list[tuple[int, str, dict]]:
         with self._mu:

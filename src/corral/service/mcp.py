@@ -23,6 +23,7 @@ from pydantic import Field
 
 from ..errors import CorralError
 from .ceiling import Exceeds, requested
+from .commands import Threads
 from .common import local_name, wire_name, wire_names
 from .registry import Registry, owner_name
 
@@ -167,6 +168,10 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
                 s.__exit__(None, None, None)
         return release
 
+    #: the threads calls run in, by name: kept for the next call once one is done (a new
+    #: one when none is idle), as routes/code.py's cells: no thread's start per call
+    pools = {n: Threads(n) for n in ("corral-mcp-command", "corral-mcp-cell")}
+
     async def in_own_thread(ctx, sid: str | None, work, name: str):
         """work(e) under the sandbox's lock, in a thread of its own (service.common's
         own_thread), never one of anyio's 40 shared worker threads, which every sync route
@@ -179,7 +184,12 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
 
         from .common import own_thread
 
-        who, e = await anyio.to_thread.run_sync(lambda: sandbox(ctx, sid))   # may create
+        # an existing sandbox's lookup on the loop (no blocking work: dict lookups under
+        # locks held only for them); else (a sandbox to make, an ended one to forget) in
+        # a worker thread: one thread hop a call instead of two
+        found = existing(ctx, sid)
+        who, e = found if found is not None else await anyio.to_thread.run_sync(
+            lambda: sandbox(ctx, sid))
         release = held(who)
 
         def run():
@@ -189,11 +199,31 @@ def build(ceiling_data: dict | None = None, *, opener=None, registry: Registry |
             finally:
                 release()
         try:
-            fut = own_thread(asyncio.get_running_loop(), run, name)
+            fut = own_thread(asyncio.get_running_loop(), run, name, pools[name])
         except BaseException:
             release()
             raise
         return await fut
+
+    def existing(ctx, sid: str | None):
+        """sandbox(ctx, sid) when that is a lookup only, without blocking: (caller, entry),
+        or None when it takes more (making the session's sandbox, forgetting an ended
+        one, an answer of no such sandbox) or the defaults' lock is held (it is while a
+        session's own sandbox is made): sandbox() does it then, off the loop."""
+        who = caller(ctx)
+        if sid is None:
+            if not defaults_mu.acquire(blocking=False):
+                return None
+            try:
+                sid = defaults.get(who.session)
+                e = registry.running(who.owner, sid) if sid is not None else None
+                if e is not None:
+                    used[who.session] = time.monotonic()
+            finally:
+                defaults_mu.release()
+        else:
+            e = registry.running(who.owner, sid)
+        return (who, e) if e is not None else None
 
     def sandbox(ctx, sid: str | None):
         who = caller(ctx)

@@ -84,6 +84,9 @@ class Registry:
         sid = getattr(sb, "id", None) or "sb_" + secrets.token_hex(8)
         e = Entry(sid, owner, sb, policy)
         e.events.add("sandbox.created", {"id": sid, "isolation": sb.isolation})
+        # its log a reader of the proxy's events from the start: a stream opened later
+        # still has them (runtime/netlog.py keeps them for it, bounded)
+        e.events.pull(sb)
         with self._mu:
             self._by_id[e.id] = e
         return e
@@ -97,6 +100,16 @@ class Registry:
             return None
         if _ended(e):
             self._forget(e)
+            return None
+        return e
+
+    def running(self, owner: str, sid: str) -> Entry | None:
+        """get(owner, sid) for a sandbox that runs; None for any other (one that ended is
+        left for get to forget): never blocks for more than the dict lookup, so an event
+        loop may call it."""
+        with self._mu:
+            e = self._by_id.get(sid)
+        if e is None or e.owner != owner or _ended(e):
             return None
         return e
 

@@ -125,10 +125,19 @@ def _all_bound(path: str, root: str, dirs: tuple[str, ...]) -> bool:
     /etc's filesystem); False when in doubt, and _update() looks properly (ismount)."""
     try:
         dev = os.lstat(path).st_dev
-        return all(os.lstat(os.path.join(path, os.path.relpath(p, root))).st_dev != dev
-                   for p in dirs)
+        return all(os.lstat(os.path.join(path, _below(p, root))).st_dev != dev for p in dirs)
     except OSError:
         return False
+
+
+def _below(p: str, root: str) -> str:
+    """os.path.relpath(p, root), without its two abspath()s for the usual case: a source
+    path that is `root`, a slash, and a name with no `.`, `..` or empty part."""
+    head = root.rstrip("/") + "/"
+    rest = p[len(head):]
+    if root and p.startswith(head) and rest and not {"", ".", ".."} & set(rest.split("/")):
+        return rest
+    return os.path.relpath(p, root)
 
 
 def _state_text(prints: dict[str, str]) -> str:
@@ -226,10 +235,14 @@ def system_binds() -> list[str]:
     now = time.monotonic()
     if _system is None or now - _system[0] >= SYSTEM_RECHECK_S:
         a: list[str] = []
-        for p in SYSTEM_PATHS:
-            if os.path.islink(p):
+        for p in SYSTEM_PATHS:   # one lstat each: what islink() and (not a link) isdir() say
+            try:
+                mode = os.lstat(p).st_mode
+            except OSError:
+                continue
+            if stat.S_ISLNK(mode):
                 a += ["--symlink", os.readlink(p), p]
-            elif os.path.isdir(p):
+            elif stat.S_ISDIR(mode):
                 a += ["--ro-bind", p, p]
         _system = (now, tuple(a))
     return list(_system[1])

@@ -104,7 +104,8 @@ class EventLines:
         #: None, or (a live sandbox's: runtime/live.py sets it) every line in order, as
         #: ("open", N, None), ("event", N or None, event), ("closed", N, None): the
         #: proxy's bookkeeping of its client connections (egress/server.py,
-        #: track_conns), which it takes and empties as it reads
+        #: track_conns), which it takes and empties as it reads; its events then go
+        #: there only, not to `events`
         self.records: list[tuple[str, int | None, dict | None]] | None = None
 
     def __call__(self, data: bytes) -> None:
@@ -130,15 +131,16 @@ class EventLines:
                     op, n = next(iter(ev.items()))
                     self.records.append((op, n, None))
                 continue
-            if len(self.events) >= self.MAX_EVENTS:
+            if self.records is None and len(self.events) >= self.MAX_EVENTS:
                 self.dropped += 1
                 continue
             if isinstance(ev, dict) and ev.get("kind") in KINDS:
                 n = _conn_no(ev.pop("conn", None))
             else:
                 ev, n = TeardownEvent("the egress proxy wrote a bad event line").to_dict(), None
-            self.events.append(ev)
-            if self.records is not None:
+            if self.records is None:
+                self.events.append(ev)
+            else:   # its taker keeps it (and bounds what it keeps: runtime/netlog.py)
                 self.records.append(("event", n, ev))
 
     def dropped_event(self) -> list[dict]:

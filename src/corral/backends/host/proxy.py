@@ -98,7 +98,9 @@ class Proxy:
             _, status = os.waitpid(self.pid, 0)
         os.close(self.events_r)
         os.close(self.err_r)
-        events = list(self.lines.events) + self.lines.dropped_event()
+        # (a live sandbox's proxy: its events are records, those not taken yet are here)
+        events = list(self.lines.events) + [ev for op, _, ev in self.lines.records or ()
+                                            if op == "event"] + self.lines.dropped_event()
         if done and os.WIFSIGNALED(status):
             events.append(TeardownEvent(
                 f"the egress proxy died during the run (signal {os.WTERMSIG(status)}): "

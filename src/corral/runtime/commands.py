@@ -28,7 +28,7 @@ from ..backends.base import ExecLimits
 from ..backends.host.finish import finish
 from ..errors import UsageError
 from ..linux.shellexec import as_shell_status
-from ..linux.supervise import ExecFailed, Outcome, Stream, decode_status, supervise
+from ..linux.supervise import ExecFailed, LoopWatch, Outcome, Stream, decode_status, supervise
 
 #: bounds on what a caller hands in (a command line, its environment)
 MAX_ARGV_BYTES = 1 << 20
@@ -327,8 +327,6 @@ class CommandHandle:
         connection of the command still open: _net_for's wait; learn mode). Returns at
         once; then(result, error) once the command is done (error: what _watch would
         have raised), from the loop or that thread."""
-        from ..linux.supervise import LoopWatch
-
         def over(outcome, error) -> None:
             if error is None and self._owner._net_waits(self):
                 threading.Thread(target=finish, args=(outcome, None), daemon=True,

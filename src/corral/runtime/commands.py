@@ -319,24 +319,26 @@ class CommandHandle:
             error = e
         self._after(outcome, error)
 
-    def _watch_on(self, loop, then) -> None:
+    def _watch_on(self, loop, then, defer=None) -> None:
         """A foreground command's watch, as _watch's, driven by the event loop `loop`
         instead of a thread (corral serve's lean exec path: service/fastexec.py): its
         pipes and pidfd readers of the loop, its limits timers of it, its Result made
         there too, or in a thread of its own when it waits for the proxy's events (a
         connection of the command still open: _net_for's wait; learn mode). Returns at
         once; then(result, error) once the command is done (error: what _watch would
-        have raised), from the loop or that thread."""
+        have raised), from the loop or that thread. `defer(fn)`: on the loop, what need
+        not come before the Result is answered (its audit record queued, the sandbox's
+        watchdog woken: each wakes a thread, which takes the GIL) is handed to it."""
         def over(outcome, error) -> None:
             if error is None and self._owner._net_waits(self):
-                threading.Thread(target=finish, args=(outcome, None), daemon=True,
+                threading.Thread(target=finish, args=(outcome, None, None), daemon=True,
                                  name=f"corral-cmd-{self.pid}").start()
             else:
-                finish(outcome, error)
+                finish(outcome, error, defer)
 
-        def finish(outcome, error) -> None:
+        def finish(outcome, error, defer) -> None:
             try:
-                self._after(outcome, error)
+                self._after(outcome, error, defer)
             except BaseException as e:  # noqa: BLE001 - the caller's to raise
                 then(None, e)
                 return
@@ -348,12 +350,12 @@ class CommandHandle:
             LoopWatch(loop, over, s.pid, s.out_r, s.err_r, **self._watch_args(),
                       before_fd=getattr(s, "before_fd", -1))
         except BaseException as e:  # noqa: BLE001 - as _watch: done, then said
-            finish(None, e)
+            finish(None, e, defer)
 
-    def _after(self, outcome, error) -> None:
+    def _after(self, outcome, error, defer=None) -> None:
         """What follows the watch of the command (`outcome`, or the `error` it raised):
         its end told to the sandbox, its Result made and recorded, the handle done;
-        raises `error` once done."""
+        raises `error` once done. `defer`: see _watch_on."""
         try:
             try:
                 ended = self._ended_now(outcome)
@@ -361,7 +363,10 @@ class CommandHandle:
                 if error is not None:
                     raise error
             self._result = self._result_of(outcome, *ended)
-            self._record()
+            if defer is None:
+                self._record()
+            else:
+                defer(self._record)
         finally:
             self._owner._net_drop(self)    # if it failed before the Result took its events
             with self._pidfd_lock:
@@ -369,7 +374,11 @@ class CommandHandle:
                 if fd >= 0:
                     os.close(fd)
             self._done.set()
-            self._owner._wake()   # after the Result: the next entrant (a fork) comes now
+            # after the Result: the next entrant (a fork) comes now
+            if defer is None:
+                self._owner._wake()
+            else:
+                defer(self._owner._wake)
         if self._on_exit is not None:
             self._on_exit(self._result)
 

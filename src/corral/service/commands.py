@@ -144,7 +144,7 @@ class CommandTable:
 
     def start(self, argv: list[str], *, env=None, cwd=None, stdin: bytes | None = None,
               timeout: float | None = None, background: bool = False, on_end=None,
-              user: str | None = None, raw: bool = False, loop=None) -> Cmd:
+              user: str | None = None, raw: bool = False, loop=None, defer=None) -> Cmd:
         """Start argv in the sandbox. Background: started when this returns (it blocks:
         call it off the event loop). Foreground: handed to a FOREGROUND thread, so this
         returns at once; `cmd.started` is set once it runs (or could not: `cmd.error`),
@@ -154,7 +154,7 @@ class CommandTable:
         loop, on its thread): a foreground command whose start waits on nothing but its
         entrant's answer (a namespace-tier sandbox with an entrant ready) is started here
         and watched by that loop (CommandHandle._watch_on), no thread involved
-        (`cmd.here`)."""
+        (`cmd.here`); `defer`: CommandHandle._watch_on's."""
         from ..runtime.sandbox import TextChunks
 
         c = Cmd(background, raw)
@@ -167,7 +167,7 @@ class CommandTable:
             quick = getattr(self._entry.sandbox, "_quick_start", None)
             if loop is not None and user is None and quick is not None and quick():
                 self._foreground_here(c, argv, env, cwd, stdin, timeout, out, err, on_end,
-                                      loop)
+                                      loop, defer)
                 return c
             FOREGROUND.submit(self._foreground, c, argv, env, cwd, stdin, timeout, out, err,
                               on_end, user)
@@ -205,7 +205,7 @@ class CommandTable:
         self._foreground_ended(c, argv, r, out, err, on_end)
 
     def _foreground_here(self, c: Cmd, argv, env, cwd, stdin, timeout, out, err, on_end,
-                         loop) -> None:
+                         loop, defer=None) -> None:
         """_foreground's work from the event loop's thread, which never waits: the
         request sent to the sandbox's entrant, its answer read once `loop` sees it come,
         the command then watched by `loop`. Returns once the request is sent."""
@@ -234,7 +234,7 @@ class CommandTable:
             if h._done.is_set():     # its exec failed: its Result, no process
                 then(h._result, None)
                 return
-            h._watch_on(loop, then)
+            h._watch_on(loop, then, defer)
 
         loop.add_reader(fd, answered)
 

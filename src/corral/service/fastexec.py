@@ -119,6 +119,33 @@ class _OnDone:
                 self.loop.call_soon_threadsafe(fn)
 
 
+class _Later:
+    """What a command watched by the loop leaves until its answer is sent (its audit
+    record queued, the sandbox's watchdog woken: each wakes a thread that would take the
+    GIL from the answer): run then, or at once once the request is over."""
+
+    __slots__ = ("fns", "open")
+
+    def __init__(self) -> None:
+        self.fns: list = []
+        self.open = True
+
+    def __call__(self, fn) -> None:
+        if self.open:
+            self.fns.append(fn)
+        else:
+            fn()
+
+    def run(self) -> None:
+        self.open = False
+        fns, self.fns = self.fns, []
+        for fn in fns:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - the answer is sent; said in the log
+                log.exception("corral serve: after an exec's answer")
+
+
 class LeanExec:
     """ASGI middleware: see the module's docstring."""
 
@@ -155,20 +182,25 @@ class LeanExec:
             return await self.app(scope, replay, send)
         with self.svc.metrics.mu:
             self.svc.metrics.lean += 1
+        later = _Later()
         try:
-            result = await self._run(token, m.group(1), d, receive)
-        except BaseException as e:
-            resp = _error_response(e, scope)
-            if resp is None:
-                raise
-            return await resp(scope, receive, send)
-        body = render(result)
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-length", b"%d" % len(body)), (b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body})
-        flush = scope.get("extensions", {}).get(FLUSH)     # wire.py: the answer goes now
-        if flush is not None:
-            flush()
+            try:
+                result = await self._run(token, m.group(1), d, receive, later)
+            except BaseException as e:
+                resp = _error_response(e, scope)
+                if resp is None:
+                    raise
+                return await resp(scope, receive, send)
+            body = render(result)
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-length", b"%d" % len(body)),
+                (b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            flush = scope.get("extensions", {}).get(FLUSH)  # wire.py: the answer goes now
+            if flush is not None:
+                flush()
+        finally:
+            later.run()
 
     def _token(self, scope):
         value = None
@@ -183,7 +215,7 @@ class LeanExec:
             return None
         return self.svc.tokens.verify(rest.strip())
 
-    async def _run(self, token, sid: str, d: dict, receive) -> dict:
+    async def _run(self, token, sid: str, d: dict, receive, later=None) -> dict:
         from .routes.commands import _bytes, _count
 
         svc = self.svc
@@ -203,7 +235,7 @@ class LeanExec:
         try:
             c = e.commands.start(argv, env=d.get("env"), cwd=d.get("cwd"), stdin=stdin,
                                  timeout=d.get("timeout"), on_end=lambda c: _count(svc, c),
-                                 loop=loop if self.here else None)
+                                 loop=loop if self.here else None, defer=later)
             if c.here:
                 with svc.metrics.mu:
                     svc.metrics.lean_loop += 1

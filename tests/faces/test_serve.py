@@ -191,6 +191,90 @@ def test_the_lean_exec_path_and_what_it_leaves_to_fastapi(server):
             a.delete(f"/sandboxes/{sid}")
 
 
+def _counter(h, name: str) -> int:
+    for line in h.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return int(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def test_a_lean_exec_is_started_and_watched_by_the_event_loop(server):
+    """With its entrant ready, a namespace-tier sandbox's foreground command on the lean
+    path is started and watched by the event loop, no thread (service/commands.py,
+    CommandHandle._watch_on): its Result is a thread's (output, exit code, the output
+    cap, a timeout, an exec that failed), and the sandbox's next command runs."""
+    import time
+
+    with server.http(server.tokens["a"]) as a:
+        sid = _create(a, {"limits": {"output": "1K"}})
+        try:
+            def ex(**body):
+                time.sleep(0.1)              # the next entrant is ready
+                r = a.post(f"/sandboxes/{sid}/exec", json=body)
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            n = _counter(a, "corral_http_lean_exec_loop_total")
+            r = ex(cmd="read x; echo \"$x\"; echo err >&2; exit 4", stdin="in")
+            assert (r["verdict"], r["exit_code"], r["stdout"], r["stderr"]) == \
+                ("error", 4, "in\n", "err\n"), r
+            r = ex(cmd="head -c 5000 /dev/zero | tr '\\0' x")
+            assert (r["stdout"], r["stdout_truncated"]) == ("x" * 1024, True), r
+            t = time.monotonic()
+            r = ex(argv=["sleep", "30"], timeout=0.3)
+            assert r["verdict"] == "timeout" and time.monotonic() - t < 10, r
+            r = ex(argv=["/no/such/program"])
+            assert r["exit_code"] == 127 and "/no/such/program" in r["stderr"], r
+            r = ex(cmd="echo $((6*7))")
+            assert (r["verdict"], r["stdout"]) == ("ok", "42\n"), r
+            assert _counter(a, "corral_http_lean_exec_loop_total") >= n + 4
+            cmds = a.get(f"/sandboxes/{sid}/commands").json()["commands"]
+            assert not [c for c in cmds if c["running"]], cmds
+        finally:
+            a.delete(f"/sandboxes/{sid}")
+
+
+#: inside: a connection to the egress proxy, held by a child after the command's exit
+HOLD_PROXY = """
+import os, socket, time
+host, port = os.environ["http_proxy"].split("//")[1].rstrip("/").rsplit(":", 1)
+s = socket.create_connection((host, int(port)))
+if os.fork() == 0:
+    fd = os.open("/dev/null", os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    time.sleep(3)
+    os._exit(0)
+print("held", flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_a_lean_exec_whose_proxy_connection_outlives_it(server):
+    """A command the event loop watches whose connection to the egress proxy is still
+    open at its end: its Result waits for the proxy (at most netlog.NET_WAIT_S) in a
+    thread, not on the loop, and comes back whole; the server goes on answering."""
+    import time
+
+    with server.http(server.tokens["net"]) as h:
+        sid = _create(h, {"network": {"mode": "allow", "allow": ["api.example.com"]}})
+        try:
+            time.sleep(0.2)                  # the next entrant is ready
+            n = _counter(h, "corral_http_lean_exec_loop_total")
+            r = h.post(f"/sandboxes/{sid}/exec",
+                       json={"argv": ["/usr/bin/python3", "-c", HOLD_PROXY]})
+            assert r.status_code == 200, r.text
+            assert (r.json()["verdict"], r.json()["stdout"]) == ("ok", "held\n"), r.json()
+            assert _counter(h, "corral_http_lean_exec_loop_total") == n + 1
+            assert h.get("/health").json()["ok"] is True
+            time.sleep(0.1)
+            r = h.post(f"/sandboxes/{sid}/exec", json={"cmd": "echo next"})
+            assert r.json()["stdout"] == "next\n", r.json()
+        finally:
+            h.delete(f"/sandboxes/{sid}")
+
+
 def test_a_foreground_commands_run_is_counted_before_its_result_is_answered(server):
     """The run's metrics (on_end) and its command.ended event are in before the waiters
     wake (service/commands.py _finished): a client holding the Result sees them."""

@@ -68,14 +68,16 @@ class Started:
     our child; linux/enter.py), or -1 and None for a child of ours. The owner closes
     `pidfd` (close_pidfd())."""
 
-    __slots__ = ("before_wait", "cgroup", "direct", "err_r", "exit_status", "ns_pid",
-                 "out_r", "pid", "pidfd", "tally")
+    __slots__ = ("before_fd", "before_wait", "cgroup", "direct", "err_r", "exit_status",
+                 "ns_pid", "out_r", "pid", "pidfd", "tally")
 
     def __init__(self, pid: int, out_r: int, err_r: int, cgroup, before_wait=None,
                  tally=None, pidfd: int = -1, exit_status=None, ns_pid: int = 0) -> None:
         self.pid, self.out_r, self.err_r, self.cgroup = pid, out_r, err_r, cgroup
         #: to call before reaping pid (supervise's before_wait): the entrant's own reaping
         self.before_wait = before_wait
+        #: readable once before_wait() would not wait (the entrant's pidfd), or -1
+        self.before_fd = -1
         self.pidfd, self.exit_status = pidfd, exit_status
         #: a /bin/sh -c line exec'd without the shell (linux/shellexec.py): a death by a
         #: signal of its own is reported as the shell would (commands.py)
@@ -109,6 +111,17 @@ def _pid_inside(entrant, pid: int, pidfd: int) -> tuple[int, object]:
     def told(_pid: int, status=status) -> int:
         return status
     return entrant.ns_pid or 0, told
+
+
+def _started(entrant, cg, tally, pid: int, out_r: int, err_r: int) -> Started:
+    """The Started of the command `entrant` just started."""
+    pidfd, entrant.b_pidfd = entrant.b_pidfd, -1
+    inside, exit_status = _pid_inside(entrant, pid, pidfd)
+    started = Started(pid, out_r, err_r, cg, entrant.reap, tally, pidfd=pidfd,
+                      exit_status=exit_status, ns_pid=inside)
+    started.direct = entrant.direct
+    started.before_fd = entrant.pidfd if entrant.pid else -1
+    return started
 
 
 class NamespaceLive(NamespaceSandbox):
@@ -340,12 +353,55 @@ class NamespaceLive(NamespaceSandbox):
                 self._let_go(entrant, cg)
                 raise
             break
-        pidfd, entrant.b_pidfd = entrant.b_pidfd, -1
-        inside, exit_status = _pid_inside(entrant, pid, pidfd)
-        started = Started(pid, out_r, err_r, cg, entrant.reap, tally, pidfd=pidfd,
-                          exit_status=exit_status, ns_pid=inside)
-        started.direct = entrant.direct
-        return started
+        return _started(entrant, cg, tally, pid, out_r, err_r)
+
+    def start_send(self, argv: list[str], env: dict[str, str], *, cwd: str,
+                   stdin_fd: int):
+        """start()'s first half, for a caller that waits for the entrant's answer itself
+        (an event loop: corral serve's foreground command, after quick_start()): the
+        request sent to a prepared entrant; returns (fd to wait for readable, what
+        start_answer() takes). No terminal, no other account, no observer (start())."""
+        words = None
+        if len(argv) == 3 and argv[0] == "/bin/sh" and argv[1] == "-c":
+            words = simple_words(argv[2])
+        if self.target is None or not self.target.alive():
+            raise SandboxSetupError("the sandbox is not running", step="enter")
+        entrant, cg = self._take_entrant()
+        nofile, fsize, cpu = self.rlimits
+        for again in (True, False):
+            try:
+                sent = entrant.send(argv, env, cwd=cwd, stdin_fd=stdin_fd,
+                                    rlimits=(nofile, fsize, cpu), words=words)
+            except (BrokenPipeError, ConnectionResetError):
+                self._let_go(entrant, cg)     # as start(): it never had it
+                if not again or not self.alive():
+                    raise SandboxSetupError("the sandbox's entrant died before it took "
+                                            "the command; nothing ran", step="enter"
+                                            ) from None
+                entrant, cg = self._take_entrant()
+                continue
+            except BaseException:
+                self._let_go(entrant, cg)
+                raise
+            return entrant.sock, (entrant, cg, sent)
+        raise AssertionError("unreachable")
+
+    def start_answer(self, pending) -> Started:
+        """start()'s second half: the entrant's answer to start_send()'s request read
+        (once its socket is readable: else this blocks until it comes), the command's
+        Started, or start()'s errors. Every start_send() is answered so (its command
+        may run already)."""
+        entrant, cg, sent = pending
+        try:
+            pid, out_r, err_r = entrant.answer(sent)
+        except (BrokenPipeError, ConnectionResetError):
+            self._let_go(entrant, cg)
+            raise SandboxSetupError("the sandbox's entrant ended before it took the "
+                                    "command", step="enter") from None
+        except BaseException:
+            self._let_go(entrant, cg)
+            raise
+        return _started(entrant, cg, None, pid, out_r, err_r)
 
     def prepare(self, lock=None, busy: bool = False) -> None:
         """Fork the next commands' entrants ahead (linux/enter.Entrant): in their cgroups
@@ -414,6 +470,21 @@ class NamespaceLive(NamespaceSandbox):
         """Let the prepared entrants go (an idle sandbox need not keep them)."""
         while self._entrants:
             self._let_go(*self._entrants.pop())
+
+    def quick_start(self) -> bool:
+        """Whether start() would return without waiting on more than the entrant's answer
+        (a prepared entrant ready, no syscall observer to hand its listener to): the
+        service then starts a foreground command from its event loop (runtime/commands.py
+        Commands.begin), not from a thread. A guess: a caller holds no lock."""
+        if self.observer is not None or not self._entrants:
+            return False
+        entrant = self._entrants[0][0]
+        if entrant._ready:
+            return True
+        try:
+            return bool(select.select([entrant.sock], (), (), 0)[0])
+        except (OSError, ValueError):
+            return False
 
     def _take_entrant(self):
         """A prepared entrant (and its cgroup) still waiting, or a new one: one that died

@@ -279,6 +279,14 @@ class Entrant:
         `words`: argv is /bin/sh -c of a line that is these plain words
         (shellexec.simple_words): exec'd without the shell when that gives what the shell
         would (shellexec.resolve, decided inside); `direct` then says it was."""
+        return self.answer(self.send(argv, env, cwd=cwd, stdin_fd=stdin_fd,
+                                     rlimits=rlimits, stdout_fd=stdout_fd, words=words))
+
+    def send(self, argv: list[str], env: dict[str, str], *, cwd: str, stdin_fd: int,
+             rlimits: tuple[int, int, int | None], stdout_fd: int | None = None,
+             words: list[str] | None = None) -> tuple:
+        """start()'s first half: the request sent (A's answer then comes on `sock`: an
+        event loop can wait for it); what answer() takes."""
         self._wait_ready()
         # os.fsencode: bytes that are not UTF-8 (surrogate-escaped) are themselves again
         argvb = [os.fsencode(a) for a in argv]
@@ -316,6 +324,12 @@ class Entrant:
             for fd in (req, *ours, fail_w):
                 if fd >= 0:
                     os.close(fd)
+        return out_r, err_r, fail_r, cwd
+
+    def answer(self, sent: tuple) -> tuple[int, int, int]:
+        """start()'s second half: A's answer to the request send() sent (it blocks until
+        it comes); start()'s return and errors."""
+        out_r, err_r, fail_r, cwd = sent
         try:
             got, fds, _, _ = socket.recv_fds(self.sock, 1100, 1)
             #: exec'd without the shell (`words`): its signal deaths are reported as sh does

@@ -305,86 +305,216 @@ def supervise(pid: int, out_r: int, err_r: int, *, timeout: float, cpu_time: flo
     `pidfd` (the caller's, left open) and `exit_status` (its wait status once the pidfd
     said it exited): for a process that is not our child (a live sandbox's command, which
     the entrants' zygote reaps); else it is our child, watched and reaped here."""
-    out = Outcome()
-    extra = dict(extra or {})
-    out.stdout = Stream(output_cap, on_stdout)
-    out.stderr = Stream(output_cap, on_stderr)
-    streams = {fd: s for fd, s in ((out_r, out.stdout), (err_r, out.stderr)) if fd >= 0}
     sel = select.epoll()
-    own_pidfd = pidfd < 0
-    if own_pidfd:
-        pidfd = os.pidfd_open(pid)
+    w = None
     try:
-        for fd in streams:
-            sel.register(fd, select.EPOLLIN)
-        sel.register(pidfd, select.EPOLLIN)
-        for fd in extra:
-            sel.register(fd, select.EPOLLIN)
-        deadline = started + timeout
-        poll_every = 0.05 if cpu_seconds is not None else None
-        next_poll = time.monotonic() + (poll_every or 0)
-        drain_until: float | None = None
-        while streams or out.status is None:
-            now = time.monotonic()
-            if drain_until is not None:       # exited: only the pipes are left to drain
-                wait = drain_until - now
-            else:                             # running, or killed and about to exit
-                wait = deadline - now
-                if poll_every is not None and out.timed_out is None:
-                    wait = min(wait, next_poll - now)
-            for fd, _ in sel.poll(max(wait, 0)):
-                if fd == pidfd:
-                    if before_wait is not None:
-                        before_wait()
-                    if exit_status is not None:
-                        out.status = exit_status(pid)
-                    else:
-                        out.status = os.waitpid(pid, 0)[1]
-                    sel.unregister(pidfd)
-                    drain_until = time.monotonic() + DRAIN_GRACE_S
-                    continue
-                if fd in extra:
-                    data = os.read(fd, READ_CHUNK)
-                    if data:
-                        extra[fd](data)
-                    else:
-                        sel.unregister(fd)
-                        del extra[fd]
-                    continue
-                data = os.read(fd, READ_CHUNK)
-                if data:
-                    streams[fd].feed(data)
-                else:
-                    sel.unregister(fd)
-                    os.close(fd)
-                    del streams[fd]
-            now = time.monotonic()
-            if out.status is None and out.timed_out is None:
-                if now >= deadline:
-                    out.timed_out = "timeout"
-                    kill()
-                elif poll_every is not None and now >= next_poll:
-                    next_poll = now + poll_every
-                    if cpu_seconds() >= cpu_time:  # type: ignore[misc]
-                        out.timed_out = "cpu_time"
-                        kill()
-                if out.timed_out:
-                    deadline = now + 3600  # the kill is done; wait for the exit
-            if drain_until is not None and now >= drain_until and streams:
-                kill()  # something still holds the pipes: the run is over, end it
-                for fd in list(streams):
-                    _read_what_is_there(fd, streams[fd])
-                    sel.unregister(fd)
-                    os.close(fd)
-                    del streams[fd]
+        w = Watch(sel, pid, out_r, err_r, timeout=timeout, cpu_time=cpu_time,
+                  cpu_seconds=cpu_seconds, output_cap=output_cap, on_stdout=on_stdout,
+                  on_stderr=on_stderr, kill=kill, started=started, extra=extra,
+                  before_wait=before_wait, pidfd=pidfd, exit_status=exit_status)
+        while not w.done:
+            for fd, _ in sel.poll(w.wait()):
+                w.ready(fd)
+            w.tick()
     finally:
         sel.close()
-        if own_pidfd:
-            os.close(pidfd)
-        for fd in streams:
+        if w is not None:
+            w.close()
+    return w.outcome
+
+
+class Watch:
+    """supervise()'s state, step by step, for whoever polls its fds: supervise() with
+    epoll in its thread, or an event loop (runtime/commands.py's foreground command of
+    the service, each fd a reader of the loop). `poller` has register(fd, mask) and
+    unregister(fd). The caller polls, calls ready(fd) for each fd readable, then tick();
+    wait() is how long it may sleep until the next tick (seconds, >= 0), `done` when the
+    process has exited and its output is all in; close() once over (also on an error)."""
+
+    def __init__(self, poller, pid: int, out_r: int, err_r: int, *, timeout: float,
+                 cpu_time: float, cpu_seconds: Callable[[], float] | None,
+                 output_cap: int | None, on_stdout: Callable[[bytes], None] | None = None,
+                 on_stderr: Callable[[bytes], None] | None = None,
+                 kill: Callable[[], None], started: float,
+                 extra: dict[int, Callable[[bytes], None]] | None = None,
+                 before_wait: Callable[[], None] | None = None, pidfd: int = -1,
+                 exit_status: Callable[[int], int] | None = None,
+                 before_fd: int = -1) -> None:
+        """`before_fd`: an fd that becomes readable once before_wait() would not wait
+        (a live sandbox's entrant's pidfd: linux/enter.py); polled here instead of
+        waited for in before_wait() (an event loop never waits)."""
+        out = self.outcome = Outcome()
+        self.before_fd = before_fd
+        self.pid, self.sel, self.kill, self.started = pid, poller, kill, started
+        self.cpu_time, self.cpu_seconds = cpu_time, cpu_seconds
+        self.before_wait, self.exit_status = before_wait, exit_status
+        self.extra = dict(extra or {})
+        out.stdout = Stream(output_cap, on_stdout)
+        out.stderr = Stream(output_cap, on_stderr)
+        self.streams = {fd: s for fd, s in ((out_r, out.stdout), (err_r, out.stderr))
+                        if fd >= 0}
+        self.own_pidfd = pidfd < 0
+        self.pidfd = os.pidfd_open(pid) if pidfd < 0 else pidfd
+        try:
+            for fd in self.streams:
+                poller.register(fd, select.EPOLLIN)
+            poller.register(self.pidfd, select.EPOLLIN)
+            for fd in self.extra:
+                poller.register(fd, select.EPOLLIN)
+        except BaseException:
+            self.close()
+            raise
+        self.deadline = started + timeout
+        self.poll_every = 0.05 if cpu_seconds is not None else None
+        self.next_poll = time.monotonic() + (self.poll_every or 0)
+        self.drain_until: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return not self.streams and self.outcome.status is not None
+
+    def wait(self) -> float:
+        out, now = self.outcome, time.monotonic()
+        if self.drain_until is not None:     # exited: only the pipes are left to drain
+            wait = self.drain_until - now
+        else:                                # running, or killed and about to exit
+            wait = self.deadline - now
+            if self.poll_every is not None and out.timed_out is None:
+                wait = min(wait, self.next_poll - now)
+        return max(wait, 0)
+
+    def ready(self, fd: int) -> None:
+        if fd == self.before_fd:
+            self.sel.unregister(fd)
+            self.before_fd = -1
+            self._exited()
+            return
+        if fd == self.pidfd:
+            if self.outcome.status is not None:
+                return
+            self.sel.unregister(self.pidfd)
+            if self.before_fd >= 0 and not _readable(self.before_fd):
+                self.sel.register(self.before_fd, select.EPOLLIN)   # then _exited()
+                return
+            self.before_fd = -1
+            self._exited()
+            return
+        if fd in self.extra:
+            data = os.read(fd, READ_CHUNK)
+            if data:
+                self.extra[fd](data)
+            else:
+                self.sel.unregister(fd)
+                del self.extra[fd]
+            return
+        stream = self.streams.get(fd)
+        if stream is None:
+            return
+        data = os.read(fd, READ_CHUNK)
+        if data:
+            stream.feed(data)
+        else:
+            self.sel.unregister(fd)
             os.close(fd)
-    out.wall_s = time.monotonic() - started
-    return out
+            del self.streams[fd]
+
+    def _exited(self) -> None:
+        """The process has exited (its pidfd said so): its status taken."""
+        if self.before_wait is not None:
+            self.before_wait()
+        if self.exit_status is not None:
+            self.outcome.status = self.exit_status(self.pid)
+        else:
+            self.outcome.status = os.waitpid(self.pid, 0)[1]
+        self.drain_until = time.monotonic() + DRAIN_GRACE_S
+
+    def tick(self) -> None:
+        out, now, streams = self.outcome, time.monotonic(), self.streams
+        if out.status is None and out.timed_out is None:
+            if now >= self.deadline:
+                out.timed_out = "timeout"
+                self.kill()
+            elif self.poll_every is not None and now >= self.next_poll:
+                self.next_poll = now + self.poll_every
+                if self.cpu_seconds() >= self.cpu_time:  # type: ignore[misc]
+                    out.timed_out = "cpu_time"
+                    self.kill()
+            if out.timed_out:
+                self.deadline = now + 3600  # the kill is done; wait for the exit
+        if self.drain_until is not None and now >= self.drain_until and streams:
+            self.kill()  # something still holds the pipes: the run is over, end it
+            for fd in list(streams):
+                _read_what_is_there(fd, streams[fd])
+                self.sel.unregister(fd)
+                os.close(fd)
+                del streams[fd]
+
+    def close(self) -> None:
+        """Its own fds closed (the pidfd it opened, the pipes not yet drained); the
+        outcome's wall time set."""
+        if self.own_pidfd and self.pidfd >= 0:
+            os.close(self.pidfd)
+        self.pidfd = -1
+        for fd in self.streams:
+            os.close(fd)
+        self.streams = {}
+        self.outcome.wall_s = time.monotonic() - self.started
+
+
+class LoopWatch:
+    """A Watch driven by an event loop (asyncio's: add_reader, remove_reader, call_later):
+    each fd a reader of the loop, its ticks a timer. `then(outcome, error)` is called once,
+    from the loop, when it is over (error: what a step raised; the Watch is closed
+    then, and the process perhaps still running: the caller kills it)."""
+
+    def __init__(self, loop, then, pid: int, out_r: int, err_r: int, **kw) -> None:
+        self.loop, self.then, self.fds, self.timer = loop, then, set(), None
+        self.w = None
+        self.w = Watch(self, pid, out_r, err_r, **kw)
+        self._arm()
+
+    def register(self, fd: int, _mask: int) -> None:
+        self.loop.add_reader(fd, self._step, fd)
+        self.fds.add(fd)
+
+    def unregister(self, fd: int) -> None:
+        self.loop.remove_reader(fd)
+        self.fds.discard(fd)
+
+    def _arm(self) -> None:
+        self.timer = self.loop.call_later(self.w.wait(), self._step, None)
+
+    def _step(self, fd) -> None:
+        w = self.w
+        if w is None:
+            return
+        try:
+            if fd is not None:
+                w.ready(fd)
+            w.tick()
+            if not w.done:
+                if fd is None or self.timer.when() > self.loop.time() + w.wait():
+                    self.timer.cancel()
+                    self._arm()
+                return
+        except BaseException as e:   # noqa: BLE001 - handed to `then`
+            self._over(e)
+            return
+        self._over(None)
+
+    def _over(self, error) -> None:
+        w, self.w = self.w, None
+        self.timer.cancel()
+        for fd in list(self.fds):
+            self.unregister(fd)
+        w.close()
+        self.then(w.outcome, error)
+
+
+def _readable(fd: int) -> bool:
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(0))
 
 
 def _read_what_is_there(fd: int, stream: Stream, most: int = 64) -> None:

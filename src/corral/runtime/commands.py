@@ -28,7 +28,7 @@ from ..backends.base import ExecLimits
 from ..backends.host.finish import finish
 from ..errors import UsageError
 from ..linux.shellexec import as_shell_status
-from ..linux.supervise import ExecFailed, Outcome, Stream, decode_status, supervise
+from ..linux.supervise import ExecFailed, LoopWatch, Outcome, Stream, decode_status, supervise
 
 #: bounds on what a caller hands in (a command line, its environment)
 MAX_ARGV_BYTES = 1 << 20
@@ -251,7 +251,7 @@ class CommandHandle:
         return f"<CommandHandle pid={self.pid} {state} {list(self.cmd)!r:.60}>"
 
     # -- the owner's side --
-    def _run(self, started, stdin_w: int = -1, on_start=None) -> None:
+    def _run(self, started, stdin_w: int = -1, on_start=None, watch: bool = True) -> None:
         self._started = started
         self.host_pid, self.pid = started.pid, started.ns_pid
         self._stdin_w = stdin_w
@@ -275,7 +275,8 @@ class CommandHandle:
                 started.cgroup.kill_all()
                 self._watch()
                 raise
-        self._watch()
+        if watch:
+            self._watch()
 
     def _failed(self, e: ExecFailed) -> None:
         """Its exec failed inside: the Result says so (127/126), nothing ran."""
@@ -310,21 +311,79 @@ class CommandHandle:
                           receipt=origin[0] in ("service", "e2b"))
 
     def _watch(self) -> None:
+        outcome = error = None
         try:
-            self._result = self._supervise()
-            self._record()
+            s = self._started
+            outcome = supervise(s.pid, s.out_r, s.err_r, **self._watch_args())
+        except BaseException as e:  # noqa: BLE001 - raised by _after, once it is done
+            error = e
+        self._after(outcome, error)
+
+    def _watch_on(self, loop, then, defer=None) -> None:
+        """A foreground command's watch, as _watch's, driven by the event loop `loop`
+        instead of a thread (corral serve's lean exec path: service/fastexec.py): its
+        pipes and pidfd readers of the loop, its limits timers of it, its Result made
+        there too, or in a thread of its own when it waits for the proxy's events (a
+        connection of the command still open: _net_for's wait; learn mode). Returns at
+        once; then(result, error) once the command is done (error: what _watch would
+        have raised), from the loop or that thread. `defer(fn)`: on the loop, what need
+        not come before the Result is answered (its audit record queued, the sandbox's
+        watchdog woken: each wakes a thread, which takes the GIL) is handed to it."""
+        def over(outcome, error) -> None:
+            if error is None and self._owner._net_waits(self):
+                threading.Thread(target=finish, args=(outcome, None, None), daemon=True,
+                                 name=f"corral-cmd-{self.pid}").start()
+            else:
+                finish(outcome, error, defer)
+
+        def finish(outcome, error, defer) -> None:
+            try:
+                self._after(outcome, error, defer)
+            except BaseException as e:  # noqa: BLE001 - the caller's to raise
+                then(None, e)
+                return
+            then(self._result, None)
+
+        s = self._started
+        try:
+            # the entrant's exit (before_wait) is waited for by the loop too
+            LoopWatch(loop, over, s.pid, s.out_r, s.err_r, **self._watch_args(),
+                      before_fd=getattr(s, "before_fd", -1))
+        except BaseException as e:  # noqa: BLE001 - as _watch: done, then said
+            finish(None, e, defer)
+
+    def _after(self, outcome, error, defer=None) -> None:
+        """What follows the watch of the command (`outcome`, or the `error` it raised):
+        its end told to the sandbox, its Result made and recorded, the handle done;
+        raises `error` once done. `defer`: see _watch_on."""
+        try:
+            try:
+                ended = self._ended_now(outcome)
+            finally:
+                if error is not None:
+                    raise error
+            self._result = self._result_of(outcome, *ended)
+            if defer is None:
+                self._record()
+            else:
+                defer(self._record)
         finally:
-            self._owner._net_drop(self)    # if _supervise failed before it took its events
+            self._owner._net_drop(self)    # if it failed before the Result took its events
             with self._pidfd_lock:
                 fd, self._pidfd = self._pidfd, -1
                 if fd >= 0:
                     os.close(fd)
             self._done.set()
-            self._owner._wake()   # after the Result: the next entrant (a fork) comes now
+            # after the Result: the next entrant (a fork) comes now
+            if defer is None:
+                self._owner._wake()
+            else:
+                defer(self._owner._wake)
         if self._on_exit is not None:
             self._on_exit(self._result)
 
-    def _supervise(self):
+    def _watch_args(self) -> dict:
+        """supervise()'s arguments but the pid and pipes, for this command."""
         owner, s = self._owner, self._started
         lim = _limits_of(owner)
         cap, cpu = lim.cap, lim.cpu
@@ -335,46 +394,54 @@ class CommandHandle:
         cpu_now = s.cgroup.cpu_seconds
         if self._stream:
             keep, cpu, cpu_now = None, NO_DEADLINE_S, None
-        outcome = None
+        self._wall_cpu = wall, cpu
+        return dict(timeout=wall, cpu_time=cpu, cpu_seconds=cpu_now, output_cap=keep,
+                    on_stdout=self._on_stdout, on_stderr=self._on_stderr,
+                    kill=s.cgroup.kill_all, started=time.monotonic(),
+                    before_wait=s.before_wait, pidfd=getattr(s, "pidfd", -1),
+                    exit_status=getattr(s, "exit_status", None))
+
+    def _ended_now(self, outcome):
+        """Once the watch is over (also after it failed: `outcome` None): the command's
+        stdin and pidfd closed, its entrant reaped, its end told to the sandbox; its
+        (usage, oom_kills, exit_code, sig)."""
+        owner, s = self._owner, self._started
         usage, oom_kills = None, 0
-        try:
-            outcome = supervise(s.pid, s.out_r, s.err_r, timeout=wall, cpu_time=cpu,
-                                cpu_seconds=cpu_now, output_cap=keep,
-                                on_stdout=self._on_stdout, on_stderr=self._on_stderr,
-                                kill=s.cgroup.kill_all, started=time.monotonic(),
-                                before_wait=s.before_wait,
-                                pidfd=getattr(s, "pidfd", -1),
-                                exit_status=getattr(s, "exit_status", None))
-        finally:
-            self.close_stdin()
-            fd = getattr(s, "pidfd", -1)
-            if fd >= 0:
-                s.pidfd = -1
-                os.close(fd)
-            if s.before_wait is not None:
-                s.before_wait()      # the entrant, if supervise() did not get to it
-            final = getattr(s, "final_status", None)   # the tier's word on the status
-            if final is not None and outcome is not None and outcome.status is not None:
-                outcome.status = final(outcome.status)
-            if outcome is not None:
-                usage, oom_kills = _usage(outcome, s.cgroup)
-            # a tier whose command is a runtime's client (runsc exec) reports a signal
-            # as 128+N
-            by_exit = getattr(s, "signal_exit_codes", False)
-            exit_code, sig = decode_status((outcome.status or 0) if outcome else 0,
-                                           signal_exit_codes=by_exit)
-            stray = (outcome is not None and not outcome.timed_out and not self._killed
-                     and not oom_kills and sig == 9)
-            owner._command_ended(self, stray)
-            if sig is not None and getattr(s, "direct", False) and not (
-                    outcome.timed_out or self._killed or self._signalled
-                    or owner._ended is not None):
-                # a /bin/sh -c line run without the shell (linux/shellexec.py): its own
-                # death by a signal is told as the shell tells its child's
-                status, text = as_shell_status(outcome.status)
-                exit_code, sig = decode_status(status, signal_exit_codes=False)
-                if text:
-                    outcome.stderr.feed(text)
+        self.close_stdin()
+        fd = getattr(s, "pidfd", -1)
+        if fd >= 0:
+            s.pidfd = -1
+            os.close(fd)
+        if s.before_wait is not None:
+            s.before_wait()      # the entrant, if supervise() did not get to it
+        final = getattr(s, "final_status", None)   # the tier's word on the status
+        if final is not None and outcome is not None and outcome.status is not None:
+            outcome.status = final(outcome.status)
+        if outcome is not None:
+            usage, oom_kills = _usage(outcome, s.cgroup)
+        # a tier whose command is a runtime's client (runsc exec) reports a signal
+        # as 128+N
+        by_exit = getattr(s, "signal_exit_codes", False)
+        exit_code, sig = decode_status((outcome.status or 0) if outcome else 0,
+                                       signal_exit_codes=by_exit)
+        stray = (outcome is not None and not outcome.timed_out and not self._killed
+                 and not oom_kills and sig == 9)
+        owner._command_ended(self, stray)
+        if sig is not None and getattr(s, "direct", False) and not (
+                outcome.timed_out or self._killed or self._signalled
+                or owner._ended is not None):
+            # a /bin/sh -c line run without the shell (linux/shellexec.py): its own
+            # death by a signal is told as the shell tells its child's
+            status, text = as_shell_status(outcome.status)
+            exit_code, sig = decode_status(status, signal_exit_codes=False)
+            if text:
+                outcome.stderr.feed(text)
+        return usage, oom_kills, exit_code, sig
+
+    def _result_of(self, outcome, usage, oom_kills, exit_code, sig):
+        owner, s = self._owner, self._started
+        wall, cpu = self._wall_cpu
+        lim = _limits_of(owner)
         if getattr(owner, "_learner", None) is not None:
             # learn mode: also a connection the proxy accepted only after the command's
             # end (it connected and exited at once) is in the Result the learner reads
@@ -387,7 +454,7 @@ class CommandHandle:
             events += refused()
         result = finish(outcome, exit_code=exit_code, sig=sig, events=events,
                         usage=usage, oom_kills=oom_kills, wall=wall, cpu=cpu,
-                        memory=lim.memory, cap=cap,
+                        memory=lim.memory, cap=lim.cap,
                         isolation=owner.isolation)
         hook = getattr(s, "on_result", None)   # a tier's own account of how it ended (wasm)
         if hook is not None:
@@ -464,6 +531,44 @@ class Commands:
         return self._run(cmd, env=env, cwd=cwd, stdin=stdin, timeout=timeout,
                          on_stdout=on_stdout, on_stderr=on_stderr, background=background,
                          tty_fd=tty_fd, on_start=on_start, user=user)
+
+    def begin(self, cmd, *, env: dict[str, str] | None = None, cwd: str | None = None,
+              stdin: bytes | None = None, timeout: float | None = None, on_stdout=None,
+              on_stderr=None):
+        """A foreground command (as run's) for an event loop, which waits for nothing:
+        its request sent to the sandbox's prepared entrant (after the owner's
+        _quick_start()), its answer not waited for. Returns (fd, pending): once fd is
+        readable, started(pending) takes the answer."""
+        timeout = _seconds(timeout, "timeout")
+        owner = self._owner
+        owner._check_open()
+        argv = argv_of(cmd)
+        run_env = env_of(owner._command_env(), env)
+        cwd = owner._command_cwd(cwd)
+        handle = CommandHandle(owner, argv, timeout=timeout, on_stdout=on_stdout,
+                               on_stderr=on_stderr, background=False)
+        if isinstance(stdin, (bytes, bytearray)):
+            handle._stdin_data = bytes(stdin)
+        stdin_fd, close_fd, _ = _stdin(stdin, False)
+        try:
+            fd, sent = owner._start_send(handle, argv, run_env, cwd, stdin_fd)
+        finally:
+            if close_fd:
+                os.close(stdin_fd)
+        return fd, (handle, sent)
+
+    def started(self, pending, on_start=None) -> CommandHandle:
+        """begin()'s command once its fd is readable: its CommandHandle (on_start called
+        as run's), not watched (CommandHandle._watch_on watches it), or done at once
+        when its exec failed (its Result says so)."""
+        handle, sent = pending
+        try:
+            s = self._owner._start_answer(handle, sent)
+        except ExecFailed as e:
+            handle._failed(e)
+            return handle
+        handle._run(s, -1, on_start, watch=False)
+        return handle
 
     def stream(self, cmd, *, on_stdout, on_stderr, on_exit, cwd: str | None = None,
                env: dict[str, str] | None = None, label=None) -> CommandHandle:

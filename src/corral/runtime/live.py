@@ -443,6 +443,26 @@ class Live(Sandbox):
         with self._lock:
             return self._netlog.end(handle)
 
+    def _net_waits(self, handle) -> bool:
+        """Whether the Result of `handle`, ended, waits for the proxy's events: a
+        connection it may have opened is still open (_net_for), or learn mode."""
+        if getattr(self, "_learner", None) is not None:
+            return True
+        self._read_net(block=False)
+        with self._lock:
+            live = self._live
+            proxy = live.proxy if live is not None else None
+            return proxy is not None and proxy.events_r >= 0 \
+                and self._netlog.pending(handle)
+
+    def _quick_start(self) -> bool:
+        """Whether a foreground command would start now without a wait on more than its
+        entrant's answer (NamespaceLive.quick_start): corral serve then starts it from
+        its event loop."""
+        live = self._live
+        quick = getattr(live, "quick_start", None)
+        return quick is not None and self._ended is None and quick()
+
     def _net_drop(self, handle) -> None:
         with self._lock:
             self._netlog.drop(handle)
@@ -536,6 +556,45 @@ class Live(Sandbox):
             # foreground command it does once the command is over (a fork holds the GIL)
         return started
 
+    def _start_send(self, handle, argv, env, cwd, stdin_fd):
+        """_start_command's first half for an event loop (after _quick_start()): the
+        request sent to the entrant; (fd to wait for readable, what _start_answer
+        takes). Nothing is waited for here but the sandbox's lock."""
+        with self._lock:
+            self._check_open()
+            self._last_use = time.monotonic()
+            live = self._live
+            self._netlog.begin(handle)      # as _start_command's
+            try:
+                fd, pending = live.start_send(argv, env, cwd=cwd, stdin_fd=stdin_fd)
+            except BaseException:
+                self._netlog.drop(handle)
+                raise
+            return fd, (live, pending)
+
+    def _start_answer(self, handle, sent):
+        """_start_command's second half: the entrant's answer read (its fd readable),
+        the command counted as running; its Started. A sandbox that ended meanwhile took
+        the command with it: its Result says so, as for a command running at the end."""
+        from ..errors import SandboxSetupError
+
+        live, pending = sent
+        try:
+            started = live.start_answer(pending)
+        except BaseException as e:
+            self._netlog.drop(handle)
+            if isinstance(e, SandboxSetupError):
+                if self._ended is None and not live.alive():
+                    self._end("init", self._init_exited())
+                self._check_open()
+            raise
+        with self._lock:
+            self._started_count += 1
+            self._running.append(handle)
+            if self._ended is not None:
+                handle._end_event = self._end_event
+        return started
+
     def _command_ended(self, handle, sigkilled: bool = False) -> None:
         """`sigkilled`: it died of a SIGKILL nobody of ours sent: perhaps the pid
         namespace going down, whose init exits only after every process in it did."""
@@ -596,7 +655,7 @@ class Live(Sandbox):
                 return []
             self._ended = why
             live, self._live = self._live, None
-            event = TeardownEvent(message).to_dict()
+            event = self._end_event = TeardownEvent(message).to_dict()
             for h in self._running:      # their Results say why they ended
                 h._end_event = event
             self._wake()
@@ -732,23 +791,34 @@ class Live(Sandbox):
 def _takes_cpu_seconds(live) -> bool:
     """Whether the tier's live sandbox takes start(cpu_seconds=) (backends/base.py); one
     that does not gives every command limits.cpu_time, run_code's interpreters too."""
-    import inspect
-
-    try:
-        return "cpu_seconds" in inspect.signature(live.start).parameters
-    except (TypeError, ValueError):
-        return False
+    return _takes(live.start, "cpu_seconds")
 
 
 def _takes_lock(prepare) -> bool:
     """Whether the tier's prepare() takes the sandbox's lock to let go while it forks
     (and `busy`: a foreground command runs)."""
-    import inspect
+    return _takes(prepare, "lock")
 
-    try:
-        return "lock" in inspect.signature(prepare).parameters
-    except (TypeError, ValueError):
-        return False
+
+#: (function, parameter) -> whether it takes it: inspect.signature once a method, not at
+#: every command (the watchdog asks at each wake-up)
+_TAKES: dict = {}
+
+
+def _takes(method, name: str) -> bool:
+    fn = getattr(method, "__func__", method)
+    key = (fn, name)
+    got = _TAKES.get(key)
+    if got is None:
+        import inspect
+
+        try:
+            got = name in inspect.signature(method).parameters
+        except (TypeError, ValueError):
+            got = False
+        if len(_TAKES) < 256:
+            _TAKES[key] = got
+    return got
 
 
 def _init_alive(live, wait: bool) -> bool:

@@ -9,7 +9,8 @@ what the request gave, then end of file), run in a thread of FOREGROUND: the req
 coroutine never blocks, no thread pool hop starts it, no thread of its own is started
 for it, and the sandbox readies its next command's entrant once it has ended (as
 in-process), not while it runs. The route waits for it and kills it when the client goes
-away (routes/commands.py; Cmd.cancel).
+away (routes/commands.py; Cmd.cancel). The lean exec path (fastexec.py) starts one from
+its event loop instead, where nothing would wait (start's `loop`): no thread at all.
 A background command runs on until it exits, is killed or the sandbox ends, whoever
 listens. Ended commands are kept for their Result (`wait`), the last KEEP_ENDED of them;
 the output chunks of all but the last KEEP_CHUNKS are let go (an output stream of such a
@@ -85,6 +86,8 @@ class Cmd:
         self.notifier = Notifier()
         self._mu = threading.Lock()
         self._cancelled = False
+        #: started and watched by the caller's event loop (CommandTable.start's `loop`)
+        self.here = False
 
     def cancel(self) -> None:
         """Kill it (the client went away, the drain's deadline came), also if it is only
@@ -141,13 +144,17 @@ class CommandTable:
 
     def start(self, argv: list[str], *, env=None, cwd=None, stdin: bytes | None = None,
               timeout: float | None = None, background: bool = False, on_end=None,
-              user: str | None = None, raw: bool = False) -> Cmd:
+              user: str | None = None, raw: bool = False, loop=None, defer=None) -> Cmd:
         """Start argv in the sandbox. Background: started when this returns (it blocks:
         call it off the event loop). Foreground: handed to a FOREGROUND thread, so this
         returns at once; `cmd.started` is set once it runs (or could not: `cmd.error`),
         `cmd.done` once its Result is in (or `cmd.error`). `on_end(cmd)` is called (from
         another thread) after its Result is in. raw=True: its output chunks are kept as
-        the bytes it wrote (Cmd.chunks_since), not decoded."""
+        the bytes it wrote (Cmd.chunks_since), not decoded. `loop` (the caller's event
+        loop, on its thread): a foreground command whose start waits on nothing but its
+        entrant's answer (a namespace-tier sandbox with an entrant ready) is started here
+        and watched by that loop (CommandHandle._watch_on), no thread involved
+        (`cmd.here`); `defer`: CommandHandle._watch_on's."""
         from ..runtime.sandbox import TextChunks
 
         c = Cmd(background, raw)
@@ -157,6 +164,11 @@ class CommandTable:
             out = TextChunks(lambda t: c._out("stdout", t))
             err = TextChunks(lambda t: c._out("stderr", t))
         if not background:
+            quick = getattr(self._entry.sandbox, "_quick_start", None)
+            if loop is not None and user is None and quick is not None and quick():
+                self._foreground_here(c, argv, env, cwd, stdin, timeout, out, err, on_end,
+                                      loop, defer)
+                return c
             FOREGROUND.submit(self._foreground, c, argv, env, cwd, stdin, timeout, out, err,
                               on_end, user)
             return c
@@ -188,11 +200,51 @@ class CommandTable:
                 argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout, on_stdout=out,
                 on_stderr=err, on_start=lambda h: self._running(c, h), **_as(user))
         except BaseException as e:  # noqa: BLE001 - the route raises it
-            c.error = e
-            c.started.set()
-            c.done.set()
-            c.notifier.notify()
+            self._failed(c, e)
             return
+        self._foreground_ended(c, argv, r, out, err, on_end)
+
+    def _foreground_here(self, c: Cmd, argv, env, cwd, stdin, timeout, out, err, on_end,
+                         loop, defer=None) -> None:
+        """_foreground's work from the event loop's thread, which never waits: the
+        request sent to the sandbox's entrant, its answer read once `loop` sees it come,
+        the command then watched by `loop`. Returns once the request is sent."""
+        c.here = True
+        commands = self._entry.sandbox.commands
+        try:
+            fd, pending = commands.begin(argv, env=env, cwd=cwd, stdin=stdin,
+                                         timeout=timeout, on_stdout=out, on_stderr=err)
+        except BaseException as e:  # noqa: BLE001 - the route raises it
+            self._failed(c, e)
+            return
+
+        def then(r, error) -> None:
+            if error is not None:
+                self._failed(c, error)
+            else:
+                self._foreground_ended(c, argv, r, out, err, on_end)
+
+        def answered() -> None:
+            loop.remove_reader(fd)
+            try:
+                h = commands.started(pending, on_start=lambda h: self._running(c, h))
+            except BaseException as e:  # noqa: BLE001 - the route raises it
+                self._failed(c, e)
+                return
+            if h._done.is_set():     # its exec failed: its Result, no process
+                then(h._result, None)
+                return
+            h._watch_on(loop, then, defer)
+
+        loop.add_reader(fd, answered)
+
+    def _failed(self, c: Cmd, e: BaseException) -> None:
+        c.error = e
+        c.started.set()
+        c.done.set()
+        c.notifier.notify()
+
+    def _foreground_ended(self, c: Cmd, argv, r, out, err, on_end) -> None:
         if not c.started.is_set():     # its exec failed: a Result, no process
             self._entry.events.add("command.started", {"pid": 0, "cmd": list(argv),
                                                        "background": False})

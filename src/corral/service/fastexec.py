@@ -14,6 +14,10 @@ the description of both. What follows the token's check (its rate, the sandbox l
 the stdin decoding, max_concurrent, the command's own failure) is answered here with the
 same error bodies and statuses the app's exception handlers give.
 
+Its command, on the namespace tier with an entrant ready, is started and watched by the
+event loop itself (service/commands.py CommandTable.start's `loop`; runtime/commands.py
+CommandHandle._watch_on): no thread hand-off at its start nor at its end.
+
 It sits inside BodyCap (the body is capped before it is read) and Counted (metrics), and
 after E2B's Dispatch. CORRAL_SERVE_LEAN=0 turns it off (for side by side measurements).
 """
@@ -26,6 +30,7 @@ import logging
 import math
 import os
 import re
+import threading
 
 from .wire import FLUSH
 
@@ -98,16 +103,47 @@ class _OnDone:
     """The loop of a waiter (Notifier's (loop, waiter) pair) woken only once the command
     is done: its start and its output chunks wake no one here (a foreground command's
     Result is all this path sends), so the event loop sleeps while it runs instead of
-    taking the GIL from the thread that starts and supervises it."""
+    taking the GIL from the thread that starts and supervises it. From the loop's own
+    thread (a command it watches itself) the wake-up needs no write to the loop's pipe."""
 
-    __slots__ = ("loop", "done")
+    __slots__ = ("loop", "done", "thread")
 
     def __init__(self, loop, done) -> None:
-        self.loop, self.done = loop, done
+        self.loop, self.done, self.thread = loop, done, threading.get_ident()
 
     def call_soon_threadsafe(self, fn) -> None:
         if self.done.is_set():
-            self.loop.call_soon_threadsafe(fn)
+            if threading.get_ident() == self.thread:
+                self.loop.call_soon(fn)
+            else:
+                self.loop.call_soon_threadsafe(fn)
+
+
+class _Later:
+    """What a command watched by the loop leaves until its answer is sent (its audit
+    record queued, the sandbox's watchdog woken: each wakes a thread that would take the
+    GIL from the answer): run then, or at once once the request is over."""
+
+    __slots__ = ("fns", "open")
+
+    def __init__(self) -> None:
+        self.fns: list = []
+        self.open = True
+
+    def __call__(self, fn) -> None:
+        if self.open:
+            self.fns.append(fn)
+        else:
+            fn()
+
+    def run(self) -> None:
+        self.open = False
+        fns, self.fns = self.fns, []
+        for fn in fns:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - the answer is sent; said in the log
+                log.exception("corral serve: after an exec's answer")
 
 
 class LeanExec:
@@ -116,6 +152,9 @@ class LeanExec:
     def __init__(self, app, svc) -> None:
         self.app, self.svc = app, svc
         self.on = os.environ.get("CORRAL_SERVE_LEAN", "1") != "0"
+        #: a command started and watched from the event loop where it can be (no thread
+        #: hop at its start nor at its end: service/commands.py); CORRAL_SERVE_LOOP=0 off
+        self.here = os.environ.get("CORRAL_SERVE_LOOP", "1") != "0"
 
     async def __call__(self, scope, receive, send):
         if (not self.on or scope["type"] != "http" or scope["method"] != "POST"
@@ -143,20 +182,25 @@ class LeanExec:
             return await self.app(scope, replay, send)
         with self.svc.metrics.mu:
             self.svc.metrics.lean += 1
+        later = _Later()
         try:
-            result = await self._run(token, m.group(1), d, receive)
-        except BaseException as e:
-            resp = _error_response(e, scope)
-            if resp is None:
-                raise
-            return await resp(scope, receive, send)
-        body = render(result)
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-length", b"%d" % len(body)), (b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body})
-        flush = scope.get("extensions", {}).get(FLUSH)     # wire.py: the answer goes now
-        if flush is not None:
-            flush()
+            try:
+                result = await self._run(token, m.group(1), d, receive, later)
+            except BaseException as e:
+                resp = _error_response(e, scope)
+                if resp is None:
+                    raise
+                return await resp(scope, receive, send)
+            body = render(result)
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-length", b"%d" % len(body)),
+                (b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            flush = scope.get("extensions", {}).get(FLUSH)  # wire.py: the answer goes now
+            if flush is not None:
+                flush()
+        finally:
+            later.run()
 
     def _token(self, scope):
         value = None
@@ -171,7 +215,7 @@ class LeanExec:
             return None
         return self.svc.tokens.verify(rest.strip())
 
-    async def _run(self, token, sid: str, d: dict, receive) -> dict:
+    async def _run(self, token, sid: str, d: dict, receive, later=None) -> dict:
         from .routes.commands import _bytes, _count
 
         svc = self.svc
@@ -190,7 +234,11 @@ class LeanExec:
         gone = None
         try:
             c = e.commands.start(argv, env=d.get("env"), cwd=d.get("cwd"), stdin=stdin,
-                                 timeout=d.get("timeout"), on_end=lambda c: _count(svc, c))
+                                 timeout=d.get("timeout"), on_end=lambda c: _count(svc, c),
+                                 loop=loop if self.here else None, defer=later)
+            if c.here:
+                with svc.metrics.mu:
+                    svc.metrics.lean_loop += 1
             key = (_OnDone(loop, c.done), wake)
             with c.notifier._mu:
                 c.notifier._waiters.add(key)

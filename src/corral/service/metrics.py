@@ -20,6 +20,9 @@ class Metrics:
         self.denials: dict[str, int] = {}
         #: POST .../exec requests answered by the lean path (fastexec.py), not FastAPI
         self.lean = 0
+        #: of those, foreground commands started and watched by the event loop itself
+        #: (no thread: service/commands.py CommandTable.start's `loop`)
+        self.lean_loop = 0
 
     def run(self, verdict: str, seconds: float, events=()) -> None:
         with self.mu:
@@ -57,7 +60,9 @@ class Metrics:
             out += [f'corral_http_responses_total{{status="{s}"}} {n}'
                     for s, n in sorted(self.requests.items())]
             out += ["# TYPE corral_http_lean_exec_total counter",
-                    f"corral_http_lean_exec_total {self.lean}"]
+                    f"corral_http_lean_exec_total {self.lean}",
+                    "# TYPE corral_http_lean_exec_loop_total counter",
+                    f"corral_http_lean_exec_loop_total {self.lean_loop}"]
             out.append("# TYPE corral_run_seconds histogram")
             acc = 0
             for b, n in zip(self.BUCKETS, self.hist):

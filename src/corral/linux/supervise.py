@@ -550,8 +550,6 @@ def kill_pid(pid: int) -> None:
         pass
 
 
-
-
 # ---- a command that could not be started inside the sandbox ----------------------------
 
 #: exit statuses as shells give them: no such command; found, but it cannot be executed

@@ -754,3 +754,51 @@ def test_streamed_output_arrives_before_the_command_ends(server):
         assert r.verdict == "ok", r
         assert b"".join(s for s in seen if not s.startswith(b"err:")) == b"first\nthird\n"
         assert b"err:second\n" in seen and r.stdout == "first\nthird\n"
+
+
+def test_the_loops_start_of_a_command_never_waits_for_a_busy_sandbox():
+    """Commands._begin (the event loop's start of a foreground command) never waits for
+    the sandbox's lock: while another thread holds it (a command starting in a thread,
+    an entrant being forked, the sandbox's end) it starts nothing and returns None, and
+    the service runs that command in a thread instead; once the lock is free it sends
+    the request, and the command runs."""
+    import select
+    import threading
+    import time
+
+    import corral
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a live namespace sandbox")
+    sb = corral.Sandbox.create({"isolation": "namespace"}, timeout=60)
+    try:
+        assert sb.commands.run("true").verdict == "ok"
+        held, release = threading.Event(), threading.Event()
+
+        def hold():
+            with sb._lock:
+                held.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert held.wait(10)
+        got = []
+        begin = threading.Thread(target=lambda: got.append(sb.commands._begin(["/bin/true"])))
+        begin.start()
+        begin.join(5)
+        waited = begin.is_alive()
+        release.set()
+        holder.join()
+        begin.join(30)
+        assert not waited, "_begin waited for the sandbox's lock"
+        assert got == [None]
+        time.sleep(0.2)                      # the next entrant is ready
+        fd, pending = sb.commands._begin(["/bin/echo", "hi"])
+        assert select.select([fd], [], [], 10)[0]
+        h = sb.commands._started(pending)
+        h._watch()
+        r = h.wait()
+        assert (r.verdict, r.stdout) == ("ok", "hi\n"), r
+    finally:
+        sb.kill()

@@ -475,7 +475,8 @@ class NamespaceLive(NamespaceSandbox):
         """Whether start() would return without waiting on more than the entrant's answer
         (a prepared entrant ready, no syscall observer to hand its listener to): the
         service then starts a foreground command from its event loop (runtime/commands.py
-        Commands.begin), not from a thread. A guess: a caller holds no lock."""
+        Commands._begin), not from a thread. Read without the sandbox's lock: a hint,
+        which Live._start_send acts on only if that lock is free."""
         if self.observer is not None or not self._entrants:
             return False
         entrant = self._entrants[0][0]

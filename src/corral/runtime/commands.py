@@ -532,13 +532,14 @@ class Commands:
                          on_stdout=on_stdout, on_stderr=on_stderr, background=background,
                          tty_fd=tty_fd, on_start=on_start, user=user)
 
-    def begin(self, cmd, *, env: dict[str, str] | None = None, cwd: str | None = None,
+    def _begin(self, cmd, *, env: dict[str, str] | None = None, cwd: str | None = None,
               stdin: bytes | None = None, timeout: float | None = None, on_stdout=None,
               on_stderr=None):
         """A foreground command (as run's) for an event loop, which waits for nothing:
         its request sent to the sandbox's prepared entrant (after the owner's
         _quick_start()), its answer not waited for. Returns (fd, pending): once fd is
-        readable, started(pending) takes the answer."""
+        readable, _started(pending) takes the answer; or None, nothing started, when the
+        sandbox is busy (its lock held: the caller runs the command in a thread)."""
         timeout = _seconds(timeout, "timeout")
         owner = self._owner
         owner._check_open()
@@ -551,14 +552,17 @@ class Commands:
             handle._stdin_data = bytes(stdin)
         stdin_fd, close_fd, _ = _stdin(stdin, False)
         try:
-            fd, sent = owner._start_send(handle, argv, run_env, cwd, stdin_fd)
+            got = owner._start_send(handle, argv, run_env, cwd, stdin_fd)
         finally:
             if close_fd:
                 os.close(stdin_fd)
+        if got is None:
+            return None
+        fd, sent = got
         return fd, (handle, sent)
 
-    def started(self, pending, on_start=None) -> CommandHandle:
-        """begin()'s command once its fd is readable: its CommandHandle (on_start called
+    def _started(self, pending, on_start=None) -> CommandHandle:
+        """_begin()'s command once its fd is readable: its CommandHandle (on_start called
         as run's), not watched (CommandHandle._watch_on watches it), or done at once
         when its exec failed (its Result says so)."""
         handle, sent = pending

@@ -559,8 +559,12 @@ class Live(Sandbox):
     def _start_send(self, handle, argv, env, cwd, stdin_fd):
         """_start_command's first half for an event loop (after _quick_start()): the
         request sent to the entrant; (fd to wait for readable, what _start_answer
-        takes). Nothing is waited for here but the sandbox's lock."""
-        with self._lock:
+        takes), or None when the sandbox's lock is held (a command starting in a thread,
+        an entrant being forked, the sandbox's end): nothing is sent then, and the caller
+        starts the command in a thread instead, so an event loop never waits for it."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
             self._check_open()
             self._last_use = time.monotonic()
             live = self._live
@@ -571,6 +575,8 @@ class Live(Sandbox):
                 self._netlog.drop(handle)
                 raise
             return fd, (live, pending)
+        finally:
+            self._lock.release()
 
     def _start_answer(self, handle, sent):
         """_start_command's second half: the entrant's answer read (its fd readable),

@@ -165,9 +165,9 @@ class CommandTable:
             err = TextChunks(lambda t: c._out("stderr", t))
         if not background:
             quick = getattr(self._entry.sandbox, "_quick_start", None)
-            if loop is not None and user is None and quick is not None and quick():
-                self._foreground_here(c, argv, env, cwd, stdin, timeout, out, err, on_end,
-                                      loop, defer)
+            if (loop is not None and user is None and quick is not None and quick()
+                    and self._foreground_here(c, argv, env, cwd, stdin, timeout, out, err,
+                                              on_end, loop, defer)):
                 return c
             FOREGROUND.submit(self._foreground, c, argv, env, cwd, stdin, timeout, out, err,
                               on_end, user)
@@ -205,18 +205,24 @@ class CommandTable:
         self._foreground_ended(c, argv, r, out, err, on_end)
 
     def _foreground_here(self, c: Cmd, argv, env, cwd, stdin, timeout, out, err, on_end,
-                         loop, defer=None) -> None:
+                         loop, defer=None) -> bool:
         """_foreground's work from the event loop's thread, which never waits: the
         request sent to the sandbox's entrant, its answer read once `loop` sees it come,
-        the command then watched by `loop`. Returns once the request is sent."""
-        c.here = True
+        the command then watched by `loop`. Returns once the request is sent; False,
+        nothing started, when the sandbox is busy (its lock held): the caller then runs
+        the command in a thread, as _foreground."""
         commands = self._entry.sandbox.commands
         try:
-            fd, pending = commands.begin(argv, env=env, cwd=cwd, stdin=stdin,
-                                         timeout=timeout, on_stdout=out, on_stderr=err)
+            got = commands._begin(argv, env=env, cwd=cwd, stdin=stdin,
+                                  timeout=timeout, on_stdout=out, on_stderr=err)
         except BaseException as e:  # noqa: BLE001 - the route raises it
+            c.here = True
             self._failed(c, e)
-            return
+            return True
+        if got is None:
+            return False
+        c.here = True
+        fd, pending = got
 
         def then(r, error) -> None:
             if error is not None:
@@ -227,7 +233,7 @@ class CommandTable:
         def answered() -> None:
             loop.remove_reader(fd)
             try:
-                h = commands.started(pending, on_start=lambda h: self._running(c, h))
+                h = commands._started(pending, on_start=lambda h: self._running(c, h))
             except BaseException as e:  # noqa: BLE001 - the route raises it
                 self._failed(c, e)
                 return
@@ -237,6 +243,7 @@ class CommandTable:
             h._watch_on(loop, then, defer)
 
         loop.add_reader(fd, answered)
+        return True
 
     def _failed(self, c: Cmd, e: BaseException) -> None:
         c.error = e

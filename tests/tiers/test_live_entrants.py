@@ -6,9 +6,11 @@ them with the sandbox's lock let go."""
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 
+import pytest
 from livefix import available
 
 import corral
@@ -96,3 +98,79 @@ def test_an_entrant_killed_while_it_waited_is_never_handed_a_command():
             r = sb.commands.run("echo fine")
             assert (r.exit_code, r.stdout) == (0, "fine\n"), r
         assert sb.commands.run(["true"]).exit_code == 0
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    """Whether `pid` has exited (gone from /proc, or a zombie) within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return True
+        if stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X"):
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def _killing_takes(live, n: int) -> list[int]:
+    """Make live's next `n` entrant takes hand out an entrant killed (SIGKILL, exited) just
+    after it was taken, once ready, and before the request is sent: the race in which an
+    entrant dies between _take_entrant's look and its read of the request. Returns the
+    pids killed."""
+    import os
+    import signal
+
+    take, killed = live._take_entrant, []
+
+    def taking():
+        entrant, cg = take()
+        if len(killed) < n:
+            entrant.wait_ready()     # entered and confined, its "ready" read: then killed
+            os.kill(entrant.pid, signal.SIGKILL)
+            assert _gone(entrant.pid)
+            killed.append(entrant.pid)
+        return entrant, cg
+
+    live._take_entrant = taking
+    return killed
+
+
+def test_an_entrant_that_dies_after_it_is_taken_is_replaced_once():
+    """The entrant taken for a command dies before it reads the request (it never had it,
+    nothing ran): the command goes to a new entrant, once (start() and start_send(), the
+    event loop's half); a second death in a row is a one-line SandboxSetupError, and the
+    sandbox goes on serving commands."""
+    available("namespace")
+    with corral.Sandbox.create({"isolation": "namespace"}, timeout=120) as sb:
+        live = sb._live
+        assert sb.commands.run(["true"]).exit_code == 0
+        killed = _killing_takes(live, 1)
+        r = sb.commands.run("echo fine")
+        assert (r.exit_code, r.stdout) == (0, "fine\n"), r
+        assert len(killed) == 1
+
+        killed = _killing_takes(live, 2)
+        with pytest.raises(corral.SandboxSetupError, match="died before it took the command"):
+            sb.commands.run("echo never")
+        assert len(killed) == 2
+
+        # the event loop's half (corral serve): the request sent, the answer read later
+        killed = _killing_takes(live, 1)
+        time.sleep(0.2)
+        fd, pending = sb.commands._begin(["/bin/echo", "hi"])
+        assert select.select([fd], [], [], 10)[0]
+        h = sb.commands._started(pending)
+        h._watch()
+        r = h.wait()
+        assert (r.verdict, r.stdout) == ("ok", "hi\n"), r
+        assert len(killed) == 1
+        killed = _killing_takes(live, 2)
+        with pytest.raises(corral.SandboxSetupError, match="died before it took the command"):
+            sb.commands._begin(["/bin/echo", "never"])
+        assert len(killed) == 2
+        del live._take_entrant          # the class's own again
+        r = sb.commands.run("echo still")
+        assert (r.exit_code, r.stdout) == (0, "still\n"), r

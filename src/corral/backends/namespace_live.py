@@ -340,20 +340,24 @@ class NamespaceLive(NamespaceSandbox):
                                                   rlimits=(nofile, fsize, cpu),
                                                   stdout_fd=tty_fd, words=words)
             except (BrokenPipeError, ConnectionResetError):
-                # A died after _take_entrant looked and before it read the request: it
-                # never had it, nothing ran; once more with a new entrant
-                self._let_go(entrant, cg)
-                if not again or user not in (None, 0) or not self.alive():
-                    raise SandboxSetupError("the sandbox's entrant died before it took "
-                                            "the command; nothing ran", step="enter"
-                                            ) from None
-                entrant, cg = self._take_entrant()
+                entrant, cg = self._entrant_again(entrant, cg,
+                                                  last=not again or user not in (None, 0))
                 continue
             except BaseException:
                 self._let_go(entrant, cg)
                 raise
             break
         return _started(entrant, cg, tally, pid, out_r, err_r)
+
+    def _entrant_again(self, entrant, cg, *, last: bool):
+        """After the entrant died between _take_entrant's look and its read of the request
+        (it never had it: nothing ran): let it go and take a new one, or, on the last try
+        or with the sandbox gone, raise SandboxSetupError (step "enter")."""
+        self._let_go(entrant, cg)
+        if last or not self.alive():
+            raise SandboxSetupError("the sandbox's entrant died before it took the command; "
+                                    "nothing ran", step="enter") from None
+        return self._take_entrant()
 
     def start_send(self, argv: list[str], env: dict[str, str], *, cwd: str,
                    stdin_fd: int):
@@ -373,12 +377,7 @@ class NamespaceLive(NamespaceSandbox):
                 sent = entrant.send(argv, env, cwd=cwd, stdin_fd=stdin_fd,
                                     rlimits=(nofile, fsize, cpu), words=words)
             except (BrokenPipeError, ConnectionResetError):
-                self._let_go(entrant, cg)     # as start(): it never had it
-                if not again or not self.alive():
-                    raise SandboxSetupError("the sandbox's entrant died before it took "
-                                            "the command; nothing ran", step="enter"
-                                            ) from None
-                entrant, cg = self._take_entrant()
+                entrant, cg = self._entrant_again(entrant, cg, last=not again)
                 continue
             except BaseException:
                 self._let_go(entrant, cg)

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 from conftest import CORRAL, tier_unavailable
+from livefix import running
 
 import corral
 from corral.linux import seccomp, seccomp_notify
@@ -218,16 +219,6 @@ def _pids_with(marker: str) -> list[int]:
     return out
 
 
-def _running(pid: int) -> bool:
-    """Whether `pid` exists and has not exited (a zombie, state Z or X, has exited)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X")
-
-
 def test_the_listener_holder_killed_takes_the_sandbox_with_it():
     """The listener's holder is the supervisor: killed (SIGKILL), it leaves no observed
     command running unobserved: the sandbox's every process goes with it."""
@@ -248,12 +239,12 @@ def test_the_listener_holder_killed_takes_the_sandbox_with_it():
         (victim,) = _pids_with(marker)        # its host pid
         os.kill(read_entry(sb.id)["pid"], signal.SIGKILL)
         deadline = time.monotonic() + 30
-        while (_pids_with(marker) or _running(victim)) and time.monotonic() < deadline:
+        while (_pids_with(marker) or running([victim])) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not _pids_with(marker), "the command outlived its supervisor"
         # gone, or a zombie its new parent has not reaped yet (the CI's pid 1 may be slow
         # to reap, or never): a zombie has exited and runs nothing
-        assert not _running(victim), "the command outlived its supervisor"
+        assert not running([victim]), "the command outlived its supervisor"
     finally:
         try:
             sb.kill()

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from livefix import available
+from livefix import available, running, wait_for
 
 import corral
 from corral.backends import namespace_live
@@ -100,21 +100,6 @@ def test_an_entrant_killed_while_it_waited_is_never_handed_a_command():
         assert sb.commands.run(["true"]).exit_code == 0
 
 
-def _gone(pid: int, timeout: float = 10.0) -> bool:
-    """Whether `pid` has exited (gone from /proc, or a zombie) within `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            return True
-        if stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X"):
-            return True
-        time.sleep(0.005)
-    return False
-
-
 def _killing_takes(live, n: int) -> list[int]:
     """Make live's next `n` entrant takes hand out an entrant killed (SIGKILL, exited) just
     after it was taken, once ready, and before the request is sent: the race in which an
@@ -130,7 +115,7 @@ def _killing_takes(live, n: int) -> list[int]:
         if len(killed) < n:
             entrant.wait_ready()     # entered and confined, its "ready" read: then killed
             os.kill(entrant.pid, signal.SIGKILL)
-            assert _gone(entrant.pid)
+            wait_for(lambda: not running([entrant.pid]), "the killed entrant's exit", 10)
             killed.append(entrant.pid)
         return entrant, cg
 

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(bubblewrap runsc dnsmasq-base python3-seccomp python3-venv socat curl git iproute2 python3-requests mmdebstrap qemu-system-x86 squashfs-tools busybox-static chromium nginx)
+apt_packages=(bubblewrap runsc gcc libc6-dev python3-dev dnsmasq-base python3-seccomp python3-venv socat curl git iproute2 python3-requests mmdebstrap qemu-system-x86 squashfs-tools busybox-static chromium nginx)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -54,6 +54,19 @@ if [ ! -x bench/.venv/bin/python ] || [ "$(cat "$bstamp" 2>/dev/null)" != "$bwan
   bench/.venv/bin/pip install -q --disable-pip-version-check --require-hashes --only-binary=:all: -r "$block" \
     2> >(grep -v "is ignored: it is neither" >&2)
   echo "$bwant" > "$bstamp"
+fi
+# corral.linux._csys: the libc calls the standard library lacks (mount, prctl, prlimit,
+# raw syscalls) as a small C module of corral's own (src/corral/linux/_csys.c), where ctypes
+# would cost every `corral run` ~0.5 ms to load; corral falls back on ctypes without it.
+# Built for the venv's interpreter, again whenever the source is newer than the module.
+ext=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+csys=src/corral/linux/_csys$ext
+if [ ! -f "$csys" ] || [ src/corral/linux/_csys.c -nt "$csys" ]; then
+  inc=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+  gcc -shared -fPIC -O2 -g0 -Wall -Wextra -Wno-unused-parameter -Werror \
+    -fstack-protector-strong -D_FORTIFY_SOURCE=2 -Wl,-z,relro,-z,now \
+    -I"$inc" -o "$csys.tmp" src/corral/linux/_csys.c
+  mv -f "$csys.tmp" "$csys"
 fi
 # the launcher (.venv/bin/corral) and its run-path file (corral/_runpath.py): pip's template
 # imports `re`; this one runs in isolated mode (-I: no PYTHON* variables, no user site, no

@@ -9,7 +9,7 @@ run path in a fresh interpreter started as the launcher starts it), each compile
 its source less what nothing on the run path reads (docstrings, functions' annotations:
 `_stripped`; line numbers and asserts as the source has them) and with its future import
 as a compiler flag (`_compiled`), then the table: each module's source path, size, mtime,
-__cached__ and place in the file, and the path's extension module (_ctypes) by its file;
+__cached__ and place in the file, and the path's extension module (corral.linux._csys) by its file;
 all headed by this Python's bytecode magic number.
 
 The launcher reads that file once and puts a finder first on sys.meta_path; a module it
@@ -21,7 +21,7 @@ a stat of the candidate file, the .pyc's open, fstat, read and checks (~30 us a 
 of the docstrings, a copy of the code's bytes (each module's code is unmarshalled in
 place from the bytes read), the work of spec_from_file_location (the finder makes the
 same spec directly, __cached__ worked out at build time) and the path finder's listings
-of the standard library's directories for _ctypes (~1 ms in all). The file is
+of the directories for an extension module (_ctypes then; ~1 ms in all). The file is
 used only when it is a regular file (opened without following a link or waiting on a
 FIFO, then checked by its fd before any of it is read) of root or of this user that no one
 else may write (as the .venv it lives in), with one link, under 64 MiB, read whole, and

@@ -194,7 +194,7 @@ def test_stdin_that_is_a_terminal_is_refused():
 # -- the start-up path (issue 14): what `corral run` imports, and how it ends -------------
 
 #: imported only when needed: a policy to read, an event to make, an egress proxy, the
-#: whole ctypes package, OpenSSL's hashlib, the audit store's writer thread (and the
+#: whole ctypes package and its C core (_sys's calls are corral's C module), OpenSSL's hashlib, the audit store's writer thread (and the
 #: collections it uses), the seccomp tables (a cache miss), the CLI's other commands;
 #: none is on the path of a plain run
 OFF_THE_RUN_PATH = ("corral.policy.load", "corral.policy.units", "corral.events",
@@ -202,10 +202,10 @@ OFF_THE_RUN_PATH = ("corral.policy.load", "corral.policy.units", "corral.events"
                     "typing", "re", "threading", "subprocess", "dataclasses", "inspect",
                     "collections", "contextvars", "_contextvars", "corral.audit.writer",
                     "corral.linux.seccomp", "corral.cli_terminal", "corral.cli_review",
-                    "corral.cli_sandbox", "resource")
+                    "corral.cli_sandbox", "resource", "_ctypes", "corral.linux._sys_ctypes")
 #: the corral modules `corral run -- /bin/true` imports (v0.1 imported 20; each extra one is
 #: named in docs/architecture.md, "The start-up path of corral run")
-RUN_PATH_MODULES = 28
+RUN_PATH_MODULES = 29   # 28 and, since session 15, corral.linux._csys in place of _ctypes
 
 
 def launched(tmp_path, *args) -> tuple[set[str], str]:

@@ -76,8 +76,9 @@ def test_a_fresh_file_holds_every_module_of_the_run_path(tmp_path):
                               "run", "--", "/bin/true")
     assert r.returncode == 0, r.stderr
     from_file = sorted(n for n, kind in loaders.items() if kind == "RunPathLoader")
-    ours = sorted(n for n in loaders if n.startswith("corral"))
+    ours = sorted(n for n in loaders if n.startswith("corral") and n != "corral.linux._csys")
     assert from_file == ours, set(ours) - set(from_file)
+    assert loaders["corral.linux._csys"] == "ExtensionFileLoader"   # corral's C module
     # the file's code has its `from __future__ import annotations` as a compiler flag
     assert "__future__" not in loaders
 
@@ -128,8 +129,9 @@ def test_the_file_holds_what_a_fresh_run_imports():
     _, mods = _runpath.table(data)
     assert sorted(mods) == sorted(names) and "corral.runtime.sandbox" in mods
     # the standard library's one source module on the path (the others are frozen), and
-    # the one extension module (its file: the finder spares the path's listings)
-    assert [n for n in mods if not n.startswith("corral")] == ["__future__", "_ctypes"]
+    # the one extension module, corral's own (its file: the finder spares the listings)
+    assert [n for n in mods if not n.startswith("corral")] == ["__future__"]
+    assert [n for n, entry in mods.items() if entry[4] is None] == ["corral.linux._csys"]
     file, is_pkg, _, size, cached, (start, end, _) = mods["corral.linux"]
     assert is_pkg and file == os.path.join(SRC, "corral", "linux", "__init__.py")
     assert size == os.path.getsize(file)
@@ -213,16 +215,17 @@ def test_the_finder_gives_each_module_its_file_and_its_usual_spec():
     exec(finder, ns)
     sys.meta_path.remove(ns["RunPathFinder"])   # this process keeps its usual import
     find = ns["RunPathFinder"].find_spec
-    for name in ("corral.linux", "corral.cli", "_ctypes"):
+    for name in ("corral.linux", "corral.cli", "corral.linux._csys"):
         ours, usual = find(name), importlib.util.find_spec(name)
         assert (ours.origin, ours.cached, ours.has_location, ours.parent) == \
             (usual.origin, usual.cached, usual.has_location, usual.parent), name
         assert ours.submodule_search_locations == usual.submodule_search_locations, name
-    assert type(find("_ctypes").loader) is type(importlib.util.find_spec("_ctypes").loader)
+    ext = "corral.linux._csys"
+    assert type(find(ext).loader) is type(importlib.util.find_spec(ext).loader)
     assert type(find("corral.cli").loader).__name__ == "RunPathLoader"
-    file, is_pkg, mtime_ns, size, cached, where = mods["_ctypes"]
-    mods["_ctypes"] = (file, is_pkg, mtime_ns + 1, size, cached, where)
-    assert find("_ctypes") is None and find("json") is None
+    file, is_pkg, mtime_ns, size, cached, where = mods[ext]
+    mods[ext] = (file, is_pkg, mtime_ns + 1, size, cached, where)
+    assert find(ext) is None and find("json") is None
 
 
 # -- the cold part: functions a default run does not call, loaded on their first call ------

@@ -15,6 +15,18 @@ PATHS = (["vfork"] if os.geteuid() == 0 and _sys.child_ids.usable() else []) + (
     ["c", "python"] if supervise._fork_exec is not None else ["python"])
 
 
+@pytest.fixture(autouse=True, params=["csys", "ctypes"])
+def sys_calls(request, monkeypatch):
+    """Every test twice: with _sys's calls from its C module and from ctypes (the
+    fallback where it was not built; tests/linux/test_sys_calls.py)."""
+    if request.param == "ctypes":
+        from corral.linux import _sys_ctypes
+
+        for name in ("mount", "umount2", "prctl", "prlimit", "syscall", "get_errno"):
+            monkeypatch.setattr(_sys, f"_{name}", getattr(_sys_ctypes, name))
+    return request.param
+
+
 def start(path, argv, how, **kw):
     setup = (lambda: None) if how == "python" else None
     devnull = os.open(os.devnull, os.O_RDONLY)

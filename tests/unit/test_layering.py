@@ -289,6 +289,7 @@ def test_every_name_imported_from_corral_exists():
             for a in node.names:
                 if a.name == "*" or a.name.startswith("__") or a.name in have:
                     continue
-                if f"{target}.{a.name}" not in paths:
+                c_source = os.path.join(os.path.dirname(paths[target]), f"{a.name}.c")
+                if f"{target}.{a.name}" not in paths and not os.path.isfile(c_source):
                     missing.append(f"{path}:{node.lineno}: {target} has no {a.name}")
     assert missing == [], "\n".join(missing)

@@ -3,18 +3,27 @@
 `corral run`, for one call) and the per-thread id changes glibc does not offer (raw
 syscalls).
 
-Through `_ctypes`, the C core of ctypes, with the four C types and the function class
-below made exactly as ctypes makes them: the ctypes package defines some thirty types on
-import, ~0.7 ms of every `corral run` (bench/startup.py), for the five calls made here.
+Through `_csys`, a small C module of corral's own (_csys.c, built by scripts/setup.sh),
+or, where it was not built, the same calls through ctypes (_sys_ctypes.py): loading
+ctypes and making its C types costs about 0.5 ms of every `corral run`, the C module
+about 0.05 ms. CORRAL_SYS_CTYPES=1 in the environment takes ctypes (tests run both).
 `_libc`, a whole `ctypes.CDLL(None, use_errno=True)`, is made on first use for the modules
 off the run path that call other functions (enter, process_reaper, gvisor_runsc)."""
 
 from __future__ import annotations
 
-import _ctypes
 import _thread
 import errno as _errno
 import os
+import sys
+
+if os.environ.get("CORRAL_SYS_CTYPES") == "1":
+    from . import _sys_ctypes as _calls
+else:
+    try:
+        from . import _csys as _calls
+    except ImportError:   # not built (a plain pip install): the same calls through ctypes
+        from . import _sys_ctypes as _calls
 
 EINVAL = _errno.EINVAL
 ENOENT = _errno.ENOENT
@@ -28,48 +37,14 @@ PR_SET_PDEATHSIG = 1
 #: tests/linux/test_limits.py)
 RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_CORE, RLIMIT_NPROC, RLIMIT_NOFILE = 0, 1, 4, 6, 7
 
-
-class _Int(_ctypes._SimpleCData):      # ctypes.c_int
-    _type_ = "i"
-
-
-class _UInt(_ctypes._SimpleCData):     # ctypes.c_uint, c_uint32
-    _type_ = "I"
+_mount, _umount2, _prctl, _prlimit, _syscall, _get_errno = (
+    _calls.mount, _calls.umount2, _calls.prctl, _calls.prlimit, _calls.syscall,
+    _calls.get_errno)
 
 
-class _ULong(_ctypes._SimpleCData):    # ctypes.c_ulong
-    _type_ = "L"
-
-
-class _CharP(_ctypes._SimpleCData):    # ctypes.c_char_p
-    _type_ = "z"
-
-
-class _Function(_ctypes.CFuncPtr):
-    """A C function as ctypes.CDLL(None, use_errno=True) gives it: cdecl, an int result,
-    errno saved for get_errno() after each call."""
-    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
-    _restype_ = _Int
-
-
-class _Process:
-    """The process's own symbols (libc among them), as CDLL(None) opens them."""
-    _handle = _ctypes.dlopen(None, os.RTLD_LOCAL)
-
-
-def _function(name: str, *argtypes) -> _Function:
-    f = _Function((name, _Process))
-    if argtypes:
-        f.argtypes = argtypes
-    return f
-
-
-_mount = _function("mount", _CharP, _CharP, _CharP, _ULong, _CharP)
-_umount2 = _function("umount2", _CharP, _Int)
-_prctl = _function("prctl", _Int, _ULong, _ULong, _ULong, _ULong)
-_prlimit = _function("prlimit", _Int, _Int, _CharP, _CharP)
-_syscall = _function("syscall")   # arguments as ctypes passes them untyped: int, NULL, array
-_get_errno = _ctypes.get_errno
+def _u32s(*values: int) -> bytearray:
+    """A C array of uint32 (capget's header and sets, setgroups' list), to pass by pointer."""
+    return bytearray(b"".join(v.to_bytes(4, sys.byteorder) for v in values))
 
 
 def __getattr__(name: str):
@@ -95,8 +70,7 @@ def mount(source: str, target: str, fstype: str, flags: int, data: str) -> None:
 def prlimit(pid: int, which: int, soft: int, hard: int) -> None:
     """prlimit(2): set rlimit `which` of process `pid` (0: this one) to soft and hard (each
     0 to 2**64 - 1). OSError with the errno if the kernel refuses."""
-    new = soft.to_bytes(8, "little") + hard.to_bytes(8, "little")   # struct rlimit64
-    if _prlimit(pid, which, new, None) != 0:
+    if _prlimit(pid, which, soft, hard) != 0:
         e = _get_errno()
         raise OSError(e, os.strerror(e))
 
@@ -251,13 +225,13 @@ class child_ids:
     def __enter__(self) -> None:
         _child_ids_lock.acquire()
         try:
-            sig = _Int(0)
-            _prctl(PR_GET_PDEATHSIG, _ctypes.addressof(sig), 0, 0, 0)
-            self._pdeathsig = sig.value
+            sig = bytearray(4)   # an int
+            _prctl(PR_GET_PDEATHSIG, sig, 0, 0, 0)
+            self._pdeathsig = int.from_bytes(sig, sys.byteorder, signed=True)
             self._dumpable = _prctl(PR_GET_DUMPABLE, 0, 0, 0, 0)
             self._groups = os.getgroups()
-            self._caps = (_UInt * 6)()
-            _raw(_CAPS[0], (_UInt * 2)(_CAP_V3, 0), self._caps)
+            self._caps = bytearray(24)   # three pairs of 32-bit sets
+            _raw(_CAPS[0], _u32s(_CAP_V3, 0), self._caps)
             try:
                 _keepcaps(1)
                 _raw(_SETRES[2], 0, None)                      # setgroups(0, NULL)
@@ -277,12 +251,11 @@ class child_ids:
             _child_ids_lock.release()
 
     def _restore(self) -> None:
-        header = (_UInt * 2)(_CAP_V3, 0)
+        header = _u32s(_CAP_V3, 0)
         _raw(_CAPS[1], header, self._caps)  # CAP_SETUID effective again, from permitted
         _raw(_SETRES[0], 0, 0, 0)
         _raw(_SETRES[1], 0, 0, 0)
-        groups = (_UInt * len(self._groups))(*self._groups)
-        _raw(_SETRES[2], len(self._groups), groups)
+        _raw(_SETRES[2], len(self._groups), _u32s(*self._groups) or None)
         _keepcaps(0)
         _raw(_CAPS[1], header, self._caps)  # exactly as before (setuid(0) raised them all)
         _prctl(PR_SET_DUMPABLE, self._dumpable, 0, 0, 0)

@@ -123,6 +123,62 @@ def _killing_takes(live, n: int) -> list[int]:
     return killed
 
 
+def _fresh_killed_takes(live, n: int) -> list[bytes]:
+    """Make live's next `n` entrant takes hand out a new entrant SIGKILLed as soon as the
+    zygote has forked it, most often before it is ready (entered and confined, its "ready"
+    sent): what it had sent by its death is recorded (b"" for nothing, b"r" for a ready
+    one: the race the test above covers)."""
+    import os
+    import signal
+    import socket
+
+    take, seen = live._take_entrant, []
+
+    def taking():
+        if len(seen) >= n:
+            return take()
+        while live._entrants:                 # not a prepared one: a new one, killed at once
+            live._let_go(*live._entrants.pop())
+        live._prepare_one()
+        entrant, cg = live._entrants.pop()
+        os.kill(entrant.pid, signal.SIGKILL)
+        wait_for(lambda: not running([entrant.pid]), "the killed entrant's exit", 10)
+        seen.append(entrant.sock.recv(1, socket.MSG_PEEK))
+        return entrant, cg
+
+    live._take_entrant = taking
+    return seen
+
+
+def test_an_entrant_killed_before_it_is_ready_is_replaced():
+    """An entrant that dies before it is ready (the OOM killer, a kill of the sandbox's
+    processes) never had the command: the command goes to a new entrant, on the thread
+    path and the event loop's, and nothing fails. Killed at once after its fork, most die
+    before their "ready"; at least one of ten must have, for the test to say anything."""
+    available("namespace")
+    with corral.Sandbox.create({"isolation": "namespace"}, timeout=120) as sb:
+        live = sb._live
+        assert sb.commands.run(["true"]).exit_code == 0
+        seen = []
+        for i in range(5):
+            got = _fresh_killed_takes(live, 1)
+            r = sb.commands.run(f"echo run{i}")
+            assert (r.exit_code, r.stdout) == (0, f"run{i}\n"), (got, r)
+            seen += got
+            got = _fresh_killed_takes(live, 1)
+            fd, pending = sb.commands._begin(["/bin/echo", f"loop{i}"])
+            assert select.select([fd], [], [], 10)[0]
+            h = sb.commands._started(pending)
+            h._watch()
+            r = h.wait()
+            assert (r.verdict, r.stdout) == ("ok", f"loop{i}\n"), (got, r)
+            seen += got
+        del live._take_entrant
+        assert len(seen) == 10 and b"" in seen, seen
+        r = sb.commands.run("echo still")
+        assert (r.exit_code, r.stdout) == (0, "still\n"), r
+
+
 def test_an_entrant_that_dies_after_it_is_taken_is_replaced_once():
     """The entrant taken for a command dies before it reads the request (it never had it,
     nothing ran): the command goes to a new entrant, once (start() and start_send(), the

@@ -350,9 +350,10 @@ class NamespaceLive(NamespaceSandbox):
         return _started(entrant, cg, tally, pid, out_r, err_r)
 
     def _entrant_again(self, entrant, cg, *, last: bool):
-        """After the entrant died between _take_entrant's look and its read of the request
-        (it never had it: nothing ran): let it go and take a new one, or, on the last try
-        or with the sandbox gone, raise SandboxSetupError (step "enter")."""
+        """After the entrant died between _take_entrant's look and its read of the request,
+        or before it was even ready (it never had the request: nothing ran): let it go
+        and take a new one, or, on the last try or with the sandbox gone, raise
+        SandboxSetupError (step "enter")."""
         self._let_go(entrant, cg)
         if last or not self.alive():
             raise SandboxSetupError("the sandbox's entrant died before it took the command; "

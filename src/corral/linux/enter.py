@@ -203,7 +203,10 @@ class Entrant:
 
     def wait_ready(self) -> None:
         """Wait for A's "ready" (entered and confined; with Program.listen, `listener`
-        is then set). start() does it first anyway. Raises SandboxSetupError."""
+        is then set). start() does it first anyway. Raises SandboxSetupError when A
+        reports a failure, ConnectionResetError when A ended without a word (killed
+        before it was ready, by the OOM killer or a kill of the sandbox's processes: it
+        never had a request, nothing ran; the caller may take another)."""
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -221,6 +224,9 @@ class Entrant:
             msg = self.sock.recv(1100)
         if msg != b"r":
             self._reap()
+            if not msg:
+                raise ConnectionResetError("the sandbox's entrant ended before it was "
+                                           "ready")
             if msg.startswith(b"e"):
                 message, code = _fail_report(msg[1:])
                 raise SandboxSetupError(f"entering the sandbox failed: {message}",

@@ -6,12 +6,11 @@ them with the sandbox's lock let go."""
 
 from __future__ import annotations
 
-import select
 import threading
 import time
 
 import pytest
-from livefix import available, running, wait_for
+from livefix import available, loop_run, running, wait_for
 
 import corral
 from corral.backends import namespace_live
@@ -166,11 +165,7 @@ def test_an_entrant_killed_before_it_is_ready_is_replaced():
             assert (r.exit_code, r.stdout) == (0, f"run{i}\n"), (got, r)
             seen += got
             got = _fresh_killed_takes(live, 1)
-            fd, pending = sb.commands._begin(["/bin/echo", f"loop{i}"])
-            assert select.select([fd], [], [], 10)[0]
-            h = sb.commands._started(pending)
-            h._watch()
-            r = h.wait()
+            r = loop_run(sb, ["/bin/echo", f"loop{i}"])
             assert (r.verdict, r.stdout) == ("ok", f"loop{i}\n"), (got, r)
             seen += got
         del live._take_entrant
@@ -201,11 +196,7 @@ def test_an_entrant_that_dies_after_it_is_taken_is_replaced_once():
         # the event loop's half (corral serve): the request sent, the answer read later
         killed = _killing_takes(live, 1)
         time.sleep(0.2)
-        fd, pending = sb.commands._begin(["/bin/echo", "hi"])
-        assert select.select([fd], [], [], 10)[0]
-        h = sb.commands._started(pending)
-        h._watch()
-        r = h.wait()
+        r = loop_run(sb, ["/bin/echo", "hi"])
         assert (r.verdict, r.stdout) == ("ok", "hi\n"), r
         assert len(killed) == 1
         killed = _killing_takes(live, 2)

@@ -32,6 +32,18 @@ static _Thread_local int saved_errno;
 
 #define MAX_WORDS 6
 
+/* r = the call `call`, made with the GIL released; errno right after it kept for
+ * get_errno() (this thread's). */
+#define CALL(r, call)                   \
+    do {                                \
+        int e_;                         \
+        Py_BEGIN_ALLOW_THREADS          \
+        (r) = (call);                   \
+        e_ = errno;                     \
+        Py_END_ALLOW_THREADS            \
+        saved_errno = e_;               \
+    } while (0)
+
 /* An int argument that fits a C int (OverflowError otherwise). */
 static int
 as_int(PyObject *o, int *out)
@@ -139,12 +151,8 @@ csys_mount(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     const char *data = cstring(args[4], "data");
     if (data == NULL)
         return NULL;
-    int r, e;
-    Py_BEGIN_ALLOW_THREADS
-    r = mount(source, target, fstype, flags, data);
-    e = errno;
-    Py_END_ALLOW_THREADS
-    saved_errno = e;
+    int r;
+    CALL(r, mount(source, target, fstype, flags, data));
     return PyLong_FromLong(r);
 }
 
@@ -161,12 +169,8 @@ csys_umount2(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int flags;
     if (as_int(args[1], &flags) < 0)
         return NULL;
-    int r, e;
-    Py_BEGIN_ALLOW_THREADS
-    r = umount2(target, flags);
-    e = errno;
-    Py_END_ALLOW_THREADS
-    saved_errno = e;
+    int r;
+    CALL(r, umount2(target, flags));
     return PyLong_FromLong(r);
 }
 
@@ -185,12 +189,8 @@ csys_prctl(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t n = words(args + 1, nargs - 1, 4, w, views);
     if (n < 0)
         return NULL;
-    int r, e;
-    Py_BEGIN_ALLOW_THREADS
-    r = prctl(option, w[0], w[1], w[2], w[3]);
-    e = errno;
-    Py_END_ALLOW_THREADS
-    saved_errno = e;
+    int r;
+    CALL(r, prctl(option, w[0], w[1], w[2], w[3]));
     release(views, n);
     return PyLong_FromLong(r);
 }
@@ -212,12 +212,8 @@ csys_prlimit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     lim.rlim_max = PyLong_AsUnsignedLongLong(args[3]);
     if (lim.rlim_max == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
-    int r, e;
-    Py_BEGIN_ALLOW_THREADS
-    r = prlimit64(pid, resource, &lim, NULL);
-    e = errno;
-    Py_END_ALLOW_THREADS
-    saved_errno = e;
+    int r;
+    CALL(r, prlimit64(pid, resource, &lim, NULL));
     return PyLong_FromLong(r);
 }
 
@@ -237,12 +233,7 @@ csys_syscall(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (n < 0)
         return NULL;
     long r;
-    int e;
-    Py_BEGIN_ALLOW_THREADS
-    r = syscall(nr, w[0], w[1], w[2], w[3], w[4], w[5]);
-    e = errno;
-    Py_END_ALLOW_THREADS
-    saved_errno = e;
+    CALL(r, syscall(nr, w[0], w[1], w[2], w[3], w[4], w[5]));
     release(views, n);
     return PyLong_FromLong(r);
 }

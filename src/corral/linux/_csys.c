@@ -2,9 +2,10 @@
  * prlimit) and raw syscall(2), for corral/linux/_sys.py.
  *
  * The same calls as _sys.py's ctypes functions (its fallback, corral/linux/_sys_ctypes.py),
- * without loading ctypes: `_ctypes` (and libffi) and the C types made from it cost about
- * 0.5 ms of every `corral run`; this module loads in about 0.05 ms. Built by
- * scripts/setup.sh (gcc, Python's headers); _sys.py uses ctypes when it is not there.
+ * without ctypes: loading `_ctypes` (and libffi), the C types made from it and each
+ * function's first call cost `corral run` 0.5 to 3 ms of CPU; this module loads in about
+ * 0.15 ms. Built by scripts/setup.sh (gcc, Python's headers); _sys.py uses ctypes when it
+ * is not there.
  *
  * Each function returns the call's own result (0 or -1, or prctl's value) and, as ctypes
  * does with use_errno, keeps errno of this thread right after the call for get_errno().

@@ -5,8 +5,10 @@ syscalls).
 
 Through `_csys`, a small C module of corral's own (_csys.c, built by scripts/setup.sh),
 or, where it was not built, the same calls through ctypes (_sys_ctypes.py): loading
-ctypes and making its C types costs about 0.5 ms of every `corral run`, the C module
-about 0.05 ms. CORRAL_SYS_CTYPES=1 in the environment takes ctypes (tests run both).
+ctypes, making its C types and each function's first call (its argument conversions
+and call interface) cost `corral run` 0.5 to 3 ms of CPU, the C module's load about 0.15
+ms (docs/architecture.md, session 15). CORRAL_SYS_CTYPES=1 in the environment takes
+ctypes (the tests run both).
 `_libc`, a whole `ctypes.CDLL(None, use_errno=True)`, is made on first use for the modules
 off the run path that call other functions (enter, process_reaper, gvisor_runsc)."""
 

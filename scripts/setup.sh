@@ -57,7 +57,8 @@ if [ ! -x bench/.venv/bin/python ] || [ "$(cat "$bstamp" 2>/dev/null)" != "$bwan
 fi
 # corral.linux._csys: the libc calls the standard library lacks (mount, prctl, prlimit,
 # raw syscalls) as a small C module of corral's own (src/corral/linux/_csys.c), where ctypes
-# would cost every `corral run` ~0.5 ms to load; corral falls back on ctypes without it.
+# costs every `corral run` 0.5 to 3 ms of CPU (its load, its types, each function's first
+# call: docs/architecture.md); corral falls back on ctypes without it.
 # Built for the venv's interpreter, again whenever the source is newer than the module.
 ext=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 csys=src/corral/linux/_csys$ext

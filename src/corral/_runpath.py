@@ -9,8 +9,8 @@ run path in a fresh interpreter started as the launcher starts it), each compile
 its source less what nothing on the run path reads (docstrings, functions' annotations:
 `_stripped`; line numbers and asserts as the source has them) and with its future import
 as a compiler flag (`_compiled`), then the table: each module's source path, size, mtime,
-__cached__ and place in the file, and the path's extension module (corral.linux._csys) by its file;
-all headed by this Python's bytecode magic number.
+__cached__ and place in the file, and the path's extension module (corral.linux._csys)
+by its file; all headed by this Python's bytecode magic number.
 
 The launcher reads that file once and puts a finder first on sys.meta_path; a module it
 holds is loaded from it when its file still has the size and mtime (ns) it had, else (or

@@ -194,9 +194,10 @@ def test_stdin_that_is_a_terminal_is_refused():
 # -- the start-up path (issue 14): what `corral run` imports, and how it ends -------------
 
 #: imported only when needed: a policy to read, an event to make, an egress proxy, the
-#: whole ctypes package and its C core (_sys's calls are corral's C module), OpenSSL's hashlib, the audit store's writer thread (and the
-#: collections it uses), the seccomp tables (a cache miss), the CLI's other commands;
-#: none is on the path of a plain run
+#: whole ctypes package and its C core (_sys's calls are corral's C module, _csys),
+#: OpenSSL's hashlib, the audit store's writer thread (and the collections it uses), the
+#: seccomp tables (a cache miss), the CLI's other commands; none is on the path of a plain
+#: run
 OFF_THE_RUN_PATH = ("corral.policy.load", "corral.policy.units", "corral.events",
                     "corral.backends.host.proxy", "ctypes", "hashlib", "json", "enum",
                     "typing", "re", "threading", "subprocess", "dataclasses", "inspect",
